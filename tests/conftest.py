@@ -1,0 +1,79 @@
+"""Shared fixtures: real Redis servers and real databases, private to the test run."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from api.embedded_redis import EmbeddedRedis
+
+
+def _short_tmp() -> Path:
+    # Unix socket paths are limited to ~107 bytes; pytest's tmp_path can be longer.
+    return Path(tempfile.mkdtemp(prefix="amp-", dir="/tmp"))
+
+
+@pytest.fixture
+def redis_server() -> Iterator[EmbeddedRedis]:
+    """A private redis-server on a unix socket, fresh for each test."""
+    server = EmbeddedRedis(_short_tmp()).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def session_redis() -> Iterator[EmbeddedRedis]:
+    """One private redis-server for tests that only need *a* Redis (they use distinct keys)."""
+    server = EmbeddedRedis(_short_tmp(), appendonly=False).start()
+    yield server
+    server.stop()
+
+
+def _database_params() -> list[str]:
+    params = ["sqlite"]
+    if os.environ.get("AMPTRAIN_TEST_DATABASE_URL"):
+        params.append("postgresql")
+    return params
+
+
+@pytest.fixture(params=_database_params())
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """An empty database: a SQLite file, and (when AMPTRAIN_TEST_DATABASE_URL is set) a
+    throw-away PostgreSQL database created on that server for this one test."""
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'amptrain.db'}"
+        return
+    import sqlalchemy as sa
+
+    admin_url = sa.make_url(os.environ["AMPTRAIN_TEST_DATABASE_URL"])
+    name = f"amptrain_test_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    yield admin_url.set(database=name).render_as_string(hide_password=False)
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+def cuda_available() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except ImportError:
+        return False
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Tests marked ``gpu`` skip cleanly where there is no CUDA device (CI never has one)."""
+    if any(item.get_closest_marker("gpu") for item in items) and not cuda_available():
+        skip = pytest.mark.skip(reason="needs a CUDA device")
+        for item in items:
+            if item.get_closest_marker("gpu"):
+                item.add_marker(skip)
