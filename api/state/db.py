@@ -1,0 +1,71 @@
+"""Engines, sessions and the database clock.
+
+Leases are compared against :func:`db_now`, the database server's clock, so
+workers with skewed clocks still agree on who holds a job.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.sql.compiler import SQLCompiler
+from sqlalchemy.sql.functions import FunctionElement
+
+SQLITE_BUSY_TIMEOUT_MS = 30_000
+
+
+class db_now(FunctionElement[float]):
+    """SQL expression: the database clock as float epoch seconds."""
+
+    type = sa.Float(precision=53)
+    inherit_cache = True
+    name = "db_now"
+
+
+@compiles(db_now, "sqlite")
+def _db_now_sqlite(element: db_now, compiler: SQLCompiler, **kw: Any) -> str:
+    # julianday('now') has millisecond resolution; 2440587.5 is the Unix epoch.
+    return "((julianday('now') - 2440587.5) * 86400.0)"
+
+
+@compiles(db_now, "postgresql")
+def _db_now_pg(element: db_now, compiler: SQLCompiler, **kw: Any) -> str:
+    # clock_timestamp(), not now(): now() is frozen at transaction start.
+    return "CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)"
+
+
+def make_engine(url: str, **kwargs: Any) -> sa.Engine:
+    """An engine configured for this service: SQLite gets WAL, a 30 s busy timeout and
+    foreign keys; PostgreSQL gets pre-ping so a restarted server costs no request."""
+    parsed = sa.make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        kwargs.setdefault("connect_args", {}).setdefault("timeout", SQLITE_BUSY_TIMEOUT_MS / 1000)
+        engine = sa.create_engine(parsed, **kwargs)
+        sa.event.listen(engine, "connect", _sqlite_on_connect)
+        return engine
+    kwargs.setdefault("pool_pre_ping", True)
+    return sa.create_engine(parsed, **kwargs)
+
+
+def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
+    cur = dbapi_connection.cursor()
+    try:
+        cur.execute("PRAGMA journal_mode=WAL")
+        cur.execute(f"PRAGMA busy_timeout={SQLITE_BUSY_TIMEOUT_MS}")
+        cur.execute("PRAGMA foreign_keys=ON")
+        cur.execute("PRAGMA synchronous=NORMAL")
+    finally:
+        cur.close()
+
+
+def make_session_factory(engine: sa.Engine) -> sessionmaker[Session]:
+    """Sessions that keep loaded objects usable after commit (the API serializes them then)."""
+    return sessionmaker(engine, expire_on_commit=False)
+
+
+def database_now(s: Session) -> float:
+    """The database clock, read once (for tests and diagnostics)."""
+    return float(s.execute(sa.select(db_now())).scalar_one())
