@@ -26,13 +26,18 @@ def cancel_key(job_id: str) -> str:
 
 
 def encode(item: dict[str, Any], *, job_id: str, attempt: int, persisted: bool = False) -> dict[str, str]:
-    """Flatten a record or event for XADD.
+    """Flatten a record, an event or the end marker for XADD.
+
+    The supervisor appends ``{"kind": "end", "status": ...}`` once the job is
+    finished: the recorder then knows the stream is complete.
 
     ``persisted`` marks an event the supervisor already wrote to SQL itself
     (lifecycle events): the recorder skips it, live watchers still see it.
     """
     fields = {"kind": item["kind"], "job_id": job_id, "attempt": str(attempt)}
-    if item["kind"] == "metric":
+    if item["kind"] == "end":
+        fields["status"] = str(item["status"])
+    elif item["kind"] == "metric":
         fields.update({f: json.dumps(item.get(f)) for f in METRIC_FIELDS})
     else:
         fields.update(
@@ -49,7 +54,9 @@ def decode(fields: dict[Any, Any]) -> dict[str, Any]:
     """Inverse of :func:`encode`; accepts bytes or str keys/values."""
     f = {_s(k): _s(v) for k, v in fields.items()}
     out: dict[str, Any] = {"kind": f["kind"], "job_id": f["job_id"], "attempt": int(f["attempt"])}
-    if f["kind"] == "metric":
+    if f["kind"] == "end":
+        out["status"] = f.get("status")
+    elif f["kind"] == "metric":
         out.update({name: json.loads(f[name]) for name in METRIC_FIELDS if name in f})
     else:
         out.update(

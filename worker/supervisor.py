@@ -1,0 +1,215 @@
+"""The Celery task's body: claim a job, run its training child, record how it ended.
+
+The supervisor never touches torch or CUDA (it lives in a forked Celery pool
+process). Every write it makes is fenced by the attempt number its claim
+returned, so a supervisor that lost its lease can change nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+from sqlalchemy.orm import Session, sessionmaker
+
+from api.settings import Settings
+from api.state import jobs
+from api.state.db import make_engine, make_session_factory
+from api.state.stream import STREAM_MAXLEN, cancel_key, encode, telemetry_key
+from worker.child import Launch
+from worker.process import ChildProcess
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.25  # how quickly a cancel request reaches the child
+
+
+def draining_key(worker: str) -> str:
+    """Set while a worker shuts down gracefully: its jobs checkpoint and go back to the queue."""
+    return f"amptrain:worker:{worker}:draining"
+
+
+@dataclass
+class Outcome:
+    """How the child ended, as learnt from its control messages and exit."""
+
+    result: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    precision: dict[str, Any] | None = None
+    stop_requested: str | None = None  # "cancel" | "preempt"
+    lease_lost: bool = False
+    exit_code: int | None = None
+    events: list[tuple[str, int, dict[str, Any]]] = field(default_factory=list)
+
+
+class Supervisor:
+    def __init__(
+        self,
+        settings: Settings,
+        worker: str,
+        *,
+        session_factory: sessionmaker[Session] | None = None,
+        redis_client: redis.Redis | None = None,
+    ) -> None:
+        self.settings = settings
+        self.worker = worker
+        self.sessions = session_factory or make_session_factory(make_engine(settings.database_url))
+        self.redis = redis_client or redis.Redis.from_url(
+            settings.redis_url, socket_connect_timeout=2, socket_timeout=5
+        )
+
+    # -- the whole life of one attempt -------------------------------------------------
+
+    def run(self, job_id: str) -> None:
+        with self.sessions.begin() as s:
+            attempt = jobs.claim(s, job_id, self.worker, self.settings.lease_seconds)
+            job = jobs.get_job(s, job_id)
+            spec = dict(job.spec) if job else {}
+        if attempt is None:
+            # A duplicate delivery, or a job already finished/cancelled: harmless by design.
+            log.info("job %s not claimable; nothing to do", job_id)
+            return
+        log.info("job %s claimed as attempt %d by %s", job_id, attempt, self.worker)
+        child = ChildProcess(self._launch(job_id, attempt, spec), env=self._child_env())
+        try:
+            outcome = self._watch(job_id, attempt, child)
+        finally:
+            child.close()
+        self._conclude(job_id, attempt, spec, outcome)
+
+    def _launch(self, job_id: str, attempt: int, spec: dict[str, Any]) -> Launch:
+        return Launch(
+            job_id=job_id,
+            attempt=attempt,
+            spec=spec,
+            checkpoint_dir=f"{str(self.settings.checkpoint_url).rstrip('/')}/{job_id}",
+            redis_url=self.settings.redis_url,
+            data_roots=[str(r) for r in self.settings.data_roots],
+        )
+
+    def _child_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        # One GPU per pool process: Celery's pool index picks it (see worker.devices).
+        gpu = os.environ.get("AMPTRAIN_ASSIGNED_GPU")
+        if gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = gpu
+        return env
+
+    # -- while the child trains ------------------------------------------------------
+
+    def _watch(self, job_id: str, attempt: int, child: ChildProcess) -> Outcome:
+        out = Outcome()
+        next_beat = time.monotonic() + self.settings.heartbeat_seconds
+        kill_at: float | None = None
+        while not child.finished():
+            for msg in child.messages(POLL_S):
+                self._on_message(job_id, attempt, msg, out)
+            now = time.monotonic()
+            if now >= next_beat:
+                next_beat = now + self.settings.heartbeat_seconds
+                if self._heartbeat(job_id, attempt) is None:
+                    out.lease_lost = True
+            wanted = "cancel" if out.lease_lost else self._stop_wanted(job_id)
+            if wanted and not out.stop_requested:
+                out.stop_requested = wanted
+                child.signal(signal.SIGUSR1 if wanted == "cancel" else signal.SIGUSR2)
+                kill_at = now + self.settings.cancel_grace_seconds
+                log.info("job %s attempt %d: asked child to %s", job_id, attempt, wanted)
+            if kill_at is not None and now >= kill_at and child.alive():
+                log.warning("job %s: child ignored the stop request; terminating", job_id)
+                child.kill(grace=5.0)
+        out.exit_code = child.proc.returncode
+        return out
+
+    def _on_message(self, job_id: str, attempt: int, msg: dict[str, Any], out: Outcome) -> None:
+        kind = msg.pop("type")
+        if kind == "precision":
+            out.precision = msg
+            with self.sessions.begin() as s:
+                jobs.set_precision(
+                    s, job_id, attempt, msg.get("requested"), msg.get("effective"), msg.get("reason")
+                )
+            self._event(job_id, attempt, "started", 0, {"worker": self.worker, "attempt": attempt, "precision": msg})
+        elif kind == "result":
+            out.result = msg
+        elif kind == "error":
+            out.error = msg
+
+    def _heartbeat(self, job_id: str, attempt: int) -> str | None:
+        """Renew the lease. A database blip is not a lost lease: keep training and retry."""
+        try:
+            with self.sessions.begin() as s:
+                return jobs.heartbeat(s, job_id, attempt, self.settings.lease_seconds)
+        except Exception:
+            log.exception("job %s: heartbeat failed; will retry", job_id)
+            return "running"
+
+    def _stop_wanted(self, job_id: str) -> str | None:
+        try:
+            cancel, draining = self.redis.mget(cancel_key(job_id), draining_key(self.worker))
+        except redis.RedisError:
+            return None  # Redis blip: the heartbeat's status check still catches a cancel
+        if cancel:
+            return "cancel"
+        return "preempt" if draining else None
+
+    # -- how it ended ----------------------------------------------------------------
+
+    def _conclude(self, job_id: str, attempt: int, spec: dict[str, Any], out: Outcome) -> None:
+        if out.lease_lost:
+            log.warning("job %s attempt %d lost its lease; another attempt owns it", job_id, attempt)
+            return
+        status, error = self._final_state(job_id, attempt, spec, out)
+        with self.sessions.begin() as s:
+            if status == "queued":
+                done = jobs.release(s, job_id, attempt)
+            else:
+                done = jobs.finish(s, job_id, attempt, status, error)
+        if not done:
+            return
+        step = (out.result or {}).get("final_step") or (error or {}).get("step") or 0
+        kind = {"queued": "requeued"}.get(status, status)
+        self._event(job_id, attempt, kind, step, {"error": error} if error else {})
+        if status != "queued":
+            self._publish({"kind": "end", "status": status}, job_id, attempt)
+
+    def _final_state(
+        self, job_id: str, attempt: int, spec: dict[str, Any], out: Outcome
+    ) -> tuple[str, dict[str, Any] | None]:
+        if out.result is not None:
+            return "succeeded", None
+        if out.stop_requested == "cancel":
+            return "cancelled", None
+        if out.stop_requested == "preempt":
+            return "queued", None
+        error = out.error or {
+            "code": "internal",
+            "message": f"training process exited with code {out.exit_code} without a result",
+            "step": None,
+            "retryable": True,
+        }
+        retryable = bool(error.pop("retryable", False))
+        if retryable and attempt < int(spec.get("max_attempts", 3)):
+            log.warning("job %s attempt %d failed (%s); re-queueing", job_id, attempt, error["code"])
+            return "queued", None
+        return "failed", error
+
+    def _event(self, job_id: str, attempt: int, kind: str, step: int, data: dict[str, Any]) -> None:
+        """Record a lifecycle event in SQL (fenced), then show it to live watchers."""
+        with self.sessions.begin() as s:
+            if not jobs.record_event(s, job_id, attempt, kind, step, data):
+                return
+        self._publish({"kind": "event", "type": kind, "step": step, "time": time.time(), "data": data}, job_id, attempt)
+
+    def _publish(self, item: dict[str, Any], job_id: str, attempt: int) -> None:
+        fields = encode(item, job_id=job_id, attempt=attempt, persisted=True)
+        try:
+            self.redis.xadd(telemetry_key(job_id), fields, maxlen=STREAM_MAXLEN, approximate=True)  # type: ignore[arg-type]
+        except redis.RedisError:
+            # Live watchers miss it; SQL has it. The recorder also learns the job is over from SQL.
+            log.warning("job %s: could not publish %s to its stream", job_id, item.get("type", item["kind"]))
