@@ -1,0 +1,72 @@
+"""Worker process signals: GPU assignment per pool process, graceful drain on shutdown."""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any
+
+import redis
+from celery.signals import worker_process_init, worker_ready, worker_shutting_down
+
+from api.settings import get_settings
+from worker.supervisor import draining_key
+
+log = logging.getLogger(__name__)
+
+DRAIN_TTL_S = 3600
+
+
+def visible_gpus() -> list[str]:
+    """GPU ids this worker may use, without initialising CUDA in the (forking) main process."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [d for d in env.split(",") if d.strip() and d.strip() != "-1"]
+    try:
+        import torch
+
+        # NVML-based and fork-safe: it does not create a CUDA context.
+        return [str(i) for i in range(torch.cuda.device_count())]
+    except Exception:
+        return []
+
+
+@worker_process_init.connect
+def _assign_gpu(**_: Any) -> None:
+    # Each prefork pool process trains on its own GPU: pool index i -> i-th visible GPU.
+    from billiard.process import current_process
+
+    gpus = visible_gpus()
+    index = getattr(current_process(), "index", 0) or 0
+    if gpus:
+        os.environ["AMPTRAIN_ASSIGNED_GPU"] = gpus[index % len(gpus)]
+
+
+def _redis() -> redis.Redis:
+    return redis.Redis.from_url(get_settings().redis_url, socket_connect_timeout=2, socket_timeout=5)
+
+
+@worker_ready.connect
+def _clear_drain_flag(sender: Any = None, **_: Any) -> None:
+    hostname = getattr(sender, "hostname", None)
+    if hostname:
+        try:
+            _redis().delete(draining_key(hostname))
+        except redis.RedisError:
+            log.warning("could not clear the drain flag of %s", hostname)
+
+
+@worker_shutting_down.connect
+def _drain(sender: str | None = None, **_: Any) -> None:
+    """SIGTERM: running jobs checkpoint and go back to the queue instead of failing.
+
+    Celery's warm shutdown then waits for the supervisors, which return as soon
+    as their child has checkpointed.
+    """
+    if not sender:
+        return
+    try:
+        _redis().set(draining_key(sender), "1", ex=DRAIN_TTL_S)
+        log.info("worker %s draining: running jobs will checkpoint and be re-queued", sender)
+    except redis.RedisError:
+        log.error("could not flag %s as draining; running jobs finish as usual", sender)
