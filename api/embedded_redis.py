@@ -96,9 +96,3 @@ class EmbeddedRedis:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-
-def celery_broker_url(redis_url: str) -> str:
-    """kombu spells a unix-socket Redis ``redis+socket:///path``; redis-py spells it ``unix:///path``."""
-    if redis_url.startswith("unix://"):
-        return "redis+socket://" + redis_url.removeprefix("unix://")
-    return redis_url

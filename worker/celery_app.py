@@ -9,14 +9,13 @@ from __future__ import annotations
 
 from celery import Celery
 
-from api.embedded_redis import celery_broker_url
 from api.settings import get_settings
 
 RUN_JOB = "amptrain.run_job"
 
 
-def make_celery(redis_url: str) -> Celery:
-    app = Celery("amptrain", broker=celery_broker_url(redis_url), include=["worker.tasks"])
+def make_celery(broker_url: str) -> Celery:
+    app = Celery("amptrain", broker=broker_url, include=["worker.tasks", "worker.lifecycle"])
     app.conf.update(
         # Early ack: with late acks Redis re-delivers any task still running after
         # visibility_timeout (1 h), so a long job would run twice. A message lost
@@ -48,4 +47,4 @@ def make_celery(redis_url: str) -> Celery:
     return app
 
 
-app = make_celery(get_settings().redis_url)
+app = make_celery(get_settings().broker_url)
