@@ -43,3 +43,7 @@ class LazyGroup(click.Group):
 @click.version_option(package_name="amptrain")
 def main() -> None:
     """amptrain: declarative PyTorch training jobs with automatic mixed precision."""
+
+
+if __name__ == "__main__":
+    main()
