@@ -1,0 +1,138 @@
+"""One error hierarchy, one JSON shape: ``{"error": CODE, "detail": ...}``.
+
+Handlers raise :class:`AppError` subclasses; :func:`install_error_handlers`
+maps them (and FastAPI's request validation, Starlette's HTTP errors and
+anything unexpected) to that shape. A 422 names every bad field as
+``{"field": "optimizer.lr", "message": ...}``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+log = logging.getLogger(__name__)
+
+
+class AppError(Exception):
+    """Base of every error a handler raises on purpose."""
+
+    status: int = 500
+    code: str = "internal"
+
+    def __init__(self, detail: Any = None, *, headers: dict[str, str] | None = None) -> None:
+        super().__init__(detail)
+        self.detail = detail if detail is not None else self.code.replace("_", " ")
+        self.headers = headers
+
+
+class BadRequest(AppError):
+    status, code = 400, "bad_request"
+
+
+class Unauthorized(AppError):
+    status, code = 401, "unauthorized"
+
+    def __init__(self, detail: Any = "missing or invalid bearer token") -> None:
+        super().__init__(detail, headers={"WWW-Authenticate": "Bearer"})
+
+
+class Forbidden(AppError):
+    status, code = 403, "forbidden"
+
+
+class NotFound(AppError):
+    status, code = 404, "not_found"
+
+
+class Conflict(AppError):
+    status, code = 409, "conflict"
+
+
+class ValidationFailed(AppError):
+    """A 422 with one ``{"field", "message"}`` per problem."""
+
+    status, code = 422, "validation_error"
+
+    def __init__(self, problems: list[dict[str, Any]]) -> None:
+        super().__init__(problems)
+
+
+class Unavailable(AppError):
+    status, code = 503, "unavailable"
+
+
+def field_problems(
+    errors: Iterable[Any], *, strip: Sequence[str] = ("body",)
+) -> list[dict[str, Any]]:
+    """Pydantic/FastAPI error dicts -> ``[{"field": "optimizer.lr", "message": ..., "type": ...}]``.
+
+    The leading location (``body``, ``query``, ...) is dropped for the body, so the
+    field path reads like the spec the user wrote; query and path parameters keep it
+    (``query.limit``) because there it tells where to look.
+    """
+    out = []
+    for err in errors:
+        loc = [str(part) for part in err.get("loc", ())]
+        if loc and loc[0] in strip:
+            loc = loc[1:]
+        out.append(
+            {
+                "field": ".".join(loc) or "body",
+                "message": str(err.get("msg", "invalid")),
+                "type": str(err.get("type", "value_error")),
+            }
+        )
+    return out
+
+
+def error_response(
+    status: int, code: str, detail: Any, headers: dict[str, str] | None = None
+) -> JSONResponse:
+    return JSONResponse({"error": code, "detail": detail}, status_code=status, headers=headers)
+
+
+_HTTP_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    403: "forbidden",
+    404: "not_found",
+    405: "method_not_allowed",
+    409: "conflict",
+    413: "too_large",
+    415: "unsupported_media_type",
+    429: "too_many_requests",
+}
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Route every error through the ``{"error", "detail"}`` shape."""
+
+    @app.exception_handler(AppError)
+    async def _app_error(request: Request, exc: AppError) -> JSONResponse:
+        return error_response(exc.status, exc.code, exc.detail, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _request_validation(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return error_response(422, ValidationFailed.code, field_problems(exc.errors()))
+
+    @app.exception_handler(ValidationError)
+    async def _pydantic_validation(request: Request, exc: ValidationError) -> JSONResponse:
+        return error_response(422, ValidationFailed.code, field_problems(exc.errors()))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = _HTTP_CODES.get(exc.status_code, "internal" if exc.status_code >= 500 else "error")
+        return error_response(exc.status_code, code, exc.detail, getattr(exc, "headers", None))
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error on %s %s", request.method, request.url.path)
+        return error_response(500, "internal", "internal server error")

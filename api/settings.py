@@ -1,0 +1,99 @@
+"""Every configurable value of the service, read from ``AMPTRAIN_*`` environment variables.
+
+FastAPI-free: the worker imports it too. No other module reads ``os.environ``
+for these values; call :func:`get_settings` (cached) or build ``Settings(...)``
+explicitly in tests.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Service settings. Paths left unset derive from ``data_dir``."""
+
+    model_config = SettingsConfigDict(env_prefix="AMPTRAIN_", extra="ignore")
+
+    data_dir: Path = Path(".amptrain")
+    """Holds the SQLite file, the embedded Redis, checkpoints and the generated admin token."""
+    database_url: str = ""
+    """SQLAlchemy URL; default ``sqlite:///{data_dir}/amptrain.db``."""
+    redis_url: str = ""
+    """Broker, telemetry streams and locks; default the embedded server's ``unix://{data_dir}/redis/redis.sock``."""
+    checkpoint_url: str = ""
+    """Directory or fsspec URL for checkpoints; default ``{data_dir}/checkpoints``."""
+    admin_token: str | None = None
+    """The first admin token; generated (and saved with mode 0600) when unset."""
+    data_roots: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    """Directories datasets may read from (JSON list or ``os.pathsep``-separated); default ``[{data_dir}/data]``."""
+    lease_seconds: float = Field(default=30.0, gt=0)
+    """A running attempt's lease; a worker that stops heartbeating loses the job after this long."""
+    heartbeat_seconds: float = Field(default=5.0, gt=0)
+    """How often a worker renews its lease and checks for cancellation."""
+    cancel_grace_seconds: float = Field(default=10.0, ge=0)
+    """Time a training child gets after SIGTERM before SIGKILL."""
+    log_format: Literal["json", "text"] = "json"
+    """``json``: one JSON object per line (production); ``text``: human-readable."""
+    dispatch_interval_seconds: float = Field(default=3.0, gt=0)
+    """How often the dispatcher leader re-sends queued jobs the broker never got."""
+    broker_timeout_seconds: float = Field(default=2.0, gt=0)
+    """Connect/send timeout towards the broker, so a dead broker never hangs a caller."""
+
+    @field_validator("data_roots", mode="before")
+    @classmethod
+    def _split_roots(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            text = value.strip()
+            if text.startswith("["):
+                import json
+
+                return json.loads(text)
+            return [part for part in text.split(os.pathsep) if part]
+        return value
+
+    @model_validator(mode="after")
+    def _derive_defaults(self) -> Settings:
+        data_dir = self.data_dir
+        if not self.database_url:
+            self.database_url = f"sqlite:///{data_dir / 'amptrain.db'}"
+        if not self.redis_url:
+            self.redis_url = f"unix://{(data_dir / 'redis' / 'redis.sock').absolute()}"
+        if not self.checkpoint_url:
+            self.checkpoint_url = str(data_dir / "checkpoints")
+        if not self.data_roots:
+            self.data_roots = [str(data_dir / "data")]
+        return self
+
+    @property
+    def embedded_redis_dir(self) -> Path:
+        """Where ``amptrain up`` runs its private redis-server (its socket is ``redis.sock`` inside)."""
+        return self.data_dir / "redis"
+
+    @property
+    def admin_token_file(self) -> Path:
+        return self.data_dir / "admin-token"
+
+    @property
+    def broker_url(self) -> str:
+        """``redis_url`` spelled the way kombu wants it (unix sockets are ``redis+socket://``)."""
+        return celery_broker_url(self.redis_url)
+
+
+def celery_broker_url(redis_url: str) -> str:
+    """Translate a redis-py URL into a kombu broker URL."""
+    if redis_url.startswith("unix://"):
+        return "redis+socket://" + redis_url.removeprefix("unix://")
+    return redis_url
+
+
+@functools.cache
+def get_settings() -> Settings:
+    """The process-wide settings, read once from the environment."""
+    return Settings()
