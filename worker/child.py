@@ -109,8 +109,25 @@ def run(launch: Launch, control: Control) -> int:
     return 0
 
 
+def _die_with_parent() -> None:
+    """Linux: if the supervisor dies (kill -9, OOM killer), the child dies too instead of
+    training on unsupervised; the job's lease then expires and another worker resumes it."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
 def main() -> int:
     launch = Launch(**json.loads(sys.stdin.read()))
+    _die_with_parent()
+    # Ctrl-C in a terminal reaches the whole process group; the supervisor decides
+    # how training stops (checkpoint first), so the child ignores it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGUSR1, _on_signal)
     signal.signal(signal.SIGUSR2, _on_signal)
     with os.fdopen(launch.control_fd, "w", encoding="utf-8") as stream:

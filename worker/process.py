@@ -24,9 +24,6 @@ class ChildProcess:
             pass_fds=(write_fd,),
             env=env,
             text=True,
-            # Its own session: a signal aimed at the Celery worker's process group
-            # (Ctrl-C in `amptrain up`) must not kill training before it checkpoints.
-            start_new_session=True,
         )
         os.close(write_fd)
         assert self.proc.stdin is not None

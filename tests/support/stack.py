@@ -1,0 +1,165 @@
+"""The real service for end-to-end tests: Redis, a database, uvicorn and Celery workers
+as separate processes, each one killable like in production."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+
+from api.embedded_redis import EmbeddedRedis
+
+T = TypeVar("T")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_until(predicate: Callable[[], T], timeout: float, what: str, interval: float = 0.1) -> T:
+    """Poll ``predicate`` until it returns something truthy; fail naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+class Stack:
+    """One amptrain deployment in ``root``: call :meth:`start_api` / :meth:`start_worker`."""
+
+    def __init__(self, root: Path, database_url: str, redis_server: EmbeddedRedis) -> None:
+        self.root = root
+        self.redis_server = redis_server
+        self.token = secrets.token_urlsafe(24)
+        self.port = free_port()
+        self.env = {
+            **os.environ,
+            "AMPTRAIN_DATA_DIR": str(root),
+            "AMPTRAIN_DATABASE_URL": database_url,
+            "AMPTRAIN_REDIS_URL": redis_server.url,
+            "AMPTRAIN_ADMIN_TOKEN": self.token,
+            "AMPTRAIN_CHECKPOINT_URL": str(root / "checkpoints"),
+            "AMPTRAIN_HEARTBEAT_SECONDS": "0.5",
+            "AMPTRAIN_LEASE_SECONDS": "5",
+            "AMPTRAIN_CANCEL_GRACE_SECONDS": "5",
+            "AMPTRAIN_DISPATCH_INTERVAL_SECONDS": "0.5",
+            "AMPTRAIN_LOG_FORMAT": "text",
+            "CUDA_VISIBLE_DEVICES": "",
+            "PYTHONUNBUFFERED": "1",
+        }
+        self.processes: dict[str, subprocess.Popen[bytes]] = {}
+        self.client = httpx.Client(
+            base_url=f"http://127.0.0.1:{self.port}",
+            headers={"Authorization": f"Bearer {self.token}"},
+            timeout=30,
+        )
+        self._migrate(database_url)
+
+    def _migrate(self, database_url: str) -> None:
+        from api.state import migrate
+
+        migrate.upgrade(database_url)
+
+    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
+        log = open(self.root / f"{name}.log", "ab")  # noqa: SIM115 - lives as long as the process
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "api.cli", *args],
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.processes[name] = proc
+        return proc
+
+    def start_api(self) -> None:
+        self._spawn("api", ["api", "--host", "127.0.0.1", "--port", str(self.port)])
+        wait_until(self._healthy, 30, "the API to answer /healthz")
+
+    def _healthy(self) -> bool:
+        try:
+            return self.client.get("/healthz").status_code == 200
+        except httpx.TransportError:
+            if self.processes["api"].poll() is not None:
+                raise AssertionError("the API exited:\n" + self.log_tail("api")) from None
+            return False
+
+    def start_worker(self, name: str = "worker", queues: str = "gpu,cpu") -> None:
+        self._spawn(name, ["worker", "--queues", queues, "--concurrency", "1", "--name", f"{name}@test"])
+        wait_until(lambda: b"ready." in (self.root / f"{name}.log").read_bytes(), 60, f"{name} to be ready")
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Signal a component's whole process group (a worker and its training child)."""
+        proc = self.processes[name]
+        if proc.poll() is None:
+            os.killpg(proc.pid, sig)
+            if sig in (signal.SIGKILL, signal.SIGTERM):
+                proc.wait(60)
+
+    def log_tail(self, name: str, lines: int = 60) -> str:
+        path = self.root / f"{name}.log"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+
+    # -- client helpers --------------------------------------------------------------
+
+    def submit(self, spec: dict[str, Any], **headers: str) -> dict[str, Any]:
+        r = self.client.post("/jobs", json=spec, headers=headers)
+        assert r.status_code in (200, 201), r.text
+        return dict(r.json())
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        r = self.client.get(f"/jobs/{job_id}")
+        assert r.status_code == 200, r.text
+        return dict(r.json())
+
+    def wait_for_status(self, job_id: str, *statuses: str, timeout: float = 120) -> dict[str, Any]:
+        def reached() -> dict[str, Any] | None:
+            job = self.job(job_id)
+            return job if job["status"] in statuses else None
+
+        try:
+            return wait_until(reached, timeout, f"job {job_id} to reach {statuses}", interval=0.2)
+        except AssertionError:
+            logs = "\n".join(f"--- {n}.log\n{self.log_tail(n)}" for n in self.processes)
+            raise AssertionError(f"job {job_id} is {self.job(job_id)['status']}, not {statuses}\n{logs}") from None
+
+    def all_metrics(self, job_id: str, limit: int = 500, **params: Any) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = []
+        cursor = None
+        while True:
+            query = {"limit": limit, **params, **({"after": cursor} if cursor else {})}
+            page = self.client.get(f"/jobs/{job_id}/metrics", params=query).json()
+            items.extend(page["items"])
+            if not page["items"] or not page.get("next_cursor"):
+                return items
+            cursor = page["next_cursor"]
+
+    def events(self, job_id: str) -> list[dict[str, Any]]:
+        return list(self.client.get(f"/jobs/{job_id}/events").json()["items"])
+
+    def close(self) -> None:
+        for name, proc in reversed(list(self.processes.items())):
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                try:
+                    proc.wait(20)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+            del self.processes[name]
+        self.client.close()
