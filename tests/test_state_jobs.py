@@ -63,30 +63,35 @@ def test_create_job_records_queued_event_and_idempotency(sf: sessionmaker[Sessio
         jobs.create_job(s, spec(), "bob", "cpu", "key-1", "h2")
 
 
+def race_claims(sf: sessionmaker[Session], job_id: str, n: int) -> list[int | None]:
+    """``n`` threads, each with its own session, claim the same job at the same moment."""
+    barrier = threading.Barrier(n)
+    results: list[int | None] = []
+    errors: list[BaseException] = []
+
+    def worker(name: str) -> None:
+        try:
+            with sf() as s:
+                barrier.wait()
+                got = jobs.claim(s, job_id, name, 30)
+                s.commit()
+            results.append(got)
+        except BaseException as exc:  # surfaced by the assert below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker, args=(f"w{i}",)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert errors == []
+    return results
+
+
 def test_concurrent_claims_give_exactly_one_attempt(sf: sessionmaker[Session]) -> None:
     for _ in range(5):
         job_id = new_job(sf)
-        barrier = threading.Barrier(4)
-        results: list[int | None] = []
-        errors: list[BaseException] = []
-
-        def worker(name: str, job_id: str = job_id, barrier: threading.Barrier = barrier) -> None:
-            try:
-                with sf() as s:
-                    barrier.wait()
-                    got = jobs.claim(s, job_id, name, 30)
-                    s.commit()
-                results.append(got)
-            except BaseException as exc:  # surfaced by the assert below
-                errors.append(exc)
-
-        threads = [threading.Thread(target=worker, args=(f"w{i}",)) for i in range(4)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(timeout=60)
-        assert errors == []
-        assert sorted(results, key=str) == [1, None, None, None]
+        assert sorted(race_claims(sf, job_id, 4), key=str) == [1, None, None, None]
         with sf() as s:
             job = jobs.get_job(s, job_id)
             assert job is not None and job.status == "running" and job.attempt == 1
