@@ -1,0 +1,462 @@
+"""What can be trained: the registered models, datasets, optimizers and schedules.
+
+Torch-free on purpose: the API lists and validates components with this module
+and must never import torch (``tests/test_catalog.py`` checks it). The torch
+side lives in ``trainer_core.registry`` and ``trainer_core.components``; it
+builds from the very same :class:`Registration` objects declared here, so the
+catalog, validation and construction cannot disagree about names or arguments.
+
+Plugins
+-------
+Other packages add components through entry points in the groups
+``amptrain.models`` and ``amptrain.datasets``. Each entry point names a
+:class:`Registration` object; keep the module it lives in torch-free and point
+``builder`` at the torch code with a ``"module:attribute"`` string, so loading the
+registration stays cheap. The catalog lists plugins by entry-point name without
+importing them; the registry loads them when a job uses one. See
+``trainer_core/components/README.md`` and ``tests/plugins/amptrain_example_plugin``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from importlib.metadata import EntryPoint, entry_points
+from typing import Any, Literal
+
+from trainer_core.spec import JobSpec, OptimizerSpec, ScheduleSpec
+
+MODEL_GROUP = "amptrain.models"
+DATASET_GROUP = "amptrain.datasets"
+
+ArgType = Literal["int", "float", "bool", "str"]
+# What a dataset yields per sample, and so what a model can consume.
+DataKind = Literal["vectors", "images", "tokens"]
+
+
+class _Required:
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+REQUIRED: Any = _Required()
+"""Default of an argument the user must give (e.g. the path of a file dataset)."""
+
+_PY_TYPES: dict[str, tuple[type, ...]] = {
+    "int": (int,),
+    "float": (int, float),
+    "bool": (bool,),
+    "str": (str,),
+}
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One keyword argument of a component builder."""
+
+    name: str
+    default: Any
+    help: str
+    type: ArgType | None = None
+    """Inferred from ``default`` when omitted (required arguments must give it)."""
+    choices: tuple[Any, ...] | None = None
+    minimum: float | None = None
+    maximum: float | None = None
+
+    @property
+    def required(self) -> bool:
+        return self.default is REQUIRED
+
+    @property
+    def kind(self) -> ArgType:
+        if self.type is not None:
+            return self.type
+        for name in ("bool", "int", "float", "str"):  # bool before int: True is an int
+            if type(self.default) in _PY_TYPES[name]:
+                return name  # type: ignore[return-value]
+        raise TypeError(f"argument {self.name!r}: give type= for default {self.default!r}")
+
+    def check(self, value: Any) -> str | None:
+        """Why ``value`` is not acceptable, or None when it is."""
+        kind = self.kind
+        ok_types = _PY_TYPES[kind]
+        if (isinstance(value, bool) and kind != "bool") or not isinstance(value, ok_types):
+            return f"expected {kind}, got {type(value).__name__} {value!r}"
+        if self.choices is not None and value not in self.choices:
+            return f"must be one of {', '.join(map(str, self.choices))}; got {value!r}"
+        if self.minimum is not None and value < self.minimum:
+            return f"must be >= {self.minimum}; got {value!r}"
+        if self.maximum is not None and value > self.maximum:
+            return f"must be <= {self.maximum}; got {value!r}"
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "type": self.kind,
+            "default": None if self.required else self.default,
+            "required": self.required,
+            "choices": list(self.choices) if self.choices is not None else None,
+            "minimum": self.minimum,
+            "maximum": self.maximum,
+            "help": self.help,
+        }
+
+
+@dataclass(frozen=True)
+class Registration:
+    """A model or dataset that amptrain can build by name.
+
+    ``builder`` is a callable or a lazy ``"module:attribute"`` reference to one.
+    Model builders are called as ``builder(info, **args)`` with a
+    ``trainer_core.components.base.DataInfo`` and return a ``torch.nn.Module``
+    whose ``forward(inputs)`` returns logits. Dataset builders are called as
+    ``builder(seed=..., data_roots=..., **args)`` and return an object with an
+    ``info`` attribute and ``batch(start, size) -> (inputs, targets)``.
+    """
+
+    name: str
+    kind: Literal["model", "dataset"]
+    builder: str | Callable[..., Any]
+    description: str
+    args: tuple[Arg, ...] = ()
+    accepts: tuple[DataKind, ...] = ()
+    """Models: the data kinds they consume (empty = any)."""
+    provides: DataKind | None = None
+    """Datasets: the data kind they yield (None = depends on the arguments)."""
+    requires: tuple[str, ...] = ()
+    """Importable modules it needs; it is offered only when all are installed."""
+
+    def available(self) -> bool:
+        return all(importlib.util.find_spec(m) is not None for m in self.requires)
+
+    def resolve_builder(self) -> Callable[..., Any]:
+        if callable(self.builder):
+            return self.builder
+        module, _, attr = self.builder.partition(":")
+        target: Any = importlib.import_module(module)
+        for part in attr.split("."):
+            target = getattr(target, part)
+        return target  # type: ignore[no-any-return]
+
+    def arg_errors(self, args: Mapping[str, Any]) -> list[tuple[str, str]]:
+        """(argument, message) for every problem with ``args``; empty when they are fine."""
+        known = {a.name: a for a in self.args}
+        allowed = ", ".join(sorted(known)) or "(none)"
+        errors = [
+            (name, f"unexpected argument; allowed: {allowed}") for name in args if name not in known
+        ]
+        for a in self.args:
+            if a.name in args:
+                problem = a.check(args[a.name])
+                if problem:
+                    errors.append((a.name, problem))
+            elif a.required:
+                errors.append((a.name, "required argument missing"))
+        return errors
+
+    def with_defaults(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        """``args`` completed with the defaults of the arguments not given."""
+        return {a.name: args.get(a.name, a.default) for a in self.args}
+
+    def describe(self, source: str) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "name": self.name,
+            "description": self.description,
+            "source": source,
+            "args": [a.describe() for a in self.args],
+        }
+        if self.kind == "model":
+            out["accepts"] = list(self.accepts)
+        else:
+            out["provides"] = self.provides
+        return out
+
+
+def _model(name: str, builder: str, description: str, *args: Arg, **kw: Any) -> Registration:
+    return Registration(name, "model", builder, description, args, **kw)
+
+
+def _dataset(name: str, builder: str, description: str, *args: Arg, **kw: Any) -> Registration:
+    return Registration(name, "dataset", builder, description, args, **kw)
+
+
+_M = "trainer_core.components.models"
+_D = "trainer_core.components.synthetic"
+_DATA_SEED = Arg(
+    "data_seed",
+    0,
+    "Seeds the task itself (teacher, patterns, chain); the job seed orders samples.",
+    minimum=0,
+)
+
+BUILTIN_MODELS: tuple[Registration, ...] = (
+    _model(
+        "mlp",
+        f"{_M}:build_mlp",
+        "Multi-layer perceptron with GELU and LayerNorm; flattens its input.",
+        Arg("width", 256, "Hidden units per layer.", minimum=1),
+        Arg("depth", 2, "Hidden layers.", minimum=1),
+        Arg(
+            "dropout", 0.0, "Dropout probability after each hidden layer.", minimum=0, maximum=0.99
+        ),
+        accepts=("vectors", "images"),
+    ),
+    _model(
+        "cnn",
+        f"{_M}:build_cnn",
+        "Small ResNet: a conv stem, residual blocks with BatchNorm (channels double and "
+        "resolution halves after the first), global average pooling, a linear head.",
+        Arg("width", 32, "Channels of the stem and first block.", minimum=1),
+        Arg("depth", 3, "Residual blocks.", minimum=1, maximum=8),
+        accepts=("images",),
+    ),
+    _model(
+        "transformer",
+        f"{_M}:build_transformer",
+        "Small GPT-style causal language model: token + position embeddings, pre-LayerNorm "
+        "blocks with causal self-attention, a head tied to the token embedding.",
+        Arg("d_model", 128, "Embedding width; n_heads must divide it.", minimum=1),
+        Arg("n_layers", 2, "Transformer blocks.", minimum=1),
+        Arg("n_heads", 4, "Attention heads.", minimum=1),
+        Arg("mlp_ratio", 4, "Feed-forward width as a multiple of d_model.", minimum=1),
+        Arg("dropout", 0.0, "Dropout probability.", minimum=0, maximum=0.99),
+        accepts=("tokens",),
+    ),
+    _model(
+        "resnet50",
+        f"{_M}:build_resnet50",
+        "torchvision's ResNet-50, untrained (the standard AMP benchmark; e.g. 3x224x224 images).",
+        accepts=("images",),
+        requires=("torchvision",),
+    ),
+)
+
+BUILTIN_DATASETS: tuple[Registration, ...] = (
+    _dataset(
+        "synthetic-classification",
+        f"{_D}:build_synthetic_classification",
+        "Gaussian feature vectors labelled by a fixed random two-layer teacher network.",
+        Arg("features", 32, "Features per sample.", minimum=1),
+        Arg("classes", 10, "Number of classes.", minimum=2),
+        Arg(
+            "num_samples",
+            8192,
+            "Samples in the pool; each epoch visits them in a new order.",
+            minimum=1,
+        ),
+        _DATA_SEED,
+        provides="vectors",
+    ),
+    _dataset(
+        "synthetic-images",
+        f"{_D}:build_synthetic_images",
+        "Images of any size: a smooth class-specific pattern, randomly shifted, plus noise. "
+        "Every sample is distinct (generated from its index).",
+        Arg("channels", 3, "Image channels.", minimum=1),
+        Arg("height", 32, "Image height in pixels.", minimum=4),
+        Arg("width", 32, "Image width in pixels.", minimum=4),
+        Arg("classes", 10, "Number of classes.", minimum=2),
+        Arg(
+            "noise",
+            0.5,
+            "Standard deviation of the per-pixel noise (the pattern has std 1).",
+            minimum=0,
+        ),
+        _DATA_SEED,
+        provides="images",
+    ),
+    _dataset(
+        "synthetic-text",
+        f"{_D}:build_synthetic_text",
+        "Token sequences from a fixed random Markov chain in which each token has a few "
+        "likely successors; targets are the next tokens.",
+        Arg("vocab_size", 64, "Vocabulary size.", minimum=2),
+        Arg("seq_len", 32, "Tokens per sample (model context length).", minimum=2),
+        Arg("branching", 2, "Likely successors per token (lower = more learnable).", minimum=1),
+        Arg(
+            "num_samples",
+            4096,
+            "Sequences in the pool; each epoch visits them in a new order.",
+            minimum=1,
+        ),
+        _DATA_SEED,
+        provides="tokens",
+    ),
+    _dataset(
+        "tensors",
+        "trainer_core.components.tensors_dataset:build_tensors",
+        "Your data from a .npz, .csv or .pt file (local path or fsspec URL) under one of the "
+        "data roots the worker allows. Classification: inputs and integer labels (CSV: "
+        "numeric columns, the label in label_column, an optional header). Language model: "
+        "token ids of shape (N, seq_len + 1); targets are the inputs shifted by one.",
+        Arg("path", REQUIRED, "File path or fsspec URL (.npz, .csv or .pt).", type="str"),
+        Arg(
+            "task",
+            "classification",
+            "What the file holds.",
+            choices=("classification", "language_model"),
+        ),
+        Arg("inputs_key", "x", "Array name of the inputs in a .npz or .pt dict."),
+        Arg("targets_key", "y", "Array name of the labels in a .npz or .pt dict (classification)."),
+        Arg("label_column", -1, "CSV column holding the label (negative counts from the end)."),
+        Arg("num_classes", 0, "Classes or vocabulary size; 0 = largest value + 1.", minimum=0),
+    ),
+)
+
+OPTIMIZERS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "adamw": (
+        "AdamW with decoupled weight decay (fused on CUDA).",
+        ("lr", "weight_decay", "betas"),
+    ),
+    "sgd": ("SGD with momentum.", ("lr", "weight_decay", "momentum")),
+}
+SCHEDULES: dict[str, str] = {
+    "cosine": "Linear warm-up, then cosine decay to min_lr_ratio x lr.",
+    "linear": "Linear warm-up, then linear decay to min_lr_ratio x lr.",
+    "constant": "Linear warm-up, then constant.",
+}
+PRECISIONS: dict[str, str] = {
+    "auto": "bf16 on CUDA capability >= 8.0, fp16 + loss scaling on 7.x, fp32 below and on CPUs without AMX.",
+    "fp32": "Full precision.",
+    "fp16": "float16 autocast with dynamic loss scaling (GradScaler).",
+    "bf16": "bfloat16 autocast, no loss scaling; needs native support (CUDA >= 8.0 or a CPU).",
+}
+
+
+def builtins(kind: Literal["model", "dataset"]) -> dict[str, Registration]:
+    """The built-in registrations of ``kind`` available here (torchvision-only ones need it)."""
+    regs = BUILTIN_MODELS if kind == "model" else BUILTIN_DATASETS
+    return {r.name: r for r in regs if r.available()}
+
+
+def plugin_entry_points(kind: Literal["model", "dataset"]) -> dict[str, EntryPoint]:
+    """Installed plugin entry points of ``kind`` by name; built-in names cannot be overridden."""
+    group = MODEL_GROUP if kind == "model" else DATASET_GROUP
+    taken = {r.name for r in (BUILTIN_MODELS if kind == "model" else BUILTIN_DATASETS)}
+    found: dict[str, EntryPoint] = {}
+    for ep in entry_points(group=group):
+        if ep.name not in taken:
+            found.setdefault(ep.name, ep)
+    return found
+
+
+def registered_names(kind: Literal["model", "dataset"]) -> list[str]:
+    return [*builtins(kind), *plugin_entry_points(kind)]
+
+
+def _field_help(spec: type[OptimizerSpec] | type[ScheduleSpec], name: str) -> dict[str, Any]:
+    f = spec.model_fields[name]
+    default = f.default
+    return {
+        "name": name,
+        "default": list(default) if isinstance(default, tuple) else default,
+        "help": f.description,
+    }
+
+
+def catalog() -> dict[str, Any]:
+    """Everything a job spec can name, with arguments, defaults and descriptions (JSON-ready).
+
+    Plugins appear by entry-point name with ``source: "plugin"`` and the entry
+    point's target; they are not imported, so their arguments are not listed.
+    """
+
+    def section(kind: Literal["model", "dataset"]) -> dict[str, Any]:
+        out = {name: r.describe("builtin") for name, r in builtins(kind).items()}
+        for name, ep in plugin_entry_points(kind).items():
+            out[name] = {"name": name, "source": "plugin", "entry_point": ep.value, "args": None}
+        return out
+
+    return {
+        "models": section("model"),
+        "datasets": section("dataset"),
+        "optimizers": {
+            name: {
+                "name": name,
+                "description": d,
+                "args": [_field_help(OptimizerSpec, a) for a in args],
+            }
+            for name, (d, args) in OPTIMIZERS.items()
+        },
+        "schedules": {
+            name: {
+                "name": name,
+                "description": d,
+                "args": [_field_help(ScheduleSpec, a) for a in ("warmup_steps", "min_lr_ratio")],
+            }
+            for name, d in SCHEDULES.items()
+        },
+        "precisions": {name: {"name": name, "description": d} for name, d in PRECISIONS.items()},
+    }
+
+
+def _error(loc: Sequence[str], msg: str) -> dict[str, Any]:
+    return {"loc": list(loc), "msg": msg}
+
+
+def component_errors(
+    field_name: str, kind: Literal["model", "dataset"], name: str, args: Mapping[str, Any]
+) -> tuple[list[dict[str, Any]], Registration | None]:
+    regs = builtins(kind)
+    if name in regs:
+        reg = regs[name]
+        return [_error((field_name, "args", a), m) for a, m in reg.arg_errors(args)], reg
+    if name in plugin_entry_points(kind):
+        return [], None  # a plugin checks its own arguments when it is built
+    hint = ""
+    missing = [
+        r for r in (BUILTIN_MODELS if kind == "model" else BUILTIN_DATASETS) if r.name == name
+    ]
+    if missing:
+        hint = f" ({name} needs {', '.join(missing[0].requires)}, which is not installed)"
+    known = ", ".join(registered_names(kind))
+    return [
+        _error((field_name, "name"), f"unknown {kind} {name!r}{hint}; registered: {known}")
+    ], None
+
+
+def validate_components(spec: JobSpec) -> list[dict[str, Any]]:
+    """Problems with the spec's model and dataset, as ``{"loc": [...], "msg": ...}``; empty = fine.
+
+    Checks names, argument names, types and ranges, and that the model can consume
+    what the dataset yields. Plugins' arguments are checked when they are built.
+    """
+    model_errors, model = component_errors("model", "model", spec.model.name, spec.model.args)
+    data_errors, data = component_errors(
+        "dataset", "dataset", spec.dataset.name, spec.dataset.args
+    )
+    errors = model_errors + data_errors
+    provides = data.provides if data is not None else None
+    if (
+        data is not None
+        and data.name == "tensors"
+        and spec.dataset.args.get("task") == "language_model"
+    ):
+        provides = "tokens"
+    if (
+        model is not None
+        and provides is not None
+        and model.accepts
+        and provides not in model.accepts
+    ):
+        errors.append(
+            _error(
+                ("model", "name"),
+                f"model {model.name!r} takes {' or '.join(model.accepts)}, but dataset "
+                f"{spec.dataset.name!r} yields {provides}",
+            )
+        )
+    return errors
+
+
+__all__ = [
+    "DATASET_GROUP",
+    "MODEL_GROUP",
+    "REQUIRED",
+    "Arg",
+    "Registration",
+    "catalog",
+    "validate_components",
+]

@@ -1,0 +1,72 @@
+"""Deterministic randomness keyed by (seed, sample index).
+
+Every dataset's ``batch(start, size)`` must be a pure function of its seed and
+the sample indices, whatever the batch boundaries: resuming at sample 1000 or
+splitting a batch of 64 into two of 32 must give the same samples. Two tools
+make that cheap: a generator seeded from the index itself (for samples made on
+the fly) and a per-epoch permutation of a fixed pool (for finite pools).
+"""
+
+from __future__ import annotations
+
+import torch
+
+_MASK64 = (1 << 64) - 1
+
+
+def mix_seed(*parts: int) -> int:
+    """A well-spread 63-bit seed from several integers (splitmix64 over the parts)."""
+    x = 0x9E3779B97F4A7C15
+    for p in parts:
+        x = (x ^ (p & _MASK64)) & _MASK64
+        x = (x + 0x9E3779B97F4A7C15) & _MASK64
+        z = x
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK64
+        x = z ^ (z >> 31)
+    return x >> 1  # torch.Generator.manual_seed takes values below 2**63
+
+
+def generator(*parts: int) -> torch.Generator:
+    """A CPU generator seeded from ``parts``."""
+    return torch.Generator().manual_seed(mix_seed(*parts))
+
+
+class EpochOrder:
+    """Maps stream positions to rows of a pool of ``n`` samples, reshuffled every epoch.
+
+    Position ``i`` is row ``perm(i // n)[i % n]``; each epoch's permutation is drawn
+    from ``(seed, epoch)`` alone, so any position can be computed without the others.
+    """
+
+    def __init__(self, n: int, seed: int) -> None:
+        if n < 1:
+            raise ValueError("a pool needs at least one sample")
+        self.n = n
+        self.seed = seed
+        self._cache: dict[int, torch.Tensor] = {}
+
+    def _perm(self, epoch: int) -> torch.Tensor:
+        perm = self._cache.get(epoch)
+        if perm is None:
+            if len(self._cache) >= 4:  # a batch spans at most a few epochs; keep memory flat
+                self._cache.pop(next(iter(self._cache)))
+            perm = torch.randperm(self.n, generator=generator(self.seed, epoch, 0xE90C))
+            self._cache[epoch] = perm
+        return perm
+
+    def rows(self, start: int, size: int) -> torch.Tensor:
+        """Pool rows for positions ``[start, start + size)``."""
+        if start < 0 or size < 0:
+            raise ValueError("start and size must be non-negative")
+        pieces = []
+        pos = start
+        end = start + size
+        while pos < end:
+            epoch, offset = divmod(pos, self.n)
+            take = min(end - pos, self.n - offset)
+            pieces.append(self._perm(epoch)[offset : offset + take])
+            pos += take
+        if not pieces:
+            return torch.empty(0, dtype=torch.long)
+        return torch.cat(pieces)
