@@ -1,0 +1,55 @@
+"""What a caller hands the engine, and what it gets back."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from trainer_core.engine.precision import PrecisionChoice
+from trainer_core.records import Sink
+
+StopReason = str  # "cancel" | "preempt"
+
+
+def _never_stop() -> str | None:
+    return None
+
+
+@dataclass
+class RunContext:
+    """Where this run writes and how it is told to stop; nothing here changes the numerics."""
+
+    checkpoint_dir: str | None
+    """Local directory or fsspec URL for THIS job's checkpoints; None disables checkpoints."""
+    sink: Sink | None = None
+    """Receives batches of telemetry records from a background thread."""
+    data_roots: Sequence[str] = ()
+    """Directories/URLs under which file-backed datasets may read."""
+    should_stop: Callable[[], str | None] = _never_stop
+    """Polled at every step boundary (keep it cheap): "cancel", "preempt" or None."""
+    resume: bool = True
+    """Load the newest checkpoint in ``checkpoint_dir`` when there is one."""
+
+
+@dataclass
+class Components:
+    """Pre-built parts; tests inject these, ``None`` builds them from the spec via the registry."""
+
+    model: torch.nn.Module
+    dataset: Any  # trainer_core.components.base.Dataset
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """How a run that finished normally ended."""
+
+    final_step: int
+    resumed_from: int | None
+    precision: PrecisionChoice
+    skipped_steps: int
+    dropped_records: int
+    last_record: dict[str, Any] | None

@@ -1,0 +1,267 @@
+"""The Trainer: train -> train_step -> forward_backward, plus checkpoints, stop requests and OOM."""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+import numpy as np
+import torch
+
+from trainer_core.engine.amp_step import AmpStep
+from trainer_core.engine.checkpoint import CheckpointStore, capture_rng, restore_rng
+from trainer_core.engine.context import Components, RunContext, TrainResult
+from trainer_core.engine.health import HealthMonitor
+from trainer_core.engine.memory import format_bytes, snapshot
+from trainer_core.engine.precision import choose_precision, resolve_device
+from trainer_core.engine.publisher import Publisher
+from trainer_core.engine.schedule_gate import ScheduleGate
+from trainer_core.engine.telemetry import StepTelemetry
+from trainer_core.errors import CancelledError, OutOfMemoryError, PreemptedError
+from trainer_core.spec import JobSpec
+
+CHECKPOINT_FORMAT = 1
+
+
+def seed_everything(seed: int) -> None:
+    """Seed python, numpy and torch (all CUDA devices too) from the job's seed."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
+class Trainer:
+    """Runs one job spec to completion, or to a TrainingError.
+
+    Build it, then call :meth:`train` once. ``step`` is the number of optimizer
+    steps done so far (it may be read from ``ctx.should_stop`` callbacks).
+    """
+
+    drain_timeout_s: float = 10.0
+    """How long :meth:`train` lets the publisher deliver queued telemetry at the end."""
+
+    def __init__(
+        self, spec: JobSpec, ctx: RunContext, components: Components | None = None
+    ) -> None:
+        self.spec = spec
+        self.ctx = ctx
+        self.device = resolve_device(spec.device)
+        self.precision = choose_precision(spec.precision, self.device)  # fails before any work
+        seed_everything(spec.seed)
+        parts = components or _build_components(spec, ctx)
+        self.dataset = parts.dataset
+        self.model = parts.model.to(self.device)  # parameters stay fp32: autocast casts per op
+        self.optimizer = _registry().build_optimizer(
+            spec.optimizer, self.model.parameters(), self.device
+        )
+        scheduler = _registry().build_schedule(spec.schedule, self.optimizer, spec.max_steps)
+        self.gate = ScheduleGate(scheduler, self.device)
+        self.amp = AmpStep(
+            spec, self.model, self.optimizer, parts.loss_fn, self.precision, self.device
+        )
+        self.step = 0
+        self.micro_batch = spec.micro_batch_size
+        self.grad_accum = spec.grad_accum_steps
+        self.store = (
+            CheckpointStore(ctx.checkpoint_dir, spec.checkpoint.keep_last)
+            if ctx.checkpoint_dir
+            else None
+        )
+        self.resumed_from: int | None = None
+        self._last_checkpoint_step: int | None = None
+        self.publisher = Publisher(ctx.sink, spec.telemetry.queue_size)
+        self.telemetry = StepTelemetry(
+            spec.telemetry,
+            self.device,
+            HealthMonitor(spec.health, self.precision.effective),
+            self.publisher,
+            with_scaler=self.amp.scaler is not None,
+        )
+
+    # -- public -----------------------------------------------------------------------------
+
+    def train(self) -> TrainResult:
+        """Train up to ``spec.max_steps``; raises a TrainingError subclass when it cannot."""
+        try:
+            self._start()
+            while self.step < self.spec.max_steps:
+                self._poll_stop()
+                self.train_step()
+                if self.step % self.spec.checkpoint.every_steps == 0:
+                    self.save_checkpoint()
+            self.gate.settle()
+            if self._last_checkpoint_step != self.step:
+                self.save_checkpoint()
+            self.telemetry.flush()
+        finally:
+            self.publisher.close(self.drain_timeout_s)
+        return TrainResult(
+            final_step=self.step,
+            resumed_from=self.resumed_from,
+            precision=self.precision,
+            skipped_steps=self.telemetry.skipped_steps,
+            dropped_records=self.publisher.dropped,
+            last_record=self.telemetry.last_record,
+        )
+
+    def train_step(self) -> None:
+        """One optimizer step over ``batch_size`` samples; retried smaller on OOM if allowed."""
+        started = time.perf_counter()
+        while True:
+            try:
+                loss = self._accumulate()
+                break
+            except torch.OutOfMemoryError:
+                self._shrink_after_oom()
+        self.gate.settle()  # the previous step's skip flag, read while this step runs
+        lr = self.gate.lr
+        applied = self.amp.apply()
+        self.gate.after_step(applied.found_inf)
+        self.step += 1
+        self.telemetry.record(
+            self.step,
+            loss=loss,
+            grad_norm=applied.grad_norm,
+            found_inf=applied.found_inf,
+            scale=applied.scale,
+            lr=lr,
+            samples=self.spec.batch_size,
+            started=started,
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything exact resume needs, as tensors and plain types (weights_only-loadable)."""
+        self.gate.settle()
+        scaler = self.amp.scaler
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "step": self.step,
+            "samples_consumed": self.samples_consumed,
+            "micro_batch": self.micro_batch,
+            "grad_accum_steps": self.grad_accum,
+            "precision": self.precision.effective,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.gate.scheduler.state_dict(),
+            "scaler": scaler.state_dict() if scaler is not None else None,
+            "rng": capture_rng(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a :meth:`state_dict`; the run then continues exactly where it was."""
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.gate.scheduler.load_state_dict(state["scheduler"])
+        if self.amp.scaler is not None and state.get("scaler"):
+            self.amp.scaler.load_state_dict(state["scaler"])
+        self.step = int(state["step"])
+        self.micro_batch = int(state["micro_batch"])
+        self.grad_accum = int(state["grad_accum_steps"])
+        restore_rng(state["rng"])
+
+    def save_checkpoint(self) -> str | None:
+        """Write a checkpoint of the current step (if this run has a checkpoint dir)."""
+        if self.store is None:
+            return None
+        path = self.store.save(self.step, self.state_dict())
+        self._last_checkpoint_step = self.step
+        self.telemetry.event("checkpoint", self.step, path=path)
+        return path
+
+    @property
+    def samples_consumed(self) -> int:
+        """Data position: every optimizer step consumes exactly ``batch_size`` samples."""
+        return self.step * self.spec.batch_size
+
+    # -- internals ----------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        self.telemetry.event("precision", self.step, **self.precision.to_dict())
+        if not (self.ctx.resume and self.store is not None):
+            return
+        latest = self.store.latest()
+        if latest is None:
+            return
+        self.load_state_dict(self.store.load(latest))
+        self.resumed_from = self._last_checkpoint_step = self.step
+        self.telemetry.event("resumed", self.step, from_step=self.step, path=latest)
+
+    def _accumulate(self) -> torch.Tensor:
+        """All micro-batches of the step; returns the mean loss (device tensor)."""
+        self.optimizer.zero_grad(set_to_none=True)
+        start, micro, accum = self.samples_consumed, self.micro_batch, self.grad_accum
+        total: torch.Tensor | None = None
+        for i in range(accum):
+            inputs, targets = self.dataset.batch(start + i * micro, micro)
+            inputs = inputs.to(self.device, non_blocking=True)
+            targets = targets.to(self.device, non_blocking=True)
+            loss = self.amp.forward_backward(inputs, targets, accum, last=i == accum - 1)
+            total = loss if total is None else total + loss
+        assert total is not None
+        return total / accum if accum > 1 else total
+
+    def _shrink_after_oom(self) -> None:
+        """Halve the micro-batch (doubling accumulation) or raise OutOfMemoryError."""
+        self.optimizer.zero_grad(set_to_none=True)
+        peak = snapshot(self.device).peak
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        old = self.micro_batch
+        smaller = _largest_divisor_at_most(self.spec.batch_size, old // 2)
+        if not self.spec.auto_micro_batch or smaller < 1:
+            hint = (
+                "the micro-batch cannot shrink below 1"
+                if self.spec.auto_micro_batch
+                else "set auto_micro_batch: true, raise grad_accum_steps or lower batch_size"
+            )
+            raise OutOfMemoryError(
+                f"out of memory at step {self.step + 1} with micro-batch {old} "
+                f"(batch_size {self.spec.batch_size} = {old} x {self.grad_accum} accumulation steps; "
+                f"peak memory {format_bytes(peak)}): {hint}",
+                step=self.step + 1,
+            ) from None
+        self.micro_batch, self.grad_accum = smaller, self.spec.batch_size // smaller
+        self.telemetry.event(
+            "micro_batch",
+            self.step,
+            old=old,
+            new=smaller,
+            grad_accum_steps=self.grad_accum,
+            reason=f"out of memory at micro-batch {old} (peak {format_bytes(peak)})",
+        )
+
+    def _poll_stop(self) -> None:
+        reason = self.ctx.should_stop()
+        if reason is None:
+            return
+        self.gate.settle()
+        self.save_checkpoint()
+        self.telemetry.flush()
+        if reason == "preempt":
+            raise PreemptedError(
+                f"preempted at step {self.step}; checkpointed, resumable", step=self.step
+            )
+        raise CancelledError(f"cancelled at step {self.step}", step=self.step)
+
+
+def _largest_divisor_at_most(n: int, limit: int) -> int:
+    """Largest d <= limit dividing n (0 when limit < 1): keeps micro x accum == batch_size."""
+    for d in range(limit, 0, -1):
+        if n % d == 0:
+            return d
+    return 0
+
+
+def _registry() -> Any:
+    # Imported lazily: the registry pulls in every built-in component.
+    from trainer_core import registry
+
+    return registry
+
+
+def _build_components(spec: JobSpec, ctx: RunContext) -> Components:
+    reg = _registry()
+    dataset = reg.build_dataset(spec.dataset, seed=spec.seed, data_roots=ctx.data_roots)
+    model = reg.build_model(spec.model, dataset.info)
+    return Components(model=model, dataset=dataset, loss_fn=reg.loss_for(dataset.info))

@@ -1,0 +1,167 @@
+"""Per-step records without per-step host syncs.
+
+Each step hands over its values as device tensors (references only: no kernel,
+no copy). They reach the host together, in ONE ``torch.stack(...).tolist()``,
+when a flush is due: every ``flush_every_steps`` steps or after
+``flush_every_ms``, whichever comes first. That is also when memory is read
+(one ``torch.cuda.memory_stats()`` call), health is checked and the batch is
+offered to the :class:`~trainer_core.engine.publisher.Publisher`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from trainer_core.engine.health import HealthMonitor
+from trainer_core.engine.memory import snapshot
+from trainer_core.engine.publisher import Publisher
+from trainer_core.records import event, metric
+from trainer_core.spec import TelemetrySpec
+
+
+@dataclass
+class _Pending:
+    """Host-side facts of one step; its device values sit in ``StepTelemetry._values``."""
+
+    step: int
+    lr: float
+    samples: int
+    started: float  # perf_counter when the step was entered
+    ended: float  # perf_counter when its last kernel was *enqueued*
+
+
+class StepTelemetry:
+    """Collects step records on the device, flushes them to the host and the publisher."""
+
+    def __init__(
+        self,
+        spec: TelemetrySpec,
+        device: torch.device,
+        health: HealthMonitor,
+        publisher: Publisher,
+        *,
+        with_scaler: bool,
+    ) -> None:
+        self._spec = spec
+        self._device = device
+        self._health = health
+        self._publisher = publisher
+        self._with_scaler = with_scaler
+        self._values: list[torch.Tensor] = []  # per step: loss, grad_norm[, found_inf, scale]
+        self._pending: list[_Pending] = []
+        self._wall_offset = time.time() - time.perf_counter()
+        self._last_flush = time.perf_counter()
+        self._flush_interval_s = spec.flush_every_ms / 1000.0
+        self._dropped_reported = 0
+        self.skipped_steps = 0
+        self.last_record: dict[str, Any] | None = None
+
+    def record(
+        self,
+        step: int,
+        *,
+        loss: torch.Tensor,
+        grad_norm: torch.Tensor,
+        found_inf: torch.Tensor | None,
+        scale: torch.Tensor | None,
+        lr: float,
+        samples: int,
+        started: float,
+    ) -> None:
+        """Keep one step's values; flush when a flush is due (may raise DivergedError)."""
+        self._values += (loss, grad_norm)
+        if self._with_scaler:
+            assert found_inf is not None and scale is not None
+            self._values += (found_inf, scale)
+        now = time.perf_counter()
+        self._pending.append(_Pending(step, lr, samples, started, now))
+        if (
+            len(self._pending) >= self._spec.flush_every_steps
+            or now - self._last_flush >= self._flush_interval_s
+        ):
+            self.flush()
+
+    def event(self, type: str, step: int, **data: Any) -> None:
+        """Send an event after the metrics of every step before it (forces a flush)."""
+        self.flush([event(type, step, time.time(), **data)])
+
+    def flush(self, extra: list[dict[str, Any]] | None = None) -> None:
+        """Bring pending values to the host, build records, check health, offer one batch."""
+        records = self._build_records() if self._pending else []
+        warnings, error = self._health.check(records)
+        batch = records + warnings + (extra or [])
+        dropped = self._publisher.dropped
+        if dropped > self._dropped_reported:
+            step = records[-1]["step"] if records else (self.last_record or {}).get("step", 0)
+            batch.append(
+                event(
+                    "warning",
+                    step,
+                    time.time(),
+                    code="telemetry_dropped",
+                    message=(
+                        f"{dropped} telemetry records dropped so far: the sink is slower than training"
+                    ),
+                )
+            )
+            self._dropped_reported = dropped
+        self._publisher.offer(batch)
+        if error is not None:
+            raise error
+
+    def _build_records(self) -> list[dict[str, Any]]:
+        # The one device->host transfer of this flush (a sync on CUDA).
+        values = torch.stack(self._values).tolist() if self._values else []
+        host_done = time.perf_counter()
+        mem = snapshot(self._device)
+        width = 4 if self._with_scaler else 2
+        pending, self._pending, self._values = self._pending, [], []
+        records = []
+        device_done = host_done if self._device.type == "cuda" else pending[-1].ended
+        timeline = self._timeline(pending, device_done)
+        for i, (p, (start, end)) in enumerate(zip(pending, timeline, strict=True)):
+            loss, norm, *rest = values[i * width : (i + 1) * width]
+            skipped = bool(rest and rest[0] > 0)
+            self.skipped_steps += skipped
+            step_s = max(end - start, 1e-9)
+            records.append(
+                metric(
+                    step=p.step,
+                    time=self._wall_offset + end,
+                    loss=loss,
+                    loss_scale=rest[1] if rest else None,
+                    skipped=skipped,
+                    grad_norm=None if skipped else norm,
+                    lr=p.lr,
+                    memory_allocated=mem.allocated,
+                    memory_reserved=mem.reserved,
+                    memory_peak=mem.peak,
+                    samples_per_second=p.samples / step_s,
+                    step_time_ms=step_s * 1000.0,
+                    skipped_steps=self.skipped_steps,
+                )
+            )
+        self._last_flush = host_done
+        self.last_record = records[-1]
+        return records
+
+    @staticmethod
+    def _timeline(pending: list[_Pending], device_done: float) -> list[tuple[float, float]]:
+        """Per-step (start, end) times, stretched so the window ends when the device finished.
+
+        On CUDA the host only measures when kernels were enqueued; the flush's
+        sync tells when the device actually finished, so the window is scaled
+        to end there. On the CPU the two nearly coincide.
+        """
+        origin, last = pending[0].started, pending[-1].ended
+        stretch = (device_done - origin) / (last - origin) if last > origin else 1.0
+        stretch = max(stretch, 1.0)
+
+        def at(t: float) -> float:
+            return origin + (t - origin) * stretch
+
+        return [(at(p.started), at(p.ended)) for p in pending]
