@@ -11,6 +11,7 @@ so they cannot run code.
 from __future__ import annotations
 
 import io
+import pickle
 import posixpath
 from collections.abc import Sequence
 from pathlib import Path
@@ -107,7 +108,13 @@ def _load_arrays(
         with np.load(io.BytesIO(data), allow_pickle=False) as z:
             arrays: dict[str, Any] = {k: torch.from_numpy(z[k]) for k in z.files}
     else:
-        loaded = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+        try:
+            loaded = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+        except pickle.UnpicklingError as exc:
+            raise InvalidSpecError(
+                f"{_FIELD}: the .pt file holds objects other than tensors and plain containers; "
+                "it is loaded with weights_only=True, which refuses anything that could run code"
+            ) from exc
         if isinstance(loaded, torch.Tensor):
             arrays = {args["inputs_key"]: loaded}
         elif isinstance(loaded, (tuple, list)) and len(loaded) == 2:
@@ -166,7 +173,12 @@ def build_tensors(
         "targets_key": targets_key,
         "label_column": label_column,
     }
-    inputs, targets = _load_arrays(_read_bytes(location), suffix, args)
+    try:
+        inputs, targets = _load_arrays(_read_bytes(location), suffix, args)
+    except InvalidSpecError:
+        raise
+    except Exception as exc:  # malformed files, pickled objects refused by weights_only, ...
+        raise InvalidSpecError(f"{_FIELD}: cannot load {path!r} as {suffix}: {exc}") from exc
     if len(inputs) == 0:
         raise InvalidSpecError(f"{_FIELD}: the file holds no samples")
     if task == "language_model":
