@@ -95,7 +95,7 @@ class Trainer:
                 self.save_checkpoint()
             self.telemetry.flush()
         finally:
-            self.publisher.close(self.drain_timeout_s)
+            self.telemetry.close(self.drain_timeout_s)
         return TrainResult(
             final_step=self.step,
             resumed_from=self.resumed_from,

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections import deque
+from collections.abc import Callable
 from typing import Any
 
 from trainer_core.records import Sink
@@ -62,21 +63,32 @@ class Publisher:
             self._cond.notify()
         return True
 
-    def close(self, timeout: float) -> None:
+    def close(self, timeout: float, notice: Callable[[int], Batch] | None = None) -> None:
         """Stop accepting, let the thread deliver what is queued for up to ``timeout`` seconds.
 
         Whatever is still queued after that counts as dropped; a sink stuck in
-        ``write`` is abandoned (the thread is a daemon).
+        ``write`` is abandoned (the thread is a daemon). When the queue drained
+        and records were dropped, ``notice(dropped)`` builds a last batch (a
+        warning) that is written directly: the sink is idle by then, and the
+        warnings sent while it was overloaded were likely dropped themselves.
         """
         with self._cond:
             self._closing = True
             self._cond.notify()
+        drained = True
         if self._thread is not None:
             self._thread.join(timeout)
+            drained = not self._thread.is_alive()
         with self._cond:
             self._dropped += self._queued
             self._queued = 0
             self._batches.clear()
+            dropped = self._dropped
+        if drained and dropped and notice is not None and self._sink is not None:
+            try:
+                self._sink.write(notice(dropped))
+            except Exception:
+                log.exception("telemetry sink failed on the final notice")
 
     def _drain(self) -> None:
         assert self._sink is not None

@@ -97,21 +97,29 @@ class StepTelemetry:
         dropped = self._publisher.dropped
         if dropped > self._dropped_reported:
             step = records[-1]["step"] if records else (self.last_record or {}).get("step", 0)
-            batch.append(
-                event(
-                    "warning",
-                    step,
-                    time.time(),
-                    code="telemetry_dropped",
-                    message=(
-                        f"{dropped} telemetry records dropped so far: the sink is slower than training"
-                    ),
-                )
-            )
+            batch.append(self._dropped_warning(step, dropped))
             self._dropped_reported = dropped
         self._publisher.offer(batch)
         if error is not None:
             raise error
+
+    def close(self, timeout: float) -> None:
+        """Deliver what is queued (up to ``timeout`` s); report drops in a final warning."""
+        self._publisher.close(timeout, notice=self._drop_notice)
+
+    def _drop_notice(self, dropped: int) -> list[dict[str, Any]]:
+        step = (self.last_record or {}).get("step", 0)
+        return [self._dropped_warning(step, dropped)]
+
+    @staticmethod
+    def _dropped_warning(step: int, dropped: int) -> dict[str, Any]:
+        return event(
+            "warning",
+            step,
+            time.time(),
+            code="telemetry_dropped",
+            message=f"{dropped} telemetry records dropped: the sink was slower than training",
+        )
 
     def _build_records(self) -> list[dict[str, Any]]:
         # The one device->host transfer of this flush (a sync on CUDA).
