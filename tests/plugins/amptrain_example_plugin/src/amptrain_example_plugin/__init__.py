@@ -1,0 +1,1 @@
+"""Example amptrain plugin (see trainer_core/components/README.md)."""

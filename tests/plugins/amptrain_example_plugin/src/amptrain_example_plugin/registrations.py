@@ -1,0 +1,26 @@
+"""What the entry points point at. Torch-free, so loading a registration is cheap;
+the builders live in ``torch_parts`` and are imported only when a job uses them."""
+
+from trainer_core.catalog import Arg, Registration
+
+LOGREG = Registration(
+    name="logreg",
+    kind="model",
+    builder="amptrain_example_plugin.torch_parts:build_logreg",
+    description="Logistic regression (one linear layer on the flattened input).",
+    args=(Arg("bias", True, "Learn a bias per class."),),
+    accepts=("vectors", "images"),
+)
+
+BLOBS = Registration(
+    name="example-blobs",
+    kind="dataset",
+    builder="amptrain_example_plugin.torch_parts:build_blobs",
+    description="Gaussian blobs, one per class, at fixed random centres.",
+    args=(
+        Arg("features", 2, "Features per sample.", minimum=1),
+        Arg("classes", 3, "Number of blobs (classes).", minimum=2),
+        Arg("spread", 0.3, "Standard deviation of each blob.", minimum=0),
+    ),
+    provides="vectors",
+)

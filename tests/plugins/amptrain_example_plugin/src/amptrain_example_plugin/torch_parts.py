@@ -1,0 +1,52 @@
+"""The plugin's torch code: a model builder and a dataset following amptrain's contracts."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from trainer_core.components.base import DataInfo
+from trainer_core.components.sampling import generator
+
+
+def build_logreg(info: DataInfo, bias: bool = True) -> nn.Module:
+    """Model builders get the dataset's DataInfo plus their declared arguments."""
+    features = 1
+    for size in info.input_shape:
+        features *= size
+    return nn.Sequential(nn.Flatten(), nn.Linear(features, info.num_classes, bias=bias))
+
+
+class Blobs:
+    """``batch(start, size)`` must depend only on the seed and the sample indices: here every
+    sample comes from a generator keyed by (seed, index)."""
+
+    def __init__(self, seed: int, features: int, classes: int, spread: float) -> None:
+        self.info = DataInfo("classification", (features,), classes)
+        self.seed = seed
+        self.spread = spread
+        self.centres = torch.randn(classes, features, generator=generator(1234)) * 2
+
+    def batch(self, start: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        xs, ys = [], []
+        for index in range(start, start + size):
+            g = generator(self.seed, index)
+            label = int(torch.randint(self.info.num_classes, (1,), generator=g))
+            noise = torch.randn(self.info.input_shape, generator=g)
+            xs.append(self.centres[label] + self.spread * noise)
+            ys.append(label)
+        return torch.stack(xs), torch.tensor(ys)
+
+
+def build_blobs(
+    *,
+    seed: int,
+    data_roots: Sequence[str] = (),
+    features: int = 2,
+    classes: int = 3,
+    spread: float = 0.3,
+) -> Blobs:
+    """Dataset builders get the job seed and the allowed data roots plus their arguments."""
+    return Blobs(seed, features, classes, spread)
