@@ -12,7 +12,7 @@ import os
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 
@@ -29,7 +29,7 @@ class Settings(BaseSettings):
     """Broker, telemetry streams and locks; default the embedded server's ``unix://{data_dir}/redis/redis.sock``."""
     checkpoint_url: str = ""
     """Directory or fsspec URL for checkpoints; default ``{data_dir}/checkpoints``."""
-    admin_token: str | None = None
+    admin_token: SecretStr | None = None
     """The first admin token; generated (and saved with mode 0600) when unset."""
     data_roots: Annotated[list[str], NoDecode] = Field(default_factory=list)
     """Directories datasets may read from (JSON list or ``os.pathsep``-separated); default ``[{data_dir}/data]``."""
@@ -60,7 +60,8 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _derive_defaults(self) -> Settings:
-        data_dir = self.data_dir
+        # Absolute, so child processes started elsewhere find the same files.
+        data_dir = self.data_dir = self.data_dir.absolute()
         if not self.database_url:
             self.database_url = f"sqlite:///{data_dir / 'amptrain.db'}"
         if not self.redis_url:

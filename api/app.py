@@ -1,0 +1,53 @@
+"""The FastAPI application: ``create_app(settings)`` is the uvicorn factory.
+
+The lifespan builds :class:`~api.services.Services` (engine, Redis, recorder,
+dispatcher) and stops it on shutdown. Routers live in :mod:`api.routes`;
+errors map to ``{"error", "detail"}`` in :mod:`api.errors`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from importlib.metadata import PackageNotFoundError, version
+
+import anyio
+from fastapi import FastAPI
+
+from api.errors import install_error_handlers
+from api.routes import ROUTERS
+from api.services import Services
+from api.settings import Settings, get_settings
+
+
+def _version() -> str:
+    try:
+        return version("amptrain")
+    except PackageNotFoundError:
+        return "0"
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """Build the API for ``settings`` (default: from the environment)."""
+    settings = settings or get_settings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        services = await anyio.to_thread.run_sync(Services.create, settings)
+        app.state.services = services
+        try:
+            await anyio.to_thread.run_sync(services.start)
+            yield
+        finally:
+            await anyio.to_thread.run_sync(services.stop)
+
+    app = FastAPI(
+        title="amptrain",
+        version=_version(),
+        summary="Declarative PyTorch training jobs with automatic mixed precision.",
+        lifespan=lifespan,
+    )
+    install_error_handlers(app)
+    for router in ROUTERS:
+        app.include_router(router)
+    return app

@@ -1,0 +1,9 @@
+"""HTTP routes, one module per resource; :data:`ROUTERS` is what the app mounts."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from api.routes import catalog, health, jobs, telemetry
+
+ROUTERS: tuple[APIRouter, ...] = (health.router, catalog.router, jobs.router, telemetry.router)

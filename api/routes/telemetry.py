@@ -1,0 +1,70 @@
+"""A job's history: metric points (cursor = stream entry id) and lifecycle events (cursor = id)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import sqlalchemy as sa
+from fastapi import APIRouter, Query
+
+from api.deps import CurrentUser, SessionDep, visible_job
+from api.errors import ValidationFailed
+from api.schemas import EventOut, EventPage, MetricPage
+from api.state.metrics import Attempts, metric_page
+from api.state.models import JobEvent
+
+router = APIRouter(prefix="/jobs", tags=["telemetry"])
+
+
+@router.get("/{job_id}/metrics", response_model=MetricPage)
+def read_metrics(
+    job_id: str,
+    session: SessionDep,
+    user: CurrentUser,
+    after: Annotated[str | None, Query(description="``next_cursor`` of the previous page.")] = None,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+    attempts: Annotated[
+        Attempts,
+        Query(
+            description="``effective``: per step only the newest attempt's point; ``all``: every attempt."
+        ),
+    ] = "effective",
+) -> MetricPage:
+    """Recorded metric points after ``after`` in recording order; ``next_cursor`` passed back
+    returns only newer points, so no point is ever repeated or skipped."""
+    visible_job(session, user, job_id)
+    try:
+        items, next_cursor = metric_page(
+            session, job_id, after=after, limit=limit, attempts=attempts
+        )
+    except ValueError as exc:
+        raise ValidationFailed(
+            [{"field": "query.after", "message": str(exc), "type": "value_error"}]
+        ) from None
+    return MetricPage(items=items, next_cursor=next_cursor)
+
+
+@router.get("/{job_id}/events", response_model=EventPage)
+def read_events(
+    job_id: str,
+    session: SessionDep,
+    user: CurrentUser,
+    after: Annotated[int, Query(ge=0, description="``next_cursor`` of the previous page.")] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 200,
+) -> EventPage:
+    """Lifecycle events (queued, started, checkpoint, warning, resumed, succeeded, failed,
+    cancelled) after ``after``, oldest first."""
+    visible_job(session, user, job_id)
+    rows = session.scalars(
+        sa.select(JobEvent)
+        .where(JobEvent.job_id == job_id, JobEvent.id > after)
+        .order_by(JobEvent.id)
+        .limit(limit)
+    ).all()
+    items = [
+        EventOut(
+            id=e.id, attempt=e.attempt, type=e.type, step=e.step, time=e.time, data=e.data or {}
+        )
+        for e in rows
+    ]
+    return EventPage(items=items, next_cursor=str(rows[-1].id if rows else after))

@@ -1,0 +1,120 @@
+"""Dispatch: committed jobs reach the Celery queue by task name, even after a broker outage."""
+
+from __future__ import annotations
+
+import base64
+import json
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from api.dispatcher import RUN_JOB, Dispatcher
+from api.embedded_redis import EmbeddedRedis
+from api.settings import Settings
+from api.state import migrate
+from api.state.db import make_engine, make_session_factory
+from api.state.models import Job
+from tests.support.stack import Stack, wait_until
+
+
+def cpu_job(**extra: Any) -> dict[str, Any]:
+    return {
+        "model": {"name": "mlp"},
+        "dataset": {"name": "synthetic-classification"},
+        "device": "cpu",
+        "max_steps": 3,
+        **extra,
+    }
+
+
+def queued_messages(server: EmbeddedRedis, queue: str) -> list[dict[str, Any]]:
+    """The Celery messages waiting in ``queue`` (kombu's Redis transport keeps a list per queue)."""
+    client = redis.Redis(unix_socket_path=str(server.socket))
+    try:
+        raw = client.lrange(queue, 0, -1)
+    finally:
+        client.close()
+    out = []
+    for item in raw:
+        message = json.loads(item)
+        args, kwargs, _ = json.loads(base64.b64decode(message["body"]))
+        out.append({"task": message["headers"]["task"], "args": args, "kwargs": kwargs})
+    return out
+
+
+def job_row(database_url: str, job_id: str) -> Job:
+    engine = make_engine(database_url)
+    try:
+        with make_session_factory(engine)() as s:
+            job = s.get(Job, job_id)
+            assert job is not None
+            return job
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture
+def api(database_url: str, redis_server: EmbeddedRedis, tmp_path: Path) -> Iterator[Stack]:
+    stack = Stack(tmp_path, database_url, redis_server)
+    stack.start_api()
+    yield stack
+    stack.close()
+
+
+def test_jobs_are_sent_by_name_to_the_queue_of_their_device(
+    api: Stack, redis_server: EmbeddedRedis, database_url: str
+) -> None:
+    cpu = api.submit(cpu_job())
+    gpu = api.submit(cpu_job(device="auto"))
+    expected = {"task": RUN_JOB, "args": [cpu["id"]], "kwargs": {}}
+    assert wait_until(lambda: queued_messages(redis_server, "cpu"), 10, "cpu message") == [expected]
+    gpu_messages = wait_until(lambda: queued_messages(redis_server, "gpu"), 10, "gpu message")
+    assert [m["args"] for m in gpu_messages] == [[gpu["id"]]]
+    assert wait_until(lambda: job_row(database_url, cpu["id"]).dispatched_at, 10, "dispatched_at")
+
+
+def test_broker_down_at_submit_is_sent_once_redis_returns(
+    api: Stack, redis_server: EmbeddedRedis, database_url: str
+) -> None:
+    redis_server.stop()
+    started = time.monotonic()
+    r = api.client.post("/jobs", json=cpu_job())
+    elapsed = time.monotonic() - started
+    assert r.status_code == 201, r.text
+    assert r.json()["status"] == "queued"
+    assert elapsed < 2.0, f"a dead broker slowed the request: {elapsed:.2f}s"
+    ready = api.client.get("/readyz")
+    assert ready.status_code == 503 and ready.json()["detail"]["redis"] != "ok"
+    job_id = r.json()["id"]
+    assert job_row(database_url, job_id).dispatched_at is None
+
+    redis_server.start()
+    messages = wait_until(lambda: queued_messages(redis_server, "cpu"), 20, "the re-sent job")
+    assert [m["args"] for m in messages] == [[job_id]]
+    assert wait_until(lambda: job_row(database_url, job_id).dispatched_at, 10, "dispatched_at")
+    assert api.client.get("/readyz").status_code == 200
+
+
+def test_only_one_dispatcher_leads(session_redis: EmbeddedRedis, tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path / 'db.sqlite'}"
+    migrate.upgrade(url)
+    settings = Settings(data_dir=tmp_path, database_url=url, redis_url=session_redis.url)
+    engine = make_engine(url)
+    client = redis.Redis.from_url(session_redis.url)
+    client.delete("amptrain:dispatcher:leader")
+    a, b = (Dispatcher(settings, make_session_factory(engine), client) for _ in range(2))
+    try:
+        assert a.lead() and not b.lead()
+        assert a.lead() and not b.lead()  # renewing keeps it
+        a._resign()
+        assert b.lead() and not a.lead()
+    finally:
+        b._resign()
+        a.close()
+        b.close()
+        client.close()
+        engine.dispose()
