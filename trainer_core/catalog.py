@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any, Literal
 
-from trainer_core.spec import JobSpec, OptimizerSpec, ScheduleSpec
+from trainer_core.spec import ComponentRef, JobSpec, OptimizerSpec, ScheduleSpec
 
 MODEL_GROUP = "amptrain.models"
 DATASET_GROUP = "amptrain.datasets"
@@ -423,16 +423,28 @@ def validate_components(spec: JobSpec) -> list[dict[str, Any]]:
     Checks names, argument names, types and ranges, and that the model can consume
     what the dataset yields. Plugins' arguments are checked when they are built.
     """
-    model_errors, model = component_errors("model", "model", spec.model.name, spec.model.args)
-    data_errors, data = component_errors(
-        "dataset", "dataset", spec.dataset.name, spec.dataset.args
-    )
-    errors = model_errors + data_errors
+    return validate_refs(spec.model, spec.dataset)
+
+
+def validate_refs(
+    model_ref: ComponentRef | None, dataset_ref: ComponentRef | None
+) -> list[dict[str, Any]]:
+    """Like :func:`validate_components` for whichever refs are known (e.g. when another
+    part of the spec failed to parse, so every problem can be reported at once)."""
+    errors: list[dict[str, Any]] = []
+    model = data = None
+    if model_ref is not None:
+        found, model = component_errors("model", "model", model_ref.name, model_ref.args)
+        errors += found
+    if dataset_ref is not None:
+        found, data = component_errors("dataset", "dataset", dataset_ref.name, dataset_ref.args)
+        errors += found
     provides = data.provides if data is not None else None
     if (
         data is not None
         and data.name == "tensors"
-        and spec.dataset.args.get("task") == "language_model"
+        and dataset_ref
+        and dataset_ref.args.get("task") == "language_model"
     ):
         provides = "tokens"
     if (
@@ -441,11 +453,12 @@ def validate_components(spec: JobSpec) -> list[dict[str, Any]]:
         and model.accepts
         and provides not in model.accepts
     ):
+        assert dataset_ref is not None
         errors.append(
             _error(
                 ("model", "name"),
                 f"model {model.name!r} takes {' or '.join(model.accepts)}, but dataset "
-                f"{spec.dataset.name!r} yields {provides}",
+                f"{dataset_ref.name!r} yields {provides}",
             )
         )
     return errors
@@ -459,4 +472,5 @@ __all__ = [
     "Registration",
     "catalog",
     "validate_components",
+    "validate_refs",
 ]

@@ -1,0 +1,252 @@
+"""``amptrain train SPEC``: train a job spec on this machine, without any server.
+
+Records (one JSON object per line, metrics and events alike, the same dicts the
+service streams) go to ``--out`` or stdout; the progress bar and messages go to
+stderr, so ``amptrain train spec.yaml > records.jsonl`` works. Exit status: 0
+done, 1 the run failed (the error's code and message are printed), 2 the spec
+is invalid (each problem printed with its field), 130 interrupted (Ctrl-C asks
+the engine to stop cleanly; with ``--checkpoint-dir`` it checkpoints first and
+the same command resumes).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+from typing import IO, Any
+
+import click
+import yaml
+from pydantic import ValidationError
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from trainer_core.catalog import validate_components, validate_refs
+from trainer_core.errors import TrainingError
+from trainer_core.spec import ComponentRef, JobSpec, parse_spec
+
+EXIT_FAILED = 1
+EXIT_INVALID = 2
+EXIT_INTERRUPTED = 130
+
+
+def load_spec_file(path: Path) -> dict[str, Any]:
+    """A spec from a .json, .yaml or .yml file."""
+    text = path.read_text()
+    data = yaml.safe_load(text) if path.suffix.lower() in (".yaml", ".yml") else json.loads(text)
+    if not isinstance(data, dict):
+        raise ValueError("the spec must be a mapping (a JSON object)")
+    return data
+
+
+def _ref(data: dict[str, Any], key: str) -> ComponentRef | None:
+    try:
+        return ComponentRef.model_validate(data.get(key))
+    except ValidationError:
+        return None
+
+
+def _loc(loc: Any) -> str:
+    return ".".join(map(str, loc)) or "(spec)"
+
+
+def spec_problems(data: dict[str, Any]) -> tuple[JobSpec | None, list[str]]:
+    """The validated spec, or every problem as ``"field.path: message"``."""
+    try:
+        spec = parse_spec(data)
+    except ValidationError as exc:
+        problems = [f"{_loc(e['loc'])}: {e['msg']}" for e in exc.errors()]
+        # Report unknown components and bad arguments in the same pass.
+        problems += [
+            f"{_loc(e['loc'])}: {e['msg']}"
+            for e in validate_refs(_ref(data, "model"), _ref(data, "dataset"))
+        ]
+        return None, problems
+    problems = [f"{_loc(e['loc'])}: {e['msg']}" for e in validate_components(spec)]
+    return (None if problems else spec), problems
+
+
+class ConsoleSink:
+    """Writes every record as a JSON line and drives the progress bar.
+
+    Runs on the engine's publisher thread, never the training thread.
+    """
+
+    def __init__(self, out: IO[str], progress: Progress, task: Any, console: Console) -> None:
+        self.out = out
+        self.progress = progress
+        self.task = task
+        self.console = console
+        self.last_metric: dict[str, Any] | None = None
+
+    def write(self, items: list[dict[str, Any]]) -> None:
+        for item in items:
+            self.out.write(json.dumps(item, separators=(",", ":")) + "\n")
+            if item["kind"] == "event":
+                self._show_event(item)
+            else:
+                self.last_metric = item
+        self.out.flush()
+        if self.last_metric is not None:
+            m = self.last_metric
+            scale = m["loss_scale"]
+            self.progress.update(
+                self.task,
+                completed=m["step"],
+                loss=f"{m['loss']:.4f}" if m["loss"] is not None else "-",
+                scale=f"{scale:g}" if scale is not None else "-",
+                throughput=f"{m['samples_per_second'] or 0:,.0f}",
+            )
+
+    def _show_event(self, item: dict[str, Any]) -> None:
+        data = item["data"]
+        if item["type"] == "warning":
+            self.console.print(
+                f"[yellow]warning[/] step {item['step']}: {escape(str(data.get('message', data)))}"
+            )
+        elif item["type"] == "precision":
+            self.console.print(
+                f"precision: {data['effective']} on {data['device']} (requested {data['requested']}: {data['reason']})",
+                markup=False,
+            )
+        elif item["type"] == "resumed":
+            self.console.print(f"resumed from step {data.get('from_step', item['step'])}")
+        elif item["type"] == "micro_batch":
+            self.console.print(f"[yellow]micro-batch halved[/]: {escape(str(data))}")
+
+    def close(self) -> None:
+        self.out.flush()
+
+
+@contextmanager
+def _stop_on_signals() -> Iterator[threading.Event]:
+    """Ctrl-C (and SIGTERM) ask the engine to stop at the next step boundary."""
+    requested = threading.Event()
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        if requested.is_set():  # a second Ctrl-C: stop now
+            raise KeyboardInterrupt
+        requested.set()
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield requested
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+
+def _progress(console: Console, total: int) -> tuple[Progress, Any]:
+    progress = Progress(
+        TextColumn("[bold]train"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("loss {task.fields[loss]}"),
+        TextColumn("scale {task.fields[scale]}"),
+        TextColumn("{task.fields[throughput]} samples/s"),
+        TimeRemainingColumn(),
+        console=console,
+    )
+    return progress, progress.add_task("train", total=total, loss="-", scale="-", throughput="-")
+
+
+def run(
+    spec: JobSpec,
+    out: IO[str],
+    console: Console,
+    checkpoint_dir: str | None,
+    data_roots: tuple[str, ...],
+    resume: bool,
+) -> int:
+    """Train ``spec``; returns the exit status."""
+    from trainer_core.engine import RunContext, Trainer  # torch: only once the spec is valid
+
+    progress, task = _progress(console, spec.max_steps)
+    sink = ConsoleSink(out, progress, task, console)
+    with _stop_on_signals() as stop, progress:
+        ctx = RunContext(
+            checkpoint_dir=checkpoint_dir,
+            sink=sink,
+            data_roots=data_roots,
+            should_stop=lambda: "cancel" if stop.is_set() else None,
+            resume=resume,
+        )
+        try:
+            result = Trainer(spec, ctx).train()
+        except TrainingError as exc:
+            where = f" at step {exc.step}" if exc.step is not None else ""
+            console.print(
+                f"[red]error[/] \\[{exc.code}]{where}: {escape(exc.message)}", soft_wrap=True
+            )
+            return EXIT_INTERRUPTED if stop.is_set() else EXIT_FAILED
+        finally:
+            sink.close()
+    last = result.last_record or {}
+    console.print(
+        f"done: {result.final_step} steps, {result.precision.effective}, final loss "
+        f"{last.get('loss')}, {result.skipped_steps} skipped steps"
+        + (f", {result.dropped_records} records dropped" if result.dropped_records else "")
+    )
+    return 0
+
+
+@click.command("train")
+@click.argument(
+    "spec_path", metavar="SPEC", type=click.Path(exists=True, dir_okay=False, path_type=Path)
+)
+@click.option(
+    "--out",
+    "-o",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write records as JSON lines here (default: stdout).",
+)
+@click.option(
+    "--checkpoint-dir",
+    help="Directory or fsspec URL for checkpoints; a rerun resumes from the newest.",
+)
+@click.option(
+    "--data-root",
+    "data_roots",
+    multiple=True,
+    help="Allow file datasets under this directory or URL (repeatable).",
+)
+@click.option("--no-resume", is_flag=True, help="Ignore existing checkpoints in --checkpoint-dir.")
+def train(
+    spec_path: Path,
+    out: Path | None,
+    checkpoint_dir: str | None,
+    data_roots: tuple[str, ...],
+    no_resume: bool,
+) -> None:
+    """Train the job SPEC (.json, .yaml or .yml) here, without any server."""
+    console = Console(stderr=True)
+    try:
+        data = load_spec_file(spec_path)
+    except (ValueError, yaml.YAMLError) as exc:
+        console.print(
+            f"[red]error[/] \\[invalid_spec]: cannot read {escape(str(spec_path))}: {escape(str(exc))}",
+            soft_wrap=True,
+        )
+        sys.exit(EXIT_INVALID)
+    spec, problems = spec_problems(data)
+    if spec is None:
+        console.print(
+            f"[red]error[/] \\[invalid_spec]: {escape(str(spec_path))} has {len(problems)} problem(s):",
+            soft_wrap=True,
+        )
+        for problem in problems:
+            console.print(f"  {problem}", markup=False, highlight=False, soft_wrap=True)
+        sys.exit(EXIT_INVALID)
+    if out is None:
+        status = run(spec, sys.stdout, console, checkpoint_dir, data_roots, not no_resume)
+    else:
+        with out.open("w") as f:
+            status = run(spec, f, console, checkpoint_dir, data_roots, not no_resume)
+    sys.exit(status)
