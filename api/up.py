@@ -25,7 +25,9 @@ STOP_TIMEOUT_S = 60.0
 
 def _spawn(args: list[str], env: os._Environ[str]) -> subprocess.Popen[bytes]:
     # Own process group: Ctrl-C reaches only `up`, which stops the children in order.
-    return subprocess.Popen([sys.executable, "-m", "api.cli", *args], env=env, start_new_session=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "api.cli", *args], env=env, start_new_session=True
+    )
 
 
 def _stop(proc: subprocess.Popen[bytes], name: str, sig: int = signal.SIGTERM) -> None:
@@ -57,7 +59,12 @@ def _prepare(settings: Settings) -> str | None:
 @click.command()
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8000, show_default=True, type=int)
-@click.option("--data-dir", type=click.Path(path_type=Path), default=None, help="[default: $AMPTRAIN_DATA_DIR or ./.amptrain]")
+@click.option(
+    "--data-dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="[default: $AMPTRAIN_DATA_DIR or ./.amptrain]",
+)
 def up(host: str, port: int, data_dir: Path | None) -> None:
     """Run everything on this machine: Redis, database, one worker, the API."""
     # `up` is the parent of every part: what it decides goes to them through the environment.
@@ -79,7 +86,9 @@ def up(host: str, port: int, data_dir: Path | None) -> None:
     api = _spawn(["api", "--host", host, "--port", str(port)], env)
     click.echo(f"amptrain is up at http://{host}:{port}  (data in {settings.data_dir})")
     if new_token:
-        click.echo(f"admin token (shown once; also saved to {settings.admin_token_file}): {new_token}")
+        click.echo(
+            f"admin token (shown once; also saved to {settings.admin_token_file}): {new_token}"
+        )
     else:
         click.echo(f"admin token: see {settings.admin_token_file} or AMPTRAIN_ADMIN_TOKEN")
 
@@ -99,4 +108,3 @@ def up(host: str, port: int, data_dir: Path | None) -> None:
         if redis_server is not None:
             redis_server.stop()
     sys.exit(0 if api.returncode in (0, -signal.SIGTERM) else 1)
-

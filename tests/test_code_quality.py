@@ -33,7 +33,9 @@ def test_tool_passes(command: tuple[str, ...]) -> None:
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
 
 
-@pytest.mark.parametrize("module", ["api.app", "api.state.jobs", "trainer_core.catalog", "trainer_core.spec"])
+@pytest.mark.parametrize(
+    "module", ["api.app", "api.state.jobs", "trainer_core.catalog", "trainer_core.spec"]
+)
 def test_control_plane_modules_do_not_import_torch(module: str) -> None:
     code = f"import sys, {module}; assert 'torch' not in sys.modules, 'torch was imported'"
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)

@@ -56,7 +56,11 @@ def test_job_trains_and_reports_every_step(stack: Stack, precision: str) -> None
     assert job["status"] == "queued"
     done = stack.wait_for_status(job["id"], "succeeded", "failed")
     assert done["status"] == "succeeded", done["error"]
-    assert done["precision"] == {"requested": precision, "effective": precision, "reason": done["precision"]["reason"]}
+    assert done["precision"] == {
+        "requested": precision,
+        "effective": precision,
+        "reason": done["precision"]["reason"],
+    }
 
     points = wait_for_points(stack, job["id"], 30)
     assert [p["step"] for p in points] == list(range(1, 31))
@@ -85,7 +89,9 @@ def test_cursor_paging_returns_every_point_once(stack: Stack) -> None:
     paged = stack.all_metrics(job["id"], limit=7)
     assert [p["step"] for p in paged] == list(range(1, 41))
     # A cursor taken from the middle returns only what came after it.
-    rest = stack.client.get(f"/jobs/{job['id']}/metrics", params={"after": paged[19]["cursor"], "limit": 100}).json()
+    rest = stack.client.get(
+        f"/jobs/{job['id']}/metrics", params={"after": paged[19]["cursor"], "limit": 100}
+    ).json()
     assert [p["step"] for p in rest["items"]] == list(range(21, 41))
 
 
@@ -93,7 +99,9 @@ def test_idempotent_resubmission_returns_the_same_job(stack: Stack) -> None:
     spec = mlp_job(max_steps=5)
     first = stack.client.post("/jobs", json=spec, headers={"Idempotency-Key": "abc"})
     again = stack.client.post("/jobs", json=spec, headers={"Idempotency-Key": "abc"})
-    other = stack.client.post("/jobs", json={**spec, "max_steps": 6}, headers={"Idempotency-Key": "abc"})
+    other = stack.client.post(
+        "/jobs", json={**spec, "max_steps": 6}, headers={"Idempotency-Key": "abc"}
+    )
     assert (first.status_code, again.status_code, other.status_code) == (201, 200, 409)
     assert again.json()["id"] == first.json()["id"]
     listed = stack.client.get("/jobs").json()["items"]
@@ -119,9 +127,13 @@ def test_requests_without_a_token_are_refused(stack: Stack) -> None:
 
 
 def test_api_restart_mid_run_loses_no_metric_or_event(stack: Stack) -> None:
-    job = stack.submit(mlp_job(max_steps=400, telemetry={"flush_every_steps": 10, "flush_every_ms": 100}))
+    job = stack.submit(
+        mlp_job(max_steps=400, telemetry={"flush_every_steps": 10, "flush_every_ms": 100})
+    )
     wait_until(lambda: stack.job(job["id"])["step"] >= 20, 60, "some recorded steps")
-    stack.kill("api", signal.SIGKILL)  # the recorder dies mid-stream, unacknowledged entries pending
+    stack.kill(
+        "api", signal.SIGKILL
+    )  # the recorder dies mid-stream, unacknowledged entries pending
     stack.start_api()
     stack.wait_for_status(job["id"], "succeeded", timeout=180)
     points = wait_for_points(stack, job["id"], 400)

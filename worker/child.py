@@ -82,7 +82,9 @@ def run(launch: Launch, control: Control) -> int:
     from trainer_core.spec import parse_spec
     from worker.publisher import RedisSink
 
-    sink = ControlledSink(RedisSink.from_url(launch.redis_url, launch.job_id, launch.attempt), control)
+    sink = ControlledSink(
+        RedisSink.from_url(launch.redis_url, launch.job_id, launch.attempt), control
+    )
     try:
         ctx = RunContext(
             checkpoint_dir=launch.checkpoint_dir,
@@ -97,7 +99,13 @@ def run(launch: Launch, control: Control) -> int:
         return 1
     except Exception as exc:  # a bug, not a user error: keep the traceback for the operator
         traceback.print_exc()
-        control.send("error", code="internal", message=f"{type(exc).__name__}: {exc}", step=None, retryable=True)
+        control.send(
+            "error",
+            code="internal",
+            message=f"{type(exc).__name__}: {exc}",
+            step=None,
+            retryable=True,
+        )
         return 1
     control.send(
         "result",

@@ -9,8 +9,16 @@ import click
 
 
 @click.command()
-@click.option("--queues", "-Q", default="gpu,cpu", show_default=True, help="Queues to take jobs from.")
-@click.option("--concurrency", "-c", type=int, default=None, help="Jobs at once [default: visible GPUs, at least 1].")
+@click.option(
+    "--queues", "-Q", default="gpu,cpu", show_default=True, help="Queues to take jobs from."
+)
+@click.option(
+    "--concurrency",
+    "-c",
+    type=int,
+    default=None,
+    help="Jobs at once [default: visible GPUs, at least 1].",
+)
 @click.option("--name", "-n", default=None, help="Worker name [default: amptrain-PID@HOST].")
 @click.option("--loglevel", "-l", default="INFO", show_default=True)
 def worker(queues: str, concurrency: int | None, name: str | None, loglevel: str) -> None:

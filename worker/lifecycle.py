@@ -43,7 +43,9 @@ def _assign_gpu(**_: Any) -> None:
 
 
 def _redis() -> redis.Redis:
-    return redis.Redis.from_url(get_settings().redis_url, socket_connect_timeout=2, socket_timeout=5)
+    return redis.Redis.from_url(
+        get_settings().redis_url, socket_connect_timeout=2, socket_timeout=5
+    )
 
 
 @worker_ready.connect

@@ -59,7 +59,9 @@ class RedisSink:
             pipe.execute()
         except redis.RedisError as exc:
             if not self._last_failure:
-                log.warning("telemetry for job %s buffered: Redis unreachable (%s)", self.job_id, exc)
+                log.warning(
+                    "telemetry for job %s buffered: Redis unreachable (%s)", self.job_id, exc
+                )
             self._last_failure = time.monotonic()
             return False
         for _ in batch:
@@ -74,5 +76,7 @@ class RedisSink:
         while not self.flush() and time.monotonic() < deadline:
             time.sleep(RETRY_EVERY_S)
         if self.pending:
-            log.error("job %s: %d telemetry records undelivered at exit", self.job_id, len(self.pending))
+            log.error(
+                "job %s: %d telemetry records undelivered at exit", self.job_id, len(self.pending)
+            )
         self.client.close()

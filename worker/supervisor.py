@@ -132,9 +132,20 @@ class Supervisor:
             out.precision = msg
             with self.sessions.begin() as s:
                 jobs.set_precision(
-                    s, job_id, attempt, msg.get("requested"), msg.get("effective"), msg.get("reason")
+                    s,
+                    job_id,
+                    attempt,
+                    str(msg["requested"]),
+                    str(msg["effective"]),
+                    str(msg["reason"]),
                 )
-            self._event(job_id, attempt, "started", 0, {"worker": self.worker, "attempt": attempt, "precision": msg})
+            self._event(
+                job_id,
+                attempt,
+                "started",
+                0,
+                {"worker": self.worker, "attempt": attempt, "precision": msg},
+            )
         elif kind == "result":
             out.result = msg
         elif kind == "error":
@@ -162,19 +173,30 @@ class Supervisor:
 
     def _conclude(self, job_id: str, attempt: int, spec: dict[str, Any], out: Outcome) -> None:
         if out.lease_lost:
-            log.warning("job %s attempt %d lost its lease; another attempt owns it", job_id, attempt)
+            log.warning(
+                "job %s attempt %d lost its lease; another attempt owns it", job_id, attempt
+            )
             return
         status, error = self._final_state(job_id, attempt, spec, out)
+        step = (out.result or {}).get("final_step") or (error or {}).get("step") or 0
+        kind = {"queued": "requeued"}.get(status, status)
+        data = {"error": error} if error else {}
         with self.sessions.begin() as s:
+            # The event first: once finished, this attempt is fenced out of every write.
+            if not jobs.record_event(s, job_id, attempt, kind, step, data):
+                return
             if status == "queued":
                 done = jobs.release(s, job_id, attempt)
             else:
                 done = jobs.finish(s, job_id, attempt, status, error)
-        if not done:
-            return
-        step = (out.result or {}).get("final_step") or (error or {}).get("step") or 0
-        kind = {"queued": "requeued"}.get(status, status)
-        self._event(job_id, attempt, kind, step, {"error": error} if error else {})
+            if not done:
+                s.rollback()
+                return
+        self._publish(
+            {"kind": "event", "type": kind, "step": step, "time": time.time(), "data": data},
+            job_id,
+            attempt,
+        )
         if status != "queued":
             self._publish({"kind": "end", "status": status}, job_id, attempt)
 
@@ -195,7 +217,9 @@ class Supervisor:
         }
         retryable = bool(error.pop("retryable", False))
         if retryable and attempt < int(spec.get("max_attempts", 3)):
-            log.warning("job %s attempt %d failed (%s); re-queueing", job_id, attempt, error["code"])
+            log.warning(
+                "job %s attempt %d failed (%s); re-queueing", job_id, attempt, error["code"]
+            )
             return "queued", None
         return "failed", error
 
@@ -204,7 +228,11 @@ class Supervisor:
         with self.sessions.begin() as s:
             if not jobs.record_event(s, job_id, attempt, kind, step, data):
                 return
-        self._publish({"kind": "event", "type": kind, "step": step, "time": time.time(), "data": data}, job_id, attempt)
+        self._publish(
+            {"kind": "event", "type": kind, "step": step, "time": time.time(), "data": data},
+            job_id,
+            attempt,
+        )
 
     def _publish(self, item: dict[str, Any], job_id: str, attempt: int) -> None:
         fields = encode(item, job_id=job_id, attempt=attempt, persisted=True)
@@ -212,4 +240,6 @@ class Supervisor:
             self.redis.xadd(telemetry_key(job_id), fields, maxlen=STREAM_MAXLEN, approximate=True)  # type: ignore[arg-type]
         except redis.RedisError:
             # Live watchers miss it; SQL has it. The recorder also learns the job is over from SQL.
-            log.warning("job %s: could not publish %s to its stream", job_id, item.get("type", item["kind"]))
+            log.warning(
+                "job %s: could not publish %s to its stream", job_id, item.get("type", item["kind"])
+            )

@@ -25,7 +25,9 @@ def cancel_key(job_id: str) -> str:
     return f"amptrain:job:{job_id}:cancel"
 
 
-def encode(item: dict[str, Any], *, job_id: str, attempt: int, persisted: bool = False) -> dict[str, str]:
+def encode(
+    item: dict[str, Any], *, job_id: str, attempt: int, persisted: bool = False
+) -> dict[str, str]:
     """Flatten a record, an event or the end marker for XADD.
 
     The supervisor appends ``{"kind": "end", "status": ...}`` once the job is

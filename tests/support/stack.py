@@ -100,8 +100,12 @@ class Stack:
             return False
 
     def start_worker(self, name: str = "worker", queues: str = "gpu,cpu") -> None:
-        self._spawn(name, ["worker", "--queues", queues, "--concurrency", "1", "--name", f"{name}@test"])
-        wait_until(lambda: b"ready." in (self.root / f"{name}.log").read_bytes(), 60, f"{name} to be ready")
+        self._spawn(
+            name, ["worker", "--queues", queues, "--concurrency", "1", "--name", f"{name}@test"]
+        )
+        wait_until(
+            lambda: b"ready." in (self.root / f"{name}.log").read_bytes(), 60, f"{name} to be ready"
+        )
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         """Signal a component's whole process group (a worker and its training child)."""
@@ -113,7 +117,11 @@ class Stack:
 
     def log_tail(self, name: str, lines: int = 60) -> str:
         path = self.root / f"{name}.log"
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+        return (
+            "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+            if path.exists()
+            else ""
+        )
 
     # -- client helpers --------------------------------------------------------------
 
@@ -136,7 +144,9 @@ class Stack:
             return wait_until(reached, timeout, f"job {job_id} to reach {statuses}", interval=0.2)
         except AssertionError:
             logs = "\n".join(f"--- {n}.log\n{self.log_tail(n)}" for n in self.processes)
-            raise AssertionError(f"job {job_id} is {self.job(job_id)['status']}, not {statuses}\n{logs}") from None
+            raise AssertionError(
+                f"job {job_id} is {self.job(job_id)['status']}, not {statuses}\n{logs}"
+            ) from None
 
     def all_metrics(self, job_id: str, limit: int = 500, **params: Any) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = []
