@@ -8,6 +8,12 @@ process does the sending, and the process holding the Redis leader lock also
 sweeps the table for queued jobs the broker never got (broker down, process
 killed between commit and send, job released back to the queue) and re-sends
 them. A duplicate send is harmless: the worker's guarded claim runs a job once.
+
+The leader is also the reconciler: attempts whose lease expired (worker killed,
+machine lost) go back to the queue, or end ``failed``/``cancelled`` when no
+attempt is left or a cancel was pending; and a job dispatched long ago that is
+neither claimed nor still waiting in its broker queue (a worker died between
+taking the message and claiming) is sent again.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import queue
 import threading
 import time
 from datetime import timedelta
+from typing import Any
 
 import redis
 import sqlalchemy as sa
@@ -26,6 +33,7 @@ from redis.exceptions import LockError
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.settings import Settings
+from api.state import jobs
 from api.state.models import Job, utcnow
 
 log = logging.getLogger(__name__)
@@ -33,6 +41,8 @@ log = logging.getLogger(__name__)
 RUN_JOB = "amptrain.run_job"
 LEADER_KEY = "amptrain:dispatcher:leader"
 SWEEP_BATCH = 200
+LOST_DISPATCH_AFTER = timedelta(seconds=120)
+"""A queued job dispatched this long ago and absent from its queue is sent again."""
 
 
 def make_celery(settings: Settings) -> Celery:
@@ -126,7 +136,7 @@ class Dispatcher:
                 break
             if time.monotonic() >= next_sweep:
                 if self.lead():
-                    self.sweep_once()
+                    self._leader_pass()
                 next_sweep = time.monotonic() + self.interval
         self._resign()
 
@@ -152,7 +162,12 @@ class Dispatcher:
         with self.sessions() as s:
             rows = s.execute(
                 sa.select(Job.id, Job.queue)
-                .where(Job.status == "queued", Job.dispatched_at.is_(None), Job.created_at < cutoff)
+                .where(
+                    Job.status == "queued",
+                    Job.dispatched_at.is_(None),
+                    # A brand-new job is being sent by the process that created it.
+                    sa.or_(Job.created_at < cutoff, Job.attempt > 0),
+                )
                 .order_by(Job.created_at)
                 .limit(SWEEP_BATCH)
             ).all()
@@ -164,6 +179,55 @@ class Dispatcher:
         if sent:
             log.info("dispatcher sweep re-sent %d job(s)", sent)
         return sent
+
+    def reconcile_once(self) -> int:
+        """Requeue (or end) attempts whose lease expired; returns how many were reaped."""
+        with self.sessions() as s:
+            expired = jobs.expired_jobs(s)
+        reaped = 0
+        for job_id, attempt in expired:
+            with self.sessions() as s:
+                job = s.get(Job, job_id)
+                if job is None:
+                    continue
+                event, data = _reap_event(job)
+                jobs.record_event(s, job_id, attempt, event, job.step, data)
+                status = jobs.reap_expired(s, job_id, attempt)
+                if status is None:  # renewed meanwhile: write nothing
+                    s.rollback()
+                    continue
+                s.commit()
+            reaped += 1
+            log.warning("job %s attempt %d lost its worker: now %s", job_id, attempt, status)
+        return reaped
+
+    def resend_lost_once(self) -> int:
+        """Clear ``dispatched_at`` of old queued jobs no broker queue holds (the sweep resends)."""
+        cutoff = utcnow() - LOST_DISPATCH_AFTER
+        with self.sessions() as s:
+            rows = s.execute(
+                sa.select(Job.id, Job.queue)
+                .where(Job.status == "queued", Job.dispatched_at < cutoff)
+                .limit(SWEEP_BATCH)
+            ).all()
+        if not rows:
+            return 0
+        waiting: dict[str, str] = {}
+        for queue_name in {q for _, q in rows}:
+            # kombu keeps a Redis list per queue; Celery's headers carry the args' repr.
+            raw = self.redis.lrange(queue_name, 0, -1)
+            waiting[queue_name] = "\n".join(m.decode() if isinstance(m, bytes) else m for m in raw)
+        lost = [job_id for job_id, q in rows if job_id not in waiting[q]]
+        if lost:
+            with self.sessions() as s:
+                s.execute(
+                    sa.update(Job)
+                    .where(Job.id.in_(lost), Job.status == "queued", Job.dispatched_at < cutoff)
+                    .values(dispatched_at=None)
+                )
+                s.commit()
+            log.warning("re-dispatching %d job(s) whose message was lost: %s", len(lost), lost)
+        return len(lost)
 
     def lead(self) -> bool:
         """Take or renew the leader lock; only the leader sweeps."""
@@ -183,6 +247,13 @@ class Dispatcher:
         except Exception:
             log.debug("closing the celery app failed", exc_info=True)
 
+    def _leader_pass(self) -> None:
+        for step in (self.reconcile_once, self.resend_lost_once, self.sweep_once):
+            try:
+                step()
+            except (sa.exc.SQLAlchemyError, redis.RedisError) as exc:
+                log.warning("dispatcher %s failed (will retry): %s", step.__name__, exc)
+
     def _resign(self) -> None:
         if self._leader:
             with contextlib.suppress(LockError, redis.RedisError):
@@ -197,3 +268,13 @@ class Dispatcher:
                 .values(dispatched_at=utcnow())
             )
             s.commit()
+
+
+def _reap_event(job: Job) -> tuple[str, dict[str, Any]]:
+    """The event that explains what reaping this job's expired attempt does."""
+    lost = {"code": "worker_lost", "message": "the worker stopped renewing its lease"}
+    if job.status == "cancelling":
+        return "cancelled", {"reason": "cancel requested; the worker was lost"}
+    if job.attempt >= job.max_attempts:
+        return "failed", lost
+    return "warning", {**lost, "message": lost["message"] + "; the job goes back to the queue"}

@@ -6,19 +6,22 @@ import base64
 import json
 import time
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 import pytest
 import redis
+import sqlalchemy as sa
 
 from api.dispatcher import RUN_JOB, Dispatcher
 from api.embedded_redis import EmbeddedRedis
 from api.settings import Settings
-from api.state import migrate
+from api.state import jobs, migrate
 from api.state.db import make_engine, make_session_factory
-from api.state.models import Job
+from api.state.models import Job, JobEvent, utcnow
 from tests.support.stack import Stack, wait_until
+from trainer_core.spec import JobSpec
 
 
 def cpu_job(**extra: Any) -> dict[str, Any]:
@@ -118,3 +121,79 @@ def test_only_one_dispatcher_leads(session_redis: EmbeddedRedis, tmp_path: Path)
         b.close()
         client.close()
         engine.dispose()
+
+
+@pytest.fixture
+def dispatcher(
+    database_url: str, redis_server: EmbeddedRedis, tmp_path: Path
+) -> Iterator[Dispatcher]:
+    migrate.upgrade(database_url)
+    settings = Settings(data_dir=tmp_path, database_url=database_url, redis_url=redis_server.url)
+    engine = make_engine(database_url)
+    client = redis.Redis.from_url(redis_server.url)
+    d = Dispatcher(settings, make_session_factory(engine), client)
+    yield d
+    d.close()
+    client.close()
+    engine.dispose()
+
+
+def new_job(d: Dispatcher, **extra: Any) -> str:
+    with d.sessions() as s:
+        job = jobs.create_job(s, JobSpec.model_validate(cpu_job(**extra)), "admin", "cpu")
+        s.commit()
+        return job.id
+
+
+def test_reconciler_requeues_or_fails_attempts_whose_lease_expired(dispatcher: Dispatcher) -> None:
+    retry, last = new_job(dispatcher, max_attempts=2), new_job(dispatcher, max_attempts=1)
+    with dispatcher.sessions() as s:
+        assert jobs.claim(s, retry, "w", 0.01) == 1 and jobs.claim(s, last, "w", 0.01) == 1
+        s.commit()
+    live = new_job(dispatcher)
+    with dispatcher.sessions() as s:
+        assert jobs.claim(s, live, "w", 60) == 1
+        s.commit()
+    assert wait_until(lambda: dispatcher.reconcile_once() == 2 or None, 5, "two expired leases")
+    with dispatcher.sessions() as s:
+        requeued, failed, running = (s.get(Job, i) for i in (retry, last, live))
+        assert requeued and failed and running
+        assert (requeued.status, requeued.dispatched_at, requeued.attempt) == ("queued", None, 1)
+        assert (failed.status, failed.error_code) == ("failed", "worker_lost")
+        assert running.status == "running"
+        types = {
+            i: [
+                e.type
+                for e in s.scalars(
+                    sa.select(JobEvent).where(JobEvent.job_id == i).order_by(JobEvent.id)
+                )
+            ]
+            for i in (retry, last)
+        }
+    assert types == {retry: ["queued", "warning"], last: ["queued", "failed"]}
+    assert dispatcher.reconcile_once() == 0
+    assert dispatcher.sweep_once() == 1  # the requeued job goes back to the broker
+    assert queued_job_ids(dispatcher, "cpu") == [retry]
+
+
+def test_lost_dispatches_are_sent_again(dispatcher: Dispatcher) -> None:
+    waiting, lost = new_job(dispatcher), new_job(dispatcher)
+    assert dispatcher.send(waiting, "cpu")  # its message sits in the queue
+    long_ago = utcnow() - timedelta(minutes=10)
+    with dispatcher.sessions() as s:
+        s.execute(sa.update(Job).values(dispatched_at=long_ago, created_at=long_ago))
+        s.commit()
+    assert dispatcher.resend_lost_once() == 1
+    with dispatcher.sessions() as s:
+        assert s.get(Job, waiting).dispatched_at is not None  # type: ignore[union-attr]
+        assert s.get(Job, lost).dispatched_at is None  # type: ignore[union-attr]
+    assert dispatcher.sweep_once() == 1
+    assert queued_job_ids(dispatcher, "cpu") == [waiting, lost]
+
+
+def queued_job_ids(d: Dispatcher, queue: str) -> list[str]:
+    out = []
+    for item in d.redis.lrange(queue, 0, -1):
+        args, _, _ = json.loads(base64.b64decode(json.loads(item)["body"]))
+        out.append(args[0])
+    return out[::-1]  # kombu LPUSHes: oldest last
