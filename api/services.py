@@ -95,9 +95,16 @@ class Services:
         self.threads.append(thread)
 
     def _ensure_admin_token(self) -> None:
-        with self.session_factory() as s:
-            token = tokens.ensure_admin_token(s, self.settings)
-            s.commit()
+        try:
+            with self.session_factory() as s:
+                token = tokens.ensure_admin_token(s, self.settings)
+                s.commit()
+        except (sa.exc.OperationalError, sa.exc.ProgrammingError) as exc:
+            # The usual cause on a fresh database; say how to fix it instead of a bare traceback.
+            raise RuntimeError(
+                f"database {self.engine.url.render_as_string(hide_password=True)} is not ready "
+                f"({type(exc.orig).__name__}: {exc.orig}); run `amptrain db upgrade` first"
+            ) from exc
         if token:
             # Shown once; it is also saved (mode 0600) to the data directory.
             print(
