@@ -146,7 +146,7 @@ def measure(
         torch.channels_last if device.type == "cuda" and len(data.info.input_shape) == 3 else None
     )
     if memory_format is not None:
-        model = model.to(memory_format=memory_format)
+        model = model.to(memory_format=memory_format)  # type: ignore[call-overload]
     x, y = (t.to(device) for t in data.batch(0, work.batch_size))
     if memory_format is not None:
         x = x.contiguous(memory_format=memory_format)

@@ -74,20 +74,20 @@ class Arg:
             return self.type
         for name in ("bool", "int", "float", "str"):  # bool before int: True is an int
             if type(self.default) in _PY_TYPES[name]:
-                return name  # type: ignore[return-value]
+                return name
         raise TypeError(f"argument {self.name!r}: give type= for default {self.default!r}")
 
     def check(self, value: Any) -> str | None:
         """Why ``value`` is not acceptable, or None when it is."""
         kind = self.kind
-        ok_types = _PY_TYPES[kind]
-        if (isinstance(value, bool) and kind != "bool") or not isinstance(value, ok_types):
+        if (isinstance(value, bool) and kind != "bool") or not isinstance(value, _PY_TYPES[kind]):
             return f"expected {kind}, got {type(value).__name__} {value!r}"
         if self.choices is not None and value not in self.choices:
             return f"must be one of {', '.join(map(str, self.choices))}; got {value!r}"
-        if self.minimum is not None and value < self.minimum:
+        number: Any = value  # int, float or str by now; only numbers carry bounds
+        if self.minimum is not None and number < self.minimum:
             return f"must be >= {self.minimum}; got {value!r}"
-        if self.maximum is not None and value > self.maximum:
+        if self.maximum is not None and number > self.maximum:
             return f"must be <= {self.maximum}; got {value!r}"
         return None
 
@@ -138,7 +138,7 @@ class Registration:
         target: Any = importlib.import_module(module)
         for part in attr.split("."):
             target = getattr(target, part)
-        return target  # type: ignore[no-any-return]
+        return target
 
     def arg_errors(self, args: Mapping[str, Any]) -> list[tuple[str, str]]:
         """(argument, message) for every problem with ``args``; empty when they are fine."""

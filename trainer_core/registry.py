@@ -84,7 +84,7 @@ def build_dataset(ref: ComponentRef, *, seed: int, data_roots: Sequence[str] = (
         raise InvalidSpecError(
             f"dataset.name: {ref.name!r} built {type(dataset).__name__}, which lacks info: DataInfo or batch()"
         )
-    return dataset  # type: ignore[no-any-return]
+    return dataset
 
 
 def build_model(ref: ComponentRef, info: DataInfo) -> nn.Module:

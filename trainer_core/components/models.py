@@ -29,7 +29,7 @@ class MLP(nn.Module):
         self.net = nn.Sequential(*layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.net(x)  # type: ignore[no-any-return]
+        return self.net(x)
 
 
 def build_mlp(info: DataInfo, width: int = 256, depth: int = 2, dropout: float = 0.0) -> nn.Module:
@@ -86,7 +86,7 @@ class SmallResNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         h = self.blocks(self.stem(x))
-        return self.head(torch.flatten(F.adaptive_avg_pool2d(h, 1), 1))  # type: ignore[no-any-return]
+        return self.head(torch.flatten(F.adaptive_avg_pool2d(h, 1), 1))
 
 
 def build_cnn(info: DataInfo, width: int = 32, depth: int = 3) -> nn.Module:
@@ -108,7 +108,7 @@ class CausalSelfAttention(nn.Module):
         y = F.scaled_dot_product_attention(
             q, k, v, is_causal=True, dropout_p=self.dropout if self.training else 0.0
         )
-        return self.proj(y.transpose(1, 2).reshape(b, t, d))  # type: ignore[no-any-return]
+        return self.proj(y.transpose(1, 2).reshape(b, t, d))
 
 
 class Block(nn.Module):
@@ -128,7 +128,7 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x + self.attn(self.ln1(x))
-        return x + self.mlp(self.ln2(x))  # type: ignore[no-any-return]
+        return x + self.mlp(self.ln2(x))
 
 
 class TinyGPT(nn.Module):
@@ -191,4 +191,4 @@ def build_resnet50(info: DataInfo) -> nn.Module:
     """torchvision's ResNet-50 with random weights (nothing is downloaded)."""
     from torchvision.models import resnet50
 
-    return resnet50(weights=None, num_classes=info.num_classes)  # type: ignore[no-any-return]
+    return resnet50(weights=None, num_classes=info.num_classes)

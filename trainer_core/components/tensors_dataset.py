@@ -68,7 +68,7 @@ def check_under_roots(location: str, data_roots: Sequence[str]) -> str:
 def _read_bytes(location: str) -> bytes:
     try:
         with fsspec.open(location, "rb") as f:
-            return f.read()  # type: ignore[no-any-return]
+            return f.read()
     except FileNotFoundError as exc:
         raise InvalidSpecError(f"{_FIELD}: no such file: {location!r}") from exc
     except OSError as exc:
