@@ -7,7 +7,9 @@ drains the queue and calls ``sink.write(batch)`` once per batch.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -18,6 +20,9 @@ from trainer_core.records import Sink
 log = logging.getLogger(__name__)
 
 Batch = list[dict[str, Any]]
+
+PUBLISHER_NICE = 10
+"""Niceness added to the publisher thread: telemetry may lag, training should not."""
 
 
 class Publisher:
@@ -92,6 +97,7 @@ class Publisher:
 
     def _drain(self) -> None:
         assert self._sink is not None
+        _lower_thread_priority()
         while True:
             with self._cond:
                 while not self._batches and not self._closing:
@@ -106,3 +112,10 @@ class Publisher:
                 log.exception("telemetry sink failed; dropping a batch of %d records", len(batch))
                 with self._cond:
                     self._dropped += len(batch)
+
+
+def _lower_thread_priority() -> None:
+    """Let the training thread win when CPU cores are contended (Linux nices threads one by one)."""
+    # Not Linux, or not permitted: priority is an optimisation only.
+    with contextlib.suppress(AttributeError, OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), PUBLISHER_NICE)
