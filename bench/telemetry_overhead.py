@@ -153,16 +153,16 @@ def main() -> None:
         f"precision={args.precision} steps={args.steps} batch={args.batch} width={args.width} "
         f"threads={args.threads} bare step={step_ms:.2f} ms"
     )
-    for name, values in times.items():
-        print(f"{name:>8} wall s: " + " ".join(f"{t[0]:.3f}" for t in values))
+    for name, timings in times.items():
+        print(f"{name:>8} wall s: " + " ".join(f"{t[0]:.3f}" for t in timings))
     for kind, i in (("wall", 0), ("process CPU", 1)):
-        bare = [t[i] for t in times["bare"]]
+        base = [t[i] for t in times["bare"]]
         for name, label in (("engine", "engine+redis"), ("no_sink", "engine, no sink")):
             values = [t[i] for t in times[name]]
-            ratios = [e / b for e, b in zip(values, bare, strict=True)]
+            ratios = [e / b for e, b in zip(values, base, strict=True)]
             print(
                 f"{kind:>11} ratio {label}/bare: median {statistics.median(ratios):.3f}, "
-                f"best-of-{args.pairs} {min(values) / min(bare):.3f} (goal <= 1.03)"
+                f"best-of-{args.pairs} {min(values) / min(base):.3f} (goal <= 1.03)"
             )
 
 

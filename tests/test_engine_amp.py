@@ -93,7 +93,9 @@ def test_inf_gradient_skips_the_step_halves_the_scale_and_leaves_weights_untouch
         ctx,
         components(),
     )
-    trainer.model.fc1.weight.register_hook(
+    model_ = trainer.model
+    assert isinstance(model_, TinyNet)
+    model_.fc1.weight.register_hook(
         lambda g: torch.full_like(g, math.inf) if trainer.step + 1 == k else g
     )
     result = trainer.train()
@@ -196,7 +198,9 @@ def test_fp16_overflow_warnings_then_divergence_suggests_bf16() -> None:
         RunContext(None, sink=sink),
         components(),
     )
-    trainer.model.fc2.bias.register_hook(
+    model_ = trainer.model
+    assert isinstance(model_, TinyNet)
+    model_.fc2.bias.register_hook(
         lambda g: torch.full_like(g, math.inf) if trainer.step >= 1 else g
     )
     with pytest.raises(DivergedError) as info:

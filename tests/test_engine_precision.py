@@ -13,7 +13,7 @@ CUDA = torch.device("cuda", 0)
 
 
 @pytest.fixture
-def fake_gpu(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+def fake_gpu(monkeypatch: pytest.MonkeyPatch):
     """Pretend to have a GPU of a given capability (the policy only asks for that and a name)."""
 
     def set_capability(major: int, minor: int) -> None:
@@ -36,7 +36,7 @@ def fake_gpu(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
         ((6, 1), "fp32"),
     ],
 )
-def test_auto_on_cuda_follows_the_compute_capability(fake_gpu, capability, effective) -> None:  # type: ignore[no-untyped-def]
+def test_auto_on_cuda_follows_the_compute_capability(fake_gpu, capability, effective) -> None:
     fake_gpu(*capability)
     choice = choose_precision("auto", CUDA)
     assert choice.effective == effective
@@ -44,7 +44,7 @@ def test_auto_on_cuda_follows_the_compute_capability(fake_gpu, capability, effec
     assert choice.requested == "auto" and "FakeGPU" in choice.device
 
 
-def test_explicit_bf16_on_a_gpu_without_it_fails_before_training(fake_gpu) -> None:  # type: ignore[no-untyped-def]
+def test_explicit_bf16_on_a_gpu_without_it_fails_before_training(fake_gpu) -> None:
     fake_gpu(7, 5)
     with pytest.raises(
         InvalidSpecError, match=r"precision: bf16 needs CUDA compute capability >= 8.0"
