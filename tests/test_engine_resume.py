@@ -147,3 +147,15 @@ def test_a_checkpoint_is_never_half_written_when_the_writer_is_killed(tmp_path: 
         assert not [n for n in os.listdir(directory) if n.startswith(".tmp-")]
         assert store.latest() == str(directory / sorted(complete)[-1])
     assert torn_writes > 0, "no kill landed inside a save; the test did not exercise anything"
+
+
+def test_fsspec_urls_work_too() -> None:
+    url = "memory://amptrain-test/job-1"
+    store = CheckpointStore(url, keep_last=2)
+    where = store.save(1, {"step": 1})
+    assert where.startswith("memory://") and where.endswith("amptrain-test/job-1/step-000000001.pt")
+    for step in (2, 3):
+        store.save(step, {"step": step, "w": torch.full((2,), float(step))})
+    assert store.steps() == [2, 3]
+    latest = store.latest()
+    assert latest is not None and torch.equal(store.load(latest)["w"], torch.full((2,), 3.0))

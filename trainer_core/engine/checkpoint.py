@@ -48,12 +48,15 @@ class CheckpointStore:
         return sorted(int(m.group(1)) for n in names if (m := _NAME.match(n)))
 
     def latest(self) -> str | None:
-        """Path of the newest complete checkpoint, or None."""
+        """Path of the newest complete checkpoint (as :meth:`load` takes it), or None."""
         steps = self.steps()
         return self.path(checkpoint_name(steps[-1])) if steps else None
 
     def save(self, step: int, state: dict[str, Any]) -> str:
-        """Write ``state`` atomically as the checkpoint of ``step``; prune beyond keep_last."""
+        """Write ``state`` atomically as the checkpoint of ``step``; prune beyond keep_last.
+
+        Returns where it went: a local path, or a full URL for other filesystems.
+        """
         final = self.path(checkpoint_name(step))
         tmp = self.path(f"{_TMP_PREFIX}{uuid.uuid4().hex}-{checkpoint_name(step)}")
         if self._local:
@@ -63,7 +66,7 @@ class CheckpointStore:
                 torch.save(state, f)
             self._fs.mv(tmp, final)
         self._prune()
-        return final
+        return final if self._local else self._fs.unstrip_protocol(final)
 
     def load(self, path: str) -> dict[str, Any]:
         with self._fs.open(path, "rb") as f:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import random
 import time
 from typing import Any
@@ -94,6 +95,9 @@ class Trainer:
             if self._last_checkpoint_step != self.step:
                 self.save_checkpoint()
             self.telemetry.flush()
+        except BaseException:
+            self._flush_quietly()
+            raise
         finally:
             self.telemetry.close(self.drain_timeout_s)
         return TrainResult(
@@ -230,6 +234,11 @@ class Trainer:
             grad_accum_steps=self.grad_accum,
             reason=f"out of memory at micro-batch {old} (peak {format_bytes(peak)})",
         )
+
+    def _flush_quietly(self) -> None:
+        # Deliver the records of the steps that did finish before the failure.
+        with contextlib.suppress(Exception):
+            self.telemetry.flush()
 
     def _poll_stop(self) -> None:
         reason = self.ctx.should_stop()
