@@ -120,10 +120,10 @@ def test_cancel_stops_a_long_job(stack: Stack) -> None:
 
 
 def test_requests_without_a_token_are_refused(stack: Stack) -> None:
-    anonymous = httpx.get(f"{stack.client.base_url}jobs")
+    anonymous = httpx.get(f"{stack.client.base_url}/jobs")
     assert anonymous.status_code == 401
     assert anonymous.json()["error"] == "unauthorized"
-    assert httpx.get(f"{stack.client.base_url}healthz").status_code == 200
+    assert httpx.get(f"{stack.client.base_url}/healthz").status_code == 200
 
 
 def test_api_restart_mid_run_loses_no_metric_or_event(stack: Stack) -> None:
