@@ -1,0 +1,84 @@
+"""A stand-in for a worker that tests and benchmarks drive step by step: it claims a job
+in SQL like the supervisor, publishes metric records through the worker's own RedisSink
+(the training child's publisher), and ends the job the way the supervisor does (fenced
+SQL event + finish, then the event and the ``end`` entry on the stream)."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import redis
+
+from api.state import jobs
+from api.state.db import make_engine, make_session_factory
+from api.state.stream import STREAM_MAXLEN, encode, telemetry_key
+from trainer_core.records import metric
+from worker.publisher import RedisSink
+
+
+class Producer:
+    """``Producer(redis_url, database_url, job_id).start()``, ``.steps(1, 50)``, ``.finish()``."""
+
+    def __init__(self, redis_url: str, database_url: str, job_id: str) -> None:
+        self.job_id = job_id
+        self.engine = make_engine(database_url)
+        self.sessions = make_session_factory(self.engine)
+        self.redis = redis.Redis.from_url(redis_url, socket_timeout=10)
+        self.attempt = 0
+        self.sink: RedisSink | None = None
+
+    def start(self) -> int:
+        with self.sessions.begin() as s:
+            attempt = jobs.claim(s, self.job_id, "test-producer", 600)
+        assert attempt is not None, f"job {self.job_id} not claimable"
+        self.attempt = attempt
+        self.sink = RedisSink(self.redis, self.job_id, attempt)
+        self._lifecycle("started", 0, {"precision": {"effective": "fp32"}})
+        return attempt
+
+    def steps(self, first: int, last: int, **values: Any) -> None:
+        """Publish records for steps ``first..last`` in one batch (like one engine flush)."""
+        assert self.sink is not None
+        now = time.time()
+        records = [
+            metric(step=i, time=now, loss=values.get("loss", 1.0 / i), skipped_steps=0, lr=0.1)
+            for i in range(first, last + 1)
+        ]
+        self.sink.write(records)
+        assert not self.sink.pending, "Redis refused the records"
+
+    def record(self, step: int, **values: Any) -> None:
+        """Publish one record created now (``time`` is its creation time)."""
+        assert self.sink is not None
+        self.sink.write([metric(step=step, time=time.time(), **values)])
+
+    def engine_event(self, type_: str, step: int, **data: Any) -> None:
+        assert self.sink is not None
+        self.sink.write(
+            [{"kind": "event", "type": type_, "step": step, "time": time.time(), "data": data}]
+        )
+
+    def finish(self, status: str = "succeeded", step: int = 0) -> None:
+        with self.sessions.begin() as s:
+            assert jobs.record_event(s, self.job_id, self.attempt, status, step, {})
+            assert jobs.finish(s, self.job_id, self.attempt, status)
+        self._publish(
+            {"kind": "event", "type": status, "step": step, "time": time.time(), "data": {}}
+        )
+        self._publish({"kind": "end", "status": status})
+
+    def _lifecycle(self, type_: str, step: int, data: dict[str, Any]) -> None:
+        with self.sessions.begin() as s:
+            assert jobs.record_event(s, self.job_id, self.attempt, type_, step, data)
+        self._publish(
+            {"kind": "event", "type": type_, "step": step, "time": time.time(), "data": data}
+        )
+
+    def _publish(self, item: dict[str, Any]) -> None:
+        fields = encode(item, job_id=self.job_id, attempt=self.attempt, persisted=True)
+        self.redis.xadd(telemetry_key(self.job_id), fields, maxlen=STREAM_MAXLEN, approximate=True)  # type: ignore[arg-type]
+
+    def close(self) -> None:
+        self.redis.close()
+        self.engine.dispose()
