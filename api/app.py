@@ -15,6 +15,7 @@ import anyio
 from fastapi import FastAPI
 
 from api.errors import install_error_handlers
+from api.live import LiveHub
 from api.routes import ROUTERS
 from api.services import Services
 from api.settings import Settings, get_settings
@@ -35,10 +36,12 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         services = await anyio.to_thread.run_sync(Services.create, settings)
         app.state.services = services
+        app.state.hub = LiveHub(settings.redis_url, queue_size=settings.live_queue_size)
         try:
             await anyio.to_thread.run_sync(services.start)
             yield
         finally:
+            await app.state.hub.close()
             await anyio.to_thread.run_sync(services.stop)
 
     app = FastAPI(

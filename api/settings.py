@@ -45,6 +45,11 @@ class Settings(BaseSettings):
     """How often the dispatcher leader re-sends queued jobs the broker never got."""
     broker_timeout_seconds: float = Field(default=2.0, gt=0)
     """Connect/send timeout towards the broker, so a dead broker never hangs a caller."""
+    live_heartbeat_seconds: float = Field(default=10.0, gt=0)
+    """Idle WebSocket/SSE watchers get a ``heartbeat`` message this often (keeps proxies
+    from closing the socket and lets clients detect a dead server)."""
+    live_queue_size: int = Field(default=4096, ge=16)
+    """Messages one watcher may fall behind before it gets ``gap`` and is closed (1013)."""
 
     @field_validator("data_roots", mode="before")
     @classmethod

@@ -4,6 +4,12 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from api.routes import catalog, health, jobs, telemetry
+from api.routes import catalog, health, jobs, live, telemetry
 
-ROUTERS: tuple[APIRouter, ...] = (health.router, catalog.router, jobs.router, telemetry.router)
+ROUTERS: tuple[APIRouter, ...] = (
+    health.router,
+    catalog.router,
+    jobs.router,
+    telemetry.router,
+    live.router,
+)
