@@ -95,7 +95,9 @@ def up(host: str, port: int, data_dir: Path | None) -> None:
     def _on_term(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
+    # Explicitly: a shell that starts us in the background leaves SIGINT ignored.
     signal.signal(signal.SIGTERM, _on_term)
+    signal.signal(signal.SIGINT, _on_term)
     try:
         while api.poll() is None and worker.poll() is None:
             time.sleep(0.5)

@@ -107,6 +107,9 @@ def run(launch: Launch, control: Control) -> int:
             retryable=True,
         )
         return 1
+    finally:
+        # The engine never closes the caller's sink: deliver what Redis has not taken yet.
+        sink.close()
     control.send(
         "result",
         final_step=result.final_step,
