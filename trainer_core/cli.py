@@ -186,6 +186,10 @@ def run(
                 f"[red]error[/] \\[{exc.code}]{where}: {escape(exc.message)}", soft_wrap=True
             )
             return EXIT_INTERRUPTED if stop.is_set() else EXIT_FAILED
+        except Exception as exc:  # a bug, not a training outcome: keep the traceback visible
+            console.print_exception()
+            console.print(f"[red]error[/] \\[internal]: {escape(repr(exc))}", soft_wrap=True)
+            return EXIT_FAILED
         finally:
             sink.close()
     last = result.last_record or {}
