@@ -34,7 +34,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from api.state import metrics
 from api.state.models import FINISHED_STATUSES, Job, JobEvent, MetricPoint, utcnow
-from api.state.stream import decode, telemetry_key
+from api.state.stream import decode, recorded_key, telemetry_key
 from trainer_core.records import METRIC_FIELDS
 
 log = logging.getLogger(__name__)
@@ -263,6 +263,8 @@ class Recorder:
             s.commit()
         key = telemetry_key(job_id)
         self.redis.xack(key, GROUP, *ids)
+        # Tells the publisher what it may forget: everything up to here is in SQL.
+        self.redis.set(recorded_key(job_id), ids[-1], ex=self.stream_ttl_s)
         if done:
             self._finish_stream(job_id)
         return len(entries)

@@ -21,6 +21,17 @@ def telemetry_key(job_id: str) -> str:
     return f"amptrain:job:{job_id}:telemetry"
 
 
+def recorded_key(job_id: str) -> str:
+    """The id of the newest stream entry the recorder has committed to SQL (and all before it)."""
+    return f"amptrain:job:{job_id}:recorded"
+
+
+def parse_id(entry_id: str | bytes) -> tuple[int, int]:
+    """A stream entry id "ms-seq" as a sortable pair."""
+    ms, _, seq = (entry_id.decode() if isinstance(entry_id, bytes) else entry_id).partition("-")
+    return int(ms), int(seq or 0)
+
+
 def cancel_key(job_id: str) -> str:
     return f"amptrain:job:{job_id}:cancel"
 
