@@ -21,6 +21,7 @@ from api.settings import Settings
 from api.state import jobs
 from api.state.db import make_engine, make_session_factory
 from api.state.stream import STREAM_MAXLEN, cancel_key, encode, telemetry_key
+from trainer_core.layout import job_checkpoint_url
 from worker.child import Launch
 from worker.process import ChildProcess
 
@@ -87,7 +88,7 @@ class Supervisor:
             job_id=job_id,
             attempt=attempt,
             spec=spec,
-            checkpoint_dir=f"{str(self.settings.checkpoint_url).rstrip('/')}/{job_id}",
+            checkpoint_dir=job_checkpoint_url(self.settings.checkpoint_url, job_id),
             redis_url=self.settings.redis_url,
             data_roots=[str(r) for r in self.settings.data_roots],
         )
@@ -105,6 +106,7 @@ class Supervisor:
     def _watch(self, job_id: str, attempt: int, child: ChildProcess) -> Outcome:
         out = Outcome()
         next_beat = time.monotonic() + self.settings.heartbeat_seconds
+        status: str | None = "running"
         kill_at: float | None = None
         while not child.finished():
             for msg in child.messages(POLL_S):
@@ -112,9 +114,15 @@ class Supervisor:
             now = time.monotonic()
             if now >= next_beat:
                 next_beat = now + self.settings.heartbeat_seconds
-                if self._heartbeat(job_id, attempt) is None:
-                    out.lease_lost = True
-            wanted = "cancel" if out.lease_lost else self._stop_wanted(job_id)
+                status = self._heartbeat(job_id, attempt)
+            if status is None and not out.lease_lost:
+                # Fenced out: a successor may already train this job. Stop at once, with
+                # no final checkpoint that could overwrite the successor's.
+                out.lease_lost = True
+                log.warning("job %s attempt %d lost its lease; killing its child", job_id, attempt)
+                child.kill(grace=2.0)
+                continue
+            wanted = self._stop_wanted(job_id, status)
             if wanted and not out.stop_requested:
                 out.stop_requested = wanted
                 child.signal(signal.SIGUSR1 if wanted == "cancel" else signal.SIGUSR2)
@@ -160,11 +168,14 @@ class Supervisor:
             log.exception("job %s: heartbeat failed; will retry", job_id)
             return "running"
 
-    def _stop_wanted(self, job_id: str) -> str | None:
+    def _stop_wanted(self, job_id: str, status: str | None) -> str | None:
+        """ "cancel" (the API asked), "preempt" (this worker is draining) or None."""
+        if status == "cancelling":
+            return "cancel"  # seen by the heartbeat even if the Redis cancel key was lost
         try:
             cancel, draining = self.redis.mget(cancel_key(job_id), draining_key(self.worker))
         except redis.RedisError:
-            return None  # Redis blip: the heartbeat's status check still catches a cancel
+            return None  # a Redis blip: training goes on, the heartbeat still sees cancels
         if cancel:
             return "cancel"
         return "preempt" if draining else None

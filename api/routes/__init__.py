@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from api.routes import catalog, health, jobs, live, telemetry
+from api.routes import catalog, checkpoints, health, jobs, live, telemetry
 
 ROUTERS: tuple[APIRouter, ...] = (
     health.router,
     catalog.router,
     jobs.router,
     telemetry.router,
+    checkpoints.router,
     live.router,
 )

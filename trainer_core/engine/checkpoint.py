@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 import random
-import re
 import uuid
 from typing import Any
 
@@ -21,12 +20,9 @@ import numpy as np
 import torch
 from fsspec.implementations.local import LocalFileSystem
 
-_NAME = re.compile(r"^step-(\d{9})\.pt$")
+from trainer_core.layout import checkpoint_name, checkpoint_step
+
 _TMP_PREFIX = ".tmp-"
-
-
-def checkpoint_name(step: int) -> str:
-    return f"step-{step:09d}.pt"
 
 
 class CheckpointStore:
@@ -45,7 +41,7 @@ class CheckpointStore:
     def steps(self) -> list[int]:
         """Steps of the complete checkpoints present, oldest first."""
         names = (os.path.basename(p) for p in self._fs.ls(self._root, detail=False))
-        return sorted(int(m.group(1)) for n in names if (m := _NAME.match(n)))
+        return sorted(step for n in names if (step := checkpoint_step(n)) is not None)
 
     def latest(self) -> str | None:
         """Path of the newest complete checkpoint (as :meth:`load` takes it), or None."""

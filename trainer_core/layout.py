@@ -1,0 +1,27 @@
+"""Where a job's checkpoints live and how they are named.
+
+Torch-free: the engine writes by these names, the worker points each attempt
+at its job's directory, and the API lists and serves the files.
+"""
+
+from __future__ import annotations
+
+import re
+
+_NAME = re.compile(r"^step-(\d{9})\.pt$")
+
+
+def checkpoint_name(step: int) -> str:
+    """``step-000000500.pt``: lexical order is step order."""
+    return f"step-{step:09d}.pt"
+
+
+def checkpoint_step(name: str) -> int | None:
+    """The step a checkpoint file name stands for; None for anything else (temporaries)."""
+    match = _NAME.match(name.rsplit("/", 1)[-1])
+    return int(match[1]) if match else None
+
+
+def job_checkpoint_url(base: str, job_id: str) -> str:
+    """A job's checkpoint directory under the service's checkpoint root (path or fsspec URL)."""
+    return f"{base.rstrip('/')}/{job_id}"
