@@ -111,7 +111,7 @@ class _Reader:
         backoff = 0.2
         while self.subs:
             try:
-                reply = await self.hub.redis.xread(
+                reply: Any = await self.hub.redis.xread(
                     {self.key: self.last}, count=self.hub.batch, block=self.hub.block_ms
                 )
                 backoff = 0.2
@@ -190,7 +190,7 @@ class LiveHub:
             reader.subs.discard(sub)
 
     async def _last_id(self, job_id: str) -> str:
-        reply = await self.redis.xrevrange(telemetry_key(job_id), "+", "-", count=1)
+        reply: Any = await self.redis.xrevrange(telemetry_key(job_id), "+", "-", count=1)
         if not reply:
             return "0-0"
         eid = reply[0][0]
@@ -198,7 +198,7 @@ class LiveHub:
 
     async def read_range(self, job_id: str, after: Position, count: int = 1000) -> list[LiveEntry]:
         """Entries strictly after ``after`` still held by the stream (one page)."""
-        raw = await self.redis.xrange(
+        raw: Any = await self.redis.xrange(
             telemetry_key(job_id), min=f"({format_position(after)}", max="+", count=count
         )
         out = []
@@ -211,7 +211,7 @@ class LiveHub:
 
     async def first_position(self, job_id: str) -> Position | None:
         """The oldest entry the stream still holds (None when it is empty or gone)."""
-        reply = await self.redis.xrange(telemetry_key(job_id), "-", "+", count=1)
+        reply: Any = await self.redis.xrange(telemetry_key(job_id), "-", "+", count=1)
         return parse_position(reply[0][0]) if reply else None
 
     async def close(self) -> None:

@@ -32,10 +32,11 @@ once SQL holds the whole history. A watcher too slow for its bounded queue gets 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import math
 import time
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -120,7 +121,7 @@ class Watch:
     def cursor(self) -> str | None:
         return format_position(self.last) if self.last != (0, 0) else None
 
-    async def messages(self) -> AsyncIterator[Out]:
+    async def messages(self) -> AsyncGenerator[Out, None]:
         job = await self._db(self._job_state)
         if job is None:
             return
@@ -166,9 +167,7 @@ class Watch:
         pending = self._select_events(events, sql_end, final)
         cursor = format_position(self.last) if self.last != (0, 0) else None
         while True:
-            items, _ = await self._db(
-                lambda s, c=cursor: metric_page(s, self.job_id, c, self.page, attempts="all")
-            )
+            items, _ = await self._db(functools.partial(self._points, after=cursor))
             for item in items:
                 pos = parse_position(item["cursor"])
                 while pending and pending[0].pos < pos:
@@ -282,6 +281,9 @@ class Watch:
                 return fn(s)
 
         return await anyio.to_thread.run_sync(run)
+
+    def _points(self, s: Session, after: str | None) -> tuple[list[dict[str, Any]], str | None]:
+        return metric_page(s, self.job_id, after, self.page, attempts="all")
 
     def _job_state(self, s: Session) -> _JobState | None:
         job = s.get(Job, self.job_id)

@@ -46,7 +46,7 @@ class Producer:
             for i in range(first, last + 1)
         ]
         self.sink.write(records)
-        assert not self.sink.pending, "Redis refused the records"
+        assert self.sink.flush(), "Redis refused the records"
 
     def record(self, step: int, **values: Any) -> None:
         """Publish one record created now (``time`` is its creation time)."""

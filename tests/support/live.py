@@ -1,0 +1,112 @@
+"""Clients for the live endpoints in tests: WebSocket watchers and a raw stalled socket."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import socket
+import struct
+from collections.abc import Callable
+from typing import Any
+
+import websockets
+
+from tests.support.stack import Stack
+
+Message = dict[str, Any]
+
+
+def ws_url(stack: Stack, job_id: str, after: str | None = None) -> str:
+    query = f"?after={after}" if after else ""
+    return f"ws://127.0.0.1:{stack.port}/jobs/{job_id}/ws{query}"
+
+
+async def watch(
+    stack: Stack,
+    job_id: str,
+    after: str | None = None,
+    until: Callable[[Message], bool] | None = None,
+    token: str | None = None,
+) -> tuple[list[Message], int | None]:
+    """Read messages until the server closes (or ``until`` says stop); (messages, close code)."""
+    headers = {"Authorization": f"Bearer {token or stack.token}"}
+    got: list[Message] = []
+    async with websockets.connect(
+        ws_url(stack, job_id, after), additional_headers=headers, open_timeout=30
+    ) as ws:
+        async for raw in ws:
+            msg = json.loads(raw)
+            got.append(msg)
+            if until is not None and until(msg):
+                return got, None
+        return got, ws.close_code
+
+
+def steps_of(messages: list[Message]) -> list[int]:
+    return [m["data"]["step"] for m in messages if m["type"] == "metric"]
+
+
+def last_cursor(messages: list[Message]) -> str | None:
+    cursors = [m["cursor"] for m in messages if m["cursor"]]
+    return cursors[-1] if cursors else None
+
+
+class StalledSocket:
+    """A WebSocket client that completes the handshake and then reads nothing, with a tiny
+    receive buffer so the server's send path backs up quickly."""
+
+    def __init__(self, stack: Stack, job_id: str) -> None:
+        self.sock = socket.socket()
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        self.sock.connect(("127.0.0.1", stack.port))
+        key = base64.b64encode(os.urandom(16)).decode()
+        request = (
+            f"GET /jobs/{job_id}/ws HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
+            f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
+            f"Authorization: Bearer {stack.token}\r\n\r\n"
+        )
+        self.sock.sendall(request.encode())
+        self.buffer = b""
+        while b"\r\n\r\n" not in self.buffer:
+            self.buffer += self.sock.recv(4096)
+        head, _, self.buffer = self.buffer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 101"), head
+
+    def drain(self, timeout: float) -> tuple[list[Message], int | None]:
+        """Now read everything: (messages, close code or None if the peer just hung up)."""
+        self.sock.settimeout(timeout)
+        while True:
+            try:
+                chunk = self.sock.recv(65536)
+            except (TimeoutError, ConnectionResetError):
+                break
+            if not chunk:
+                break
+            self.buffer += chunk
+        self.sock.close()
+        return parse_frames(self.buffer)
+
+
+def parse_frames(data: bytes) -> tuple[list[Message], int | None]:
+    """Unmasked server frames -> (text messages as JSON, close code)."""
+    out: list[Message] = []
+    i = 0
+    while i + 2 <= len(data):
+        opcode, length = data[i] & 0x0F, data[i + 1] & 0x7F
+        i += 2
+        if length == 126:
+            (length,) = struct.unpack("!H", data[i : i + 2])
+            i += 2
+        elif length == 127:
+            (length,) = struct.unpack("!Q", data[i : i + 8])
+            i += 8
+        if i + length > len(data):
+            break  # cut off mid-frame
+        payload = data[i : i + length]
+        i += length
+        if opcode == 1:
+            out.append(json.loads(payload))
+        elif opcode == 8:
+            return out, struct.unpack("!H", payload[:2])[0] if len(payload) >= 2 else None
+    return out, None
