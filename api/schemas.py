@@ -47,6 +47,8 @@ class JobOut(BaseModel):
     step: int
     max_steps: int
     attempt: int
+    worker: str | None
+    """The worker running the current attempt (null when not running)."""
     precision: PrecisionOut
     error: ErrorOut | None
     summary: SummaryOut
@@ -65,6 +67,7 @@ class JobOut(BaseModel):
             step=job.step or 0,
             max_steps=job.max_steps,
             attempt=job.attempt,
+            worker=job.worker,
             precision=PrecisionOut(
                 requested=job.precision_requested or job.spec.get("precision"),
                 effective=job.precision_effective,

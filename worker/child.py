@@ -3,8 +3,8 @@
 The supervisor starts ``python -m worker.child`` with its launch parameters on
 stdin and a pipe for control messages (one JSON object per line): the
 precision it chose, and how the run ended. SIGUSR1 asks it to cancel,
-SIGUSR2 to checkpoint and stop for a shutdown; both take effect at the next
-step boundary. SIGTERM/SIGKILL are the supervisor's escalation.
+SIGUSR2 (or SIGTERM) to checkpoint and stop for a shutdown; all take effect at
+the next step boundary. SIGKILL is the supervisor's last resort.
 """
 
 from __future__ import annotations
@@ -74,7 +74,8 @@ _stop_request: str | None = None
 
 def _on_signal(signum: int, frame: object) -> None:
     global _stop_request
-    _stop_request = "cancel" if signum == signal.SIGUSR1 else "preempt"
+    if _stop_request is None:  # a cancel stays a cancel when SIGTERM follows it
+        _stop_request = "cancel" if signum == signal.SIGUSR1 else "preempt"
 
 
 def run(launch: Launch, control: Control) -> int:
@@ -141,6 +142,9 @@ def main() -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGUSR1, _on_signal)
     signal.signal(signal.SIGUSR2, _on_signal)
+    # SIGTERM to the whole process group (systemd, `kill` of the group) means shutdown:
+    # checkpoint at the next step boundary, like a drain. SIGKILL remains the hard stop.
+    signal.signal(signal.SIGTERM, _on_signal)
     with os.fdopen(launch.control_fd, "w", encoding="utf-8") as stream:
         return run(launch, Control(stream))
 

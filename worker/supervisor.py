@@ -120,7 +120,7 @@ class Supervisor:
                 # no final checkpoint that could overwrite the successor's.
                 out.lease_lost = True
                 log.warning("job %s attempt %d lost its lease; killing its child", job_id, attempt)
-                child.kill(grace=2.0)
+                child.proc.kill()
                 continue
             wanted = self._stop_wanted(job_id, status)
             if wanted and not out.stop_requested:

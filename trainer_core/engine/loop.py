@@ -116,7 +116,9 @@ class Trainer:
             try:
                 loss = self._accumulate()
                 break
-            except torch.OutOfMemoryError:
+            except (torch.OutOfMemoryError, RuntimeError) as exc:
+                if not is_out_of_memory(exc):
+                    raise
                 self._shrink_after_oom()
         self.gate.settle()  # the previous step's skip flag, read while this step runs
         lr = self.gate.lr
@@ -252,6 +254,11 @@ class Trainer:
                 f"preempted at step {self.step}; checkpointed, resumable", step=self.step
             )
         raise CancelledError(f"cancelled at step {self.step}", step=self.step)
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """CUDA raises torch.OutOfMemoryError; the CPU allocator a plain RuntimeError."""
+    return isinstance(exc, torch.OutOfMemoryError) or "can't allocate memory" in str(exc)
 
 
 def _largest_divisor_at_most(n: int, limit: int) -> int:
