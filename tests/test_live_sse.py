@@ -29,7 +29,10 @@ def stack(database_url: str, redis_server: EmbeddedRedis, tmp_path: Path) -> Ite
 
 
 def read_sse(
-    stack: Stack, job_id: str, stop_at_step: int | None = None, **headers: str
+    stack: Stack,
+    job_id: str,
+    stop_at_step: int | None = None,
+    headers: dict[str, str] | None = None,
 ) -> tuple[list[dict[str, Any]], str | None]:
     """(messages, last ``id:`` seen) until the stream ends or ``stop_at_step`` arrives."""
     got: list[dict[str, Any]] = []
@@ -71,7 +74,7 @@ def test_sse_resumes_with_last_event_id(
         assert steps(first) == list(range(1, 31)) and last_id == first[-1]["cursor"]
         producer.steps(51, 80)
         producer.finish(step=80)
-        rest, _ = read_sse(stack, job["id"], **{"Last-Event-ID": str(last_id)})
+        rest, _ = read_sse(stack, job["id"], headers={"Last-Event-ID": str(last_id)})
     finally:
         producer.close()
     assert steps(rest) == list(range(31, 81))
