@@ -14,6 +14,7 @@ from importlib.metadata import PackageNotFoundError, version
 import anyio
 from fastapi import FastAPI
 
+from api import observability
 from api.errors import install_error_handlers
 from api.live import LiveHub
 from api.routes import ROUTERS
@@ -28,6 +29,16 @@ def _version() -> str:
         return "0"
 
 
+def _watchers(hub: LiveHub) -> tuple[int, int]:
+    """Live watchers now and overflows so far, for ``GET /metrics``."""
+    for _ in range(3):
+        try:  # read from a scrape thread while the event loop may add or drop readers
+            return sum(len(r.subs) for r in list(hub.readers.values())), hub.overflows
+        except RuntimeError:
+            continue
+    return 0, hub.overflows
+
+
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the API for ``settings`` (default: from the environment)."""
     settings = settings or get_settings()
@@ -37,6 +48,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         services = await anyio.to_thread.run_sync(Services.create, settings)
         app.state.services = services
         app.state.hub = LiveHub(settings.redis_url, queue_size=settings.live_queue_size)
+        app.state.metrics_registry = observability.make_registry(
+            observability.ServiceCollector(
+                services.session_factory, services.redis, lambda: _watchers(app.state.hub)
+            )
+        )
         try:
             await anyio.to_thread.run_sync(services.start)
             yield
@@ -51,6 +67,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     install_error_handlers(app)
+    app.add_middleware(observability.RequestMetrics)
     for router in ROUTERS:
         app.include_router(router)
     return app

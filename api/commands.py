@@ -17,12 +17,18 @@ def api(host: str, port: int, log_level: str) -> None:
     """Run the HTTP API (recorder and dispatcher included), configured by AMPTRAIN_*."""
     import uvicorn
 
+    from api.logs import configure_logging
+    from api.settings import get_settings
+
+    # One format for our loggers and uvicorn's (log_config=None: uvicorn adds no handlers).
+    configure_logging(get_settings().log_format, component="api", level=log_level)
     uvicorn.run(
         "api.app:create_app",
         factory=True,
         host=host,
         port=port,
         log_level=log_level,
+        log_config=None,
         ws="websockets-sansio",
         ws_per_message_deflate=False,
         ws_max_size=WS_MAX_SIZE,

@@ -32,6 +32,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
+from api import observability
 from api.state import metrics
 from api.state.models import FINISHED_STATUSES, Job, JobEvent, MetricPoint, utcnow
 from api.state.stream import decode, recorded_key, telemetry_key
@@ -261,6 +262,7 @@ class Recorder:
                 self.owned.pop(job_id, None)
                 return 0
             s.commit()
+        observability.points_recorded(len(inserted), points)
         key = telemetry_key(job_id)
         self.redis.xack(key, GROUP, *ids)
         # Tells the publisher what it may forget: everything up to here is in SQL.

@@ -21,13 +21,28 @@ import click
 )
 @click.option("--name", "-n", default=None, help="Worker name [default: amptrain-PID@HOST].")
 @click.option("--loglevel", "-l", default="INFO", show_default=True)
-def worker(queues: str, concurrency: int | None, name: str | None, loglevel: str) -> None:
+@click.option(
+    "--metrics-port",
+    type=int,
+    default=9808,
+    show_default=True,
+    envvar="AMPTRAIN_WORKER_METRICS_PORT",
+    help="Prometheus endpoint of this worker (0 disables) [env AMPTRAIN_WORKER_METRICS_PORT].",
+)
+def worker(
+    queues: str, concurrency: int | None, name: str | None, loglevel: str, metrics_port: int
+) -> None:
     """Run a Celery worker that trains jobs (configured by AMPTRAIN_* variables)."""
     from worker import lifecycle
     from worker.celery_app import app
 
     n = concurrency or max(1, len(lifecycle.visible_gpus()))
     name = name or f"amptrain-{os.getpid()}@{socket.gethostname()}"
+    lifecycle.configure(
+        queues=[q.strip() for q in queues.split(",") if q.strip()],
+        concurrency=n,
+        metrics_port=metrics_port,
+    )
     app.worker_main(
         [
             "worker",

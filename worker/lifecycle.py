@@ -1,20 +1,45 @@
-"""Worker process signals: GPU assignment per pool process, graceful drain on shutdown."""
+"""Worker process signals: logging, GPU assignment per pool process, presence and
+metrics in the main process, graceful drain on shutdown."""
 
 from __future__ import annotations
 
 import logging
 import os
+import socket
+import time
 from typing import Any
 
 import redis
-from celery.signals import worker_process_init, worker_ready, worker_shutting_down
+from celery.signals import (
+    setup_logging,
+    worker_process_init,
+    worker_ready,
+    worker_shutdown,
+    worker_shutting_down,
+)
 
+from api.logs import configure_logging
 from api.settings import get_settings
 from worker.supervisor import draining_key
 
 log = logging.getLogger(__name__)
 
 DRAIN_TTL_S = 3600
+
+# Set by `amptrain worker` before Celery starts (see configure()).
+_options: dict[str, Any] = {"queues": [], "concurrency": 1, "metrics_port": 0}
+_presence: Any = None
+
+
+def configure(*, queues: list[str], concurrency: int, metrics_port: int) -> None:
+    """What `amptrain worker` decided, for the presence report and the metrics endpoint."""
+    _options.update(queues=queues, concurrency=concurrency, metrics_port=metrics_port)
+
+
+@setup_logging.connect
+def _setup_logging(loglevel: Any = None, **_: Any) -> None:
+    # Connecting here stops Celery from installing its own handlers: one format everywhere.
+    configure_logging(get_settings().log_format, component="worker", level=loglevel or "INFO")
 
 
 def visible_gpus() -> list[str]:
@@ -38,6 +63,7 @@ def _assign_gpu(**_: Any) -> None:
 
     gpus = visible_gpus()
     index = getattr(current_process(), "index", 0) or 0
+    os.environ["AMPTRAIN_POOL_INDEX"] = str(index)  # the job slot it reports (worker.heartbeat)
     if gpus:
         os.environ["AMPTRAIN_ASSIGNED_GPU"] = gpus[index % len(gpus)]
 
@@ -58,6 +84,35 @@ def _clear_drain_flag(sender: Any = None, **_: Any) -> None:
             log.warning("could not clear the drain flag of %s", hostname)
 
 
+@worker_ready.connect
+def _announce(sender: Any = None, **_: Any) -> None:
+    """Start the presence heartbeat (capability report included) and the metrics endpoint."""
+    global _presence
+    from worker import metrics
+    from worker.heartbeat import Presence
+
+    hostname = getattr(sender, "hostname", None)
+    if not hostname:
+        return
+    settings = get_settings()
+    client = _redis()
+    info = {
+        **_options,
+        "hostname": socket.gethostname(),
+        "pid": os.getpid(),
+        "started_at": time.time(),
+    }
+    _presence = Presence(client, hostname, info, interval_s=settings.heartbeat_seconds)
+    _presence.start()
+    metrics.serve(client, hostname, int(_options["concurrency"]), int(_options["metrics_port"]))
+
+
+@worker_shutdown.connect
+def _leave(**_: Any) -> None:
+    if _presence is not None:
+        _presence.stop()
+
+
 @worker_shutting_down.connect
 def _drain(sender: str | None = None, **_: Any) -> None:
     """SIGTERM: running jobs checkpoint and go back to the queue instead of failing.
@@ -69,6 +124,8 @@ def _drain(sender: str | None = None, **_: Any) -> None:
         return
     try:
         _redis().set(draining_key(sender), "1", ex=DRAIN_TTL_S)
+        if _presence is not None:
+            _presence.info["draining"] = True
         log.info("worker %s draining: running jobs will checkpoint and be re-queued", sender)
     except redis.RedisError:
         log.error("could not flag %s as draining; running jobs finish as usual", sender)

@@ -17,17 +17,25 @@ from typing import Any
 import redis
 from sqlalchemy.orm import Session, sessionmaker
 
+from api.logs import bind, log_context
 from api.settings import Settings
 from api.state import jobs
 from api.state.db import make_engine, make_session_factory
 from api.state.stream import STREAM_MAXLEN, cancel_key, encode, telemetry_key
 from trainer_core.layout import job_checkpoint_url
 from worker.child import Launch
+from worker.heartbeat import JobSlot
 from worker.process import ChildProcess
 
 log = logging.getLogger(__name__)
 
 POLL_S = 0.25  # how quickly a cancel request reaches the child
+
+
+def _reason_on_device(precision: dict[str, Any]) -> str:
+    """The precision reason, naming the device it was decided for (e.g. the GPU model)."""
+    reason, device = str(precision["reason"]), precision.get("device")
+    return f"{reason}; device: {device}" if device else reason
 
 
 def draining_key(worker: str) -> str:
@@ -63,10 +71,16 @@ class Supervisor:
         self.redis = redis_client or redis.Redis.from_url(
             settings.redis_url, socket_connect_timeout=2, socket_timeout=5
         )
+        # What this pool process runs, for GET /workers and the worker's /metrics.
+        self.slot = JobSlot.for_this_process(self.redis, worker, settings.lease_seconds)
 
     # -- the whole life of one attempt -------------------------------------------------
 
     def run(self, job_id: str) -> None:
+        with log_context(job_id=job_id, worker=self.worker):
+            self._run(job_id)
+
+    def _run(self, job_id: str) -> None:
         with self.sessions.begin() as s:
             attempt = jobs.claim(s, job_id, self.worker, self.settings.lease_seconds)
             job = jobs.get_job(s, job_id)
@@ -75,13 +89,18 @@ class Supervisor:
             # A duplicate delivery, or a job already finished/cancelled: harmless by design.
             log.info("job %s not claimable; nothing to do", job_id)
             return
+        bind(attempt=attempt)
         log.info("job %s claimed as attempt %d by %s", job_id, attempt, self.worker)
-        child = ChildProcess(self._launch(job_id, attempt, spec), env=self._child_env())
+        self.slot.start(job_id, attempt)
         try:
-            outcome = self._watch(job_id, attempt, child)
+            child = ChildProcess(self._launch(job_id, attempt, spec), env=self._child_env())
+            try:
+                outcome = self._watch(job_id, attempt, child)
+            finally:
+                child.close()
+            self._conclude(job_id, attempt, spec, outcome)
         finally:
-            child.close()
-        self._conclude(job_id, attempt, spec, outcome)
+            self.slot.clear()
 
     def _launch(self, job_id: str, attempt: int, spec: dict[str, Any]) -> Launch:
         return Launch(
@@ -115,6 +134,7 @@ class Supervisor:
             if now >= next_beat:
                 next_beat = now + self.settings.heartbeat_seconds
                 status = self._heartbeat(job_id, attempt)
+                self.slot.refresh()
             if status is None and not out.lease_lost:
                 # Fenced out: a successor may already train this job. Stop at once, with
                 # no final checkpoint that could overwrite the successor's.
@@ -145,7 +165,7 @@ class Supervisor:
                     attempt,
                     str(msg["requested"]),
                     str(msg["effective"]),
-                    str(msg["reason"]),
+                    _reason_on_device(msg),
                 )
             self._event(
                 job_id,

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from api.routes import catalog, checkpoints, health, jobs, live, telemetry
+from api.routes import catalog, checkpoints, health, jobs, live, metrics, telemetry, workers
 
 ROUTERS: tuple[APIRouter, ...] = (
     health.router,
+    metrics.router,
     catalog.router,
     jobs.router,
     telemetry.router,
     checkpoints.router,
     live.router,
+    workers.router,
 )
