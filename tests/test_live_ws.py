@@ -125,6 +125,16 @@ def test_finished_job_sends_history_then_end(stack: Stack, producer: Producer) -
     assert steps_of(rest) == [] and rest[-1]["type"] == "end"
     tail, _ = asyncio.run(watch(stack, producer.job_id, after=got[10]["cursor"]))
     assert steps_of(tail) == list(range(steps_of(got[:11])[-1] + 1, 26))
+    # The same run, downsampled over HTTP.
+    page = stack.client.get(
+        f"/jobs/{producer.job_id}/metrics", params={"max_points": 8, "fields": "loss"}
+    ).json()
+    metric_cursor = last_cursor([m for m in got if m["type"] == "metric"])
+    assert 0 < len(page["items"]) <= 8 and page["next_cursor"] == metric_cursor
+    assert set(page["items"][0]) == {"step", "attempt", "cursor", "downsampled", "loss"}
+    assert page["items"][0]["step"] == 1 and page["items"][-1]["step"] == 25
+    bad = stack.client.get(f"/jobs/{producer.job_id}/metrics", params={"fields": "nope"})
+    assert bad.status_code == 422
 
 
 def test_fifty_watchers_see_the_same_complete_sequence(stack: Stack, producer: Producer) -> None:

@@ -10,6 +10,7 @@ from fastapi import APIRouter, Query
 from api.deps import CurrentUser, SessionDep, visible_job
 from api.errors import ValidationFailed
 from api.schemas import EventOut, EventPage, MetricPage
+from api.state.downsample import downsample, parse_fields, select_fields
 from api.state.metrics import Attempts, metric_page
 from api.state.models import JobEvent
 
@@ -29,10 +30,42 @@ def read_metrics(
             description="``effective``: per step only the newest attempt's point; ``all``: every attempt."
         ),
     ] = "effective",
+    max_points: Annotated[
+        int | None,
+        Query(
+            ge=1,
+            le=10_000,
+            description="Return the whole run in at most this many points (per bucket of "
+            "steps: first, last, min and max loss; marked ``downsampled``). Not with ``after``.",
+        ),
+    ] = None,
+    fields: Annotated[
+        str | None, Query(description="Comma-separated metric fields to return (default all).")
+    ] = None,
 ) -> MetricPage:
     """Recorded metric points after ``after`` in recording order; ``next_cursor`` passed back
-    returns only newer points, so no point is ever repeated or skipped."""
+    returns only newer points, so no point is ever repeated or skipped. With ``max_points``:
+    the whole run downsampled in the database, ``next_cursor`` = the newest point's cursor."""
     visible_job(session, user, job_id)
+    try:
+        wanted = parse_fields(fields)
+    except ValueError as exc:
+        raise ValidationFailed(
+            [{"field": "query.fields", "message": str(exc), "type": "value_error"}]
+        ) from None
+    if max_points is not None:
+        if after is not None:
+            raise ValidationFailed(
+                [
+                    {
+                        "field": "query.after",
+                        "message": "max_points covers the whole run: drop after",
+                        "type": "value_error",
+                    }
+                ]
+            )
+        items, next_cursor = downsample(session, job_id, max_points, wanted)
+        return MetricPage(items=items, next_cursor=next_cursor)
     try:
         items, next_cursor = metric_page(
             session, job_id, after=after, limit=limit, attempts=attempts
@@ -41,7 +74,7 @@ def read_metrics(
         raise ValidationFailed(
             [{"field": "query.after", "message": str(exc), "type": "value_error"}]
         ) from None
-    return MetricPage(items=items, next_cursor=next_cursor)
+    return MetricPage(items=[select_fields(i, wanted) for i in items], next_cursor=next_cursor)
 
 
 @router.get("/{job_id}/events", response_model=EventPage)
