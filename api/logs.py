@@ -30,7 +30,7 @@ _context: contextvars.ContextVar[dict[str, Any] | None] = contextvars.ContextVar
 # Attributes every LogRecord has; anything else came in through ``extra=``.
 _STANDARD_ATTRS = frozenset(
     logging.LogRecord("", 0, "", 0, "", None, None).__dict__.keys()
-    | {"message", "asctime", "taskName", "color_message"}
+    | {"message", "asctime", "taskName", "color_message", "component", "ctx", *CONTEXT_FIELDS}
 )
 
 

@@ -164,7 +164,8 @@ class ServiceCollector(Collector):
 
     def _from_sql(self) -> Iterable[Any]:
         with self.sessions() as s:
-            counts = dict(s.execute(sa.select(Job.status, sa.func.count()).group_by(Job.status)))
+            rows = s.execute(sa.select(Job.status, sa.func.count()).group_by(Job.status))
+            counts: dict[str, int] = {status: n for status, n in rows}
             with self._lock:
                 self._observe_dispatches(s)
         family = GaugeMetricFamily("amptrain_jobs", "Jobs by status.", labels=["status"])
