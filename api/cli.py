@@ -19,6 +19,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "token": ("api.commands:token", "Manage API tokens."),
     "worker": ("worker.cli:worker", "Run a Celery worker that trains jobs."),
     "train": ("trainer_core.cli:train", "Train a job spec locally, without any server."),
+    "submit": ("api.client_cli:submit", "Submit a job spec to a server (--watch to follow it)."),
+    "watch": ("api.client_cli:watch", "Follow a job live: progress, loss, loss scale, memory."),
+    "jobs": ("api.client_cli:jobs", "List jobs on a server."),
+    "cancel": ("api.client_cli:cancel", "Cancel a job on a server."),
+    "logs": ("api.client_cli:logs", "Print a job's lifecycle events."),
 }
 
 

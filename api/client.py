@@ -1,0 +1,176 @@
+"""A Python client of the amptrain HTTP and WebSocket API (used by ``amptrain submit`` & co).
+
+Where the server and the token come from, first match wins:
+
+1. explicit arguments (the CLI's ``--url`` / ``--token``);
+2. the environment: ``AMPTRAIN_URL``, ``AMPTRAIN_TOKEN``;
+3. a config file, ``$XDG_CONFIG_HOME/amptrain/config.toml`` (default
+   ``~/.config/amptrain/config.toml``), e.g. ``url = "http://gpu-box:8000"`` and
+   ``token = "..."``; ``AMPTRAIN_CONFIG`` names another file;
+4. for the token only: the admin token ``amptrain up`` saved in the data directory
+   (``$AMPTRAIN_DATA_DIR/admin-token``, default ``./.amptrain/admin-token``);
+5. the URL defaults to ``http://127.0.0.1:8000``.
+
+:meth:`Client.watch` follows a job over the WebSocket and reconnects by itself after a
+dropped connection or a ``gap``, resuming from the last cursor it received, so the
+caller sees every message once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import tomllib
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import websockets
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    url: str
+    token: str | None
+
+
+def config_path() -> Path:
+    if os.environ.get("AMPTRAIN_CONFIG"):
+        return Path(os.environ["AMPTRAIN_CONFIG"])
+    base = os.environ.get("XDG_CONFIG_HOME") or str(Path.home() / ".config")
+    return Path(base) / "amptrain" / "config.toml"
+
+
+def resolve_config(url: str | None = None, token: str | None = None) -> ClientConfig:
+    """The server URL and token, by the precedence in the module docstring."""
+    url = url or os.environ.get("AMPTRAIN_URL")
+    token = token or os.environ.get("AMPTRAIN_TOKEN")
+    path = config_path()
+    if (not url or not token) and path.is_file():
+        data = tomllib.loads(path.read_text())
+        url = url or data.get("url")
+        token = token or data.get("token")
+    if not token:
+        token = _saved_admin_token()
+    return ClientConfig((url or DEFAULT_URL).rstrip("/"), token)
+
+
+def _saved_admin_token() -> str | None:
+    data_dir = Path(os.environ.get("AMPTRAIN_DATA_DIR") or ".amptrain")
+    try:
+        return (data_dir / "admin-token").read_text().strip() or None
+    except OSError:
+        return None
+
+
+class ApiError(Exception):
+    """An error answer from the server: HTTP status, ``error`` code and ``detail``."""
+
+    def __init__(self, status: int, code: str, detail: Any) -> None:
+        super().__init__(f"{status} {code}: {detail}")
+        self.status, self.code, self.detail = status, code, detail
+
+
+class Client:
+    """``Client(resolve_config())``: jobs over HTTP, live telemetry over the WebSocket."""
+
+    def __init__(self, config: ClientConfig, timeout: float = 30.0) -> None:
+        self.config = config
+        headers = {"Authorization": f"Bearer {config.token}"} if config.token else {}
+        self.http = httpx.Client(base_url=config.url, headers=headers, timeout=timeout)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def _call(self, method: str, path: str, **kwargs: Any) -> Any:
+        try:
+            response = self.http.request(method, path, **kwargs)
+        except httpx.TransportError as exc:
+            raise ApiError(0, "unreachable", f"{self.config.url}: {exc}") from None
+        if response.status_code >= 400:
+            try:
+                body = response.json()
+                raise ApiError(response.status_code, body.get("error", "?"), body.get("detail"))
+            except ValueError:
+                raise ApiError(response.status_code, "http_error", response.text) from None
+        return response.json()
+
+    def submit(self, spec: dict[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
+        return dict(self._call("POST", "/jobs", json=spec, headers=headers))
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        return dict(self._call("GET", f"/jobs/{job_id}"))
+
+    def jobs(self, status: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
+        params: dict[str, Any] = {"limit": limit, **({"status": status} if status else {})}
+        return list(self._call("GET", "/jobs", params=params)["items"])
+
+    def cancel(self, job_id: str) -> dict[str, Any]:
+        return dict(self._call("POST", f"/jobs/{job_id}/cancel"))
+
+    def events(self, job_id: str) -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = []
+        after = "0"
+        while True:
+            page = self._call("GET", f"/jobs/{job_id}/events", params={"after": after})
+            items.extend(page["items"])
+            if not page["items"]:
+                return items
+            after = page["next_cursor"]
+
+    def ws_url(self, job_id: str, after: str | None) -> str:
+        base = self.config.url.replace("https://", "wss://", 1).replace("http://", "ws://", 1)
+        return f"{base}/jobs/{job_id}/ws" + (f"?after={after}" if after else "")
+
+    async def watch(
+        self,
+        job_id: str,
+        after: str | None = None,
+        *,
+        retries: int = 20,
+        on_reconnect: Callable[[str | None, str], None] | None = None,
+    ) -> AsyncIterator[dict[str, Any]]:
+        """Every message of the job once (heartbeats and gaps are handled here), ending
+        with ``end``. Reconnects with the last cursor after a drop; gives up (raising
+        ApiError) after ``retries`` failed attempts in a row or on a refused handshake."""
+        cursor, failures = after, 0
+        headers = {"Authorization": f"Bearer {self.config.token}"} if self.config.token else {}
+        while True:
+            reason = "connection lost"
+            try:
+                async with websockets.connect(
+                    self.ws_url(job_id, cursor), additional_headers=headers, open_timeout=15
+                ) as ws:
+                    async for raw in ws:
+                        failures = 0
+                        msg = json.loads(raw)
+                        if msg["type"] == "heartbeat":
+                            continue
+                        if msg["type"] == "gap":
+                            reason = "fell behind"
+                            cursor = msg["cursor"] or cursor
+                            break
+                        cursor = msg["cursor"] or cursor
+                        yield msg
+                        if msg["type"] == "end":
+                            return
+            except InvalidStatus as exc:
+                status = exc.response.status_code
+                if status in (401, 403, 404):
+                    raise ApiError(status, "refused", f"not allowed to watch {job_id}") from None
+                reason = f"HTTP {status}"
+            except (ConnectionClosed, OSError, TimeoutError) as exc:
+                reason = f"{type(exc).__name__}"
+            failures += 1
+            if failures > retries:
+                raise ApiError(0, "unreachable", f"gave up watching {job_id}: {reason}")
+            if on_reconnect is not None:
+                on_reconnect(cursor, reason)
+            await asyncio.sleep(min(0.2 * 2 ** min(failures, 5), 5.0))
