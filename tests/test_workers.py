@@ -102,6 +102,7 @@ def test_workers_lists_a_running_worker_its_devices_and_its_job(
 ) -> None:
     assert httpx.get(f"{stack.client.base_url}/workers").status_code == 401
     worker = wait_until(lambda: listed(stack), 60, "the worker in GET /workers")
+    assert worker is not None
     assert worker["queues"] == ["gpu", "cpu"] and worker["concurrency"] == 1
     assert worker["current_jobs"] == [] and worker["last_heartbeat"] > 0
     cpu = next(d for d in worker["devices"] if d["type"] == "cpu")
@@ -110,12 +111,15 @@ def test_workers_lists_a_running_worker_its_devices_and_its_job(
 
     job = stack.submit(long_cpu_job())
     busy = wait_until(
-        lambda: (w := listed(stack)) and w["current_jobs"] and w["current_jobs"][0].get("step"),
+        lambda: (
+            (w := listed(stack)) and w["current_jobs"] and w["current_jobs"][0].get("step") and w
+        ),
         60,
         "the job's progress in GET /workers",
     )
-    (slot,) = listed(stack)["current_jobs"]  # type: ignore[index]
-    assert busy and slot["job_id"] == job["id"] and slot["attempt"] == 1
+    assert busy
+    (slot,) = busy["current_jobs"]
+    assert slot["job_id"] == job["id"] and slot["attempt"] == 1
     assert slot["samples_per_second"] > 0 and slot["memory_peak"] > 0
 
     # The worker's own Prometheus endpoint shows the same job.
@@ -140,7 +144,7 @@ def test_workers_lists_a_running_worker_its_devices_and_its_job(
 
     assert stack.client.post(f"/jobs/{job['id']}/cancel").status_code == 202
     stack.wait_for_status(job["id"], "cancelled", timeout=30)
-    wait_until(lambda: listed(stack)["current_jobs"] == [], 30, "the slot to clear")  # type: ignore[index]
+    wait_until(lambda: (listed(stack) or {}).get("current_jobs") == [], 30, "the slot to clear")
     assert worker_metrics(port)[("amptrain_worker_busy_slots", "")] == 0
 
     # A clean stop leaves the list at once (a crash: after the TTL).
