@@ -1,0 +1,229 @@
+"""Live telemetry latency and throughput against a real uvicorn (``amptrain api``), a real
+private Redis and SQLite.
+
+1. Fan-out: a producer publishes through the worker's own publisher (worker.publisher.
+   RedisSink, one XADD per step) at ``--rate`` steps/s while 1, 100 and 500 WebSocket
+   watchers (in ``--procs`` client processes) follow the job. Latency = arrival at the
+   client minus the record's ``time`` field (set when the record is created; same host
+   clock). Reports p50/p99/max and messages lost or repeated per watcher.
+2. Throughput: one publisher pushes ``--records`` records as fast as it can in batches
+   of ``--batch`` (like the engine's flushes); the API's recorder persists them. Reports
+   the publish rate, the persist rate (records / time until SQL holds the last step)
+   and so the largest step rate that runs without a growing recorder lag.
+
+    python bench/stream_latency.py [--watchers 1,100,500] [--seconds 10] [--rate 100]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing as mp
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from api.embedded_redis import EmbeddedRedis
+from tests.support.producer import Producer
+from tests.support.stack import Stack, wait_until
+from trainer_core.records import metric
+
+SPEC = {
+    "name": "bench",
+    "model": {"name": "mlp", "args": {}},
+    "dataset": {"name": "synthetic-classification", "args": {}},
+    "device": "cpu",
+    "max_steps": 10_000_000,
+}
+
+
+# -- watcher processes ---------------------------------------------------------------------
+
+
+def client_process(url: str, token: str, n: int, ready: Any, out: str) -> None:
+    asyncio.run(_clients(url, token, n, ready, out))
+
+
+async def _clients(url: str, token: str, n: int, ready: Any, out: str) -> None:
+    import websockets
+
+    connected = asyncio.Event()
+    count = [0]
+
+    async def one() -> dict[str, Any]:
+        steps: list[int] = []
+        latencies: list[float] = []
+        async with websockets.connect(
+            url,
+            additional_headers={"Authorization": f"Bearer {token}"},
+            open_timeout=60,
+            max_queue=None,
+        ) as ws:
+            first = True
+            async for raw in ws:
+                now = time.time()
+                if first:
+                    first = False
+                    count[0] += 1
+                    if count[0] == n:
+                        connected.set()
+                msg = json.loads(raw)
+                if msg["type"] == "metric":
+                    steps.append(msg["data"]["step"])
+                    latencies.append(now - msg["data"]["time"])
+                elif msg["type"] in ("end", "gap"):
+                    return {"steps": steps, "lat": latencies, "last": msg["type"]}
+            return {"steps": steps, "lat": latencies, "last": None}
+
+    tasks = [asyncio.create_task(one()) for _ in range(n)]
+    await connected.wait()
+    ready.put(n)
+    results = await asyncio.gather(*tasks)
+    Path(out).write_text(json.dumps(results))
+
+
+# -- the runs ------------------------------------------------------------------------------
+
+
+def fan_out(stack: Stack, redis_url: str, db_url: str, watchers: int, args: Any) -> dict[str, Any]:
+    job = stack.submit(SPEC)
+    producer = Producer(redis_url, db_url, job["id"])
+    producer.start()
+    url = f"ws://127.0.0.1:{stack.port}/jobs/{job['id']}/ws"
+    ctx = mp.get_context("spawn")
+    ready = ctx.Queue()
+    procs = min(args.procs, watchers)
+    shares = [watchers // procs + (1 if i < watchers % procs else 0) for i in range(procs)]
+    outs = [str(Path(stack.root) / f"w{watchers}-{i}.json") for i in range(procs)]
+    children = [
+        ctx.Process(target=client_process, args=(url, stack.token, k, ready, o))
+        for k, o in zip(shares, outs, strict=True)
+    ]
+    for c in children:
+        c.start()
+    for _ in children:
+        ready.get(timeout=120)
+    total = int(args.seconds * args.rate)
+    interval = 1.0 / args.rate
+    server = psutil.Process(stack.processes["api"].pid)
+    server_cpu = sum(server.cpu_times()[:2])
+    clients_cpu = [psutil.Process(c.pid) for c in children]
+    clients_before = sum(sum(p.cpu_times()[:2]) for p in clients_cpu)
+    start = time.perf_counter()
+    for step in range(1, total + 1):
+        producer.record(step, loss=1.0 / step, loss_scale=65536.0, skipped_steps=0)
+        delay = start + step * interval - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)
+    produced_for = time.perf_counter() - start
+    server_cpu = sum(server.cpu_times()[:2]) - server_cpu
+    clients_after = sum(sum(p.cpu_times()[:2]) for p in clients_cpu)
+    producer.finish(step=total)
+    for c in children:
+        c.join(120)
+    producer.close()
+    results = [r for o in outs for r in json.loads(Path(o).read_text())]
+    lat = np.array([x for r in results for x in r["lat"]]) * 1000
+    lost = sum(len(set(range(1, total + 1)) - set(r["steps"])) for r in results)
+    repeated = sum(len(r["steps"]) - len(set(r["steps"])) for r in results)
+    return {
+        "watchers": watchers,
+        "steps": total,
+        "rate": total / produced_for,
+        "messages": int(lat.size),
+        "p50_ms": float(np.percentile(lat, 50)),
+        "p99_ms": float(np.percentile(lat, 99)),
+        "max_ms": float(lat.max()),
+        "lost": lost,
+        "repeated": repeated,
+        "ended": sum(r["last"] == "end" for r in results),
+        "server_cpu": server_cpu / produced_for,
+        "clients_cpu": (clients_after - clients_before) / produced_for,
+    }
+
+
+def throughput(stack: Stack, redis_url: str, db_url: str, args: Any) -> dict[str, Any]:
+    job = stack.submit(SPEC)
+    producer = Producer(redis_url, db_url, job["id"])
+    producer.start()
+    assert producer.sink is not None
+    n, batch = args.records, args.batch
+    persisted_at: list[float] = []
+
+    def poll() -> None:
+        wait_until(lambda: stack.job(job["id"])["step"] >= n, 600, "persisted", interval=0.05)
+        persisted_at.append(time.perf_counter())
+
+    start = time.perf_counter()
+    poller = threading.Thread(target=poll)
+    poller.start()
+    for first in range(1, n + 1, batch):
+        now = time.time()
+        records = [
+            metric(step=i, time=now, loss=1.0 / i, skipped_steps=0)
+            for i in range(first, min(first + batch, n + 1))
+        ]
+        producer.sink.write(records)
+    published = time.perf_counter() - start
+    poller.join()
+    producer.finish(step=n)
+    producer.close()
+    return {
+        "records": n,
+        "batch": batch,
+        "publish_per_s": n / published,
+        "persist_per_s": n / (persisted_at[0] - start),
+        "lag_after_publish_s": persisted_at[0] - start - published,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--watchers", default="1,100,500")
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--rate", type=float, default=100.0)
+    parser.add_argument("--procs", type=int, default=2, help="client processes")
+    parser.add_argument("--records", type=int, default=50_000)
+    parser.add_argument("--batch", type=int, default=200)
+    args = parser.parse_args()
+
+    root = Path(tempfile.mkdtemp(prefix="amp-bench-", dir="/tmp"))
+    redis_server = EmbeddedRedis(root / "redis", appendonly=False).start()
+    db_url = f"sqlite:///{root / 'amptrain.db'}"
+    stack = Stack(root, db_url, redis_server)
+    stack.env["AMPTRAIN_LOG_FORMAT"] = "text"
+    try:
+        stack.start_api()
+        for n in [int(x) for x in args.watchers.split(",") if x]:
+            r = fan_out(stack, redis_server.url, db_url, n, args)
+            print(
+                f"watchers={r['watchers']:4d} steps={r['steps']} at {r['rate']:.0f}/s: "
+                f"p50 {r['p50_ms']:.1f} ms  p99 {r['p99_ms']:.1f} ms  max {r['max_ms']:.1f} ms  "
+                f"messages {r['messages']}  lost {r['lost']}  repeated {r['repeated']}  "
+                f"got end: {r['ended']}/{r['watchers']}  CPU cores busy: API {r['server_cpu']:.2f}, "
+                f"clients {r['clients_cpu']:.2f}",
+                flush=True,
+            )
+        t = throughput(stack, redis_server.url, db_url, args)
+        print(
+            f"throughput: {t['records']} records in batches of {t['batch']}: publish "
+            f"{t['publish_per_s']:.0f}/s, persisted {t['persist_per_s']:.0f}/s "
+            f"(lag after the last publish {t['lag_after_publish_s']:.2f} s)",
+            flush=True,
+        )
+    finally:
+        stack.close()
+        redis_server.stop()
+
+
+if __name__ == "__main__":
+    main()
