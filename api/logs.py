@@ -91,10 +91,12 @@ class JsonFormatter(logging.Formatter):
 
 
 class TextFormatter(logging.Formatter):
-    """``HH:MM:SS level logger [job attempt] message`` for a terminal."""
+    """``HH:MM:SS component level logger [job #attempt] message`` for a terminal."""
 
     def __init__(self) -> None:
-        super().__init__("%(asctime)s %(levelname)-7s %(name)s%(ctx)s %(message)s", "%H:%M:%S")
+        super().__init__(
+            "%(asctime)s %(component)-6s %(levelname)-7s %(name)s%(ctx)s %(message)s", "%H:%M:%S"
+        )
 
     def format(self, record: logging.LogRecord) -> str:
         job, attempt = getattr(record, "job_id", None), getattr(record, "attempt", None)
