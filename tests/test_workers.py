@@ -150,3 +150,29 @@ def test_workers_lists_a_running_worker_its_devices_and_its_job(
     # A clean stop leaves the list at once (a crash: after the TTL).
     stack.kill("worker", signal.SIGTERM)
     assert listed(stack) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_workers_reports_its_gpu_and_auto_precision_names_it(
+    database_url: str, redis_server: EmbeddedRedis, tmp_path: Path
+) -> None:
+    s = Stack(tmp_path, database_url, redis_server)
+    del s.env["CUDA_VISIBLE_DEVICES"]  # the stack hides GPUs by default
+    s.env["AMPTRAIN_WORKER_METRICS_PORT"] = str(free_port())
+    try:
+        s.start_api()
+        s.start_worker()
+        worker = wait_until(lambda: listed(s), 120, "the GPU worker in GET /workers")
+        assert worker is not None
+        gpu = next(d for d in worker["devices"] if d["type"] == "cuda")
+        assert gpu["compute_capability"] and gpu["memory_bytes"] > 0
+        assert worker["versions"]["cuda"] and worker["versions"]["cudnn"]
+        spec = {**long_cpu_job(), "device": "cuda", "max_steps": 50}
+        job = s.submit(spec)
+        done = s.wait_for_status(job["id"], "succeeded", "failed", timeout=180)
+        assert done["status"] == "succeeded", done["error"]
+        assert done["precision"]["effective"] == gpu["auto_precision"]["effective"]
+        assert gpu["name"] in done["precision"]["reason"]
+    finally:
+        s.close()
