@@ -35,6 +35,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from api.settings import Settings
 from api.state import jobs
 from api.state.models import Job, utcnow
+from trainer_core.spec import JobSpec
 
 log = logging.getLogger(__name__)
 
@@ -79,9 +80,12 @@ def make_celery(settings: Settings) -> Celery:
     return app
 
 
-def queue_for(device: str) -> str:
-    """The Celery queue a job goes to: ``cpu`` when the spec asks for the CPU, else ``gpu``."""
-    return "cpu" if device == "cpu" else "gpu"
+def queue_for(spec: JobSpec) -> str:
+    """The Celery queue a job goes to: the spec's ``queue`` if it names one, else ``cpu``
+    when it asks for the CPU, else ``gpu``."""
+    if spec.queue:
+        return spec.queue
+    return "cpu" if spec.device == "cpu" else "gpu"
 
 
 class Dispatcher:

@@ -73,10 +73,16 @@ def test_jobs_are_sent_by_name_to_the_queue_of_their_device(
 ) -> None:
     cpu = api.submit(cpu_job())
     gpu = api.submit(cpu_job(device="auto"))
+    a100 = api.submit(cpu_job(device="cuda", queue="gpu-a100"))
     expected = {"task": RUN_JOB, "args": [cpu["id"]], "kwargs": {}}
     assert wait_until(lambda: queued_messages(redis_server, "cpu"), 10, "cpu message") == [expected]
     gpu_messages = wait_until(lambda: queued_messages(redis_server, "gpu"), 10, "gpu message")
     assert [m["args"] for m in gpu_messages] == [[gpu["id"]]]
+    # A spec that names a queue reaches only workers started with -Q for it.
+    a100_messages = wait_until(
+        lambda: queued_messages(redis_server, "gpu-a100"), 10, "gpu-a100 message"
+    )
+    assert [m["args"] for m in a100_messages] == [[a100["id"]]]
     assert wait_until(lambda: job_row(database_url, cpu["id"]).dispatched_at, 10, "dispatched_at")
 
 

@@ -37,10 +37,16 @@ def test_records_arrive_in_order_and_decode(redis_server: EmbeddedRedis) -> None
     entries = [decode(f) for _, f in client.xrange(telemetry_key("j1"))]
     assert [e["step"] for e in entries] == list(range(1, 9))
     assert {e["attempt"] for e in entries} == {2}
-    assert entries[3]["loss"] == 0.25 and entries[3]["skipped"] is False and entries[3]["grad_norm"] is None
+    assert (
+        entries[3]["loss"] == 0.25
+        and entries[3]["skipped"] is False
+        and entries[3]["grad_norm"] is None
+    )
 
 
-def test_outage_buffers_and_delivers_everything_once_redis_is_back(redis_server: EmbeddedRedis) -> None:
+def test_outage_buffers_and_delivers_everything_once_redis_is_back(
+    redis_server: EmbeddedRedis,
+) -> None:
     sink = RedisSink.from_url(redis_server.url, "j1", attempt=1)
     sink.write(records(1, 10))
     redis_server.kill()
@@ -51,7 +57,9 @@ def test_outage_buffers_and_delivers_everything_once_redis_is_back(redis_server:
     assert sorted(set(steps_in_stream(client, "j1"))) == list(range(1, 21))
 
 
-def test_redis_that_lost_its_data_gets_unrecorded_records_again(redis_server: EmbeddedRedis) -> None:
+def test_redis_that_lost_its_data_gets_unrecorded_records_again(
+    redis_server: EmbeddedRedis,
+) -> None:
     client = redis.Redis.from_url(redis_server.url)
     sink = RedisSink.from_url(redis_server.url, "j1", attempt=1)
     sink.write(records(1, 10))

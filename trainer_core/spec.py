@@ -121,6 +121,9 @@ class JobSpec(_Strict):
     """Seeds every random number generator; the same spec and seed give the same run."""
     device: DeviceKind = "auto"
     """``auto`` uses CUDA when the worker has it, else the CPU."""
+    queue: str | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9._-]{0,63}$")
+    """Worker queue to run on, e.g. ``gpu-a100`` for workers started with ``-Q gpu-a100``;
+    default ``gpu``, or ``cpu`` when ``device`` is ``cpu``."""
     auto_micro_batch: bool = False
     """On CUDA out-of-memory, halve the micro-batch and double accumulation instead of failing."""
     max_attempts: int = Field(default=3, ge=1, le=20)

@@ -57,7 +57,7 @@ def submit_job(
             return _replay(existing, digest, response)
     try:
         job = repo.create_job(
-            session, spec, user.name, queue_for(spec.device), idempotency_key, digest
+            session, spec, user.name, queue_for(spec), idempotency_key, digest
         )
     except IntegrityError:
         # A concurrent request with the same key won the insert.
