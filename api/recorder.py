@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import math
 import os
 import socket
 import time
@@ -34,6 +33,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from api import observability
 from api.state import metrics
+from api.state.jsonsafe import finite
 from api.state.models import FINISHED_STATUSES, Job, JobEvent, MetricPoint, utcnow
 from api.state.stream import decode, recorded_key, telemetry_key
 from trainer_core.records import METRIC_FIELDS
@@ -360,7 +360,7 @@ def _event_row(job_id: str, entry_id: str, item: dict[str, Any]) -> dict[str, An
         "type": item["type"],
         "step": item["step"],
         "time": item["time"] if item["time"] is not None else time.time(),
-        "data": _finite(item["data"]),
+        "data": finite(item["data"]),
         "source_id": entry_id,
     }
 
@@ -403,7 +403,7 @@ def _update_progress(
         return
     latest_attempt = max(p["attempt"] for p in new)
     newest = [p for p in new if p["attempt"] == latest_attempt][-1]  # stream order
-    summary = {f: _finite(newest.get(f)) for f in SUMMARY_FIELDS}
+    summary = {f: finite(newest.get(f)) for f in SUMMARY_FIELDS}
     s.execute(
         sa.update(Job)
         .where(Job.id == job_id, Job.attempt == newest["attempt"])
@@ -427,17 +427,6 @@ def _mark_done(s: Session, job_id: str, end_attempts: list[int]) -> bool:
         .execution_options(synchronize_session=False)
     )
     return result.first() is not None
-
-
-def _finite(value: Any) -> Any:
-    """JSON columns reject NaN/Infinity on PostgreSQL: store them as null."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
-    return value
 
 
 def _job_of(key: str) -> str:

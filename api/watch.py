@@ -34,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
-import math
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
 from dataclasses import dataclass
@@ -45,6 +44,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.live import LiveEntry, LiveHub, Position, format_position, parse_position
+from api.state.jsonsafe import finite
 from api.state.metrics import metric_page
 from api.state.models import FINISHED_STATUSES, Job, JobEvent, MetricPoint
 from trainer_core.records import METRIC_FIELDS
@@ -88,7 +88,7 @@ class _Event:
 
 def message(type_: str, cursor: str | None, data: dict[str, Any]) -> str:
     return json.dumps(
-        {"type": type_, "cursor": cursor, "data": _finite(data)}, separators=(",", ":")
+        {"type": type_, "cursor": cursor, "data": finite(data)}, separators=(",", ":")
     )
 
 
@@ -350,14 +350,3 @@ def _entry_text(entry: LiveEntry) -> str:
             }
             entry.text = message("event", cursor, data)
     return entry.text
-
-
-def _finite(value: Any) -> Any:
-    """Strict JSON for browsers: NaN and infinities become null (like the HTTP API)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
-    return value
