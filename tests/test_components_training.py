@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from tests.support.sinks import ListSink
 from trainer_core.engine import RunContext, Trainer
 from trainer_core.spec import parse_spec
 
@@ -34,17 +35,6 @@ PAIRS: dict[str, dict[str, Any]] = {
         "optimizer": {"lr": 1e-2},
     },
 }
-
-
-class ListSink:
-    def __init__(self) -> None:
-        self.items: list[dict[str, Any]] = []
-
-    def write(self, items: list[dict[str, Any]]) -> None:
-        self.items.extend(items)
-
-    def close(self) -> None:
-        pass
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])

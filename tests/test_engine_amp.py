@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tests.support.sinks import ListSink
 from trainer_core.components.base import DataInfo
 from trainer_core.engine import Components, RunContext, Trainer
 from trainer_core.errors import DivergedError, OutOfMemoryError
@@ -41,23 +42,6 @@ class TinyNet(nn.Module):
             raise torch.OutOfMemoryError(f"CUDA out of memory (injected, batch {x.shape[0]})")
         self.samples_seen += x.shape[0]
         return self.fc2(F.gelu(self.fc1(x)))
-
-
-class ListSink:
-    def __init__(self) -> None:
-        self.items: list[dict[str, Any]] = []
-
-    def write(self, items: list[dict[str, Any]]) -> None:
-        self.items += items
-
-    def close(self) -> None:
-        pass
-
-    def metrics(self) -> dict[int, dict[str, Any]]:
-        return {r["step"]: r for r in self.items if r["kind"] == "metric"}
-
-    def events(self, type: str) -> list[dict[str, Any]]:
-        return [r for r in self.items if r["kind"] == "event" and r["type"] == type]
 
 
 def spec(**overrides: Any) -> Any:

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import torch
 
+from tests.support.sinks import ListSink
 from trainer_core.engine import RunContext, Trainer
 from trainer_core.spec import parse_spec
 
@@ -27,17 +28,6 @@ def spec(precision: str, **overrides: Any) -> Any:
             **overrides,
         }
     )
-
-
-class ListSink:
-    def __init__(self) -> None:
-        self.items: list[dict[str, Any]] = []
-
-    def write(self, items: list[dict[str, Any]]) -> None:
-        self.items += items
-
-    def close(self) -> None:
-        pass
 
 
 @pytest.mark.parametrize("precision", ["fp16", "bf16"])
