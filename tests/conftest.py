@@ -7,10 +7,14 @@ import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from api.embedded_redis import EmbeddedRedis
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session, sessionmaker
 
 
 def _short_tmp() -> Path:
@@ -59,6 +63,18 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
     with admin.connect() as conn:
         conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
     admin.dispose()
+
+
+@pytest.fixture
+def sf(database_url: str) -> Iterator[sessionmaker[Session]]:
+    """A session factory on ``database_url`` migrated to head (the engine is disposed after)."""
+    from api.state import migrate
+    from api.state.db import make_engine, make_session_factory
+
+    migrate.upgrade(database_url)
+    engine = make_engine(database_url)
+    yield make_session_factory(engine)
+    engine.dispose()
 
 
 def cuda_available() -> bool:

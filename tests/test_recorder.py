@@ -14,22 +14,13 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from api.embedded_redis import EmbeddedRedis
 from api.recorder import GROUP, Recorder, lock_key
-from api.state import jobs, metrics, migrate
-from api.state.db import make_engine, make_session_factory
+from api.state import jobs, metrics
 from api.state.models import Job, JobEvent, MetricPoint
 from api.state.stream import encode, telemetry_key
 from trainer_core.records import METRIC_FIELDS, event, metric
 from trainer_core.spec import JobSpec
 
 Sessions = sessionmaker[Session]
-
-
-@pytest.fixture
-def sf(database_url: str) -> Iterator[Sessions]:
-    migrate.upgrade(database_url)
-    engine = make_engine(database_url)
-    yield make_session_factory(engine)
-    engine.dispose()
 
 
 @pytest.fixture

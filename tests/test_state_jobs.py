@@ -3,26 +3,17 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 
 import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.state import jobs, migrate
-from api.state.db import database_now, make_engine, make_session_factory
+from api.state import jobs
+from api.state.db import database_now
 from api.state.models import Job, JobEvent
 from trainer_core.spec import JobSpec
 
 EXPIRED = -1.0  # a lease that ended a second ago: claimable at once, no sleeping
-
-
-@pytest.fixture
-def sf(database_url: str) -> Iterator[sessionmaker[Session]]:
-    migrate.upgrade(database_url)
-    engine = make_engine(database_url)
-    yield make_session_factory(engine)
-    engine.dispose()
 
 
 def spec(**kw: object) -> JobSpec:

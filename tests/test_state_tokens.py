@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import stat
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -11,8 +10,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.state import migrate, tokens
-from api.state.db import make_engine, make_session_factory
+from api.state import tokens
 from api.state.models import ApiToken
 
 
@@ -20,14 +18,6 @@ from api.state.models import ApiToken
 class FakeSettings:
     data_dir: Path
     admin_token: str | None = None
-
-
-@pytest.fixture
-def sf(database_url: str) -> Iterator[sessionmaker[Session]]:
-    migrate.upgrade(database_url)
-    engine = make_engine(database_url)
-    yield make_session_factory(engine)
-    engine.dispose()
 
 
 def test_create_and_verify_store_only_the_hash(sf: sessionmaker[Session]) -> None:
