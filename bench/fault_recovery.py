@@ -27,22 +27,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from api.dispatcher import make_celery
 from api.embedded_redis import EmbeddedRedis
 from api.settings import Settings
+from tests.support.specs import mlp_job
 from tests.support.stack import Stack, wait_until
 
 STEPS = 200
 
 
 def spec() -> dict[str, Any]:
-    return {
-        "model": {"name": "mlp"},
-        "dataset": {"name": "synthetic-classification"},
-        "device": "cpu",
-        "precision": "fp32",
-        "batch_size": 32,
-        "max_steps": STEPS,
-        "checkpoint": {"every_steps": 25, "keep_last": 2},
-        "telemetry": {"flush_every_steps": 10, "flush_every_ms": 100},
-    }
+    return mlp_job(
+        STEPS,
+        precision="fp32",
+        batch_size=32,
+        checkpoint={"every_steps": 25, "keep_last": 2},
+        telemetry={"flush_every_steps": 10, "flush_every_ms": 100},
+    )
 
 
 def step_advances(stack: Stack, job_id: str, beyond: int) -> Callable[[], bool]:

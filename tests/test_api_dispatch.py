@@ -20,18 +20,9 @@ from api.settings import Settings
 from api.state import jobs, migrate
 from api.state.db import make_engine, make_session_factory
 from api.state.models import Job, JobEvent, utcnow
+from tests.support.specs import mlp_job
 from tests.support.stack import Stack, wait_until
 from trainer_core.spec import JobSpec
-
-
-def cpu_job(**extra: Any) -> dict[str, Any]:
-    return {
-        "model": {"name": "mlp"},
-        "dataset": {"name": "synthetic-classification"},
-        "device": "cpu",
-        "max_steps": 3,
-        **extra,
-    }
 
 
 def queued_messages(server: EmbeddedRedis, queue: str) -> list[dict[str, Any]]:
@@ -71,9 +62,9 @@ def api(database_url: str, redis_server: EmbeddedRedis, tmp_path: Path) -> Itera
 def test_jobs_are_sent_by_name_to_the_queue_of_their_device(
     api: Stack, redis_server: EmbeddedRedis, database_url: str
 ) -> None:
-    cpu = api.submit(cpu_job())
-    gpu = api.submit(cpu_job(device="auto"))
-    a100 = api.submit(cpu_job(device="cuda", queue="gpu-a100"))
+    cpu = api.submit(mlp_job(3))
+    gpu = api.submit(mlp_job(3, device="auto"))
+    a100 = api.submit(mlp_job(3, device="cuda", queue="gpu-a100"))
     expected = {"task": RUN_JOB, "args": [cpu["id"]], "kwargs": {}}
     assert wait_until(lambda: queued_messages(redis_server, "cpu"), 10, "cpu message") == [expected]
     gpu_messages = wait_until(lambda: queued_messages(redis_server, "gpu"), 10, "gpu message")
@@ -91,7 +82,7 @@ def test_broker_down_at_submit_is_sent_once_redis_returns(
 ) -> None:
     redis_server.stop()
     started = time.monotonic()
-    r = api.client.post("/jobs", json=cpu_job())
+    r = api.client.post("/jobs", json=mlp_job(3))
     elapsed = time.monotonic() - started
     assert r.status_code == 201, r.text
     assert r.json()["status"] == "queued"
@@ -146,7 +137,7 @@ def dispatcher(
 
 def new_job(d: Dispatcher, **extra: Any) -> str:
     with d.sessions() as s:
-        job = jobs.create_job(s, JobSpec.model_validate(cpu_job(**extra)), "admin", "cpu")
+        job = jobs.create_job(s, JobSpec.model_validate(mlp_job(3, **extra)), "admin", "cpu")
         s.commit()
         return job.id
 

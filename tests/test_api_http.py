@@ -16,21 +16,15 @@ from api.embedded_redis import EmbeddedRedis
 from api.state import jobs, tokens
 from api.state.db import make_engine, make_session_factory
 from api.state.stream import cancel_key, encode, telemetry_key
+from tests.support.specs import mlp_job
 from tests.support.stack import Stack, wait_until
 from trainer_core.records import METRIC_FIELDS, metric
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def cpu_job(**extra: Any) -> dict[str, Any]:
-    return {
-        "name": "tiny",
-        "model": {"name": "mlp", "args": {}},
-        "dataset": {"name": "synthetic-classification", "args": {}},
-        "device": "cpu",
-        "max_steps": 5,
-        **extra,
-    }
+def cpu_job(**overrides: Any) -> dict[str, Any]:
+    return mlp_job(**{"name": "tiny", "max_steps": 5, **overrides})
 
 
 @pytest.fixture

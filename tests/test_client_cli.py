@@ -18,8 +18,8 @@ import yaml
 from api.client import Client, ClientConfig, resolve_config
 from api.embedded_redis import EmbeddedRedis
 from tests.support.producer import Producer
+from tests.support.specs import service_job
 from tests.support.stack import Stack, wait_until
-from tests.test_e2e_service import mlp_job
 
 pytestmark = pytest.mark.slow
 
@@ -50,7 +50,7 @@ def amptrain(stack: Stack, *args: str, timeout: float = 180) -> subprocess.Compl
 def test_submit_watch_exits_zero_and_the_other_commands_work(stack: Stack, tmp_path: Path) -> None:
     stack.start_worker()
     spec = tmp_path / "job.yaml"
-    spec.write_text(yaml.safe_dump(mlp_job(max_steps=20)))
+    spec.write_text(yaml.safe_dump(service_job(max_steps=20)))
     done = amptrain(stack, "submit", str(spec), "--watch")
     assert done.returncode == 0, done.stderr
     job_id = done.stdout.split()[0]
@@ -78,7 +78,7 @@ def test_watch_of_a_failing_spec_or_job_exits_non_zero(stack: Stack, tmp_path: P
     bad.write_text('{"name": "x", "model": {"name": "nope"}, "max_steps": 0}')
     refused = amptrain(stack, "submit", str(bad))
     assert refused.returncode == 2 and "max_steps" in refused.stderr
-    queued = stack.submit(mlp_job(max_steps=5))
+    queued = stack.submit(service_job(max_steps=5))
     assert stack.client.post(f"/jobs/{queued['id']}/cancel").status_code == 202
     watched = amptrain(stack, "watch", queued["id"])
     assert watched.returncode == 1 and "cancelled" in watched.stderr
@@ -89,7 +89,7 @@ def test_watch_of_a_failing_spec_or_job_exits_non_zero(stack: Stack, tmp_path: P
 def test_watch_resumes_across_an_api_restart(
     stack: Stack, database_url: str, redis_server: EmbeddedRedis
 ) -> None:
-    job = stack.submit(mlp_job(max_steps=100))
+    job = stack.submit(service_job(max_steps=100))
     producer = Producer(redis_server.url, database_url, job["id"])
     client = Client(ClientConfig(f"http://127.0.0.1:{stack.port}", stack.token))
     reconnects: list[str | None] = []

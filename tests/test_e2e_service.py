@@ -11,25 +11,11 @@ import httpx
 import pytest
 
 from api.embedded_redis import EmbeddedRedis
+from tests.support.specs import service_job
 from tests.support.stack import Stack, wait_until
 from trainer_core.records import METRIC_FIELDS
 
 pytestmark = pytest.mark.slow
-
-
-def mlp_job(precision: str = "fp32", max_steps: int = 30, **extra: Any) -> dict[str, Any]:
-    return {
-        "name": f"mlp-{precision}",
-        "model": {"name": "mlp", "args": {}},
-        "dataset": {"name": "synthetic-classification", "args": {}},
-        "precision": precision,
-        "device": "cpu",
-        "batch_size": 32,
-        "max_steps": max_steps,
-        "telemetry": {"flush_every_steps": 5, "flush_every_ms": 200},
-        "checkpoint": {"every_steps": 10, "keep_last": 2},
-        **extra,
-    }
 
 
 @pytest.fixture
@@ -52,7 +38,7 @@ def wait_for_points(stack: Stack, job_id: str, count: int) -> list[dict[str, Any
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
 def test_job_trains_and_reports_every_step(stack: Stack, precision: str) -> None:
-    job = stack.submit(mlp_job(precision))
+    job = stack.submit(service_job(precision))
     assert job["status"] == "queued"
     done = stack.wait_for_status(job["id"], "succeeded", "failed")
     assert done["status"] == "succeeded", done["error"]
@@ -83,7 +69,7 @@ def test_job_trains_and_reports_every_step(stack: Stack, precision: str) -> None
 
 
 def test_cursor_paging_returns_every_point_once(stack: Stack) -> None:
-    job = stack.submit(mlp_job(max_steps=40))
+    job = stack.submit(service_job(max_steps=40))
     stack.wait_for_status(job["id"], "succeeded")
     wait_for_points(stack, job["id"], 40)
     paged = stack.all_metrics(job["id"], limit=7)
@@ -96,7 +82,7 @@ def test_cursor_paging_returns_every_point_once(stack: Stack) -> None:
 
 
 def test_idempotent_resubmission_returns_the_same_job(stack: Stack) -> None:
-    spec = mlp_job(max_steps=5)
+    spec = service_job(max_steps=5)
     first = stack.client.post("/jobs", json=spec, headers={"Idempotency-Key": "abc"})
     again = stack.client.post("/jobs", json=spec, headers={"Idempotency-Key": "abc"})
     other = stack.client.post(
@@ -109,7 +95,7 @@ def test_idempotent_resubmission_returns_the_same_job(stack: Stack) -> None:
 
 
 def test_cancel_stops_a_long_job(stack: Stack) -> None:
-    job = stack.submit(mlp_job(max_steps=1_000_000))
+    job = stack.submit(service_job(max_steps=1_000_000))
     stack.wait_for_status(job["id"], "running")
     wait_until(lambda: stack.job(job["id"])["step"] > 0, 60, "the first recorded step")
     assert stack.client.post(f"/jobs/{job['id']}/cancel").status_code == 202
@@ -128,7 +114,7 @@ def test_requests_without_a_token_are_refused(stack: Stack) -> None:
 
 def test_api_restart_mid_run_loses_no_metric_or_event(stack: Stack) -> None:
     job = stack.submit(
-        mlp_job(max_steps=400, telemetry={"flush_every_steps": 10, "flush_every_ms": 100})
+        service_job(max_steps=400, telemetry={"flush_every_steps": 10, "flush_every_ms": 100})
     )
     wait_until(lambda: stack.job(job["id"])["step"] >= 20, 60, "some recorded steps")
     stack.kill(

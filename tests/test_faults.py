@@ -17,8 +17,9 @@ import torch
 from api.dispatcher import make_celery
 from api.embedded_redis import EmbeddedRedis
 from api.settings import Settings
+from tests.support.specs import service_job
 from tests.support.stack import Stack, wait_until
-from tests.test_e2e_service import mlp_job, wait_for_points
+from tests.test_e2e_service import wait_for_points
 
 pytestmark = pytest.mark.slow
 
@@ -26,7 +27,7 @@ STEPS = 240
 
 
 def long_job(**extra: Any) -> dict[str, Any]:
-    return mlp_job(
+    return service_job(
         max_steps=STEPS,
         checkpoint={"every_steps": 40, "keep_last": 10},
         telemetry={"flush_every_steps": 10, "flush_every_ms": 100},
@@ -138,7 +139,7 @@ def test_redis_restart_mid_job_loses_no_point(two_workers: Stack, lose_data: boo
 def test_job_submitted_while_the_broker_is_down_runs_once_it_is_back(two_workers: Stack) -> None:
     stack = two_workers
     stack.redis_server.kill()
-    r = stack.client.post("/jobs", json=mlp_job(max_steps=10))
+    r = stack.client.post("/jobs", json=service_job(max_steps=10))
     assert r.status_code == 201 and r.json()["status"] == "queued"
     stack.redis_server.start()
     done = stack.wait_for_status(r.json()["id"], "succeeded", "failed", timeout=120)
@@ -162,7 +163,7 @@ def test_sigterm_worker_requeues_its_job_which_resumes_and_succeeds(two_workers:
 
 def test_out_of_memory_fails_once_without_pointless_retries(two_workers: Stack) -> None:
     stack = two_workers
-    huge = mlp_job(max_steps=3, batch_size=1_000_000)
+    huge = service_job(max_steps=3, batch_size=1_000_000)
     huge.update(
         model={"name": "cnn", "args": {}},
         dataset={
@@ -179,7 +180,7 @@ def test_out_of_memory_fails_once_without_pointless_retries(two_workers: Stack) 
 
 def test_diverging_job_fails_naming_the_step(two_workers: Stack) -> None:
     stack = two_workers
-    spec = mlp_job(
+    spec = service_job(
         max_steps=50, precision="fp32", grad_clip_norm=None, telemetry={"flush_every_steps": 1}
     )
     spec["optimizer"] = {"name": "sgd", "lr": 1e12}

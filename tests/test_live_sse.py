@@ -13,8 +13,8 @@ import pytest
 
 from api.embedded_redis import EmbeddedRedis
 from tests.support.producer import Producer
+from tests.support.specs import mlp_job
 from tests.support.stack import Stack
-from tests.test_live_ws import spec
 
 pytestmark = pytest.mark.slow
 
@@ -65,7 +65,7 @@ def steps(messages: list[dict[str, Any]]) -> list[int]:
 def test_sse_resumes_with_last_event_id(
     stack: Stack, database_url: str, redis_server: EmbeddedRedis
 ) -> None:
-    job = stack.submit(spec())
+    job = stack.submit(mlp_job(100, name="live", precision="fp32", batch_size=8))
     producer = Producer(redis_server.url, database_url, job["id"])
     try:
         producer.start()
@@ -84,7 +84,7 @@ def test_sse_resumes_with_last_event_id(
 
 
 def test_sse_needs_a_token_and_a_valid_cursor(stack: Stack) -> None:
-    job = stack.submit(spec())
+    job = stack.submit(mlp_job(100, name="live", precision="fp32", batch_size=8))
     anonymous = httpx.get(f"http://127.0.0.1:{stack.port}/jobs/{job['id']}/stream")
     assert anonymous.status_code == 401
     bad = stack.client.get(f"/jobs/{job['id']}/stream", headers={"Last-Event-ID": "nope"})

@@ -18,21 +18,10 @@ from api.state import tokens
 from api.state.db import make_engine, make_session_factory
 from tests.support.live import StalledSocket, last_cursor, steps_of, watch, ws_url
 from tests.support.producer import Producer
+from tests.support.specs import mlp_job
 from tests.support.stack import Stack, wait_until
 
 pytestmark = pytest.mark.slow
-
-
-def spec(max_steps: int = 100) -> dict[str, Any]:
-    return {
-        "name": "live",
-        "model": {"name": "mlp", "args": {}},
-        "dataset": {"name": "synthetic-classification", "args": {}},
-        "precision": "fp32",
-        "device": "cpu",
-        "batch_size": 8,
-        "max_steps": max_steps,
-    }
 
 
 @pytest.fixture
@@ -47,7 +36,7 @@ def stack(database_url: str, redis_server: EmbeddedRedis, tmp_path: Path) -> Ite
 
 @pytest.fixture
 def producer(stack: Stack, database_url: str, redis_server: EmbeddedRedis) -> Iterator[Producer]:
-    job = stack.submit(spec())
+    job = stack.submit(mlp_job(100, name="live", precision="fp32", batch_size=8))
     p = Producer(redis_server.url, database_url, job["id"])
     yield p
     p.close()

@@ -15,6 +15,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from api.embedded_redis import EmbeddedRedis
 from api.logs import configure_logging, log_context
+from tests.support.specs import mlp_job
 from tests.support.stack import Stack, free_port, wait_until
 
 # -- logs -------------------------------------------------------------------------
@@ -85,19 +86,6 @@ def route_requests(series: dict[Any, float], route: str) -> float:
     )
 
 
-def cpu_job(max_steps: int) -> dict[str, Any]:
-    return {
-        "name": "metrics",
-        "model": {"name": "mlp", "args": {}},
-        "dataset": {"name": "synthetic-classification", "args": {}},
-        "precision": "fp32",
-        "device": "cpu",
-        "batch_size": 16,
-        "max_steps": max_steps,
-        "telemetry": {"flush_every_steps": 5, "flush_every_ms": 100},
-    }
-
-
 @pytest.fixture
 def stack(database_url: str, redis_server: EmbeddedRedis, tmp_path: Path) -> Iterator[Stack]:
     s = Stack(tmp_path, database_url, redis_server)
@@ -116,7 +104,15 @@ def test_metrics_move_when_a_job_runs(stack: Stack) -> None:
     assert value(before, "amptrain_live_watchers") == 0
 
     # No worker yet: the job waits in the broker's cpu queue.
-    job = stack.submit(cpu_job(20))
+    job = stack.submit(
+        mlp_job(
+            20,
+            name="metrics",
+            precision="fp32",
+            batch_size=16,
+            telemetry={"flush_every_steps": 5, "flush_every_ms": 100},
+        )
+    )
     wait_until(
         lambda: value(scrape(stack), "amptrain_queue_depth", queue="cpu") == 1,
         30,

@@ -16,23 +16,24 @@ from prometheus_client.parser import text_string_to_metric_families
 from api.embedded_redis import EmbeddedRedis
 from api.state import tokens
 from api.state.db import make_engine, make_session_factory
+from tests.support.specs import mlp_job
 from tests.support.stack import Stack, free_port, wait_until
 from worker import devices
 
 CPU_ENV = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
 
 
-def long_cpu_job() -> dict[str, Any]:
-    return {
-        "name": "long",
-        "model": {"name": "mlp", "args": {}},
-        "dataset": {"name": "synthetic-classification", "args": {}},
-        "precision": "auto",
-        "device": "cpu",
-        "batch_size": 16,
-        "max_steps": 1_000_000,
-        "telemetry": {"flush_every_steps": 5, "flush_every_ms": 100},
-    }
+def long_cpu_job(**overrides: Any) -> dict[str, Any]:
+    return mlp_job(
+        **{
+            "name": "long",
+            "precision": "auto",
+            "batch_size": 16,
+            "max_steps": 1_000_000,
+            "telemetry": {"flush_every_steps": 5, "flush_every_ms": 100},
+            **overrides,
+        }
+    )
 
 
 def test_capability_report_on_a_cpu_host() -> None:
@@ -168,7 +169,7 @@ def test_workers_reports_its_gpu_and_auto_precision_names_it(
         gpu = next(d for d in worker["devices"] if d["type"] == "cuda")
         assert gpu["compute_capability"] and gpu["memory_bytes"] > 0
         assert worker["versions"]["cuda"] and worker["versions"]["cudnn"]
-        spec = {**long_cpu_job(), "device": "cuda", "max_steps": 50}
+        spec = long_cpu_job(device="cuda", max_steps=50)
         job = s.submit(spec)
         done = s.wait_for_status(job["id"], "succeeded", "failed", timeout=180)
         assert done["status"] == "succeeded", done["error"]
