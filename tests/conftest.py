@@ -16,6 +16,8 @@ from api.embedded_redis import EmbeddedRedis
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session, sessionmaker
 
+    from tests.support.stack import Stack
+
 
 def _short_tmp() -> Path:
     # Unix socket paths are limited to ~107 bytes; pytest's tmp_path can be longer.
@@ -75,6 +77,18 @@ def sf(database_url: str) -> Iterator[sessionmaker[Session]]:
     engine = make_engine(database_url)
     yield make_session_factory(engine)
     engine.dispose()
+
+
+@pytest.fixture
+def api_stack(database_url: str, redis_server: EmbeddedRedis, tmp_path: Path) -> Iterator[Stack]:
+    """The API alone (uvicorn in a subprocess, no worker): jobs stay queued unless a test
+    moves them or starts a worker itself."""
+    from tests.support.stack import Stack
+
+    stack = Stack(tmp_path, database_url, redis_server)
+    stack.start_api()
+    yield stack
+    stack.close()
 
 
 def cuda_available() -> bool:

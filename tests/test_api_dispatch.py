@@ -51,20 +51,12 @@ def job_row(database_url: str, job_id: str) -> Job:
         engine.dispose()
 
 
-@pytest.fixture
-def api(database_url: str, redis_server: EmbeddedRedis, tmp_path: Path) -> Iterator[Stack]:
-    stack = Stack(tmp_path, database_url, redis_server)
-    stack.start_api()
-    yield stack
-    stack.close()
-
-
 def test_jobs_are_sent_by_name_to_the_queue_of_their_device(
-    api: Stack, redis_server: EmbeddedRedis, database_url: str
+    api_stack: Stack, redis_server: EmbeddedRedis, database_url: str
 ) -> None:
-    cpu = api.submit(mlp_job(3))
-    gpu = api.submit(mlp_job(3, device="auto"))
-    a100 = api.submit(mlp_job(3, device="cuda", queue="gpu-a100"))
+    cpu = api_stack.submit(mlp_job(3))
+    gpu = api_stack.submit(mlp_job(3, device="auto"))
+    a100 = api_stack.submit(mlp_job(3, device="cuda", queue="gpu-a100"))
     expected = {"task": RUN_JOB, "args": [cpu["id"]], "kwargs": {}}
     assert wait_until(lambda: queued_messages(redis_server, "cpu"), 10, "cpu message") == [expected]
     gpu_messages = wait_until(lambda: queued_messages(redis_server, "gpu"), 10, "gpu message")
@@ -78,16 +70,16 @@ def test_jobs_are_sent_by_name_to_the_queue_of_their_device(
 
 
 def test_broker_down_at_submit_is_sent_once_redis_returns(
-    api: Stack, redis_server: EmbeddedRedis, database_url: str
+    api_stack: Stack, redis_server: EmbeddedRedis, database_url: str
 ) -> None:
     redis_server.stop()
     started = time.monotonic()
-    r = api.client.post("/jobs", json=mlp_job(3))
+    r = api_stack.client.post("/jobs", json=mlp_job(3))
     elapsed = time.monotonic() - started
     assert r.status_code == 201, r.text
     assert r.json()["status"] == "queued"
     assert elapsed < 2.0, f"a dead broker slowed the request: {elapsed:.2f}s"
-    ready = api.client.get("/readyz")
+    ready = api_stack.client.get("/readyz")
     assert ready.status_code == 503 and ready.json()["detail"]["redis"] != "ok"
     job_id = r.json()["id"]
     assert job_row(database_url, job_id).dispatched_at is None
@@ -96,7 +88,7 @@ def test_broker_down_at_submit_is_sent_once_redis_returns(
     messages = wait_until(lambda: queued_messages(redis_server, "cpu"), 20, "the re-sent job")
     assert [m["args"] for m in messages] == [[job_id]]
     assert wait_until(lambda: job_row(database_url, job_id).dispatched_at, 10, "dispatched_at")
-    assert api.client.get("/readyz").status_code == 200
+    assert api_stack.client.get("/readyz").status_code == 200
 
 
 def test_only_one_dispatcher_leads(session_redis: EmbeddedRedis, tmp_path: Path) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,18 +26,8 @@ def cpu_job(**overrides: Any) -> dict[str, Any]:
     return mlp_job(**{"name": "tiny", "max_steps": 5, **overrides})
 
 
-@pytest.fixture
-def api(database_url: str, redis_server: EmbeddedRedis, tmp_path: Path) -> Iterator[Stack]:
-    """The API alone (no worker): jobs stay queued unless a test moves them."""
-    stack = Stack(tmp_path, database_url, redis_server)
-    stack.database_url = database_url  # type: ignore[attr-defined]
-    stack.start_api()
-    yield stack
-    stack.close()
-
-
 def user_client(stack: Stack, name: str, admin: bool = False) -> httpx.Client:
-    engine = make_engine(stack.database_url)  # type: ignore[attr-defined]
+    engine = make_engine(stack.env["AMPTRAIN_DATABASE_URL"])
     with make_session_factory(engine)() as s:
         token = tokens.create_token(s, name, is_admin=admin)
         s.commit()
@@ -61,8 +50,8 @@ def fields(response: httpx.Response) -> set[str]:
     return {p["field"] for p in body["detail"]}
 
 
-def test_health_is_open_everything_else_needs_a_token(api: Stack) -> None:
-    with anonymous(api) as anon:
+def test_health_is_open_everything_else_needs_a_token(api_stack: Stack) -> None:
+    with anonymous(api_stack) as anon:
         assert anon.get("/healthz").json() == {"status": "ok"}
         ready = anon.get("/readyz")
         assert ready.status_code == 200 and ready.json()["database"] == "ok", ready.text
@@ -81,14 +70,14 @@ def test_health_is_open_everything_else_needs_a_token(api: Stack) -> None:
             assert r.headers["www-authenticate"] == "Bearer"
         bad = anon.get("/jobs", headers={"Authorization": "Bearer not-a-token"})
         assert bad.status_code == 401
-    catalog = api.client.get("/catalog").json()
+    catalog = api_stack.client.get("/catalog").json()
     assert "mlp" in catalog["models"] and "fp16" in catalog["precisions"]
-    missing = api.client.get("/no-such-route")
+    missing = api_stack.client.get("/no-such-route")
     assert missing.status_code == 404 and missing.json()["error"] == "not_found"
 
 
-def test_422_names_each_bad_field(api: Stack) -> None:
-    c = api.client
+def test_422_names_each_bad_field(api_stack: Stack) -> None:
+    c = api_stack.client
     assert fields(c.post("/jobs", json=cpu_job(precision="fp8"))) == {"precision"}
     spec = cpu_job(max_step=5)
     del spec["max_steps"]
@@ -105,8 +94,8 @@ def test_422_names_each_bad_field(api: Stack) -> None:
     assert c.get("/jobs").json()["items"] == []  # nothing was created by the bad requests
 
 
-def test_submit_read_and_idempotency(api: Stack) -> None:
-    c = api.client
+def test_submit_read_and_idempotency(api_stack: Stack) -> None:
+    c = api_stack.client
     first = c.post("/jobs", json=cpu_job(), headers={"Idempotency-Key": "k1"})
     assert first.status_code == 201, first.text
     job = first.json()
@@ -126,7 +115,7 @@ def test_submit_read_and_idempotency(api: Stack) -> None:
     assert other.status_code == 409 and other.json()["error"] == "conflict"
     # Without a key every POST is a new job; the same key of another user is another job.
     assert c.post("/jobs", json=cpu_job()).json()["id"] != job["id"]
-    with user_client(api, "alice") as alice:
+    with user_client(api_stack, "alice") as alice:
         theirs = alice.post("/jobs", json=cpu_job(), headers={"Idempotency-Key": "k1"})
         assert theirs.status_code == 201 and theirs.json()["id"] != job["id"]
     events = c.get(f"/jobs/{job['id']}/events").json()
@@ -137,8 +126,8 @@ def test_submit_read_and_idempotency(api: Stack) -> None:
     )
 
 
-def test_list_pages_newest_first_and_owners_see_only_their_jobs(api: Stack) -> None:
-    with user_client(api, "alice") as alice, user_client(api, "bob") as bob:
+def test_list_pages_newest_first_and_owners_see_only_their_jobs(api_stack: Stack) -> None:
+    with user_client(api_stack, "alice") as alice, user_client(api_stack, "bob") as bob:
         mine = [alice.post("/jobs", json=cpu_job(name=f"a{i}")).json()["id"] for i in range(5)]
         bobs = bob.post("/jobs", json=cpu_job(name="b")).json()["id"]
         seen: list[str] = []
@@ -162,12 +151,14 @@ def test_list_pages_newest_first_and_owners_see_only_their_jobs(api: Stack) -> N
         assert [j["id"] for j in cancelled] == [mine[0]]
         both = alice.get("/jobs", params={"status": "queued,cancelled"}).json()["items"]
         assert len(both) == 5
-    admin_view = [j["id"] for j in api.client.get("/jobs", params={"limit": 200}).json()["items"]]
+    admin_view = [
+        j["id"] for j in api_stack.client.get("/jobs", params={"limit": 200}).json()["items"]
+    ]
     assert admin_view == [bobs, *mine[::-1]]
 
 
-def test_cancel_queued_then_running(api: Stack, redis_server: EmbeddedRedis) -> None:
-    c = api.client
+def test_cancel_queued_then_running(api_stack: Stack, redis_server: EmbeddedRedis) -> None:
+    c = api_stack.client
     queued = c.post("/jobs", json=cpu_job()).json()
     r = c.post(f"/jobs/{queued['id']}/cancel")
     assert r.status_code == 202 and r.json()["status"] == "cancelled"
@@ -178,7 +169,7 @@ def test_cancel_queued_then_running(api: Stack, redis_server: EmbeddedRedis) -> 
     assert types == ["queued", "cancelled"]
 
     running = c.post("/jobs", json=cpu_job()).json()
-    engine = make_engine(api.database_url)  # type: ignore[attr-defined]
+    engine = make_engine(api_stack.env["AMPTRAIN_DATABASE_URL"])
     with make_session_factory(engine)() as s:
         assert jobs.claim(s, running["id"], "test-worker", 30) == 1
         s.commit()
@@ -197,10 +188,12 @@ def test_api_app_never_imports_torch() -> None:
     assert result.returncode == 0, result.stderr[-2000:]
 
 
-def test_metrics_page_through_recorded_points_once(api: Stack, redis_server: EmbeddedRedis) -> None:
-    c = api.client
+def test_metrics_page_through_recorded_points_once(
+    api_stack: Stack, redis_server: EmbeddedRedis
+) -> None:
+    c = api_stack.client
     job = c.post("/jobs", json=cpu_job(max_steps=25)).json()
-    engine = make_engine(api.database_url)  # type: ignore[attr-defined]
+    engine = make_engine(api_stack.env["AMPTRAIN_DATABASE_URL"])
     with make_session_factory(engine)() as s:
         attempt = jobs.claim(s, job["id"], "test-worker", 30)
         s.commit()
@@ -216,7 +209,7 @@ def test_metrics_page_through_recorded_points_once(api: Stack, redis_server: Emb
         client.xadd(telemetry_key(job["id"]), dict(fields_))  # type: ignore[arg-type]
 
     def all_points() -> list[dict[str, Any]]:
-        pts = api.all_metrics(job["id"], limit=7)
+        pts = api_stack.all_metrics(job["id"], limit=7)
         return pts if len(pts) >= 25 else []
 
     points = wait_until(all_points, 20, "25 points")

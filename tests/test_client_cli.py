@@ -8,7 +8,6 @@ import asyncio
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,14 +21,6 @@ from tests.support.specs import service_job
 from tests.support.stack import Stack, wait_until
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def stack(database_url: str, redis_server: EmbeddedRedis, tmp_path: Path) -> Iterator[Stack]:
-    s = Stack(tmp_path, database_url, redis_server)
-    s.start_api()
-    yield s
-    s.close()
 
 
 def amptrain(stack: Stack, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
@@ -47,51 +38,53 @@ def amptrain(stack: Stack, *args: str, timeout: float = 180) -> subprocess.Compl
     )
 
 
-def test_submit_watch_exits_zero_and_the_other_commands_work(stack: Stack, tmp_path: Path) -> None:
-    stack.start_worker()
+def test_submit_watch_exits_zero_and_the_other_commands_work(
+    api_stack: Stack, tmp_path: Path
+) -> None:
+    api_stack.start_worker()
     spec = tmp_path / "job.yaml"
     spec.write_text(yaml.safe_dump(service_job(max_steps=20)))
-    done = amptrain(stack, "submit", str(spec), "--watch")
+    done = amptrain(api_stack, "submit", str(spec), "--watch")
     assert done.returncode == 0, done.stderr
     job_id = done.stdout.split()[0]
     assert "succeeded" in done.stderr
-    assert stack.job(job_id)["status"] == "succeeded"
+    assert api_stack.job(job_id)["status"] == "succeeded"
 
-    listed = amptrain(stack, "jobs")
+    listed = amptrain(api_stack, "jobs")
     assert listed.returncode == 0 and job_id[:10] in listed.stdout
-    logs = amptrain(stack, "logs", job_id)
+    logs = amptrain(api_stack, "logs", job_id)
     assert logs.returncode == 0
     assert [w for w in ("queued", "started", "succeeded") if w in logs.stdout] == [
         "queued",
         "started",
         "succeeded",
     ]
-    again = amptrain(stack, "watch", job_id, "--json")
+    again = amptrain(api_stack, "watch", job_id, "--json")
     assert again.returncode == 0
     assert again.stdout.count('"type": "metric"') == 20
-    finished = amptrain(stack, "cancel", job_id)
+    finished = amptrain(api_stack, "cancel", job_id)
     assert finished.returncode == 2 and "already succeeded" in finished.stderr
 
 
-def test_watch_of_a_failing_spec_or_job_exits_non_zero(stack: Stack, tmp_path: Path) -> None:
+def test_watch_of_a_failing_spec_or_job_exits_non_zero(api_stack: Stack, tmp_path: Path) -> None:
     bad = tmp_path / "bad.json"
     bad.write_text('{"name": "x", "model": {"name": "nope"}, "max_steps": 0}')
-    refused = amptrain(stack, "submit", str(bad))
+    refused = amptrain(api_stack, "submit", str(bad))
     assert refused.returncode == 2 and "max_steps" in refused.stderr
-    queued = stack.submit(service_job(max_steps=5))
-    assert stack.client.post(f"/jobs/{queued['id']}/cancel").status_code == 202
-    watched = amptrain(stack, "watch", queued["id"])
+    queued = api_stack.submit(service_job(max_steps=5))
+    assert api_stack.client.post(f"/jobs/{queued['id']}/cancel").status_code == 202
+    watched = amptrain(api_stack, "watch", queued["id"])
     assert watched.returncode == 1 and "cancelled" in watched.stderr
-    unauthorized = amptrain(stack, "jobs", "--token", "wrong")
+    unauthorized = amptrain(api_stack, "jobs", "--token", "wrong")
     assert unauthorized.returncode == 3
 
 
 def test_watch_resumes_across_an_api_restart(
-    stack: Stack, database_url: str, redis_server: EmbeddedRedis
+    api_stack: Stack, database_url: str, redis_server: EmbeddedRedis
 ) -> None:
-    job = stack.submit(service_job(max_steps=100))
+    job = api_stack.submit(service_job(max_steps=100))
     producer = Producer(redis_server.url, database_url, job["id"])
-    client = Client(ClientConfig(f"http://127.0.0.1:{stack.port}", stack.token))
+    client = Client(ClientConfig(f"http://127.0.0.1:{api_stack.port}", api_stack.token))
     reconnects: list[str | None] = []
 
     async def follow() -> list[dict[str, Any]]:
@@ -100,9 +93,9 @@ def test_watch_resumes_across_an_api_restart(
             got.append(msg)
             if msg["type"] == "metric" and msg["data"]["step"] == 40:
                 # The server dies under the watcher; more steps arrive while it is away.
-                await asyncio.to_thread(stack.kill, "api", signal.SIGKILL)
+                await asyncio.to_thread(api_stack.kill, "api", signal.SIGKILL)
                 producer.steps(51, 80)
-                await asyncio.to_thread(stack.start_api)
+                await asyncio.to_thread(api_stack.start_api)
                 producer.steps(81, 100)
                 producer.finish(step=100)
         return got
@@ -117,7 +110,7 @@ def test_watch_resumes_across_an_api_restart(
     assert [m["data"]["step"] for m in got if m["type"] == "metric"] == list(range(1, 101))
     assert got[-1]["type"] == "end" and got[-1]["data"]["status"] == "succeeded"
     assert reconnects and reconnects[0] is not None
-    wait_until(lambda: stack.job(job["id"])["step"] == 100, 30, "all steps recorded")
+    wait_until(lambda: api_stack.job(job["id"])["step"] == 100, 30, "all steps recorded")
 
 
 def test_url_and_token_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
