@@ -33,7 +33,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from starlette.types import Receive, Scope, Send
 
 from api.auth import authenticate, bearer_token
-from api.deps import CurrentUser, ServicesDep, SessionDep, visible_job
+from api.deps import CurrentUser, SessionDep, visible_job
 from api.errors import ValidationFailed
 from api.live import LiveHub
 from api.state.jobs import get_job
@@ -52,6 +52,18 @@ CLOSE_BAD_CURSOR = 4400
 def get_hub(app: Any) -> LiveHub:
     hub: LiveHub = app.state.hub
     return hub
+
+
+def open_watch(app: Any, job_id: str, after: str | None) -> Watch:
+    """One watcher's message stream (history after ``after``, then live), for WS and SSE alike."""
+    services = app.state.services
+    return Watch(
+        get_hub(app),
+        services.session_factory,
+        job_id,
+        after,
+        heartbeat_s=services.settings.live_heartbeat_seconds,
+    )
 
 
 # -- WebSocket --------------------------------------------------------------------------
@@ -94,13 +106,7 @@ async def watch_ws(ws: WebSocket, job_id: str, after: str | None = None) -> None
     if after is not None and not _valid_cursor(after):
         await ws.close(code=CLOSE_BAD_CURSOR, reason="after: expected a cursor 'MS-SEQ'")
         return
-    watch = Watch(
-        get_hub(ws.app),
-        services.session_factory,
-        job_id,
-        after,
-        heartbeat_s=services.settings.live_heartbeat_seconds,
-    )
+    watch = open_watch(ws.app, job_id, after)
     pump = asyncio.create_task(_pump(ws, watch))
     listen = asyncio.create_task(_until_disconnect(ws))
     cut = asyncio.create_task(watch.overflowed.wait())
@@ -184,7 +190,6 @@ def watch_sse(
     request: Request,
     session: SessionDep,
     user: CurrentUser,
-    services: ServicesDep,
     after: Annotated[str | None, Query(description="Resume after this cursor.")] = None,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
 ) -> StreamingResponse:
@@ -201,11 +206,4 @@ def watch_sse(
                 }
             ]
         )
-    watch = Watch(
-        get_hub(request.app),
-        services.session_factory,
-        job_id,
-        cursor,
-        heartbeat_s=services.settings.live_heartbeat_seconds,
-    )
-    return _SSEResponse(watch)
+    return _SSEResponse(open_watch(request.app, job_id, cursor))
