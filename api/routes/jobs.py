@@ -56,9 +56,7 @@ def submit_job(
         if existing is not None:
             return _replay(existing, digest, response)
     try:
-        job = repo.create_job(
-            session, spec, user.name, queue_for(spec), idempotency_key, digest
-        )
+        job = repo.create_job(session, spec, user.name, queue_for(spec), idempotency_key, digest)
     except IntegrityError:
         # A concurrent request with the same key won the insert.
         session.rollback()
