@@ -77,7 +77,7 @@ class AmpStep:
                 logits = self.model(inputs)
                 with fp32_island():
                     loss = self.loss_fn(logits.float(), targets)
-            scaled = loss / accum
+            scaled = loss / accum if accum > 1 else loss
             if self.scaler is not None:
                 scaled = self.scaler.scale(scaled)
             scaled.backward()
