@@ -57,6 +57,12 @@ return 0
 Entry = tuple[str, dict[Any, Any] | None]
 
 
+LINGER_S = 0.05
+"""After a small batch, wait this long before the next read (see :meth:`Recorder.run`)."""
+REFRESH_S = 1.0
+"""How often the set of jobs to record is re-read from SQL (and their locks renewed)."""
+
+
 def lock_key(job_id: str) -> str:
     return f"amptrain:recorder:job:{job_id}"
 
@@ -97,6 +103,7 @@ class Recorder:
         self.consumer = consumer or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.owned: dict[str, _Owned] = {}
         self._groups: set[str] = set()
+        self._refreshed_at = 0.0
 
     # -- loop ------------------------------------------------------------------
 
@@ -111,6 +118,11 @@ class Recorder:
                     backoff = 0.5
                     if not self.owned or (moved == 0 and self.block_ms == 0):
                         stop_event.wait(self.block_ms / 1000 or 0.5)
+                    elif 0 < moved < self.batch:
+                        # Let a few more entries gather: one transaction per 50 ms instead
+                        # of one per step keeps the API's event loop (same GIL) responsive.
+                        # Live watchers read the stream, not SQL, so they wait for nothing.
+                        stop_event.wait(LINGER_S)
                 except (redis.RedisError, sa.exc.OperationalError, sa.exc.InterfaceError) as exc:
                     log.warning("recorder: %s; retrying in %.1fs", exc, backoff)
                     self._forget_all()
@@ -127,7 +139,7 @@ class Recorder:
         """Record everything available now, without blocking; returns entries handled."""
         total = 0
         while True:
-            moved = self._pass(None)
+            moved = self._pass(None, refresh=True)
             total += moved
             if moved == 0:
                 return total
@@ -144,8 +156,11 @@ class Recorder:
 
     # -- one pass --------------------------------------------------------------
 
-    def _pass(self, block_ms: int | None) -> int:
-        self._refresh_ownership()
+    def _pass(self, block_ms: int | None, *, refresh: bool = False) -> int:
+        now = time.monotonic()
+        if refresh or not self.owned or now - self._refreshed_at >= REFRESH_S:
+            self._refresh_ownership()
+            self._refreshed_at = now
         moved = self._catch_up_all()
         if not self.owned:
             return moved
@@ -380,11 +395,12 @@ def _insert_points(s: Session, rows: list[dict[str, Any]]) -> set[tuple[int, int
         return set()
     stmt = (
         _insert(s, MetricPoint)
-        .values(rows)
         .on_conflict_do_nothing(index_elements=["job_id", "attempt", "step"])
         .returning(MetricPoint.attempt, MetricPoint.step)
     )
-    return {(r.attempt, r.step) for r in s.execute(stmt)}
+    # Rows as executemany parameters, not .values(rows): the statement then compiles once
+    # and is cached ("insertmanyvalues" batches it), about 10x faster per row.
+    return {(r.attempt, r.step) for r in s.execute(stmt, rows)}
 
 
 def _insert_events(s: Session, rows: list[dict[str, Any]]) -> None:
