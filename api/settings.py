@@ -38,7 +38,8 @@ class Settings(BaseSettings):
     heartbeat_seconds: float = Field(default=5.0, gt=0)
     """How often a worker renews its lease and checks for cancellation."""
     cancel_grace_seconds: float = Field(default=10.0, ge=0)
-    """Time a training child gets after SIGTERM before SIGKILL."""
+    """Time a training child gets to reach a step boundary after a cancel or drain request
+    before SIGTERM, and again after SIGTERM before SIGKILL."""
     log_format: Literal["json", "text"] = "json"
     """``json``: one JSON object per line (production); ``text``: human-readable."""
     dispatch_interval_seconds: float = Field(default=3.0, gt=0)

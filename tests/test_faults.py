@@ -189,3 +189,27 @@ def test_diverging_job_fails_naming_the_step(two_workers: Stack) -> None:
     assert done["status"] == "failed" and done["attempt"] == 1
     assert done["error"]["code"] == "diverged"
     assert "diverged at step" in done["error"]["message"]
+
+
+def test_cancel_of_a_child_stuck_in_a_long_step_is_bounded(
+    database_url: str, redis_server: EmbeddedRedis, tmp_path: Path
+) -> None:
+    stack = Stack(tmp_path, database_url, redis_server)
+    stack.env["AMPTRAIN_CANCEL_GRACE_SECONDS"] = "1"
+    try:
+        stack.start_api()
+        stack.start_worker("w1")
+        slow = service_job(max_steps=100, batch_size=64, telemetry={"flush_every_steps": 1})
+        slow.update(
+            model={"name": "cnn"},
+            dataset={"name": "synthetic-images", "args": {"height": 512, "width": 512}},
+        )
+        job = stack.submit(slow)
+        # Step 1 is recorded, so the child is now inside step 2 (seconds long on a CPU).
+        wait_until(lambda: stack.job(job["id"])["step"] >= 1, 120, "the first step")
+        assert stack.client.post(f"/jobs/{job['id']}/cancel").status_code == 202
+        done = stack.wait_for_status(job["id"], "cancelled", "failed", "succeeded", timeout=60)
+        assert done["status"] == "cancelled"
+        assert "ignored the stop request; terminating" in stack.log_tail("w1", 400)
+    finally:
+        stack.close()

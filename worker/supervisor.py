@@ -150,7 +150,7 @@ class Supervisor:
                 log.info("job %s attempt %d: asked child to %s", job_id, attempt, wanted)
             if kill_at is not None and now >= kill_at and child.alive():
                 log.warning("job %s: child ignored the stop request; terminating", job_id)
-                child.kill(grace=5.0)
+                child.kill(grace=self.settings.cancel_grace_seconds)
         out.exit_code = child.proc.returncode
         return out
 
