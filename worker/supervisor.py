@@ -73,6 +73,7 @@ class Supervisor:
         )
         # What this pool process runs, for GET /workers and the worker's /metrics.
         self.slot = JobSlot.for_this_process(self.redis, worker, settings.lease_seconds)
+        self._renewed_at = 0.0  # monotonic time of the last successful lease renewal
 
     # -- the whole life of one attempt -------------------------------------------------
 
@@ -127,6 +128,7 @@ class Supervisor:
         next_beat = time.monotonic() + self.settings.heartbeat_seconds
         status: str | None = "running"
         kill_at: float | None = None
+        self._renewed_at = time.monotonic()
         while not child.finished():
             for msg in child.messages(POLL_S):
                 self._on_message(job_id, attempt, msg, out)
@@ -180,13 +182,23 @@ class Supervisor:
             out.error = msg
 
     def _heartbeat(self, job_id: str, attempt: int) -> str | None:
-        """Renew the lease. A database blip is not a lost lease: keep training and retry."""
+        """Renew the lease; None once it is lost.
+
+        A database blip is not a lost lease: training goes on and the renewal is
+        retried. But a worker that could not renew for a whole lease must assume the
+        reconciler gave the job to a successor (it cannot tell), so it fences itself.
+        """
         try:
             with self.sessions.begin() as s:
-                return jobs.heartbeat(s, job_id, attempt, self.settings.lease_seconds)
+                status = jobs.heartbeat(s, job_id, attempt, self.settings.lease_seconds)
         except Exception:
             log.exception("job %s: heartbeat failed; will retry", job_id)
-            return "running"
+            if time.monotonic() - self._renewed_at < self.settings.lease_seconds:
+                return "running"
+            return None
+        if status is not None:
+            self._renewed_at = time.monotonic()
+        return status
 
     def _stop_wanted(self, job_id: str, status: str | None) -> str | None:
         """ "cancel" (the API asked), "preempt" (this worker is draining) or None."""
