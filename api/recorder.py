@@ -28,20 +28,18 @@ from typing import Any
 
 import redis
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session, sessionmaker
 
 from api import observability
-from api.state import metrics
+from api.state import metrics, recording
 from api.state.jsonsafe import finite
-from api.state.models import FINISHED_STATUSES, Job, JobEvent, MetricPoint, utcnow
+from api.state.models import FINISHED_STATUSES, Job, utcnow
 from api.state.stream import decode, recorded_key, telemetry_key
 from trainer_core.records import METRIC_FIELDS
 
 log = logging.getLogger(__name__)
 
 GROUP = "recorder"
-SUMMARY_FIELDS = ("loss", "loss_scale", "skipped_steps", "memory_peak", "samples_per_second")
 
 _ACQUIRE_OR_RENEW = """
 local v = redis.call('get', KEYS[1])
@@ -266,11 +264,11 @@ class Recorder:
         ids = [_s(eid) for eid, _ in entries]
         done = False
         with self.sessions() as s:
-            inserted = _insert_points(s, points)
-            _insert_events(s, events)
-            _update_progress(s, job_id, points, inserted)
+            inserted = recording.insert_points(s, points)
+            recording.insert_events(s, events)
+            recording.update_progress(s, job_id, points, inserted)
             if ends:
-                done = _mark_done(s, job_id, ends)
+                done = recording.mark_done(s, job_id, ends)
             if not self._acquire(job_id):
                 # Someone else owns the job now: leave the batch to them.
                 s.rollback()
@@ -378,71 +376,6 @@ def _event_row(job_id: str, entry_id: str, item: dict[str, Any]) -> dict[str, An
         "data": finite(item["data"]),
         "source_id": entry_id,
     }
-
-
-def _insert(s: Session, model: type[Any]) -> Any:
-    dialect = s.get_bind().dialect.name
-    if dialect == "postgresql":
-        return postgresql.insert(model)
-    if dialect == "sqlite":
-        return sqlite.insert(model)
-    raise RuntimeError(f"unsupported database: {dialect}")
-
-
-def _insert_points(s: Session, rows: list[dict[str, Any]]) -> set[tuple[int, int]]:
-    """Insert new points; returns (attempt, step) of those actually inserted."""
-    if not rows:
-        return set()
-    stmt = (
-        _insert(s, MetricPoint)
-        .on_conflict_do_nothing(index_elements=["job_id", "attempt", "step"])
-        .returning(MetricPoint.attempt, MetricPoint.step)
-    )
-    # Rows as executemany parameters, not .values(rows): the statement then compiles once
-    # and is cached ("insertmanyvalues" batches it), about 10x faster per row.
-    return {(r.attempt, r.step) for r in s.execute(stmt, rows)}
-
-
-def _insert_events(s: Session, rows: list[dict[str, Any]]) -> None:
-    if rows:
-        stmt = _insert(s, JobEvent).values(rows)
-        s.execute(stmt.on_conflict_do_nothing(index_elements=["job_id", "source_id"]))
-
-
-def _update_progress(
-    s: Session, job_id: str, points: list[dict[str, Any]], inserted: set[tuple[int, int]]
-) -> None:
-    """Keep ``step`` and ``summary`` at the newest point this batch actually added for the
-    job's current attempt (a replay adds nothing, so it changes nothing)."""
-    new = [p for p in points if (p["attempt"], p["step"]) in inserted]
-    if not new:
-        return
-    latest_attempt = max(p["attempt"] for p in new)
-    newest = [p for p in new if p["attempt"] == latest_attempt][-1]  # stream order
-    summary = {f: finite(newest.get(f)) for f in SUMMARY_FIELDS}
-    s.execute(
-        sa.update(Job)
-        .where(Job.id == job_id, Job.attempt == newest["attempt"])
-        .values(step=newest["step"], summary=summary)
-        .execution_options(synchronize_session=False)
-    )
-
-
-def _mark_done(s: Session, job_id: str, end_attempts: list[int]) -> bool:
-    """The current attempt's ``end`` entry closes the stream once the job is finished in SQL
-    (an earlier attempt's end, e.g. before a re-queue, does not)."""
-    result = s.execute(
-        sa.update(Job)
-        .where(
-            Job.id == job_id,
-            Job.attempt.in_(end_attempts),
-            Job.status.in_(FINISHED_STATUSES),
-        )
-        .values(telemetry_done=True)
-        .returning(Job.id)
-        .execution_options(synchronize_session=False)
-    )
-    return result.first() is not None
 
 
 def _job_of(key: str) -> str:

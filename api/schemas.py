@@ -8,8 +8,7 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from api.state.models import Job
-
-SUMMARY_FIELDS = ("loss", "loss_scale", "skipped_steps", "memory_peak", "samples_per_second")
+from api.state.recording import SUMMARY_FIELDS
 
 
 class PrecisionOut(BaseModel):
