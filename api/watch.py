@@ -19,7 +19,9 @@ Cursor scheme (one cursor, the one ``GET /jobs/{id}/metrics`` uses):
   only ever grow.
 - ``end``, ``heartbeat`` and ``gap`` carry the cursor to resume from (the last one sent).
 - History shows every attempt's points in recording order (``attempts=all``), exactly
-  as a live watcher saw them; after a resume the steps of the new attempt follow.
+  as a live watcher saw them; after a resume the steps of the new attempt follow. Within
+  a connection (attempt, step) only grows: a re-sent duplicate or a straggler from an
+  attempt that lost its lease is skipped (its cursor still advances).
 
 The sequence: a finished job whose telemetry is complete gets history then ``end``. A
 live job subscribes to the hub *first*, then reads SQL history, then reads what the
@@ -115,6 +117,7 @@ class Watch:
         self.page = page
         self.overflowed = asyncio.Event()
         self._skip: set[tuple[int, str, int | None]] = set()
+        self._newest_point = (0, 0)  # (attempt, step) of the newest metric sent
         self._withheld: dict[tuple[int, str, int | None], _Event] = {}
 
     @property
@@ -176,7 +179,8 @@ class Watch:
                 data["attempt"] = item["attempt"]
                 if pos > self.last:
                     self.last = pos
-                    yield Out("metric", item["cursor"], message("metric", item["cursor"], data))
+                    if self._is_new_point(item["attempt"], item["step"]):
+                        yield Out("metric", item["cursor"], message("metric", item["cursor"], data))
             if len(items) < self.page:
                 break
             cursor = items[-1]["cursor"]
@@ -240,8 +244,20 @@ class Watch:
                 self._skip.add(key)
                 self._withheld.pop(key, None)
             self.last = entry.pos
+            if kind == "metric" and not self._is_new_point(
+                entry.item["attempt"], entry.item["step"]
+            ):
+                continue
             out.append(Out(_type_of(kind), format_position(entry.pos), _entry_text(entry)))
         return out
+
+    def _is_new_point(self, attempt: int, step: int) -> bool:
+        """A watcher never gets a point at or before one it already has: a record the worker
+        re-sent after Redis lost data, or a straggler of an attempt that lost its lease."""
+        if (attempt, step) <= self._newest_point:
+            return False
+        self._newest_point = (attempt, step)
+        return True
 
     def _flush_withheld(self) -> list[_Event]:
         held = sorted(self._withheld.values(), key=lambda e: e.pos)

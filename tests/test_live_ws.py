@@ -5,6 +5,7 @@ step so the tests decide when a watcher disconnects), and the API's recorder per
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -232,3 +233,31 @@ def test_queued_job_cancelled_ends_the_watch(stack: Stack, producer: Producer) -
     got, code = asyncio.run(scenario())
     assert code == 1000
     assert got[-1]["type"] == "end" and got[-1]["data"]["status"] == "cancelled"
+
+
+def test_a_live_watcher_never_gets_a_step_twice_when_the_worker_re_sends(
+    stack: Stack, producer: Producer
+) -> None:
+    producer.start()
+
+    async def scenario() -> list[dict[str, Any]]:
+        headers = {"Authorization": f"Bearer {stack.token}"}
+        got: list[dict[str, Any]] = []
+        async with websockets.connect(
+            ws_url(stack, producer.job_id), additional_headers=headers
+        ) as ws:
+            producer.steps(1, 10)
+            async for raw in ws:  # live: the watcher has step 10 before anything else is sent
+                got.append(json.loads(raw))
+                if got[-1]["type"] == "metric" and got[-1]["data"]["step"] == 10:
+                    break
+            # What the worker's sink does after Redis lost the tail of its stream.
+            producer.steps(5, 10)
+            producer.steps(11, 20)
+            producer.finish(step=20)
+            got += [json.loads(raw) async for raw in ws]
+        return got
+
+    got = asyncio.run(scenario())
+    assert steps_of(got) == list(range(1, 21))
+    assert got[-1]["type"] == "end"
