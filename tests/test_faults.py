@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 import torch
 
@@ -213,3 +214,23 @@ def test_cancel_of_a_child_stuck_in_a_long_step_is_bounded(
         assert "ignored the stop request; terminating" in stack.log_tail("w1", 400)
     finally:
         stack.close()
+
+
+def test_a_crashed_training_child_is_retried_and_resumes(two_workers: Stack) -> None:
+    stack = two_workers
+    job = stack.submit(long_job())
+    victim = owner(stack, job["id"])
+    wait_until(lambda: 40 in checkpoints(stack, job["id"]), 120, "a checkpoint at step 40")
+    worker = psutil.Process(stack.processes[victim].pid)
+    children = [
+        p for p in worker.children(recursive=True) if "worker.child" in " ".join(p.cmdline())
+    ]
+    assert len(children) == 1
+    children[0].kill()  # what the kernel's OOM killer does: the supervisor survives
+
+    done = stack.wait_for_status(job["id"], "succeeded", "failed", timeout=180)
+    assert done["status"] == "succeeded" and done["attempt"] == 2, done["error"]
+    requeued = [e for e in stack.events(job["id"]) if e["type"] == "requeued"]
+    assert len(requeued) == 1 and requeued[0]["data"]["error"]["code"] == "internal"
+    assert "exited with code -9" in requeued[0]["data"]["error"]["message"]
+    assert_complete_series(stack, job["id"])

@@ -11,7 +11,7 @@ import logging
 import os
 import signal
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import redis
@@ -53,7 +53,6 @@ class Outcome:
     stop_requested: str | None = None  # "cancel" | "preempt"
     lease_lost: bool = False
     exit_code: int | None = None
-    events: list[tuple[str, int, dict[str, Any]]] = field(default_factory=list)
 
 
 class Supervisor:
@@ -229,17 +228,13 @@ class Supervisor:
             if not jobs.record_event(s, job_id, attempt, kind, step, data):
                 return
             if status == "queued":
-                done = jobs.release(s, job_id, attempt)
+                done = jobs.release(s, job_id, attempt)  # a retry: the error is in the event
             else:
                 done = jobs.finish(s, job_id, attempt, status, error)
             if not done:
                 s.rollback()
                 return
-        self._publish(
-            {"kind": "event", "type": kind, "step": step, "time": time.time(), "data": data},
-            job_id,
-            attempt,
-        )
+        self._publish_event(job_id, attempt, kind, step, data)
         if status != "queued":
             self._publish({"kind": "end", "status": status}, job_id, attempt)
 
@@ -263,7 +258,7 @@ class Supervisor:
             log.warning(
                 "job %s attempt %d failed (%s); re-queueing", job_id, attempt, error["code"]
             )
-            return "queued", None
+            return "queued", error
         return "failed", error
 
     def _event(self, job_id: str, attempt: int, kind: str, step: int, data: dict[str, Any]) -> None:
@@ -271,11 +266,13 @@ class Supervisor:
         with self.sessions.begin() as s:
             if not jobs.record_event(s, job_id, attempt, kind, step, data):
                 return
-        self._publish(
-            {"kind": "event", "type": kind, "step": step, "time": time.time(), "data": data},
-            job_id,
-            attempt,
-        )
+        self._publish_event(job_id, attempt, kind, step, data)
+
+    def _publish_event(
+        self, job_id: str, attempt: int, kind: str, step: int, data: dict[str, Any]
+    ) -> None:
+        item = {"kind": "event", "type": kind, "step": step, "time": time.time(), "data": data}
+        self._publish(item, job_id, attempt)
 
     def _publish(self, item: dict[str, Any], job_id: str, attempt: int) -> None:
         fields = encode(item, job_id=job_id, attempt=attempt, persisted=True)
