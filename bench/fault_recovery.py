@@ -114,6 +114,7 @@ def duplicate_delivery(stack: Stack, job_id: str) -> Callable[[], bool]:
 
 FAULTS = [
     kill_9_worker,
+    kill_9_training_child,
     sigterm_worker,
     restart_redis,
     restart_redis_without_data,

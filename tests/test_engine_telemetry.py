@@ -137,3 +137,32 @@ def test_a_blocked_sink_does_not_stall_training_and_drops_are_counted() -> None:
         notices
         and f"{result.dropped_records} telemetry records dropped" in notices[-1]["data"]["message"]
     )
+
+
+def test_a_checkpoint_never_gets_ahead_of_the_records_delivered_to_the_sink(tmp_path: Any) -> None:
+    """A resumed run never re-runs the steps before its checkpoint, so their records must
+    already be with the sink when the checkpoint appears (else a crash right after the
+    save loses them for good)."""
+
+    class SlowSink(BatchSink):
+        def write(self, items: list[dict[str, Any]]) -> None:
+            time.sleep(0.05)  # a sink slower than training: the queue is never empty
+            super().write(items)
+
+    sink = SlowSink()
+    violations: list[tuple[int, int]] = []
+
+    def check_at_step_boundary() -> None:
+        delivered = max((r["step"] for b in sink.metric_batches() for r in b), default=0)
+        on_disk = [int(p.stem.split("-")[1]) for p in tmp_path.glob("step-*.pt")]
+        violations.extend((s, delivered) for s in on_disk if s > delivered)
+
+    spec_ = spec(
+        max_steps=24,
+        telemetry={"flush_every_steps": 1, "flush_every_ms": 600_000},
+        checkpoint={"every_steps": 6, "keep_last": 10},
+    )
+    ctx = RunContext(str(tmp_path), sink=sink, should_stop=lambda: check_at_step_boundary())
+    Trainer(spec_, ctx).train()
+    assert sorted(int(p.stem.split("-")[1]) for p in tmp_path.glob("step-*.pt")) == [6, 12, 18, 24]
+    assert violations == []

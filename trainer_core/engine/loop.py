@@ -170,6 +170,11 @@ class Trainer:
         """Write a checkpoint of the current step (if this run has a checkpoint dir)."""
         if self.store is None:
             return None
+        # Telemetry first: a run resumed from this checkpoint never re-runs the steps
+        # before it, so their records must be with the sink before the checkpoint exists.
+        # Bounded: a stuck sink delays the checkpoint by at most drain_timeout_s.
+        self.telemetry.flush()
+        self.publisher.wait_delivered(self.drain_timeout_s)
         path = self.store.save(self.step, self.state_dict())
         self._last_checkpoint_step = self.step
         self.telemetry.event("checkpoint", self.step, path=path)

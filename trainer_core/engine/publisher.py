@@ -41,6 +41,7 @@ class Publisher:
         self._queued = 0
         self._dropped = 0
         self._closing = False
+        self._writing = False
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
         if sink is not None:
@@ -67,6 +68,12 @@ class Publisher:
             self._queued += len(batch)
             self._cond.notify()
         return True
+
+    def wait_delivered(self, timeout: float) -> bool:
+        """Block until every batch offered so far went through ``sink.write`` (True) or
+        ``timeout`` seconds passed (False)."""
+        with self._cond:
+            return self._cond.wait_for(lambda: not self._batches and not self._writing, timeout)
 
     def close(self, timeout: float, notice: Callable[[int], Batch] | None = None) -> None:
         """Stop accepting, let the thread deliver what is queued for up to ``timeout`` seconds.
@@ -106,12 +113,17 @@ class Publisher:
                     return
                 batch = self._batches.popleft()
                 self._queued -= len(batch)
+                self._writing = True
             try:
                 self._sink.write(batch)
             except Exception:
                 log.exception("telemetry sink failed; dropping a batch of %d records", len(batch))
                 with self._cond:
                     self._dropped += len(batch)
+            finally:
+                with self._cond:
+                    self._writing = False
+                    self._cond.notify_all()
 
 
 def _lower_thread_priority() -> None:
