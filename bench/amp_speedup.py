@@ -128,7 +128,7 @@ def measure(
     import torch
 
     from trainer_core import registry
-    from trainer_core.spec import ComponentRef, OptimizerSpec
+    from trainer_core.contract.spec import ComponentRef, OptimizerSpec
 
     device = torch.device(device_kind)
     if device.type == "cuda":

@@ -4,7 +4,7 @@ step's record to a real Redis.
 Both sides train the same model on the same data with the same optimizer, schedule,
 precision, clipping and step count; runs alternate (bare, engine, engine, bare, ...) so
 drifting machine load hits both. The engine side uses the worker's RedisSink against a
-private redis-server (api.embedded_redis.EmbeddedRedis) and checks that every step's
+private redis-server (api.cli.embedded_redis.EmbeddedRedis) and checks that every step's
 record arrived. Prints the time ratio engine / bare (goal: <= 1.03 on CPU with steps of a
 few milliseconds), in wall time and in this process's CPU time (all threads, the publisher's
 included: less sensitive to other load on a shared machine, blind to redis-server's CPU).
@@ -25,13 +25,13 @@ from typing import Any
 
 import torch
 
-from api.embedded_redis import EmbeddedRedis
-from api.state.stream import telemetry_key
+from api.cli.embedded_redis import EmbeddedRedis
+from api.contracts.stream import telemetry_key
 from trainer_core import registry
+from trainer_core.contract.spec import JobSpec, parse_spec
 from trainer_core.engine import RunContext, Trainer
 from trainer_core.engine.precision import AUTOCAST_DTYPES
-from trainer_core.spec import JobSpec, parse_spec
-from worker.publisher import RedisSink
+from worker.child.sink import RedisSink
 
 Timing = tuple[float, float]  # (wall seconds, CPU seconds of this process, all its threads)
 

@@ -28,7 +28,7 @@ COPY deploy/api-constraints.txt /tmp/api-constraints.txt
 # pulled torch in.
 RUN pip install --no-cache-dir --constraint /tmp/api-constraints.txt ".[api]" \
     && python -c "import importlib.util as u, sys; sys.exit('torch must not be in the API image' if u.find_spec('torch') else 0)" \
-    && python -c "import api.app" \
+    && python -c "import api.web.app" \
     && rm /tmp/api-constraints.txt
 
 RUN groupadd --gid 10001 amptrain \

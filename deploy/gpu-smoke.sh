@@ -31,11 +31,11 @@ export AMPTRAIN_ADMIN_TOKEN=$TOKEN
 export AMPTRAIN_WORKER_METRICS_PORT=$METRICS_PORT
 export AMPTRAIN_HEARTBEAT_SECONDS=1
 
-echo "== capability report (python -m worker.devices)"
-"$PYTHON" -m worker.devices
+echo "== capability report (python -m worker.main.devices)"
+"$PYTHON" -m worker.main.devices
 
 echo "== amptrain up on 127.0.0.1:$PORT (data in $DATA_DIR)"
-"$PYTHON" -m api.cli up --host 127.0.0.1 --port "$PORT" --data-dir "$DATA_DIR" >"$DATA_DIR/up.log" 2>&1 &
+"$PYTHON" -m api.cli.main up --host 127.0.0.1 --port "$PORT" --data-dir "$DATA_DIR" >"$DATA_DIR/up.log" 2>&1 &
 UP_PID=$!
 
 stop_stack() {

@@ -9,7 +9,7 @@
 # cannot change the verified combination. The digest is the linux/amd64-capable index digest
 # public projects pin for this tag; before a release re-check it with
 #   docker buildx imagetools inspect pytorch/pytorch:2.9.1-cuda12.8-cudnn9-runtime
-# and change tag and digest together (tests/test_deploy_files.py checks both are present).
+# and change tag and digest together (tests/project/test_deploy_files.py checks both are present).
 FROM pytorch/pytorch:2.9.1-cuda12.8-cudnn9-runtime@sha256:7b324d212a4450795b49edba9949b7cdc72429148a64e974334bfe5774d51385
 
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
@@ -37,7 +37,7 @@ RUN python -c "import importlib.metadata as m; print('torch==' + m.version('torc
     && torch_before="$(cat /tmp/torch-constraint.txt)" \
     && pip install --no-cache-dir --constraint /tmp/torch-constraint.txt ".[worker]" \
     && python -c "import importlib.metadata as m, sys; v = 'torch==' + m.version('torch'); sys.exit(0 if v == '${torch_before}' else 'torch was replaced: ' + v)" \
-    && python -c "import worker.devices, worker.tasks" \
+    && python -c "import worker.main.devices, worker.pool.tasks" \
     && rm /tmp/torch-constraint.txt
 
 # Never root at run time. Numeric ids so Kubernetes can verify runAsNonRoot.

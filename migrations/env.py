@@ -1,6 +1,6 @@
 """Alembic environment: the schema comes only from these migrations.
 
-Run programmatically by ``api.state.migrate`` (which passes an open connection
+Run programmatically by ``api.store.migrate`` (which passes an open connection
 in ``config.attributes["connection"]``) or by the alembic CLI with
 ``alembic -c migrations/alembic.ini`` and ``sqlalchemy.url`` / AMPTRAIN_DATABASE_URL.
 """
@@ -12,8 +12,8 @@ import os
 from alembic import context
 from sqlalchemy.engine import Connection
 
-from api.state.db import make_engine
-from api.state.models import Base
+from api.store.db import make_engine
+from api.store.models import Base
 
 config = context.config
 target_metadata = Base.metadata

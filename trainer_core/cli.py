@@ -28,9 +28,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from trainer_core.catalog import validate_components, validate_refs
-from trainer_core.errors import TrainingError
-from trainer_core.spec import ComponentRef, JobSpec, parse_spec
+from trainer_core.contract.catalog import validate_components, validate_refs
+from trainer_core.contract.errors import TrainingError
+from trainer_core.contract.spec import ComponentRef, JobSpec, parse_spec
 
 EXIT_FAILED = 1
 EXIT_INVALID = 2

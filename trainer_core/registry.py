@@ -1,6 +1,6 @@
 """Build the components a job spec names: models, datasets, losses, optimizers, schedules.
 
-Names resolve to :class:`trainer_core.catalog.Registration` objects: the
+Names resolve to :class:`trainer_core.contract.catalog.Registration` objects: the
 built-ins declared in the catalog, then installed plugins (entry-point groups
 ``amptrain.models`` and ``amptrain.datasets``; see
 ``trainer_core/components/README.md``). Every problem with the spec raises
@@ -15,13 +15,13 @@ from typing import Literal
 
 from torch import nn
 
-from trainer_core import catalog
-from trainer_core.catalog import Registration
 from trainer_core.components.base import DataInfo, Dataset
 from trainer_core.components.losses import loss_for
 from trainer_core.components.optim import build_optimizer, build_schedule
-from trainer_core.errors import InvalidSpecError
-from trainer_core.spec import ComponentRef
+from trainer_core.contract import catalog
+from trainer_core.contract.catalog import Registration
+from trainer_core.contract.errors import InvalidSpecError
+from trainer_core.contract.spec import ComponentRef
 
 Kind = Literal["model", "dataset"]
 
@@ -46,7 +46,7 @@ def _load_plugin(kind: Kind, name: str) -> Registration:
     if not isinstance(reg, Registration) or reg.kind != kind:
         raise InvalidSpecError(
             f"{kind}.name: plugin entry point {name!r} ({ep.value}) must point at a "
-            f"trainer_core.catalog.Registration of kind {kind!r}, not {reg!r}"
+            f"trainer_core.contract.catalog.Registration of kind {kind!r}, not {reg!r}"
         )
     if reg.name != name:
         raise InvalidSpecError(

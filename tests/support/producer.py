@@ -10,11 +10,11 @@ from typing import Any
 
 import redis
 
-from api.state import jobs
-from api.state.db import make_engine, make_session_factory
-from api.state.stream import STREAM_MAXLEN, encode, telemetry_key
-from trainer_core.records import metric
-from worker.publisher import RedisSink
+from api.contracts.stream import STREAM_MAXLEN, encode, telemetry_key
+from api.store import jobs
+from api.store.db import make_engine, make_session_factory
+from trainer_core.contract.records import metric
+from worker.child.sink import RedisSink
 
 
 class Producer:

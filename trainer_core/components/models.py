@@ -1,5 +1,5 @@
 """Built-in models. Each builder takes the dataset's ``DataInfo`` and its arguments
-(declared, with the same defaults, in ``trainer_core.catalog``) and returns a
+(declared, with the same defaults, in ``trainer_core.contract.catalog``) and returns a
 module whose ``forward(inputs)`` returns logits: ``(batch, classes)`` for
 classification, ``(batch, seq_len, vocab)`` for language models."""
 
@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainer_core.components.base import DataInfo
-from trainer_core.errors import InvalidSpecError
+from trainer_core.contract.errors import InvalidSpecError
 
 
 class MLP(nn.Module):

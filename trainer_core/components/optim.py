@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterable
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
-from trainer_core.spec import OptimizerSpec, ScheduleSpec
+from trainer_core.contract.spec import OptimizerSpec, ScheduleSpec
 
 
 def _param_groups(

@@ -23,7 +23,7 @@ import torch
 
 from trainer_core.components.base import DataInfo
 from trainer_core.components.synthetic import PoolDataset
-from trainer_core.errors import InvalidSpecError
+from trainer_core.contract.errors import InvalidSpecError
 
 _FIELD = "dataset.args.path"
 _SUFFIXES = (".npz", ".csv", ".pt")

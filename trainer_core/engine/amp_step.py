@@ -17,8 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from trainer_core.contract.spec import JobSpec
 from trainer_core.engine.precision import PrecisionChoice, fp32_island
-from trainer_core.spec import JobSpec
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from fsspec.implementations.local import LocalFileSystem
 
-from trainer_core.layout import checkpoint_name, checkpoint_step
+from trainer_core.contract.layout import checkpoint_name, checkpoint_step
 
 _TMP_PREFIX = ".tmp-"
 

@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
+from trainer_core.contract.records import Sink
 from trainer_core.engine.precision import PrecisionChoice
-from trainer_core.records import Sink
 
 StopReason = str  # "cancel" | "preempt"
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from trainer_core.errors import DivergedError
-from trainer_core.records import event
-from trainer_core.spec import HealthSpec
+from trainer_core.contract.errors import DivergedError
+from trainer_core.contract.records import event
+from trainer_core.contract.spec import HealthSpec
 
 
 class HealthMonitor:

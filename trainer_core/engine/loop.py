@@ -10,6 +10,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainer_core.contract.errors import CancelledError, OutOfMemoryError, PreemptedError
+from trainer_core.contract.spec import JobSpec
 from trainer_core.engine.amp_step import AmpStep
 from trainer_core.engine.checkpoint import CheckpointStore, capture_rng, restore_rng
 from trainer_core.engine.context import Components, RunContext, TrainResult
@@ -19,8 +21,6 @@ from trainer_core.engine.precision import choose_precision, resolve_device
 from trainer_core.engine.publisher import Publisher
 from trainer_core.engine.schedule_gate import ScheduleGate
 from trainer_core.engine.telemetry import StepTelemetry
-from trainer_core.errors import CancelledError, OutOfMemoryError, PreemptedError
-from trainer_core.spec import JobSpec
 
 CHECKPOINT_FORMAT = 1
 

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import torch
 
-from trainer_core.errors import InvalidSpecError
+from trainer_core.contract.errors import InvalidSpecError
 
 Effective = Literal["fp32", "fp16", "bf16"]
 

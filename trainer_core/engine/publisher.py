@@ -15,7 +15,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from trainer_core.records import Sink
+from trainer_core.contract.records import Sink
 
 log = logging.getLogger(__name__)
 

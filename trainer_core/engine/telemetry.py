@@ -16,11 +16,11 @@ from typing import Any
 
 import torch
 
+from trainer_core.contract.records import event, metric
+from trainer_core.contract.spec import TelemetrySpec
 from trainer_core.engine.health import HealthMonitor
 from trainer_core.engine.memory import snapshot
 from trainer_core.engine.publisher import Publisher
-from trainer_core.records import event, metric
-from trainer_core.spec import TelemetrySpec
 
 
 @dataclass

@@ -1,0 +1,112 @@
+"""``amptrain up``: the whole service on one machine, with no setup.
+
+A private Redis (unless ``AMPTRAIN_REDIS_URL`` names one), SQLite in the data
+directory (unless ``AMPTRAIN_DATABASE_URL``), migrations, one worker and the
+API, each a child process; Ctrl-C stops them in the safe order: the API,
+then the worker (its jobs checkpoint and go back to the queue), then Redis.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from api.cli.embedded_redis import EmbeddedRedis
+from api.core.settings import Settings
+
+STOP_TIMEOUT_S = 60.0
+
+
+def _spawn(args: list[str], env: os._Environ[str]) -> subprocess.Popen[bytes]:
+    # Own process group: Ctrl-C reaches only `up`, which stops the children in order.
+    return subprocess.Popen(
+        [sys.executable, "-m", "api.cli.main", *args], env=env, start_new_session=True
+    )
+
+
+def _stop(proc: subprocess.Popen[bytes], name: str, sig: int = signal.SIGTERM) -> None:
+    if proc.poll() is not None:
+        return
+    click.echo(f"stopping {name} ...", err=True)
+    proc.send_signal(sig)
+    try:
+        proc.wait(STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def _prepare(settings: Settings) -> str | None:
+    """Migrate the database and make sure an admin token exists; returns a new token to show."""
+    from api.store import migrate, tokens
+    from api.store.db import make_engine, make_session_factory
+
+    migrate.upgrade(settings.database_url)
+    engine = make_engine(settings.database_url)
+    try:
+        with make_session_factory(engine).begin() as s:
+            return tokens.ensure_admin_token(s, settings)
+    finally:
+        engine.dispose()
+
+
+@click.command()
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True, type=int)
+@click.option(
+    "--data-dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="[default: $AMPTRAIN_DATA_DIR or ./.amptrain]",
+)
+def up(host: str, port: int, data_dir: Path | None) -> None:
+    """Run everything on this machine: Redis, database, one worker, the API."""
+    # `up` is the parent of every part: what it decides goes to them through the environment.
+    env = os.environ
+    if data_dir is not None:
+        env["AMPTRAIN_DATA_DIR"] = str(data_dir.absolute())
+    env.setdefault("AMPTRAIN_LOG_FORMAT", "text")
+    settings = Settings()
+    settings.data_dir.mkdir(parents=True, exist_ok=True)
+
+    redis_server = None
+    if not env.get("AMPTRAIN_REDIS_URL"):
+        redis_server = EmbeddedRedis(settings.embedded_redis_dir).start()
+        env["AMPTRAIN_REDIS_URL"] = redis_server.url
+    env.setdefault("AMPTRAIN_DATABASE_URL", settings.database_url)
+    new_token = _prepare(Settings())
+
+    worker = _spawn(["worker", "--queues", "gpu,cpu"], env)
+    api = _spawn(["api", "--host", host, "--port", str(port)], env)
+    click.echo(f"amptrain is up at http://{host}:{port}  (data in {settings.data_dir})")
+    if new_token:
+        click.echo(
+            f"admin token (shown once; also saved to {settings.admin_token_file}): {new_token}"
+        )
+    else:
+        click.echo(f"admin token: see {settings.admin_token_file} or AMPTRAIN_ADMIN_TOKEN")
+
+    def _on_term(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    # Explicitly: a shell that starts us in the background leaves SIGINT ignored.
+    signal.signal(signal.SIGTERM, _on_term)
+    signal.signal(signal.SIGINT, _on_term)
+    try:
+        while api.poll() is None and worker.poll() is None:
+            time.sleep(0.5)
+        click.echo("a component exited; shutting down", err=True)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        _stop(api, "api")
+        _stop(worker, "worker")
+        if redis_server is not None:
+            redis_server.stop()
+    sys.exit(0 if api.returncode in (0, -signal.SIGTERM) else 1)

@@ -1,0 +1,284 @@
+"""Hand committed jobs to the Celery broker; the jobs table is the outbox.
+
+The API never imports the worker: it sends ``amptrain.run_job`` by name, with
+the job id as the only argument, to the ``cpu`` or ``gpu`` queue. A request
+only *queues* the send (:meth:`Dispatcher.submit`, after its transaction
+committed), so a dead broker never slows a request. One thread per API
+process does the sending, and the process holding the Redis leader lock also
+sweeps the table for queued jobs the broker never got (broker down, process
+killed between commit and send, job released back to the queue) and re-sends
+them. A duplicate send is harmless: the worker's guarded claim runs a job once.
+
+The leader is also the reconciler: attempts whose lease expired (worker killed,
+machine lost) go back to the queue, or end ``failed``/``cancelled`` when no
+attempt is left or a cancel was pending; and a job dispatched long ago that is
+neither claimed nor still waiting in its broker queue (a worker died between
+taking the message and claiming) is sent again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+import time
+from datetime import timedelta
+from typing import Any
+
+import redis
+import sqlalchemy as sa
+from celery import Celery
+from redis.exceptions import LockError
+from sqlalchemy.orm import Session, sessionmaker
+
+from api.core.settings import Settings
+from api.store import jobs
+from api.store.models import Job, utcnow
+from trainer_core.contract.spec import JobSpec
+
+log = logging.getLogger(__name__)
+
+RUN_JOB = "amptrain.run_job"
+LEADER_KEY = "amptrain:dispatcher:leader"
+SWEEP_BATCH = 200
+LOST_DISPATCH_AFTER = timedelta(seconds=120)
+"""A queued job dispatched this long ago and absent from its queue is sent again."""
+
+
+def make_celery(settings: Settings) -> Celery:
+    """A send-only Celery app: JSON only, no results, and short broker timeouts."""
+    timeout = settings.broker_timeout_seconds
+    app = Celery("amptrain-api", broker=settings.broker_url, set_as_current=False)
+    app.conf.update(
+        task_serializer="json",
+        accept_content=["json"],
+        result_serializer="json",
+        task_ignore_result=True,
+        result_backend=None,
+        # Fail fast and let the sweep retry: a request thread never waits on the broker,
+        # but the sending thread should not sit in kombu's retry loop either.
+        broker_connection_timeout=timeout,
+        broker_connection_retry=False,
+        broker_connection_retry_on_startup=False,
+        broker_connection_max_retries=0,
+        broker_transport_options={
+            "socket_connect_timeout": timeout,
+            "socket_timeout": timeout,
+            "retry_on_timeout": False,
+        },
+        task_publish_retry=True,
+        task_publish_retry_policy={
+            "max_retries": 1,
+            "interval_start": 0,
+            "interval_step": 0.2,
+            "interval_max": 0.2,
+        },
+        broker_pool_limit=4,
+        task_send_sent_event=False,
+    )
+    return app
+
+
+def queue_for(spec: JobSpec) -> str:
+    """The Celery queue a job goes to: the spec's ``queue`` if it names one, else ``cpu``
+    when it asks for the CPU, else ``gpu``."""
+    if spec.queue:
+        return spec.queue
+    return "cpu" if spec.device == "cpu" else "gpu"
+
+
+class Dispatcher:
+    """Sends queued jobs to the broker; one instance (and one sending thread) per API process."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        session_factory: sessionmaker[Session],
+        redis_client: redis.Redis,
+        celery_app: Celery | None = None,
+    ) -> None:
+        self.settings = settings
+        self.sessions = session_factory
+        self.redis = redis_client
+        self.celery = celery_app or make_celery(settings)
+        self.interval = settings.dispatch_interval_seconds
+        # A job newer than this is still being sent by the process that created it.
+        self.sweep_min_age = timedelta(seconds=max(2.0, self.interval))
+        self._pending: queue.Queue[tuple[str, str] | None] = queue.Queue()
+        self._lock = redis_client.lock(
+            LEADER_KEY, timeout=max(10.0, 3 * self.interval), blocking=False, thread_local=False
+        )
+        self._leader = False
+        self.sent = 0
+        self.failed = 0
+
+    # -- called by request handlers (after commit) -------------------------------------
+
+    def submit(self, job_id: str, queue_name: str) -> None:
+        """Send this committed job soon; never blocks."""
+        self._pending.put_nowait((job_id, queue_name))
+
+    def wake(self) -> None:
+        """Wake the loop (used on shutdown)."""
+        self._pending.put_nowait(None)
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def run(self, stop: threading.Event) -> None:
+        """Send submitted jobs as they come; every ``interval`` seconds, sweep if leader."""
+        next_sweep = time.monotonic()
+        while not stop.is_set():
+            wait = max(0.0, next_sweep - time.monotonic())
+            try:
+                item = self._pending.get(timeout=wait)
+            except queue.Empty:
+                item = None
+            if item is not None:
+                self.send(*item)
+            if stop.is_set():
+                break
+            if time.monotonic() >= next_sweep:
+                if self.lead():
+                    self._leader_pass()
+                next_sweep = time.monotonic() + self.interval
+        self._resign()
+
+    def send(self, job_id: str, queue_name: str) -> bool:
+        """Publish one job and mark it dispatched; False when the broker refused."""
+        try:
+            self.celery.send_task(RUN_JOB, args=[job_id], queue=queue_name, ignore_result=True)
+        except Exception as exc:  # kombu raises many kinds; all mean "not sent, retry later"
+            self.failed += 1
+            log.warning("dispatch of %s to %s failed (will retry): %s", job_id, queue_name, exc)
+            return False
+        self.sent += 1
+        try:
+            self._mark_dispatched(job_id)
+        except sa.exc.SQLAlchemyError:
+            # Sent but not marked: the sweep sends it again, the claim makes that harmless.
+            log.exception("could not mark %s dispatched", job_id)
+        return True
+
+    def sweep_once(self) -> int:
+        """Re-send queued jobs that no broker has; returns how many were sent."""
+        cutoff = utcnow() - self.sweep_min_age
+        with self.sessions() as s:
+            rows = s.execute(
+                sa.select(Job.id, Job.queue)
+                .where(
+                    Job.status == "queued",
+                    Job.dispatched_at.is_(None),
+                    # A brand-new job is being sent by the process that created it.
+                    sa.or_(Job.created_at < cutoff, Job.attempt > 0),
+                )
+                .order_by(Job.created_at)
+                .limit(SWEEP_BATCH)
+            ).all()
+        sent = 0
+        for job_id, queue_name in rows:
+            if not self.send(job_id, queue_name):
+                break  # broker down: try again next sweep rather than time out per job
+            sent += 1
+        if sent:
+            log.info("dispatcher sweep re-sent %d job(s)", sent)
+        return sent
+
+    def reconcile_once(self) -> int:
+        """Requeue (or end) attempts whose lease expired; returns how many were reaped."""
+        with self.sessions() as s:
+            expired = jobs.expired_jobs(s)
+        reaped = 0
+        for job_id, attempt in expired:
+            with self.sessions() as s:
+                job = s.get(Job, job_id)
+                if job is None:
+                    continue
+                event, data = _reap_event(job)
+                jobs.record_event(s, job_id, attempt, event, job.step, data)
+                status = jobs.reap_expired(s, job_id, attempt)
+                if status is None:  # renewed meanwhile: write nothing
+                    s.rollback()
+                    continue
+                s.commit()
+            reaped += 1
+            log.warning("job %s attempt %d lost its worker: now %s", job_id, attempt, status)
+        return reaped
+
+    def resend_lost_once(self) -> int:
+        """Clear ``dispatched_at`` of old queued jobs no broker queue holds (the sweep resends)."""
+        cutoff = utcnow() - LOST_DISPATCH_AFTER
+        with self.sessions() as s:
+            rows = s.execute(
+                sa.select(Job.id, Job.queue)
+                .where(Job.status == "queued", Job.dispatched_at < cutoff)
+                .limit(SWEEP_BATCH)
+            ).all()
+        if not rows:
+            return 0
+        waiting: dict[str, str] = {}
+        for queue_name in {q for _, q in rows}:
+            # kombu keeps a Redis list per queue; Celery's headers carry the args' repr.
+            raw = self.redis.lrange(queue_name, 0, -1)
+            waiting[queue_name] = "\n".join(m.decode() if isinstance(m, bytes) else m for m in raw)
+        lost = [job_id for job_id, q in rows if job_id not in waiting[q]]
+        if lost:
+            with self.sessions() as s:
+                s.execute(
+                    sa.update(Job)
+                    .where(Job.id.in_(lost), Job.status == "queued", Job.dispatched_at < cutoff)
+                    .values(dispatched_at=None)
+                )
+                s.commit()
+            log.warning("re-dispatching %d job(s) whose message was lost: %s", len(lost), lost)
+        return len(lost)
+
+    def lead(self) -> bool:
+        """Take or renew the leader lock; only the leader sweeps."""
+        try:
+            if self._leader:
+                self._lock.reacquire()
+            else:
+                self._leader = bool(self._lock.acquire(blocking=False))
+        except (LockError, redis.RedisError):
+            self._leader = False
+        return self._leader
+
+    def close(self) -> None:
+        """Release broker connections."""
+        try:
+            self.celery.close()
+        except Exception:
+            log.debug("closing the celery app failed", exc_info=True)
+
+    def _leader_pass(self) -> None:
+        for step in (self.reconcile_once, self.resend_lost_once, self.sweep_once):
+            try:
+                step()
+            except (sa.exc.SQLAlchemyError, redis.RedisError) as exc:
+                log.warning("dispatcher %s failed (will retry): %s", step.__name__, exc)
+
+    def _resign(self) -> None:
+        if self._leader:
+            with contextlib.suppress(LockError, redis.RedisError):
+                self._lock.release()
+            self._leader = False
+
+    def _mark_dispatched(self, job_id: str) -> None:
+        with self.sessions() as s:
+            s.execute(
+                sa.update(Job)
+                .where(Job.id == job_id, Job.status == "queued", Job.dispatched_at.is_(None))
+                .values(dispatched_at=utcnow())
+            )
+            s.commit()
+
+
+def _reap_event(job: Job) -> tuple[str, dict[str, Any]]:
+    """The event that explains what reaping this job's expired attempt does."""
+    lost = {"code": "worker_lost", "message": "the worker stopped renewing its lease"}
+    if job.status == "cancelling":
+        return "cancelled", {"reason": "cancel requested; the worker was lost"}
+    if job.attempt >= job.max_attempts:
+        return "failed", lost
+    return "warning", {**lost, "message": lost["message"] + "; the job goes back to the queue"}

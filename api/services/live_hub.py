@@ -1,0 +1,227 @@
+"""The live hub: one Redis stream reader per watched job per API process, fanned out to
+every WebSocket / SSE watcher of that job through bounded per-watcher queues.
+
+A reader starts at the stream's current last entry (looked up with XREVRANGE, so no
+entry added between "subscribe" and the first XREAD is missed, which ``$`` would
+allow) and then follows ``XREAD BLOCK`` from the last id it delivered. Entries are
+decoded once and shared by all watchers. A watcher whose queue is full is cut off:
+its subscription is marked overflowed and receives nothing more, so a slow client
+never slows the reader, the other watchers or the worker; :mod:`api.services.watch` turns
+that into a ``gap`` message and the client resumes from its cursor.
+
+Runs on the server's event loop (redis.asyncio with a BlockingConnectionPool; a
+plain pool broke under 200 watchers, see FIELD-NOTES).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections import deque
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+
+from api.contracts.stream import decode, telemetry_key
+
+log = logging.getLogger(__name__)
+
+Position = tuple[int, int]
+"""A stream entry id ``"ms-seq"`` as a comparable pair."""
+
+
+def parse_position(entry_id: str | bytes) -> Position:
+    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
+    ms, _, seq = text.partition("-")
+    return int(ms), int(seq or 0)
+
+
+def format_position(pos: Position) -> str:
+    return f"{pos[0]}-{pos[1]}"
+
+
+@dataclass(slots=True)
+class LiveEntry:
+    """One decoded stream entry, shared read-only by every watcher of the job; ``text``
+    caches its encoded message so 500 watchers cost one ``json.dumps``."""
+
+    pos: Position
+    item: dict[str, Any]
+    text: str | None = None
+
+
+@dataclass(eq=False)
+class Subscription:
+    """One watcher's bounded inbox. ``overflowed`` is set (and nothing more arrives) once
+    the watcher fell ``maxsize`` entries behind."""
+
+    job_id: str
+    maxsize: int
+    entries: deque[LiveEntry] = field(default_factory=deque)
+    overflowed: bool = False
+    on_overflow: Callable[[], object] | None = None
+    _wake: asyncio.Event = field(default_factory=asyncio.Event)
+
+    def offer(self, batch: list[LiveEntry]) -> bool:
+        """Queue a batch; False (and overflowed) when it does not fit."""
+        if self.overflowed:
+            return False
+        if len(self.entries) + len(batch) > self.maxsize:
+            self.overflowed = True
+            self.entries.clear()  # nothing of it will be sent: free the memory now
+            self._wake.set()
+            if self.on_overflow is not None:
+                self.on_overflow()
+            return False
+        self.entries.extend(batch)
+        self._wake.set()
+        return True
+
+    async def wait(self, timeout: float) -> None:
+        """Return once entries are queued, the subscription overflowed, or ``timeout`` passed."""
+        if self.entries or self.overflowed:
+            return
+        self._wake.clear()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await self._wake.wait()
+
+    def take(self) -> list[LiveEntry]:
+        out = list(self.entries)
+        self.entries.clear()
+        return out
+
+
+class _Reader:
+    """The single XREAD loop of one job in this process."""
+
+    def __init__(self, hub: LiveHub, job_id: str, start: str) -> None:
+        self.hub = hub
+        self.job_id = job_id
+        self.key = telemetry_key(job_id)
+        self.last = start
+        self.subs: set[Subscription] = set()
+        self.task: asyncio.Task[None] | None = None
+
+    async def run(self) -> None:
+        backoff = 0.2
+        while self.subs:
+            try:
+                reply: Any = await self.hub.redis.xread(
+                    {self.key: self.last}, count=self.hub.batch, block=self.hub.block_ms
+                )
+                backoff = 0.2
+            except (redis.RedisError, OSError) as exc:
+                log.warning("live reader for job %s: %s; retrying", self.job_id, exc)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                continue
+            for _key, raw in reply or []:
+                if raw:
+                    self._deliver(raw)
+        if self.hub.readers.get(self.job_id) is self:
+            del self.hub.readers[self.job_id]
+
+    def _deliver(self, raw: list[tuple[Any, dict[Any, Any]]]) -> None:
+        batch: list[LiveEntry] = []
+        for eid, fields in raw:
+            try:
+                batch.append(LiveEntry(parse_position(eid), decode(fields)))
+            except (KeyError, ValueError):
+                log.error("job %s: undecodable stream entry %r skipped", self.job_id, eid)
+        last = raw[-1][0]
+        self.last = last.decode() if isinstance(last, bytes) else str(last)
+        for sub in list(self.subs):
+            if not sub.offer(batch):
+                self.subs.discard(sub)
+                self.hub.overflows += 1
+
+
+class LiveHub:
+    """Shared stream readers. ``async with hub.subscribe(job_id) as sub`` registers a
+    watcher; every entry appended after registration reaches ``sub`` (or overflows it)."""
+
+    def __init__(
+        self,
+        redis_url: str,
+        *,
+        queue_size: int = 4096,
+        block_ms: int = 1000,
+        batch: int = 500,
+        max_connections: int = 256,
+    ) -> None:
+        self.queue_size = queue_size
+        self.block_ms = block_ms
+        self.batch = batch
+        # A blocked XREAD holds its connection for block_ms: keep the socket timeout above it.
+        timeout = block_ms / 1000 + 10
+        self.pool = aioredis.BlockingConnectionPool.from_url(
+            redis_url,
+            max_connections=max_connections,
+            timeout=timeout,
+            socket_timeout=timeout,
+            socket_connect_timeout=5,
+        )
+        self.redis = aioredis.Redis(connection_pool=self.pool)
+        self.readers: dict[str, _Reader] = {}
+        self.overflows = 0
+
+    @contextlib.asynccontextmanager
+    async def subscribe(self, job_id: str) -> AsyncIterator[Subscription]:
+        """Register a watcher for ``job_id``'s new stream entries while the block runs."""
+        sub = Subscription(job_id, self.queue_size)
+        reader = self.readers.get(job_id)
+        if reader is None:
+            start = await self._last_id(job_id)
+            reader = self.readers.get(job_id)  # another watcher may have started one meanwhile
+            if reader is None:
+                reader = _Reader(self, job_id, start)
+                self.readers[job_id] = reader
+        reader.subs.add(sub)
+        if reader.task is None or reader.task.done():
+            reader.task = asyncio.create_task(reader.run(), name=f"live-reader-{job_id}")
+        try:
+            yield sub
+        finally:
+            reader.subs.discard(sub)
+
+    async def _last_id(self, job_id: str) -> str:
+        reply: Any = await self.redis.xrevrange(telemetry_key(job_id), "+", "-", count=1)
+        if not reply:
+            return "0-0"
+        eid = reply[0][0]
+        return eid.decode() if isinstance(eid, bytes) else str(eid)
+
+    async def read_range(self, job_id: str, after: Position, count: int = 1000) -> list[LiveEntry]:
+        """Entries strictly after ``after`` still held by the stream (one page)."""
+        raw: Any = await self.redis.xrange(
+            telemetry_key(job_id), min=f"({format_position(after)}", max="+", count=count
+        )
+        out = []
+        for eid, fields in raw:
+            try:
+                out.append(LiveEntry(parse_position(eid), decode(fields)))
+            except (KeyError, ValueError):
+                log.error("job %s: undecodable stream entry %r skipped", job_id, eid)
+        return out
+
+    async def first_position(self, job_id: str) -> Position | None:
+        """The oldest entry the stream still holds (None when it is empty or gone)."""
+        reply: Any = await self.redis.xrange(telemetry_key(job_id), "-", "+", count=1)
+        return parse_position(reply[0][0]) if reply else None
+
+    async def close(self) -> None:
+        """Stop every reader and close the pool."""
+        tasks = [r.task for r in self.readers.values() if r.task is not None]
+        for reader in self.readers.values():
+            reader.subs.clear()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self.readers.clear()
+        await self.redis.aclose()
+        await self.pool.disconnect()

@@ -1,0 +1,47 @@
+"""Who is calling: bearer tokens checked against the hashed ``api_tokens`` table.
+
+Shared by HTTP (:mod:`api.web.deps`) and, later, WebSocket handshakes, so both
+authenticate and authorize jobs the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy.orm import Session
+
+from api.store import tokens
+from api.store.models import Job
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """An authenticated caller: the token's name (jobs' ``owner``) and whether it is an admin."""
+
+    name: str
+    is_admin: bool = False
+
+    def can_see(self, job: Job) -> bool:
+        """Admins see every job; everyone else only their own."""
+        return self.is_admin or job.owner == self.name
+
+
+def bearer_token(authorization: str | None) -> str | None:
+    """The token in an ``Authorization: Bearer TOKEN`` header value, or None."""
+    if not authorization:
+        return None
+    scheme, _, token = authorization.partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        return None
+    return token
+
+
+def authenticate(s: Session, token: str | None) -> Principal | None:
+    """The principal a plaintext token belongs to, or None when it is unknown."""
+    if not token:
+        return None
+    row = tokens.verify(s, token)
+    if row is None:
+        return None
+    return Principal(name=row.name, is_admin=bool(row.is_admin))

@@ -1,0 +1,90 @@
+"""Request dependencies as typed aliases: ``SessionDep``, ``CurrentUser``, ``ServicesDep``.
+
+One database session per request, and this is the one place that commits:
+the session dependency commits after the handler returned (before the response
+is sent, hence ``scope="function"``) and rolls back when anything raised.
+Work that must only happen once the data is durable (dispatching a job,
+setting a Redis cancel key) is registered with :func:`after_commit`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy.orm import Session
+
+from api.services.runtime import Services
+from api.store.jobs import get_job
+from api.store.models import Job
+from api.web.auth import Principal, authenticate
+from api.web.errors import NotFound, Unauthorized
+
+log = logging.getLogger(__name__)
+
+_AFTER_COMMIT = "amptrain.after_commit"
+
+
+def get_services(request: Request) -> Services:
+    services: Services = request.app.state.services
+    return services
+
+
+ServicesDep = Annotated[Services, Depends(get_services)]
+
+
+def get_session(services: ServicesDep) -> Iterator[Session]:
+    """The request's session: commit on success, roll back on error, then run after-commit hooks."""
+    session = services.session_factory()
+    try:
+        yield session
+        session.commit()
+    except BaseException:
+        session.rollback()
+        raise
+    finally:
+        hooks: list[Callable[[], object]] = session.info.pop(_AFTER_COMMIT, [])
+        session.close()
+    for hook in hooks:
+        try:
+            hook()
+        except Exception:
+            # The transaction is durable; a failed side effect is retried by its own loop.
+            log.exception("after-commit hook failed")
+
+
+SessionDep = Annotated[Session, Depends(get_session, scope="function")]
+
+
+def after_commit(session: Session, hook: Callable[[], object]) -> None:
+    """Run ``hook`` once this request's transaction has committed (never on rollback)."""
+    session.info.setdefault(_AFTER_COMMIT, []).append(hook)
+
+
+_bearer = HTTPBearer(auto_error=False, description="An amptrain API token.")
+
+
+def get_current_user(
+    session: SessionDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Principal:
+    """The caller behind ``Authorization: Bearer TOKEN``; 401 otherwise."""
+    token = credentials.credentials if credentials else None
+    principal = authenticate(session, token)
+    if principal is None:
+        raise Unauthorized()
+    return principal
+
+
+CurrentUser = Annotated[Principal, Depends(get_current_user)]
+
+
+def visible_job(session: Session, user: Principal, job_id: str) -> Job:
+    """The job if it exists and the caller may see it; 404 otherwise (never 403, so ids don't leak)."""
+    job = get_job(session, job_id)
+    if job is None or not user.can_see(job):
+        raise NotFound(f"no job {job_id}")
+    return job

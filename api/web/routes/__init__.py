@@ -1,0 +1,18 @@
+"""HTTP routes, one module per resource; :data:`ROUTERS` is what the app mounts."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+
+from api.web.routes import catalog, checkpoints, health, jobs, live, metrics, telemetry, workers
+
+ROUTERS: tuple[APIRouter, ...] = (
+    health.router,
+    metrics.router,
+    catalog.router,
+    jobs.router,
+    telemetry.router,
+    checkpoints.router,
+    live.router,
+    workers.router,
+)

@@ -1,0 +1,45 @@
+"""Liveness and readiness; the only endpoints without authentication."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from fastapi import APIRouter
+
+from api.web.deps import ServicesDep
+from api.web.errors import Unavailable
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz")
+def healthz() -> dict[str, str]:
+    """The process is up and serving."""
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+def readyz(services: ServicesDep) -> dict[str, Any]:
+    """The database and Redis are reachable; 503 naming the failing one otherwise."""
+    checks = {"database": _check_database(services), "redis": _check_redis(services)}
+    if any(result != "ok" for result in checks.values()):
+        raise Unavailable(checks)
+    return {"status": "ready", **checks}
+
+
+def _check_database(services: ServicesDep) -> str:
+    try:
+        with services.engine.connect() as conn:
+            conn.execute(sa.text("SELECT 1"))
+    except Exception as exc:
+        return f"error: {type(exc).__name__}"
+    return "ok"
+
+
+def _check_redis(services: ServicesDep) -> str:
+    try:
+        services.redis.ping()
+    except Exception as exc:
+        return f"error: {type(exc).__name__}"
+    return "ok"

@@ -1,0 +1,174 @@
+"""Jobs: submit (idempotent), read, list (keyset-paged, newest first), cancel."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+from datetime import datetime
+from typing import Annotated
+
+import sqlalchemy as sa
+from fastapi import APIRouter, Header, Query, Response, status
+from sqlalchemy.exc import IntegrityError
+
+from api.contracts.stream import cancel_key
+from api.services.dispatcher import queue_for
+from api.store import jobs as repo
+from api.store.models import JOB_STATUSES, Job
+from api.web.deps import CurrentUser, ServicesDep, SessionDep, after_commit, visible_job
+from api.web.errors import Conflict, NotFound, ValidationFailed, field_problems
+from api.web.schemas import JobOut, JobPage
+from trainer_core.contract.catalog import validate_components
+from trainer_core.contract.spec import JobSpec
+
+router = APIRouter(prefix="/jobs", tags=["jobs"])
+
+CANCEL_KEY_TTL_S = 7 * 24 * 3600  # outlives any grace period; the job's status is the truth
+
+
+def request_hash(spec: JobSpec) -> str:
+    """Fingerprint of the submitted spec (after defaults), for Idempotency-Key replays."""
+    canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+@router.post("", status_code=status.HTTP_201_CREATED, response_model=JobOut)
+def submit_job(
+    spec: JobSpec,
+    session: SessionDep,
+    user: CurrentUser,
+    services: ServicesDep,
+    response: Response,
+    idempotency_key: Annotated[
+        str | None, Header(alias="Idempotency-Key", min_length=1, max_length=200)
+    ] = None,
+) -> JobOut:
+    """Queue a training job. With an ``Idempotency-Key`` the same key and body return the
+    original job (200); the same key with another body is a 409."""
+    problems = validate_components(spec)
+    if problems:
+        raise ValidationFailed(field_problems(problems))
+    digest = request_hash(spec)
+    if idempotency_key:
+        existing = repo.find_by_idempotency_key(session, user.name, idempotency_key)
+        if existing is not None:
+            return _replay(existing, digest, response)
+    try:
+        job = repo.create_job(session, spec, user.name, queue_for(spec), idempotency_key, digest)
+    except IntegrityError:
+        # A concurrent request with the same key won the insert.
+        session.rollback()
+        existing = (
+            repo.find_by_idempotency_key(session, user.name, idempotency_key)
+            if idempotency_key
+            else None
+        )
+        if existing is None:
+            raise
+        return _replay(existing, digest, response)
+    job_id, queue_name, dispatcher = job.id, job.queue, services.dispatcher
+    after_commit(session, lambda: dispatcher.submit(job_id, queue_name))
+    return JobOut.from_job(job)
+
+
+def _replay(job: Job, digest: str, response: Response) -> JobOut:
+    if job.request_hash != digest:
+        raise Conflict("Idempotency-Key was already used with a different request body")
+    response.status_code = status.HTTP_200_OK
+    return JobOut.from_job(job)
+
+
+@router.get("", response_model=JobPage)
+def list_jobs(
+    session: SessionDep,
+    user: CurrentUser,
+    status_filter: Annotated[
+        str | None,
+        Query(alias="status", description="One status or a comma-separated list."),
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    cursor: Annotated[
+        str | None, Query(description="``next_cursor`` of the previous page.")
+    ] = None,
+) -> JobPage:
+    """Jobs the caller may see, newest first, paged by an opaque keyset cursor."""
+    query = sa.select(Job)
+    if not user.is_admin:
+        query = query.where(Job.owner == user.name)
+    if status_filter:
+        wanted = [s.strip() for s in status_filter.split(",") if s.strip()]
+        bad = [s for s in wanted if s not in JOB_STATUSES]
+        if bad:
+            raise ValidationFailed(
+                [
+                    {
+                        "field": "query.status",
+                        "message": f"unknown status {b!r}; expected one of "
+                        f"{', '.join(JOB_STATUSES)}",
+                        "type": "enum",
+                    }
+                    for b in bad
+                ]
+            )
+        query = query.where(Job.status.in_(wanted))
+    if cursor:
+        created_at, job_id = decode_cursor(cursor)
+        query = query.where(
+            sa.or_(
+                Job.created_at < created_at,
+                sa.and_(Job.created_at == created_at, Job.id < job_id),
+            )
+        )
+    rows = session.scalars(
+        query.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)
+    ).all()
+    items = rows[:limit]
+    next_cursor = encode_cursor(items[-1]) if len(rows) > limit else None
+    return JobPage(items=[JobOut.from_job(j) for j in items], next_cursor=next_cursor)
+
+
+def encode_cursor(job: Job) -> str:
+    raw = f"{job.created_at.isoformat()}|{job.id}".encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, str]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        stamp, _, job_id = raw.partition("|")
+        created_at = datetime.fromisoformat(stamp)
+        if not job_id or created_at.tzinfo is None:
+            raise ValueError(raw)
+    except (ValueError, binascii.Error, UnicodeDecodeError):
+        raise ValidationFailed(
+            [{"field": "query.cursor", "message": "invalid cursor", "type": "value_error"}]
+        ) from None
+    return created_at, job_id
+
+
+@router.get("/{job_id}", response_model=JobOut)
+def read_job(job_id: str, session: SessionDep, user: CurrentUser) -> JobOut:
+    """One job: status, progress, precision, error and latest metrics summary."""
+    return JobOut.from_job(visible_job(session, user, job_id))
+
+
+@router.post("/{job_id}/cancel", status_code=status.HTTP_202_ACCEPTED, response_model=JobOut)
+def cancel_job(
+    job_id: str, session: SessionDep, user: CurrentUser, services: ServicesDep
+) -> JobOut:
+    """Stop a job: a queued one ends ``cancelled`` at once, a running one turns ``cancelling``
+    and its worker stops at the next step boundary. A finished job is a 409."""
+    visible_job(session, user, job_id)
+    try:
+        new_status = repo.request_cancel(session, job_id)
+    except repo.JobFinished as exc:
+        raise Conflict(f"job {job_id} already {exc.status}") from None
+    except repo.JobNotFound:
+        raise NotFound(f"no job {job_id}") from None
+    if new_status == "cancelling":
+        client = services.redis
+        after_commit(session, lambda: client.set(cancel_key(job_id), "1", ex=CANCEL_KEY_TTL_S))
+    session.expire_all()
+    return JobOut.from_job(visible_job(session, user, job_id))

@@ -1,0 +1,209 @@
+"""Live telemetry: ``WS /jobs/{id}/ws?after=CURSOR`` and SSE ``GET /jobs/{id}/stream``.
+
+Both send the messages of :mod:`api.services.watch` (``metric``, ``event``, ``end``,
+``heartbeat``, ``gap``); see there for the cursor scheme.
+
+WebSocket authentication: an ``Authorization: Bearer TOKEN`` header, or (browsers
+cannot set headers) the subprotocol pair ``bearer, TOKEN``, answered with the
+subprotocol ``bearer``. Never a token in the query string. A missing or unknown
+token, or a job the caller may not see, is refused with close code 1008 before the
+handshake completes (the client sees the upgrade answered with HTTP 403).
+
+Close codes: 1000 after ``end``; 1013 (try again later) after ``gap``, i.e. the
+client fell a whole queue behind and should reconnect with ``after=`` the gap's
+cursor; 1008 refused; 4400 a malformed ``after``. A client that stops reading
+entirely is disconnected without a close frame a few seconds after its ``gap``.
+
+SSE (served by Starlette's StreamingResponse, no extra dependency): each message is
+``event: TYPE`` + ``data: JSON``; metric and event messages carry ``id: CURSOR``, so
+an EventSource resumes with ``Last-Event-ID`` (``after=`` works too).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Annotated, Any
+
+import anyio
+from fastapi import APIRouter, Header, Query, Request, WebSocket, WebSocketDisconnect
+from fastapi.responses import StreamingResponse
+from sqlalchemy.orm import Session, sessionmaker
+from starlette.types import Receive, Scope, Send
+
+from api.services.live_hub import LiveHub
+from api.services.watch import Out, Watch
+from api.store.jobs import get_job
+from api.store.metrics import parse_cursor
+from api.web.auth import authenticate, bearer_token
+from api.web.deps import CurrentUser, SessionDep, visible_job
+from api.web.errors import ValidationFailed
+
+router = APIRouter(prefix="/jobs", tags=["live"])
+
+GAP_GRACE_S = 3.0
+"""How long a client that overflowed gets to read its ``gap`` before it is cut off."""
+CLOSE_POLICY = 1008
+CLOSE_GAP = 1013
+CLOSE_BAD_CURSOR = 4400
+
+
+def get_hub(app: Any) -> LiveHub:
+    hub: LiveHub = app.state.hub
+    return hub
+
+
+def open_watch(app: Any, job_id: str, after: str | None) -> Watch:
+    """One watcher's message stream (history after ``after``, then live), for WS and SSE alike."""
+    services = app.state.services
+    return Watch(
+        get_hub(app),
+        services.session_factory,
+        job_id,
+        after,
+        heartbeat_s=services.settings.live_heartbeat_seconds,
+    )
+
+
+# -- WebSocket --------------------------------------------------------------------------
+
+
+def ws_credentials(ws: WebSocket) -> tuple[str | None, bool]:
+    """(token, answered with subprotocol ``bearer``) from the header or the subprotocols."""
+    token = bearer_token(ws.headers.get("authorization"))
+    if token:
+        return token, "bearer" in ws.scope.get("subprotocols", [])
+    protocols = [p.strip() for p in ws.scope.get("subprotocols", [])]
+    if "bearer" in protocols:
+        i = protocols.index("bearer")
+        if i + 1 < len(protocols) and protocols[i + 1]:
+            return protocols[i + 1], True
+    return None, False
+
+
+def may_watch(sessions: sessionmaker[Session], token: str | None, job_id: str) -> bool:
+    """The token is valid and its owner may see the job."""
+    if not token:
+        return False
+    with sessions() as s:
+        principal = authenticate(s, token)
+        if principal is None:
+            return False
+        job = get_job(s, job_id)
+        return job is not None and principal.can_see(job)
+
+
+@router.websocket("/{job_id}/ws")
+async def watch_ws(ws: WebSocket, job_id: str, after: str | None = None) -> None:
+    """History after ``after``, then the live tail; ``end`` and close 1000 when the job ends."""
+    services = ws.app.state.services
+    token, subprotocol = ws_credentials(ws)
+    if not await anyio.to_thread.run_sync(may_watch, services.session_factory, token, job_id):
+        await ws.close(code=CLOSE_POLICY)
+        return
+    await ws.accept(subprotocol="bearer" if subprotocol else None)
+    if after is not None and not _valid_cursor(after):
+        await ws.close(code=CLOSE_BAD_CURSOR, reason="after: expected a cursor 'MS-SEQ'")
+        return
+    watch = open_watch(ws.app, job_id, after)
+    pump = asyncio.create_task(_pump(ws, watch))
+    listen = asyncio.create_task(_until_disconnect(ws))
+    cut = asyncio.create_task(watch.overflowed.wait())
+    try:
+        done, _ = await asyncio.wait({pump, listen, cut}, return_when=asyncio.FIRST_COMPLETED)
+        if cut in done and pump not in done:
+            # Give a slow client the chance to read its gap; a stalled one is cut off.
+            await asyncio.wait(
+                {pump, listen}, timeout=GAP_GRACE_S, return_when=asyncio.FIRST_COMPLETED
+            )
+    finally:
+        for task in (pump, listen, cut):
+            task.cancel()
+        await asyncio.gather(pump, listen, cut, return_exceptions=True)
+
+
+async def _pump(ws: WebSocket, watch: Watch) -> None:
+    with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
+        async with contextlib.aclosing(watch.messages()) as messages:
+            async for out in messages:
+                await ws.send_text(out.text)
+        await ws.close(code=CLOSE_GAP if watch.overflowed.is_set() else 1000)
+
+
+async def _until_disconnect(ws: WebSocket) -> None:
+    """Clients send nothing we need; reading is how a disconnect is noticed."""
+    while True:
+        message = await ws.receive()
+        if message["type"] == "websocket.disconnect":
+            return
+
+
+def _valid_cursor(cursor: str) -> bool:
+    try:
+        parse_cursor(cursor)
+    except ValueError:
+        return False
+    return True
+
+
+# -- Server-Sent Events -----------------------------------------------------------------
+
+
+def sse_frame(out: Out) -> str:
+    head = f"id: {out.cursor}\n" if out.type in ("metric", "event") and out.cursor else ""
+    return f"{head}event: {out.type}\ndata: {out.text}\n\n"
+
+
+class _SSEResponse(StreamingResponse):
+    """A StreamingResponse that gives up on a client that overflowed and stopped reading."""
+
+    def __init__(self, watch: Watch) -> None:
+        self.watch = watch
+        super().__init__(
+            self._frames(),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+
+    async def _frames(self) -> AsyncIterator[str]:
+        async with contextlib.aclosing(self.watch.messages()) as messages:
+            async for out in messages:
+                yield sse_frame(out)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async with anyio.create_task_group() as tg:
+
+            async def guard() -> None:
+                await self.watch.overflowed.wait()
+                await anyio.sleep(GAP_GRACE_S)
+                tg.cancel_scope.cancel()
+
+            tg.start_soon(guard)
+            await super().__call__(scope, receive, send)
+            tg.cancel_scope.cancel()
+
+
+@router.get("/{job_id}/stream", response_class=StreamingResponse)
+def watch_sse(
+    job_id: str,
+    request: Request,
+    session: SessionDep,
+    user: CurrentUser,
+    after: Annotated[str | None, Query(description="Resume after this cursor.")] = None,
+    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
+) -> StreamingResponse:
+    """The WebSocket's messages as Server-Sent Events; ``Last-Event-ID`` (or ``after``) resumes."""
+    visible_job(session, user, job_id)
+    cursor = last_event_id or after
+    if cursor is not None and not _valid_cursor(cursor):
+        raise ValidationFailed(
+            [
+                {
+                    "field": "header.Last-Event-ID",
+                    "message": "expected 'MS-SEQ'",
+                    "type": "value_error",
+                }
+            ]
+        )
+    return _SSEResponse(open_watch(request.app, job_id, cursor))

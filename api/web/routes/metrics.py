@@ -1,0 +1,23 @@
+"""``GET /metrics``: Prometheus text format, without authentication.
+
+Like the health checks, it is meant for scrapers inside the cluster: it holds
+counts and latencies, never job contents, specs or tokens. Do not route it
+through a public ingress (deploy/README.md). Not to be confused with
+``GET /jobs/{id}/metrics``, a job's telemetry.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from api.services.observability import exposition
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/metrics", response_class=Response)
+def prometheus_metrics(request: Request) -> Response:
+    """Jobs by status, queue depth, dispatch latency, recorder, watchers, request latency."""
+    registry = getattr(request.app.state, "metrics_registry", None)
+    return Response(exposition(registry), media_type=CONTENT_TYPE_LATEST)

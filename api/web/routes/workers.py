@@ -1,0 +1,46 @@
+"""``GET /workers``: live workers, their devices, queues and current jobs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from fastapi import APIRouter
+
+from api.contracts import presence
+from api.store.models import Job
+from api.web.deps import CurrentUser, ServicesDep, SessionDep
+from api.web.errors import Unavailable
+
+router = APIRouter(tags=["workers"])
+
+
+@router.get("/workers")
+def list_workers(services: ServicesDep, session: SessionDep, user: CurrentUser) -> dict[str, Any]:
+    """Workers that heartbeated within their TTL, newest first.
+
+    Each has ``name``, ``hostname``, ``queues``, ``concurrency``, ``devices``
+    (the capability report), ``versions``, ``started_at``, ``last_heartbeat``
+    (unix seconds) and ``current_jobs`` (slot, job id, attempt, GPU, latest
+    step, throughput, loss scale, memory). Of a job the caller may not see
+    only ``slot`` and ``gpu`` are shown.
+    """
+    try:
+        workers = presence.read_workers(services.redis)
+    except Exception as exc:
+        raise Unavailable({"redis": f"error: {type(exc).__name__}"}) from exc
+    if not user.is_admin:
+        _hide_foreign_jobs(session, user.name, workers)
+    return {"items": workers}
+
+
+def _hide_foreign_jobs(session: SessionDep, owner: str, workers: list[dict[str, Any]]) -> None:
+    ids = {j.get("job_id") for w in workers for j in w["current_jobs"]} - {None}
+    if not ids:
+        return
+    mine = set(session.scalars(sa.select(Job.id).where(Job.id.in_(ids), Job.owner == owner)))
+    for w in workers:
+        w["current_jobs"] = [
+            j if j.get("job_id") in mine else {"slot": j.get("slot"), "gpu": j.get("gpu")}
+            for j in w["current_jobs"]
+        ]

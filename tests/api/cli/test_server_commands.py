@@ -1,0 +1,79 @@
+"""``amptrain db``, ``amptrain token`` and the admin token the API generates, as real processes."""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import httpx
+
+from api.cli.embedded_redis import EmbeddedRedis
+from api.store import migrate
+from tests.support.stack import Stack
+
+
+def amptrain(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "api.cli.main", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def clean_env(**values: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AMPTRAIN_")}
+    return {**env, **values}
+
+
+def test_db_upgrade_token_create_and_downgrade(database_url: str, tmp_path: Path) -> None:
+    env = clean_env(AMPTRAIN_DATA_DIR=str(tmp_path), AMPTRAIN_DATABASE_URL=database_url)
+    up = amptrain("db", "upgrade", env=env)
+    assert up.returncode == 0, up.stderr
+    assert migrate.current_revision(database_url) == migrate.head_revision()
+
+    made = amptrain("token", "create", "ci-bot", env=env)
+    assert made.returncode == 0, made.stderr
+    token = made.stdout.strip()
+    assert len(token) > 20 and "\n" not in token
+    dup = amptrain("token", "create", "ci-bot", env=env)
+    assert dup.returncode != 0 and "already exists" in dup.stderr
+
+    down = amptrain("db", "downgrade", "base", env=env)
+    assert down.returncode == 0, down.stderr
+    assert migrate.current_revision(database_url) is None
+
+
+def test_default_database_lives_in_the_data_dir(tmp_path: Path) -> None:
+    env = clean_env(AMPTRAIN_DATA_DIR=str(tmp_path / "data"))
+    assert amptrain("db", "upgrade", env=env).returncode == 0
+    assert (tmp_path / "data" / "amptrain.db").exists()
+
+
+def test_generated_admin_token_is_printed_once_and_saved_private(
+    database_url: str, redis_server: EmbeddedRedis, tmp_path: Path
+) -> None:
+    stack = Stack(tmp_path, database_url, redis_server)
+    del stack.env["AMPTRAIN_ADMIN_TOKEN"]
+    try:
+        stack.start_api()
+        saved = tmp_path / "admin-token"
+        assert stat.S_IMODE(saved.stat().st_mode) == 0o600
+        token = saved.read_text().strip()
+        printed = re.findall(r"admin token.*: (\S+)", (tmp_path / "api.log").read_text())
+        assert printed == [token]
+        headers = {"Authorization": f"Bearer {token}"}
+        assert httpx.get(f"{stack.client.base_url}/jobs", headers=headers).status_code == 200
+
+        stack.kill("api", 15)
+        stack.start_api()  # same data directory: reuses the token, prints nothing new
+        printed = re.findall(r"admin token.*: (\S+)", (tmp_path / "api.log").read_text())
+        assert printed == [token]
+        assert httpx.get(f"{stack.client.base_url}/jobs", headers=headers).status_code == 200
+    finally:
+        stack.close()

@@ -1,0 +1,48 @@
+"""The checks CI enforces, as tests: lint, format, types and the architecture's import rules."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    tool = shutil.which(args[0], path=str(BIN)) or args[0]
+    return subprocess.run([tool, *args[1:]], cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        ("ruff", "check", "."),
+        ("ruff", "format", "--check", "."),
+        ("lint-imports",),
+        ("mypy",),
+    ],
+    ids=["ruff-check", "ruff-format", "import-contracts", "mypy"],
+)
+def test_tool_passes(command: tuple[str, ...]) -> None:
+    result = run(*command)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-2000:]
+
+
+@pytest.mark.parametrize(
+    "module",
+    [
+        "api.web.app",
+        "api.store.jobs",
+        "trainer_core.contract.catalog",
+        "trainer_core.contract.spec",
+    ],
+)
+def test_control_plane_modules_do_not_import_torch(module: str) -> None:
+    code = f"import sys, {module}; assert 'torch' not in sys.modules, 'torch was imported'"
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr[-2000:]

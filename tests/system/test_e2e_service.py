@@ -1,0 +1,130 @@
+"""End to end with real processes: uvicorn API, Celery worker, private Redis, SQLite/PostgreSQL."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from api.cli.embedded_redis import EmbeddedRedis
+from tests.support.specs import service_job
+from tests.support.stack import Stack, wait_until
+from trainer_core.contract.records import METRIC_FIELDS
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture
+def stack(database_url: str, redis_server: EmbeddedRedis, tmp_path: Path) -> Iterator[Stack]:
+    s = Stack(tmp_path, database_url, redis_server)
+    s.start_api()
+    s.start_worker()
+    yield s
+    s.close()
+
+
+def wait_for_points(stack: Stack, job_id: str, count: int) -> list[dict[str, Any]]:
+    """The recorder persists asynchronously: wait until every point has reached SQL."""
+    return wait_until(
+        lambda: (pts := stack.all_metrics(job_id)) and len(pts) >= count and pts,
+        30,
+        f"{count} metric points of {job_id}",
+    )
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
+def test_job_trains_and_reports_every_step(stack: Stack, precision: str) -> None:
+    job = stack.submit(service_job(precision))
+    assert job["status"] == "queued"
+    done = stack.wait_for_status(job["id"], "succeeded", "failed")
+    assert done["status"] == "succeeded", done["error"]
+    assert done["precision"] == {
+        "requested": precision,
+        "effective": precision,
+        "reason": done["precision"]["reason"],
+    }
+
+    points = wait_for_points(stack, job["id"], 30)
+    assert [p["step"] for p in points] == list(range(1, 31))
+    for p in points:
+        assert set(METRIC_FIELDS) | {"attempt", "cursor"} <= set(p)
+        assert p["attempt"] == 1
+    assert (points[0]["loss_scale"] is not None) == (precision == "fp16")
+
+    started = [e for e in stack.events(job["id"]) if e["type"] == "started"]
+    assert len(started) == 1 and started[0]["data"]["precision"]["effective"] == precision
+
+    final = stack.job(job["id"])
+    last = points[-1]
+    assert final["step"] == 30
+    assert final["summary"]["loss"] == pytest.approx(last["loss"])
+    assert final["summary"]["loss_scale"] == last["loss_scale"]
+    assert final["summary"]["skipped_steps"] == last["skipped_steps"]
+    assert final["summary"]["memory_peak"] == last["memory_peak"]
+    assert final["summary"]["samples_per_second"] == pytest.approx(last["samples_per_second"])
+
+
+def test_cursor_paging_returns_every_point_once(stack: Stack) -> None:
+    job = stack.submit(service_job(max_steps=40))
+    stack.wait_for_status(job["id"], "succeeded")
+    wait_for_points(stack, job["id"], 40)
+    paged = stack.all_metrics(job["id"], limit=7)
+    assert [p["step"] for p in paged] == list(range(1, 41))
+    # A cursor taken from the middle returns only what came after it.
+    rest = stack.client.get(
+        f"/jobs/{job['id']}/metrics", params={"after": paged[19]["cursor"], "limit": 100}
+    ).json()
+    assert [p["step"] for p in rest["items"]] == list(range(21, 41))
+
+
+def test_idempotent_resubmission_returns_the_same_job(stack: Stack) -> None:
+    spec = service_job(max_steps=5)
+    first = stack.client.post("/jobs", json=spec, headers={"Idempotency-Key": "abc"})
+    again = stack.client.post("/jobs", json=spec, headers={"Idempotency-Key": "abc"})
+    other = stack.client.post(
+        "/jobs", json={**spec, "max_steps": 6}, headers={"Idempotency-Key": "abc"}
+    )
+    assert (first.status_code, again.status_code, other.status_code) == (201, 200, 409)
+    assert again.json()["id"] == first.json()["id"]
+    listed = stack.client.get("/jobs").json()["items"]
+    assert [j["id"] for j in listed] == [first.json()["id"]]
+
+
+def test_cancel_stops_a_long_job(stack: Stack) -> None:
+    job = stack.submit(service_job(max_steps=1_000_000))
+    stack.wait_for_status(job["id"], "running")
+    wait_until(lambda: stack.job(job["id"])["step"] > 0, 60, "the first recorded step")
+    assert stack.client.post(f"/jobs/{job['id']}/cancel").status_code == 202
+    done = stack.wait_for_status(job["id"], "cancelled", "failed", "succeeded", timeout=15)
+    assert done["status"] == "cancelled"
+    assert stack.client.post(f"/jobs/{job['id']}/cancel").status_code == 409
+    assert "cancelled" in [e["type"] for e in stack.events(job["id"])]
+
+
+def test_requests_without_a_token_are_refused(stack: Stack) -> None:
+    anonymous = httpx.get(f"{stack.client.base_url}/jobs")
+    assert anonymous.status_code == 401
+    assert anonymous.json()["error"] == "unauthorized"
+    assert httpx.get(f"{stack.client.base_url}/healthz").status_code == 200
+
+
+def test_api_restart_mid_run_loses_no_metric_or_event(stack: Stack) -> None:
+    job = stack.submit(
+        service_job(max_steps=400, telemetry={"flush_every_steps": 10, "flush_every_ms": 100})
+    )
+    wait_until(lambda: stack.job(job["id"])["step"] >= 20, 60, "some recorded steps")
+    stack.kill(
+        "api", signal.SIGKILL
+    )  # the recorder dies mid-stream, unacknowledged entries pending
+    stack.start_api()
+    stack.wait_for_status(job["id"], "succeeded", timeout=180)
+    points = wait_for_points(stack, job["id"], 400)
+    assert [p["step"] for p in points] == list(range(1, 401))
+    events = stack.events(job["id"])
+    types = [e["type"] for e in events]
+    assert types.count("started") == 1 and types.count("succeeded") == 1
+    assert {e["step"] for e in events if e["type"] == "checkpoint"} == set(range(10, 401, 10))

@@ -1,0 +1,236 @@
+"""Nothing lost: worker death, Redis and API restarts, duplicate deliveries, shutdown, failures.
+
+Every test runs the real processes (uvicorn, Celery workers, training children,
+a private redis-server) and injects the fault the way it happens in production.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+import torch
+
+from api.cli.embedded_redis import EmbeddedRedis
+from api.core.settings import Settings
+from api.services.dispatcher import make_celery
+from tests.support.specs import service_job
+from tests.support.stack import Stack, wait_until
+from tests.system.test_e2e_service import wait_for_points
+
+pytestmark = pytest.mark.slow
+
+STEPS = 240
+
+
+def long_job(**extra: Any) -> dict[str, Any]:
+    return service_job(
+        max_steps=STEPS,
+        checkpoint={"every_steps": 40, "keep_last": 10},
+        telemetry={"flush_every_steps": 10, "flush_every_ms": 100},
+        **extra,
+    )
+
+
+@pytest.fixture
+def two_workers(database_url: str, redis_server: EmbeddedRedis, tmp_path: Path) -> Iterator[Stack]:
+    s = Stack(tmp_path, database_url, redis_server)
+    s.start_api()
+    s.start_worker("w1")
+    s.start_worker("w2")
+    yield s
+    s.close()
+
+
+def owner(stack: Stack, job_id: str) -> str:
+    """Which of the stack's workers runs the job ("w1@test" -> "w1")."""
+    job = wait_until(
+        lambda: (j := stack.job(job_id))["worker"] and j, 60, f"{job_id} to be claimed"
+    )
+    return str(job["worker"]).split("@")[0]
+
+
+def checkpoints(stack: Stack, job_id: str) -> list[int]:
+    return [c["step"] for c in stack.client.get(f"/jobs/{job_id}/checkpoints").json()["items"]]
+
+
+def final_weights(stack: Stack, job_id: str) -> dict[str, torch.Tensor]:
+    r = stack.client.get(f"/jobs/{job_id}/checkpoints/{STEPS}")
+    assert r.status_code == 200, r.text
+    path = stack.root / f"{job_id}.pt"
+    path.write_bytes(r.content)
+    return dict(torch.load(path, weights_only=True)["model"])
+
+
+def assert_complete_series(stack: Stack, job_id: str) -> list[dict[str, Any]]:
+    points = wait_for_points(stack, job_id, STEPS)
+    assert [p["step"] for p in points] == list(range(1, STEPS + 1))
+    return points
+
+
+def test_kill_9_worker_resumes_on_the_other_and_matches_an_uninterrupted_run(
+    two_workers: Stack,
+) -> None:
+    stack = two_workers
+    job = stack.submit(long_job())
+    victim = owner(stack, job["id"])
+    wait_until(lambda: 80 in checkpoints(stack, job["id"]), 120, "a checkpoint at step 80")
+    stack.kill(victim, signal.SIGKILL)  # the worker, its pool process and the training child
+
+    done = stack.wait_for_status(job["id"], "succeeded", "failed", timeout=180)
+    assert done["status"] == "succeeded", done["error"]
+    assert done["attempt"] == 2
+    resumed = [e for e in stack.events(job["id"]) if e["type"] == "resumed"]
+    assert (
+        len(resumed) == 1 and resumed[0]["attempt"] == 2 and resumed[0]["data"]["from_step"] >= 80
+    )
+    points = assert_complete_series(stack, job["id"])
+    assert {p["attempt"] for p in points if p["step"] > resumed[0]["data"]["from_step"]} == {2}
+
+    # The same spec and seed, never interrupted, ends with bitwise the same weights.
+    straight = stack.submit(long_job())
+    assert (
+        stack.wait_for_status(straight["id"], "succeeded", "failed", timeout=180)["status"]
+        == "succeeded"
+    )
+    a, b = final_weights(stack, job["id"]), final_weights(stack, straight["id"])
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_the_same_task_delivered_twice_trains_once(two_workers: Stack) -> None:
+    stack = two_workers
+    job = stack.submit(long_job())  # the API sends it once ...
+    celery = make_celery(Settings(redis_url=stack.redis_server.url))
+    celery.send_task("amptrain.run_job", args=[job["id"]], queue="cpu")  # ... and once more
+    done = stack.wait_for_status(job["id"], "succeeded", "failed", timeout=180)
+    assert done["status"] == "succeeded" and done["attempt"] == 1
+    assert [e["type"] for e in stack.events(job["id"])].count("started") == 1
+    assert {p["attempt"] for p in assert_complete_series(stack, job["id"])} == {1}
+    logs = stack.log_tail("w1", 400) + stack.log_tail("w2", 400)
+    assert "not claimable" in logs  # the second delivery arrived and did nothing
+
+
+@pytest.mark.parametrize("lose_data", [False, True], ids=["restart", "restart-without-data"])
+def test_redis_restart_mid_job_loses_no_point(two_workers: Stack, lose_data: bool) -> None:
+    stack = two_workers
+    job = stack.submit(long_job())
+    wait_until(lambda: stack.job(job["id"])["step"] >= 30, 60, "some recorded steps")
+    before = checkpoints(stack, job["id"])
+    stack.redis_server.kill()
+    if lose_data:
+        for f in Path(stack.redis_server.directory).glob("appendonly*"):
+            f.unlink()
+    # Training goes on without Redis: new checkpoints appear while it is down.
+    wait_until(
+        lambda: set(checkpoints(stack, job["id"])) - set(before),
+        60,
+        "a checkpoint during the outage",
+    )
+    stack.redis_server.start()
+
+    done = stack.wait_for_status(job["id"], "succeeded", "failed", timeout=180)
+    assert done["status"] == "succeeded" and done["attempt"] == 1, done["error"]
+    assert_complete_series(stack, job["id"])
+
+
+def test_job_submitted_while_the_broker_is_down_runs_once_it_is_back(two_workers: Stack) -> None:
+    stack = two_workers
+    stack.redis_server.kill()
+    r = stack.client.post("/jobs", json=service_job(max_steps=10))
+    assert r.status_code == 201 and r.json()["status"] == "queued"
+    stack.redis_server.start()
+    done = stack.wait_for_status(r.json()["id"], "succeeded", "failed", timeout=120)
+    assert done["status"] == "succeeded", done["error"]
+
+
+def test_sigterm_worker_requeues_its_job_which_resumes_and_succeeds(two_workers: Stack) -> None:
+    stack = two_workers
+    job = stack.submit(long_job())
+    victim = owner(stack, job["id"])
+    wait_until(lambda: stack.job(job["id"])["step"] >= 50, 60, "some recorded steps")
+    stack.processes[victim].send_signal(signal.SIGTERM)  # `docker stop`: the main process only
+    assert stack.processes[victim].wait(60) == 0  # the drain ends the worker cleanly
+
+    done = stack.wait_for_status(job["id"], "succeeded", "failed", timeout=180)
+    assert done["status"] == "succeeded" and done["attempt"] == 2, done["error"]
+    types = [e["type"] for e in stack.events(job["id"])]
+    assert "requeued" in types and "resumed" in types and "failed" not in types
+    assert_complete_series(stack, job["id"])
+
+
+def test_out_of_memory_fails_once_without_pointless_retries(two_workers: Stack) -> None:
+    stack = two_workers
+    huge = service_job(max_steps=3, batch_size=1_000_000)
+    huge.update(
+        model={"name": "cnn", "args": {}},
+        dataset={
+            "name": "synthetic-images",
+            "args": {"channels": 1, "height": 2000, "width": 2000, "classes": 2},
+        },
+    )
+    job = stack.submit(huge)
+    done = stack.wait_for_status(job["id"], "failed", "succeeded", timeout=120)
+    assert done["status"] == "failed" and done["attempt"] == 1
+    assert done["error"]["code"] == "oom"
+    assert "micro-batch 1000000" in done["error"]["message"]
+
+
+def test_diverging_job_fails_naming_the_step(two_workers: Stack) -> None:
+    stack = two_workers
+    spec = service_job(
+        max_steps=50, precision="fp32", grad_clip_norm=None, telemetry={"flush_every_steps": 1}
+    )
+    spec["optimizer"] = {"name": "sgd", "lr": 1e12}
+    job = stack.submit(spec)
+    done = stack.wait_for_status(job["id"], "failed", "succeeded", timeout=120)
+    assert done["status"] == "failed" and done["attempt"] == 1
+    assert done["error"]["code"] == "diverged"
+    assert "diverged at step" in done["error"]["message"]
+
+
+def test_cancel_of_a_child_stuck_in_a_long_step_is_bounded(
+    database_url: str, redis_server: EmbeddedRedis, tmp_path: Path
+) -> None:
+    stack = Stack(tmp_path, database_url, redis_server)
+    stack.env["AMPTRAIN_CANCEL_GRACE_SECONDS"] = "1"
+    try:
+        stack.start_api()
+        stack.start_worker("w1")
+        slow = service_job(max_steps=100, batch_size=64, telemetry={"flush_every_steps": 1})
+        slow.update(
+            model={"name": "cnn"},
+            dataset={"name": "synthetic-images", "args": {"height": 512, "width": 512}},
+        )
+        job = stack.submit(slow)
+        # Step 1 is recorded, so the child is now inside step 2 (seconds long on a CPU).
+        wait_until(lambda: stack.job(job["id"])["step"] >= 1, 120, "the first step")
+        assert stack.client.post(f"/jobs/{job['id']}/cancel").status_code == 202
+        done = stack.wait_for_status(job["id"], "cancelled", "failed", "succeeded", timeout=60)
+        assert done["status"] == "cancelled"
+        assert "ignored the stop request; terminating" in stack.log_tail("w1", 400)
+    finally:
+        stack.close()
+
+
+def test_a_crashed_training_child_is_retried_and_resumes(two_workers: Stack) -> None:
+    stack = two_workers
+    job = stack.submit(long_job())
+    victim = owner(stack, job["id"])
+    wait_until(lambda: 40 in checkpoints(stack, job["id"]), 120, "a checkpoint at step 40")
+    worker = psutil.Process(stack.processes[victim].pid)
+    children = [
+        p for p in worker.children(recursive=True) if "worker.child.main" in " ".join(p.cmdline())
+    ]
+    assert len(children) == 1
+    children[0].kill()  # what the kernel's OOM killer does: the supervisor survives
+
+    done = stack.wait_for_status(job["id"], "succeeded", "failed", timeout=180)
+    assert done["status"] == "succeeded" and done["attempt"] == 2, done["error"]
+    requeued = [e for e in stack.events(job["id"]) if e["type"] == "requeued"]
+    assert len(requeued) == 1 and requeued[0]["data"]["error"]["code"] == "internal"
+    assert "exited with code -9" in requeued[0]["data"]["error"]["message"]
+    assert_complete_series(stack, job["id"])

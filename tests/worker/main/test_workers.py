@@ -1,0 +1,179 @@
+"""GPU capability report and GET /workers: a real worker process announces itself, its
+devices and the job it runs; it leaves the list when it stops."""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from api.cli.embedded_redis import EmbeddedRedis
+from api.store import tokens
+from api.store.db import make_engine, make_session_factory
+from tests.support.specs import mlp_job
+from tests.support.stack import Stack, free_port, wait_until
+from worker.main import devices
+
+CPU_ENV = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
+
+
+def long_cpu_job(**overrides: Any) -> dict[str, Any]:
+    return mlp_job(
+        **{
+            "name": "long",
+            "precision": "auto",
+            "batch_size": 16,
+            "max_steps": 1_000_000,
+            "telemetry": {"flush_every_steps": 5, "flush_every_ms": 100},
+            **overrides,
+        }
+    )
+
+
+def test_capability_report_on_a_cpu_host() -> None:
+    report = devices.gather(env=CPU_ENV)
+    assert "error" not in report, report
+    assert report["cuda_available"] is False
+    assert report["versions"]["torch"] and report["versions"]["python"]
+    (cpu,) = report["devices"]
+    assert cpu["type"] == "cpu"
+    assert isinstance(cpu["name"], str) and cpu["name"]
+    assert cpu["cores"] >= 1 and cpu["memory_bytes"] > 0
+    assert isinstance(cpu["amx"], bool)
+    # What `precision: auto` picks here follows the AMX flag (the engine's own policy).
+    assert cpu["auto_precision"]["effective"] == ("bf16" if cpu["amx"] else "fp32")
+    assert "CPU" in cpu["auto_precision"]["reason"]
+
+
+def test_capability_report_names_a_failure_instead_of_raising() -> None:
+    report = devices.gather(env=CPU_ENV, timeout=0.001)
+    assert report["devices"] == [] and "timed out" in report["error"]
+
+
+@pytest.mark.gpu
+def test_capability_report_on_a_cuda_host() -> None:
+    report = devices.gather()
+    assert report["cuda_available"] is True, report
+    v = report["versions"]
+    assert v["cuda"] and v["cudnn"] and v["nccl"] and v["torch"]
+    gpus = [d for d in report["devices"] if d["type"] == "cuda"]
+    assert gpus
+    for gpu in gpus:
+        major = int(gpu["compute_capability"].split(".")[0])
+        assert gpu["memory_bytes"] > 2**30
+        assert gpu["tensor_cores"] is (major >= 7)
+        assert gpu["bf16"] is (major >= 8)
+        expected = "bf16" if major >= 8 else "fp16" if major == 7 else "fp32"
+        assert gpu["auto_precision"]["effective"] == expected
+
+
+@pytest.fixture
+def stack(database_url: str, redis_server: EmbeddedRedis, tmp_path: Path) -> Iterator[Stack]:
+    s = Stack(tmp_path, database_url, redis_server)
+    s.env["AMPTRAIN_WORKER_METRICS_PORT"] = str(free_port())
+    s.start_api()
+    s.start_worker()
+    yield s
+    s.close()
+
+
+def listed(stack: Stack, name: str = "worker@test") -> dict[str, Any] | None:
+    items = stack.client.get("/workers").json()["items"]
+    return next((w for w in items if w["name"] == name), None)
+
+
+def worker_metrics(port: str) -> dict[tuple[str, str], float]:
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    return {
+        (s.name, s.labels.get("job_id", "")): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+@pytest.mark.slow
+def test_workers_lists_a_running_worker_its_devices_and_its_job(
+    stack: Stack, database_url: str
+) -> None:
+    assert httpx.get(f"{stack.client.base_url}/workers").status_code == 401
+    worker = wait_until(lambda: listed(stack), 60, "the worker in GET /workers")
+    assert worker is not None
+    assert worker["queues"] == ["gpu", "cpu"] and worker["concurrency"] == 1
+    assert worker["current_jobs"] == [] and worker["last_heartbeat"] > 0
+    cpu = next(d for d in worker["devices"] if d["type"] == "cpu")
+    assert cpu["cores"] >= 1 and isinstance(cpu["amx"], bool)
+    assert worker["versions"]["torch"]
+
+    job = stack.submit(long_cpu_job())
+    busy = wait_until(
+        lambda: (
+            (w := listed(stack)) and w["current_jobs"] and w["current_jobs"][0].get("step") and w
+        ),
+        60,
+        "the job's progress in GET /workers",
+    )
+    assert busy
+    (slot,) = busy["current_jobs"]
+    assert slot["job_id"] == job["id"] and slot["attempt"] == 1
+    assert slot["samples_per_second"] > 0 and slot["memory_peak"] > 0
+
+    # The worker's own Prometheus endpoint shows the same job.
+    port = stack.env["AMPTRAIN_WORKER_METRICS_PORT"]
+    series = worker_metrics(port)
+    assert series[("amptrain_worker_busy_slots", "")] == 1
+    assert series[("amptrain_worker_job_samples_per_second", job["id"])] > 0
+    assert series[("amptrain_worker_job_step", job["id"])] >= 1
+
+    # Someone else's job: the slot shows as busy, without the job.
+    engine = make_engine(database_url)
+    with make_session_factory(engine).begin() as s:
+        bob = tokens.create_token(s, "bob")
+    engine.dispose()
+    as_bob = stack.client.get("/workers", headers={"Authorization": f"Bearer {bob}"}).json()
+    bob_view = next(w for w in as_bob["items"] if w["name"] == "worker@test")
+    assert bob_view["current_jobs"] == [{"slot": 0, "gpu": None}]
+
+    # `auto` on this CPU, and the reason names the device it was decided for.
+    precision = stack.job(job["id"])["precision"]
+    assert precision["requested"] == "auto" and "device: cpu" in precision["reason"]
+
+    assert stack.client.post(f"/jobs/{job['id']}/cancel").status_code == 202
+    stack.wait_for_status(job["id"], "cancelled", timeout=30)
+    wait_until(lambda: (listed(stack) or {}).get("current_jobs") == [], 30, "the slot to clear")
+    assert worker_metrics(port)[("amptrain_worker_busy_slots", "")] == 0
+
+    # A clean stop leaves the list at once (a crash: after the TTL).
+    stack.kill("worker", signal.SIGTERM)
+    assert listed(stack) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_workers_reports_its_gpu_and_auto_precision_names_it(
+    database_url: str, redis_server: EmbeddedRedis, tmp_path: Path
+) -> None:
+    s = Stack(tmp_path, database_url, redis_server)
+    del s.env["CUDA_VISIBLE_DEVICES"]  # the stack hides GPUs by default
+    s.env["AMPTRAIN_WORKER_METRICS_PORT"] = str(free_port())
+    try:
+        s.start_api()
+        s.start_worker()
+        worker = wait_until(lambda: listed(s), 120, "the GPU worker in GET /workers")
+        assert worker is not None
+        gpu = next(d for d in worker["devices"] if d["type"] == "cuda")
+        assert gpu["compute_capability"] and gpu["memory_bytes"] > 0
+        assert worker["versions"]["cuda"] and worker["versions"]["cudnn"]
+        spec = long_cpu_job(device="cuda", max_steps=50)
+        job = s.submit(spec)
+        done = s.wait_for_status(job["id"], "succeeded", "failed", timeout=180)
+        assert done["status"] == "succeeded", done["error"]
+        assert done["precision"]["effective"] == gpu["auto_precision"]["effective"]
+        assert gpu["name"] in done["precision"]["reason"]
+    finally:
+        s.close()

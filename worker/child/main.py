@@ -1,0 +1,137 @@
+"""The training child: one fresh interpreter per attempt, so CUDA never crosses a fork.
+
+The supervisor starts ``python -m worker.child.main`` with its launch parameters on
+stdin and a pipe for control messages (one JSON object per line): the
+precision it chose, and how the run ended. SIGUSR1 asks it to cancel,
+SIGUSR2 (or SIGTERM) to checkpoint and stop for a shutdown; all take effect at
+the next step boundary. SIGKILL is the supervisor's last resort.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import traceback
+from typing import IO, Any
+
+from trainer_core.contract.errors import TrainingError
+from worker.child.protocol import Launch
+
+
+class Control:
+    """The child's end of the control pipe."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.stream = stream
+
+    def send(self, kind: str, **data: Any) -> None:
+        self.stream.write(json.dumps({"type": kind, **data}) + "\n")
+        self.stream.flush()
+
+
+class ControlledSink:
+    """Publishes telemetry to Redis; the precision decision goes to the supervisor instead,
+    which records it (fenced) with the ``started`` event."""
+
+    def __init__(self, inner: Any, control: Control) -> None:
+        self.inner = inner
+        self.control = control
+
+    def write(self, items: list[dict[str, Any]]) -> None:
+        rest = []
+        for item in items:
+            if item.get("kind") == "event" and item.get("type") == "precision":
+                self.control.send("precision", **item["data"])
+            else:
+                rest.append(item)
+        if rest:
+            self.inner.write(rest)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+_stop_request: str | None = None
+
+
+def _on_signal(signum: int, frame: object) -> None:
+    global _stop_request
+    if _stop_request is None:  # a cancel stays a cancel when SIGTERM follows it
+        _stop_request = "cancel" if signum == signal.SIGUSR1 else "preempt"
+
+
+def run(launch: Launch, control: Control) -> int:
+    from trainer_core.contract.spec import parse_spec
+    from trainer_core.engine import RunContext, Trainer
+    from worker.child.sink import RedisSink
+
+    sink = ControlledSink(
+        RedisSink.from_url(launch.redis_url, launch.job_id, launch.attempt), control
+    )
+    try:
+        ctx = RunContext(
+            checkpoint_dir=launch.checkpoint_dir,
+            sink=sink,
+            data_roots=launch.data_roots,
+            should_stop=lambda: _stop_request,
+            resume=True,
+        )
+        result = Trainer(parse_spec(launch.spec), ctx).train()
+    except TrainingError as exc:
+        control.send("error", retryable=exc.retryable, **exc.to_dict())
+        return 1
+    except Exception as exc:  # a bug, not a user error: keep the traceback for the operator
+        traceback.print_exc()
+        control.send(
+            "error",
+            code="internal",
+            message=f"{type(exc).__name__}: {exc}",
+            step=None,
+            retryable=True,
+        )
+        return 1
+    finally:
+        # The engine never closes the caller's sink: deliver what Redis has not taken yet.
+        sink.close()
+    control.send(
+        "result",
+        final_step=result.final_step,
+        resumed_from=result.resumed_from,
+        skipped_steps=result.skipped_steps,
+        dropped_records=result.dropped_records,
+    )
+    return 0
+
+
+def _die_with_parent() -> None:
+    """Linux: if the supervisor dies (kill -9, OOM killer), the child dies too instead of
+    training on unsupervised; the job's lease then expires and another worker resumes it."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
+def main() -> int:
+    launch = Launch(**json.loads(sys.stdin.read()))
+    _die_with_parent()
+    # Ctrl-C in a terminal reaches the whole process group; the supervisor decides
+    # how training stops (checkpoint first), so the child ignores it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR1, _on_signal)
+    signal.signal(signal.SIGUSR2, _on_signal)
+    # SIGTERM to the whole process group (systemd, `kill` of the group) means shutdown:
+    # checkpoint at the next step boundary, like a drain. SIGKILL remains the hard stop.
+    signal.signal(signal.SIGTERM, _on_signal)
+    with os.fdopen(launch.control_fd, "w", encoding="utf-8") as stream:
+        return run(launch, Control(stream))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""The Celery app of the worker: dispatch only, never the source of truth.
+
+Every setting below answers a measured pitfall of Celery on a Redis broker
+(../shared/FIELD-NOTES.md). Recovery of lost or stuck jobs is amptrain's own
+lease + reconciler, not Celery's emulated acknowledgements.
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from api.core.settings import get_settings
+
+RUN_JOB = "amptrain.run_job"
+
+
+def make_celery(broker_url: str) -> Celery:
+    app = Celery(
+        "amptrain", broker=broker_url, include=["worker.pool.tasks", "worker.main.signals"]
+    )
+    app.conf.update(
+        # Early ack: with late acks Redis re-delivers any task still running after
+        # visibility_timeout (1 h), so a long job would run twice. A message lost
+        # with a dying worker is recovered by the reconciler from SQL instead.
+        task_acks_late=False,
+        # Reserve nothing in advance: a prefetched job would wait behind a
+        # long one (and, unacked, run twice after the visibility timeout).
+        worker_prefetch_multiplier=1,
+        worker_disable_prefetch=True,
+        # One training job per pool process; a fresh pool process per job so no
+        # state (or CUDA context) leaks from one job into the next.
+        worker_max_tasks_per_child=1,
+        # Celery 6 flips this default; then a Redis blip would kill running jobs.
+        worker_cancel_long_running_tasks_on_connection_loss=False,
+        broker_connection_retry_on_startup=True,
+        broker_connection_retry=True,
+        broker_connection_max_retries=None,
+        # JSON only: no pickles, no user code through the broker; only ids travel.
+        task_serializer="json",
+        accept_content=["json"],
+        result_serializer="json",
+        task_ignore_result=True,
+        result_backend=None,
+        task_default_queue="gpu",
+        worker_hijack_root_logger=False,
+        worker_send_task_events=False,
+        task_send_sent_event=False,
+    )
+    return app
+
+
+app = make_celery(get_settings().broker_url)

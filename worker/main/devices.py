@@ -1,0 +1,63 @@
+"""The worker's capability report, as the Celery main process sees it.
+
+The main process must never initialise CUDA (its pool processes are forked from
+it, and CUDA does not survive a fork), so :func:`gather` runs
+``python -m worker.child.probe`` in a short-lived subprocess and reads its JSON;
+only that subprocess imports torch.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+REPORT_TIMEOUT_S = 120.0
+
+
+def gather(timeout: float = REPORT_TIMEOUT_S, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """Run ``python -m worker.child.probe`` and return its report (or one naming the failure)."""
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "worker.child.probe"],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=env,
+        )
+    except subprocess.TimeoutExpired:
+        return _failed(f"capability report timed out after {timeout:.0f}s")
+    if proc.returncode != 0:
+        return _failed(f"capability report exited {proc.returncode}: {proc.stderr.strip()[-500:]}")
+    try:
+        return dict(json.loads(proc.stdout))
+    except json.JSONDecodeError as exc:
+        return _failed(f"capability report is not JSON ({exc})")
+
+
+def _failed(error: str) -> dict[str, Any]:
+    return {"devices": [], "versions": {}, "error": error}
+
+
+def summary(report: dict[str, Any]) -> str:
+    """One line per device for the worker's start-up log."""
+    v = report.get("versions") or {}
+    lines = [
+        f"torch {v.get('torch')} cuda {v.get('cuda')} cudnn {v.get('cudnn')} nccl {v.get('nccl')}"
+    ]
+    for d in report.get("devices") or []:
+        if d["type"] == "cuda":
+            lines.append(
+                f"cuda:{d['index']} {d['name']} cc {d['compute_capability']} "
+                f"{d['memory_bytes'] / 2**30:.1f} GiB tensor_cores={d['tensor_cores']} "
+                f"bf16={d['bf16']} auto={d['auto_precision']['effective']}"
+            )
+        else:
+            lines.append(
+                f"cpu {d['name']} ({d['cores']} cores) amx={d['amx']} "
+                f"auto={d['auto_precision']['effective']}"
+            )
+    if report.get("error"):
+        lines.append(f"error: {report['error']}")
+    return "; ".join(lines)

@@ -1,0 +1,281 @@
+"""The Celery task's body: claim a job, run its training child, record how it ended.
+
+The supervisor never touches torch or CUDA (it lives in a forked Celery pool
+process). Every write it makes is fenced by the attempt number its claim
+returned, so a supervisor that lost its lease can change nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import redis
+from sqlalchemy.orm import Session, sessionmaker
+
+from api.contracts.stream import STREAM_MAXLEN, cancel_key, encode, telemetry_key
+from api.core.logs import bind, log_context
+from api.core.settings import Settings
+from api.store import jobs
+from api.store.db import make_engine, make_session_factory
+from trainer_core.contract.layout import job_checkpoint_url
+from worker.child.protocol import Launch
+from worker.main.signals import draining_key
+from worker.pool.child_handle import ChildProcess
+from worker.pool.slot import JobSlot
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.25  # how quickly a cancel request reaches the child
+
+
+def _reason_on_device(precision: dict[str, Any]) -> str:
+    """The precision reason, naming the device it was decided for (e.g. the GPU model)."""
+    reason, device = str(precision["reason"]), precision.get("device")
+    return f"{reason}; device: {device}" if device else reason
+
+
+@dataclass
+class Outcome:
+    """How the child ended, as learnt from its control messages and exit."""
+
+    result: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    precision: dict[str, Any] | None = None
+    stop_requested: str | None = None  # "cancel" | "preempt"
+    lease_lost: bool = False
+    exit_code: int | None = None
+
+
+class Supervisor:
+    def __init__(
+        self,
+        settings: Settings,
+        worker: str,
+        *,
+        session_factory: sessionmaker[Session] | None = None,
+        redis_client: redis.Redis | None = None,
+    ) -> None:
+        self.settings = settings
+        self.worker = worker
+        self.sessions = session_factory or make_session_factory(make_engine(settings.database_url))
+        self.redis = redis_client or redis.Redis.from_url(
+            settings.redis_url, socket_connect_timeout=2, socket_timeout=5
+        )
+        # What this pool process runs, for GET /workers and the worker's /metrics.
+        self.slot = JobSlot.for_this_process(self.redis, worker, settings.lease_seconds)
+        self._renewed_at = 0.0  # monotonic time of the last successful lease renewal
+
+    # -- the whole life of one attempt -------------------------------------------------
+
+    def run(self, job_id: str) -> None:
+        with log_context(job_id=job_id, worker=self.worker):
+            self._run(job_id)
+
+    def _run(self, job_id: str) -> None:
+        with self.sessions.begin() as s:
+            attempt = jobs.claim(s, job_id, self.worker, self.settings.lease_seconds)
+            job = jobs.get_job(s, job_id)
+            spec = dict(job.spec) if job else {}
+        if attempt is None:
+            # A duplicate delivery, or a job already finished/cancelled: harmless by design.
+            log.info("job %s not claimable; nothing to do", job_id)
+            return
+        bind(attempt=attempt)
+        log.info("job %s claimed as attempt %d by %s", job_id, attempt, self.worker)
+        self.slot.start(job_id, attempt)
+        try:
+            child = ChildProcess(self._launch(job_id, attempt, spec), env=self._child_env())
+            try:
+                outcome = self._watch(job_id, attempt, child)
+            finally:
+                child.close()
+            self._conclude(job_id, attempt, spec, outcome)
+        finally:
+            self.slot.clear()
+
+    def _launch(self, job_id: str, attempt: int, spec: dict[str, Any]) -> Launch:
+        return Launch(
+            job_id=job_id,
+            attempt=attempt,
+            spec=spec,
+            checkpoint_dir=job_checkpoint_url(self.settings.checkpoint_url, job_id),
+            redis_url=self.settings.redis_url,
+            data_roots=[str(r) for r in self.settings.data_roots],
+        )
+
+    def _child_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        # One GPU per pool process: Celery's pool index picks it (see worker.main.devices).
+        gpu = os.environ.get("AMPTRAIN_ASSIGNED_GPU")
+        if gpu is not None:
+            env["CUDA_VISIBLE_DEVICES"] = gpu
+        return env
+
+    # -- while the child trains ------------------------------------------------------
+
+    def _watch(self, job_id: str, attempt: int, child: ChildProcess) -> Outcome:
+        out = Outcome()
+        next_beat = time.monotonic() + self.settings.heartbeat_seconds
+        status: str | None = "running"
+        kill_at: float | None = None
+        self._renewed_at = time.monotonic()
+        while not child.finished():
+            for msg in child.messages(POLL_S):
+                self._on_message(job_id, attempt, msg, out)
+            now = time.monotonic()
+            if now >= next_beat:
+                next_beat = now + self.settings.heartbeat_seconds
+                status = self._heartbeat(job_id, attempt)
+                self.slot.refresh()
+            if status is None and not out.lease_lost:
+                # Fenced out: a successor may already train this job. Stop at once, with
+                # no final checkpoint that could overwrite the successor's.
+                out.lease_lost = True
+                log.warning("job %s attempt %d lost its lease; killing its child", job_id, attempt)
+                child.proc.kill()
+                continue
+            wanted = self._stop_wanted(job_id, status)
+            if wanted and not out.stop_requested:
+                out.stop_requested = wanted
+                child.signal(signal.SIGUSR1 if wanted == "cancel" else signal.SIGUSR2)
+                kill_at = now + self.settings.cancel_grace_seconds
+                log.info("job %s attempt %d: asked child to %s", job_id, attempt, wanted)
+            if kill_at is not None and now >= kill_at and child.alive():
+                log.warning("job %s: child ignored the stop request; terminating", job_id)
+                child.kill(grace=self.settings.cancel_grace_seconds)
+        out.exit_code = child.proc.returncode
+        return out
+
+    def _on_message(self, job_id: str, attempt: int, msg: dict[str, Any], out: Outcome) -> None:
+        kind = msg.pop("type")
+        if kind == "precision":
+            out.precision = msg
+            with self.sessions.begin() as s:
+                jobs.set_precision(
+                    s,
+                    job_id,
+                    attempt,
+                    str(msg["requested"]),
+                    str(msg["effective"]),
+                    _reason_on_device(msg),
+                )
+            self._event(
+                job_id,
+                attempt,
+                "started",
+                0,
+                {"worker": self.worker, "attempt": attempt, "precision": msg},
+            )
+        elif kind == "result":
+            out.result = msg
+        elif kind == "error":
+            out.error = msg
+
+    def _heartbeat(self, job_id: str, attempt: int) -> str | None:
+        """Renew the lease; None once it is lost.
+
+        A database blip is not a lost lease: training goes on and the renewal is
+        retried. But a worker that could not renew for a whole lease must assume the
+        reconciler gave the job to a successor (it cannot tell), so it fences itself.
+        """
+        try:
+            with self.sessions.begin() as s:
+                status = jobs.heartbeat(s, job_id, attempt, self.settings.lease_seconds)
+        except Exception:
+            log.exception("job %s: heartbeat failed; will retry", job_id)
+            if time.monotonic() - self._renewed_at < self.settings.lease_seconds:
+                return "running"
+            return None
+        if status is not None:
+            self._renewed_at = time.monotonic()
+        return status
+
+    def _stop_wanted(self, job_id: str, status: str | None) -> str | None:
+        """ "cancel" (the API asked), "preempt" (this worker is draining) or None."""
+        if status == "cancelling":
+            return "cancel"  # seen by the heartbeat even if the Redis cancel key was lost
+        try:
+            cancel, draining = self.redis.mget(cancel_key(job_id), draining_key(self.worker))
+        except redis.RedisError:
+            return None  # a Redis blip: training goes on, the heartbeat still sees cancels
+        if cancel:
+            return "cancel"
+        return "preempt" if draining else None
+
+    # -- how it ended ----------------------------------------------------------------
+
+    def _conclude(self, job_id: str, attempt: int, spec: dict[str, Any], out: Outcome) -> None:
+        if out.lease_lost:
+            log.warning(
+                "job %s attempt %d lost its lease; another attempt owns it", job_id, attempt
+            )
+            return
+        status, error = self._final_state(job_id, attempt, spec, out)
+        step = (out.result or {}).get("final_step") or (error or {}).get("step") or 0
+        kind = {"queued": "requeued"}.get(status, status)
+        data = {"error": error} if error else {}
+        with self.sessions.begin() as s:
+            # The event first: once finished, this attempt is fenced out of every write.
+            if not jobs.record_event(s, job_id, attempt, kind, step, data):
+                return
+            if status == "queued":
+                done = jobs.release(s, job_id, attempt)  # a retry: the error is in the event
+            else:
+                done = jobs.finish(s, job_id, attempt, status, error)
+            if not done:
+                s.rollback()
+                return
+        self._publish_event(job_id, attempt, kind, step, data)
+        if status != "queued":
+            self._publish({"kind": "end", "status": status}, job_id, attempt)
+
+    def _final_state(
+        self, job_id: str, attempt: int, spec: dict[str, Any], out: Outcome
+    ) -> tuple[str, dict[str, Any] | None]:
+        if out.result is not None:
+            return "succeeded", None
+        if out.stop_requested == "cancel":
+            return "cancelled", None
+        if out.stop_requested == "preempt":
+            return "queued", None
+        error = out.error or {
+            "code": "internal",
+            "message": f"training process exited with code {out.exit_code} without a result",
+            "step": None,
+            "retryable": True,
+        }
+        retryable = bool(error.pop("retryable", False))
+        if retryable and attempt < int(spec.get("max_attempts", 3)):
+            log.warning(
+                "job %s attempt %d failed (%s); re-queueing", job_id, attempt, error["code"]
+            )
+            return "queued", error
+        return "failed", error
+
+    def _event(self, job_id: str, attempt: int, kind: str, step: int, data: dict[str, Any]) -> None:
+        """Record a lifecycle event in SQL (fenced), then show it to live watchers."""
+        with self.sessions.begin() as s:
+            if not jobs.record_event(s, job_id, attempt, kind, step, data):
+                return
+        self._publish_event(job_id, attempt, kind, step, data)
+
+    def _publish_event(
+        self, job_id: str, attempt: int, kind: str, step: int, data: dict[str, Any]
+    ) -> None:
+        item = {"kind": "event", "type": kind, "step": step, "time": time.time(), "data": data}
+        self._publish(item, job_id, attempt)
+
+    def _publish(self, item: dict[str, Any], job_id: str, attempt: int) -> None:
+        fields = encode(item, job_id=job_id, attempt=attempt, persisted=True)
+        try:
+            self.redis.xadd(telemetry_key(job_id), fields, maxlen=STREAM_MAXLEN, approximate=True)  # type: ignore[arg-type]
+        except redis.RedisError:
+            # Live watchers miss it; SQL has it. The recorder also learns the job is over from SQL.
+            log.warning(
+                "job %s: could not publish %s to its stream", job_id, item.get("type", item["kind"])
+            )
