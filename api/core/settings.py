@@ -9,11 +9,16 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+QUEUE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+TRANSPORT_KEYS = frozenset({"unacked", "unacked_index", "unacked_mutex", "celery", "celeryev"})
+"""Redis keys kombu's Redis transport uses for itself; a queue of that name would overwrite them."""
 
 
 class Settings(BaseSettings):
@@ -51,6 +56,30 @@ class Settings(BaseSettings):
     from closing the socket and lets clients detect a dead server)."""
     live_queue_size: int = Field(default=4096, ge=16)
     """Messages one watcher may fall behind before it gets ``gap`` and is closed (1013)."""
+    queues: Annotated[list[str], NoDecode] = Field(default_factory=lambda: ["gpu", "cpu"])
+    """Worker queues a job may name (comma-separated), e.g. ``gpu,cpu,gpu-a100``. kombu
+    keeps each queue as a Redis list of that very name, so a job may only pick one of
+    these, and a name that collides with the transport's own keys is refused here."""
+
+    @field_validator("queues", mode="before")
+    @classmethod
+    def _split_queues(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [part.strip() for part in value.split(",") if part.strip()]
+        return value
+
+    @field_validator("queues")
+    @classmethod
+    def _check_queues(cls, value: list[str]) -> list[str]:
+        for name in value:
+            if not QUEUE_NAME.match(name) or name in TRANSPORT_KEYS or name.startswith("amptrain"):
+                raise ValueError(
+                    f"queue name {name!r} is not allowed: lowercase letters, digits, '.', '_', "
+                    f"'-' (at most 64) and none of {sorted(TRANSPORT_KEYS)}"
+                )
+        if "gpu" not in value or "cpu" not in value:
+            raise ValueError("queues must include the default queues 'gpu' and 'cpu'")
+        return value
 
     @field_validator("data_roots", mode="before")
     @classmethod

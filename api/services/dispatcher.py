@@ -146,6 +146,11 @@ class Dispatcher:
 
     def send(self, job_id: str, queue_name: str) -> bool:
         """Publish one job and mark it dispatched; False when the broker refused."""
+        if queue_name not in self.settings.queues:
+            # Never hand kombu a name it would use as a Redis key of its own (a job stored
+            # before the allow-list existed, or a queue removed from the settings since).
+            self._reject(job_id, f"queue {queue_name!r} is not one of {self.settings.queues}")
+            return True
         try:
             self.celery.send_task(RUN_JOB, args=[job_id], queue=queue_name, ignore_result=True)
         except Exception as exc:  # kombu raises many kinds; all mean "not sent, retry later"
@@ -159,6 +164,11 @@ class Dispatcher:
             # Sent but not marked: the sweep sends it again, the claim makes that harmless.
             log.exception("could not mark %s dispatched", job_id)
         return True
+
+    def _reject(self, job_id: str, message: str) -> None:
+        log.warning("job %s not dispatched: %s", job_id, message)
+        with self.sessions.begin() as s:
+            jobs.reject_queued(s, job_id, "invalid_spec", message)
 
     def sweep_once(self) -> int:
         """Re-send queued jobs that no broker has; returns how many were sent."""

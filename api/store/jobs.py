@@ -241,6 +241,22 @@ def request_cancel(s: Session, job_id: str) -> str:
     raise JobFinished(job_id, status)
 
 
+def reject_queued(s: Session, job_id: str, code: str, message: str) -> bool:
+    """End a queued job ``failed`` before any worker saw it (e.g. its queue is not served)."""
+    c = jobs_t.c
+    stmt = (
+        jobs_t.update()
+        .where(c.id == job_id, c.status == "queued")
+        .values(status="failed", finished_at=_dt(utcnow()), error_code=code, error_message=message)
+        .returning(c.attempt)
+    )
+    attempt = _returning(s, job_id, stmt)
+    if attempt is None:
+        return False
+    _insert_event(s, job_id, attempt, "failed", None, {"code": code, "message": message}, None)
+    return True
+
+
 def expired_jobs(s: Session, limit: int = 100) -> list[tuple[str, int]]:
     """``(job_id, attempt)`` of active jobs whose lease ran out (for the reconciler)."""
     c = jobs_t.c

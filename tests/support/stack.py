@@ -59,6 +59,7 @@ class Stack:
             "AMPTRAIN_CANCEL_GRACE_SECONDS": "5",
             "AMPTRAIN_DISPATCH_INTERVAL_SECONDS": "0.5",
             "AMPTRAIN_LOG_FORMAT": "text",
+            "AMPTRAIN_QUEUES": "gpu,cpu,gpu-a100",
             "CUDA_VISIBLE_DEVICES": "",
             "PYTHONUNBUFFERED": "1",
         }

@@ -48,6 +48,15 @@ def submit_job(
     """Queue a training job. With an ``Idempotency-Key`` the same key and body return the
     original job (200); the same key with another body is a 409."""
     problems = validate_components(spec)
+    if spec.queue is not None and spec.queue not in services.settings.queues:
+        problems.append(
+            {
+                "loc": ("queue",),
+                "msg": f"unknown queue {spec.queue!r}; this service has "
+                f"{', '.join(services.settings.queues)}",
+                "type": "enum",
+            }
+        )
     if problems:
         raise ValidationFailed(field_problems(problems))
     digest = request_hash(spec)

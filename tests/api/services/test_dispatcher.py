@@ -69,6 +69,36 @@ def test_jobs_are_sent_by_name_to_the_queue_of_their_device(
     assert wait_until(lambda: job_row(database_url, cpu["id"]).dispatched_at, 10, "dispatched_at")
 
 
+def test_a_queue_can_never_name_the_transports_own_keys(
+    api_stack: Stack, redis_server: EmbeddedRedis, database_url: str
+) -> None:
+    # kombu keeps each queue as a Redis list of that name; "unacked" is its own hash.
+    for name in ("unacked", "unacked_index", "celery", "gpu-h100"):
+        r = api_stack.client.post("/jobs", json=mlp_job(3, queue=name))
+        assert r.status_code == 422, r.text
+        problem = r.json()["detail"][0]
+        assert problem["field"] == "queue" and "gpu-a100" in problem["message"], problem
+    # A job stored before the allow-list existed is failed, never sent.
+    engine = make_engine(database_url)
+    with make_session_factory(engine).begin() as s:
+        job_id = jobs.create_job(s, JobSpec.model_validate(mlp_job(3)), "admin", "unacked").id
+    engine.dispose()
+    row = wait_until(
+        lambda: (j := job_row(database_url, job_id)).status == "failed" and j, 10, "rejected"
+    )
+    assert row.error_code == "invalid_spec" and "unacked" in (row.error_message or "")
+    client = redis.Redis(unix_socket_path=str(redis_server.socket))
+    try:
+        assert client.type("unacked") != b"list"  # nothing was pushed onto kombu's own key
+    finally:
+        client.close()
+    # The service still dispatches ordinary jobs.
+    ok = api_stack.submit(mlp_job(3))
+    assert wait_until(lambda: queued_messages(redis_server, "cpu"), 10, "cpu message")[-1][
+        "args"
+    ] == [ok["id"]]
+
+
 def test_broker_down_at_submit_is_sent_once_redis_returns(
     api_stack: Stack, redis_server: EmbeddedRedis, database_url: str
 ) -> None:
