@@ -17,7 +17,7 @@ from typing import Any
 import redis
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.contracts.stream import STREAM_MAXLEN, cancel_key, encode, telemetry_key
+from api.contracts.stream import cancel_key
 from api.core.logs import bind, log_context
 from api.core.settings import Settings
 from api.store import jobs
@@ -26,6 +26,7 @@ from trainer_core.contract.layout import job_checkpoint_url
 from worker.child.protocol import Launch
 from worker.main.signals import draining_key
 from worker.pool.child_handle import ChildProcess
+from worker.pool.events import LifecycleEvents
 from worker.pool.slot import JobSlot
 
 log = logging.getLogger(__name__)
@@ -68,6 +69,7 @@ class Supervisor:
         )
         # What this pool process runs, for GET /workers and the worker's /metrics.
         self.slot = JobSlot.for_this_process(self.redis, worker, settings.lease_seconds)
+        self.events = LifecycleEvents(self.sessions, self.redis)
         self._renewed_at = 0.0  # monotonic time of the last successful lease renewal
 
     # -- the whole life of one attempt -------------------------------------------------
@@ -164,7 +166,7 @@ class Supervisor:
                     str(msg["effective"]),
                     _reason_on_device(msg),
                 )
-            self._event(
+            self.events.record(
                 job_id,
                 attempt,
                 "started",
@@ -230,9 +232,9 @@ class Supervisor:
             if not done:
                 s.rollback()
                 return
-        self._publish_event(job_id, attempt, kind, step, data)
+        self.events.publish(job_id, attempt, kind, step, data)
         if status != "queued":
-            self._publish({"kind": "end", "status": status}, job_id, attempt)
+            self.events.end(job_id, attempt, status)
 
     def _final_state(
         self, job_id: str, attempt: int, spec: dict[str, Any], out: Outcome
@@ -256,26 +258,3 @@ class Supervisor:
             )
             return "queued", error
         return "failed", error
-
-    def _event(self, job_id: str, attempt: int, kind: str, step: int, data: dict[str, Any]) -> None:
-        """Record a lifecycle event in SQL (fenced), then show it to live watchers."""
-        with self.sessions.begin() as s:
-            if not jobs.record_event(s, job_id, attempt, kind, step, data):
-                return
-        self._publish_event(job_id, attempt, kind, step, data)
-
-    def _publish_event(
-        self, job_id: str, attempt: int, kind: str, step: int, data: dict[str, Any]
-    ) -> None:
-        item = {"kind": "event", "type": kind, "step": step, "time": time.time(), "data": data}
-        self._publish(item, job_id, attempt)
-
-    def _publish(self, item: dict[str, Any], job_id: str, attempt: int) -> None:
-        fields = encode(item, job_id=job_id, attempt=attempt, persisted=True)
-        try:
-            self.redis.xadd(telemetry_key(job_id), fields, maxlen=STREAM_MAXLEN, approximate=True)  # type: ignore[arg-type]
-        except redis.RedisError:
-            # Live watchers miss it; SQL has it. The recorder also learns the job is over from SQL.
-            log.warning(
-                "job %s: could not publish %s to its stream", job_id, item.get("type", item["kind"])
-            )
