@@ -30,6 +30,7 @@ import redis
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
+from api.contracts.cursor import Cursor
 from api.contracts.jsonsafe import finite
 from api.contracts.stream import decode, recorded_key, telemetry_key
 from api.services import observability
@@ -360,7 +361,7 @@ def _parse(
 
 
 def _point_row(job_id: str, entry_id: str, item: dict[str, Any]) -> dict[str, Any]:
-    ms, seq = metrics.parse_cursor(entry_id)
+    ms, seq = Cursor.of_entry(entry_id)
     row = {f: item.get(f) for f in METRIC_FIELDS}
     row.update(job_id=job_id, attempt=item["attempt"], stream_ms=ms, stream_seq=seq)
     return row

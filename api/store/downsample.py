@@ -23,7 +23,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, aliased
 
-from api.store.metrics import format_cursor
+from api.contracts.cursor import Cursor
+from api.store.metrics import newest_attempt, newest_cursor, point_dict
 from api.store.models import MetricPoint
 from trainer_core.contract.records import METRIC_FIELDS
 
@@ -74,30 +75,23 @@ def downsample(
     if not count:
         return [], None
     multi = first_attempt != last_attempt
-    effective = _effective(p) if multi else sa.true()
-    newest = _newest_cursor(s, job_id)
+    effective = newest_attempt(p) if multi else sa.true()
+    newest = newest_cursor(s, job_id)
     if count <= max_points:
         rows = s.scalars(sa.select(p).where(mine, effective).order_by(p.step)).all()
-        return [select_fields(_row(r, False), fields) for r in rows], newest
+        return [select_fields(_row(r, False), fields) for r in rows], _text(newest)
     buckets = max(1, max_points // PER_BUCKET)
     width = math.ceil((hi - lo + 1) / buckets)
     steps = _chosen_steps(s, job_id, int(lo), width, multi)
     rows = _rows_at(s, job_id, steps, multi_attempt=multi)
     if len(rows) > max_points:  # only when max_points < PER_BUCKET: one bucket
         rows = _most_telling(rows, max_points)
-    return [select_fields(_row(r, True), fields) for r in rows], newest
-
-
-def _effective(p: Any) -> sa.ColumnElement[bool]:
-    newer = aliased(MetricPoint)
-    return ~sa.exists().where(
-        newer.job_id == p.job_id, newer.step == p.step, newer.attempt > p.attempt
-    )
+    return [select_fields(_row(r, True), fields) for r in rows], _text(newest)
 
 
 def _chosen_steps(s: Session, job_id: str, lo: int, width: int, multi: bool) -> list[int]:
     p = MetricPoint
-    effective = _effective(p) if multi else sa.true()
+    effective = newest_attempt(p) if multi else sa.true()
     bucket = ((p.step - lo) // width).label("bucket")
     agg = (
         sa.select(
@@ -112,7 +106,7 @@ def _chosen_steps(s: Session, job_id: str, lo: int, width: int, multi: bool) -> 
         .subquery()
     )
     q = aliased(MetricPoint)
-    q_effective = _effective(q) if multi else sa.true()
+    q_effective = newest_attempt(q) if multi else sa.true()
     extremes = (
         sa.select(
             agg.c.first,
@@ -170,20 +164,9 @@ def _most_telling(rows: list[MetricPoint], n: int) -> list[MetricPoint]:
     return sorted(picked[:n], key=lambda r: r.step)
 
 
-def _newest_cursor(s: Session, job_id: str) -> str | None:
-    p = MetricPoint
-    row = s.execute(
-        sa.select(p.stream_ms, p.stream_seq)
-        .where(p.job_id == job_id)
-        .order_by(p.stream_ms.desc(), p.stream_seq.desc())
-        .limit(1)
-    ).first()
-    return format_cursor(row[0], row[1]) if row else None
+def _text(cursor: Cursor | None) -> str | None:
+    return None if cursor is None else str(cursor)
 
 
 def _row(r: MetricPoint, downsampled: bool) -> dict[str, Any]:
-    out: dict[str, Any] = {f: getattr(r, f) for f in METRIC_FIELDS}
-    out["attempt"] = r.attempt
-    out["cursor"] = format_cursor(r.stream_ms, r.stream_seq)
-    out["downsampled"] = downsampled
-    return out
+    return {**point_dict(r), "downsampled": downsampled}

@@ -1,41 +1,28 @@
-"""Reading the recorded metric series: cursor pages and the persisted watermark.
+"""Reading the recorded metric series: cursor pages, the newest cursor, the effective series.
 
-The cursor is the Redis stream entry id ``"ms-seq"`` the point arrived with. One
-recorder owns a job's stream at a time and commits in stream order, so paging by
-``(stream_ms, stream_seq)`` never repeats or skips a point.
+The cursor (:class:`api.contracts.cursor.Cursor`) is the Redis stream entry id the
+point arrived with. One recorder owns a job's stream at a time and commits in stream
+order, so paging by ``(stream_ms, stream_seq)`` never repeats or skips a point.
 """
 
 from __future__ import annotations
 
-import re
 from typing import Any, Literal
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, aliased
 
+from api.contracts.cursor import Cursor
 from api.store.models import MetricPoint
 from trainer_core.contract.records import METRIC_FIELDS
 
 Attempts = Literal["effective", "all"]
-_CURSOR = re.compile(r"^(\d{1,19})-(\d{1,19})$")
-
-
-def parse_cursor(cursor: str) -> tuple[int, int]:
-    """``"ms-seq"`` -> ``(ms, seq)``; ValueError for anything else."""
-    match = _CURSOR.match(cursor)
-    if not match:
-        raise ValueError(f"bad metrics cursor {cursor!r}: expected 'MS-SEQ'")
-    return int(match.group(1)), int(match.group(2))
-
-
-def format_cursor(ms: int, seq: int) -> str:
-    return f"{ms}-{seq}"
 
 
 def metric_page(
     s: Session,
     job_id: str,
-    after: str | None = None,
+    after: Cursor | str | None = None,
     limit: int = 1000,
     attempts: Attempts = "effective",
 ) -> tuple[list[dict[str, Any]], str | None]:
@@ -44,31 +31,49 @@ def metric_page(
     series after a resume); ``all`` returns every attempt's points.
 
     ``next_cursor`` is the last item's cursor, or ``after`` when the page is empty, so a
-    client polling a running job keeps passing it back. Raises ValueError on a bad cursor.
+    client polling a running job keeps passing it back. Raises
+    :class:`~api.contracts.cursor.CursorError` (a ValueError) on a bad cursor text.
     """
     p = MetricPoint
     query = sa.select(p).where(p.job_id == job_id)
     if after is not None:
-        ms, seq = parse_cursor(after)
-        query = query.where(sa.tuple_(p.stream_ms, p.stream_seq) > sa.tuple_(ms, seq))
+        after = after if isinstance(after, Cursor) else Cursor.parse(after)
+        query = query.where(sa.tuple_(p.stream_ms, p.stream_seq) > sa.tuple_(*after))
     if attempts == "effective":
-        newer = aliased(MetricPoint)
-        query = query.where(
-            ~sa.exists().where(
-                newer.job_id == p.job_id, newer.step == p.step, newer.attempt > p.attempt
-            )
-        )
+        query = query.where(newest_attempt(p))
     elif attempts != "all":
         raise ValueError(f"attempts must be 'effective' or 'all', not {attempts!r}")
     rows = s.scalars(query.order_by(p.stream_ms, p.stream_seq).limit(limit)).all()
     items = [point_dict(r) for r in rows]
-    return items, (items[-1]["cursor"] if items else after)
+    return items, (items[-1]["cursor"] if items else None if after is None else str(after))
+
+
+def newest_attempt(p: Any) -> sa.ColumnElement[bool]:
+    """True for the point of ``p`` (MetricPoint or an alias) no newer attempt has re-recorded:
+    per step, the newest attempt's point (the series a resumed run shows)."""
+    newer = aliased(MetricPoint)
+    return ~sa.exists().where(
+        newer.job_id == p.job_id, newer.step == p.step, newer.attempt > p.attempt
+    )
+
+
+def newest_cursor(s: Session, job_id: str) -> Cursor | None:
+    """The cursor of the job's most recently recorded point (None before the first)."""
+    p = MetricPoint
+    row = s.execute(
+        sa.select(p.stream_ms, p.stream_seq)
+        .where(p.job_id == job_id)
+        .order_by(p.stream_ms.desc(), p.stream_seq.desc())
+        .limit(1)
+    ).first()
+    return Cursor(row[0], row[1]) if row else None
 
 
 def point_dict(row: MetricPoint) -> dict[str, Any]:
+    """A recorded point as the API shows it: METRIC_FIELDS + ``attempt`` + ``cursor``."""
     out: dict[str, Any] = {f: getattr(row, f) for f in METRIC_FIELDS}
     out["attempt"] = row.attempt
-    out["cursor"] = format_cursor(row.stream_ms, row.stream_seq)
+    out["cursor"] = str(Cursor(row.stream_ms, row.stream_seq))
     return out
 
 

@@ -32,10 +32,10 @@ from fastapi.responses import StreamingResponse
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.types import Receive, Scope, Send
 
+from api.contracts.cursor import Cursor, CursorError
 from api.services.live_hub import LiveHub
 from api.services.watch import Out, Watch
 from api.store.jobs import get_job
-from api.store.metrics import parse_cursor
 from api.web.auth import authenticate, bearer_token
 from api.web.deps import CurrentUser, SessionDep, visible_job
 from api.web.errors import ValidationFailed
@@ -141,8 +141,8 @@ async def _until_disconnect(ws: WebSocket) -> None:
 
 def _valid_cursor(cursor: str) -> bool:
     try:
-        parse_cursor(cursor)
-    except ValueError:
+        Cursor.parse(cursor)
+    except CursorError:
         return False
     return True
 
