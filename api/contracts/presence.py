@@ -1,17 +1,17 @@
 """Which workers are alive, what they run on, and what they are training right now.
 
-Workers publish, the API reads; both sides share these key names (FastAPI-
-and torch-free: the worker imports it). Everything here expires on its own,
-so a worker that dies without a word disappears from ``GET /workers`` within
-one TTL:
+Workers publish, the API reads (FastAPI- and torch-free: the worker imports it).
+Everything here expires on its own, so a worker that dies without a word
+disappears from ``GET /workers`` within one TTL. The keys (names in
+:class:`api.core.redis.Keys`):
 
-- ``amptrain:worker:{name}:info``: JSON of the worker (queues, concurrency,
+- ``Keys.worker_info(name)``: JSON of the worker (queues, concurrency,
   devices, versions, ``last_heartbeat``); rewritten with a TTL by a heartbeat
   thread in the worker's main process.
-- ``amptrain:worker:{name}:slot:{i}``: JSON of the job pool process ``i`` is
+- ``Keys.worker_slot(name, i)``: JSON of the job pool process ``i`` is
   supervising (job id, attempt, GPU, latest step, throughput, loss scale,
   memory); written by that supervisor, TTL = the job's lease.
-- ``amptrain:workers``: sorted set name -> last heartbeat, so readers find the
+- ``Keys.WORKERS``: sorted set name -> last heartbeat, so readers find the
   names without SCAN; entries older than a day are pruned by readers.
 """
 
@@ -23,16 +23,9 @@ from typing import Any
 
 import redis
 
-WORKERS_KEY = "amptrain:workers"
+from api.core.redis import Keys, text
+
 FORGET_AFTER_S = 86_400.0
-
-
-def info_key(worker: str) -> str:
-    return f"amptrain:worker:{worker}:info"
-
-
-def slot_key(worker: str, slot: int) -> str:
-    return f"amptrain:worker:{worker}:slot:{slot}"
 
 
 def presence_ttl(heartbeat_s: float) -> float:
@@ -45,44 +38,44 @@ def publish_worker(client: redis.Redis, worker: str, info: dict[str, Any], ttl_s
     now = time.time()
     payload = json.dumps({**info, "name": worker, "last_heartbeat": now}, default=str)
     pipe = client.pipeline(transaction=False)
-    pipe.set(info_key(worker), payload, px=int(ttl_s * 1000))
-    pipe.zadd(WORKERS_KEY, {worker: now})
+    pipe.set(Keys.worker_info(worker), payload, px=int(ttl_s * 1000))
+    pipe.zadd(Keys.WORKERS, {worker: now})
     pipe.execute()
 
 
 def remove_worker(client: redis.Redis, worker: str) -> None:
     """A clean shutdown: disappear at once instead of after the TTL."""
     pipe = client.pipeline(transaction=False)
-    pipe.delete(info_key(worker))
-    pipe.zrem(WORKERS_KEY, worker)
+    pipe.delete(Keys.worker_info(worker))
+    pipe.zrem(Keys.WORKERS, worker)
     pipe.execute()
 
 
 def publish_slot(
     client: redis.Redis, worker: str, slot: int, data: dict[str, Any], ttl_s: float
 ) -> None:
-    client.set(slot_key(worker, slot), json.dumps(data, default=str), px=int(ttl_s * 1000))
+    client.set(Keys.worker_slot(worker, slot), json.dumps(data, default=str), px=int(ttl_s * 1000))
 
 
 def clear_slot(client: redis.Redis, worker: str, slot: int) -> None:
-    client.delete(slot_key(worker, slot))
+    client.delete(Keys.worker_slot(worker, slot))
 
 
 def read_slots(client: redis.Redis, worker: str, concurrency: int) -> list[dict[str, Any]]:
     """The jobs ``worker``'s pool processes are running now (each with its ``slot``)."""
     if concurrency <= 0:
         return []
-    raw = client.mget([slot_key(worker, i) for i in range(concurrency)])
+    raw = client.mget([Keys.worker_slot(worker, i) for i in range(concurrency)])
     return [{"slot": i, **json.loads(v)} for i, v in enumerate(raw) if v is not None]
 
 
 def read_workers(client: redis.Redis) -> list[dict[str, Any]]:
     """Every live worker, newest heartbeat first, each with its ``current_jobs``."""
-    client.zremrangebyscore(WORKERS_KEY, "-inf", time.time() - FORGET_AFTER_S)
-    names = [_s(n) for n in client.zrevrange(WORKERS_KEY, 0, -1)]
+    client.zremrangebyscore(Keys.WORKERS, "-inf", time.time() - FORGET_AFTER_S)
+    names = [text(n) for n in client.zrevrange(Keys.WORKERS, 0, -1)]
     if not names:
         return []
-    infos = client.mget([info_key(n) for n in names])
+    infos = client.mget([Keys.worker_info(n) for n in names])
     workers = []
     for name, raw in zip(names, infos, strict=True):
         if raw is None:
@@ -91,7 +84,3 @@ def read_workers(client: redis.Redis) -> list[dict[str, Any]]:
         info["current_jobs"] = read_slots(client, name, int(info.get("concurrency") or 0))
         workers.append(info)
     return workers
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

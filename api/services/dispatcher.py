@@ -24,7 +24,6 @@ import queue
 import threading
 import time
 from datetime import timedelta
-from typing import Any
 
 import redis
 import sqlalchemy as sa
@@ -32,6 +31,8 @@ from celery import Celery
 from redis.exceptions import LockError
 from sqlalchemy.orm import Session, sessionmaker
 
+from api.core.enums import JobStatus, TaskName
+from api.core.redis import Keys, text
 from api.core.settings import Settings
 from api.store import jobs
 from api.store.models import Job, utcnow
@@ -39,8 +40,6 @@ from trainer_core.contract.spec import JobSpec
 
 log = logging.getLogger(__name__)
 
-RUN_JOB = "amptrain.run_job"
-LEADER_KEY = "amptrain:dispatcher:leader"
 SWEEP_BATCH = 200
 LOST_DISPATCH_AFTER = timedelta(seconds=120)
 """A queued job dispatched this long ago and absent from its queue is sent again."""
@@ -107,7 +106,10 @@ class Dispatcher:
         self.sweep_min_age = timedelta(seconds=max(2.0, self.interval))
         self._pending: queue.Queue[tuple[str, str] | None] = queue.Queue()
         self._lock = redis_client.lock(
-            LEADER_KEY, timeout=max(10.0, 3 * self.interval), blocking=False, thread_local=False
+            Keys.DISPATCHER_LEADER,
+            timeout=max(10.0, 3 * self.interval),
+            blocking=False,
+            thread_local=False,
         )
         self._leader = False
         self.sent = 0
@@ -152,7 +154,9 @@ class Dispatcher:
             self._reject(job_id, f"queue {queue_name!r} is not one of {self.settings.queues}")
             return True
         try:
-            self.celery.send_task(RUN_JOB, args=[job_id], queue=queue_name, ignore_result=True)
+            self.celery.send_task(
+                TaskName.RUN_JOB, args=[job_id], queue=queue_name, ignore_result=True
+            )
         except Exception as exc:  # kombu raises many kinds; all mean "not sent, retry later"
             self.failed += 1
             log.warning("dispatch of %s to %s failed (will retry): %s", job_id, queue_name, exc)
@@ -177,7 +181,7 @@ class Dispatcher:
             rows = s.execute(
                 sa.select(Job.id, Job.queue)
                 .where(
-                    Job.status == "queued",
+                    Job.status == JobStatus.QUEUED,
                     Job.dispatched_at.is_(None),
                     # A brand-new job is being sent by the process that created it.
                     sa.or_(Job.created_at < cutoff, Job.attempt > 0),
@@ -200,17 +204,10 @@ class Dispatcher:
             expired = jobs.expired_jobs(s)
         reaped = 0
         for job_id, attempt in expired:
-            with self.sessions() as s:
-                job = s.get(Job, job_id)
-                if job is None:
-                    continue
-                event, data = _reap_event(job)
-                jobs.record_event(s, job_id, attempt, event, job.step, data)
+            with self.sessions.begin() as s:
                 status = jobs.reap_expired(s, job_id, attempt)
-                if status is None:  # renewed meanwhile: write nothing
-                    s.rollback()
-                    continue
-                s.commit()
+            if status is None:  # renewed meanwhile: nothing was written
+                continue
             reaped += 1
             log.warning("job %s attempt %d lost its worker: now %s", job_id, attempt, status)
         return reaped
@@ -221,7 +218,7 @@ class Dispatcher:
         with self.sessions() as s:
             rows = s.execute(
                 sa.select(Job.id, Job.queue)
-                .where(Job.status == "queued", Job.dispatched_at < cutoff)
+                .where(Job.status == JobStatus.QUEUED, Job.dispatched_at < cutoff)
                 .limit(SWEEP_BATCH)
             ).all()
         if not rows:
@@ -230,13 +227,15 @@ class Dispatcher:
         for queue_name in {q for _, q in rows}:
             # kombu keeps a Redis list per queue; Celery's headers carry the args' repr.
             raw = self.redis.lrange(queue_name, 0, -1)
-            waiting[queue_name] = "\n".join(m.decode() if isinstance(m, bytes) else m for m in raw)
+            waiting[queue_name] = "\n".join(text(m) for m in raw)
         lost = [job_id for job_id, q in rows if job_id not in waiting[q]]
         if lost:
             with self.sessions() as s:
                 s.execute(
                     sa.update(Job)
-                    .where(Job.id.in_(lost), Job.status == "queued", Job.dispatched_at < cutoff)
+                    .where(
+                        Job.id.in_(lost), Job.status == JobStatus.QUEUED, Job.dispatched_at < cutoff
+                    )
                     .values(dispatched_at=None)
                 )
                 s.commit()
@@ -278,17 +277,9 @@ class Dispatcher:
         with self.sessions() as s:
             s.execute(
                 sa.update(Job)
-                .where(Job.id == job_id, Job.status == "queued", Job.dispatched_at.is_(None))
+                .where(
+                    Job.id == job_id, Job.status == JobStatus.QUEUED, Job.dispatched_at.is_(None)
+                )
                 .values(dispatched_at=utcnow())
             )
             s.commit()
-
-
-def _reap_event(job: Job) -> tuple[str, dict[str, Any]]:
-    """The event that explains what reaping this job's expired attempt does."""
-    lost = {"code": "worker_lost", "message": "the worker stopped renewing its lease"}
-    if job.status == "cancelling":
-        return "cancelled", {"reason": "cancel requested; the worker was lost"}
-    if job.attempt >= job.max_attempts:
-        return "failed", lost
-    return "warning", {**lost, "message": lost["message"] + "; the job goes back to the queue"}

@@ -36,11 +36,11 @@ from prometheus_client.exposition import generate_latest
 from prometheus_client.registry import Collector
 from sqlalchemy.orm import Session, sessionmaker
 
+from api.core.enums import JobStatus
 from api.store.models import Job
 
 log = logging.getLogger(__name__)
 
-JOB_STATUSES = ("queued", "running", "cancelling", "succeeded", "failed", "cancelled")
 KNOWN_QUEUES = ("gpu", "cpu")
 # kombu's Redis transport keeps one list per priority step: "q", "q\x06\x163", ...
 _PRIORITY_SEP = "\x06\x16"
@@ -169,7 +169,7 @@ class ServiceCollector(Collector):
             with self._lock:
                 self._observe_dispatches(s)
         family = GaugeMetricFamily("amptrain_jobs", "Jobs by status.", labels=["status"])
-        for status in sorted(set(JOB_STATUSES) | set(counts)):
+        for status in sorted({s.value for s in JobStatus} | set(counts)):
             family.add_metric([status], counts.get(status, 0))
         yield family
         yield from self.dispatch.collect()

@@ -17,6 +17,7 @@ import redis
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
+from api.core import redis as core_redis
 from api.core.settings import Settings
 from api.services.dispatcher import Dispatcher
 from api.services.recorder import Recorder
@@ -24,18 +25,6 @@ from api.store import tokens
 from api.store.db import make_engine, make_session_factory
 
 log = logging.getLogger(__name__)
-
-# Request-path Redis calls (cancel key, readiness) must fail fast, never hang a request.
-REQUEST_REDIS_TIMEOUT_S = 2.0
-# The recorder blocks on XREADGROUP; its socket timeout must exceed that block.
-RECORDER_REDIS_TIMEOUT_S = 15.0
-
-
-def redis_client(url: str, timeout: float) -> redis.Redis:
-    """A redis-py client whose connects and commands give up after ``timeout`` seconds."""
-    return redis.Redis.from_url(
-        url, socket_connect_timeout=timeout, socket_timeout=timeout, health_check_interval=30
-    )
 
 
 @dataclass
@@ -56,7 +45,7 @@ class Services:
         """Connect to the database and Redis (lazily: nothing here needs them up yet)."""
         engine = make_engine(settings.database_url)
         session_factory = make_session_factory(engine)
-        client = redis_client(settings.redis_url, REQUEST_REDIS_TIMEOUT_S)
+        client = core_redis.client(settings.redis_url, core_redis.REQUEST_TIMEOUT_S)
         dispatcher = Dispatcher(settings, session_factory, client)
         return cls(settings, engine, session_factory, client, dispatcher)
 
@@ -113,7 +102,8 @@ class Services:
             )
 
     def _start_recorder(self) -> None:
-        client = redis_client(self.settings.redis_url, RECORDER_REDIS_TIMEOUT_S)
+        # The recorder blocks on XREADGROUP: its socket timeout must exceed that block.
+        client = core_redis.client(self.settings.redis_url, core_redis.BLOCKING_READ_TIMEOUT_S)
         self.closers.append(client.close)
         recorder = Recorder(self.settings, self.session_factory, client)
         self._spawn("amptrain-recorder", recorder.run)

@@ -18,15 +18,9 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from api.core.enums import ACTIVE_STATUSES, FINISHED_STATUSES, JobStatus
 from api.store.db import db_now
-from api.store.models import (
-    ACTIVE_STATUSES,
-    FINISHED_STATUSES,
-    Job,
-    JobEvent,
-    UTCDateTime,
-    utcnow,
-)
+from api.store.models import Job, JobEvent, UTCDateTime, utcnow
 from trainer_core.contract.spec import JobSpec
 
 jobs_t: sa.Table = Job.__table__  # type: ignore[assignment]
@@ -60,7 +54,7 @@ def create_job(
     job = Job(
         name=spec.name,
         owner=owner,
-        status="queued",
+        status=JobStatus.QUEUED,
         queue=queue,
         spec=spec.model_dump(mode="json"),
         max_steps=spec.max_steps,
@@ -94,7 +88,7 @@ def claim(s: Session, job_id: str, worker: str, lease_s: float) -> int | None:
     c = jobs_t.c
     now = db_now()
     claimable = sa.or_(
-        c.status == "queued",
+        c.status == JobStatus.QUEUED,
         sa.and_(
             c.status.in_(ACTIVE_STATUSES),
             c.lease_expires_at < now,
@@ -105,7 +99,9 @@ def claim(s: Session, job_id: str, worker: str, lease_s: float) -> int | None:
         jobs_t.update()
         .where(c.id == job_id, claimable)
         .values(
-            status=sa.case((c.status == "cancelling", "cancelling"), else_="running"),
+            status=sa.case(
+                (c.status == JobStatus.CANCELLING, JobStatus.CANCELLING), else_=JobStatus.RUNNING
+            ),
             attempt=c.attempt + 1,
             lease_expires_at=now + lease_s,
             worker=worker,
@@ -188,12 +184,12 @@ def release(s: Session, job_id: str, attempt: int) -> bool:
     """Give the job back (graceful shutdown, retry): running -> queued and undispatched,
     so the dispatcher sends it again. A job being cancelled ends ``cancelled`` instead."""
     c = jobs_t.c
-    cancelling = c.status == "cancelling"
+    cancelling = c.status == JobStatus.CANCELLING
     stmt = (
         jobs_t.update()
         .where(*_fenced(job_id, attempt))
         .values(
-            status=sa.case((cancelling, "cancelled"), else_="queued"),
+            status=sa.case((cancelling, JobStatus.CANCELLED), else_=JobStatus.QUEUED),
             finished_at=sa.case((cancelling, _dt(utcnow())), else_=None),
             error_code=sa.case((cancelling, "cancelled"), else_=c.error_code),
             lease_expires_at=None,
@@ -205,7 +201,7 @@ def release(s: Session, job_id: str, attempt: int) -> bool:
     return _returning(s, job_id, stmt) is not None
 
 
-def request_cancel(s: Session, job_id: str) -> str:
+def request_cancel(s: Session, job_id: str) -> JobStatus:
     """Ask the job to stop; returns its new status. Queued jobs end ``cancelled`` at once
     (with a ``cancelled`` event); running ones become ``cancelling`` (the caller then sets
     the Redis cancel key after commit). Raises JobFinished / JobNotFound."""
@@ -213,9 +209,12 @@ def request_cancel(s: Session, job_id: str) -> str:
     now = _dt(utcnow())
     queued = (
         jobs_t.update()
-        .where(c.id == job_id, c.status == "queued")
+        .where(c.id == job_id, c.status == JobStatus.QUEUED)
         .values(
-            status="cancelled", finished_at=now, cancel_requested_at=now, error_code="cancelled"
+            status=JobStatus.CANCELLED,
+            finished_at=now,
+            cancel_requested_at=now,
+            error_code="cancelled",
         )
         .returning(c.attempt)
     )
@@ -224,17 +223,18 @@ def request_cancel(s: Session, job_id: str) -> str:
         _insert_event(
             s, job_id, attempt, "cancelled", None, {"reason": "cancelled while queued"}, None
         )
-        return "cancelled"
+        return JobStatus.CANCELLED
     active = (
         jobs_t.update()
         .where(c.id == job_id, c.status.in_(ACTIVE_STATUSES))
         .values(
-            status="cancelling", cancel_requested_at=sa.func.coalesce(c.cancel_requested_at, now)
+            status=JobStatus.CANCELLING,
+            cancel_requested_at=sa.func.coalesce(c.cancel_requested_at, now),
         )
         .returning(c.status)
     )
     if _returning(s, job_id, active) is not None:
-        return "cancelling"
+        return JobStatus.CANCELLING
     status = s.scalar(sa.select(c.status).where(c.id == job_id))
     if status is None:
         raise JobNotFound(job_id)
@@ -246,8 +246,13 @@ def reject_queued(s: Session, job_id: str, code: str, message: str) -> bool:
     c = jobs_t.c
     stmt = (
         jobs_t.update()
-        .where(c.id == job_id, c.status == "queued")
-        .values(status="failed", finished_at=_dt(utcnow()), error_code=code, error_message=message)
+        .where(c.id == job_id, c.status == JobStatus.QUEUED)
+        .values(
+            status=JobStatus.FAILED,
+            finished_at=_dt(utcnow()),
+            error_code=code,
+            error_message=message,
+        )
         .returning(c.attempt)
     )
     attempt = _returning(s, job_id, stmt)
@@ -268,22 +273,30 @@ def expired_jobs(s: Session, limit: int = 100) -> list[tuple[str, int]]:
     return [(r.id, r.attempt) for r in rows]
 
 
+WORKER_LOST = {"code": "worker_lost", "message": "the worker stopped renewing its lease"}
+
+
 def reap_expired(
     s: Session, job_id: str, attempt: int, error: dict[str, Any] | None = None
-) -> str | None:
+) -> JobStatus | None:
     """Reconciler: if this attempt's lease expired, requeue the job when attempts remain
     (``queued``), end it ``cancelled`` when a cancel was pending, else ``failed`` with
-    ``error`` (default worker_lost). Returns the new status, or None if not expired."""
+    ``error`` (default :data:`WORKER_LOST`), and record the event that says which.
+    Returns the new status, or None (nothing written) if the lease is still live."""
     c = jobs_t.c
-    err = error or {"code": "worker_lost", "message": "the worker stopped renewing its lease"}
-    cancelling = c.status == "cancelling"
+    err = error or WORKER_LOST
+    cancelling = c.status == JobStatus.CANCELLING
     exhausted = c.attempt >= c.max_attempts
     final = sa.or_(cancelling, exhausted)
     stmt = (
         jobs_t.update()
         .where(*_fenced(job_id, attempt), c.lease_expires_at < db_now())
         .values(
-            status=sa.case((cancelling, "cancelled"), (exhausted, "failed"), else_="queued"),
+            status=sa.case(
+                (cancelling, JobStatus.CANCELLED),
+                (exhausted, JobStatus.FAILED),
+                else_=JobStatus.QUEUED,
+            ),
             finished_at=sa.case((final, _dt(utcnow())), else_=None),
             error_code=sa.case((cancelling, "cancelled"), (exhausted, err.get("code")), else_=None),
             error_message=sa.case((exhausted, err.get("message")), else_=None),
@@ -291,9 +304,24 @@ def reap_expired(
             worker=None,
             dispatched_at=None,
         )
-        .returning(c.status)
+        .returning(c.status, c.step)
     )
-    return _returning(s, job_id, stmt)
+    row = _returning_row(s, job_id, stmt)
+    if row is None:
+        return None
+    # The CASE above made the decision; the event only explains it.
+    status = JobStatus(row.status)
+    if status == JobStatus.CANCELLED:
+        event, data = "cancelled", {"reason": "cancel requested; the worker was lost"}
+    elif status == JobStatus.FAILED:
+        event, data = "failed", dict(err)
+    else:
+        event, data = (
+            "warning",
+            {**err, "message": f"{err['message']}; the job goes back to the queue"},
+        )
+    _insert_event(s, job_id, attempt, event, row.step, data, None)
+    return status
 
 
 # -- internals ---------------------------------------------------------------
@@ -316,13 +344,18 @@ def _fence(s: Session, job_id: str, attempt: int) -> bool:
 
 
 def _returning(s: Session, job_id: str, stmt: sa.Executable) -> Any:
+    row = _returning_row(s, job_id, stmt)
+    return None if row is None else row[0]
+
+
+def _returning_row(s: Session, job_id: str, stmt: sa.Executable) -> sa.Row[Any] | None:
     s.flush()
-    value = s.execute(stmt).scalar_one_or_none()
+    row = s.execute(stmt).one_or_none()
     # Core UPDATEs bypass the identity map: drop a stale copy of the job, if loaded.
     cached = s.identity_map.get(Session.identity_key(Job, job_id))
     if cached is not None:
         s.expire(cached)
-    return value
+    return row
 
 
 def _insert_event(

@@ -14,9 +14,9 @@ import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
-JOB_STATUSES = ("queued", "running", "cancelling", "succeeded", "failed", "cancelled")
-ACTIVE_STATUSES = ("running", "cancelling")
-FINISHED_STATUSES = ("succeeded", "failed", "cancelled")
+# Re-exported for the recorder and the watch; the statuses are defined in api.core.enums.
+from api.core.enums import FINISHED_STATUSES as FINISHED_STATUSES
+from api.core.enums import JobStatus
 
 # SQLite has no BIGINT autoincrement: only "INTEGER PRIMARY KEY" is the rowid alias.
 BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
@@ -75,7 +75,7 @@ class Job(Base):
     id: Mapped[str] = mapped_column(sa.String(40), primary_key=True, default=new_job_id)
     name: Mapped[str] = mapped_column(sa.String(200))
     owner: Mapped[str] = mapped_column(sa.String(200))
-    status: Mapped[str] = mapped_column(sa.String(16), default="queued")
+    status: Mapped[str] = mapped_column(sa.String(16), default=JobStatus.QUEUED.value)
     queue: Mapped[str] = mapped_column(sa.String(16))
     spec: Mapped[dict[str, Any]] = mapped_column(sa.JSON)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

@@ -13,10 +13,11 @@ import sqlalchemy as sa
 from fastapi import APIRouter, Header, Query, Response, status
 from sqlalchemy.exc import IntegrityError
 
-from api.contracts.stream import cancel_key
+from api.core.enums import JobStatus
+from api.core.redis import Keys
 from api.services.dispatcher import queue_for
 from api.store import jobs as repo
-from api.store.models import JOB_STATUSES, Job
+from api.store.models import Job
 from api.web.deps import CurrentUser, ServicesDep, SessionDep, after_commit, visible_job
 from api.web.errors import Conflict, NotFound, ValidationFailed, field_problems
 from api.web.schemas import JobOut, JobPage
@@ -108,14 +109,14 @@ def list_jobs(
         query = query.where(Job.owner == user.name)
     if status_filter:
         wanted = [s.strip() for s in status_filter.split(",") if s.strip()]
-        bad = [s for s in wanted if s not in JOB_STATUSES]
+        known = [s.value for s in JobStatus]
+        bad = [s for s in wanted if s not in known]
         if bad:
             raise ValidationFailed(
                 [
                     {
                         "field": "query.status",
-                        "message": f"unknown status {b!r}; expected one of "
-                        f"{', '.join(JOB_STATUSES)}",
+                        "message": f"unknown status {b!r}; expected one of {', '.join(known)}",
                         "type": "enum",
                     }
                     for b in bad
@@ -176,8 +177,8 @@ def cancel_job(
         raise Conflict(f"job {job_id} already {exc.status}") from None
     except repo.JobNotFound:
         raise NotFound(f"no job {job_id}") from None
-    if new_status == "cancelling":
+    if new_status == JobStatus.CANCELLING:
         client = services.redis
-        after_commit(session, lambda: client.set(cancel_key(job_id), "1", ex=CANCEL_KEY_TTL_S))
+        after_commit(session, lambda: client.set(Keys.cancel(job_id), "1", ex=CANCEL_KEY_TTL_S))
     session.expire_all()
     return JobOut.from_job(visible_job(session, user, job_id))

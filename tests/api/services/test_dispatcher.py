@@ -15,8 +15,10 @@ import redis
 import sqlalchemy as sa
 
 from api.cli.embedded_redis import EmbeddedRedis
+from api.core.enums import TaskName
+from api.core.redis import Keys
 from api.core.settings import Settings
-from api.services.dispatcher import RUN_JOB, Dispatcher
+from api.services.dispatcher import Dispatcher
 from api.store import jobs, migrate
 from api.store.db import make_engine, make_session_factory
 from api.store.models import Job, JobEvent, utcnow
@@ -57,7 +59,7 @@ def test_jobs_are_sent_by_name_to_the_queue_of_their_device(
     cpu = api_stack.submit(mlp_job(3))
     gpu = api_stack.submit(mlp_job(3, device="auto"))
     a100 = api_stack.submit(mlp_job(3, device="cuda", queue="gpu-a100"))
-    expected = {"task": RUN_JOB, "args": [cpu["id"]], "kwargs": {}}
+    expected = {"task": TaskName.RUN_JOB, "args": [cpu["id"]], "kwargs": {}}
     assert wait_until(lambda: queued_messages(redis_server, "cpu"), 10, "cpu message") == [expected]
     gpu_messages = wait_until(lambda: queued_messages(redis_server, "gpu"), 10, "gpu message")
     assert [m["args"] for m in gpu_messages] == [[gpu["id"]]]
@@ -127,7 +129,7 @@ def test_only_one_dispatcher_leads(session_redis: EmbeddedRedis, tmp_path: Path)
     settings = Settings(data_dir=tmp_path, database_url=url, redis_url=session_redis.url)
     engine = make_engine(url)
     client = redis.Redis.from_url(session_redis.url)
-    client.delete("amptrain:dispatcher:leader")
+    client.delete(Keys.DISPATCHER_LEADER)
     a, b = (Dispatcher(settings, make_session_factory(engine), client) for _ in range(2))
     try:
         assert a.lead() and not b.lead()

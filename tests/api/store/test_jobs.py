@@ -217,3 +217,24 @@ def test_finish_rejects_non_final_status(sf: sessionmaker[Session]) -> None:
         assert jobs.finish(s, job_id, 1, "failed", {"code": "oom", "message": "m", "step": 4})
         job = jobs.get_job(s, job_id)
         assert job is not None and (job.error_code, job.error_step) == ("oom", 4)
+
+
+def test_reap_expired_explains_its_decision_with_one_event(sf: sessionmaker[Session]) -> None:
+    cancelling, exhausted = new_job(sf), new_job(sf, max_attempts=1)
+    with sf.begin() as s:
+        for job_id in (cancelling, exhausted):
+            assert jobs.claim(s, job_id, "w1", EXPIRED) == 1
+        assert jobs.request_cancel(s, cancelling) == "cancelling"
+    with sf.begin() as s:
+        assert jobs.reap_expired(s, cancelling, 1) == "cancelled"
+        assert jobs.reap_expired(s, exhausted, 1) == "failed"
+        assert jobs.reap_expired(s, exhausted, 1) is None  # already reaped: nothing written
+    assert events(sf, cancelling) == [(0, "queued"), (1, "cancelled")]
+    assert events(sf, exhausted) == [(0, "queued"), (1, "failed")]
+    with sf() as s:
+        job = jobs.get_job(s, cancelling)
+        assert job is not None and (job.error_code, job.worker) == ("cancelled", None)
+        failed = s.scalars(
+            sa.select(JobEvent.data).where(JobEvent.job_id == exhausted, JobEvent.type == "failed")
+        ).one()
+        assert failed == jobs.WORKER_LOST

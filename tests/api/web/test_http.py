@@ -12,7 +12,8 @@ import pytest
 import redis
 
 from api.cli.embedded_redis import EmbeddedRedis
-from api.contracts.stream import cancel_key, encode, telemetry_key
+from api.contracts.stream import encode
+from api.core.redis import Keys
 from api.store import jobs, tokens
 from api.store.db import make_engine, make_session_factory
 from tests.support.specs import mlp_job
@@ -177,7 +178,7 @@ def test_cancel_queued_then_running(api_stack: Stack, redis_server: EmbeddedRedi
     r = c.post(f"/jobs/{running['id']}/cancel")
     assert r.status_code == 202 and r.json()["status"] == "cancelling"
     client = redis.Redis(unix_socket_path=str(redis_server.socket))
-    assert client.get(cancel_key(running["id"])) is not None
+    assert client.get(Keys.cancel(running["id"])) is not None
     assert c.post(f"/jobs/{running['id']}/cancel").status_code == 202  # still cancelling
     assert c.post("/jobs/j_nope/cancel").status_code == 404
 
@@ -206,7 +207,7 @@ def test_metrics_page_through_recorded_points_once(
             step=step, time=1000.0 + step, loss=1.0 / step, skipped=False, skipped_steps=0
         )
         fields_ = encode(record, job_id=job["id"], attempt=1)
-        client.xadd(telemetry_key(job["id"]), dict(fields_))  # type: ignore[arg-type]
+        client.xadd(Keys.telemetry(job["id"]), dict(fields_))  # type: ignore[arg-type]
 
     def all_points() -> list[dict[str, Any]]:
         pts = api_stack.all_metrics(job["id"], limit=7)
