@@ -1,7 +1,7 @@
 """The training child: one fresh interpreter per attempt, so CUDA never crosses a fork.
 
 The supervisor starts ``python -m worker.child.main`` with its launch parameters on
-stdin and a pipe for control messages (one JSON object per line): the
+stdin and a pipe for control messages (:mod:`worker.child.protocol`): the
 precision it chose, and how the run ended. SIGUSR1 asks it to cancel,
 SIGUSR2 (or SIGTERM) to checkpoint and stop for a shutdown; all take effect at
 the next step boundary. SIGKILL is the supervisor's last resort.
@@ -9,7 +9,6 @@ the next step boundary. SIGKILL is the supervisor's last resort.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import sys
@@ -17,7 +16,7 @@ import traceback
 from typing import IO, Any
 
 from trainer_core.contract.errors import TrainingError
-from worker.child.protocol import Launch
+from worker.child.protocol import ControlMessage, Failed, Finished, Launch, PrecisionChosen, encode
 
 
 class Control:
@@ -26,8 +25,8 @@ class Control:
     def __init__(self, stream: IO[str]) -> None:
         self.stream = stream
 
-    def send(self, kind: str, **data: Any) -> None:
-        self.stream.write(json.dumps({"type": kind, **data}) + "\n")
+    def send(self, message: ControlMessage) -> None:
+        self.stream.write(encode(message))
         self.stream.flush()
 
 
@@ -43,7 +42,7 @@ class ControlledSink:
         rest = []
         for item in items:
             if item.get("kind") == "event" and item.get("type") == "precision":
-                self.control.send("precision", **item["data"])
+                self.control.send(PrecisionChosen(**item["data"]))
             else:
                 rest.append(item)
         if rest:
@@ -80,27 +79,28 @@ def run(launch: Launch, control: Control) -> int:
         )
         result = Trainer(parse_spec(launch.spec), ctx).train()
     except TrainingError as exc:
-        control.send("error", retryable=exc.retryable, **exc.to_dict())
+        control.send(
+            Failed(code=exc.code, message=exc.message, step=exc.step, retryable=exc.retryable)
+        )
         return 1
     except Exception as exc:  # a bug, not a user error: keep the traceback for the operator
         traceback.print_exc()
         control.send(
-            "error",
-            code="internal",
-            message=f"{type(exc).__name__}: {exc}",
-            step=None,
-            retryable=True,
+            Failed(
+                code="internal", message=f"{type(exc).__name__}: {exc}", step=None, retryable=True
+            )
         )
         return 1
     finally:
         # The engine never closes the caller's sink: deliver what Redis has not taken yet.
         sink.close()
     control.send(
-        "result",
-        final_step=result.final_step,
-        resumed_from=result.resumed_from,
-        skipped_steps=result.skipped_steps,
-        dropped_records=result.dropped_records,
+        Finished(
+            final_step=result.final_step,
+            resumed_from=result.resumed_from,
+            skipped_steps=result.skipped_steps,
+            dropped_records=result.dropped_records,
+        )
     )
     return 0
 
@@ -119,7 +119,7 @@ def _die_with_parent() -> None:
 
 
 def main() -> int:
-    launch = Launch(**json.loads(sys.stdin.read()))
+    launch = Launch.model_validate_json(sys.stdin.read())
     _die_with_parent()
     # Ctrl-C in a terminal reaches the whole process group; the supervisor decides
     # how training stops (checkpoint first), so the child ignores it.

@@ -2,22 +2,24 @@
 
 from __future__ import annotations
 
-import json
+import codecs
+import logging
 import os
 import selectors
 import signal
 import subprocess
 import sys
 import time
-from typing import Any
 
-from worker.child.protocol import Launch
+from worker.child.protocol import ControlMessage, Launch, ProtocolError, decode
+
+log = logging.getLogger(__name__)
 
 
 class ChildProcess:
     def __init__(self, launch: Launch, env: dict[str, str] | None = None) -> None:
         read_fd, write_fd = os.pipe()
-        launch.control_fd = write_fd
+        launch = launch.model_copy(update={"control_fd": write_fd})
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "worker.child.main"],
             stdin=subprocess.PIPE,
@@ -27,11 +29,12 @@ class ChildProcess:
         )
         os.close(write_fd)
         assert self.proc.stdin is not None
-        self.proc.stdin.write(launch.to_json())
+        self.proc.stdin.write(launch.model_dump_json())
         self.proc.stdin.close()
         self._control = os.fdopen(read_fd, "r", encoding="utf-8")
         self._selector = selectors.DefaultSelector()
         self._selector.register(self._control, selectors.EVENT_READ)
+        self._utf8 = codecs.getincrementaldecoder("utf-8")()
         self._buffer = ""
         self._eof = False
 
@@ -39,19 +42,27 @@ class ChildProcess:
     def pid(self) -> int:
         return self.proc.pid
 
-    def messages(self, timeout: float) -> list[dict[str, Any]]:
+    def messages(self, timeout: float) -> list[ControlMessage]:
         """Control messages that arrived within ``timeout`` seconds (possibly none)."""
         if self._eof or not self._selector.select(timeout):
             if self._eof:
                 time.sleep(min(timeout, 0.05))
             return []
-        chunk = os.read(self._control.fileno(), 65536).decode()
+        chunk = os.read(self._control.fileno(), 65536)
         if not chunk:
             self._eof = True
             return []
-        self._buffer += chunk
+        self._buffer += self._utf8.decode(chunk)  # a read may end inside a character
         *lines, self._buffer = self._buffer.split("\n")
-        return [json.loads(line) for line in lines if line.strip()]
+        decoded = (self._decode(line) for line in lines if line.strip())
+        return [m for m in decoded if m is not None]
+
+    def _decode(self, line: str) -> ControlMessage | None:
+        try:
+            return decode(line)
+        except ProtocolError as exc:  # a child of another version, or a bug: say so, go on
+            log.error("training child %d: %s", self.pid, exc)
+            return None
 
     def alive(self) -> bool:
         return self.proc.poll() is None

@@ -23,7 +23,7 @@ from api.core.settings import Settings
 from api.store import jobs
 from api.store.db import make_engine, make_session_factory
 from trainer_core.contract.layout import job_checkpoint_url
-from worker.child.protocol import Launch
+from worker.child.protocol import ControlMessage, Failed, Finished, Launch, PrecisionChosen
 from worker.main.signals import draining_key
 from worker.pool.child_handle import ChildProcess
 from worker.pool.events import LifecycleEvents
@@ -34,19 +34,12 @@ log = logging.getLogger(__name__)
 POLL_S = 0.25  # how quickly a cancel request reaches the child
 
 
-def _reason_on_device(precision: dict[str, Any]) -> str:
-    """The precision reason, naming the device it was decided for (e.g. the GPU model)."""
-    reason, device = str(precision["reason"]), precision.get("device")
-    return f"{reason}; device: {device}" if device else reason
-
-
 @dataclass
 class Outcome:
     """How the child ended, as learnt from its control messages and exit."""
 
-    result: dict[str, Any] | None = None
-    error: dict[str, Any] | None = None
-    precision: dict[str, Any] | None = None
+    result: Finished | None = None
+    failure: Failed | None = None
     stop_requested: str | None = None  # "cancel" | "preempt"
     lease_lost: bool = False
     exit_code: int | None = None
@@ -153,30 +146,24 @@ class Supervisor:
         out.exit_code = child.proc.returncode
         return out
 
-    def _on_message(self, job_id: str, attempt: int, msg: dict[str, Any], out: Outcome) -> None:
-        kind = msg.pop("type")
-        if kind == "precision":
-            out.precision = msg
-            with self.sessions.begin() as s:
-                jobs.set_precision(
-                    s,
+    def _on_message(self, job_id: str, attempt: int, msg: ControlMessage, out: Outcome) -> None:
+        match msg:
+            case PrecisionChosen():
+                with self.sessions.begin() as s:
+                    jobs.set_precision(
+                        s, job_id, attempt, msg.requested, msg.effective, msg.reason_on_device
+                    )
+                self.events.record(
                     job_id,
                     attempt,
-                    str(msg["requested"]),
-                    str(msg["effective"]),
-                    _reason_on_device(msg),
+                    "started",
+                    0,
+                    {"worker": self.worker, "attempt": attempt, "precision": msg.event_data()},
                 )
-            self.events.record(
-                job_id,
-                attempt,
-                "started",
-                0,
-                {"worker": self.worker, "attempt": attempt, "precision": msg},
-            )
-        elif kind == "result":
-            out.result = msg
-        elif kind == "error":
-            out.error = msg
+            case Finished():
+                out.result = msg
+            case Failed():
+                out.failure = msg
 
     def _heartbeat(self, job_id: str, attempt: int) -> str | None:
         """Renew the lease; None once it is lost.
@@ -218,7 +205,7 @@ class Supervisor:
             )
             return
         status, error = self._final_state(job_id, attempt, spec, out)
-        step = (out.result or {}).get("final_step") or (error or {}).get("step") or 0
+        step = (out.result.final_step if out.result else None) or (error or {}).get("step") or 0
         kind = {"queued": "requeued"}.get(status, status)
         data = {"error": error} if error else {}
         with self.sessions.begin() as s:
@@ -245,16 +232,13 @@ class Supervisor:
             return "cancelled", None
         if out.stop_requested == "preempt":
             return "queued", None
-        error = out.error or {
-            "code": "internal",
-            "message": f"training process exited with code {out.exit_code} without a result",
-            "step": None,
-            "retryable": True,
-        }
-        retryable = bool(error.pop("retryable", False))
-        if retryable and attempt < int(spec.get("max_attempts", 3)):
-            log.warning(
-                "job %s attempt %d failed (%s); re-queueing", job_id, attempt, error["code"]
-            )
-            return "queued", error
-        return "failed", error
+        failure = out.failure or Failed(
+            code="internal",
+            message=f"training process exited with code {out.exit_code} without a result",
+            step=None,
+            retryable=True,
+        )
+        if failure.retryable and attempt < int(spec.get("max_attempts", 3)):
+            log.warning("job %s attempt %d failed (%s); re-queueing", job_id, attempt, failure.code)
+            return "queued", failure.error()
+        return "failed", failure.error()
