@@ -15,6 +15,8 @@ from pathlib import Path
 
 import redis
 
+from api.core import redis as core_redis
+
 
 def redis_server_binary() -> str:
     try:
@@ -61,7 +63,7 @@ class EmbeddedRedis:
         ]  # fmt: skip
         self.process = subprocess.Popen(args, stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout
-        client = redis.Redis(unix_socket_path=str(self.socket))
+        client = core_redis.client(self.url, core_redis.REQUEST_TIMEOUT_S)
         while True:
             try:
                 client.ping()
