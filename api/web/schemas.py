@@ -38,6 +38,8 @@ class SummaryOut(BaseModel):
 class JobOut(BaseModel):
     id: str
     name: str
+    owner: str
+    """The name of the token that submitted it."""
     status: str
     spec: dict[str, Any]
     created_at: datetime
@@ -58,6 +60,7 @@ class JobOut(BaseModel):
         return cls(
             id=job.id,
             name=job.name,
+            owner=job.owner,
             status=job.status,
             spec=job.spec,
             created_at=job.created_at,

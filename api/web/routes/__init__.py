@@ -4,7 +4,18 @@ from __future__ import annotations
 
 from fastapi import APIRouter
 
-from api.web.routes import catalog, checkpoints, health, jobs, live, metrics, telemetry, workers
+from api.web.routes import (
+    catalog,
+    checkpoints,
+    comparisons,
+    health,
+    jobs,
+    live,
+    metrics,
+    telemetry,
+    ui,
+    workers,
+)
 
 ROUTERS: tuple[APIRouter, ...] = (
     health.router,
@@ -15,4 +26,6 @@ ROUTERS: tuple[APIRouter, ...] = (
     checkpoints.router,
     live.router,
     workers.router,
+    comparisons.router,
+    ui.router,
 )

@@ -7,10 +7,11 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
 from api.store import migrate
+from api.store.comparisons import Comparison  # noqa: F401  (its table joins Base.metadata)
 from api.store.db import make_engine
 from api.store.models import Base
 
-TABLES = {"jobs", "job_events", "metric_points", "api_tokens"}
+TABLES = {"jobs", "job_events", "metric_points", "api_tokens", "comparisons"}
 
 
 def _tables(url: str) -> set[str]:

@@ -1,0 +1,134 @@
+// Compare runs: overlay the loss curves of any jobs, or run a precision A/B comparison
+// (POST /comparisons: one spec, one job per precision) and read its ratio table.
+import { api, ApiError } from "../api.js";
+import { FINISHED, clear, fmtAge, fmtBytes, fmtNum, h, statusBadge } from "../dom.js";
+import { specForm } from "../spec_form.js";
+
+const uPlot = window.uPlot;
+const COLORS = ["#2f6fde", "#d9480f", "#2b8a3e", "#862e9c", "#e67700", "#0b7285"];
+const POLL_MS = 3000;
+
+export function mount(root, args) {
+  return args.id ? report(root, args.id) : overview(root, args.jobs ? args.jobs.split(",") : []);
+}
+
+/** Overlaid loss curves: rows of [step, ...] joined on the step axis by uPlot.join. */
+function overlayChart(el, names, curves) {
+  const data = curves.length ? uPlot.join(curves) : [[]];
+  const series = [{ label: "step" }, ...names.map((n, i) => ({ label: n, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true, value: (u, v) => fmtNum(v) }))];
+  return new uPlot({ width: el.clientWidth || 800, height: 260, series, scales: { x: { time: false } },
+    axes: [{}, { size: 64, values: (u, vs) => vs.map((v) => fmtNum(v, 3)) }], cursor: { drag: { x: true, y: false } } }, data, el);
+}
+
+function overview(root, preselected) {
+  const picks = h("div", { class: "pick", id: "pick-jobs" }, h("span", { class: "muted" }, "Loading jobs…"));
+  const plotEl = h("div", { id: "overlay" });
+  let plot = null;
+  const abSlot = h("div", { id: "ab-form" });
+  const listEl = h("div", { id: "comparisons" });
+  root.append(
+    h("h1", {}, "Compare"),
+    h("div", { class: "grid2" },
+      h("div", { class: "card" }, h("h2", {}, "Overlay runs"), h("p", { class: "small muted" }, "Pick jobs to overlay their loss curves."), plotEl),
+      h("div", { class: "card" }, picks)),
+    h("div", { class: "grid2" },
+      h("div", { class: "card" }, h("h2", {}, "Precision A/B"),
+        h("p", { class: "small muted" }, "Train one spec once per precision and compare throughput, peak memory and final loss against fp32."), abSlot),
+      h("div", { class: "card" }, h("h2", {}, "Comparisons"), listEl)));
+
+  async function drawOverlay() {
+    const chosen = [...picks.querySelectorAll("input:checked")].map((i) => ({ id: i.value, name: i.dataset.name }));
+    const width = plotEl.clientWidth || 800;
+    const pages = await Promise.all(chosen.map((j) => api(`/jobs/${encodeURIComponent(j.id)}/metrics`, { params: { max_points: 2 * width, fields: "loss" } })));
+    const curves = pages.map((p) => [p.items.map((i) => i.step), p.items.map((i) => i.loss)]);
+    plot?.destroy();
+    plotEl.replaceChildren();
+    plot = overlayChart(plotEl, chosen.map((j) => j.name), curves);
+  }
+
+  (async () => {
+    const jobs = (await api("/jobs", { params: { limit: 100 } })).items;
+    clear(picks, jobs.length ? jobs.map((j) => h("label", {},
+      h("input", { type: "checkbox", value: j.id, dataset: { name: j.name }, checked: preselected.includes(j.id), onchange: drawOverlay }),
+      ` ${j.name} `, statusBadge(j.status), h("span", { class: "muted small" }, ` ${j.precision?.effective || j.precision?.requested || ""} · ${fmtAge(j.created_at)}`)))
+      : h("span", { class: "muted" }, "No jobs yet."));
+    drawOverlay();
+    const comparisons = (await api("/comparisons")).items;
+    clear(listEl, comparisons.length ? h("ul", {}, comparisons.map((c) => h("li", {},
+      h("a", { href: `#/compare/${encodeURIComponent(c.id)}` }, c.name), h("span", { class: "muted small" }, ` ${c.runs.map((r) => r.precision).join(" / ")} · ${fmtAge(c.created_at)}`))))
+      : h("span", { class: "muted" }, "None yet."));
+    const catalog = await api("/catalog");
+    const precisions = h("fieldset", {}, h("legend", {}, "Precisions"), ["fp32", "bf16", "fp16"].map((p) =>
+      h("label", { style: "margin-right:12px" }, h("input", { type: "checkbox", value: p, checked: true, class: "ab-precision" }), ` ${p}`)));
+    abSlot.append(specForm(catalog, {
+      submitLabel: "Run comparison",
+      extra: precisions,
+      onSubmit: async (spec) => {
+        delete spec.precision;
+        const chosen = [...precisions.querySelectorAll("input:checked")].map((i) => i.value);
+        try {
+          const c = await api("/comparisons", { method: "POST", body: { spec, precisions: chosen } });
+          location.hash = `#/compare/${encodeURIComponent(c.id)}`;
+        } catch (e) {
+          if (e instanceof ApiError && Array.isArray(e.detail)) e.detail = e.detail.map((p) => ({ ...p, field: p.field.replace(/^spec\./, "") }));
+          throw e;
+        }
+      },
+    }));
+  })().catch((e) => picks.replaceChildren(h("span", { class: "error" }, e.message)));
+
+  return () => plot?.destroy();
+}
+
+function ratioCell(value, kind) {
+  if (value === null || value === undefined) return h("td", { class: "num muted" }, "–");
+  const good = kind === "throughput" ? value > 1.05 : kind === "peak_memory" ? value < 0.95 : Math.abs(value - 1) <= 0.05;
+  const bad = kind === "throughput" ? value < 0.95 : kind === "peak_memory" ? value > 1.05 : value > 1.05;
+  return h("td", { class: `num ratio ${good ? "good" : bad ? "bad" : ""}`, dataset: { ratio: kind } }, `${value.toFixed(2)}×`);
+}
+
+function report(root, id) {
+  const head = h("div", { class: "card", id: "comparison" }, h("span", { class: "muted" }, "Loading…"));
+  const plotEl = h("div", { id: "comparison-curves" });
+  root.append(h("div", { class: "small", style: "margin-bottom:6px" }, h("a", { href: "#/compare" }, "← Compare")), head,
+    h("div", { class: "card" }, h("h2", {}, "Loss by step"), plotEl));
+  let plot = null;
+  let timer = null;
+  let stopped = false;
+
+  function render(c) {
+    const base = c.baseline;
+    clear(head, h("h1", {}, c.name), h("p", { class: "small muted" },
+      base ? `Ratios against the ${base} run. Throughput: mean samples/s after the first 10% of steps; final loss: mean of the last 10% of steps.` : "No fp32 run: no ratios."),
+    h("table", { id: "ratio-table" },
+      h("thead", {}, h("tr", {}, ["Precision", "Job", "Status", "Trained in", "Samples/s", `× ${base || "base"}`, "Peak memory", `× ${base || "base"}`, "Final loss", `× ${base || "base"}`]
+        .map((t, i) => h("th", { class: i >= 4 ? "num" : "" }, t)))),
+      h("tbody", {}, c.runs.map((r) => h("tr", { dataset: { precision: r.precision } },
+        h("td", {}, h("strong", {}, r.precision)),
+        h("td", {}, h("a", { href: `#/jobs/${encodeURIComponent(r.job_id)}` }, r.name)),
+        h("td", {}, statusBadge(r.status), h("span", { class: "small muted" }, ` ${r.step}/${r.max_steps}`)),
+        h("td", {}, r.effective_precision || "–"),
+        h("td", { class: "num" }, fmtNum(r.throughput, 4)), ratioCell(r.ratios.throughput, "throughput"),
+        h("td", { class: "num" }, fmtBytes(r.peak_memory)), ratioCell(r.ratios.peak_memory, "peak_memory"),
+        h("td", { class: "num" }, fmtNum(r.final_loss, 4)), ratioCell(r.ratios.final_loss, "final_loss"))))));
+    const names = Object.keys(c.loss_curves.loss);
+    const data = [c.loss_curves.step, ...names.map((n) => c.loss_curves.loss[n])];
+    const series = [{ label: "step" }, ...names.map((n, i) => ({ label: n, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true, value: (u, v) => fmtNum(v) }))];
+    if (plot) plot.setData(data);
+    else plot = new uPlot({ width: plotEl.clientWidth || 800, height: 280, series, scales: { x: { time: false } },
+      axes: [{}, { size: 64, values: (u, vs) => vs.map((v) => fmtNum(v, 3)) }], cursor: { drag: { x: true, y: false } } }, data, plotEl);
+  }
+
+  async function poll() {
+    try {
+      const c = await api(`/comparisons/${encodeURIComponent(id)}`);
+      if (stopped) return;
+      render(c);
+      if (c.runs.some((r) => !FINISHED.has(r.status))) timer = setTimeout(poll, POLL_MS);
+    } catch (e) {
+      clear(head, h("div", { class: "error", id: "not-found" }, e.status === 404 ? `No comparison ${id} (or it is not yours).` : e.message));
+    }
+  }
+  poll();
+  return () => { stopped = true; clearTimeout(timer); plot?.destroy(); };
+}

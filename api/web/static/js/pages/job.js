@@ -1,0 +1,189 @@
+// One job: status and progress, live charts (history first, downsampled to about two
+// points per pixel, then the WebSocket from the history's cursor), the event timeline,
+// the spec and checkpoint downloads. Zooming fetches the window at full resolution.
+import { api, ApiError, download } from "../api.js";
+import { CHARTS, ChartGroup } from "../charts.js";
+import { FINISHED, clear, fmtBytes, fmtNum, h, progressBar, statusBadge } from "../dom.js";
+import { LiveFeed } from "../live.js";
+import { Series, cursorLess } from "../series.js";
+import { Timeline } from "../timeline.js";
+
+const POLL_MS = 2000;
+const POINTS_PER_PIXEL = 2;
+const REFETCH_FACTOR = 8; // live points beyond 8x the history budget: downsample again
+
+export function mount(root, { id }) {
+  const started = performance.now();
+  const path = `/jobs/${encodeURIComponent(id)}`;
+  const head = h("div", { class: "card", id: "job-head" }, h("span", { class: "muted" }, "Loading…"));
+  const chartsEl = h("div", { class: "charts", id: "charts" });
+  const liveState = h("span", { class: "small muted", id: "live-state" });
+  const timeline = new Timeline();
+  const specEl = h("pre", { id: "spec" });
+  const checkpointsEl = h("div", { id: "checkpoints", class: "small" });
+  const group = new ChartGroup(`job-${id}`, { onZoom: fullResolution });
+  const series = Object.fromEntries(CHARTS.map((c) => [c.key, new Series(c.fields)]));
+  const charts = CHARTS.map((c) => group.add(c, series[c.key]));
+  let job = null;
+  let feed = null;
+  let stopped = false;
+  let pollTimer = null;
+  let liveSinceLoad = 0;
+
+  const xMode = h("select", { id: "x-mode", onchange: () => group.setXMode(xMode.value) },
+    h("option", { value: "step" }, "x: step"), h("option", { value: "time" }, "x: wall time"));
+  const smoothing = h("input", { type: "range", id: "smoothing", min: "0", max: "0.99", step: "0.01", value: String(group.smoothing),
+    oninput: () => { smoothValue.textContent = smoothing.value; group.setSmoothing(Number(smoothing.value)); } });
+  const smoothValue = h("span", { class: "mono" }, smoothing.value);
+  root.append(
+    h("div", { class: "row small", style: "margin-bottom:6px" }, h("a", { href: "#/jobs" }, "← Jobs")),
+    head,
+    h("div", { class: "toolbar" }, xMode, h("label", {}, "smoothing ", smoothing, " ", smoothValue),
+      h("button", { type: "button", onclick: () => group.resetZoom() }, "Reset zoom"),
+      h("span", { class: "muted small" }, "drag to zoom, double-click to reset"), liveState),
+    chartsEl,
+    h("div", { class: "grid2", style: "margin-top:14px" },
+      h("div", { class: "card" }, h("h2", {}, "Events"), timeline.el),
+      h("div", {}, h("div", { class: "card" }, h("h2", {}, "Checkpoints"), checkpointsEl),
+        h("div", { class: "card" }, h("h2", {}, "Spec"), specEl))));
+  chartsEl.append(...charts.map((c) => c.el));
+
+  function budget(chart) { return Math.max(200, Math.round(chart.width * POINTS_PER_PIXEL)); }
+
+  function metrics(chart, extra = {}) {
+    const def = chart.def;
+    return api(`${path}/metrics`, { params: { max_points: budget(chart), fields: [...def.fields, ...(def.extra || []), "time"].join(","), ...extra } });
+  }
+
+  async function loadHistory() {
+    const pages = await Promise.all(charts.map((c) => metrics(c)));
+    pages.forEach((page, i) => series[CHARTS[i].key].load(page.items, page.marks));
+    group.rebuild();
+    liveSinceLoad = 0;
+    root.dataset.drawnMs = String(Math.round(performance.now() - started));
+    chartsEl.dataset.ready = "1";
+    // Follow from the oldest of the cursors, so that no chart misses a point; a chart
+    // skips steps it already has.
+    return pages.reduce((min, p) => (cursorLess(p.next_cursor, min) ? p.next_cursor : min), pages[0].next_cursor);
+  }
+
+  async function fullResolution(zoom, source) {
+    let [from, to] = [zoom.min, zoom.max];
+    if (group.xMode === "time") {
+      const s = source.series;
+      const inside = s.step.filter((_, i) => s.time[i] >= from && s.time[i] <= to);
+      if (!inside.length) return;
+      [from, to] = [inside[0], inside[inside.length - 1]];
+    }
+    from = Math.max(0, Math.floor(from));
+    to = Math.ceil(to);
+    const coarse = charts.filter((c) => c.series.coarseWithin(from, to));
+    const pages = await Promise.all(coarse.map((c) => metrics(c, { from_step: from, to_step: to })));
+    if (stopped) return;
+    pages.forEach((page, i) => coarse[i].series.splice(from, to, page.items, page.marks));
+    group.refresh();
+  }
+
+  function onMetric(point) {
+    for (const c of charts) c.series.append(point);
+    setStep(point.step);
+    group.refresh();
+    if (++liveSinceLoad > REFETCH_FACTOR * budget(charts[0]) && !group.zoom) {
+      liveSinceLoad = 0;
+      loadHistory().catch(() => {});
+    }
+  }
+
+  function setStep(step) {
+    const el = document.getElementById("step");
+    if (el && job && step > Number(el.dataset.step || 0)) {
+      el.dataset.step = String(step);
+      el.textContent = `step ${step} / ${job.max_steps}`;
+    }
+  }
+
+  function renderHead() {
+    const p = job.precision || {};
+    const s = job.summary || {};
+    const cancellable = !FINISHED.has(job.status) && job.status !== "cancelling";
+    clear(head, h("div", { class: "job-head" },
+      h("div", {}, h("h1", { id: "job-name" }, job.name), h("div", { class: "small muted mono" }, job.id),
+        h("div", { style: "margin-top:6px" }, statusBadge(job.status), " ",
+          cancellable ? h("button", { class: "danger", onclick: cancel }, "Cancel") : null, " ",
+          h("a", { href: `#/compare?jobs=${encodeURIComponent(job.id)}`, class: "small" }, "compare…"))),
+      h("div", {}, h("div", { class: "big", id: "step", dataset: { step: String(job.step) } }, `step ${job.step} / ${job.max_steps}`),
+        progressBar(job.step, job.max_steps)),
+      h("dl", { class: "kv" },
+        h("dt", {}, "precision"), h("dd", { id: "precision", title: p.reason || "" }, p.effective ? `${p.effective} (asked ${p.requested})` : `${p.requested} (not started)`),
+        h("dt", {}, "why"), h("dd", { class: "small" }, p.reason || "–"),
+        h("dt", {}, "attempt"), h("dd", {}, `${job.attempt}${job.worker ? ` on ${job.worker}` : ""}`),
+        h("dt", {}, "owner"), h("dd", {}, job.owner)),
+      h("dl", { class: "kv" },
+        h("dt", {}, "loss"), h("dd", {}, fmtNum(s.loss)),
+        h("dt", {}, "loss scale"), h("dd", {}, fmtNum(s.loss_scale)),
+        h("dt", {}, "skipped"), h("dd", {}, s.skipped_steps ?? "–"),
+        h("dt", {}, "peak memory"), h("dd", {}, fmtBytes(s.memory_peak)),
+        h("dt", {}, "samples/s"), h("dd", {}, fmtNum(s.samples_per_second, 3))),
+      job.error ? h("div", { class: "error", id: "job-error" }, `${job.error.code}: ${job.error.message}`) : null));
+  }
+
+  async function poll() {
+    clearTimeout(pollTimer);
+    try {
+      job = await api(path);
+      if (stopped) return;
+      renderHead();
+    } catch (e) {
+      if (e instanceof ApiError && e.status === 404) {
+        clear(head, h("div", { class: "error", id: "not-found" }, `No job ${id} (or it is not yours).`));
+        return;
+      }
+    }
+    if (!stopped && job && !FINISHED.has(job.status)) pollTimer = setTimeout(poll, POLL_MS);
+  }
+
+  async function cancel() {
+    try { await api(`${path}/cancel`, { method: "POST" }); } catch (e) { liveState.textContent = e.message; }
+    poll();
+  }
+
+  async function loadEvents() {
+    let after = 0;
+    for (;;) {
+      const page = await api(`${path}/events`, { params: { after, limit: 1000 } });
+      page.items.forEach((ev) => timeline.add(ev));
+      if (page.items.length < 1000) return;
+      after = page.next_cursor;
+    }
+  }
+
+  async function loadCheckpoints() {
+    const list = await api(`${path}/checkpoints`);
+    clear(checkpointsEl, list.items.length ? list.items.map((c) => h("div", {},
+      h("button", { class: "link", onclick: () => download(c.url, `${id}-step${c.step}.pt`) }, `step ${c.step}`),
+      h("span", { class: "muted" }, ` ${fmtBytes(c.size)}`))) : h("span", { class: "muted" }, "none yet"));
+  }
+
+  specEl.textContent = "";
+  (async () => {
+    await poll();
+    if (!job) return;
+    specEl.textContent = JSON.stringify(job.spec, null, 2);
+    const [cursor] = await Promise.all([loadHistory(), loadEvents(), loadCheckpoints().catch(() => {})]);
+    if (stopped) return;
+    feed = new LiveFeed(id, cursor, {
+      onMetric,
+      onEvent: (ev) => { if (timeline.add(ev) && ev.type === "checkpoint") loadCheckpoints().catch(() => {}); },
+      onEnd: () => poll(),
+      onState: (s) => { liveState.textContent = s; liveState.dataset.state = s; },
+    });
+    feed.start();
+  })().catch((e) => { clear(head, h("div", { class: "error" }, `Could not load job: ${e.message}`)); });
+
+  return () => {
+    stopped = true;
+    clearTimeout(pollTimer);
+    feed?.stop();
+    group.destroy();
+  };
+}
