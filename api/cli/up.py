@@ -23,7 +23,7 @@ from api.core.settings import Settings
 STOP_TIMEOUT_S = 60.0
 
 
-def _spawn(args: list[str], env: os._Environ[str]) -> subprocess.Popen[bytes]:
+def _spawn(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
     # Own process group: Ctrl-C reaches only `up`, which stops the children in order.
     return subprocess.Popen(
         [sys.executable, "-m", "api.cli.main", *args], env=env, start_new_session=True
@@ -42,16 +42,36 @@ def _stop(proc: subprocess.Popen[bytes], name: str, sig: int = signal.SIGTERM) -
         proc.wait()
 
 
-def _prepare(settings: Settings) -> str | None:
-    """Migrate the database and make sure an admin token exists; returns a new token to show."""
-    from api.store import migrate, tokens
+def up_settings(data_dir: Path | None) -> Settings:
+    """The environment's settings, with ``--data-dir`` applied and text logs unless
+    ``AMPTRAIN_LOG_FORMAT`` chose otherwise."""
+    settings = Settings() if data_dir is None else Settings(data_dir=data_dir)
+    if "log_format" not in settings.model_fields_set:
+        settings = settings.model_copy(update={"log_format": "text"})
+    return settings
+
+
+def child_env(settings: Settings) -> dict[str, str]:
+    """What the worker and the API run with: this environment plus what `up` decided."""
+    return {
+        **os.environ,
+        "AMPTRAIN_DATA_DIR": str(settings.data_dir),
+        "AMPTRAIN_DATABASE_URL": settings.database_url,
+        "AMPTRAIN_REDIS_URL": settings.redis_url,
+        "AMPTRAIN_LOG_FORMAT": settings.log_format,
+    }
+
+
+def _prepare(settings: Settings) -> bool:
+    """Migrate the database and make sure an admin token exists (printed if new)."""
+    from api.services.runtime import ensure_admin_token
+    from api.store import migrate
     from api.store.db import make_engine, make_session_factory
 
     migrate.upgrade(settings.database_url)
     engine = make_engine(settings.database_url)
     try:
-        with make_session_factory(engine).begin() as s:
-            return tokens.ensure_admin_token(s, settings)
+        return ensure_admin_token(settings, make_session_factory(engine))
     finally:
         engine.dispose()
 
@@ -67,29 +87,23 @@ def _prepare(settings: Settings) -> str | None:
 )
 def up(host: str, port: int, data_dir: Path | None) -> None:
     """Run everything on this machine: Redis, database, one worker, the API."""
-    # `up` is the parent of every part: what it decides goes to them through the environment.
-    env = os.environ
-    if data_dir is not None:
-        env["AMPTRAIN_DATA_DIR"] = str(data_dir.absolute())
-    env.setdefault("AMPTRAIN_LOG_FORMAT", "text")
-    settings = Settings()
+    settings = up_settings(data_dir)
     settings.data_dir.mkdir(parents=True, exist_ok=True)
-
     redis_server = None
-    if not env.get("AMPTRAIN_REDIS_URL"):
+    if settings.wants_embedded_redis:
         redis_server = EmbeddedRedis(settings.embedded_redis_dir).start()
-        env["AMPTRAIN_REDIS_URL"] = redis_server.url
-    env.setdefault("AMPTRAIN_DATABASE_URL", settings.database_url)
-    new_token = _prepare(Settings())
+    try:
+        new_token = _prepare(settings)
+    except BaseException:
+        if redis_server is not None:
+            redis_server.stop()
+        raise
 
+    env = child_env(settings)
     worker = _spawn(["worker", "--queues", "gpu,cpu"], env)
     api = _spawn(["api", "--host", host, "--port", str(port)], env)
     click.echo(f"amptrain is up at http://{host}:{port}  (data in {settings.data_dir})")
-    if new_token:
-        click.echo(
-            f"admin token (shown once; also saved to {settings.admin_token_file}): {new_token}"
-        )
-    else:
+    if not new_token:
         click.echo(f"admin token: see {settings.admin_token_file} or AMPTRAIN_ADMIN_TOKEN")
 
     def _on_term(signum: int, frame: object) -> None:

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 QUEUE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
@@ -61,6 +61,8 @@ class Settings(BaseSettings):
     keeps each queue as a Redis list of that very name, so a job may only pick one of
     these, and a name that collides with the transport's own keys is refused here."""
 
+    _redis_derived: bool = PrivateAttr(default=False)
+
     @field_validator("queues", mode="before")
     @classmethod
     def _split_queues(cls, value: Any) -> Any:
@@ -100,7 +102,8 @@ class Settings(BaseSettings):
         if not self.database_url:
             self.database_url = f"sqlite:///{data_dir / 'amptrain.db'}"
         if not self.redis_url:
-            self.redis_url = f"unix://{(data_dir / 'redis' / 'redis.sock').absolute()}"
+            self.redis_url = f"unix://{self.embedded_redis_dir / 'redis.sock'}"
+            self._redis_derived = True
         if not self.checkpoint_url:
             self.checkpoint_url = str(data_dir / "checkpoints")
         if not self.data_roots:
@@ -111,6 +114,11 @@ class Settings(BaseSettings):
     def embedded_redis_dir(self) -> Path:
         """Where ``amptrain up`` runs its private redis-server (its socket is ``redis.sock`` inside)."""
         return self.data_dir / "redis"
+
+    @property
+    def wants_embedded_redis(self) -> bool:
+        """No Redis was configured: ``redis_url`` is where ``amptrain up`` starts its own."""
+        return self._redis_derived
 
     @property
     def admin_token_file(self) -> Path:

@@ -1,13 +1,15 @@
-"""What one API process holds while it runs: database engine, Redis clients, background loops.
+"""What one API process holds while it runs, and the one place that starts and stops it.
 
-The app's lifespan calls :meth:`Services.start` and :meth:`Services.stop`;
-request handlers reach the instance through :mod:`api.web.deps`. Later features
-(live hub, Prometheus collectors) add their parts here, next to the recorder
-and the dispatcher.
+:class:`Services` owns the database engine, the Redis client, the dispatcher
+(with the reconciler), the recorder thread, the live hub and the Prometheus
+collector. The app's lifespan calls :meth:`Services.create`,
+:meth:`Services.start` and :meth:`Services.aclose`; request handlers reach the
+instance through :mod:`api.web.deps` (``app.state.services`` holds nothing else).
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import threading
 from collections.abc import Callable
@@ -15,11 +17,14 @@ from dataclasses import dataclass, field
 
 import redis
 import sqlalchemy as sa
+from prometheus_client import CollectorRegistry
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.core import redis as core_redis
 from api.core.settings import Settings
+from api.services import observability
 from api.services.dispatcher import Dispatcher
+from api.services.live_hub import LiveHub
 from api.services.recorder import Recorder
 from api.store import tokens
 from api.store.db import make_engine, make_session_factory
@@ -36,24 +41,44 @@ class Services:
     session_factory: sessionmaker[Session]
     redis: redis.Redis
     dispatcher: Dispatcher
+    hub: LiveHub
+    metrics_registry: CollectorRegistry
     stop_event: threading.Event = field(default_factory=threading.Event)
     threads: list[threading.Thread] = field(default_factory=list)
     closers: list[Callable[[], None]] = field(default_factory=list)
 
     @classmethod
     def create(cls, settings: Settings) -> Services:
-        """Connect to the database and Redis (lazily: nothing here needs them up yet)."""
+        """Build every part (lazily: nothing here needs the database or Redis up yet)."""
         engine = make_engine(settings.database_url)
         session_factory = make_session_factory(engine)
         client = core_redis.client(settings.redis_url, core_redis.REQUEST_TIMEOUT_S)
-        dispatcher = Dispatcher(settings, session_factory, client)
-        return cls(settings, engine, session_factory, client, dispatcher)
+        hub = LiveHub(settings.redis_url, queue_size=settings.live_queue_size)
+        collector = observability.ServiceCollector(
+            session_factory, client, lambda: live_watchers(hub)
+        )
+        return cls(
+            settings,
+            engine,
+            session_factory,
+            client,
+            Dispatcher(settings, session_factory, client),
+            hub,
+            observability.make_registry(collector),
+        )
 
     def start(self) -> None:
         """Ensure the admin token, then start the recorder and the dispatcher loops."""
-        self._ensure_admin_token()
+        ensure_admin_token(self.settings, self.session_factory)
         self._spawn("amptrain-dispatcher", self.dispatcher.run)
         self._start_recorder()
+
+    async def aclose(self) -> None:
+        """Close the live hub (on the event loop), then :meth:`stop` the threads."""
+        try:
+            await self.hub.close()
+        finally:
+            await asyncio.to_thread(self.stop)
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop the loops, wait for them, and close connections."""
@@ -83,27 +108,44 @@ class Services:
         thread.start()
         self.threads.append(thread)
 
-    def _ensure_admin_token(self) -> None:
-        try:
-            with self.session_factory() as s:
-                token = tokens.ensure_admin_token(s, self.settings)
-                s.commit()
-        except (sa.exc.OperationalError, sa.exc.ProgrammingError) as exc:
-            # The usual cause on a fresh database; say how to fix it instead of a bare traceback.
-            raise RuntimeError(
-                f"database {self.engine.url.render_as_string(hide_password=True)} is not ready "
-                f"({type(exc.orig).__name__}: {exc.orig}); run `amptrain db upgrade` first"
-            ) from exc
-        if token:
-            # Shown once; it is also saved (mode 0600) to the data directory.
-            print(
-                f"amptrain admin token (saved to {self.settings.admin_token_file}): {token}",
-                flush=True,
-            )
-
     def _start_recorder(self) -> None:
         # The recorder blocks on XREADGROUP: its socket timeout must exceed that block.
         client = core_redis.client(self.settings.redis_url, core_redis.BLOCKING_READ_TIMEOUT_S)
         self.closers.append(client.close)
         recorder = Recorder(self.settings, self.session_factory, client)
         self._spawn("amptrain-recorder", recorder.run)
+
+
+def ensure_admin_token(settings: Settings, session_factory: sessionmaker[Session]) -> bool:
+    """Make sure an admin token exists (``amptrain up`` and every API process call this).
+
+    A newly generated token is printed once here (it is also saved, mode 0600, to
+    ``settings.admin_token_file``); returns whether that happened.
+    """
+    try:
+        with session_factory.begin() as s:
+            token = tokens.ensure_admin_token(s, settings)
+    except (sa.exc.OperationalError, sa.exc.ProgrammingError) as exc:
+        # The usual cause on a fresh database; say how to fix it instead of a bare traceback.
+        url = sa.make_url(settings.database_url).render_as_string(hide_password=True)
+        raise RuntimeError(
+            f"database {url} is not ready ({type(exc.orig).__name__}: {exc.orig}); "
+            "run `amptrain db upgrade` first"
+        ) from exc
+    if token:
+        print(
+            f"amptrain admin token (shown once; also saved to {settings.admin_token_file}): "
+            f"{token}",
+            flush=True,
+        )
+    return token is not None
+
+
+def live_watchers(hub: LiveHub) -> tuple[int, int]:
+    """Live watchers now and overflows so far, for ``GET /metrics``."""
+    for _ in range(3):
+        try:  # read from a scrape thread while the event loop may add or drop readers
+            return sum(len(r.subs) for r in list(hub.readers.values())), hub.overflows
+        except RuntimeError:
+            continue
+    return 0, hub.overflows

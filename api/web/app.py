@@ -1,7 +1,8 @@
 """The FastAPI application: ``create_app(settings)`` is the uvicorn factory.
 
-The lifespan builds :class:`~api.services.runtime.Services` (engine, Redis, recorder,
-dispatcher) and stops it on shutdown. Routers live in :mod:`api.web.routes`;
+The lifespan builds :class:`~api.services.runtime.Services` (the sole owner of
+everything the process holds: engine, Redis, recorder, dispatcher, live hub,
+metrics) and closes it on shutdown. Routers live in :mod:`api.web.routes`;
 errors map to ``{"error", "detail"}`` in :mod:`api.web.errors`.
 """
 
@@ -16,7 +17,6 @@ from fastapi import FastAPI
 
 from api.core.settings import Settings, get_settings
 from api.services import observability
-from api.services.live_hub import LiveHub
 from api.services.runtime import Services
 from api.web.errors import install_error_handlers
 from api.web.routes import ROUTERS
@@ -29,16 +29,6 @@ def _version() -> str:
         return "0"
 
 
-def _watchers(hub: LiveHub) -> tuple[int, int]:
-    """Live watchers now and overflows so far, for ``GET /metrics``."""
-    for _ in range(3):
-        try:  # read from a scrape thread while the event loop may add or drop readers
-            return sum(len(r.subs) for r in list(hub.readers.values())), hub.overflows
-        except RuntimeError:
-            continue
-    return 0, hub.overflows
-
-
 def create_app(settings: Settings | None = None) -> FastAPI:
     """Build the API for ``settings`` (default: from the environment)."""
     settings = settings or get_settings()
@@ -47,18 +37,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         services = await anyio.to_thread.run_sync(Services.create, settings)
         app.state.services = services
-        app.state.hub = LiveHub(settings.redis_url, queue_size=settings.live_queue_size)
-        app.state.metrics_registry = observability.make_registry(
-            observability.ServiceCollector(
-                services.session_factory, services.redis, lambda: _watchers(app.state.hub)
-            )
-        )
         try:
             await anyio.to_thread.run_sync(services.start)
             yield
         finally:
-            await app.state.hub.close()
-            await anyio.to_thread.run_sync(services.stop)
+            await services.aclose()
 
     app = FastAPI(
         title="amptrain",

@@ -50,11 +50,11 @@ CLOSE_BAD_CURSOR = 4400
 
 
 def get_hub(app: Any) -> LiveHub:
-    hub: LiveHub = app.state.hub
+    hub: LiveHub = app.state.services.hub
     return hub
 
 
-def open_watch(app: Any, job_id: str, after: str | None) -> Watch:
+def open_watch(app: Any, job_id: str, after: Cursor | None) -> Watch:
     """One watcher's message stream (history after ``after``, then live), for WS and SSE alike."""
     services = app.state.services
     return Watch(
@@ -103,10 +103,12 @@ async def watch_ws(ws: WebSocket, job_id: str, after: str | None = None) -> None
         await ws.close(code=CLOSE_POLICY)
         return
     await ws.accept(subprotocol="bearer" if subprotocol else None)
-    if after is not None and not _valid_cursor(after):
-        await ws.close(code=CLOSE_BAD_CURSOR, reason="after: expected a cursor 'MS-SEQ'")
+    try:
+        cursor = None if after is None else Cursor.parse(after)
+    except CursorError as exc:
+        await ws.close(code=CLOSE_BAD_CURSOR, reason=f"after: {exc}"[:120])
         return
-    watch = open_watch(ws.app, job_id, after)
+    watch = open_watch(ws.app, job_id, cursor)
     pump = asyncio.create_task(_pump(ws, watch))
     listen = asyncio.create_task(_until_disconnect(ws))
     cut = asyncio.create_task(watch.overflowed.wait())
@@ -137,14 +139,6 @@ async def _until_disconnect(ws: WebSocket) -> None:
         message = await ws.receive()
         if message["type"] == "websocket.disconnect":
             return
-
-
-def _valid_cursor(cursor: str) -> bool:
-    try:
-        Cursor.parse(cursor)
-    except CursorError:
-        return False
-    return True
 
 
 # -- Server-Sent Events -----------------------------------------------------------------
@@ -195,15 +189,13 @@ def watch_sse(
 ) -> StreamingResponse:
     """The WebSocket's messages as Server-Sent Events; ``Last-Event-ID`` (or ``after``) resumes."""
     visible_job(session, user, job_id)
-    cursor = last_event_id or after
-    if cursor is not None and not _valid_cursor(cursor):
+    field, text = (
+        ("header.Last-Event-ID", last_event_id) if last_event_id else ("query.after", after)
+    )
+    try:
+        cursor = None if text is None else Cursor.parse(text)
+    except CursorError as exc:
         raise ValidationFailed(
-            [
-                {
-                    "field": "header.Last-Event-ID",
-                    "message": "expected 'MS-SEQ'",
-                    "type": "value_error",
-                }
-            ]
-        )
+            [{"field": field, "message": str(exc), "type": "value_error"}]
+        ) from None
     return _SSEResponse(open_watch(request.app, job_id, cursor))

@@ -8,16 +8,16 @@ through a public ingress (deploy/README.md). Not to be confused with
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from api.services.observability import exposition
+from api.web.deps import ServicesDep
 
 router = APIRouter(tags=["health"])
 
 
 @router.get("/metrics", response_class=Response)
-def prometheus_metrics(request: Request) -> Response:
+def prometheus_metrics(services: ServicesDep) -> Response:
     """Jobs by status, queue depth, dispatch latency, recorder, watchers, request latency."""
-    registry = getattr(request.app.state, "metrics_registry", None)
-    return Response(exposition(registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(exposition(services.metrics_registry), media_type=CONTENT_TYPE_LATEST)
