@@ -31,11 +31,11 @@ from celery import Celery
 from redis.exceptions import LockError
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.core.enums import JobStatus, TaskName
+from api.core.enums import TaskName
 from api.core.redis import Keys, text
 from api.core.settings import Settings
-from api.store import jobs
-from api.store.models import Job, utcnow
+from api.store import jobs, outbox
+from api.store.models import utcnow
 from trainer_core.contract.spec import JobSpec
 
 log = logging.getLogger(__name__)
@@ -176,19 +176,8 @@ class Dispatcher:
 
     def sweep_once(self) -> int:
         """Re-send queued jobs that no broker has; returns how many were sent."""
-        cutoff = utcnow() - self.sweep_min_age
         with self.sessions() as s:
-            rows = s.execute(
-                sa.select(Job.id, Job.queue)
-                .where(
-                    Job.status == JobStatus.QUEUED,
-                    Job.dispatched_at.is_(None),
-                    # A brand-new job is being sent by the process that created it.
-                    sa.or_(Job.created_at < cutoff, Job.attempt > 0),
-                )
-                .order_by(Job.created_at)
-                .limit(SWEEP_BATCH)
-            ).all()
+            rows = outbox.undispatched(s, utcnow() - self.sweep_min_age, SWEEP_BATCH)
         sent = 0
         for job_id, queue_name in rows:
             if not self.send(job_id, queue_name):
@@ -216,11 +205,7 @@ class Dispatcher:
         """Clear ``dispatched_at`` of old queued jobs no broker queue holds (the sweep resends)."""
         cutoff = utcnow() - LOST_DISPATCH_AFTER
         with self.sessions() as s:
-            rows = s.execute(
-                sa.select(Job.id, Job.queue)
-                .where(Job.status == JobStatus.QUEUED, Job.dispatched_at < cutoff)
-                .limit(SWEEP_BATCH)
-            ).all()
+            rows = outbox.dispatched_before(s, cutoff, SWEEP_BATCH)
         if not rows:
             return 0
         waiting: dict[str, str] = {}
@@ -230,15 +215,8 @@ class Dispatcher:
             waiting[queue_name] = "\n".join(text(m) for m in raw)
         lost = [job_id for job_id, q in rows if job_id not in waiting[q]]
         if lost:
-            with self.sessions() as s:
-                s.execute(
-                    sa.update(Job)
-                    .where(
-                        Job.id.in_(lost), Job.status == JobStatus.QUEUED, Job.dispatched_at < cutoff
-                    )
-                    .values(dispatched_at=None)
-                )
-                s.commit()
+            with self.sessions.begin() as s:
+                outbox.forget_dispatch(s, lost, cutoff)
             log.warning("re-dispatching %d job(s) whose message was lost: %s", len(lost), lost)
         return len(lost)
 
@@ -274,12 +252,5 @@ class Dispatcher:
             self._leader = False
 
     def _mark_dispatched(self, job_id: str) -> None:
-        with self.sessions() as s:
-            s.execute(
-                sa.update(Job)
-                .where(
-                    Job.id == job_id, Job.status == JobStatus.QUEUED, Job.dispatched_at.is_(None)
-                )
-                .values(dispatched_at=utcnow())
-            )
-            s.commit()
+        with self.sessions.begin() as s:
+            outbox.mark_dispatched(s, job_id)

@@ -37,7 +37,7 @@ from prometheus_client.registry import Collector
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.core.enums import JobStatus
-from api.store.models import Job
+from api.store import job_reads
 
 log = logging.getLogger(__name__)
 
@@ -164,8 +164,7 @@ class ServiceCollector(Collector):
 
     def _from_sql(self) -> Iterable[Any]:
         with self.sessions() as s:
-            rows = s.execute(sa.select(Job.status, sa.func.count()).group_by(Job.status))
-            counts: dict[str, int] = {status: n for status, n in rows}
+            counts = job_reads.count_by_status(s)
             with self._lock:
                 self._observe_dispatches(s)
         family = GaugeMetricFamily("amptrain_jobs", "Jobs by status.", labels=["status"])
@@ -176,19 +175,7 @@ class ServiceCollector(Collector):
 
     def _observe_dispatches(self, s: Session) -> None:
         """Observe every job first claimed since the last scrape (keyed by started_at, id)."""
-        q = sa.select(Job.id, Job.created_at, Job.started_at).where(Job.started_at.is_not(None))
-        at, last_id = self._watermark
-        rows = s.execute(
-            q.where(
-                sa.or_(
-                    Job.started_at > at,
-                    sa.and_(Job.started_at == at, Job.id > last_id),
-                )
-            )
-            .order_by(Job.started_at, Job.id)
-            .limit(10_000)
-        ).all()
-        for row in rows:
+        for row in job_reads.first_claims_after(s, self._watermark):
             started = _aware(row.started_at)
             self.dispatch.observe(max(0.0, (started - _aware(row.created_at)).total_seconds()))
             self._watermark = (started, row.id)

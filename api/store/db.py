@@ -69,3 +69,9 @@ def make_session_factory(engine: sa.Engine) -> sessionmaker[Session]:
 def database_now(s: Session) -> float:
     """The database clock, read once (for tests and diagnostics)."""
     return float(s.execute(sa.select(db_now())).scalar_one())
+
+
+def ping(engine: sa.Engine) -> None:
+    """Raise unless the database answers a trivial query (readiness checks)."""
+    with engine.connect() as conn:
+        conn.execute(sa.text("SELECT 1"))

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-import sqlalchemy as sa
 from fastapi import APIRouter
 
+from api.store.db import ping
 from api.web.deps import ServicesDep
 from api.web.errors import Unavailable
 
@@ -30,8 +30,7 @@ def readyz(services: ServicesDep) -> dict[str, Any]:
 
 def _check_database(services: ServicesDep) -> str:
     try:
-        with services.engine.connect() as conn:
-            conn.execute(sa.text("SELECT 1"))
+        ping(services.engine)
     except Exception as exc:
         return f"error: {type(exc).__name__}"
     return "ok"

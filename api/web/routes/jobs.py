@@ -9,13 +9,13 @@ import json
 from datetime import datetime
 from typing import Annotated
 
-import sqlalchemy as sa
 from fastapi import APIRouter, Header, Query, Response, status
 from sqlalchemy.exc import IntegrityError
 
 from api.core.enums import JobStatus
 from api.core.redis import Keys
 from api.services.dispatcher import queue_for
+from api.store import job_reads
 from api.store import jobs as repo
 from api.store.models import Job
 from api.web.deps import CurrentUser, ServicesDep, SessionDep, after_commit, visible_job
@@ -104,13 +104,11 @@ def list_jobs(
     ] = None,
 ) -> JobPage:
     """Jobs the caller may see, newest first, paged by an opaque keyset cursor."""
-    query = sa.select(Job)
-    if not user.is_admin:
-        query = query.where(Job.owner == user.name)
+    statuses = None
     if status_filter:
-        wanted = [s.strip() for s in status_filter.split(",") if s.strip()]
+        statuses = [s.strip() for s in status_filter.split(",") if s.strip()]
         known = [s.value for s in JobStatus]
-        bad = [s for s in wanted if s not in known]
+        bad = [s for s in statuses if s not in known]
         if bad:
             raise ValidationFailed(
                 [
@@ -122,20 +120,14 @@ def list_jobs(
                     for b in bad
                 ]
             )
-        query = query.where(Job.status.in_(wanted))
-    if cursor:
-        created_at, job_id = decode_cursor(cursor)
-        query = query.where(
-            sa.or_(
-                Job.created_at < created_at,
-                sa.and_(Job.created_at == created_at, Job.id < job_id),
-            )
-        )
-    rows = session.scalars(
-        query.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)
-    ).all()
-    items = rows[:limit]
-    next_cursor = encode_cursor(items[-1]) if len(rows) > limit else None
+    items, more = job_reads.page_of_jobs(
+        session,
+        owner=None if user.is_admin else user.name,
+        statuses=statuses,
+        after=decode_cursor(cursor) if cursor else None,
+        limit=limit,
+    )
+    next_cursor = encode_cursor(items[-1]) if more else None
     return JobPage(items=[JobOut.from_job(j) for j in items], next_cursor=next_cursor)
 
 

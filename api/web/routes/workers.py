@@ -4,11 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-import sqlalchemy as sa
 from fastapi import APIRouter
 
 from api.contracts import presence
-from api.store.models import Job
+from api.store.job_reads import owned_job_ids
 from api.web.deps import CurrentUser, ServicesDep, SessionDep
 from api.web.errors import Unavailable
 
@@ -38,7 +37,7 @@ def _hide_foreign_jobs(session: SessionDep, owner: str, workers: list[dict[str, 
     ids = {j.get("job_id") for w in workers for j in w["current_jobs"]} - {None}
     if not ids:
         return
-    mine = set(session.scalars(sa.select(Job.id).where(Job.id.in_(ids), Job.owner == owner)))
+    mine = owned_job_ids(session, owner, ids)
     for w in workers:
         w["current_jobs"] = [
             j if j.get("job_id") in mine else {"slot": j.get("slot"), "gpu": j.get("gpu")}
