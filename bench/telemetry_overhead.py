@@ -26,7 +26,7 @@ from typing import Any
 import torch
 
 from api.cli.embedded_redis import EmbeddedRedis
-from api.contracts.stream import telemetry_key
+from api.core.redis import Keys
 from trainer_core import registry
 from trainer_core.contract.spec import JobSpec, parse_spec
 from trainer_core.engine import RunContext, Trainer
@@ -100,7 +100,7 @@ def engine_run(spec: JobSpec, redis_url: str) -> Timing:
     elapsed = _since(start)
     sink.close()
     check = RedisSink.from_url(redis_url, job_id, attempt=1).client
-    entries = check.xlen(telemetry_key(job_id))
+    entries = check.xlen(Keys.telemetry(job_id))
     check.close()
     expected = spec.max_steps + 1  # every metric record + the "precision" event
     if entries != expected or result.dropped_records:

@@ -1,9 +1,36 @@
 """The Redis Stream contract between the worker (producer) and the API (recorder, live hub).
 
-FastAPI- and torch-free: the worker imports it. One stream per job; entries
-are flat string fields (about 2.5x smaller than one JSON blob per entry, see
-FIELD-NOTES). Metric values are JSON scalars so ``null`` and booleans survive
-the round trip.
+FastAPI- and torch-free: the worker imports it. One stream per job
+(:meth:`api.core.redis.Keys.telemetry`); entries are flat string fields (about
+2.5x smaller than one JSON blob per entry, see FIELD-NOTES). Metric values are
+JSON scalars so ``null`` and booleans survive the round trip.
+
+Three kinds of entry: ``metric`` (one optimizer step), ``event`` and ``end``
+(the attempt's supervisor has finished the job: the stream is complete).
+
+How an event gets its ONE cursor (:mod:`api.contracts.cursor`)
+--------------------------------------------------------------
+Every event a watcher can see takes one route, so history (SQL) and the live
+tail (the stream) carry it at the same position:
+
+* Events of a running attempt -- the engine's (checkpoint, warning, ...) and the
+  supervisor's lifecycle events (started, requeued, succeeded, failed,
+  cancelled) -- are appended to the job's stream (by the training child's sink
+  and by ``worker.pool.events``, both buffered and re-sent after Redis lost
+  data). The recorder inserts them into SQL with their entry id as cursor.
+* Events the API writes about a job that has run (the reconciler reaping an
+  expired lease, a cancel or a rejection after a re-queue) are written to SQL in
+  the same transaction as the status change, so they can never be lost, with no
+  cursor yet. The recorder that owns the job's stream appends each to the stream
+  (carrying its SQL ``id``) once it has drained the stream, and records the
+  entry id as its cursor when it reads the entry back, in stream order. Until
+  then it is in no watcher's sequence.
+* Events of a job no worker ever claimed (``queued``, cancelled while queued,
+  rejected before dispatch; attempt 0) belong to no stream: their cursor is
+  ``0-{id}``, which sorts before every stream entry (stream ids start at ms > 0).
+
+Job *status* is not carried here: it stays the fenced SQL truth written by the
+supervisor and the reconciler. The stream carries only the narrative.
 """
 
 from __future__ import annotations
@@ -12,41 +39,17 @@ import json
 import math
 from typing import Any
 
+from api.core.redis import text
 from trainer_core.contract.records import METRIC_FIELDS
 
 STREAM_MAXLEN = 100_000
 """Approximate bound (``MAXLEN ~``): the stream is a live buffer, SQL keeps history."""
 
 
-def telemetry_key(job_id: str) -> str:
-    return f"amptrain:job:{job_id}:telemetry"
+def encode(item: dict[str, Any], *, job_id: str, attempt: int) -> dict[str, str]:
+    """Flatten a metric record, an event or the end marker for XADD.
 
-
-def recorded_key(job_id: str) -> str:
-    """The id of the newest stream entry the recorder has committed to SQL (and all before it)."""
-    return f"amptrain:job:{job_id}:recorded"
-
-
-def parse_id(entry_id: str | bytes) -> tuple[int, int]:
-    """A stream entry id "ms-seq" as a sortable pair."""
-    ms, _, seq = (entry_id.decode() if isinstance(entry_id, bytes) else entry_id).partition("-")
-    return int(ms), int(seq or 0)
-
-
-def cancel_key(job_id: str) -> str:
-    return f"amptrain:job:{job_id}:cancel"
-
-
-def encode(
-    item: dict[str, Any], *, job_id: str, attempt: int, persisted: bool = False
-) -> dict[str, str]:
-    """Flatten a record, an event or the end marker for XADD.
-
-    The supervisor appends ``{"kind": "end", "status": ...}`` once the job is
-    finished: the recorder then knows the stream is complete.
-
-    ``persisted`` marks an event the supervisor already wrote to SQL itself
-    (lifecycle events): the recorder skips it, live watchers still see it.
+    An event relayed from SQL carries its row's ``id`` (see the module docstring).
     """
     fields = {"kind": item["kind"], "job_id": job_id, "attempt": str(attempt)}
     if item["kind"] == "end":
@@ -59,14 +62,15 @@ def encode(
             step=json.dumps(item.get("step")),
             time=json.dumps(item.get("time")),
             data=json.dumps(item.get("data") or {}),
-            persisted="1" if persisted else "0",
         )
+        if item.get("id") is not None:
+            fields["event_id"] = str(int(item["id"]))
     return fields
 
 
 def decode(fields: dict[Any, Any]) -> dict[str, Any]:
     """Inverse of :func:`encode`; accepts bytes or str keys/values."""
-    f = {_s(k): _s(v) for k, v in fields.items()}
+    f = {text(k): text(v) for k, v in fields.items()}
     out: dict[str, Any] = {"kind": f["kind"], "job_id": f["job_id"], "attempt": int(f["attempt"])}
     if f["kind"] == "end":
         out["status"] = f.get("status")
@@ -78,7 +82,7 @@ def decode(fields: dict[Any, Any]) -> dict[str, Any]:
             step=json.loads(f.get("step", "null")),
             time=json.loads(f.get("time", "null")),
             data=json.loads(f.get("data", "{}")),
-            persisted=f.get("persisted") == "1",
+            id=int(f["event_id"]) if "event_id" in f else None,
         )
     return out
 
@@ -95,7 +99,3 @@ def _json_scalar(v: Any) -> str:
     if type(v) is int or (type(v) is float and math.isfinite(v)):
         return repr(v)  # the same text json.dumps gives
     return json.dumps(v)  # NaN, Infinity and anything unusual
-
-
-def _s(v: Any) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)

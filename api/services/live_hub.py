@@ -26,22 +26,11 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
-from api.contracts.stream import decode, telemetry_key
+from api.contracts.cursor import ORIGIN, Cursor
+from api.contracts.stream import decode
+from api.core.redis import Keys, async_pool, text
 
 log = logging.getLogger(__name__)
-
-Position = tuple[int, int]
-"""A stream entry id ``"ms-seq"`` as a comparable pair."""
-
-
-def parse_position(entry_id: str | bytes) -> Position:
-    text = entry_id.decode() if isinstance(entry_id, bytes) else entry_id
-    ms, _, seq = text.partition("-")
-    return int(ms), int(seq or 0)
-
-
-def format_position(pos: Position) -> str:
-    return f"{pos[0]}-{pos[1]}"
 
 
 @dataclass(slots=True)
@@ -49,7 +38,7 @@ class LiveEntry:
     """One decoded stream entry, shared read-only by every watcher of the job; ``text``
     caches its encoded message so 500 watchers cost one ``json.dumps``."""
 
-    pos: Position
+    pos: Cursor
     item: dict[str, Any]
     text: str | None = None
 
@@ -102,7 +91,7 @@ class _Reader:
     def __init__(self, hub: LiveHub, job_id: str, start: str) -> None:
         self.hub = hub
         self.job_id = job_id
-        self.key = telemetry_key(job_id)
+        self.key = Keys.telemetry(job_id)
         self.last = start
         self.subs: set[Subscription] = set()
         self.task: asyncio.Task[None] | None = None
@@ -130,11 +119,10 @@ class _Reader:
         batch: list[LiveEntry] = []
         for eid, fields in raw:
             try:
-                batch.append(LiveEntry(parse_position(eid), decode(fields)))
+                batch.append(LiveEntry(Cursor.of_entry(eid), decode(fields)))
             except (KeyError, ValueError):
                 log.error("job %s: undecodable stream entry %r skipped", self.job_id, eid)
-        last = raw[-1][0]
-        self.last = last.decode() if isinstance(last, bytes) else str(last)
+        self.last = text(raw[-1][0])
         for sub in list(self.subs):
             if not sub.offer(batch):
                 self.subs.discard(sub)
@@ -159,13 +147,7 @@ class LiveHub:
         self.batch = batch
         # A blocked XREAD holds its connection for block_ms: keep the socket timeout above it.
         timeout = block_ms / 1000 + 10
-        self.pool = aioredis.BlockingConnectionPool.from_url(
-            redis_url,
-            max_connections=max_connections,
-            timeout=timeout,
-            socket_timeout=timeout,
-            socket_connect_timeout=5,
-        )
+        self.pool = async_pool(redis_url, max_connections, timeout)
         self.redis = aioredis.Redis(connection_pool=self.pool)
         self.readers: dict[str, _Reader] = {}
         self.overflows = 0
@@ -190,29 +172,21 @@ class LiveHub:
             reader.subs.discard(sub)
 
     async def _last_id(self, job_id: str) -> str:
-        reply: Any = await self.redis.xrevrange(telemetry_key(job_id), "+", "-", count=1)
-        if not reply:
-            return "0-0"
-        eid = reply[0][0]
-        return eid.decode() if isinstance(eid, bytes) else str(eid)
+        reply: Any = await self.redis.xrevrange(Keys.telemetry(job_id), "+", "-", count=1)
+        return text(reply[0][0]) if reply else str(ORIGIN)
 
-    async def read_range(self, job_id: str, after: Position, count: int = 1000) -> list[LiveEntry]:
+    async def read_range(self, job_id: str, after: Cursor, count: int = 1000) -> list[LiveEntry]:
         """Entries strictly after ``after`` still held by the stream (one page)."""
         raw: Any = await self.redis.xrange(
-            telemetry_key(job_id), min=f"({format_position(after)}", max="+", count=count
+            Keys.telemetry(job_id), min=f"({after}", max="+", count=count
         )
         out = []
         for eid, fields in raw:
             try:
-                out.append(LiveEntry(parse_position(eid), decode(fields)))
+                out.append(LiveEntry(Cursor.of_entry(eid), decode(fields)))
             except (KeyError, ValueError):
                 log.error("job %s: undecodable stream entry %r skipped", job_id, eid)
         return out
-
-    async def first_position(self, job_id: str) -> Position | None:
-        """The oldest entry the stream still holds (None when it is empty or gone)."""
-        reply: Any = await self.redis.xrange(telemetry_key(job_id), "-", "+", count=1)
-        return parse_position(reply[0][0]) if reply else None
 
     async def close(self) -> None:
         """Stop every reader and close the pool."""

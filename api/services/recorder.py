@@ -1,28 +1,29 @@
 """The recorder: moves telemetry from each job's Redis Stream into SQL.
 
-Runs in every API process (a thread). SQL decides which streams matter: jobs with
-``telemetry_done = false`` and ``attempt > 0``, so the work survives Redis losing
-its data. Each job has ONE owner among the processes at a time (a Redis lock,
-renewed while held), so a job's points commit in stream order and the metrics
-cursor (the stream entry id) never skips a point.
+Runs in every API process (a thread). SQL decides which streams matter, and each
+job has ONE owner among the processes at a time (:mod:`api.services.recorder_owner`),
+so a job's points commit in stream order and the cursor never skips a point.
 
-Per job: consumer group ``recorder`` (re-created on NOGROUP), entries of a
-previous owner are claimed first, then pending, then new ones. A batch is
+Per job, the consumer group (:mod:`api.services.recorder_group`) hands over a
+previous owner's entries first, then pending, then new ones. A batch is
 bulk-inserted with ON CONFLICT DO NOTHING (points unique by job, attempt, step;
-engine events by stream entry id) and acknowledged only after its transaction
-commits, so a crash re-delivers it and replaying changes nothing.
+events by stream entry id) and acknowledged only after its transaction commits,
+so a crash re-delivers it and replaying changes nothing.
+
+Every event reaches SQL this way, with its entry id as its cursor. Events the API
+wrote to SQL about a job that has run are appended to the job's stream here once
+the stream is drained, and get their cursor when read back (see
+:mod:`api.contracts.stream`).
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import socket
 import time
 import uuid
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -30,48 +31,22 @@ import redis
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.contracts.cursor import Cursor
-from api.contracts.jsonsafe import finite
-from api.contracts.stream import decode, recorded_key, telemetry_key
+from api.contracts.stream import STREAM_MAXLEN, encode
+from api.core.redis import Keys, text
 from api.services import observability
-from api.store import metrics, recording
-from api.store.models import FINISHED_STATUSES, Job, utcnow
-from trainer_core.contract.records import METRIC_FIELDS
+from api.services.recorder_entries import Entry, parse
+from api.services.recorder_group import GROUP as GROUP
+from api.services.recorder_group import ConsumerGroup, is_nogroup
+from api.services.recorder_owner import Owned, Ownership
+from api.store import events, recording
+from api.store.models import utcnow
 
 log = logging.getLogger(__name__)
-
-GROUP = "recorder"
-
-_ACQUIRE_OR_RENEW = """
-local v = redis.call('get', KEYS[1])
-if not v then redis.call('set', KEYS[1], ARGV[1], 'PX', ARGV[2]) return 1 end
-if v == ARGV[1] then redis.call('pexpire', KEYS[1], ARGV[2]) return 1 end
-return 0
-"""
-_RELEASE = """
-if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end
-return 0
-"""
-
-Entry = tuple[str, dict[Any, Any] | None]
-
 
 LINGER_S = 0.05
 """After a small batch, wait this long before the next read (see :meth:`Recorder.run`)."""
 REFRESH_S = 1.0
 """How often the set of jobs to record is re-read from SQL (and their locks renewed)."""
-
-
-def lock_key(job_id: str) -> str:
-    return f"amptrain:recorder:job:{job_id}"
-
-
-@dataclass
-class _Owned:
-    status: str
-    attempt: int
-    finished_at: Any
-    caught_up: bool = False  # previous owner's and our own pending entries handled
 
 
 class Recorder:
@@ -96,13 +71,17 @@ class Recorder:
         self.redis = redis_client
         self.block_ms = block_ms
         self.batch = batch
-        self.lock_ttl_ms = lock_ttl_ms
         self.finished_grace_s = finished_grace_s
         self.stream_ttl_s = stream_ttl_s
-        self.consumer = consumer or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self.owned: dict[str, _Owned] = {}
-        self._groups: set[str] = set()
+        consumer = consumer or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.group = ConsumerGroup(redis_client, consumer, batch)
+        self.ownership = Ownership(session_factory, redis_client, lock_ttl_ms / 1000)
         self._refreshed_at = 0.0
+        self._relayed = 0  # events appended by the last pass, still to be read back
+
+    @property
+    def owned(self) -> dict[str, Owned]:
+        return self.ownership.jobs
 
     # -- loop ------------------------------------------------------------------
 
@@ -140,60 +119,48 @@ class Recorder:
         while True:
             moved = self._pass(None, refresh=True)
             total += moved
-            if moved == 0:
+            if moved == 0 and not self._relayed:
                 return total
 
     def close(self) -> None:
         """Give up every job lock so another process takes over at once."""
-        for job_id in list(self.owned):
-            self._release(job_id)
-
-    def recorded_watermark(self, job_id: str, attempt: int, first_step: int = 1) -> int:
-        """Highest contiguous step of this attempt already in SQL."""
-        with self.sessions() as s:
-            return metrics.recorded_watermark(s, job_id, attempt, first_step)
+        self.ownership.release_all()
 
     # -- one pass --------------------------------------------------------------
 
     def _pass(self, block_ms: int | None, *, refresh: bool = False) -> int:
         now = time.monotonic()
-        if refresh or not self.owned or now - self._refreshed_at >= REFRESH_S:
-            self._refresh_ownership()
+        tick = refresh or not self.owned or now - self._refreshed_at >= REFRESH_S
+        if tick:
+            self.ownership.refresh()
             self._refreshed_at = now
         moved = self._catch_up_all()
         if not self.owned:
             return moved
         try:
-            reply = self._read_new(block_ms)
+            reply = self.group.read_new(map(Keys.telemetry, self.owned), block_ms)
         except redis.ResponseError as exc:
-            if "NOGROUP" not in str(exc):
+            if not is_nogroup(exc):
                 raise
             # Redis lost data (restart without AOF, FLUSHALL): re-create the groups from
             # id 0 and read again; the worker re-sends what SQL lacks, replays insert nothing.
             log.warning("recorder: consumer group missing; re-creating")
             self._forget_all()
             moved += self._catch_up_all()
-            reply = self._read_new(None)
-        got: set[str] = set()
-        for key, entries in reply or []:
-            job_id = _job_of(_s(key))
+            reply = self.group.read_new(map(Keys.telemetry, self.owned), None)
+        got: dict[str, int] = {}
+        for key, entries in reply:
+            job_id = _job_of(key)
             if entries and job_id in self.owned:
-                got.add(job_id)
+                got[job_id] = len(entries)
                 moved += self._record(job_id, entries)
-        self._sweep_finished(got)
+        if tick:
+            # Only a drained stream may take an event from SQL: anything appended before
+            # (say, by a pass that then crashed) has been read back and stamped by now.
+            drained = [j for j in self.owned if got.get(j, 0) < self.batch]
+            pending = self._relay(drained)
+            self._sweep_finished(set(got) | pending)
         return moved
-
-    def _read_new(self, block_ms: int | None) -> Any:
-        streams = {telemetry_key(j): ">" for j in self.owned}
-        if not streams:
-            return []
-        return self.redis.xreadgroup(
-            GROUP,
-            self.consumer,
-            streams,  # type: ignore[arg-type]
-            count=self.batch,
-            block=block_ms,
-        )
 
     def _catch_up_all(self) -> int:
         moved = 0
@@ -203,186 +170,84 @@ class Recorder:
                 own.caught_up = True
         return moved
 
-    def _refresh_ownership(self) -> None:
-        with self.sessions() as s:
-            rows = s.execute(
-                sa.select(Job.id, Job.status, Job.attempt, Job.finished_at).where(
-                    Job.telemetry_done == sa.false(), Job.attempt > 0
-                )
-            ).all()
-        wanted = {r.id: r for r in rows}
-        for job_id in list(self.owned):
-            if job_id not in wanted:
-                self._release(job_id)
-        for job_id, row in wanted.items():
-            if self._acquire(job_id):
-                own = self.owned.get(job_id)
-                if own is None:
-                    self.owned[job_id] = _Owned(row.status, row.attempt, row.finished_at)
-                else:
-                    own.status, own.attempt, own.finished_at = (
-                        row.status,
-                        row.attempt,
-                        row.finished_at,
-                    )
-            elif job_id in self.owned:
-                log.warning("recorder lost job %s to another process", job_id)
-                del self.owned[job_id]
-
     def _catch_up(self, job_id: str) -> int:
         """Take over what a previous owner left unacknowledged, then our own pending entries."""
-        key = telemetry_key(job_id)
-        try:
-            self._claim_pending(key)
-        except redis.ResponseError as exc:
-            if "NOGROUP" not in str(exc):
-                raise
-            self._groups.discard(key)
-            self._claim_pending(key)
+        key = Keys.telemetry(job_id)
+        self.group.take_over(key)
         moved, last = 0, "0-0"
         while job_id in self.owned:
-            reply: Any = self.redis.xreadgroup(GROUP, self.consumer, {key: last}, count=self.batch)
-            entries = reply[0][1] if reply else []
+            entries = self.group.pending_after(key, last)
             if not entries:
                 break
             moved += self._record(job_id, entries)
-            last = _s(entries[-1][0])
+            last = text(entries[-1][0])
         return moved
-
-    def _claim_pending(self, key: str) -> None:
-        self._ensure_group(key)
-        start = "0-0"
-        while True:  # XAUTOCLAIM walks the group's pending list; "0-0" means the end
-            reply = self.redis.xautoclaim(key, GROUP, self.consumer, 0, start, count=self.batch)
-            start = _s(reply[0])
-            if start == "0-0":
-                return
 
     # -- one batch -------------------------------------------------------------
 
     def _record(self, job_id: str, entries: Sequence[Entry]) -> int:
-        points, events, ends = _parse(job_id, entries)
-        ids = [_s(eid) for eid, _ in entries]
+        batch = parse(job_id, entries)
+        ids = [text(eid) for eid, _ in entries]
         done = False
         with self.sessions() as s:
-            inserted = recording.insert_points(s, points)
-            recording.insert_events(s, events)
-            recording.update_progress(s, job_id, points, inserted)
-            if ends:
-                done = recording.mark_done(s, job_id, ends)
-            if not self._acquire(job_id):
+            inserted = recording.insert_points(s, batch.points)
+            recording.insert_events(s, batch.events)
+            recording.update_progress(s, job_id, batch.points, inserted)
+            if batch.ends:
+                done = recording.mark_done(s, job_id, batch.ends)
+            if not self.ownership.hold(job_id):
                 # Someone else owns the job now: leave the batch to them.
                 s.rollback()
                 self.owned.pop(job_id, None)
                 return 0
             s.commit()
-        observability.points_recorded(len(inserted), points)
-        key = telemetry_key(job_id)
-        self.redis.xack(key, GROUP, *ids)
-        # Tells the publisher what it may forget: everything up to here is in SQL.
-        self.redis.set(recorded_key(job_id), ids[-1], ex=self.stream_ttl_s)
+        observability.points_recorded(len(inserted), batch.points)
+        key = Keys.telemetry(job_id)
+        self.group.ack(key, ids)
+        # Tells the publishers what they may forget: everything up to here is in SQL.
+        self.redis.set(Keys.recorded(job_id), ids[-1], ex=self.stream_ttl_s)
         if done:
             self._finish_stream(job_id)
         return len(entries)
 
-    def _sweep_finished(self, got: set[str]) -> None:
+    def _relay(self, job_ids: list[str]) -> set[str]:
+        """Append the events the API wrote to SQL about these jobs to their streams; the
+        jobs that had any (their telemetry is not complete until those are read back)."""
+        with self.sessions() as s:
+            waiting = events.unstreamed(s, job_ids)
+        self._relayed = len(waiting)
+        if not waiting:
+            return set()
+        pipe = self.redis.pipeline(transaction=False)
+        for ev in waiting:
+            item = {"kind": "event", **ev}
+            fields = encode(item, job_id=ev["job_id"], attempt=ev["attempt"])
+            pipe.xadd(Keys.telemetry(ev["job_id"]), fields, maxlen=STREAM_MAXLEN, approximate=True)  # type: ignore[arg-type]
+        pipe.execute()
+        return {ev["job_id"] for ev in waiting}
+
+    def _sweep_finished(self, busy: set[str]) -> None:
         """Finished jobs whose ``end`` entry never came (worker died, cancelled while re-queued):
         once nothing arrived for the grace period, their telemetry is complete."""
         cutoff = utcnow() - timedelta(seconds=self.finished_grace_s)
         for job_id, own in list(self.owned.items()):
-            if job_id in got or own.status not in FINISHED_STATUSES:
+            if job_id in busy or not own.finished:
                 continue
-            if own.finished_at is None or own.finished_at > cutoff:
+            if own.job.finished_at is None or own.job.finished_at > cutoff:
                 continue
             with self.sessions.begin() as s:
-                s.execute(sa.update(Job).where(Job.id == job_id).values(telemetry_done=True))
+                recording.mark_swept(s, job_id)
             self._finish_stream(job_id)
 
     def _finish_stream(self, job_id: str) -> None:
-        self.redis.expire(telemetry_key(job_id), self.stream_ttl_s)
-        self._release(job_id)
-
-    # -- redis plumbing ---------------------------------------------------------
-
-    def _acquire(self, job_id: str) -> bool:
-        got = self.redis.eval(
-            _ACQUIRE_OR_RENEW, 1, lock_key(job_id), self.consumer, self.lock_ttl_ms
-        )
-        return bool(got)
-
-    def _release(self, job_id: str) -> None:
-        self.owned.pop(job_id, None)
-        with contextlib.suppress(redis.RedisError):  # else the lock expires on its own
-            self.redis.eval(_RELEASE, 1, lock_key(job_id), self.consumer)
-
-    def _ensure_group(self, key: str) -> None:
-        if key in self._groups:
-            return
-        try:
-            self.redis.xgroup_create(key, GROUP, id="0", mkstream=True)
-        except redis.ResponseError as exc:
-            if "BUSYGROUP" not in str(exc):
-                raise
-        self._groups.add(key)
+        self.redis.expire(Keys.telemetry(job_id), self.stream_ttl_s)
+        self.ownership.release(job_id)
 
     def _forget_all(self) -> None:
-        self._groups.clear()
-        for own in self.owned.values():
-            own.caught_up = False
-
-
-# -- SQL ------------------------------------------------------------------------
-
-
-def _parse(
-    job_id: str, entries: Iterable[Entry]
-) -> tuple[list[dict[str, Any]], list[dict[str, Any]], list[int]]:
-    points: list[dict[str, Any]] = []
-    events: list[dict[str, Any]] = []
-    ends: list[int] = []
-    for eid, fields in entries:
-        if not fields:
-            continue  # trimmed from the stream while pending
-        try:
-            item = decode(fields)
-        except (KeyError, ValueError):
-            log.error("job %s: undecodable stream entry %s dropped", job_id, _s(eid))
-            continue
-        entry_id = _s(eid)
-        if item["kind"] == "metric":
-            if isinstance(item.get("step"), int):
-                points.append(_point_row(job_id, entry_id, item))
-        elif item["kind"] == "event":
-            if not item["persisted"]:
-                events.append(_event_row(job_id, entry_id, item))
-        elif item["kind"] == "end":
-            ends.append(item["attempt"])
-    return points, events, ends
-
-
-def _point_row(job_id: str, entry_id: str, item: dict[str, Any]) -> dict[str, Any]:
-    ms, seq = Cursor.of_entry(entry_id)
-    row = {f: item.get(f) for f in METRIC_FIELDS}
-    row.update(job_id=job_id, attempt=item["attempt"], stream_ms=ms, stream_seq=seq)
-    return row
-
-
-def _event_row(job_id: str, entry_id: str, item: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "job_id": job_id,
-        "attempt": item["attempt"],
-        "type": item["type"],
-        "step": item["step"],
-        "time": item["time"] if item["time"] is not None else time.time(),
-        "data": finite(item["data"]),
-        "source_id": entry_id,
-    }
+        self.group.forget()
+        self.ownership.forget_progress()
 
 
 def _job_of(key: str) -> str:
     # "amptrain:job:{id}:telemetry"
     return key.split(":")[2]
-
-
-def _s(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

@@ -25,10 +25,12 @@ def metric_page(
     after: Cursor | str | None = None,
     limit: int = 1000,
     attempts: Attempts = "effective",
+    upto: Cursor | None = None,
 ) -> tuple[list[dict[str, Any]], str | None]:
     """Points after ``after`` in recording order, as dicts of METRIC_FIELDS + ``attempt`` +
     ``cursor``. ``effective`` keeps, for each step, only the newest attempt's point (the
-    series after a resume); ``all`` returns every attempt's points.
+    series after a resume); ``all`` returns every attempt's points. ``upto`` bounds the
+    page (inclusive).
 
     ``next_cursor`` is the last item's cursor, or ``after`` when the page is empty, so a
     client polling a running job keeps passing it back. Raises
@@ -39,6 +41,8 @@ def metric_page(
     if after is not None:
         after = after if isinstance(after, Cursor) else Cursor.parse(after)
         query = query.where(sa.tuple_(p.stream_ms, p.stream_seq) > sa.tuple_(*after))
+    if upto is not None:
+        query = query.where(sa.tuple_(p.stream_ms, p.stream_seq) <= sa.tuple_(*upto))
     if attempts == "effective":
         query = query.where(newest_attempt(p))
     elif attempts != "all":
@@ -75,20 +79,3 @@ def point_dict(row: MetricPoint) -> dict[str, Any]:
     out["attempt"] = row.attempt
     out["cursor"] = str(Cursor(row.stream_ms, row.stream_seq))
     return out
-
-
-def recorded_watermark(s: Session, job_id: str, attempt: int, first_step: int = 1) -> int:
-    """The highest step S such that every step ``first_step..S`` of this attempt is in SQL
-    (``first_step - 1`` when ``first_step`` itself is missing). A publisher that lost its
-    Redis re-sends whatever lies above it."""
-    p = MetricPoint
-    mine = (p.job_id == job_id, p.attempt == attempt)
-    has_first = s.scalar(sa.select(p.id).where(*mine, p.step == first_step).limit(1))
-    if has_first is None:
-        return first_step - 1
-    nxt = aliased(MetricPoint)
-    gap_before = ~sa.exists().where(
-        nxt.job_id == job_id, nxt.attempt == attempt, nxt.step == p.step + 1
-    )
-    end = s.scalar(sa.select(sa.func.min(p.step)).where(*mine, p.step >= first_step, gap_before))
-    return int(end) if end is not None else first_step - 1

@@ -1,4 +1,5 @@
-"""The recorder's SQL writes: idempotent inserts of points and events, job progress.
+"""The recorder's SQL: which jobs to record, idempotent inserts of points and events,
+job progress and the end of a job's telemetry.
 
 Each function runs inside the caller's transaction and commits nothing. A
 replayed stream entry inserts nothing and so changes nothing.
@@ -6,17 +7,39 @@ replayed stream entry inserts nothing and so changes nothing.
 
 from __future__ import annotations
 
-from typing import Any
+from datetime import datetime
+from typing import Any, NamedTuple
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from api.contracts.jsonsafe import finite
-from api.store.models import FINISHED_STATUSES, Job, JobEvent, MetricPoint
+from api.core.enums import FINISHED_STATUSES
+from api.store.models import Job, JobEvent, MetricPoint
 
 SUMMARY_FIELDS = ("loss", "loss_scale", "skipped_steps", "memory_peak", "samples_per_second")
 """The newest point's fields a job's ``summary`` shows."""
+
+
+class Recordable(NamedTuple):
+    """A job whose telemetry is not complete yet, as the recorder needs to know it."""
+
+    id: str
+    status: str
+    attempt: int
+    finished_at: datetime | None
+
+
+def jobs_to_record(s: Session) -> list[Recordable]:
+    """Jobs that have run (``attempt > 0``) and whose telemetry is not complete: SQL, not
+    Redis, decides which streams matter, so the work survives Redis losing its data."""
+    rows = s.execute(
+        sa.select(Job.id, Job.status, Job.attempt, Job.finished_at).where(
+            Job.telemetry_done == sa.false(), Job.attempt > 0
+        )
+    )
+    return [Recordable(*r) for r in rows]
 
 
 def _insert(s: Session, model: type[Any]) -> Any:
@@ -43,9 +66,25 @@ def insert_points(s: Session, rows: list[dict[str, Any]]) -> set[tuple[int, int]
 
 
 def insert_events(s: Session, rows: list[dict[str, Any]]) -> None:
-    if rows:
-        stmt = _insert(s, JobEvent).values(rows)
+    """Record stream events with their entry id (``source_id``) as cursor. An event the
+    API wrote to SQL and the recorder appended to the stream carries its row ``id``: it
+    gets its cursor instead of a second row. Replays change nothing."""
+    new = [r for r in rows if r.get("id") is None]
+    if new:
+        stmt = _insert(s, JobEvent).values([{k: v for k, v in r.items() if k != "id"} for r in new])
         s.execute(stmt.on_conflict_do_nothing(index_elements=["job_id", "source_id"]))
+    for r in rows:
+        if r.get("id") is not None:
+            s.execute(
+                sa.update(JobEvent)
+                .where(
+                    JobEvent.id == r["id"],
+                    JobEvent.job_id == r["job_id"],
+                    JobEvent.source_id.is_(None),
+                )
+                .values(source_id=r["source_id"])
+                .execution_options(synchronize_session=False)
+            )
 
 
 def update_progress(
@@ -82,3 +121,13 @@ def mark_done(s: Session, job_id: str, end_attempts: list[int]) -> bool:
         .execution_options(synchronize_session=False)
     )
     return result.first() is not None
+
+
+def mark_swept(s: Session, job_id: str) -> None:
+    """A finished job whose ``end`` entry never came: its telemetry is complete as it is."""
+    s.execute(
+        sa.update(Job)
+        .where(Job.id == job_id, Job.status.in_(FINISHED_STATUSES))
+        .values(telemetry_done=True)
+        .execution_options(synchronize_session=False)
+    )

@@ -1,7 +1,8 @@
 """A stand-in for a worker that tests and benchmarks drive step by step: it claims a job
 in SQL like the supervisor, publishes metric records through the worker's own RedisSink
-(the training child's publisher), and ends the job the way the supervisor does (fenced
-SQL event + finish, then the event and the ``end`` entry on the stream)."""
+(the training child's publisher), and tells the job's lifecycle the way the supervisor
+does (fenced SQL status, then the event and the ``end`` entry through
+``worker.pool.events``)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,11 @@ from typing import Any
 
 import redis
 
-from api.contracts.stream import STREAM_MAXLEN, encode, telemetry_key
 from api.store import jobs
 from api.store.db import make_engine, make_session_factory
 from trainer_core.contract.records import metric
 from worker.child.sink import RedisSink
+from worker.pool.events import LifecycleEvents
 
 
 class Producer:
@@ -27,6 +28,7 @@ class Producer:
         self.redis = redis.Redis.from_url(redis_url, socket_timeout=10)
         self.attempt = 0
         self.sink: RedisSink | None = None
+        self.events = LifecycleEvents(self.redis)
 
     def start(self) -> int:
         with self.sessions.begin() as s:
@@ -34,7 +36,9 @@ class Producer:
         assert attempt is not None, f"job {self.job_id} not claimable"
         self.attempt = attempt
         self.sink = RedisSink(self.redis, self.job_id, attempt)
-        self._lifecycle("started", 0, {"precision": {"effective": "fp32"}})
+        self.events.publish(
+            self.job_id, attempt, "started", 0, {"precision": {"effective": "fp32"}}
+        )
         return attempt
 
     def steps(self, first: int, last: int, **values: Any) -> None:
@@ -61,23 +65,8 @@ class Producer:
 
     def finish(self, status: str = "succeeded", step: int = 0) -> None:
         with self.sessions.begin() as s:
-            assert jobs.record_event(s, self.job_id, self.attempt, status, step, {})
             assert jobs.finish(s, self.job_id, self.attempt, status)
-        self._publish(
-            {"kind": "event", "type": status, "step": step, "time": time.time(), "data": {}}
-        )
-        self._publish({"kind": "end", "status": status})
-
-    def _lifecycle(self, type_: str, step: int, data: dict[str, Any]) -> None:
-        with self.sessions.begin() as s:
-            assert jobs.record_event(s, self.job_id, self.attempt, type_, step, data)
-        self._publish(
-            {"kind": "event", "type": type_, "step": step, "time": time.time(), "data": data}
-        )
-
-    def _publish(self, item: dict[str, Any]) -> None:
-        fields = encode(item, job_id=self.job_id, attempt=self.attempt, persisted=True)
-        self.redis.xadd(telemetry_key(self.job_id), fields, maxlen=STREAM_MAXLEN, approximate=True)  # type: ignore[arg-type]
+        self.events.conclude(self.job_id, self.attempt, status, step, {}, end_status=status)
 
     def close(self) -> None:
         self.redis.close()

@@ -6,7 +6,7 @@ never stalls a training step. Nothing is lost to a Redis outage:
 * records that could not be sent stay buffered and go out, in order, once
   Redis answers again;
 * records that were sent are *retained* until the recorder says they are in
-  SQL (it sets ``recorded_key`` to the newest entry id it committed). After
+  SQL (it sets ``Keys.recorded`` to the newest entry id it committed). After
   an outage the sink checks which retained entries the stream still holds and
   re-sends the rest: a Redis that restarted without its data (or lost the
   last second of its AOF) gets them again. The recorder ignores duplicates.
@@ -21,7 +21,9 @@ from typing import Any
 
 import redis
 
-from api.contracts.stream import STREAM_MAXLEN, encode, parse_id, recorded_key, telemetry_key
+from api.contracts.cursor import Cursor
+from api.contracts.stream import STREAM_MAXLEN, encode
+from api.core.redis import Keys
 
 log = logging.getLogger(__name__)
 
@@ -36,7 +38,7 @@ class RedisSink:
         self.client = client
         self.job_id = job_id
         self.attempt = attempt
-        self.key = telemetry_key(job_id)
+        self.key = Keys.telemetry(job_id)
         self.unsent: deque[Fields] = deque()
         self.retained: deque[tuple[tuple[int, int], Fields]] = deque()
         self.sent = 0
@@ -66,7 +68,7 @@ class RedisSink:
             if self.unsent:
                 self._send()
             else:
-                self._trim(self.client.get(recorded_key(self.job_id)))
+                self._trim(self.client.get(Keys.recorded(self.job_id)))
         except redis.RedisError as exc:
             if not self._last_failure:
                 log.warning("job %s: telemetry buffered, Redis unreachable (%s)", self.job_id, exc)
@@ -81,30 +83,30 @@ class RedisSink:
         pipe = self.client.pipeline(transaction=False)
         for fields in batch:
             pipe.xadd(self.key, fields, maxlen=STREAM_MAXLEN, approximate=True)  # type: ignore[arg-type]
-        pipe.get(recorded_key(self.job_id))
+        pipe.get(Keys.recorded(self.job_id))
         *ids, recorded = pipe.execute()
         for _ in batch:
             self.unsent.popleft()
-        self.retained.extend(zip((parse_id(i) for i in ids), batch, strict=True))
+        self.retained.extend(zip((Cursor.of_entry(i) for i in ids), batch, strict=True))
         self.sent += len(batch)
         self._trim(recorded)
 
     def _trim(self, recorded: bytes | str | None) -> None:
         if recorded is None:
             return
-        mark = parse_id(recorded)
+        mark = Cursor.of_entry(recorded)
         while self.retained and self.retained[0][0] <= mark:
             self.retained.popleft()
 
     def _holds(self, entry_id: tuple[int, int]) -> bool:
-        eid = "{}-{}".format(*entry_id)
+        eid = str(Cursor(*entry_id))
         return bool(self.client.xrange(self.key, min=eid, max=eid, count=1))
 
     def _resend_lost(self) -> None:
         """Queue again (in order, ahead of newer records) what the stream no longer holds."""
-        first = "{}-{}".format(*self.retained[0][0])
+        first = str(Cursor(*self.retained[0][0]))
         entries: list[tuple[bytes, Any]] = self.client.xrange(self.key, min=first)  # type: ignore[assignment]
-        present = {parse_id(i) for i, _ in entries}
+        present = {Cursor.of_entry(i) for i, _ in entries}
         lost = [fields for i, fields in self.retained if i not in present]
         self.retained = deque((i, f) for i, f in self.retained if i in present)
         if lost:

@@ -1,52 +1,65 @@
-"""Lifecycle events of an attempt (started, requeued, finished...) and the end marker.
+"""Lifecycle events of an attempt (started, requeued, succeeded, ...) and the end marker.
 
-The supervisor reports what happened to an attempt through :class:`LifecycleEvents`;
-this module decides how the event reaches SQL history and live watchers.
+They take the route engine events take (see :mod:`api.contracts.stream`): appended
+to the job's stream through a buffered writer that keeps what Redis has not
+confirmed and re-sends it after Redis lost data; the API's recorder puts them in
+SQL with their entry id, so history and live watchers show them at one cursor.
+
+The job's status is not an event: the supervisor writes it to SQL (fenced) and
+publishes the event only once that write succeeded, so an attempt that lost its
+lease tells no story about the job.
 """
 
 from __future__ import annotations
 
-import logging
 import time
 from typing import Any
 
 import redis
-from sqlalchemy.orm import Session, sessionmaker
 
-from api.contracts.stream import STREAM_MAXLEN, encode, telemetry_key
-from api.store import jobs
+from api.contracts.stream_writer import StreamWriter
 
-log = logging.getLogger(__name__)
+DELIVER_S = 30.0
+"""How long the final event and the end marker are retried while Redis is unreachable."""
 
 
 class LifecycleEvents:
-    def __init__(self, sessions: sessionmaker[Session], client: redis.Redis) -> None:
-        self.sessions = sessions
-        self.redis = client
+    """The lifecycle events of the attempt a supervisor runs (one at a time)."""
 
-    def record(self, job_id: str, attempt: int, kind: str, step: int, data: dict[str, Any]) -> None:
-        """Record a lifecycle event in SQL (fenced), then show it to live watchers."""
-        with self.sessions.begin() as s:
-            if not jobs.record_event(s, job_id, attempt, kind, step, data):
-                return
-        self.publish(job_id, attempt, kind, step, data)
+    def __init__(self, client: redis.Redis) -> None:
+        self.redis = client
+        self._writer: StreamWriter | None = None
 
     def publish(
         self, job_id: str, attempt: int, kind: str, step: int, data: dict[str, Any]
     ) -> None:
+        """Append the event, or keep it buffered until Redis answers (retried on every call)."""
         item = {"kind": "event", "type": kind, "step": step, "time": time.time(), "data": data}
-        self._publish(item, job_id, attempt)
+        self._for(job_id, attempt).write([item])
 
-    def end(self, job_id: str, attempt: int, status: str) -> None:
-        """The end marker: the recorder then knows the stream is complete."""
-        self._publish({"kind": "end", "status": status}, job_id, attempt)
+    def conclude(
+        self,
+        job_id: str,
+        attempt: int,
+        kind: str,
+        step: int,
+        data: dict[str, Any],
+        *,
+        end_status: str | None,
+    ) -> None:
+        """The attempt's last event, then (when the job is finished) the ``end`` marker that
+        tells the recorder the stream is complete; delivered within :data:`DELIVER_S`."""
+        self.publish(job_id, attempt, kind, step, data)
+        writer = self._for(job_id, attempt)
+        if end_status is not None:
+            writer.write([{"kind": "end", "status": end_status}])
+        writer.close(DELIVER_S)
+        self._writer = None
 
-    def _publish(self, item: dict[str, Any], job_id: str, attempt: int) -> None:
-        fields = encode(item, job_id=job_id, attempt=attempt, persisted=True)
-        try:
-            self.redis.xadd(telemetry_key(job_id), fields, maxlen=STREAM_MAXLEN, approximate=True)  # type: ignore[arg-type]
-        except redis.RedisError:
-            # Live watchers miss it; SQL has it. The recorder also learns the job is over from SQL.
-            log.warning(
-                "job %s: could not publish %s to its stream", job_id, item.get("type", item["kind"])
-            )
+    def _for(self, job_id: str, attempt: int) -> StreamWriter:
+        w = self._writer
+        if w is None or (w.job_id, w.attempt) != (job_id, attempt):
+            if w is not None:
+                w.close(0)  # a fenced-out attempt's leftovers: one last try, no wait
+            w = self._writer = StreamWriter(self.redis, job_id, attempt)
+        return w

@@ -17,8 +17,8 @@ from typing import Any
 import redis
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.contracts.stream import cancel_key
 from api.core.logs import bind, log_context
+from api.core.redis import Keys
 from api.core.settings import Settings
 from api.store import jobs
 from api.store.db import make_engine, make_session_factory
@@ -62,7 +62,7 @@ class Supervisor:
         )
         # What this pool process runs, for GET /workers and the worker's /metrics.
         self.slot = JobSlot.for_this_process(self.redis, worker, settings.lease_seconds)
-        self.events = LifecycleEvents(self.sessions, self.redis)
+        self.events = LifecycleEvents(self.redis)
         self._renewed_at = 0.0  # monotonic time of the last successful lease renewal
 
     # -- the whole life of one attempt -------------------------------------------------
@@ -150,10 +150,12 @@ class Supervisor:
         match msg:
             case PrecisionChosen():
                 with self.sessions.begin() as s:
-                    jobs.set_precision(
+                    current = jobs.set_precision(
                         s, job_id, attempt, msg.requested, msg.effective, msg.reason_on_device
                     )
-                self.events.record(
+                if not current:
+                    return  # fenced out: this attempt no longer speaks for the job
+                self.events.publish(
                     job_id,
                     attempt,
                     "started",
@@ -189,7 +191,7 @@ class Supervisor:
         if status == "cancelling":
             return "cancel"  # seen by the heartbeat even if the Redis cancel key was lost
         try:
-            cancel, draining = self.redis.mget(cancel_key(job_id), draining_key(self.worker))
+            cancel, draining = self.redis.mget(Keys.cancel(job_id), draining_key(self.worker))
         except redis.RedisError:
             return None  # a Redis blip: training goes on, the heartbeat still sees cancels
         if cancel:
@@ -209,19 +211,13 @@ class Supervisor:
         kind = {"queued": "requeued"}.get(status, status)
         data = {"error": error} if error else {}
         with self.sessions.begin() as s:
-            # The event first: once finished, this attempt is fenced out of every write.
-            if not jobs.record_event(s, job_id, attempt, kind, step, data):
-                return
             if status == "queued":
                 done = jobs.release(s, job_id, attempt)  # a retry: the error is in the event
             else:
                 done = jobs.finish(s, job_id, attempt, status, error)
-            if not done:
-                s.rollback()
-                return
-        self.events.publish(job_id, attempt, kind, step, data)
-        if status != "queued":
-            self.events.end(job_id, attempt, status)
+        if done:  # the status is the fenced truth; the event only tells it
+            end = None if status == "queued" else status
+            self.events.conclude(job_id, attempt, kind, step, data, end_status=end)
 
     def _final_state(
         self, job_id: str, attempt: int, spec: dict[str, Any], out: Outcome

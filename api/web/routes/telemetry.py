@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
-import sqlalchemy as sa
 from fastapi import APIRouter, Query
 
+from api.contracts.cursor import Cursor, CursorError
 from api.store.downsample import downsample, parse_fields, select_fields
+from api.store.events import event_page
 from api.store.metrics import Attempts, metric_page
-from api.store.models import JobEvent
 from api.web.deps import CurrentUser, SessionDep, visible_job
 from api.web.errors import ValidationFailed
 from api.web.schemas import EventOut, EventPage, MetricPage
@@ -67,13 +67,12 @@ def read_metrics(
         items, next_cursor = downsample(session, job_id, max_points, wanted)
         return MetricPage(items=items, next_cursor=next_cursor)
     try:
-        items, next_cursor = metric_page(
-            session, job_id, after=after, limit=limit, attempts=attempts
-        )
-    except ValueError as exc:
+        cursor = None if after is None else Cursor.parse(after)
+    except CursorError as exc:
         raise ValidationFailed(
             [{"field": "query.after", "message": str(exc), "type": "value_error"}]
         ) from None
+    items, next_cursor = metric_page(session, job_id, after=cursor, limit=limit, attempts=attempts)
     return MetricPage(items=[select_fields(i, wanted) for i in items], next_cursor=next_cursor)
 
 
@@ -88,16 +87,5 @@ def read_events(
     """Lifecycle events (queued, started, checkpoint, warning, resumed, succeeded, failed,
     cancelled) after ``after``, oldest first."""
     visible_job(session, user, job_id)
-    rows = session.scalars(
-        sa.select(JobEvent)
-        .where(JobEvent.job_id == job_id, JobEvent.id > after)
-        .order_by(JobEvent.id)
-        .limit(limit)
-    ).all()
-    items = [
-        EventOut(
-            id=e.id, attempt=e.attempt, type=e.type, step=e.step, time=e.time, data=e.data or {}
-        )
-        for e in rows
-    ]
-    return EventPage(items=items, next_cursor=str(rows[-1].id if rows else after))
+    items = [EventOut(**e) for e in event_page(session, job_id, after, limit)]
+    return EventPage(items=items, next_cursor=str(items[-1].id if items else after))

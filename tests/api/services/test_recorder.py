@@ -13,9 +13,11 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.cli.embedded_redis import EmbeddedRedis
-from api.contracts.stream import encode, telemetry_key
-from api.services.recorder import GROUP, Recorder, lock_key
-from api.store import jobs, metrics
+from api.contracts.cursor import ORIGIN, Cursor
+from api.contracts.stream import decode, encode
+from api.core.redis import Keys
+from api.services.recorder import GROUP, Recorder
+from api.store import events, jobs, metrics
 from api.store.models import Job, JobEvent, MetricPoint
 from trainer_core.contract.records import METRIC_FIELDS, event, metric
 from trainer_core.contract.spec import JobSpec
@@ -67,7 +69,7 @@ def publish(
     ids = []
     for item in items:
         fields = encode(item, job_id=job_id, attempt=attempt, **kw)
-        ids.append(r.xadd(telemetry_key(job_id), fields).decode())  # type: ignore[arg-type,union-attr]
+        ids.append(r.xadd(Keys.telemetry(job_id), fields).decode())  # type: ignore[arg-type,union-attr]
     return ids
 
 
@@ -99,7 +101,7 @@ def test_drain_records_points_events_and_summary(sf: Sessions, r: redis.Redis) -
     job_id, attempt = start_job(sf)
     ids = publish(r, job_id, attempt, [point(i) for i in range(1, 21)])
     publish(r, job_id, attempt, [event("checkpoint", 20, 1020.0, path="x")])
-    publish(r, job_id, attempt, [event("started", 0, 1000.0)], persisted=True)
+    started = publish(r, job_id, attempt, [event("started", 0, 1000.0)])
     rec = Recorder(None, sf, r)
     assert rec.drain_once() == 22
 
@@ -123,9 +125,12 @@ def test_drain_records_points_events_and_summary(sf: Sessions, r: redis.Redis) -
             sa.select(JobEvent.type, JobEvent.source_id).where(JobEvent.job_id == job_id)
         )
         types = sorted((t, src is not None) for t, src in evs)
-    # queued (create_job) + the engine's checkpoint; the persisted "started" is skipped.
-    assert types == [("checkpoint", True), ("queued", False)]
-    assert r.xpending(telemetry_key(job_id), GROUP)["pending"] == 0
+        source = s.scalar(sa.select(JobEvent.source_id).where(JobEvent.type == "started"))
+    # queued (create_job, before any stream) + the engine's checkpoint + the supervisor's
+    # started: every stream event is recorded once, with its entry id as its cursor.
+    assert types == [("checkpoint", True), ("queued", False), ("started", True)]
+    assert source == started[0]
+    assert r.xpending(Keys.telemetry(job_id), GROUP)["pending"] == 0
 
 
 def test_metric_page_cursor_returns_each_point_once(sf: Sessions, r: redis.Redis) -> None:
@@ -171,14 +176,14 @@ def test_replay_and_redelivery_insert_nothing(sf: Sessions, r: redis.Redis) -> N
     with pytest.raises(RuntimeError):
         crashed.drain_once()
     assert len(rows(sf, job_id)) == 10  # committed, never acknowledged
-    assert r.xpending(telemetry_key(job_id), GROUP)["pending"] == 10
+    assert r.xpending(Keys.telemetry(job_id), GROUP)["pending"] == 10
 
     # A restarted process (new consumer) waits out the dead one's lock, then takes its
     # pending entries over: they are re-delivered and insert nothing.
     survivor = Recorder(None, sf, r)
     wait_for(lambda: survivor.drain_once() > 0 or job_id in survivor.owned)
     survivor.drain_once()
-    assert r.xpending(telemetry_key(job_id), GROUP)["pending"] == 0
+    assert r.xpending(Keys.telemetry(job_id), GROUP)["pending"] == 0
     assert len(rows(sf, job_id)) == 10
 
     # The same records published again (a worker re-sending after a Redis blip):
@@ -227,7 +232,7 @@ def test_concurrent_recorders_commit_each_stream_in_order(sf: Sessions, r: redis
         assert [(p.stream_ms, p.stream_seq) for p in got] == sorted(
             (p.stream_ms, p.stream_seq) for p in got
         )
-        assert r.get(lock_key(job_id)) is None  # released on stop
+        assert r.get(Keys.recorder_owner(job_id)) is None  # released on stop
 
 
 def test_consumer_group_recreated_after_redis_lost_its_data(sf: Sessions, r: redis.Redis) -> None:
@@ -236,12 +241,12 @@ def test_consumer_group_recreated_after_redis_lost_its_data(sf: Sessions, r: red
     rec = Recorder(None, sf, r)
     assert rec.drain_once() == 5
     r.flushall()
-    # The worker re-sends everything above the recorded watermark (and here a bit more).
-    assert rec.recorded_watermark(job_id, attempt) == 5
+    # The worker re-sends what it still retains (here more than SQL lacks).
+    assert [p.step for p in rows(sf, job_id)] == [1, 2, 3, 4, 5]
     publish(r, job_id, attempt, [point(i) for i in range(4, 11)])
     assert rec.drain_once() == 7
     assert [p.step for p in rows(sf, job_id)] == list(range(1, 11))
-    assert r.xinfo_groups(telemetry_key(job_id))[0]["name"] == GROUP.encode()
+    assert r.xinfo_groups(Keys.telemetry(job_id))[0]["name"] == GROUP.encode()
 
 
 def test_end_entry_closes_the_stream(sf: Sessions, r: redis.Redis) -> None:
@@ -257,8 +262,8 @@ def test_end_entry_closes_the_stream(sf: Sessions, r: redis.Redis) -> None:
     publish(r, job_id, attempt, [end_entry("succeeded")])
     rec.drain_once()
     assert job(sf, job_id).telemetry_done is True
-    assert 0 < r.ttl(telemetry_key(job_id)) <= 3600
-    assert r.get(lock_key(job_id)) is None and job_id not in rec.owned
+    assert 0 < r.ttl(Keys.telemetry(job_id)) <= 3600
+    assert r.get(Keys.recorder_owner(job_id)) is None and job_id not in rec.owned
     assert [p.step for p in rows(sf, job_id)] == [1, 2]
 
 
@@ -289,8 +294,6 @@ def test_effective_series_after_a_resume(sf: Sessions, r: redis.Redis) -> None:
     with sf() as s:
         eff, _ = metrics.metric_page(s, job_id, limit=100)
         every, _ = metrics.metric_page(s, job_id, limit=100, attempts="all")
-        assert metrics.recorded_watermark(s, job_id, 2, first_step=6) == 12
-        assert metrics.recorded_watermark(s, job_id, 2) == 0
     assert [(i["step"], i["attempt"]) for i in eff] == [(i, 1) for i in range(1, 6)] + [
         (i, 2) for i in range(6, 13)
     ]
@@ -323,3 +326,39 @@ def test_run_loop_records_until_stopped(sf: Sessions, r: redis.Redis) -> None:
         thread.join(timeout=10)
     assert not thread.is_alive()
     assert job(sf, job_id).step == 30
+
+
+def test_an_event_the_api_wrote_gets_one_stream_cursor(sf: Sessions, r: redis.Redis) -> None:
+    job_id, attempt = start_job(sf, lease_s=-1)  # the worker is gone: its lease expired
+    publish(r, job_id, attempt, [point(1), point(2)])
+    with sf.begin() as s:  # the reconciler: status and the event explaining it, in SQL
+        assert jobs.reap_expired(s, job_id, attempt) == "queued"
+    rec = Recorder(None, sf, r)
+    rec.drain_once()
+    entries = [(eid.decode(), decode(f)) for eid, f in r.xrange(Keys.telemetry(job_id))]
+    relayed = [(eid, item) for eid, item in entries if item["kind"] == "event"]
+    assert [item["type"] for _, item in relayed] == ["warning"]
+    assert entries[-1][0] == relayed[0][0]  # after the attempt's points, like live watchers
+    with sf() as s:
+        warning = s.scalars(sa.select(JobEvent).where(JobEvent.type == "warning")).one()
+        assert relayed[0][1]["id"] == warning.id
+        assert warning.source_id == relayed[0][0]  # history shows it at its stream cursor
+    assert rec.drain_once() == 0  # appended once: nothing more to read or relay
+    assert r.xlen(Keys.telemetry(job_id)) == 3
+
+
+def test_a_job_never_claimed_has_no_stream(sf: Sessions, r: redis.Redis) -> None:
+    spec = JobSpec.model_validate(
+        {"model": {"name": "mlp"}, "dataset": {"name": "synthetic"}, "max_steps": 10}
+    )
+    with sf.begin() as s:
+        job_id = jobs.create_job(s, spec, "alice", "cpu").id
+    with sf.begin() as s:
+        assert jobs.request_cancel(s, job_id) == "cancelled"
+    Recorder(None, sf, r).drain_once()
+    assert not r.exists(Keys.telemetry(job_id))
+    with sf() as s:
+        found = events.events_after(s, job_id, ORIGIN)
+    # queued, then cancelled: cursors "0-{id}", before any stream entry could be.
+    assert [e["type"] for _, e in found] == ["queued", "cancelled"]
+    assert [c for c, _ in found] == [Cursor(0, e["id"]) for _, e in found]

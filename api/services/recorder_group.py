@@ -1,0 +1,84 @@
+"""The recorder's Redis consumer group (``recorder``) on each job's stream.
+
+A previous owner's unacknowledged entries are claimed first (XAUTOCLAIM), then
+this consumer's own pending ones are re-read, then new ones (``>``). A group lost
+with Redis's data (NOGROUP) is re-created from id 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import redis
+
+from api.core.redis import text
+
+GROUP = "recorder"
+
+
+def is_nogroup(exc: redis.ResponseError) -> bool:
+    return "NOGROUP" in str(exc)
+
+
+class ConsumerGroup:
+    def __init__(self, client: redis.Redis, consumer: str, batch: int) -> None:
+        self.redis = client
+        self.consumer = consumer
+        self.batch = batch
+        self._created: set[str] = set()
+
+    def read_new(self, keys: Iterable[str], block_ms: int | None) -> list[tuple[str, list[Any]]]:
+        """New entries of every stream in ``keys`` (up to ``batch`` each), as (key, entries)."""
+        streams = {k: ">" for k in keys}
+        if not streams:
+            return []
+        reply: Any = self.redis.xreadgroup(
+            GROUP,
+            self.consumer,
+            streams,  # type: ignore[arg-type]
+            count=self.batch,
+            block=block_ms,
+        )
+        return [(text(key), entries) for key, entries in reply or []]
+
+    def take_over(self, key: str) -> None:
+        """Make the entries a previous owner left unacknowledged this consumer's pending ones."""
+        try:
+            self._claim_pending(key)
+        except redis.ResponseError as exc:
+            if not is_nogroup(exc):
+                raise
+            self._created.discard(key)
+            self._claim_pending(key)
+
+    def pending_after(self, key: str, last: str) -> list[Any]:
+        """This consumer's delivered but unacknowledged entries after ``last`` (one page)."""
+        reply: Any = self.redis.xreadgroup(GROUP, self.consumer, {key: last}, count=self.batch)
+        return reply[0][1] if reply else []
+
+    def ack(self, key: str, ids: list[str]) -> None:
+        self.redis.xack(key, GROUP, *ids)
+
+    def forget(self) -> None:
+        """Redis may have lost the groups: check (and re-create) each again."""
+        self._created.clear()
+
+    def _claim_pending(self, key: str) -> None:
+        self._ensure(key)
+        start = "0-0"
+        while True:  # XAUTOCLAIM walks the group's pending list; "0-0" means the end
+            reply = self.redis.xautoclaim(key, GROUP, self.consumer, 0, start, count=self.batch)
+            start = text(reply[0])
+            if start == "0-0":
+                return
+
+    def _ensure(self, key: str) -> None:
+        if key in self._created:
+            return
+        try:
+            self.redis.xgroup_create(key, GROUP, id="0", mkstream=True)
+        except redis.ResponseError as exc:
+            if "BUSYGROUP" not in str(exc):
+                raise
+        self._created.add(key)
