@@ -187,8 +187,11 @@ SCHEDULES: dict[str, str] = {
     "constant": "Linear warm-up, then constant.",
 }
 PRECISIONS: dict[str, str] = {
-    "auto": "bf16 on CUDA capability >= 8.0, fp16 + loss scaling on 7.x, fp32 below and on CPUs without AMX.",
-    "fp32": "Full precision.",
+    "auto": "bf16 on CUDA capability >= 8.0, fp16 + loss scaling on 7.x, fp32 below; on a CPU bf16 "
+    "with AMX, or with avx512_bf16 when a short probe measures it >= 1.2x fp32, else fp32.",
+    "fp32": "Strict IEEE fp32 (TF32 off for matmuls and convolutions).",
+    "tf32": "fp32 with TF32 tensor-core matmuls and convolutions (CUDA capability >= 8.0; "
+    "IEEE fp32 elsewhere).",
     "fp16": "float16 autocast with dynamic loss scaling (GradScaler).",
     "bf16": "bfloat16 autocast, no loss scaling; needs native support (CUDA >= 8.0 or a CPU).",
 }

@@ -13,7 +13,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-Precision = Literal["auto", "fp32", "fp16", "bf16"]
+Precision = Literal["auto", "fp32", "tf32", "fp16", "bf16"]
 DeviceKind = Literal["auto", "cpu", "cuda"]
 
 
@@ -108,7 +108,9 @@ class JobSpec(_Strict):
     schedule: ScheduleSpec = Field(default_factory=ScheduleSpec)
     """Learning-rate schedule."""
     precision: Precision = "auto"
-    """``auto`` picks bf16 on CUDA capability >= 8.0, fp16 + loss scaling on 7.x, fp32 elsewhere."""
+    """``auto`` picks bf16 on CUDA capability >= 8.0, fp16 + loss scaling on 7.x, fp32 elsewhere
+    (bf16 on CPUs with AMX, or with avx512_bf16 where a short probe measures it faster).
+    ``fp32`` is strict IEEE; ``tf32`` is fp32 with TF32 tensor-core matmuls and convolutions."""
     batch_size: int = Field(default=64, ge=1)
     """Effective batch size per optimizer step (micro-batch x ``grad_accum_steps``)."""
     grad_accum_steps: int = Field(default=1, ge=1)

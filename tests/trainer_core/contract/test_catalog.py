@@ -49,7 +49,7 @@ def test_catalog_lists_builtins_with_args_and_defaults() -> None:
     }
     assert set(cat["optimizers"]) == {"adamw", "sgd"}
     assert set(cat["schedules"]) == {"cosine", "linear", "constant"}
-    assert set(cat["precisions"]) == {"auto", "fp32", "fp16", "bf16"}
+    assert set(cat["precisions"]) == {"auto", "fp32", "tf32", "fp16", "bf16"}
     width = next(a for a in cat["models"]["mlp"]["args"] if a["name"] == "width")
     assert width == {**width, "type": "int", "default": 256, "required": False}
     path = next(a for a in cat["datasets"]["tensors"]["args"] if a["name"] == "path")
