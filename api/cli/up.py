@@ -102,7 +102,7 @@ def up(host: str, port: int, data_dir: Path | None) -> None:
     env = child_env(settings)
     worker = _spawn(["worker", "--queues", "gpu,cpu"], env)
     api = _spawn(["api", "--host", host, "--port", str(port)], env)
-    click.echo(f"amptrain is up at http://{host}:{port}  (data in {settings.data_dir})")
+    click.echo(f"amptrain is up at http://{host}:{port}/ui/  (data in {settings.data_dir})")
     if not new_token:
         click.echo(f"admin token: see {settings.admin_token_file} or AMPTRAIN_ADMIN_TOKEN")
 
