@@ -68,6 +68,12 @@ class Producer:
             assert jobs.finish(s, self.job_id, self.attempt, status)
         self.events.conclude(self.job_id, self.attempt, status, step, {}, end_status=status)
 
+    def requeue(self, step: int = 0) -> None:
+        """Give the job back to the queue, as a supervisor whose worker drains does."""
+        with self.sessions.begin() as s:
+            assert jobs.release(s, self.job_id, self.attempt)
+        self.events.conclude(self.job_id, self.attempt, "requeued", step, {}, end_status=None)
+
     def close(self) -> None:
         self.redis.close()
         self.engine.dispose()

@@ -261,3 +261,43 @@ def test_a_live_watcher_never_gets_a_step_twice_when_the_worker_re_sends(
     got = asyncio.run(scenario())
     assert steps_of(got) == list(range(1, 21))
     assert got[-1]["type"] == "end"
+
+
+def test_an_event_the_api_writes_reaches_live_and_history_at_one_cursor(
+    stack: Stack, producer: Producer
+) -> None:
+    job_id = producer.job_id
+    producer.start()
+    producer.steps(1, 5)
+
+    def cancelled(m: dict[str, Any]) -> bool:
+        return m["type"] == "event" and m["data"]["type"] == "cancelled"
+
+    async def scenario() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        live = asyncio.create_task(watch(stack, job_id, until=cancelled))
+        await asyncio.sleep(0.5)  # connected by now, or it reads the same from history
+        producer.requeue(step=5)
+        # Cancelled while re-queued: the API writes this event to SQL with the status.
+        assert stack.client.post(f"/jobs/{job_id}/cancel").status_code == 202
+        got, _ = await live
+        again, _ = await watch(stack, job_id, until=cancelled)
+        return got, again
+
+    got, again = asyncio.run(scenario())
+
+    def sequence(messages: list[dict[str, Any]]) -> list[tuple[str, str, Any]]:
+        # Event "id" (the /events row id) is known only once recorded: not compared.
+        return [
+            (m["type"], m["cursor"], {k: v for k, v in m["data"].items() if k != "id"})
+            for m in messages
+            if m["type"] != "heartbeat"
+        ]
+
+    assert [m["data"]["type"] for m in got if m["type"] == "event"] == [
+        "queued",
+        "started",
+        "requeued",
+        "cancelled",
+    ]
+    assert steps_of(got) == [1, 2, 3, 4, 5]
+    assert sequence(got) == sequence(again)  # the same records at the same cursors
