@@ -1,19 +1,14 @@
 """Hand committed jobs to the Celery broker; the jobs table is the outbox.
 
 The API never imports the worker: it sends ``amptrain.run_job`` by name, with
-the job id as the only argument, to the ``cpu`` or ``gpu`` queue. A request
+the job id as the only argument, to the job's queue (:func:`queue_for`). A request
 only *queues* the send (:meth:`Dispatcher.submit`, after its transaction
 committed), so a dead broker never slows a request. One thread per API
 process does the sending, and the process holding the Redis leader lock also
 sweeps the table for queued jobs the broker never got (broker down, process
 killed between commit and send, job released back to the queue) and re-sends
-them. A duplicate send is harmless: the worker's guarded claim runs a job once.
-
-The leader is also the reconciler: attempts whose lease expired (worker killed,
-machine lost) go back to the queue, or end ``failed``/``cancelled`` when no
-attempt is left or a cancel was pending; and a job dispatched long ago that is
-neither claimed nor still waiting in its broker queue (a worker died between
-taking the message and claiming) is sent again.
+them, after running the :mod:`~api.services.reconciler`. A duplicate send is
+harmless: the worker's guarded claim runs a job once.
 """
 
 from __future__ import annotations
@@ -23,7 +18,9 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
+from functools import partial
 
 import redis
 import sqlalchemy as sa
@@ -32,51 +29,19 @@ from redis.exceptions import LockError
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.core.enums import TaskName
-from api.core.redis import Keys, text
+from api.core.redis import Keys
 from api.core.settings import Settings
+from api.services import reconciler
+from api.services.broker import make_celery
 from api.store import jobs, outbox
 from api.store.models import utcnow
 from trainer_core.contract.spec import JobSpec
 
+__all__ = ["Dispatcher", "make_celery", "queue_for"]
+
 log = logging.getLogger(__name__)
 
 SWEEP_BATCH = 200
-LOST_DISPATCH_AFTER = timedelta(seconds=120)
-"""A queued job dispatched this long ago and absent from its queue is sent again."""
-
-
-def make_celery(settings: Settings) -> Celery:
-    """A send-only Celery app: JSON only, no results, and short broker timeouts."""
-    timeout = settings.broker_timeout_seconds
-    app = Celery("amptrain-api", broker=settings.broker_url, set_as_current=False)
-    app.conf.update(
-        task_serializer="json",
-        accept_content=["json"],
-        result_serializer="json",
-        task_ignore_result=True,
-        result_backend=None,
-        # Fail fast and let the sweep retry: a request thread never waits on the broker,
-        # but the sending thread should not sit in kombu's retry loop either.
-        broker_connection_timeout=timeout,
-        broker_connection_retry=False,
-        broker_connection_retry_on_startup=False,
-        broker_connection_max_retries=0,
-        broker_transport_options={
-            "socket_connect_timeout": timeout,
-            "socket_timeout": timeout,
-            "retry_on_timeout": False,
-        },
-        task_publish_retry=True,
-        task_publish_retry_policy={
-            "max_retries": 1,
-            "interval_start": 0,
-            "interval_step": 0.2,
-            "interval_max": 0.2,
-        },
-        broker_pool_limit=4,
-        task_send_sent_event=False,
-    )
-    return app
 
 
 def queue_for(spec: JobSpec) -> str:
@@ -187,39 +152,6 @@ class Dispatcher:
             log.info("dispatcher sweep re-sent %d job(s)", sent)
         return sent
 
-    def reconcile_once(self) -> int:
-        """Requeue (or end) attempts whose lease expired; returns how many were reaped."""
-        with self.sessions() as s:
-            expired = jobs.expired_jobs(s)
-        reaped = 0
-        for job_id, attempt in expired:
-            with self.sessions.begin() as s:
-                status = jobs.reap_expired(s, job_id, attempt)
-            if status is None:  # renewed meanwhile: nothing was written
-                continue
-            reaped += 1
-            log.warning("job %s attempt %d lost its worker: now %s", job_id, attempt, status)
-        return reaped
-
-    def resend_lost_once(self) -> int:
-        """Clear ``dispatched_at`` of old queued jobs no broker queue holds (the sweep resends)."""
-        cutoff = utcnow() - LOST_DISPATCH_AFTER
-        with self.sessions() as s:
-            rows = outbox.dispatched_before(s, cutoff, SWEEP_BATCH)
-        if not rows:
-            return 0
-        waiting: dict[str, str] = {}
-        for queue_name in {q for _, q in rows}:
-            # kombu keeps a Redis list per queue; Celery's headers carry the args' repr.
-            raw = self.redis.lrange(queue_name, 0, -1)
-            waiting[queue_name] = "\n".join(text(m) for m in raw)
-        lost = [job_id for job_id, q in rows if job_id not in waiting[q]]
-        if lost:
-            with self.sessions.begin() as s:
-                outbox.forget_dispatch(s, lost, cutoff)
-            log.warning("re-dispatching %d job(s) whose message was lost: %s", len(lost), lost)
-        return len(lost)
-
     def lead(self) -> bool:
         """Take or renew the leader lock; only the leader sweeps."""
         try:
@@ -239,11 +171,19 @@ class Dispatcher:
             log.debug("closing the celery app failed", exc_info=True)
 
     def _leader_pass(self) -> None:
-        for step in (self.reconcile_once, self.resend_lost_once, self.sweep_once):
+        steps: tuple[Callable[[], int], ...] = (
+            partial(reconciler.reap_expired_leases, self.sessions),
+            partial(
+                reconciler.forget_lost_dispatches, self.sessions, self.redis, self.settings.queues
+            ),
+            self.sweep_once,
+        )
+        for step in steps:
             try:
                 step()
             except (sa.exc.SQLAlchemyError, redis.RedisError) as exc:
-                log.warning("dispatcher %s failed (will retry): %s", step.__name__, exc)
+                name = getattr(step, "func", step).__name__
+                log.warning("dispatcher %s failed (will retry): %s", name, exc)
 
     def _resign(self) -> None:
         if self._leader:

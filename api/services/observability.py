@@ -8,7 +8,8 @@ Two kinds of series:
   throughput and lag (:func:`points_recorded`, called by the recorder after
   each commit).
 - **Service state read at scrape time** (:class:`ServiceCollector`, one per
-  app): jobs by status from SQL, queue depth per broker queue from Redis,
+  app): jobs by status from SQL, queue depth of every configured queue
+  (``AMPTRAIN_QUEUES``) from Redis,
   live watchers from the hub, and the dispatch latency (submit -> first
   claim), observed once per job from ``created_at``/``started_at`` with a
   SQL watermark, so nothing is missed between scrapes and nothing is counted
@@ -24,7 +25,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
@@ -37,14 +38,10 @@ from prometheus_client.registry import Collector
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.core.enums import JobStatus
+from api.services import broker
 from api.store import job_reads
 
 log = logging.getLogger(__name__)
-
-KNOWN_QUEUES = ("gpu", "cpu")
-# kombu's Redis transport keeps one list per priority step: "q", "q\x06\x163", ...
-_PRIORITY_SEP = "\x06\x16"
-_PRIORITY_STEPS = (0, 3, 6, 9)
 
 REQUEST_LATENCY = Histogram(
     "amptrain_http_request_duration_seconds",
@@ -125,10 +122,12 @@ class ServiceCollector(Collector):
         self,
         session_factory: sessionmaker[Session],
         client: redis.Redis,
+        queues: Sequence[str],
         watchers: Callable[[], tuple[int, int]] | None = None,
     ) -> None:
         self.sessions = session_factory
         self.redis = client
+        self.queues = tuple(queues)
         self.watchers = watchers
         self.dispatch = Histogram(
             "amptrain_dispatch_latency_seconds",
@@ -186,14 +185,8 @@ class ServiceCollector(Collector):
             "Tasks waiting in the broker, per queue (jobs sent, not yet taken by a worker).",
             labels=["queue"],
         )
-        pipe = self.redis.pipeline(transaction=False)
-        for queue in KNOWN_QUEUES:
-            for step in _PRIORITY_STEPS:
-                pipe.llen(queue if step == 0 else f"{queue}{_PRIORITY_SEP}{step}")
-        lengths = pipe.execute()
-        per = len(_PRIORITY_STEPS)
-        for i, queue in enumerate(KNOWN_QUEUES):
-            family.add_metric([queue], sum(lengths[i * per : (i + 1) * per]))
+        for queue, depth in broker.queue_depths(self.redis, self.queues).items():
+            family.add_metric([queue], depth)
         return family
 
 

@@ -18,6 +18,7 @@ from api.cli.embedded_redis import EmbeddedRedis
 from api.core.enums import TaskName
 from api.core.redis import Keys
 from api.core.settings import Settings
+from api.services import reconciler
 from api.services.dispatcher import Dispatcher
 from api.store import jobs, migrate
 from api.store.db import make_engine, make_session_factory
@@ -175,7 +176,11 @@ def test_reconciler_requeues_or_fails_attempts_whose_lease_expired(dispatcher: D
     with dispatcher.sessions() as s:
         assert jobs.claim(s, live, "w", 60) == 1
         s.commit()
-    assert wait_until(lambda: dispatcher.reconcile_once() == 2 or None, 5, "two expired leases")
+    assert wait_until(
+        lambda: reconciler.reap_expired_leases(dispatcher.sessions) == 2 or None,
+        5,
+        "two expired leases",
+    )
     with dispatcher.sessions() as s:
         requeued, failed, running = (s.get(Job, i) for i in (retry, last, live))
         assert requeued and failed and running
@@ -192,7 +197,7 @@ def test_reconciler_requeues_or_fails_attempts_whose_lease_expired(dispatcher: D
             for i in (retry, last)
         }
     assert types == {retry: ["queued", "warning"], last: ["queued", "failed"]}
-    assert dispatcher.reconcile_once() == 0
+    assert reconciler.reap_expired_leases(dispatcher.sessions) == 0
     assert dispatcher.sweep_once() == 1  # the requeued job goes back to the broker
     assert queued_job_ids(dispatcher, "cpu") == [retry]
 
@@ -204,12 +209,16 @@ def test_lost_dispatches_are_sent_again(dispatcher: Dispatcher) -> None:
     with dispatcher.sessions() as s:
         s.execute(sa.update(Job).values(dispatched_at=long_ago, created_at=long_ago))
         s.commit()
-    assert dispatcher.resend_lost_once() == 1
+    assert forget_lost(dispatcher) == 1
     with dispatcher.sessions() as s:
         assert s.get(Job, waiting).dispatched_at is not None  # type: ignore[union-attr]
         assert s.get(Job, lost).dispatched_at is None  # type: ignore[union-attr]
     assert dispatcher.sweep_once() == 1
     assert queued_job_ids(dispatcher, "cpu") == [waiting, lost]
+
+
+def forget_lost(d: Dispatcher) -> int:
+    return reconciler.forget_lost_dispatches(d.sessions, d.redis, d.settings.queues)
 
 
 def queued_job_ids(d: Dispatcher, queue: str) -> list[str]:

@@ -86,6 +86,23 @@ def route_requests(series: dict[Any, float], route: str) -> float:
     )
 
 
+def test_queue_depth_covers_every_configured_queue(api_stack: Stack) -> None:
+    # The stack serves gpu, cpu and gpu-a100 (AMPTRAIN_QUEUES) and runs no worker.
+    api_stack.submit(mlp_job(3, device="cuda", queue="gpu-a100"))
+    wait_until(
+        lambda: value(scrape(api_stack), "amptrain_queue_depth", queue="gpu-a100") == 1,
+        30,
+        "queue depth 1 on the gpu-a100 queue",
+    )
+    series = scrape(api_stack)
+    depths = {
+        dict(labels)["queue"]: v
+        for (name, labels), v in series.items()
+        if name == "amptrain_queue_depth"
+    }
+    assert depths == {"gpu": 0, "cpu": 0, "gpu-a100": 1}
+
+
 @pytest.fixture
 def stack(database_url: str, redis_server: EmbeddedRedis, tmp_path: Path) -> Iterator[Stack]:
     s = Stack(tmp_path, database_url, redis_server)
