@@ -2,38 +2,91 @@
 
 Subcommands are imported only when run: ``amptrain train`` needs torch,
 ``amptrain api`` needs FastAPI, ``amptrain worker`` needs neither on the API
-image and the worker image respectively, and ``--help`` needs nothing.
+image and the worker image respectively, and ``--help`` needs nothing. A
+subcommand whose packages are not installed says which extra to install
+(``pip install "amptrain[api]"``) and exits 1, instead of a traceback.
 """
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
+from dataclasses import dataclass
 
 import click
 
-# name -> ("module:attribute" of a click command, one-line help); loaded on first use.
-COMMANDS: dict[str, tuple[str, str]] = {
-    "up": (
+_API = ("fastapi", "uvicorn", "sqlalchemy", "alembic", "redis", "celery", "pydantic_settings")
+_STORE = ("sqlalchemy", "alembic", "pydantic_settings")
+_CLIENT = ("httpx", "websockets", "rich", "yaml")
+
+
+@dataclass(frozen=True)
+class Lazy:
+    """A subcommand loaded on first use."""
+
+    target: str
+    """``module:attribute`` of the click command."""
+    help: str
+    extra: str
+    """What ``pip install "amptrain[...]"`` brings the packages in ``needs``."""
+    needs: tuple[str, ...]
+    """Top-level packages the command imports (checked without importing them: the
+    worker's main process must never import torch)."""
+
+
+COMMANDS: dict[str, Lazy] = {
+    "up": Lazy(
         "api.cli.up:up",
         "Run everything on this machine: Redis, database, one worker, the API.",
+        "api,worker,embedded",
+        (*_API, "torch"),
     ),
-    "api": ("api.cli.server:api", "Run the HTTP API (recorder and dispatcher included)."),
-    "db": ("api.cli.server:db", "Database migrations."),
-    "token": ("api.cli.server:token", "Manage API tokens."),
-    "worker": ("worker.main.cli:worker", "Run a Celery worker that trains jobs."),
-    "train": ("trainer_core.cli:train", "Train a job spec locally, without any server."),
-    "submit": (
+    "api": Lazy(
+        "api.cli.server:api", "Run the HTTP API (recorder and dispatcher included).", "api", _API
+    ),
+    "db": Lazy("api.cli.server:db", "Database migrations.", "api", _STORE),
+    "token": Lazy("api.cli.server:token", "Manage API tokens.", "api", _STORE),
+    "worker": Lazy(
+        "worker.main.cli:worker",
+        "Run a Celery worker that trains jobs.",
+        "worker",
+        ("celery", "redis", "sqlalchemy", "pydantic_settings", "torch"),
+    ),
+    "train": Lazy(
+        "trainer_core.cli:train",
+        "Train a job spec locally, without any server.",
+        "engine",
+        ("torch", "numpy", "rich", "yaml"),
+    ),
+    "submit": Lazy(
         "api.client.commands:submit",
         "Submit a job spec to a server (--watch to follow it).",
+        "client",
+        _CLIENT,
     ),
-    "watch": (
+    "watch": Lazy(
         "api.client.commands:watch",
         "Follow a job live: progress, loss, loss scale, memory.",
+        "client",
+        _CLIENT,
     ),
-    "jobs": ("api.client.commands:jobs", "List jobs on a server."),
-    "cancel": ("api.client.commands:cancel", "Cancel a job on a server."),
-    "logs": ("api.client.commands:logs", "Print a job's lifecycle events."),
+    "jobs": Lazy("api.client.commands:jobs", "List jobs on a server.", "client", _CLIENT),
+    "cancel": Lazy("api.client.commands:cancel", "Cancel a job on a server.", "client", _CLIENT),
+    "logs": Lazy("api.client.commands:logs", "Print a job's lifecycle events.", "client", _CLIENT),
 }
+
+_OWN_PACKAGES = frozenset({"api", "worker", "trainer_core", "migrations"})
+
+
+def missing_package(needs: tuple[str, ...]) -> str | None:
+    """The first of ``needs`` that cannot be imported here, or None."""
+    for name in needs:
+        try:
+            if importlib.util.find_spec(name) is None:
+                return name
+        except (ImportError, ValueError):
+            return name
+    return None
 
 
 class LazyGroup(click.Group):
@@ -41,16 +94,31 @@ class LazyGroup(click.Group):
         return sorted(COMMANDS)
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> click.Command | None:
-        if cmd_name not in COMMANDS:
+        lazy = COMMANDS.get(cmd_name)
+        if lazy is None:
             return None
-        module, attr = COMMANDS[cmd_name][0].split(":")
-        command: click.Command = getattr(importlib.import_module(module), attr)
-        return command
+        missing = missing_package(lazy.needs)
+        module, attr = lazy.target.split(":")
+        if missing is None:
+            try:
+                command: click.Command = getattr(importlib.import_module(module), attr)
+                return command
+            except ModuleNotFoundError as exc:
+                # Our own modules failing to import is a bug: show it, do not hide it.
+                missing = (exc.name or "").partition(".")[0]
+                if not missing or missing in _OWN_PACKAGES:
+                    raise
+        click.echo(
+            f'amptrain {cmd_name} needs the "{lazy.extra}" extra ({missing} is not '
+            f'installed): pip install "amptrain[{lazy.extra}]"',
+            err=True,
+        )
+        ctx.exit(1)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         # Listing must not import the commands (that would import torch for --help).
         with formatter.section("Commands"):
-            formatter.write_dl([(name, COMMANDS[name][1]) for name in sorted(COMMANDS)])
+            formatter.write_dl([(name, COMMANDS[name].help) for name in sorted(COMMANDS)])
 
 
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
