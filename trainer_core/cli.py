@@ -30,20 +30,11 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from trainer_core.contract.catalog import validate_components, validate_refs
 from trainer_core.contract.errors import TrainingError
-from trainer_core.contract.spec import ComponentRef, JobSpec, parse_spec
+from trainer_core.contract.spec import ComponentRef, JobSpec, load_spec_file, parse_spec
 
 EXIT_FAILED = 1
 EXIT_INVALID = 2
 EXIT_INTERRUPTED = 130
-
-
-def load_spec_file(path: Path) -> dict[str, Any]:
-    """A spec from a .json, .yaml or .yml file."""
-    text = path.read_text()
-    data = yaml.safe_load(text) if path.suffix.lower() in (".yaml", ".yml") else json.loads(text)
-    if not isinstance(data, dict):
-        raise ValueError("the spec must be a mapping (a JSON object)")
-    return data
 
 
 def _ref(data: dict[str, Any], key: str) -> ComponentRef | None:

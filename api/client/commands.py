@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import click
-import yaml
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -31,6 +30,7 @@ from rich.progress import (
 from rich.table import Table
 
 from api.client.http import ApiError, Client, resolve_config
+from trainer_core.contract.spec import load_spec_file
 
 F = TypeVar("F", bound=Callable[..., Any])
 console = Console(stderr=True)
@@ -61,11 +61,10 @@ def fail(exc: ApiError) -> NoReturn:
 
 
 def load_spec(path: Path) -> dict[str, Any]:
-    text = path.read_text()
-    data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    if not isinstance(data, dict):
-        raise click.BadParameter(f"{path} does not hold a job spec mapping", param_hint="SPEC")
-    return data
+    try:
+        return load_spec_file(path)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="SPEC") from None
 
 
 @click.command()
@@ -76,7 +75,7 @@ def load_spec(path: Path) -> dict[str, Any]:
 def submit(
     spec: Path, follow: bool, idempotency_key: str | None, url: str | None, token: str | None
 ) -> None:
-    """Submit the job spec in SPEC (YAML or JSON) and print its id."""
+    """Submit the job spec in SPEC (.json, .yaml or .yml) and print its id."""
     client = make_client(url, token)
     try:
         job = client.submit(load_spec(spec), idempotency_key)

@@ -77,3 +77,12 @@ def test_the_client_runs_without_the_server_stack(tmp_path: Path) -> None:
         )
         assert result.returncode == 3, result.stderr
         assert "unreachable" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_submit_reads_specs_with_the_shared_loader(tmp_path: Path) -> None:
+    # One loader for `train` and `submit`: a suffix that is neither JSON nor YAML is refused.
+    spec = tmp_path / "job.txt"
+    spec.write_text('{"model": {"name": "mlp"}, "dataset": {"name": "synthetic"}, "max_steps": 1}')
+    result = amptrain_without(SERVER_STACK, "submit", str(spec), "--url", "http://127.0.0.1:9")
+    assert result.returncode == 2, result.stderr
+    assert str(spec) in result.stderr and ".yaml" in result.stderr
