@@ -1,8 +1,9 @@
 """The Celery app of the worker: dispatch only, never the source of truth.
 
-Every setting below answers a measured pitfall of Celery on a Redis broker
-(../shared/FIELD-NOTES.md). Recovery of lost or stuck jobs is amptrain's own
-lease + reconciler, not Celery's emulated acknowledgements.
+Every setting below answers a pitfall of Celery on a Redis broker, measured
+before it was chosen: acknowledgements are only emulated there, so a long task
+is re-delivered or lost. Recovery of lost or stuck jobs is amptrain's own lease
++ reconciler, not Celery's.
 """
 
 from __future__ import annotations
@@ -10,8 +11,6 @@ from __future__ import annotations
 from celery import Celery
 
 from api.core.settings import get_settings
-
-RUN_JOB = "amptrain.run_job"
 
 
 def make_celery(broker_url: str) -> Celery:

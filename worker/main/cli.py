@@ -22,6 +22,15 @@ import click
 @click.option("--name", "-n", default=None, help="Worker name [default: amptrain-PID@HOST].")
 @click.option("--loglevel", "-l", default="INFO", show_default=True)
 @click.option(
+    "--metrics-host",
+    default="127.0.0.1",
+    show_default=True,
+    envvar="AMPTRAIN_WORKER_METRICS_HOST",
+    help="Address the Prometheus endpoint listens on; it has no authentication, so "
+    "listen beyond this machine only where the network is trusted "
+    "[env AMPTRAIN_WORKER_METRICS_HOST].",
+)
+@click.option(
     "--metrics-port",
     type=int,
     default=9808,
@@ -30,19 +39,30 @@ import click
     help="Prometheus endpoint of this worker (0 disables) [env AMPTRAIN_WORKER_METRICS_PORT].",
 )
 def worker(
-    queues: str, concurrency: int | None, name: str | None, loglevel: str, metrics_port: int
+    queues: str,
+    concurrency: int | None,
+    name: str | None,
+    loglevel: str,
+    metrics_host: str,
+    metrics_port: int,
 ) -> None:
     """Run a Celery worker that trains jobs (configured by AMPTRAIN_* variables)."""
-    from worker.main import signals as lifecycle
+    from api.core.settings import get_settings
+    from worker.main import devices
     from worker.main.celery_app import app
+    from worker.main.signals import WorkerLifecycle, WorkerOptions
 
-    n = concurrency or max(1, len(lifecycle.visible_gpus()))
+    # Asked here, before Celery forks: every pool process inherits the answer.
+    gpus = devices.visible_gpus()
+    n = concurrency or max(1, len(gpus))
     name = name or f"amptrain-{os.getpid()}@{socket.gethostname()}"
-    lifecycle.configure(
+    options = WorkerOptions(
         queues=[q.strip() for q in queues.split(",") if q.strip()],
         concurrency=n,
+        metrics_host=metrics_host,
         metrics_port=metrics_port,
     )
+    WorkerLifecycle(options, get_settings()).connect()
     app.worker_main(
         [
             "worker",

@@ -1,14 +1,16 @@
-"""The worker's capability report, as the Celery main process sees it.
+"""The worker's devices, as the Celery main process sees them.
 
 The main process must never initialise CUDA (its pool processes are forked from
-it, and CUDA does not survive a fork), so :func:`gather` runs
-``python -m worker.child.probe`` in a short-lived subprocess and reads its JSON;
-only that subprocess imports torch.
+it, and CUDA does not survive a fork), so :func:`gather` and :func:`visible_gpus`
+run ``python -m worker.child.probe`` in a short-lived subprocess and read its
+answer; only that subprocess imports torch.
 """
 
 from __future__ import annotations
 
+import functools
 import json
+import os
 import subprocess
 import sys
 from typing import Any
@@ -34,6 +36,28 @@ def gather(timeout: float = REPORT_TIMEOUT_S, env: dict[str, str] | None = None)
         return dict(json.loads(proc.stdout))
     except json.JSONDecodeError as exc:
         return _failed(f"capability report is not JSON ({exc})")
+
+
+@functools.cache
+def visible_gpus() -> tuple[str, ...]:
+    """GPU ids this worker may use: ``CUDA_VISIBLE_DEVICES`` if set, else what the probe counts.
+
+    Asked once per process; ``amptrain worker`` asks before Celery forks its pool
+    processes, which inherit the answer.
+    """
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is None:
+        try:
+            env = subprocess.run(
+                [sys.executable, "-m", "worker.child.probe", "--gpus"],
+                capture_output=True,
+                text=True,
+                timeout=REPORT_TIMEOUT_S,
+                check=True,
+            ).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            env = ""
+    return tuple(d.strip() for d in env.split(",") if d.strip() and d.strip() != "-1")
 
 
 def _failed(error: str) -> dict[str, Any]:

@@ -1,9 +1,16 @@
-"""The worker's Prometheus endpoint: throughput, loss scale and memory of its current jobs.
+"""The worker's Prometheus endpoint: throughput, loss scale and memory of each busy slot.
 
 Served by the worker's main process (``prometheus_client.start_http_server``
-on ``--metrics-port``, default 9808). The values come from the job slots the
-supervisors keep in Redis (:class:`worker.pool.slot.JobSlot`), read at scrape
-time, so the forked pool processes need no shared-memory metrics directory.
+on ``--metrics-host``/``--metrics-port``, default 127.0.0.1:9808). The values
+come from the job slots the supervisors keep in Redis
+(:class:`worker.pool.slot.JobSlot`), read at scrape time, so the forked pool
+processes need no shared-memory metrics directory.
+
+The endpoint has no authentication, so it listens on loopback unless told
+otherwise, and its series are per slot (``slot``, ``gpu``), never per job: job
+ids would tell anyone who can scrape it whose jobs run here and how their loss
+goes (``GET /workers`` shows a job only to its owner). An operator finds the job
+in a slot through ``GET /workers`` as an admin.
 """
 
 from __future__ import annotations
@@ -11,6 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable
 from typing import Any
+from wsgiref.simple_server import WSGIServer
 
 import redis
 from prometheus_client import CollectorRegistry, start_http_server
@@ -20,8 +28,6 @@ from prometheus_client.registry import Collector
 from api.contracts import presence
 
 log = logging.getLogger(__name__)
-
-DEFAULT_PORT = 9808
 
 # (metric name, slot field, help)
 _JOB_GAUGES = (
@@ -73,16 +79,12 @@ class SlotCollector(Collector):
         yield _gauge("amptrain_worker_slots", "Jobs this worker runs at once.", self.concurrency)
         yield _gauge("amptrain_worker_busy_slots", "Slots running a job now.", len(slots))
         yield _gauge("amptrain_worker_redis_up", "1 when the last scrape reached Redis.", up)
-        labels = ["job_id", "attempt", "slot", "gpu"]
         for name, field, help_text in _JOB_GAUGES:
-            family = GaugeMetricFamily(name, help_text, labels=labels)
+            family = GaugeMetricFamily(name, help_text, labels=["slot", "gpu"])
             for s in slots:
                 value = s.get(field)
                 if isinstance(value, int | float) and not isinstance(value, bool):
-                    family.add_metric(
-                        [str(s["job_id"]), str(s["attempt"]), str(s["slot"]), str(s.get("gpu"))],
-                        float(value),
-                    )
+                    family.add_metric([str(s["slot"]), str(s.get("gpu"))], float(value))
             yield family
 
 
@@ -90,16 +92,19 @@ def _gauge(name: str, help_text: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, help_text, value=value)
 
 
-def serve(client: redis.Redis, worker: str, concurrency: int, port: int) -> bool:
-    """Start the endpoint on ``port`` (0: disabled). False, with a log line, if it cannot bind."""
+def serve(
+    client: redis.Redis, worker: str, concurrency: int, host: str, port: int
+) -> WSGIServer | None:
+    """Serve the endpoint on ``host:port`` from a daemon thread (port 0: disabled). None, with a
+    log line, if it cannot bind."""
     if port <= 0:
-        return False
+        return None
     registry = CollectorRegistry()
     registry.register(SlotCollector(client, worker, concurrency))
     try:
-        start_http_server(port, registry=registry)
+        server, _thread = start_http_server(port, addr=host, registry=registry)
     except OSError as exc:
-        log.error("worker metrics endpoint not started on port %d: %s", port, exc)
-        return False
-    log.info("worker metrics on :%d/metrics", port)
-    return True
+        log.error("worker metrics endpoint not started on %s:%d: %s", host, port, exc)
+        return None
+    log.info("worker metrics on http://%s:%d/metrics", host, port)
+    return server

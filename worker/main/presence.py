@@ -23,10 +23,6 @@ from worker.main import devices
 log = logging.getLogger(__name__)
 
 
-def redis_from_url(url: str) -> redis.Redis:
-    return redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=5)
-
-
 class Presence(threading.Thread):
     """Publishes ``info`` (+ the capability report) under the worker's name until stopped."""
 

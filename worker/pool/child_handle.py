@@ -1,4 +1,10 @@
-"""The supervisor's handle on one training child process."""
+"""The supervisor's handle on one training child process.
+
+The child gets only the environment it needs (:func:`child_env`): the worker's
+own environment holds secrets, such as the database URL with its password and
+the admin token, that user-supplied training code must never see. Everything
+amptrain tells the child travels in its :class:`~worker.child.protocol.Launch`.
+"""
 
 from __future__ import annotations
 
@@ -10,21 +16,37 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 
 from worker.child.protocol import ControlMessage, Launch, ProtocolError, decode
 
 log = logging.getLogger(__name__)
 
+PASSED_NAMES = frozenset(
+    {"PATH", "HOME", "LANG", "TMPDIR", "PYTHONPATH", "PYTHONUNBUFFERED", "VIRTUAL_ENV", "TZ"}
+)
+PASSED_PREFIXES = ("LC_", "CUDA_", "NCCL_", "OMP_", "MKL_", "PYTORCH_", "TORCH_")
+"""Variables the child inherits: locale, paths, and what tunes CUDA, NCCL, OpenMP, MKL and
+PyTorch. Nothing of amptrain's own configuration (``AMPTRAIN_*``) and no other secret."""
+
+
+def child_env(gpu: str | None, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
+    """The child's environment: the allowed part of ``environ``, and its GPU when it has one."""
+    env = {k: v for k, v in environ.items() if k in PASSED_NAMES or k.startswith(PASSED_PREFIXES)}
+    if gpu is not None:
+        env["CUDA_VISIBLE_DEVICES"] = gpu
+    return env
+
 
 class ChildProcess:
-    def __init__(self, launch: Launch, env: dict[str, str] | None = None) -> None:
+    def __init__(self, launch: Launch, gpu: str | None) -> None:
         read_fd, write_fd = os.pipe()
         launch = launch.model_copy(update={"control_fd": write_fd})
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "worker.child.main"],
             stdin=subprocess.PIPE,
             pass_fds=(write_fd,),
-            env=env,
+            env=child_env(gpu),
             text=True,
         )
         os.close(write_fd)

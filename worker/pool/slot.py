@@ -1,6 +1,9 @@
-"""What one pool process is running, for ``GET /workers`` and the worker's /metrics.
+"""A pool process's slot: which one it is, its GPU, and the job it is running.
 
-The supervisor names the job its slot runs and, at each lease heartbeat,
+:class:`PoolSlot` is fixed when Celery starts the pool process
+(:mod:`worker.pool.tasks`) and handed to each supervisor it runs.
+:class:`JobSlot` publishes what the slot runs, for ``GET /workers`` and the
+worker's /metrics: the supervisor names the job its slot runs and, at each lease heartbeat,
 copies the newest metric point of the job's telemetry stream into the slot
 (throughput, loss scale, memory). Reading the stream the child already writes
 costs one XREVRANGE per heartbeat and needs no change to the training child.
@@ -12,12 +15,15 @@ import contextlib
 import logging
 import os
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import redis
+from billiard.process import current_process
 
 from api.contracts import presence
-from api.contracts.stream import decode, telemetry_key
+from api.contracts.stream import decode
+from api.core.redis import Keys
 
 log = logging.getLogger(__name__)
 
@@ -36,26 +42,36 @@ SLOT_FIELDS = (
 _NEWEST_SCAN = 64  # entries looked at from the stream's end to find the newest metric point
 
 
+@dataclass(frozen=True)
+class PoolSlot:
+    """Which pool process this is (Celery's pool index) and the GPU its jobs train on."""
+
+    index: int = 0
+    gpu: str | None = None  # None: the worker sees no GPU
+
+    @classmethod
+    def of_this_process(cls, gpus: tuple[str, ...]) -> PoolSlot:
+        """Pool index i trains on the i-th visible GPU (wrapping around when there are more
+        pool processes than GPUs)."""
+        index = getattr(current_process(), "index", 0) or 0
+        return cls(index, gpus[index % len(gpus)] if gpus else None)
+
+
 class JobSlot:
     """What one pool process is running, for ``GET /workers`` and the worker's /metrics."""
 
-    def __init__(self, client: redis.Redis, worker: str, slot: int, ttl_s: float) -> None:
+    def __init__(self, client: redis.Redis, worker: str, pool_slot: PoolSlot, ttl_s: float) -> None:
         self.client = client
         self.worker = worker
-        self.slot = slot
+        self.pool_slot = pool_slot
         self.ttl_s = ttl_s
         self.data: dict[str, Any] = {}
-
-    @classmethod
-    def for_this_process(cls, client: redis.Redis, worker: str, ttl_s: float) -> JobSlot:
-        """The slot of the current pool process (its Celery pool index, see worker.main.signals)."""
-        return cls(client, worker, int(os.environ.get("AMPTRAIN_POOL_INDEX", "0")), ttl_s)
 
     def start(self, job_id: str, attempt: int) -> None:
         self.data = {
             "job_id": job_id,
             "attempt": attempt,
-            "gpu": os.environ.get("AMPTRAIN_ASSIGNED_GPU"),
+            "gpu": self.pool_slot.gpu,
             "pid": os.getpid(),
             "since": time.time(),
         }
@@ -76,11 +92,11 @@ class JobSlot:
     def clear(self) -> None:
         self.data = {}
         with contextlib.suppress(redis.RedisError):  # else it expires with the lease
-            presence.clear_slot(self.client, self.worker, self.slot)
+            presence.clear_slot(self.client, self.worker, self.pool_slot.index)
 
     def _newest_point(self) -> dict[str, Any] | None:
         entries: Any = self.client.xrevrange(
-            telemetry_key(self.data["job_id"]), "+", "-", count=_NEWEST_SCAN
+            Keys.telemetry(self.data["job_id"]), "+", "-", count=_NEWEST_SCAN
         )
         for _id, fields in entries:
             item = decode(fields)
@@ -90,6 +106,8 @@ class JobSlot:
 
     def _publish(self) -> None:
         try:
-            presence.publish_slot(self.client, self.worker, self.slot, self.data, self.ttl_s)
+            presence.publish_slot(
+                self.client, self.worker, self.pool_slot.index, self.data, self.ttl_s
+            )
         except redis.RedisError as exc:
             log.debug("slot publish failed: %s", exc)

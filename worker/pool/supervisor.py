@@ -8,7 +8,6 @@ returned, so a supervisor that lost its lease can change nothing.
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import time
 from dataclasses import dataclass
@@ -17,6 +16,8 @@ from typing import Any
 import redis
 from sqlalchemy.orm import Session, sessionmaker
 
+from api.core import redis as amptrain_redis
+from api.core.enums import JobStatus
 from api.core.logs import bind, log_context
 from api.core.redis import Keys
 from api.core.settings import Settings
@@ -24,10 +25,9 @@ from api.store import jobs
 from api.store.db import make_engine, make_session_factory
 from trainer_core.contract.layout import job_checkpoint_url
 from worker.child.protocol import ControlMessage, Failed, Finished, Launch, PrecisionChosen
-from worker.main.signals import draining_key
 from worker.pool.child_handle import ChildProcess
 from worker.pool.events import LifecycleEvents
-from worker.pool.slot import JobSlot
+from worker.pool.slot import JobSlot, PoolSlot
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +50,7 @@ class Supervisor:
         self,
         settings: Settings,
         worker: str,
+        pool_slot: PoolSlot,
         *,
         session_factory: sessionmaker[Session] | None = None,
         redis_client: redis.Redis | None = None,
@@ -57,11 +58,11 @@ class Supervisor:
         self.settings = settings
         self.worker = worker
         self.sessions = session_factory or make_session_factory(make_engine(settings.database_url))
-        self.redis = redis_client or redis.Redis.from_url(
-            settings.redis_url, socket_connect_timeout=2, socket_timeout=5
+        self.redis = redis_client or amptrain_redis.client(
+            settings.redis_url, amptrain_redis.WORKER_TIMEOUT_S
         )
         # What this pool process runs, for GET /workers and the worker's /metrics.
-        self.slot = JobSlot.for_this_process(self.redis, worker, settings.lease_seconds)
+        self.slot = JobSlot(self.redis, worker, pool_slot, settings.lease_seconds)
         self.events = LifecycleEvents(self.redis)
         self._renewed_at = 0.0  # monotonic time of the last successful lease renewal
 
@@ -84,7 +85,7 @@ class Supervisor:
         log.info("job %s claimed as attempt %d by %s", job_id, attempt, self.worker)
         self.slot.start(job_id, attempt)
         try:
-            child = ChildProcess(self._launch(job_id, attempt, spec), env=self._child_env())
+            child = ChildProcess(self._launch(job_id, attempt, spec), self.slot.pool_slot.gpu)
             try:
                 outcome = self._watch(job_id, attempt, child)
             finally:
@@ -103,20 +104,12 @@ class Supervisor:
             data_roots=[str(r) for r in self.settings.data_roots],
         )
 
-    def _child_env(self) -> dict[str, str]:
-        env = dict(os.environ)
-        # One GPU per pool process: Celery's pool index picks it (see worker.main.devices).
-        gpu = os.environ.get("AMPTRAIN_ASSIGNED_GPU")
-        if gpu is not None:
-            env["CUDA_VISIBLE_DEVICES"] = gpu
-        return env
-
     # -- while the child trains ------------------------------------------------------
 
     def _watch(self, job_id: str, attempt: int, child: ChildProcess) -> Outcome:
         out = Outcome()
         next_beat = time.monotonic() + self.settings.heartbeat_seconds
-        status: str | None = "running"
+        status: str | None = JobStatus.RUNNING
         kill_at: float | None = None
         self._renewed_at = time.monotonic()
         while not child.finished():
@@ -180,7 +173,7 @@ class Supervisor:
         except Exception:
             log.exception("job %s: heartbeat failed; will retry", job_id)
             if time.monotonic() - self._renewed_at < self.settings.lease_seconds:
-                return "running"
+                return JobStatus.RUNNING
             return None
         if status is not None:
             self._renewed_at = time.monotonic()
@@ -188,10 +181,12 @@ class Supervisor:
 
     def _stop_wanted(self, job_id: str, status: str | None) -> str | None:
         """ "cancel" (the API asked), "preempt" (this worker is draining) or None."""
-        if status == "cancelling":
+        if status == JobStatus.CANCELLING:
             return "cancel"  # seen by the heartbeat even if the Redis cancel key was lost
         try:
-            cancel, draining = self.redis.mget(Keys.cancel(job_id), draining_key(self.worker))
+            cancel, draining = self.redis.mget(
+                Keys.cancel(job_id), Keys.worker_draining(self.worker)
+            )
         except redis.RedisError:
             return None  # a Redis blip: training goes on, the heartbeat still sees cancels
         if cancel:
@@ -208,26 +203,26 @@ class Supervisor:
             return
         status, error = self._final_state(job_id, attempt, spec, out)
         step = (out.result.final_step if out.result else None) or (error or {}).get("step") or 0
-        kind = {"queued": "requeued"}.get(status, status)
+        kind = "requeued" if status == JobStatus.QUEUED else str(status)
         data = {"error": error} if error else {}
         with self.sessions.begin() as s:
-            if status == "queued":
+            if status == JobStatus.QUEUED:
                 done = jobs.release(s, job_id, attempt)  # a retry: the error is in the event
             else:
                 done = jobs.finish(s, job_id, attempt, status, error)
         if done:  # the status is the fenced truth; the event only tells it
-            end = None if status == "queued" else status
+            end = None if status == JobStatus.QUEUED else status
             self.events.conclude(job_id, attempt, kind, step, data, end_status=end)
 
     def _final_state(
         self, job_id: str, attempt: int, spec: dict[str, Any], out: Outcome
-    ) -> tuple[str, dict[str, Any] | None]:
+    ) -> tuple[JobStatus, dict[str, Any] | None]:
         if out.result is not None:
-            return "succeeded", None
+            return JobStatus.SUCCEEDED, None
         if out.stop_requested == "cancel":
-            return "cancelled", None
+            return JobStatus.CANCELLED, None
         if out.stop_requested == "preempt":
-            return "queued", None
+            return JobStatus.QUEUED, None
         failure = out.failure or Failed(
             code="internal",
             message=f"training process exited with code {out.exit_code} without a result",
@@ -236,5 +231,5 @@ class Supervisor:
         )
         if failure.retryable and attempt < int(spec.get("max_attempts", 3)):
             log.warning("job %s attempt %d failed (%s); re-queueing", job_id, attempt, failure.code)
-            return "queued", failure.error()
-        return "failed", failure.error()
+            return JobStatus.QUEUED, failure.error()
+        return JobStatus.FAILED, failure.error()

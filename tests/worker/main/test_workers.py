@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,11 +15,12 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from api.cli.embedded_redis import EmbeddedRedis
+from api.core.redis import client as redis_client
 from api.store import tokens
 from api.store.db import make_engine, make_session_factory
 from tests.support.specs import mlp_job
 from tests.support.stack import Stack, free_port, wait_until
-from worker.main import devices
+from worker.main import devices, metrics
 
 CPU_ENV = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
 
@@ -88,13 +90,36 @@ def listed(stack: Stack, name: str = "worker@test") -> dict[str, Any] | None:
     return next((w for w in items if w["name"] == name), None)
 
 
+def scrape(port: str | int, host: str = "127.0.0.1") -> str:
+    return httpx.get(f"http://{host}:{port}/metrics", timeout=10).text
+
+
 def worker_metrics(port: str) -> dict[tuple[str, str], float]:
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    """Each series by name and slot (worker-wide series have no slot)."""
     return {
-        (s.name, s.labels.get("job_id", "")): s.value
-        for family in text_string_to_metric_families(text)
+        (s.name, s.labels.get("slot", "")): s.value
+        for family in text_string_to_metric_families(scrape(port))
         for s in family.samples
     }
+
+
+def outside_address() -> str | None:
+    """This machine's address on its network (not loopback), if it has one."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        try:
+            s.connect(("192.0.2.1", 9))  # no packet is sent: this only picks a route
+        except OSError:
+            return None
+        address = str(s.getsockname()[0])
+    return None if address.startswith("127.") else address
+
+
+def reachable(host: str, port: str | int) -> bool:
+    try:
+        scrape(port, host)
+    except httpx.TransportError:
+        return False
+    return True
 
 
 @pytest.mark.slow
@@ -123,12 +148,17 @@ def test_workers_lists_a_running_worker_its_devices_and_its_job(
     assert slot["job_id"] == job["id"] and slot["attempt"] == 1
     assert slot["samples_per_second"] > 0 and slot["memory_peak"] > 0
 
-    # The worker's own Prometheus endpoint shows the same job.
+    # The worker's own Prometheus endpoint shows the same work, per slot: it has no
+    # authentication, so it names no job and listens on loopback only.
     port = stack.env["AMPTRAIN_WORKER_METRICS_PORT"]
     series = worker_metrics(port)
     assert series[("amptrain_worker_busy_slots", "")] == 1
-    assert series[("amptrain_worker_job_samples_per_second", job["id"])] > 0
-    assert series[("amptrain_worker_job_step", job["id"])] >= 1
+    assert series[("amptrain_worker_job_samples_per_second", "0")] > 0
+    assert series[("amptrain_worker_job_step", "0")] >= 1
+    assert job["id"] not in scrape(port) and "job_id" not in scrape(port)
+    address = outside_address()
+    if address:
+        assert not reachable(address, port)
 
     # Someone else's job: the slot shows as busy, without the job.
     engine = make_engine(database_url)
@@ -177,3 +207,21 @@ def test_workers_reports_its_gpu_and_auto_precision_names_it(
         assert gpu["name"] in done["precision"]["reason"]
     finally:
         s.close()
+
+
+def test_the_metrics_endpoint_listens_where_it_is_told(session_redis: EmbeddedRedis) -> None:
+    address = outside_address()
+    if address is None:
+        pytest.skip("this machine has no address besides loopback")
+    client = redis_client(session_redis.url)
+    for host, outside in (("127.0.0.1", False), ("0.0.0.0", True)):
+        port = free_port()
+        server = metrics.serve(client, "w@metrics-test", 1, host, port)
+        assert server is not None
+        try:
+            assert "amptrain_worker_slots 1.0" in scrape(port)
+            assert reachable(address, port) is outside
+        finally:
+            server.shutdown()
+            server.server_close()
+    assert metrics.serve(client, "w@metrics-test", 1, "127.0.0.1", 0) is None  # 0: disabled

@@ -8,6 +8,7 @@ from pathlib import Path
 from api.cli.embedded_redis import EmbeddedRedis
 from api.core.settings import Settings
 from tests.support.stack import wait_until
+from worker.pool.slot import PoolSlot
 from worker.pool.supervisor import Supervisor
 
 
@@ -21,7 +22,7 @@ def test_a_worker_that_cannot_renew_for_a_whole_lease_fences_itself(
         redis_url=session_redis.url,
         lease_seconds=0.5,
     )
-    supervisor = Supervisor(settings, "w@test")
+    supervisor = Supervisor(settings, "w@test", PoolSlot())
     supervisor._renewed_at = time.monotonic()
     # A blip shorter than the lease: keep training, the reconciler has not moved the job.
     assert supervisor._heartbeat("j_x", 1) == "running"

@@ -1,0 +1,97 @@
+"""A worker shared by a team: hostile broker messages and user code in the training child.
+
+Real processes throughout: uvicorn, a Celery worker, its training child and a
+private redis-server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from api.cli.embedded_redis import EmbeddedRedis
+from api.core.enums import TaskName
+from api.core.settings import Settings
+from api.services.dispatcher import make_celery
+from tests.support.specs import service_job
+from tests.support.stack import Stack, wait_until
+
+pytestmark = pytest.mark.slow
+
+SECRET = "s3cr3t-only-for-the-worker"
+
+
+@pytest.fixture
+def stack(database_url: str, redis_server: EmbeddedRedis, tmp_path: Path) -> Iterator[Stack]:
+    s = Stack(tmp_path, database_url, redis_server)
+    # Secrets the worker holds: the admin token (the stack sets one) and a variable of the
+    # operator's own; user code in the training child must see neither.
+    s.env["AMPTRAIN_WORKER_TEST_SECRET"] = SECRET
+    s.env["OMP_NUM_THREADS"] = "1"
+    s.start_api()
+    s.start_worker("w1")
+    yield s
+    s.close()
+
+
+UNKNOWN = "j_" + "0" * 32
+BAD_MESSAGES: list[tuple[str, list[Any], dict[str, Any], str]] = [
+    # (task id, args, kwargs, what the worker's log line names)
+    ("unknown-job", [UNKNOWN], {}, UNKNOWN),
+    ("not-a-job-id", ["unacked"], {}, "unacked"),
+    ("number", [42], {}, "number"),
+    ("object", [{"id": "j_" + "1" * 32}], {}, "object"),
+    ("null", [None], {}, "null"),
+    ("no-arguments", [], {}, "no-arguments"),
+    ("extra-argument", ["j_" + "2" * 32, "extra"], {}, "extra-argument"),
+    ("keyword-argument", ["j_" + "3" * 32], {"attempt": 9}, "keyword-argument"),
+]
+
+
+def test_a_worker_drops_bad_messages_and_then_trains_a_real_job(stack: Stack) -> None:
+    worker_pid = stack.processes["w1"].pid
+    celery = make_celery(Settings(redis_url=stack.redis_server.url))
+    for task_id, args, kwargs, _ in BAD_MESSAGES:
+        celery.send_task(TaskName.RUN_JOB, args=args, kwargs=kwargs, queue="cpu", task_id=task_id)
+
+    def dropped(marker: str) -> bool:
+        return any(
+            marker in line and ("dropped" in line or "not claimable" in line)
+            for line in stack.log_tail("w1", 1000).splitlines()
+        )
+
+    for task_id, _, _, marker in BAD_MESSAGES:
+        wait_until(lambda m=marker: dropped(m), 60, f"the worker to drop message {task_id}")
+    log = stack.log_tail("w1", 1000)
+    assert "Traceback" not in log and "raised unexpected" not in log, log
+
+    job = stack.submit(service_job(max_steps=20))
+    done = stack.wait_for_status(job["id"], "succeeded", "failed", timeout=180)
+    assert done["status"] == "succeeded", done["error"]
+    assert done["worker"] == "w1@test" and stack.processes["w1"].pid == worker_pid
+    assert stack.processes["w1"].poll() is None
+
+
+def training_child(stack: Stack, worker: str) -> psutil.Process | None:
+    children = psutil.Process(stack.processes[worker].pid).children(recursive=True)
+    return next((p for p in children if "worker.child.main" in " ".join(p.cmdline())), None)
+
+
+def test_the_training_child_gets_no_secret_of_the_worker(stack: Stack) -> None:
+    job = stack.submit(service_job(max_steps=1_000_000))
+    child = wait_until(lambda: training_child(stack, "w1"), 60, "the training child")
+    env = child.environ()
+    stack.client.post(f"/jobs/{job['id']}/cancel")
+
+    assert not any(SECRET in v for v in env.values())
+    assert not any(stack.token in v for v in env.values())
+    assert not [k for k in env if k.startswith("AMPTRAIN_")]
+    # What it needs does reach it: the GPU assignment (none here), paths and tuning.
+    assert env["CUDA_VISIBLE_DEVICES"] == ""
+    assert env["PATH"] and env["OMP_NUM_THREADS"] == "1"
+    done = stack.wait_for_status(job["id"], "cancelled", "failed", "succeeded", timeout=60)
+    assert done["status"] == "cancelled", done["error"]
