@@ -38,7 +38,7 @@ def client(url: str, timeout: float = REQUEST_TIMEOUT_S) -> redis.Redis:
 
 def async_pool(url: str, max_connections: int, timeout: float) -> aioredis.BlockingConnectionPool:
     """A blocking pool for the event loop: callers wait for a connection instead of failing
-    (a plain pool broke under 200 watchers, see FIELD-NOTES)."""
+    (a plain pool broke under 200 watchers)."""
     return aioredis.BlockingConnectionPool.from_url(
         url,
         max_connections=max_connections,

@@ -77,8 +77,6 @@ class Dispatcher:
             thread_local=False,
         )
         self._leader = False
-        self.sent = 0
-        self.failed = 0
 
     # -- called by request handlers (after commit) -------------------------------------
 
@@ -123,10 +121,8 @@ class Dispatcher:
                 TaskName.RUN_JOB, args=[job_id], queue=queue_name, ignore_result=True
             )
         except Exception as exc:  # kombu raises many kinds; all mean "not sent, retry later"
-            self.failed += 1
             log.warning("dispatch of %s to %s failed (will retry): %s", job_id, queue_name, exc)
             return False
-        self.sent += 1
         try:
             self._mark_dispatched(job_id)
         except sa.exc.SQLAlchemyError:

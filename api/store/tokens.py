@@ -10,23 +10,15 @@ import hashlib
 import os
 import secrets
 from pathlib import Path
-from typing import Any, Protocol
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from api.core.settings import Settings
 from api.store.models import ApiToken
 
 ADMIN_NAME = "admin"
-ADMIN_TOKEN_FILE = "admin-token"
 TOKEN_PREFIX = "amp_"
-
-
-class AdminTokenSettings(Protocol):
-    """The two settings :func:`ensure_admin_token` reads (``api.core.settings.Settings`` has them)."""
-
-    data_dir: Path
-    admin_token: Any  # str, pydantic SecretStr or None
 
 
 class TokenNameTaken(ValueError):
@@ -60,19 +52,19 @@ def verify(s: Session, plaintext: str) -> ApiToken | None:
     ).one_or_none()
 
 
-def ensure_admin_token(s: Session, settings: AdminTokenSettings) -> str | None:
+def ensure_admin_token(s: Session, settings: Settings) -> str | None:
     """Make sure an admin token exists.
 
     With ``AMPTRAIN_ADMIN_TOKEN`` set, the ``admin`` row takes that value and None is
-    returned. Otherwise a token is generated once, saved to ``{data_dir}/admin-token``
+    returned. Otherwise a token is generated once, saved to ``settings.admin_token_file``
     (mode 0600) and returned, so the caller prints it once; later calls reuse the file
     and return None. Does not commit.
     """
-    configured = _plain(settings.admin_token)
+    configured = settings.admin_token.get_secret_value() if settings.admin_token else None
     if configured:
         _upsert_admin(s, configured)
         return None
-    path = Path(settings.data_dir) / ADMIN_TOKEN_FILE
+    path = settings.admin_token_file
     existing = s.scalars(sa.select(ApiToken).where(ApiToken.name == ADMIN_NAME)).one_or_none()
     if path.exists():
         _upsert_admin(s, path.read_text().strip())
@@ -101,10 +93,3 @@ def _write_private(path: Path, text: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(text + "\n")
-
-
-def _plain(value: Any) -> str | None:
-    if value is None:
-        return None
-    getter = getattr(value, "get_secret_value", None)
-    return str(getter() if getter else value) or None

@@ -1,7 +1,7 @@
 """Who is calling: bearer tokens checked against the hashed ``api_tokens`` table.
 
-Shared by HTTP (:mod:`api.web.deps`) and, later, WebSocket handshakes, so both
-authenticate and authorize jobs the same way.
+Shared by HTTP (:mod:`api.web.deps`) and the live routes' WebSocket handshakes
+(:mod:`api.web.routes.live`), so both authenticate and authorize jobs the same way.
 """
 
 from __future__ import annotations

@@ -33,19 +33,11 @@ class AppError(Exception):
         self.headers = headers
 
 
-class BadRequest(AppError):
-    status, code = 400, "bad_request"
-
-
 class Unauthorized(AppError):
     status, code = 401, "unauthorized"
 
     def __init__(self, detail: Any = "missing or invalid bearer token") -> None:
         super().__init__(detail, headers={"WWW-Authenticate": "Bearer"})
-
-
-class Forbidden(AppError):
-    status, code = 403, "forbidden"
 
 
 class NotFound(AppError):

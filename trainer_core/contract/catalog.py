@@ -32,16 +32,6 @@ from trainer_core.contract.registration import (
 )
 from trainer_core.contract.spec import ComponentRef, JobSpec, OptimizerSpec, ScheduleSpec
 
-__all__ = [
-    "DATASET_GROUP",
-    "MODEL_GROUP",
-    "REQUIRED",
-    "Arg",
-    "Registration",
-    "catalog",
-    "validate_components",
-]
-
 
 def _model(name: str, builder: str, description: str, *args: Arg, **kw: Any) -> Registration:
     return Registration(name, "model", builder, description, args, **kw)

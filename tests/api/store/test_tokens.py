@@ -3,21 +3,20 @@
 from __future__ import annotations
 
 import stat
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
+from pydantic import SecretStr
 from sqlalchemy.orm import Session, sessionmaker
 
+from api.core.settings import Settings
 from api.store import tokens
 from api.store.models import ApiToken
 
 
-@dataclass
-class FakeSettings:
-    data_dir: Path
-    admin_token: str | None = None
+def settings_for(data_dir: Path, admin_token: str | None = None) -> Settings:
+    return Settings(data_dir=data_dir, admin_token=SecretStr(admin_token) if admin_token else None)
 
 
 def test_create_and_verify_store_only_the_hash(sf: sessionmaker[Session]) -> None:
@@ -37,7 +36,7 @@ def test_create_and_verify_store_only_the_hash(sf: sessionmaker[Session]) -> Non
 def test_generated_admin_token_is_saved_0600_and_returned_once(
     sf: sessionmaker[Session], tmp_path: Path
 ) -> None:
-    settings = FakeSettings(data_dir=tmp_path / "data")
+    settings = settings_for(tmp_path / "data")
     with sf.begin() as s:
         plain = tokens.ensure_admin_token(s, settings)
     assert plain is not None
@@ -52,9 +51,9 @@ def test_generated_admin_token_is_saved_0600_and_returned_once(
 
 def test_admin_token_from_settings_wins(sf: sessionmaker[Session], tmp_path: Path) -> None:
     with sf.begin() as s:
-        assert tokens.ensure_admin_token(s, FakeSettings(tmp_path)) is not None
+        assert tokens.ensure_admin_token(s, settings_for(tmp_path)) is not None
     with sf.begin() as s:
-        assert tokens.ensure_admin_token(s, FakeSettings(tmp_path, "s3cret-token")) is None
+        assert tokens.ensure_admin_token(s, settings_for(tmp_path, "s3cret-token")) is None
     with sf() as s:
         row = tokens.verify(s, "s3cret-token")
         assert row is not None and row.is_admin
