@@ -309,22 +309,22 @@ def reap_expired(
     row = _returning_row(s, job_id, stmt)
     if row is None:
         return None
-    # The CASE above made the decision; the event only explains it.
     status = JobStatus(row.status)
-    if status == JobStatus.CANCELLED:
-        event, data = "cancelled", {"reason": "cancel requested; the worker was lost"}
-    elif status == JobStatus.FAILED:
-        event, data = "failed", dict(err)
-    else:
-        event, data = (
-            "warning",
-            {**err, "message": f"{err['message']}; the job goes back to the queue"},
-        )
+    event, data = _reap_event(status, err)
     _insert_event(s, job_id, attempt, event, row.step, data, None)
     return status
 
 
 # -- internals ---------------------------------------------------------------
+
+
+def _reap_event(status: JobStatus, err: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The event explaining what reaping did; the CASE in reap_expired made the decision."""
+    if status == JobStatus.CANCELLED:
+        return "cancelled", {"reason": "cancel requested; the worker was lost"}
+    if status == JobStatus.FAILED:
+        return "failed", dict(err)
+    return "warning", {**err, "message": f"{err['message']}; the job goes back to the queue"}
 
 
 def _fenced(job_id: str, attempt: int) -> tuple[sa.ColumnElement[bool], ...]:
