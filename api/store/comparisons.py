@@ -26,7 +26,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
-from api.store.downsample import downsample
+from api.store.downsample import downsample, is_finite
 from api.store.models import Base, Job, MetricPoint, UTCDateTime, utcnow
 
 WARMUP_FRACTION = 0.1
@@ -34,15 +34,6 @@ FINAL_FRACTION = 0.1
 FINAL_MAX_STEPS = 100
 CURVE_POINTS = 1000
 """Per run, at most this many loss points in the report (downsampled, spikes kept)."""
-
-
-_DBL_MAX = 1.7976931348623157e308
-
-
-def is_finite(column: Any) -> sa.ColumnElement[bool]:
-    """A finite, non-null float on every backend: SQLite stores NaN as NULL and keeps
-    infinities; PostgreSQL keeps NaN and sorts it above every number."""
-    return column.between(-_DBL_MAX, _DBL_MAX)
 
 
 def new_comparison_id() -> str:

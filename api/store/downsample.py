@@ -1,14 +1,28 @@
-"""A whole run's metric series in at most N points, computed by the database.
+"""A run's metric series (or a window of its steps) in at most N points, computed by the
+database, honest about spikes, NaN/Inf and skipped steps.
 
-The steps are cut into ``N // 4`` equal buckets; per bucket the first, the last, the
-lowest-loss and the highest-loss point survive, so a loss spike (or the loss jump
-that comes with a loss-scale collapse) stays visible at any zoom level. Three
-statements, none of which brings more than a few rows per bucket into Python:
+Per bucket of steps these points survive: the first and the last, the lowest and the
+highest finite value of each requested field that can spike (:data:`EXTREMA_FIELDS`;
+``loss`` and ``grad_norm`` when no fields are named), so a loss or grad-norm spike stays
+visible at any zoom; and the first flagged step: skipped (``skipped`` true) or
+non-finite (a ``loss`` that is null, NaN or infinite, a ``grad_norm`` that is NaN or
+infinite). When the budget has room, every flagged step is kept; either way
+:attr:`Window.marks` tells per bucket how many it holds, so nothing is dropped silently. A null loss counts as non-finite: SQLite
+stores NaN as NULL, JSON has no NaN, and the engine always reports a loss.
 
-1. ``min/max(step)``, ``count`` and the attempts of the job (index on (job_id, step));
-2. one GROUP BY bucket pass: first/last step, min/max loss; joined once more with the
-   points to learn *which* step holds that min/max (first such step on ties);
-3. the chosen rows by ``step IN (...)`` (index on (job_id, step)).
+Buckets are aligned to multiples of a width taken from a fixed ladder, so a growing run
+keeps its buckets (and the points chosen in them) until it needs the next rung: a
+refreshing chart does not jump. ``from_step``/``to_step`` restrict everything to a
+window, which a zoomed chart fetches at full resolution when it fits.
+
+The statements, none of which brings more than a few rows per bucket into Python:
+
+1. ``min/max(step)``, ``count`` and the attempts of the window;
+2. one GROUP BY bucket pass (first/last step, per field min/max of the finite values,
+   flag counts, first flagged step), joined once more with the points to learn which
+   step holds each min/max (the first such step on ties);
+3. the flagged steps, only when a bucket holds more than one and they all fit;
+4. the chosen rows by ``step IN (...)`` (index on (job_id, step)).
 
 Retried jobs use the effective series (per step, the newest attempt's point), as
 ``GET /jobs/{id}/metrics`` does by default.
@@ -18,18 +32,61 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, aliased
 
 from api.contracts.cursor import Cursor
+from api.contracts.jsonsafe import finite
 from api.store.metrics import newest_attempt, newest_cursor, point_dict
 from api.store.models import MetricPoint
 from trainer_core.contract.records import METRIC_FIELDS
 
-PER_BUCKET = 4
+EXTREMA_FIELDS = (
+    "loss",
+    "grad_norm",
+    "loss_scale",
+    "samples_per_second",
+    "step_time_ms",
+    "memory_allocated",
+)
+"""The fields whose per-bucket min and max are kept when requested. ``lr`` follows a
+smooth schedule and ``memory_reserved``/``memory_peak`` only step up, so a bucket's first
+and last points already bound them; leaving them out keeps the pass over the points cheap."""
+DEFAULT_EXTREMA = ("loss", "grad_norm")
+"""Whose extremes are kept when a request names no fields."""
 _IN_CHUNK = 500  # stay far below any backend's bound-parameter limit
+_DBL_MAX = 1.7976931348623157e308
+
+
+def is_finite(column: Any) -> sa.ColumnElement[bool]:
+    """A finite number on every backend: false for NULL, for SQLite's infinities and for
+    PostgreSQL's NaN (which PostgreSQL sorts above every number) and infinities."""
+    return sa.and_(column.is_not(None), column.between(-_DBL_MAX, _DBL_MAX))
+
+
+def non_finite_loss(p: Any) -> sa.ColumnElement[bool]:
+    return ~is_finite(p.loss)
+
+
+def flagged(p: Any) -> sa.ColumnElement[bool]:
+    """A skipped step, or one whose loss or grad norm is not a finite number."""
+    bad_norm = sa.and_(p.grad_norm.is_not(None), ~is_finite(p.grad_norm))
+    return sa.or_(p.skipped.is_(True), non_finite_loss(p), bad_norm)
+
+
+@dataclass
+class Window:
+    items: list[dict[str, Any]]
+    """Points in step order; each has ``downsampled`` (false: every point of the window)."""
+    next_cursor: str | None
+    """The newest recorded point's cursor (of the whole run): follow the run from there."""
+    marks: list[dict[str, int]] = field(default_factory=list)
+    """Buckets holding flagged steps: ``from_step``, ``to_step`` and how many steps there are
+    ``flagged`` in all, ``skipped`` and ``non_finite`` (a step can be both)."""
 
 
 def parse_fields(text: str | None) -> list[str] | None:
@@ -53,16 +110,38 @@ def select_fields(item: dict[str, Any], fields: Sequence[str] | None) -> dict[st
     return {k: v for k, v in item.items() if k in keep}
 
 
+def extrema_of(fields: Sequence[str] | None) -> tuple[str, ...]:
+    """The fields whose per-bucket min and max a request keeps."""
+    if fields is None:
+        return DEFAULT_EXTREMA
+    return tuple(f for f in fields if f in EXTREMA_FIELDS)
+
+
 def downsample(
     s: Session, job_id: str, max_points: int, fields: Sequence[str] | None = None
 ) -> tuple[list[dict[str, Any]], str | None]:
-    """At most ``max_points`` points covering the whole run, in step order, each with
-    ``downsampled`` (false when the run fits and every point is returned); and the newest
-    point's cursor (pass it as ``after`` to follow the run from there)."""
+    """The whole run in at most ``max_points`` points and the newest point's cursor."""
+    window = series_window(s, job_id, max_points, fields)
+    return window.items, window.next_cursor
+
+
+def series_window(
+    s: Session,
+    job_id: str,
+    max_points: int,
+    fields: Sequence[str] | None = None,
+    from_step: int | None = None,
+    to_step: int | None = None,
+) -> Window:
+    """At most ``max_points`` points of steps ``from_step..to_step`` (default: all)."""
     if max_points < 1:
         raise ValueError("max_points must be at least 1")
     p = MetricPoint
-    mine = p.job_id == job_id
+    where = [p.job_id == job_id]
+    if from_step is not None:
+        where.append(p.step >= from_step)
+    if to_step is not None:
+        where.append(p.step <= to_step)
     lo, hi, count, first_attempt, last_attempt = s.execute(
         sa.select(
             sa.func.min(p.step),
@@ -70,59 +149,117 @@ def downsample(
             sa.func.count(),
             sa.func.min(p.attempt),
             sa.func.max(p.attempt),
-        ).where(mine)
+        ).where(*where)
     ).one()
+    newest = _text(newest_cursor(s, job_id))
     if not count:
-        return [], None
+        return Window([], newest)
     multi = first_attempt != last_attempt
-    effective = newest_attempt(p) if multi else sa.true()
-    newest = newest_cursor(s, job_id)
+    if multi:
+        where.append(newest_attempt(p))
     if count <= max_points:
-        rows = s.scalars(sa.select(p).where(mine, effective).order_by(p.step)).all()
-        return [select_fields(_row(r, False), fields) for r in rows], _text(newest)
-    buckets = max(1, max_points // PER_BUCKET)
-    width = math.ceil((hi - lo + 1) / buckets)
-    steps = _chosen_steps(s, job_id, int(lo), width, multi)
-    rows = _rows_at(s, job_id, steps, multi_attempt=multi)
-    if len(rows) > max_points:  # only when max_points < PER_BUCKET: one bucket
-        rows = _most_telling(rows, max_points)
-    return [select_fields(_row(r, True), fields) for r in rows], _text(newest)
+        rows = s.scalars(sa.select(p).where(*where).order_by(p.step)).all()
+        return Window([select_fields(_row(r, False), fields) for r in rows], newest)
+    extrema = extrema_of(fields)
+    per_bucket = 3 + 2 * len(extrema)  # first, last, first flagged, each field's min and max
+    width = _bucket_width(int(lo), int(hi), max(1, max_points // per_bucket))
+    steps, marks = _chosen_steps(s, job_id, where, width, extrema, multi)
+    n_flagged = sum(m["flagged"] for m in marks)
+    if n_flagged > len(marks) and len(steps) + n_flagged - len(marks) <= max_points:
+        # Room for every flagged step, not just each bucket's first.
+        steps |= set(s.scalars(sa.select(p.step).where(*where, flagged(p))))
+    rows = _rows_at(s, job_id, sorted(steps), multi_attempt=multi)
+    if len(rows) > max_points:  # only when max_points < per_bucket: one bucket
+        rows = _most_telling(rows, max_points, extrema)
+    items = [select_fields(_row(r, True), fields) for r in rows]
+    return Window(items, newest, marks)
 
 
-def _chosen_steps(s: Session, job_id: str, lo: int, width: int, multi: bool) -> list[int]:
+def _bucket_width(lo: int, hi: int, buckets: int) -> int:
+    """The smallest width of the fixed ladder 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, ... (about
+    2**(i/4)) such that steps lo..hi span at most ``buckets`` aligned buckets
+    (``step // width``). A fixed ladder keeps a growing run's buckets until it needs the
+    next rung; quarter-octave rungs lose at most ~19% of the resolution to that."""
+    i = 0
+    width = 1
+    while hi // width - lo // width + 1 > buckets:
+        i += 1
+        width = max(width + 1, math.ceil(2 ** (i / 4)))
+    return width
+
+
+def _chosen_steps(
+    s: Session,
+    job_id: str,
+    where: list[sa.ColumnElement[bool]],
+    width: int,
+    extrema: tuple[str, ...],
+    multi: bool,
+) -> tuple[set[int], list[dict[str, int]]]:
+    """Per bucket: first, last, where each field's min/max is and the first flagged step;
+    and the marks of the buckets holding flagged steps."""
     p = MetricPoint
-    effective = newest_attempt(p) if multi else sa.true()
-    bucket = ((p.step - lo) // width).label("bucket")
-    agg = (
-        sa.select(
-            bucket,
-            sa.func.min(p.step).label("first"),
-            sa.func.max(p.step).label("last"),
-            sa.func.min(p.loss).label("low"),
-            sa.func.max(p.loss).label("high"),
-        )
-        .where(p.job_id == job_id, effective)
-        .group_by(bucket)
-        .subquery()
-    )
+    bucket = (p.step // width).label("bucket")
+    columns: list[Any] = [
+        bucket,
+        sa.func.min(p.step).label("first"),
+        sa.func.max(p.step).label("last"),
+        sa.func.sum(sa.case((p.skipped.is_(True), 1), else_=0)).label("skipped"),
+        sa.func.sum(sa.case((non_finite_loss(p), 1), else_=0)).label("non_finite"),
+        sa.func.sum(sa.case((flagged(p), 1), else_=0)).label("flagged"),
+        sa.func.min(sa.case((flagged(p), p.step))).label("first_flag"),
+    ]
+    for f in extrema:
+        value = sa.case((is_finite(getattr(p, f)), getattr(p, f)))
+        columns += [sa.func.min(value).label(f"low_{f}"), sa.func.max(value).label(f"high_{f}")]
+    agg = sa.select(*columns).where(*where).group_by(bucket).subquery()
     q = aliased(MetricPoint)
-    q_effective = newest_attempt(q) if multi else sa.true()
-    extremes = (
-        sa.select(
-            agg.c.first,
-            agg.c.last,
-            sa.func.min(sa.case((q.loss == agg.c.low, q.step))),
-            sa.func.min(sa.case((q.loss == agg.c.high, q.step))),
-        )
-        .select_from(agg)
-        .join(q, sa.and_(q.job_id == job_id, q.step.between(agg.c.first, agg.c.last)))
-        .where(q_effective)
-        .group_by(agg.c.first, agg.c.last)
+    which: list[Any] = []
+    for f in extrema:
+        col = getattr(q, f)
+        which += [
+            sa.func.min(sa.case((col == agg.c[f"low_{f}"], q.step))),
+            sa.func.min(sa.case((col == agg.c[f"high_{f}"], q.step))),
+        ]
+    outer = (
+        agg.c.first,
+        agg.c.last,
+        agg.c.skipped,
+        agg.c.non_finite,
+        agg.c.flagged,
+        agg.c.first_flag,
     )
+    if extrema:
+        # One row per bucket (min() of a per-bucket constant is that constant): grouping
+        # by the bucket alone spares the database a sort over every joined row.
+        query = (
+            sa.select(*[sa.func.min(c) for c in outer], *which)
+            .select_from(agg)
+            .join(q, sa.and_(q.job_id == job_id, q.step.between(agg.c.first, agg.c.last)))
+            .group_by(agg.c.bucket)
+        )
+        if multi:
+            query = query.where(newest_attempt(q))
+    else:
+        query = sa.select(*outer)
     chosen: set[int] = set()
-    for row in s.execute(extremes):
-        chosen.update(int(v) for v in row if v is not None)
-    return sorted(chosen)
+    marks: list[dict[str, int]] = []
+    for first, last, skipped, non_finite, n_flagged, first_flag, *steps in s.execute(query):
+        chosen.update((int(first), int(last)))
+        chosen.update(int(v) for v in steps if v is not None)
+        if first_flag is not None:
+            chosen.add(int(first_flag))
+            marks.append(
+                {
+                    "from_step": int(first),
+                    "to_step": int(last),
+                    "flagged": int(n_flagged),
+                    "skipped": int(skipped or 0),
+                    "non_finite": int(non_finite or 0),
+                }
+            )
+    marks.sort(key=lambda m: m["from_step"])
+    return chosen, marks
 
 
 def _rows_at(
@@ -147,21 +284,26 @@ def _rows_at(
     return [newest[k] for k in sorted(newest)]
 
 
-def _most_telling(rows: list[MetricPoint], n: int) -> list[MetricPoint]:
-    """For ``n < 4``: the spike first, then the low, the last and the first point."""
-    finite = [r for r in rows if r.loss is not None]
-    order = []
-    if finite:
-        order += [
-            max(finite, key=lambda r: r.loss or 0.0),
-            min(finite, key=lambda r: r.loss or 0.0),
-        ]
-    order += [rows[-1], rows[0]]
+def _most_telling(rows: list[MetricPoint], n: int, extrema: tuple[str, ...]) -> list[MetricPoint]:
+    """For a budget smaller than one bucket's points: each field's spike (highest value)
+    first, then the flagged steps, the lows, the last and the first point."""
+    highs: list[MetricPoint] = []
+    lows: list[MetricPoint] = []
+    for f in extrema:
+        ranked = sorted((r for r in rows if _finite(getattr(r, f))), key=attrgetter(f))
+        if ranked:
+            highs.append(ranked[-1])
+            lows.append(ranked[0])
+    flags = [r for r in rows if r.skipped or not _finite(r.loss)]
     picked: list[MetricPoint] = []
-    for r in order:
+    for r in [*highs, *flags, *lows, rows[-1], rows[0]]:
         if r not in picked:
             picked.append(r)
-    return sorted(picked[:n], key=lambda r: r.step)
+    return sorted(picked[:n], key=attrgetter("step"))
+
+
+def _finite(v: float | None) -> bool:
+    return v is not None and math.isfinite(v)
 
 
 def _text(cursor: Cursor | None) -> str | None:
@@ -169,4 +311,5 @@ def _text(cursor: Cursor | None) -> str | None:
 
 
 def _row(r: MetricPoint, downsampled: bool) -> dict[str, Any]:
-    return {**point_dict(r), "downsampled": downsampled}
+    # PostgreSQL keeps NaN and infinities; JSON (and browsers) cannot carry them.
+    return {**finite(point_dict(r)), "downsampled": downsampled}

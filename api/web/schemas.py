@@ -91,11 +91,26 @@ class JobPage(BaseModel):
     )
 
 
+class BucketMark(BaseModel):
+    """A bucket of a downsampled answer that holds skipped or non-finite steps."""
+
+    from_step: int
+    to_step: int
+    flagged: int
+    """Steps in the bucket that were skipped or had a non-finite loss or grad norm."""
+    skipped: int
+    non_finite: int
+    """Steps whose loss was NaN or infinite (shown as null)."""
+
+
 class MetricPage(BaseModel):
     items: list[dict[str, Any]]
     """Telemetry records (``trainer_core.contract.records.METRIC_FIELDS``) plus ``attempt`` and ``cursor``."""
     next_cursor: str | None
     """Pass as ``after`` to get only newer points."""
+    marks: list[BucketMark] = Field(default_factory=list)
+    """With ``max_points``: the buckets holding skipped or non-finite steps and how many
+    (each bucket's first such step is always among ``items``; all are when they fit)."""
 
 
 class EventOut(BaseModel):

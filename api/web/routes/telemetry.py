@@ -7,12 +7,12 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from api.contracts.cursor import Cursor, CursorError
-from api.store.downsample import downsample, parse_fields, select_fields
+from api.store.downsample import parse_fields, select_fields, series_window
 from api.store.events import event_page
 from api.store.metrics import Attempts, metric_page
 from api.web.deps import CurrentUser, SessionDep, visible_job
 from api.web.errors import ValidationFailed
-from api.web.schemas import EventOut, EventPage, MetricPage
+from api.web.schemas import BucketMark, EventOut, EventPage, MetricPage
 
 router = APIRouter(prefix="/jobs", tags=["telemetry"])
 
@@ -35,9 +35,26 @@ def read_metrics(
         Query(
             ge=1,
             le=10_000,
-            description="Return the whole run in at most this many points (per bucket of "
-            "steps: first, last, min and max loss; marked ``downsampled``). Not with ``after``.",
+            description="Return the whole run (or the ``from_step``..``to_step`` window) in at "
+            "most this many points, marked ``downsampled``: per bucket of steps the first, "
+            "the last, the min and max of each requested field that can spike (loss, "
+            "grad_norm, loss_scale, samples_per_second, step_time_ms, memory_allocated; "
+            "``loss`` and ``grad_norm`` by default) and the skipped or non-finite steps "
+            "(all of them when they fit, else each bucket's first, counted in ``marks``). "
+            "Not with ``after``.",
         ),
+    ] = None,
+    from_step: Annotated[
+        int | None,
+        Query(
+            ge=0,
+            description="With ``max_points``: only steps from this one on (a zoomed chart's "
+            "window; at full resolution when it holds at most ``max_points`` points).",
+        ),
+    ] = None,
+    to_step: Annotated[
+        int | None,
+        Query(ge=0, description="With ``max_points``: only steps up to this one (inclusive)."),
     ] = None,
     fields: Annotated[
         str | None, Query(description="Comma-separated metric fields to return (default all).")
@@ -55,17 +72,15 @@ def read_metrics(
         ) from None
     if max_points is not None:
         if after is not None:
-            raise ValidationFailed(
-                [
-                    {
-                        "field": "query.after",
-                        "message": "max_points covers the whole run: drop after",
-                        "type": "value_error",
-                    }
-                ]
-            )
-        items, next_cursor = downsample(session, job_id, max_points, wanted)
-        return MetricPage(items=items, next_cursor=next_cursor)
+            raise _bad("query.after", "max_points covers the whole run: drop after")
+        if from_step is not None and to_step is not None and to_step < from_step:
+            raise _bad("query.to_step", "to_step must not be below from_step")
+        window = series_window(session, job_id, max_points, wanted, from_step, to_step)
+        marks = [BucketMark(**m) for m in window.marks]
+        return MetricPage(items=window.items, next_cursor=window.next_cursor, marks=marks)
+    if from_step is not None or to_step is not None:
+        field = "query.from_step" if from_step is not None else "query.to_step"
+        raise _bad(field, "a step window needs max_points (pages follow the cursor instead)")
     try:
         cursor = None if after is None else Cursor.parse(after)
     except CursorError as exc:
@@ -89,3 +104,7 @@ def read_events(
     visible_job(session, user, job_id)
     items = [EventOut(**e) for e in event_page(session, job_id, after, limit)]
     return EventPage(items=items, next_cursor=str(items[-1].id if items else after))
+
+
+def _bad(field: str, message: str) -> ValidationFailed:
+    return ValidationFailed([{"field": field, "message": message, "type": "value_error"}])

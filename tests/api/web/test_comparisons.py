@@ -6,63 +6,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
 import pytest
 
-from api.store import tokens
-from api.store.db import make_engine, make_session_factory
-from tests.support.producer import Producer
-from tests.support.specs import mlp_job
+from tests.api.web.ab_runs import RUNS, STEPS, play, spec
+from tests.api.web.test_http import user_client
 from tests.support.stack import Stack, wait_until
-
-# Steady-state samples/s, peak memory and loss per precision: fp16 2x and bf16 2.5x as
-# fast as fp32, smaller, about as accurate.
-RUNS = {
-    "fp32": {"samples_per_second": 100.0, "memory_peak": 4000, "loss": 0.50},
-    "bf16": {"samples_per_second": 250.0, "memory_peak": 2000, "loss": 0.51},
-    "fp16": {"samples_per_second": 200.0, "memory_peak": 2400, "loss": 0.55},
-}
-STEPS = 50
-
-
-def spec(**overrides: Any) -> dict[str, Any]:
-    # A queue no worker serves: the test plays the worker with a Producer.
-    return mlp_job(**{"name": "ab", "max_steps": STEPS, "queue": "gpu-a100", **overrides})
-
-
-def user_client(stack: Stack, name: str) -> httpx.Client:
-    engine = make_engine(stack.env["AMPTRAIN_DATABASE_URL"])
-    with make_session_factory(engine)() as s:
-        token = tokens.create_token(s, name)
-        s.commit()
-    engine.dispose()
-    return httpx.Client(
-        base_url=str(stack.client.base_url),
-        headers={"Authorization": f"Bearer {token}"},
-        timeout=30,
-    )
-
-
-def play(stack: Stack, job_id: str, values: dict[str, float]) -> None:
-    """Train ``job_id`` for STEPS steps: a slow, noisy warm-up (the first 10% of the steps),
-    then the steady values; the loss ends at ``values["loss"]``."""
-    producer = Producer(stack.env["AMPTRAIN_REDIS_URL"], stack.env["AMPTRAIN_DATABASE_URL"], job_id)
-    try:
-        producer.start()
-        for step in range(1, STEPS + 1):
-            warm = step <= STEPS // 10
-            producer.record(
-                step,
-                loss=values["loss"] + (5.0 if step <= STEPS - 10 else 0.0),
-                samples_per_second=1.0 if warm else values["samples_per_second"],
-                memory_peak=int(values["memory_peak"] * step / STEPS),
-                skipped=False,
-                skipped_steps=0,
-            )
-        assert producer.sink is not None and producer.sink.flush()
-        producer.finish("succeeded", STEPS)
-    finally:
-        producer.close()
 
 
 def test_a_b_report_from_recorded_points(api_stack: Stack) -> None:

@@ -12,7 +12,7 @@ const HEIGHT = 190;
 
 export const CHARTS = [
   { key: "loss", title: "Loss", fields: ["loss"], extra: ["skipped"], smooth: true, log: "toggle", marks: true },
-  { key: "loss_scale", title: "Loss scale", fields: ["loss_scale"], extra: ["skipped"], log: 2, marks: true },
+  { key: "loss_scale", title: "Loss scale", fields: ["loss_scale"], extra: ["skipped"], log: 2, marks: true, empty: "No loss scale: only fp16 scales the loss." },
   { key: "grad_norm", title: "Grad norm", fields: ["grad_norm"], smooth: true, log: "toggle" },
   { key: "lr", title: "Learning rate", fields: ["lr"], log: "toggle" },
   { key: "memory", title: "Memory", fields: ["memory_allocated", "memory_reserved", "memory_peak"], bytes: true },
@@ -26,7 +26,7 @@ export class ChartGroup {
     this.onZoom = onZoom;
     this.charts = [];
     this.xMode = "step";
-    this.smoothing = 0.6;
+    this.smoothing = 0.8;
     this.zoom = null; // {min, max} in x units, null when showing everything
     this.propagating = false;
     this.pending = false;
@@ -134,6 +134,12 @@ class Chart {
     return cols;
   }
 
+  tick(v) {
+    if (this.def.bytes) return fmtBytes(v);
+    if (this.def.log === 2 && v > 0 && Number.isInteger(Math.log2(v))) return `2^${Math.log2(v)}`;
+    return fmtNum(v, 3);
+  }
+
   smoothed() { return Boolean(this.def.smooth) && this.group.smoothing > 0; }
 
   build() {
@@ -155,7 +161,7 @@ class Chart {
     const opts = {
       width: this.width, height: HEIGHT, series, legend: { live: true },
       scales: { x: { time }, y },
-      axes: [{ space: 60 }, { size: 64, values: (u, vals) => vals.map((v) => (this.def.bytes ? fmtBytes(v) : fmtNum(v, 3))) }],
+      axes: [{ space: 60 }, { size: 64, values: (u, vals) => vals.map((v) => this.tick(v)) }],
       cursor: { sync: { key: this.group.syncKey }, drag: { x: true, y: false } },
       hooks: {
         setScale: [(u, key) => { if (key === "x") this.group.scaleChanged(this, u.scales.x.min, u.scales.x.max); }],
@@ -230,6 +236,11 @@ class Chart {
   /** The mark counts in words under the chart, and data-* for tests and tooling. */
   describe() {
     this.el.dataset.points = String(this.series.length);
+    const empty = this.series.length > 0 && this.def.fields.every((f) => this.series.cols[f].every((v) => v === null));
+    if (empty && this.def.empty) {
+      this.marksEl.replaceChildren(h("span", { class: "muted" }, this.def.empty));
+      return;
+    }
     if (!this.def.marks) return;
     const flagged = this.flagged();
     const nonFinite = flagged.filter(([, f]) => f.nonFinite).map(([i]) => this.series.step[i]);

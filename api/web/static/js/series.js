@@ -115,12 +115,3 @@ export function smooth(ys, weight) {
   }
   return out;
 }
-
-/** "ms-seq" cursors compared as numbers; null sorts first. */
-export function cursorLess(a, b) {
-  if (a === null || a === undefined) return b !== null && b !== undefined;
-  if (b === null || b === undefined) return false;
-  const [am, as] = a.split("-").map(Number);
-  const [bm, bs] = b.split("-").map(Number);
-  return am < bm || (am === bm && as < bs);
-}

@@ -7,7 +7,7 @@ import { h, clear } from "./dom.js";
 const DEVICES = ["auto", "cpu", "cuda"];
 
 /** A form element; `onSubmit(spec)` returns a Promise that rejects with an ApiError. */
-export function specForm(catalog, { onSubmit, submitLabel = "Submit job", extra = null }) {
+export function specForm(catalog, { onSubmit, submitLabel = "Submit job", extra = null, omit = [] }) {
   const errors = new Map(); // field path -> error element
   const formError = h("div", { class: "form-error", role: "alert" });
   const byName = {};
@@ -49,7 +49,7 @@ export function specForm(catalog, { onSubmit, submitLabel = "Submit job", extra 
   function componentSet(key, title, entries, argPrefix) {
     const names = Object.keys(entries);
     const select = h("select", {}, names.map((n) => h("option", { value: n, title: entries[n].description || "" }, n)));
-    const args = h("div", { class: "fields" });
+    const args = h("div", { class: "fields-args" });
     const redraw = () => {
       for (const input of args.querySelectorAll("[name]")) {
         errors.delete(input.name);
@@ -59,7 +59,7 @@ export function specForm(catalog, { onSubmit, submitLabel = "Submit job", extra 
     };
     select.addEventListener("change", redraw);
     const set = h("fieldset", {}, h("legend", {}, title),
-      h("div", { class: "fields" }, field(`${key}.name`, "name", select)), args);
+      h("div", { class: "fields" }, field(`${key}.name`, "name", select), args));
     redraw();
     return set;
   }
@@ -69,7 +69,7 @@ export function specForm(catalog, { onSubmit, submitLabel = "Submit job", extra 
   const general = h("fieldset", {}, h("legend", {}, "Job"), h("div", { class: "fields" },
     field("name", "name", h("input", { type: "text", placeholder: "job" })),
     field("max_steps", "max_steps (required)", h("input", { type: "number", step: "1", value: "200" })),
-    field("precision", "precision", precision),
+    omit.includes("precision") ? null : field("precision", "precision", precision),
     field("batch_size", "batch_size", h("input", { type: "number", step: "1", placeholder: "64" })),
     field("device", "device", h("select", {}, DEVICES.map((d) => h("option", { value: d }, d)))),
     field("queue", "queue", h("input", { type: "text", placeholder: "(by device)" })),

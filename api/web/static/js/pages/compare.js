@@ -30,7 +30,7 @@ function overview(root, preselected) {
     h("h1", {}, "Compare"),
     h("div", { class: "grid2" },
       h("div", { class: "card" }, h("h2", {}, "Overlay runs"), h("p", { class: "small muted" }, "Pick jobs to overlay their loss curves."), plotEl),
-      h("div", { class: "card" }, picks)),
+      h("div", { class: "card" }, h("h2", {}, "Jobs"), picks)),
     h("div", { class: "grid2" },
       h("div", { class: "card" }, h("h2", {}, "Precision A/B"),
         h("p", { class: "small muted" }, "Train one spec once per precision and compare throughput, peak memory and final loss against fp32."), abSlot),
@@ -42,7 +42,9 @@ function overview(root, preselected) {
     const pages = await Promise.all(chosen.map((j) => api(`/jobs/${encodeURIComponent(j.id)}/metrics`, { params: { max_points: 2 * width, fields: "loss" } })));
     const curves = pages.map((p) => [p.items.map((i) => i.step), p.items.map((i) => i.loss)]);
     plot?.destroy();
+    plot = null;
     plotEl.replaceChildren();
+    if (!chosen.length) return plotEl.append(h("p", { class: "muted" }, "Nothing picked yet."));
     plot = overlayChart(plotEl, chosen.map((j) => j.name), curves);
   }
 
@@ -62,9 +64,9 @@ function overview(root, preselected) {
       h("label", { style: "margin-right:12px" }, h("input", { type: "checkbox", value: p, checked: true, class: "ab-precision" }), ` ${p}`)));
     abSlot.append(specForm(catalog, {
       submitLabel: "Run comparison",
+      omit: ["precision"],
       extra: precisions,
       onSubmit: async (spec) => {
-        delete spec.precision;
         const chosen = [...precisions.querySelectorAll("input:checked")].map((i) => i.value);
         try {
           const c = await api("/comparisons", { method: "POST", body: { spec, precisions: chosen } });
@@ -81,7 +83,7 @@ function overview(root, preselected) {
 }
 
 function ratioCell(value, kind) {
-  if (value === null || value === undefined) return h("td", { class: "num muted" }, "–");
+  if (value === null || value === undefined) return h("td", { class: "num muted", dataset: { ratio: kind } }, "–");
   const good = kind === "throughput" ? value > 1.05 : kind === "peak_memory" ? value < 0.95 : Math.abs(value - 1) <= 0.05;
   const bad = kind === "throughput" ? value < 0.95 : kind === "peak_memory" ? value > 1.05 : value > 1.05;
   return h("td", { class: `num ratio ${good ? "good" : bad ? "bad" : ""}`, dataset: { ratio: kind } }, `${value.toFixed(2)}×`);
@@ -119,12 +121,18 @@ function report(root, id) {
       axes: [{}, { size: 64, values: (u, vs) => vs.map((v) => fmtNum(v, 3)) }], cursor: { drag: { x: true, y: false } } }, data, plotEl);
   }
 
+  // After every run finished, the recorder may still be storing the last points: poll
+  // until two answers agree.
+  let last = "";
   async function poll() {
     try {
       const c = await api(`/comparisons/${encodeURIComponent(id)}`);
       if (stopped) return;
       render(c);
-      if (c.runs.some((r) => !FINISHED.has(r.status))) timer = setTimeout(poll, POLL_MS);
+      const text = JSON.stringify(c.runs);
+      const settled = c.runs.every((r) => FINISHED.has(r.status)) && text === last;
+      last = text;
+      if (!settled) timer = setTimeout(poll, c.runs.every((r) => FINISHED.has(r.status)) ? 1000 : POLL_MS);
     } catch (e) {
       clear(head, h("div", { class: "error", id: "not-found" }, e.status === 404 ? `No comparison ${id} (or it is not yours).` : e.message));
     }

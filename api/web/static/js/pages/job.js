@@ -5,12 +5,17 @@ import { api, ApiError, download } from "../api.js";
 import { CHARTS, ChartGroup } from "../charts.js";
 import { FINISHED, clear, fmtBytes, fmtNum, h, progressBar, statusBadge } from "../dom.js";
 import { LiveFeed } from "../live.js";
-import { Series, cursorLess } from "../series.js";
+import { Series } from "../series.js";
 import { Timeline } from "../timeline.js";
 
 const POLL_MS = 2000;
-const POINTS_PER_PIXEL = 2;
+// One history request serves every chart (one pass over the points in the database, not
+// one per chart), so its budget is shared: every bucket keeps first, last and the min and
+// max of each chart's fields; 8 points per pixel of one chart's width leaves each chart
+// about two of its own per pixel.
+const POINTS_PER_PIXEL = 8;
 const REFETCH_FACTOR = 8; // live points beyond 8x the history budget: downsample again
+const FIELDS = [...new Set(CHARTS.flatMap((c) => [...c.fields, ...(c.extra || [])]))];
 
 export function mount(root, { id }) {
   const started = performance.now();
@@ -22,8 +27,8 @@ export function mount(root, { id }) {
   const specEl = h("pre", { id: "spec" });
   const checkpointsEl = h("div", { id: "checkpoints", class: "small" });
   const group = new ChartGroup(`job-${id}`, { onZoom: fullResolution });
-  const series = Object.fromEntries(CHARTS.map((c) => [c.key, new Series(c.fields)]));
-  const charts = CHARTS.map((c) => group.add(c, series[c.key]));
+  const series = new Series(FIELDS);
+  const charts = CHARTS.map((c) => group.add(c, series));
   let job = null;
   let feed = null;
   let stopped = false;
@@ -48,23 +53,21 @@ export function mount(root, { id }) {
         h("div", { class: "card" }, h("h2", {}, "Spec"), specEl))));
   chartsEl.append(...charts.map((c) => c.el));
 
-  function budget(chart) { return Math.max(200, Math.round(chart.width * POINTS_PER_PIXEL)); }
+  function budget() { return Math.min(10_000, Math.max(400, Math.round(charts[0].width * POINTS_PER_PIXEL))); }
 
-  function metrics(chart, extra = {}) {
-    const def = chart.def;
-    return api(`${path}/metrics`, { params: { max_points: budget(chart), fields: [...def.fields, ...(def.extra || []), "time"].join(","), ...extra } });
+  function metrics(extra = {}) {
+    return api(`${path}/metrics`, { params: { max_points: budget(), fields: [...FIELDS, "time"].join(","), ...extra } });
   }
 
   async function loadHistory() {
-    const pages = await Promise.all(charts.map((c) => metrics(c)));
-    pages.forEach((page, i) => series[CHARTS[i].key].load(page.items, page.marks));
+    const page = await metrics();
+    series.load(page.items, page.marks);
     group.rebuild();
     liveSinceLoad = 0;
     root.dataset.drawnMs = String(Math.round(performance.now() - started));
+    root.dataset.drawnAt = String(Math.round(performance.now()));
     chartsEl.dataset.ready = "1";
-    // Follow from the oldest of the cursors, so that no chart misses a point; a chart
-    // skips steps it already has.
-    return pages.reduce((min, p) => (cursorLess(p.next_cursor, min) ? p.next_cursor : min), pages[0].next_cursor);
+    return page.next_cursor;
   }
 
   async function fullResolution(zoom, source) {
@@ -77,18 +80,18 @@ export function mount(root, { id }) {
     }
     from = Math.max(0, Math.floor(from));
     to = Math.ceil(to);
-    const coarse = charts.filter((c) => c.series.coarseWithin(from, to));
-    const pages = await Promise.all(coarse.map((c) => metrics(c, { from_step: from, to_step: to })));
+    if (!series.coarseWithin(from, to)) return;
+    const page = await metrics({ from_step: from, to_step: to });
     if (stopped) return;
-    pages.forEach((page, i) => coarse[i].series.splice(from, to, page.items, page.marks));
+    series.splice(from, to, page.items, page.marks);
     group.refresh();
   }
 
   function onMetric(point) {
-    for (const c of charts) c.series.append(point);
+    series.append(point);
     setStep(point.step);
     group.refresh();
-    if (++liveSinceLoad > REFETCH_FACTOR * budget(charts[0]) && !group.zoom) {
+    if (++liveSinceLoad > REFETCH_FACTOR * budget() && !group.zoom) {
       liveSinceLoad = 0;
       loadHistory().catch(() => {});
     }
@@ -164,12 +167,16 @@ export function mount(root, { id }) {
       h("span", { class: "muted" }, ` ${fmtBytes(c.size)}`))) : h("span", { class: "muted" }, "none yet"));
   }
 
-  specEl.textContent = "";
   (async () => {
+    // The history first and alone: it is the slow part of a big run's page; the job, its
+    // events and checkpoints follow.
+    const history = loadHistory();
+    history.catch(() => {}); // a 404 is shown by poll()
     await poll();
     if (!job) return;
     specEl.textContent = JSON.stringify(job.spec, null, 2);
-    const [cursor] = await Promise.all([loadHistory(), loadEvents(), loadCheckpoints().catch(() => {})]);
+    const cursor = await history;
+    await Promise.all([loadEvents(), loadCheckpoints().catch(() => {})]);
     if (stopped) return;
     feed = new LiveFeed(id, cursor, {
       onMetric,
@@ -178,7 +185,9 @@ export function mount(root, { id }) {
       onState: (s) => { liveState.textContent = s; liveState.dataset.state = s; },
     });
     feed.start();
-  })().catch((e) => { clear(head, h("div", { class: "error" }, `Could not load job: ${e.message}`)); });
+  })().catch((e) => {
+    if (!(e instanceof ApiError && e.status === 404)) clear(head, h("div", { class: "error" }, `Could not load job: ${e.message}`));
+  });
 
   return () => {
     stopped = true;
