@@ -64,6 +64,7 @@ export function mount(root, { id }) {
     series.load(page.items, page.marks);
     group.rebuild();
     liveSinceLoad = 0;
+    await new Promise((frame) => requestAnimationFrame(frame)); // uPlot draws in a microtask
     root.dataset.drawnMs = String(Math.round(performance.now() - started));
     root.dataset.drawnAt = String(Math.round(performance.now()));
     chartsEl.dataset.ready = "1";
