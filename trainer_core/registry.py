@@ -17,7 +17,7 @@ from torch import nn
 
 from trainer_core.components.base import DataInfo, Dataset
 from trainer_core.components.losses import loss_for
-from trainer_core.components.optim import build_optimizer, build_schedule
+from trainer_core.components.optim import build_optimizer, lr_table
 from trainer_core.contract import catalog
 from trainer_core.contract.catalog import Registration
 from trainer_core.contract.errors import InvalidSpecError
@@ -29,8 +29,8 @@ __all__ = [
     "build_dataset",
     "build_model",
     "build_optimizer",
-    "build_schedule",
     "loss_for",
+    "lr_table",
     "registration",
 ]
 

@@ -6,7 +6,6 @@ import math
 from collections.abc import Callable, Iterable
 
 import torch
-from torch.optim.lr_scheduler import LambdaLR
 
 from trainer_core.contract.spec import OptimizerSpec, ScheduleSpec
 
@@ -27,13 +26,34 @@ def _param_groups(
 def build_optimizer(
     spec: OptimizerSpec, params: Iterable[torch.nn.Parameter], device: torch.device
 ) -> torch.optim.Optimizer:
-    """AdamW or SGD. On CUDA both are fused: the optimizer step reads GradScaler's inf flag on
-    the device, so fp16 training needs no per-step host sync."""
+    """AdamW or SGD, fused on the CPU and on CUDA alike.
+
+    Fused kernels take GradScaler's inf flag and a tensor learning rate on the device,
+    so an fp16 step that overflows is skipped without the host ever reading the flag,
+    and the schedule can live on the device (``trainer_core.engine.lr_schedule``).
+    SGD's momentum buffers are created zeroed here: fused SGD would otherwise allocate
+    them with ``empty_like`` on its first step, and when the scaler skips that step its
+    kernel returns early, leaving uninitialised memory that the next step reads as
+    momentum. Zero buffers give exactly the unfused first step (``buf = grad``).
+    """
+    del device  # the parameters are already on it; fused kernels exist for CPU and CUDA
     groups = _param_groups(params, spec.weight_decay)
-    fused = device.type == "cuda"
     if spec.name == "adamw":
-        return torch.optim.AdamW(groups, lr=spec.lr, betas=spec.betas, fused=fused or None)
-    return torch.optim.SGD(groups, lr=spec.lr, momentum=spec.momentum, fused=fused or None)
+        return torch.optim.AdamW(groups, lr=spec.lr, betas=spec.betas, fused=True)
+    sgd = torch.optim.SGD(groups, lr=spec.lr, momentum=spec.momentum, fused=True)
+    zero_momentum(sgd)
+    return sgd
+
+
+def zero_momentum(optimizer: torch.optim.Optimizer) -> None:
+    """Give every parameter of a momentum SGD a zeroed momentum buffer (see build_optimizer)."""
+    for group in optimizer.param_groups:
+        if not group.get("momentum"):
+            continue
+        for p in group["params"]:
+            state = optimizer.state[p]
+            if state.get("momentum_buffer") is None:
+                state["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
 
 def lr_factor(spec: ScheduleSpec, max_steps: int) -> Callable[[int], float]:
@@ -54,8 +74,22 @@ def lr_factor(spec: ScheduleSpec, max_steps: int) -> Callable[[int], float]:
     return factor
 
 
-def build_schedule(
-    spec: ScheduleSpec, optimizer: torch.optim.Optimizer, max_steps: int
-) -> torch.optim.lr_scheduler.LRScheduler:
-    """Linear warm-up then cosine, linear or constant, as a ``LambdaLR`` (checkpointable)."""
-    return LambdaLR(optimizer, lr_factor(spec, max_steps))
+def lr_table(spec: ScheduleSpec, peak_lr: float, max_steps: int) -> torch.Tensor:
+    """The learning rate after ``n`` applied optimizer steps, for n = 0..max_steps (float32, CPU).
+
+    Linear warm-up then cosine, linear or constant, as :func:`lr_factor` defines it,
+    computed for every step at once in float64. The engine keeps this table on the
+    training device and indexes it with a device-side count of applied steps, so the
+    schedule needs no host read. 4 bytes per step: a million steps take 4 MiB.
+    """
+    steps = torch.arange(max_steps + 1, dtype=torch.float64)
+    warmup, floor = spec.warmup_steps, spec.min_lr_ratio
+    progress = ((steps - warmup) / max(1, max_steps - warmup)).clamp(0.0, 1.0)
+    if spec.name == "constant":
+        decay = torch.ones_like(steps)
+    elif spec.name == "cosine":
+        decay = floor + (1 - floor) * 0.5 * (1 + torch.cos(math.pi * progress))
+    else:
+        decay = 1 - (1 - floor) * progress
+    factor = torch.where(steps < warmup, (steps + 1) / max(1, warmup), decay)
+    return (peak_lr * factor).to(torch.float32)

@@ -70,3 +70,42 @@ class EpochOrder:
         if not pieces:
             return torch.empty(0, dtype=torch.long)
         return torch.cat(pieces)
+
+
+_M32 = 0xFFFFFFFF
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """``(x * c) mod 2**32`` for int64 ``x`` in [0, 2**32), with no int64 overflow on the way."""
+    lo, hi = c & 0xFFFF, c >> 16
+    return (x * lo + (((x * hi) & 0xFFFF) << 16)) & _M32
+
+
+def _hash32(x: torch.Tensor) -> torch.Tensor:
+    """A 32-bit integer mixer (lowbias32) on int64 tensors holding values in [0, 2**32)."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def index_draws(indices: torch.Tensor, n: int, *key: int) -> torch.Tensor:
+    """``(len(indices), n)`` int64 values in [0, 2**32): column ``j`` of row ``i`` depends only on
+    ``(key, indices[i], j)``.
+
+    A counter-based generator: a whole batch's draws come from a few tensor ops on
+    whatever device ``indices`` lives on (no Python loop, no generator per sample), and a
+    sample's draws do not depend on the batch it is drawn in.
+    """
+    k = mix_seed(*key)
+    idx = indices.to(torch.int64)
+    h = _hash32((idx & _M32) ^ (k & _M32))
+    h = _hash32(h ^ (idx >> 32) ^ ((k >> 32) & _M32))
+    cols = (torch.arange(n, device=indices.device, dtype=torch.int64) * 0x9E3779B9) & _M32
+    return _hash32(h[:, None] ^ cols[None, :])
+
+
+def below(draws: torch.Tensor, n: int) -> torch.Tensor:
+    """Map 32-bit draws to integers in [0, n) (``n`` < 2**31)."""
+    return (draws * n) >> 32

@@ -7,13 +7,14 @@ Markov chain); the job's ``seed`` fixes which samples come in which order. Each
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 
 from trainer_core.components.base import DataInfo
-from trainer_core.components.sampling import EpochOrder, generator
+from trainer_core.components.sampling import EpochOrder, below, generator, index_draws
 
 
 class PoolDataset:
@@ -58,7 +59,16 @@ class SyntheticImages:
     """Every sample made from its index: a class pattern, shifted at random, plus noise.
 
     The patterns are smooth random fields (low-resolution noise upsampled), one per
-    class, so a CNN must recognise local texture wherever the shift put it.
+    class, so a CNN must recognise local texture wherever the shift put it. They are
+    stored wrap-padded by the largest shift, so a shifted pattern (``torch.roll``) is a
+    crop; the noise is a crop, at a random offset, of one field of a fixed bank of
+    Gaussian fields. A sample's label, shift, noise field and noise offset come from
+    :func:`~trainer_core.components.sampling.index_draws`: a whole batch is drawn in a
+    few tensor ops, and a sample is the same whatever batch it is drawn in.
+
+    :meth:`batch` builds a batch on the host (one fused add per image into the output);
+    :meth:`batch_on` builds it directly on a training device (two gathers and an add),
+    so a GPU never waits for the host to make images or copy them.
     """
 
     def __init__(
@@ -76,6 +86,7 @@ class SyntheticImages:
         self.seed = seed
         self.data_seed = data_seed
         self.noise = noise
+        self.max_shift = (max(1, height // 8), max(1, width // 8))
         g = generator(data_seed, 0x1A6E)
         coarse = torch.randn(classes, channels, 4, 4, generator=g)
         fine = torch.randn(classes, channels, 8, 8, generator=g) * 0.5
@@ -83,25 +94,89 @@ class SyntheticImages:
         patterns += F.interpolate(fine, size=(height, width), mode="bilinear", align_corners=False)
         mean = patterns.mean(dim=(1, 2, 3), keepdim=True)
         std = patterns.std(dim=(1, 2, 3), keepdim=True)
-        self.patterns = (patterns - mean) / std
-        self.max_shift = (max(1, height // 8), max(1, width // 8))
+        self.padded = _wrap_pad((patterns - mean) / std, *self.max_shift)
+        field = self.padded.shape[1:]
+        # Many fields for small images, a few for large ones: about 16 MiB of noise.
+        fields = max(8, min(256, 2**22 // math.prod(field)))
+        self.bank = torch.randn(fields, *field, generator=generator(data_seed, 0xB4A7))
+        self._resident: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    def sample(self, index: int) -> tuple[torch.Tensor, int]:
-        g = generator(self.seed, self.data_seed, index)
-        label = int(torch.randint(self.info.num_classes, (1,), generator=g))
-        sy, sx = (int(torch.randint(-m, m + 1, (1,), generator=g)) for m in self.max_shift)
-        image = torch.roll(self.patterns[label], shifts=(sy, sx), dims=(1, 2))
-        if self.noise:
-            image = image + self.noise * torch.randn(image.shape, generator=g)
-        return image, label
+    def _draws(self, indices: torch.Tensor) -> list[torch.Tensor]:
+        """Per sample: label, pattern offset (y, x), noise field, noise offset (y, x)."""
+        my, mx = self.max_shift
+        d = index_draws(indices, 6, self.seed, self.data_seed, 0x1A6E5)
+        limits = (
+            self.info.num_classes,
+            2 * my + 1,
+            2 * mx + 1,
+            len(self.bank),
+            2 * my + 1,
+            2 * mx + 1,
+        )
+        return [below(d[:, i], n) for i, n in enumerate(limits)]
 
     def batch(self, start: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
         c, h, w = self.info.input_shape
+        labels, *offsets = self._draws(torch.arange(start, start + size))
         images = torch.empty(size, c, h, w)
-        labels = torch.empty(size, dtype=torch.long)
-        for j in range(size):
-            images[j], labels[j] = self.sample(start + j)
+        rows = zip(labels.tolist(), *(o.tolist() for o in offsets), strict=True)
+        for j, (label, oy, ox, field, ny, nx) in enumerate(rows):
+            pattern = self.padded[label, :, oy : oy + h, ox : ox + w]
+            if self.noise:
+                noise = self.bank[field, :, ny : ny + h, nx : nx + w]
+                torch.add(pattern, noise, alpha=self.noise, out=images[j])
+            else:
+                images[j].copy_(pattern)
         return images, labels
+
+    def batch_on(
+        self, start: int, size: int, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`batch`, built on ``device`` (the patterns and the noise bank are copied
+        there once)."""
+        if device.type == "cpu":
+            return self.batch(start, size)
+        return self.gathered(start, size, device)
+
+    def gathered(
+        self, start: int, size: int, device: torch.device
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The device path: the same samples as :meth:`batch`, by indexing instead of a loop."""
+        padded, bank = self._on(device)
+        c, h, w = self.info.input_shape
+        labels, oy, ox, field, ny, nx = self._draws(
+            torch.arange(start, start + size, device=device)
+        )
+        ch = torch.arange(c, device=device)[None, :, None, None]
+        ys = torch.arange(h, device=device)[None, None, :, None]
+        xs = torch.arange(w, device=device)[None, None, None, :]
+
+        def crop(
+            source: torch.Tensor, which: torch.Tensor, y: torch.Tensor, x: torch.Tensor
+        ) -> torch.Tensor:
+            return source[
+                which[:, None, None, None],
+                ch,
+                y[:, None, None, None] + ys,
+                x[:, None, None, None] + xs,
+            ]
+
+        images = crop(padded, labels, oy, ox)
+        if self.noise:
+            images.add_(crop(bank, field, ny, nx), alpha=self.noise)
+        return images, labels
+
+    def _on(self, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        if device not in self._resident:
+            self._resident[device] = (self.padded.to(device), self.bank.to(device))
+        return self._resident[device]
+
+
+def _wrap_pad(x: torch.Tensor, my: int, mx: int) -> torch.Tensor:
+    """Pad the last two dims by wrapping around, so a crop at ``(my - sy, mx - sx)`` equals
+    ``torch.roll(x, (sy, sx), dims=(-2, -1))``."""
+    x = torch.cat([x[..., -my:, :], x, x[..., :my, :]], dim=-2)
+    return torch.cat([x[..., -mx:], x, x[..., :mx]], dim=-1).contiguous()
 
 
 def build_synthetic_images(

@@ -99,6 +99,18 @@ class AmpStep:
         scaler.update()
         return Applied(grad_norm, found_inf, scale)
 
+    def abandon(self) -> None:
+        """Forget a step that failed part-way (an OOM) so it can be run again from the start.
+
+        The gradients go, and the scaler's per-optimizer stage returns to READY (else a
+        second ``unscale_`` in the retried step raises). Nothing else moved: an OOM in
+        ``apply`` comes from an allocation (optimizer state, clipping or unscaling
+        buffers), and all of those happen before the fused kernel updates a parameter.
+        """
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.scaler is not None:
+            self.scaler._per_optimizer_states.pop(id(self.optimizer), None)
+
     def _grad_norm(self) -> torch.Tensor:
         # Stays on the device: clip_grad_norm_ multiplies by a clamped coefficient
         # instead of branching on the norm in Python.

@@ -1,4 +1,11 @@
-"""The Trainer: train -> train_step -> forward_backward, plus checkpoints, stop requests and OOM."""
+"""The Trainer: train -> train_step -> forward_backward, plus checkpoints, stop requests and OOM.
+
+Between two telemetry flushes a step reads nothing from the device: the loss, the
+gradient norm, fp16's skip flag and scale, the learning rate and the count of applied
+steps all stay device tensors (see ``host``, ``lr_schedule`` and ``telemetry``), so
+on a GPU the host runs ahead of the device by as many steps as the caching allocator
+and the data path allow.
+"""
 
 from __future__ import annotations
 
@@ -15,14 +22,16 @@ from trainer_core.contract.spec import JobSpec
 from trainer_core.engine.amp_step import AmpStep
 from trainer_core.engine.checkpoint import CheckpointStore, capture_rng, restore_rng
 from trainer_core.engine.context import Components, RunContext, TrainResult
+from trainer_core.engine.data import Feeder
 from trainer_core.engine.health import HealthMonitor
-from trainer_core.engine.memory import format_bytes, snapshot
-from trainer_core.engine.precision import choose_precision, resolve_device
+from trainer_core.engine.lr_schedule import DeviceSchedule
+from trainer_core.engine.memory import format_bytes, release_cached, snapshot
+from trainer_core.engine.precision import apply_math_mode, choose_precision, resolve_device
 from trainer_core.engine.publisher import Publisher
-from trainer_core.engine.schedule_gate import ScheduleGate
 from trainer_core.engine.telemetry import StepTelemetry
 
-CHECKPOINT_FORMAT = 1
+CHECKPOINT_FORMAT = 2
+"""2: the schedule is ``{"applied_steps": n}`` (format 1 held a LambdaLR state; both load)."""
 
 
 def seed_everything(seed: int) -> None:
@@ -41,6 +50,8 @@ class Trainer:
 
     drain_timeout_s: float = 10.0
     """How long :meth:`train` lets the publisher deliver queued telemetry at the end."""
+    prefetch_depth: int = 2
+    """Micro-batches a background thread prepares ahead (0: build each one when needed)."""
 
     def __init__(
         self, spec: JobSpec, ctx: RunContext, components: Components | None = None
@@ -49,15 +60,27 @@ class Trainer:
         self.ctx = ctx
         self.device = resolve_device(spec.device)
         self.precision = choose_precision(spec.precision, self.device)  # fails before any work
+        apply_math_mode(self.precision, self.device)
         seed_everything(spec.seed)
         parts = components or _build_components(spec, ctx)
         self.dataset = parts.dataset
         self.model = parts.model.to(self.device)  # parameters stay fp32: autocast casts per op
+        self.channels_last = self.device.type == "cuda" and _is_convolutional(self.model)
+        if self.channels_last:  # NHWC is what tensor-core convolutions want
+            self.model = self.model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
         self.optimizer = _registry().build_optimizer(
             spec.optimizer, self.model.parameters(), self.device
         )
-        scheduler = _registry().build_schedule(spec.schedule, self.optimizer, spec.max_steps)
-        self.gate = ScheduleGate(scheduler, self.device)
+        self.schedule = DeviceSchedule(
+            _registry().lr_table(spec.schedule, spec.optimizer.lr, spec.max_steps), self.optimizer
+        )
+        self.feeder = Feeder(
+            self.dataset,
+            self.device,
+            channels_last=self.channels_last,
+            depth=self.prefetch_depth,
+            end=spec.max_steps * spec.batch_size,
+        )
         self.amp = AmpStep(
             spec, self.model, self.optimizer, parts.loss_fn, self.precision, self.device
         )
@@ -91,7 +114,6 @@ class Trainer:
                 self.train_step()
                 if self.step % self.spec.checkpoint.every_steps == 0:
                     self.save_checkpoint()
-            self.gate.settle()
             if self._last_checkpoint_step != self.step:
                 self.save_checkpoint()
             self.telemetry.flush()
@@ -99,6 +121,7 @@ class Trainer:
             self._flush_quietly()
             raise
         finally:
+            self.feeder.close()
             self.telemetry.close(self.drain_timeout_s)
         return TrainResult(
             final_step=self.step,
@@ -110,20 +133,26 @@ class Trainer:
         )
 
     def train_step(self) -> None:
-        """One optimizer step over ``batch_size`` samples; retried smaller on OOM if allowed."""
+        """One optimizer step over ``batch_size`` samples; retried smaller on OOM if allowed.
+
+        An out-of-memory error in the forward, the backward or the optimizer step is
+        handled the same way: the step is abandoned, the cached memory is released once
+        the exception (whose traceback holds the step's activations) is gone, and the
+        whole step runs again with half the micro-batch.
+        """
         started = time.perf_counter()
         while True:
             try:
                 loss = self._accumulate()
+                lr = self.schedule.lr
+                applied = self.amp.apply()
                 break
             except (torch.OutOfMemoryError, RuntimeError) as exc:
                 if not is_out_of_memory(exc):
                     raise
-                self._shrink_after_oom()
-        self.gate.settle()  # the previous step's skip flag, read while this step runs
-        lr = self.gate.lr
-        applied = self.amp.apply()
-        self.gate.after_step(applied.found_inf)
+            # Outside the except block: the exception and its frames are released by now.
+            self._shrink_after_oom()
+        self.schedule.advance(applied.found_inf)
         self.step += 1
         self.telemetry.record(
             self.step,
@@ -138,7 +167,6 @@ class Trainer:
 
     def state_dict(self) -> dict[str, Any]:
         """Everything exact resume needs, as tensors and plain types (weights_only-loadable)."""
-        self.gate.settle()
         scaler = self.amp.scaler
         return {
             "format": CHECKPOINT_FORMAT,
@@ -149,7 +177,7 @@ class Trainer:
             "precision": self.precision.effective,
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
-            "scheduler": self.gate.scheduler.state_dict(),
+            "scheduler": self.schedule.state_dict(),
             "scaler": scaler.state_dict() if scaler is not None else None,
             "rng": capture_rng(),
         }
@@ -158,7 +186,8 @@ class Trainer:
         """Restore a :meth:`state_dict`; the run then continues exactly where it was."""
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self.gate.scheduler.load_state_dict(state["scheduler"])
+        _keep_build_options(self.optimizer)
+        self.schedule.load_state_dict(state["scheduler"])
         if self.amp.scaler is not None and state.get("scaler"):
             self.amp.scaler.load_state_dict(state["scaler"])
         self.step = int(state["step"])
@@ -204,9 +233,7 @@ class Trainer:
         start, micro, accum = self.samples_consumed, self.micro_batch, self.grad_accum
         total: torch.Tensor | None = None
         for i in range(accum):
-            inputs, targets = self.dataset.batch(start + i * micro, micro)
-            inputs = inputs.to(self.device, non_blocking=True)
-            targets = targets.to(self.device, non_blocking=True)
+            inputs, targets = self.feeder.get(start + i * micro, micro)
             loss = self.amp.forward_backward(inputs, targets, accum, last=i == accum - 1)
             total = loss if total is None else total + loss
         assert total is not None
@@ -214,10 +241,10 @@ class Trainer:
 
     def _shrink_after_oom(self) -> None:
         """Halve the micro-batch (doubling accumulation) or raise OutOfMemoryError."""
-        self.optimizer.zero_grad(set_to_none=True)
+        self.amp.abandon()
+        self.feeder.reset()
         peak = snapshot(self.device).peak
-        if self.device.type == "cuda":
-            torch.cuda.empty_cache()
+        release_cached(self.device)
         old = self.micro_batch
         smaller = _largest_divisor_at_most(self.spec.batch_size, old // 2)
         if not self.spec.auto_micro_batch or smaller < 1:
@@ -251,7 +278,6 @@ class Trainer:
         reason = self.ctx.should_stop()
         if reason is None:
             return
-        self.gate.settle()
         self.save_checkpoint()
         self.telemetry.flush()
         if reason == "preempt":
@@ -272,6 +298,19 @@ def _largest_divisor_at_most(n: int, limit: int) -> int:
         if n % d == 0:
             return d
     return 0
+
+
+def _is_convolutional(model: torch.nn.Module) -> bool:
+    return any(isinstance(m, torch.nn.Conv2d) for m in model.modules())
+
+
+def _keep_build_options(optimizer: torch.optim.Optimizer) -> None:
+    """``load_state_dict`` copies every saved group option over the built ones; keep the
+    kernel choice (fused) this engine built, whatever an older checkpoint recorded."""
+    for group in optimizer.param_groups:
+        for key in ("fused", "foreach"):
+            if key in optimizer.defaults:
+                group[key] = optimizer.defaults[key]
 
 
 def _registry() -> Any:

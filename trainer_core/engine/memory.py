@@ -57,3 +57,13 @@ def _peak_rss() -> int:
 def format_bytes(n: int) -> str:
     """Human-readable size for error messages."""
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def release_cached(device: torch.device) -> None:
+    """Hand the allocator's cached blocks back (CUDA), e.g. after an out-of-memory error.
+
+    Call it only once the exception is gone: its traceback holds the failed step's
+    frames and with them its activations, which ``empty_cache`` cannot release.
+    """
+    if device.type == "cuda":
+        torch.cuda.empty_cache()

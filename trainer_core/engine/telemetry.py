@@ -1,7 +1,8 @@
 """Per-step records without per-step host syncs.
 
 Each step hands over its values as device tensors (references only: no kernel,
-no copy). They reach the host together, in ONE ``torch.stack(...).tolist()``,
+no copy), the learning rate included. They reach the host together, in ONE
+``torch.stack(...).tolist()`` through :class:`~trainer_core.engine.host.HostReads`,
 when a flush is due: every ``flush_every_steps`` steps or after
 ``flush_every_ms``, whichever comes first. That is also when memory is read
 (one ``torch.cuda.memory_stats()`` call), health is checked and the batch is
@@ -19,6 +20,7 @@ import torch
 from trainer_core.contract.records import event, metric
 from trainer_core.contract.spec import TelemetrySpec
 from trainer_core.engine.health import HealthMonitor
+from trainer_core.engine.host import HostReads
 from trainer_core.engine.memory import snapshot
 from trainer_core.engine.publisher import Publisher
 
@@ -28,7 +30,6 @@ class _Pending:
     """Host-side facts of one step; its device values sit in ``StepTelemetry._values``."""
 
     step: int
-    lr: float
     samples: int
     started: float  # perf_counter when the step was entered
     ended: float  # perf_counter when its last kernel was *enqueued*
@@ -51,7 +52,7 @@ class StepTelemetry:
         self._health = health
         self._publisher = publisher
         self._with_scaler = with_scaler
-        self._values: list[torch.Tensor] = []  # per step: loss, grad_norm[, found_inf, scale]
+        self._values: list[torch.Tensor] = []  # per step: loss, grad_norm, lr[, found_inf, scale]
         self._pending: list[_Pending] = []
         self._wall_offset = time.time() - time.perf_counter()
         self._last_flush = time.perf_counter()
@@ -59,6 +60,7 @@ class StepTelemetry:
         self._dropped_reported = 0
         self.skipped_steps = 0
         self.last_record: dict[str, Any] | None = None
+        self.host = HostReads()
 
     def record(
         self,
@@ -68,17 +70,17 @@ class StepTelemetry:
         grad_norm: torch.Tensor,
         found_inf: torch.Tensor | None,
         scale: torch.Tensor | None,
-        lr: float,
+        lr: torch.Tensor,
         samples: int,
         started: float,
     ) -> None:
         """Keep one step's values; flush when a flush is due (may raise DivergedError)."""
-        self._values += (loss, grad_norm)
+        self._values += (loss, grad_norm, lr)
         if self._with_scaler:
             assert found_inf is not None and scale is not None
             self._values += (found_inf, scale)
         now = time.perf_counter()
-        self._pending.append(_Pending(step, lr, samples, started, now))
+        self._pending.append(_Pending(step, samples, started, now))
         if (
             len(self._pending) >= self._spec.flush_every_steps
             or now - self._last_flush >= self._flush_interval_s
@@ -123,16 +125,16 @@ class StepTelemetry:
 
     def _build_records(self) -> list[dict[str, Any]]:
         # The one device->host transfer of this flush (a sync on CUDA).
-        values = torch.stack(self._values).tolist() if self._values else []
+        values = self.host.floats(self._values) if self._values else []
         host_done = time.perf_counter()
         mem = snapshot(self._device)
-        width = 4 if self._with_scaler else 2
+        width = 5 if self._with_scaler else 3
         pending, self._pending, self._values = self._pending, [], []
         records = []
         device_done = host_done if self._device.type == "cuda" else pending[-1].ended
         timeline = self._timeline(pending, device_done)
         for i, (p, (start, end)) in enumerate(zip(pending, timeline, strict=True)):
-            loss, norm, *rest = values[i * width : (i + 1) * width]
+            loss, norm, lr, *rest = values[i * width : (i + 1) * width]
             skipped = bool(rest and rest[0] > 0)
             self.skipped_steps += skipped
             step_s = max(end - start, 1e-9)
@@ -144,7 +146,7 @@ class StepTelemetry:
                     loss_scale=rest[1] if rest else None,
                     skipped=skipped,
                     grad_norm=None if skipped else norm,
-                    lr=p.lr,
+                    lr=lr,
                     memory_allocated=mem.allocated,
                     memory_reserved=mem.reserved,
                     memory_peak=mem.peak,

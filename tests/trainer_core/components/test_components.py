@@ -1,4 +1,4 @@
-"""Built-in components: deterministic datasets, model shapes, registry errors, losses, schedules."""
+"""Built-in components: deterministic datasets, model shapes, registry errors, losses."""
 
 from __future__ import annotations
 
@@ -10,9 +10,8 @@ import torch
 
 from trainer_core import registry
 from trainer_core.components.base import DataInfo
-from trainer_core.components.optim import lr_factor
 from trainer_core.contract.errors import InvalidSpecError
-from trainer_core.contract.spec import ComponentRef, OptimizerSpec, ScheduleSpec
+from trainer_core.contract.spec import ComponentRef
 
 SMALL = {
     "synthetic-classification": {"features": 8, "classes": 4, "num_samples": 50},
@@ -74,6 +73,26 @@ def test_synthetic_images_have_any_size_and_class_dependent_means() -> None:
     # Noise-free samples of one class are shifts of one pattern: same pixel multiset.
     same = (y == y[0]).nonzero().flatten()
     assert torch.allclose(x[same[0]].flatten().sort().values, x[same[-1]].flatten().sort().values)
+
+
+def test_synthetic_images_are_built_a_batch_at_a_time_the_same_on_host_and_device() -> None:
+    ds = _dataset("synthetic-images", classes=7)
+    x, y = ds.batch(1000, 300)
+    # The device path (gathers instead of a loop), run here on the CPU: the same samples.
+    gx, gy = ds.gathered(1000, 300, torch.device("cpu"))
+    assert torch.equal(x, gx) and torch.equal(y, gy)
+    counts = torch.bincount(y, minlength=7)
+    assert int(counts.min()) > 20  # every class drawn, none starved (300 draws, 7 classes)
+    assert abs(float(x.mean())) < 0.1 and 0.9 < float(x.std()) < 1.3
+
+
+@pytest.mark.gpu
+def test_synthetic_images_on_cuda_equal_the_host_batch() -> None:
+    ds = _dataset("synthetic-images")
+    x, y = ds.batch(5, 64)
+    gx, gy = ds.batch_on(5, 64, torch.device("cuda"))
+    assert gx.is_cuda and torch.equal(gy.cpu(), y)
+    torch.testing.assert_close(gx.cpu(), x, rtol=0, atol=1e-6)  # a fused multiply-add at most
 
 
 @pytest.mark.parametrize(("model", "data"), PAIRS)
@@ -159,55 +178,3 @@ def test_registry_errors_name_the_field(kind: str, ref: dict[str, Any], message:
             registry.build_dataset(ComponentRef(**ref), seed=0)
     assert err.value.message.startswith(message)
     assert err.value.code == "invalid_spec" and not err.value.retryable
-
-
-def test_optimizers_decay_only_matrices() -> None:
-    net = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
-    for name in ("adamw", "sgd"):
-        opt = registry.build_optimizer(
-            OptimizerSpec(name=name, weight_decay=0.1), net.parameters(), torch.device("cpu")
-        )
-        decayed = [g for g in opt.param_groups if g["weight_decay"] == 0.1]
-        assert [p.shape for p in decayed[0]["params"]] == [torch.Size([4, 4])]
-        assert sum(len(g["params"]) for g in opt.param_groups) == 4
-        assert not opt.defaults.get("fused")
-    assert isinstance(
-        registry.build_optimizer(OptimizerSpec(), net.parameters(), torch.device("cpu")),
-        torch.optim.AdamW,
-    )
-
-
-@pytest.mark.gpu
-def test_optimizers_are_fused_on_cuda() -> None:
-    net = torch.nn.Linear(4, 4).cuda()
-    for name in ("adamw", "sgd"):
-        opt = registry.build_optimizer(
-            OptimizerSpec(name=name), net.parameters(), torch.device("cuda")
-        )
-        assert opt.defaults["fused"] is True
-
-
-def test_schedules_warm_up_then_decay() -> None:
-    cos = lr_factor(ScheduleSpec(name="cosine", warmup_steps=4, min_lr_ratio=0.1), 14)
-    assert [cos(s) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
-    assert (
-        cos(9) == pytest.approx(0.55)
-        and cos(14) == pytest.approx(0.1)
-        and cos(100) == pytest.approx(0.1)
-    )
-    lin = lr_factor(ScheduleSpec(name="linear", min_lr_ratio=0.0), 10)
-    assert [lin(s) for s in (0, 5, 10)] == [1.0, 0.5, 0.0]
-    const = lr_factor(ScheduleSpec(name="constant", warmup_steps=2), 10)
-    assert [const(s) for s in (0, 1, 5)] == [0.5, 1.0, 1.0]
-
-
-def test_schedule_drives_the_optimizer_lr() -> None:
-    p = torch.nn.Parameter(torch.zeros(2, 2))
-    opt = registry.build_optimizer(OptimizerSpec(lr=0.1), [p], torch.device("cpu"))
-    sched = registry.build_schedule(ScheduleSpec(name="linear", warmup_steps=2), opt, 6)
-    lrs = []
-    for _ in range(6):
-        lrs.append(opt.param_groups[0]["lr"])
-        opt.step()
-        sched.step()
-    assert lrs == pytest.approx([0.05, 0.1, 0.1, 0.075, 0.05, 0.025])

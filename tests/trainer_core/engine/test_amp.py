@@ -1,8 +1,11 @@
-"""The AMP step: skipped steps, the fp32 loss island, OOM handling, divergence and warnings."""
+"""The AMP step: skipped steps, the fp32 loss island, OOM handling (in the forward, the backward
+or the optimizer step), divergence and warnings."""
 
 from __future__ import annotations
 
 import math
+import sys
+import weakref
 from typing import Any
 
 import pytest
@@ -14,7 +17,7 @@ from tests.support.sinks import ListSink
 from trainer_core.components.base import DataInfo
 from trainer_core.contract.errors import DivergedError, OutOfMemoryError
 from trainer_core.contract.spec import parse_spec
-from trainer_core.engine import Components, RunContext, Trainer
+from trainer_core.engine import Components, RunContext, Trainer, loop
 
 
 class TinyData:
@@ -195,3 +198,85 @@ def test_fp16_overflow_warnings_then_divergence_suggests_bf16() -> None:
     assert warnings["consecutive_skips"]["step"] == 6
     assert warnings["low_loss_scale"]["step"] == 6  # scale 64 < 128
     assert "frequent gradient overflow" in warnings["low_loss_scale"]["data"]["message"]
+
+
+class OomOnce(TinyNet):
+    """Raises one OOM in its forward during step ``at`` (1-based), then trains normally."""
+
+    def __init__(self, at: int) -> None:
+        super().__init__()
+        self.at = at
+        self.trainer: Trainer | None = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.trainer is not None and self.trainer.step + 1 == self.at:
+            self.at = -1
+            raise torch.OutOfMemoryError("CUDA out of memory (injected in the forward)")
+        return super().forward(x)
+
+
+def _oom_in_optimizer_step_once(trainer: Trainer, at: int) -> None:
+    step = trainer.optimizer.step
+
+    def failing_step(*args: Any, **kwargs: Any) -> Any:
+        nonlocal at
+        if trainer.step + 1 == at:
+            at = -1
+            raise torch.OutOfMemoryError("CUDA out of memory (injected in the optimizer step)")
+        return step(*args, **kwargs)
+
+    trainer.optimizer.step = failing_step  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize("precision", ["fp16", "fp32"])
+def test_an_oom_in_the_optimizer_step_is_retried_like_one_in_the_forward(precision: str) -> None:
+    # fp16: the retried step must unscale again, so the scaler's stage has to be reset.
+    spec_ = spec(batch_size=16, auto_micro_batch=True, precision=precision)
+    in_forward = OomOnce(at=3)
+    a = Trainer(spec_, RunContext(None, sink=(sink_a := ListSink())), components(in_forward))
+    in_forward.trainer = a
+    a.train()
+    b = Trainer(spec_, RunContext(None, sink=(sink_b := ListSink())), components())
+    _oom_in_optimizer_step_once(b, at=3)
+    b.train()
+    for sink in (sink_a, sink_b):
+        (event,) = sink.events("micro_batch")
+        assert (event["step"], event["data"]["old"], event["data"]["new"]) == (2, 16, 8)
+    assert (b.micro_batch, b.grad_accum, b.step) == (8, 2, 6)
+    for (name, pa), pb in zip(a.model.named_parameters(), b.model.parameters(), strict=True):
+        assert torch.equal(pa, pb), name
+    assert [m["loss"] for m in sink_a.metrics().values()] == [
+        m["loss"] for m in sink_b.metrics().values()
+    ]
+
+
+def test_an_oom_in_the_optimizer_step_without_auto_micro_batch_names_it() -> None:
+    trainer = Trainer(spec(batch_size=16, precision="fp16"), RunContext(None), components())
+    _oom_in_optimizer_step_once(trainer, at=2)
+    with pytest.raises(OutOfMemoryError) as info:
+        trainer.train()
+    assert info.value.step == 2 and "micro-batch 16" in info.value.message
+
+
+def test_cached_memory_is_released_after_the_failed_steps_activations_are_gone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    activations: list[weakref.ref[torch.Tensor]] = []
+    seen: list[tuple[bool, bool]] = []
+
+    class Big(TinyNet):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            if x.shape[0] > 4:
+                activation = torch.ones(x.shape[0], 4096)  # held by this frame when it raises
+                activations.append(weakref.ref(activation))
+                raise torch.OutOfMemoryError("CUDA out of memory (injected)")
+            return super().forward(x)
+
+    def release(device: torch.device) -> None:
+        handling = sys.exc_info()[0] is not None
+        seen.append((handling, any(ref() is not None for ref in activations)))
+
+    monkeypatch.setattr(loop, "release_cached", release)
+    Trainer(spec(batch_size=16, auto_micro_batch=True), RunContext(None), components(Big())).train()
+    assert len(activations) == 2  # 16 -> 8 -> 4
+    assert seen == [(False, False), (False, False)]  # no exception in flight, activations freed

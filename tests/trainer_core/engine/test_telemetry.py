@@ -67,22 +67,25 @@ def test_every_step_reaches_the_sink_once_in_order_in_flushes_of_the_configured_
     assert result.last_record == records[-1] and result.dropped_records == 0
 
 
-class SlowData:
-    """Each batch takes >= 3 ms, so a 1 ms flush interval is always due after a step."""
-
+class Data:
     info = DataInfo("classification", (4,), 2)
 
     def batch(self, start: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        deadline = time.perf_counter() + 0.003
-        while time.perf_counter() < deadline:
-            pass
         idx = torch.arange(start, start + size)
         return torch.cos(idx[:, None] * torch.ones(1, 4)), idx % 2
 
 
+class SlowNet(nn.Linear):
+    """Each forward takes >= 3 ms, so a 1 ms flush interval is always due after a step."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.003)
+        return super().forward(x)
+
+
 def test_the_time_limit_flushes_before_the_step_count() -> None:
     sink = BatchSink()
-    parts = Components(nn.Linear(4, 2), SlowData(), nn.functional.cross_entropy)
+    parts = Components(SlowNet(4, 2), Data(), nn.functional.cross_entropy)
     spec_ = spec(max_steps=5, telemetry={"flush_every_steps": 1000, "flush_every_ms": 1})
     Trainer(spec_, RunContext(None, sink=sink), parts).train()
     assert [len(b) for b in sink.metric_batches()] == [1, 1, 1, 1, 1]

@@ -1,0 +1,91 @@
+"""Where device values reach the host, and a counter of the host's waits on a GPU.
+
+The engine reads device values on the host in one place only: :meth:`HostReads.floats`,
+called once per telemetry flush (plus the checkpoint, which is a flush point). Every
+other per-step value (loss, grad norm, inf flag, loss scale, learning rate, applied
+steps) stays on the device between flushes. Tests count the calls here and, with a
+dispatch mode, every ``.item()``-style read anywhere, to prove it.
+
+:class:`HostWaits` counts what makes the host wait for a CUDA device: stream, event and
+device synchronizations, through PyTorch's GPU trace hooks. ``.item()``, ``.tolist()``
+and blocking copies report as stream synchronizations; ``Event.synchronize()``, which
+``torch.cuda.set_sync_debug_mode`` does not see, reports as an event synchronization.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import Any
+
+import torch
+
+
+class HostReads:
+    """The engine's one door from device values to the host; ``count`` says how often it opened."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def floats(self, values: Sequence[torch.Tensor]) -> list[float]:
+        """One transfer for all ``values`` (0-d tensors of one dtype): a sync on CUDA."""
+        self.count += 1
+        return torch.stack(list(values)).tolist()
+
+
+_KINDS = ("event_synchronization", "stream_synchronization", "device_synchronization")
+
+
+class HostWaits:
+    """While active, counts CUDA host waits by kind and by thread name.
+
+    ``with HostWaits() as waits: ...`` then ``waits.total`` or ``waits.by_kind``. The
+    trace hooks stay armed in the process afterwards (PyTorch cannot disarm them); the
+    callbacks are removed, so the cost left behind is a no-op Python call per sync.
+    """
+
+    def __init__(self) -> None:
+        self.by_kind: Counter[str] = Counter()
+        self.by_thread: Counter[str] = Counter()
+        self._callbacks: list[tuple[Any, Callable[..., None]]] = []
+        self._lock = threading.Lock()
+
+    @property
+    def total(self) -> int:
+        return sum(self.by_kind.values())
+
+    def __enter__(self) -> HostWaits:
+        from torch.cuda import _gpu_trace
+
+        torch._C._activate_gpu_trace()
+        for kind in _KINDS:
+            registry = getattr(_gpu_trace, _registry_name(kind))
+            callback = self._counter(kind)
+            registry.add_callback(callback)
+            self._callbacks.append((registry, callback))
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        for registry, callback in self._callbacks:
+            registry.callback_list.remove(callback)
+        self._callbacks.clear()
+
+    def _counter(self, kind: str) -> Callable[..., None]:
+        def count(*_: Any) -> None:
+            with self._lock:
+                self.by_kind[kind] += 1
+                self.by_thread[threading.current_thread().name] += 1
+
+        return count
+
+
+def _registry_name(kind: str) -> str:
+    # event_synchronization -> EventSynchronizationCallbacks
+    return "".join(part.title() for part in kind.split("_")) + "Callbacks"
