@@ -2,7 +2,7 @@
 
 FastAPI- and torch-free: the worker imports it. One stream per job
 (:meth:`api.core.redis.Keys.telemetry`); entries are flat string fields (about
-2.5x smaller than one JSON blob per entry, see FIELD-NOTES). Metric values are
+2.5x smaller than one JSON blob per entry, as measured). Metric values are
 JSON scalars so ``null`` and booleans survive the round trip.
 
 Three kinds of entry: ``metric`` (one optimizer step), ``event`` and ``end``

@@ -10,7 +10,7 @@ never slows the reader, the other watchers or the worker; :mod:`api.services.wat
 that into a ``gap`` message and the client resumes from its cursor.
 
 Runs on the server's event loop (redis.asyncio with a BlockingConnectionPool; a
-plain pool broke under 200 watchers, see FIELD-NOTES).
+plain pool broke under 200 watchers).
 """
 
 from __future__ import annotations
