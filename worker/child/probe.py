@@ -5,7 +5,12 @@ and prints the report as JSON. It imports torch and may initialise CUDA, which
 is why it is a process of its own.
 
 Each device says what ``precision: auto`` picks on it and why, using the
-engine's own policy (:func:`trainer_core.engine.precision.choose_precision`).
+engine's own policy (:func:`trainer_core.engine.precision.choose_precision`). The
+CPU entry carries the flags that policy reads (``amx``, ``avx512_bf16``) and the
+short bf16-vs-fp32 measurement it relies on when only ``avx512_bf16`` is present
+(``bf16_probe``, see :mod:`trainer_core.engine.cpu_probe`). A training child on
+such a CPU measures again, once, with the same function: the report shows what
+jobs on this machine will decide, without a new field in the launch message.
 """
 
 from __future__ import annotations
@@ -93,8 +98,13 @@ def _cuda_devices(torch: Any) -> list[dict[str, Any]]:
 def _cpu_device(torch: Any) -> dict[str, Any]:
     import psutil
 
-    from trainer_core.engine.precision import choose_precision, cpu_has_amx
+    from trainer_core.engine.cpu_probe import cpu_features, measure_bf16
+    from trainer_core.engine.precision import choose_precision
 
+    feats = cpu_features()
+    # Measured whatever the flags say, so the report shows what bf16 is worth here; the
+    # policy consults the same (cached) measurement only when the flags leave it open.
+    probe = measure_bf16()
     choice = choose_precision("auto", torch.device("cpu"))
     memory = psutil.virtual_memory().total
     return {
@@ -103,8 +113,10 @@ def _cpu_device(torch: Any) -> dict[str, Any]:
         "cores": os.cpu_count() or 1,
         "physical_cores": psutil.cpu_count(logical=False),
         "memory_bytes": int(memory),
-        "amx": cpu_has_amx(),
-        "isa": torch.backends.cpu.get_cpu_capability(),
+        "amx": feats.amx,
+        "avx512_bf16": feats.avx512_bf16,
+        "isa": feats.isa,
+        "bf16_probe": probe.to_dict(),
         "auto_precision": {"effective": choice.effective, "reason": choice.reason},
     }
 
