@@ -109,8 +109,8 @@ class MetricPage(BaseModel):
     next_cursor: str | None
     """Pass as ``after`` to get only newer points."""
     marks: list[BucketMark] = Field(default_factory=list)
-    """With ``max_points``: the buckets holding skipped or non-finite steps and how many
-    (each bucket's first such step is always among ``items``; all are when they fit)."""
+    """Only with ``max_points``: the buckets holding skipped or non-finite steps and how
+    many (each bucket's first such step is always among ``items``; all are when they fit)."""
 
 
 class EventOut(BaseModel):

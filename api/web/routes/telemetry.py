@@ -17,7 +17,8 @@ from api.web.schemas import BucketMark, EventOut, EventPage, MetricPage
 router = APIRouter(prefix="/jobs", tags=["telemetry"])
 
 
-@router.get("/{job_id}/metrics", response_model=MetricPage)
+# Unset fields stay out: ``marks`` belongs to max_points answers only.
+@router.get("/{job_id}/metrics", response_model=MetricPage, response_model_exclude_unset=True)
 def read_metrics(
     job_id: str,
     session: SessionDep,
