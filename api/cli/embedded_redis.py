@@ -40,7 +40,8 @@ class EmbeddedRedis:
 
     def __init__(self, directory: Path, *, appendonly: bool = True) -> None:
         self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
+        # Its append-only file holds every job's telemetry: private to this user.
+        self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.socket = self.directory / "redis.sock"
         self.appendonly = appendonly
         self.process: subprocess.Popen[bytes] | None = None

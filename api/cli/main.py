@@ -45,7 +45,7 @@ COMMANDS: dict[str, Lazy] = {
         "api.cli.server:api", "Run the HTTP API (recorder and dispatcher included).", "api", _API
     ),
     "db": Lazy("api.cli.server:db", "Database migrations.", "api", _STORE),
-    "token": Lazy("api.cli.server:token", "Manage API tokens.", "api", _STORE),
+    "token": Lazy("api.cli.tokens:token", "Create, list and revoke API tokens.", "api", _STORE),
     "worker": Lazy(
         "worker.main.cli:worker",
         "Run a Celery worker that trains jobs.",

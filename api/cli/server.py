@@ -1,6 +1,9 @@
-"""``amptrain api``, ``amptrain db upgrade|downgrade`` and ``amptrain token create``."""
+"""``amptrain api`` and ``amptrain db upgrade|downgrade`` (tokens: :mod:`api.cli.tokens`)."""
 
 from __future__ import annotations
+
+import logging
+import os
 
 import click
 
@@ -21,8 +24,11 @@ def api(host: str, port: int, log_level: str) -> None:
     from api.core.logs import configure_logging
     from api.core.settings import get_settings
 
+    os.umask(0o077)  # the SQLite file, the admin token: readable by this user only
     # One format for our loggers and uvicorn's (log_config=None: uvicorn adds no handlers).
     configure_logging(get_settings().log_format, component="api", level=log_level)
+    for name in ("uvicorn.access", "uvicorn.error"):  # WebSocket handshakes log to .error
+        logging.getLogger(name).addFilter(strip_query_strings)
     _tune_gc()
     uvicorn.run(
         "api.web.app:create_app",
@@ -37,6 +43,17 @@ def api(host: str, port: int, log_level: str) -> None:
         ws_max_queue=16,
         timeout_graceful_shutdown=15,
     )
+
+
+def strip_query_strings(record: logging.LogRecord) -> bool:
+    """Access-log filter: paths without their query strings (cursors, filters and anything
+    a client put in a URL stay out of the logs)."""
+    if isinstance(record.args, tuple):
+        record.args = tuple(
+            arg.partition("?")[0] if isinstance(arg, str) and arg.startswith("/") else arg
+            for arg in record.args
+        )
+    return True
 
 
 def _tune_gc() -> None:
@@ -69,6 +86,7 @@ def upgrade(revision: str) -> None:
     from api.store import migrate
 
     settings = get_settings()
+    os.umask(0o077)
     _ensure_sqlite_dir(settings.database_url)
     migrate.upgrade(settings.database_url, revision)
     click.echo(f"database at {migrate.current_revision(settings.database_url)}")
@@ -86,33 +104,6 @@ def downgrade(revision: str) -> None:
     click.echo(f"database at {migrate.current_revision(settings.database_url) or 'base'}")
 
 
-@click.group()
-def token() -> None:
-    """Manage API tokens."""
-
-
-@token.command("create")
-@click.argument("name")
-@click.option("--admin", is_flag=True, help="May see and cancel every user's jobs.")
-def create(name: str, admin: bool) -> None:
-    """Create a token called NAME and print it (it is stored hashed: shown only now)."""
-    from api.core.settings import get_settings
-    from api.store import tokens
-    from api.store.db import make_engine, make_session_factory
-
-    engine = make_engine(get_settings().database_url)
-    try:
-        with make_session_factory(engine)() as s:
-            try:
-                plaintext = tokens.create_token(s, name, is_admin=admin)
-            except tokens.TokenNameTaken as exc:
-                raise click.ClickException(str(exc)) from None
-            s.commit()
-    finally:
-        engine.dispose()
-    click.echo(plaintext)
-
-
 def _ensure_sqlite_dir(url: str) -> None:
     import sqlalchemy as sa
 
@@ -120,4 +111,4 @@ def _ensure_sqlite_dir(url: str) -> None:
     if parsed.get_backend_name() == "sqlite" and parsed.database not in (None, "", ":memory:"):
         from pathlib import Path
 
-        Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        Path(parsed.database).parent.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -42,6 +42,15 @@ def _stop(proc: subprocess.Popen[bytes], name: str, sig: int = signal.SIGTERM) -
         proc.wait()
 
 
+def make_private(data_dir: Path) -> None:
+    """Everything this process and its children create is theirs alone (umask 077: the
+    SQLite file, Redis' append-only file, checkpoints, the admin token), and the data
+    directory itself is 0700 even when it existed before."""
+    os.umask(0o077)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    data_dir.chmod(0o700)
+
+
 def up_settings(data_dir: Path | None) -> Settings:
     """The environment's settings, with ``--data-dir`` applied and text logs unless
     ``AMPTRAIN_LOG_FORMAT`` chose otherwise."""
@@ -71,7 +80,7 @@ def _prepare(settings: Settings) -> bool:
     migrate.upgrade(settings.database_url)
     engine = make_engine(settings.database_url)
     try:
-        return ensure_admin_token(settings, make_session_factory(engine))
+        return ensure_admin_token(settings, make_session_factory(engine), reveal=True)
     finally:
         engine.dispose()
 
@@ -88,7 +97,7 @@ def _prepare(settings: Settings) -> bool:
 def up(host: str, port: int, data_dir: Path | None) -> None:
     """Run everything on this machine: Redis, database, one worker, the API."""
     settings = up_settings(data_dir)
-    settings.data_dir.mkdir(parents=True, exist_ok=True)
+    make_private(settings.data_dir)
     redis_server = None
     if settings.wants_embedded_redis:
         redis_server = EmbeddedRedis(settings.embedded_redis_dir).start()

@@ -9,6 +9,7 @@ their use, so a dead Redis never hangs a caller.
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import Any
 
@@ -72,6 +73,14 @@ class Keys:
     """Set of live worker names (each also has an ``info`` key with a TTL)."""
     DISPATCHER_LEADER = "amptrain:dispatcher:leader"
     """redis-py Lock: the one API process that sweeps the outbox and reconciles leases."""
+    RATE_LIMITS = "amptrain:limits"
+    """Prefix of the ``limits`` library's per-user write-rate windows."""
+
+    @staticmethod
+    def user_live(user: str) -> str:
+        """Sorted set of a user's open WebSocket/SSE watchers (member: connection id, score:
+        when it lapses unless refreshed). Keyed by a digest: token names are free text."""
+        return f"amptrain:user:{hashlib.sha256(user.encode()).hexdigest()[:32]}:live"
 
     @staticmethod
     def telemetry(job_id: str) -> str:

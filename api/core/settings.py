@@ -16,7 +16,8 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-QUEUE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+QUEUE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,15}$")
+"""At most 16 characters: the width of ``jobs.queue``."""
 TRANSPORT_KEYS = frozenset({"unacked", "unacked_index", "unacked_mutex", "celery", "celeryev"})
 """Redis keys kombu's Redis transport uses for itself; a queue of that name would overwrite them."""
 
@@ -37,7 +38,22 @@ class Settings(BaseSettings):
     admin_token: SecretStr | None = None
     """The first admin token; generated (and saved with mode 0600) when unset."""
     data_roots: Annotated[list[str], NoDecode] = Field(default_factory=list)
-    """Directories datasets may read from (JSON list or ``os.pathsep``-separated); default ``[{data_dir}/data]``."""
+    """Directories (or URLs) datasets may read from: a JSON list, ``os.pathsep``-separated
+    directories, or comma-separated when any is a URL; default ``[{data_dir}/data]``."""
+    data_protocols: Annotated[list[str], NoDecode] = Field(default_factory=lambda: ["file"])
+    """Protocols a ``tensors`` path may use (comma-separated), e.g. ``file,s3,gs``; default
+    local files only. Every data root must use one of them."""
+    data_roots_per_user: bool = False
+    """Data roots are shared by every user (default); true makes each user read only
+    under ``ROOT/<token name>/`` of every root."""
+    job_runtime_default_seconds: int = Field(default=24 * 3600, ge=1)
+    """Wall-clock limit of one attempt whose spec gives no ``max_runtime_s``."""
+    job_runtime_limit_seconds: int = Field(default=7 * 24 * 3600, ge=1)
+    """Largest ``max_runtime_s`` a spec may ask for (more is a 422)."""
+    max_job_memory_gib: float = Field(default=256.0, gt=0)
+    """Most memory one job may need by the API's estimate from its spec (parameters,
+    gradients, optimizer state, synthetic data; more is a 422); every worker also checks
+    the fuller estimate against its own device before training."""
     lease_seconds: float = Field(default=30.0, gt=0)
     """A running attempt's lease; a worker that stops heartbeating loses the job after this long."""
     heartbeat_seconds: float = Field(default=5.0, gt=0)
@@ -61,6 +77,27 @@ class Settings(BaseSettings):
     keeps each queue as a Redis list of that very name, so a job may only pick one of
     these, and a name that collides with the transport's own keys is refused here."""
 
+    max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
+    """Largest request body the API reads; a longer one is refused with 413 before it is
+    parsed (counted as it arrives, so chunked bodies are cut off too)."""
+    max_spec_bytes: int = Field(default=16 * 1024, ge=1024)
+    """Largest job spec (as canonical JSON) ``POST /jobs`` stores; it is returned by every
+    ``GET /jobs`` page, so this bounds listings."""
+    max_page_bytes: int = Field(default=1024 * 1024, ge=64 * 1024)
+    """``GET /jobs`` ends a page early (with a ``next_cursor``) once its specs reach this size."""
+    max_active_jobs_per_user: int = Field(default=50, ge=1)
+    """Queued + running jobs one token may have; more is a 429 naming the limit and the
+    use. Admin tokens are exempt."""
+    max_live_connections_per_user: int = Field(default=20, ge=1)
+    """Concurrent WebSocket + SSE watchers per token, across every API process."""
+    write_rate_limit: str = "120/minute"
+    """Writes (POST, PUT, PATCH, DELETE) per token, in ``limits`` notation (``10/second``,
+    ``120/minute;1000/hour``), shared by every API process through Redis; more is a 429
+    with ``Retry-After``."""
+    token_recheck_seconds: float = Field(default=5.0, gt=0)
+    """An open WebSocket or SSE stream re-checks its token (revoked? expired?) at its next
+    message once this long has passed since the last check."""
+
     _redis_derived: bool = PrivateAttr(default=False)
 
     @field_validator("queues", mode="before")
@@ -77,10 +114,17 @@ class Settings(BaseSettings):
             if not QUEUE_NAME.match(name) or name in TRANSPORT_KEYS or name.startswith("amptrain"):
                 raise ValueError(
                     f"queue name {name!r} is not allowed: lowercase letters, digits, '.', '_', "
-                    f"'-' (at most 64) and none of {sorted(TRANSPORT_KEYS)}"
+                    f"'-' (at most 16) and none of {sorted(TRANSPORT_KEYS)}"
                 )
         if "gpu" not in value or "cpu" not in value:
             raise ValueError("queues must include the default queues 'gpu' and 'cpu'")
+        return value
+
+    @field_validator("data_protocols", mode="before")
+    @classmethod
+    def _split_protocols(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            return [part.strip().lower() for part in value.split(",") if part.strip()]
         return value
 
     @field_validator("data_roots", mode="before")
@@ -92,7 +136,9 @@ class Settings(BaseSettings):
                 import json
 
                 return json.loads(text)
-            return [part for part in text.split(os.pathsep) if part]
+            # URLs hold ':' themselves (``s3://b``, ``ftp://h:21/x``): list them with commas.
+            sep = "," if "://" in text else os.pathsep
+            return [part.strip() for part in text.split(sep) if part.strip()]
         return value
 
     @model_validator(mode="after")
@@ -108,6 +154,18 @@ class Settings(BaseSettings):
             self.checkpoint_url = str(data_dir / "checkpoints")
         if not self.data_roots:
             self.data_roots = [str(data_dir / "data")]
+        return self
+
+    @model_validator(mode="after")
+    def _roots_use_allowed_protocols(self) -> Settings:
+        for root in self.data_roots:
+            match = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*)://", root)
+            protocol = match[1].lower() if match else "file"
+            if protocol not in self.data_protocols:
+                raise ValueError(
+                    f"data root {root!r} uses protocol {protocol!r}, which data_protocols "
+                    f"({', '.join(self.data_protocols)}) does not allow"
+                )
         return self
 
     @property

@@ -24,6 +24,7 @@ from api.core import redis as core_redis
 from api.core.settings import Settings
 from api.services import observability
 from api.services.dispatcher import Dispatcher
+from api.services.limits import LiveSlots, WriteLimiter
 from api.services.live_hub import LiveHub
 from api.services.recorder import Recorder
 from api.store import tokens
@@ -43,6 +44,8 @@ class Services:
     dispatcher: Dispatcher
     hub: LiveHub
     metrics_registry: CollectorRegistry
+    write_limiter: WriteLimiter
+    live_slots: LiveSlots
     stop_event: threading.Event = field(default_factory=threading.Event)
     threads: list[threading.Thread] = field(default_factory=list)
     closers: list[Callable[[], None]] = field(default_factory=list)
@@ -65,6 +68,8 @@ class Services:
             Dispatcher(settings, session_factory, client),
             hub,
             observability.make_registry(collector),
+            WriteLimiter(settings.write_rate_limit, client),
+            LiveSlots(client, settings.max_live_connections_per_user),
         )
 
     def start(self) -> None:
@@ -116,11 +121,15 @@ class Services:
         self._spawn("amptrain-recorder", recorder.run)
 
 
-def ensure_admin_token(settings: Settings, session_factory: sessionmaker[Session]) -> bool:
+def ensure_admin_token(
+    settings: Settings, session_factory: sessionmaker[Session], *, reveal: bool = False
+) -> bool:
     """Make sure an admin token exists (``amptrain up`` and every API process call this).
 
-    A newly generated token is printed once here (it is also saved, mode 0600, to
-    ``settings.admin_token_file``); returns whether that happened.
+    A newly generated token is saved (mode 0600) to ``settings.admin_token_file`` and
+    that path is printed; the token itself only with ``reveal`` (``amptrain up``, run by
+    a person at a terminal), never by the API process, whose output ends up in logs.
+    Returns whether a token was generated.
     """
     try:
         with session_factory.begin() as s:
@@ -132,10 +141,16 @@ def ensure_admin_token(settings: Settings, session_factory: sessionmaker[Session
             f"database {url} is not ready ({type(exc.orig).__name__}: {exc.orig}); "
             "run `amptrain db upgrade` first"
         ) from exc
-    if token:
+    if token and reveal:
         print(
             f"amptrain admin token (shown once; also saved to {settings.admin_token_file}): "
             f"{token}",
+            flush=True,
+        )
+    elif token:
+        print(
+            f"amptrain admin token generated and saved to {settings.admin_token_file} "
+            "(mode 0600; read it from there)",
             flush=True,
         )
     return token is not None

@@ -164,3 +164,7 @@ class ApiToken(Base):
     token_hash: Mapped[str] = mapped_column(sa.String(64), unique=True)
     is_admin: Mapped[bool] = mapped_column(default=False)
     created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    expires_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    """After this the token is refused (401); null: never expires."""
+    revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    """Set by ``amptrain token revoke``; a revoked token is refused (401) from then on."""

@@ -18,6 +18,7 @@ from fastapi import FastAPI
 from api.core.settings import Settings, get_settings
 from api.services import observability
 from api.services.runtime import Services
+from api.web.body_limit import BodyLimit
 from api.web.errors import install_error_handlers
 from api.web.routes import ROUTERS
 
@@ -50,6 +51,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     install_error_handlers(app)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(observability.RequestMetrics)
     for router in ROUTERS:
         app.include_router(router)

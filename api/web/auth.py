@@ -7,6 +7,7 @@ Shared by HTTP (:mod:`api.web.deps`) and the live routes' WebSocket handshakes
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import datetime
 
 from sqlalchemy.orm import Session
 
@@ -20,6 +21,10 @@ class Principal:
 
     name: str
     is_admin: bool = False
+    token_hash: str = ""
+    """Open streams re-check the token by it (revoked or expired since they opened?)."""
+    created_at: datetime | None = None
+    expires_at: datetime | None = None
 
     def can_see(self, job: Job) -> bool:
         """Admins see every job; everyone else only their own."""
@@ -38,10 +43,34 @@ def bearer_token(authorization: str | None) -> str | None:
 
 
 def authenticate(s: Session, token: str | None) -> Principal | None:
-    """The principal a plaintext token belongs to, or None when it is unknown."""
+    """The principal a plaintext token belongs to, or None when it is unknown, expired
+    or revoked."""
     if not token:
         return None
     row = tokens.verify(s, token)
     if row is None:
         return None
-    return Principal(name=row.name, is_admin=bool(row.is_admin))
+    return Principal(
+        name=row.name,
+        is_admin=bool(row.is_admin),
+        token_hash=row.token_hash,
+        created_at=row.created_at,
+        expires_at=row.expires_at,
+    )
+
+
+def refusal(s: Session, token: str | None) -> str:
+    """Why :func:`authenticate` refused ``token``: missing, unknown, expired or revoked."""
+    if not token:
+        return "missing bearer token"
+    row = tokens.find(s, token)
+    if row is None:
+        return "unknown bearer token"
+    if row.revoked_at is not None:
+        return f"token {row.name!r} was revoked"
+    return f"token {row.name!r} has expired"
+
+
+def still_valid(s: Session, principal: Principal) -> bool:
+    """The principal's token is still active (not revoked, not expired)."""
+    return tokens.verify_digest(s, principal.token_hash) is not None

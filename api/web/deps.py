@@ -20,8 +20,8 @@ from sqlalchemy.orm import Session
 from api.services.runtime import Services
 from api.store.jobs import get_job
 from api.store.models import Job
-from api.web.auth import Principal, authenticate
-from api.web.errors import NotFound, Unauthorized
+from api.web.auth import Principal, authenticate, refusal
+from api.web.errors import NotFound, TooMany, Unauthorized
 
 log = logging.getLogger(__name__)
 
@@ -67,15 +67,32 @@ def after_commit(session: Session, hook: Callable[[], object]) -> None:
 _bearer = HTTPBearer(auto_error=False, description="An amptrain API token.")
 
 
+_READS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
 def get_current_user(
+    request: Request,
     session: SessionDep,
+    services: ServicesDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Principal:
-    """The caller behind ``Authorization: Bearer TOKEN``; 401 otherwise."""
+    """The caller behind ``Authorization: Bearer TOKEN``; 401 otherwise (missing, unknown,
+    expired or revoked). Writes count against the caller's rate limit (429)."""
     token = credentials.credentials if credentials else None
     principal = authenticate(session, token)
     if principal is None:
-        raise Unauthorized()
+        raise Unauthorized(refusal(session, token))
+    if request.method not in _READS:
+        refused = services.write_limiter.hit(principal.name)
+        if refused is not None:
+            raise TooMany(
+                {
+                    "message": f"write rate limit {refused.limit} reached; "
+                    f"retry in {refused.retry_after_s}s",
+                    "limit": refused.limit,
+                },
+                headers={"Retry-After": str(refused.retry_after_s)},
+            )
     return principal
 
 

@@ -9,13 +9,14 @@ anything unexpected) to that shape. A 422 names every bad field as
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Iterable, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 log = logging.getLogger(__name__)
@@ -61,6 +62,64 @@ class Unavailable(AppError):
     status, code = 503, "unavailable"
 
 
+class TooMany(AppError):
+    """A 429: a per-user limit was reached (``detail`` says which, the limit and the use)."""
+
+    status, code = 429, "too_many_requests"
+
+
+class ErrorBody(BaseModel):
+    """Every error response: a stable ``error`` code and a ``detail`` (a message, or for
+    ``validation_error`` one ``{"field", "message", "type"}`` per problem)."""
+
+    error: str
+    detail: Any
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """``responses=`` for a route: the listed statuses, documented with :class:`ErrorBody`."""
+    return {
+        status: {"model": ErrorBody, "description": _DESCRIPTIONS.get(status, "Error")}
+        for status in statuses
+    }
+
+
+_DESCRIPTIONS = {
+    400: "Bad request",
+    401: "Missing, unknown, expired or revoked bearer token",
+    404: "No such resource, or not the caller's",
+    409: "Conflicts with the resource's state",
+    413: "Request body too large",
+    422: "Invalid parameters or body, one entry per bad field",
+    429: "A per-user limit was reached (``Retry-After`` for the write rate)",
+    503: "A backing service is unavailable",
+}
+
+QUOTE_MAX = 40
+"""Characters of a user's value an error message may quote: enough to recognise it,
+never a whole (possibly huge or secret) input."""
+MESSAGE_MAX = 500
+# A quote, then more than QUOTE_MAX characters up to the matching quote (or the end):
+# linear, whatever the input.
+_QUOTED = re.compile(rf"""(['"])([^'"]{{{QUOTE_MAX}}})[^'"]+\1?""")
+
+
+def shorten(message: str) -> str:
+    """``message`` with every quoted value cut to its first :data:`QUOTE_MAX` characters
+    and the whole bounded by :data:`MESSAGE_MAX`."""
+
+    def cut(match: re.Match[str]) -> str:
+        quote, head = match.group(1), match.group(2)
+        return f"{quote}{head}...{quote} ({len(match.group(0)) - 2} characters)"
+
+    short = _QUOTED.sub(cut, message)
+    return short if len(short) <= MESSAGE_MAX else short[:MESSAGE_MAX] + "..."
+
+
+def _cut(part: str) -> str:
+    return part if len(part) <= QUOTE_MAX else f"{part[:QUOTE_MAX]}..."
+
+
 def field_problems(
     errors: Iterable[Any], *, strip: Sequence[str] = ("body",)
 ) -> list[dict[str, Any]]:
@@ -72,13 +131,14 @@ def field_problems(
     """
     out = []
     for err in errors:
-        loc = [str(part) for part in err.get("loc", ())]
+        # A location can be a user's dict key: cut like a quoted value.
+        loc = [_cut(str(part)) for part in err.get("loc", ())]
         if loc and loc[0] in strip:
             loc = loc[1:]
         out.append(
             {
                 "field": ".".join(loc) or "body",
-                "message": str(err.get("msg", "invalid")),
+                "message": shorten(str(err.get("msg", "invalid"))),
                 "type": str(err.get("type", "value_error")),
             }
         )

@@ -6,7 +6,7 @@ import base64
 import binascii
 import hashlib
 import json
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated
 
 from fastapi import APIRouter, Header, Query, Response, status
@@ -15,12 +15,21 @@ from sqlalchemy.exc import IntegrityError
 from api.core.enums import JobStatus
 from api.core.redis import Keys
 from api.services.dispatcher import queue_for
-from api.store import job_reads
+from api.store import job_reads, quotas
 from api.store import jobs as repo
 from api.store.models import Job
+from api.web.admission import service_policy
 from api.web.deps import CurrentUser, ServicesDep, SessionDep, after_commit, visible_job
-from api.web.errors import Conflict, NotFound, ValidationFailed, field_problems
+from api.web.errors import (
+    Conflict,
+    NotFound,
+    TooMany,
+    ValidationFailed,
+    error_responses,
+    field_problems,
+)
 from api.web.schemas import JobOut, JobPage
+from trainer_core.contract.admission import admission_problems
 from trainer_core.contract.catalog import validate_components
 from trainer_core.contract.spec import JobSpec
 
@@ -29,13 +38,23 @@ router = APIRouter(prefix="/jobs", tags=["jobs"])
 CANCEL_KEY_TTL_S = 7 * 24 * 3600  # outlives any grace period; the job's status is the truth
 
 
+def canonical_spec(spec: JobSpec) -> bytes:
+    """The spec (after defaults) as compact, key-sorted JSON: what is stored and hashed."""
+    dumped = spec.model_dump(mode="json")
+    return json.dumps(dumped, sort_keys=True, separators=(",", ":")).encode()
+
+
 def request_hash(spec: JobSpec) -> str:
     """Fingerprint of the submitted spec (after defaults), for Idempotency-Key replays."""
-    canonical = json.dumps(spec.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
-    return hashlib.sha256(canonical.encode()).hexdigest()
+    return hashlib.sha256(canonical_spec(spec)).hexdigest()
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=JobOut)
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    response_model=JobOut,
+    responses=error_responses(401, 409, 413, 422, 429),
+)
 def submit_job(
     spec: JobSpec,
     session: SessionDep,
@@ -47,8 +66,20 @@ def submit_job(
     ] = None,
 ) -> JobOut:
     """Queue a training job. With an ``Idempotency-Key`` the same key and body return the
-    original job (200); the same key with another body is a 409."""
+    original job (200); the same key with another body is a 409. A caller already holding
+    ``AMPTRAIN_MAX_ACTIVE_JOBS_PER_USER`` unfinished jobs gets 429 (admins are exempt)."""
     problems = validate_components(spec)
+    problems += admission_problems(spec, user.name, service_policy(services.settings))
+    size = len(canonical_spec(spec))
+    if size > services.settings.max_spec_bytes:
+        problems.append(
+            {
+                "loc": (),
+                "msg": f"the spec is {size} bytes as JSON; at most "
+                f"{services.settings.max_spec_bytes} are accepted",
+                "type": "too_long",
+            }
+        )
     if spec.queue is not None and spec.queue not in services.settings.queues:
         problems.append(
             {
@@ -65,6 +96,8 @@ def submit_job(
         existing = repo.find_by_idempotency_key(session, user.name, idempotency_key)
         if existing is not None:
             return _replay(existing, digest, response)
+    if not user.is_admin:
+        _check_active_jobs(session, user.name, services.settings.max_active_jobs_per_user)
     try:
         job = repo.create_job(session, spec, user.name, queue_for(spec), idempotency_key, digest)
     except IntegrityError:
@@ -83,6 +116,20 @@ def submit_job(
     return JobOut.from_job(job)
 
 
+def _check_active_jobs(session: SessionDep, owner: str, limit: int) -> None:
+    quotas.lock_owner(session, owner)
+    in_use = quotas.active_jobs(session, owner)
+    if in_use >= limit:
+        raise TooMany(
+            {
+                "message": f"{in_use} of your jobs are queued or running; at most {limit} "
+                "may be: wait for one to finish or cancel one",
+                "limit": limit,
+                "in_use": in_use,
+            }
+        )
+
+
 def _replay(job: Job, digest: str, response: Response) -> JobOut:
     if job.request_hash != digest:
         raise Conflict("Idempotency-Key was already used with a different request body")
@@ -90,20 +137,24 @@ def _replay(job: Job, digest: str, response: Response) -> JobOut:
     return JobOut.from_job(job)
 
 
-@router.get("", response_model=JobPage)
+@router.get("", response_model=JobPage, responses=error_responses(401, 422))
 def list_jobs(
     session: SessionDep,
     user: CurrentUser,
+    services: ServicesDep,
     status_filter: Annotated[
         str | None,
-        Query(alias="status", description="One status or a comma-separated list."),
+        Query(alias="status", max_length=200, description="One status or a comma-separated list."),
     ] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: Annotated[
-        str | None, Query(description="``next_cursor`` of the previous page.")
+        str | None,
+        Query(max_length=200, description="``next_cursor`` of the previous page."),
     ] = None,
 ) -> JobPage:
-    """Jobs the caller may see, newest first, paged by an opaque keyset cursor."""
+    """Jobs the caller may see, newest first, paged by an opaque keyset cursor. A page
+    holds up to ``limit`` jobs, fewer when their specs would exceed
+    ``AMPTRAIN_MAX_PAGE_BYTES`` (follow ``next_cursor``)."""
     statuses = None
     if status_filter:
         statuses = [s.strip() for s in status_filter.split(",") if s.strip()]
@@ -127,8 +178,21 @@ def list_jobs(
         after=decode_cursor(cursor) if cursor else None,
         limit=limit,
     )
-    next_cursor = encode_cursor(items[-1]) if more else None
-    return JobPage(items=[JobOut.from_job(j) for j in items], next_cursor=next_cursor)
+    kept = _within_budget(items, services.settings.max_page_bytes)
+    more = more or len(kept) < len(items)
+    next_cursor = encode_cursor(kept[-1]) if more and kept else None
+    return JobPage(items=[JobOut.from_job(j) for j in kept], next_cursor=next_cursor)
+
+
+def _within_budget(items: list[Job], budget: int) -> list[Job]:
+    """The leading jobs whose specs fit in ``budget`` bytes (always at least one, so
+    paging moves on)."""
+    used = 0
+    for i, job in enumerate(items):
+        used += len(json.dumps(job.spec, separators=(",", ":")))
+        if used > budget and i > 0:
+            return items[:i]
+    return items
 
 
 def encode_cursor(job: Job) -> str:
@@ -140,23 +204,30 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
         stamp, _, job_id = raw.partition("|")
-        created_at = datetime.fromisoformat(stamp)
-        if not job_id or created_at.tzinfo is None:
+        parsed = datetime.fromisoformat(stamp)
+        if not job_id or len(job_id) > 40 or parsed.tzinfo is None:
             raise ValueError(raw)
-    except (ValueError, binascii.Error, UnicodeDecodeError):
+        # An offset that moves the instant outside years 1..9999 overflows here, not in SQL.
+        created_at = parsed.astimezone(UTC)
+    except (ValueError, OverflowError, binascii.Error, UnicodeDecodeError):
         raise ValidationFailed(
             [{"field": "query.cursor", "message": "invalid cursor", "type": "value_error"}]
         ) from None
     return created_at, job_id
 
 
-@router.get("/{job_id}", response_model=JobOut)
+@router.get("/{job_id}", response_model=JobOut, responses=error_responses(401, 404))
 def read_job(job_id: str, session: SessionDep, user: CurrentUser) -> JobOut:
     """One job: status, progress, precision, error and latest metrics summary."""
     return JobOut.from_job(visible_job(session, user, job_id))
 
 
-@router.post("/{job_id}/cancel", status_code=status.HTTP_202_ACCEPTED, response_model=JobOut)
+@router.post(
+    "/{job_id}/cancel",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=JobOut,
+    responses=error_responses(401, 404, 409, 429),
+)
 def cancel_job(
     job_id: str, session: SessionDep, user: CurrentUser, services: ServicesDep
 ) -> JobOut:
