@@ -9,6 +9,8 @@ const COLORS = ["#2f6fde", "#d9480f", "#2b8a3e", "#862e9c", "#e67700"];
 const NONFINITE = "#c53030";
 const SKIPPED = "#dd8a00";
 const HEIGHT = 190;
+/** Whole-step tick spacings for step axes (uPlot would otherwise tick at 2.5). */
+export const STEP_INCRS = [1, 2, 5].flatMap((m) => [1, 10, 100, 1e3, 1e4, 1e5, 1e6, 1e7].map((p) => m * p)).sort((a, b) => a - b);
 
 export const CHARTS = [
   { key: "loss", title: "Loss", fields: ["loss"], extra: ["skipped"], smooth: true, log: "toggle", marks: true },
@@ -161,7 +163,7 @@ class Chart {
     const opts = {
       width: this.width, height: HEIGHT, series, legend: { live: true },
       scales: { x: { time }, y },
-      axes: [{ space: 60 }, { size: 64, values: (u, vals) => vals.map((v) => this.tick(v)) }],
+      axes: [time ? { space: 60 } : { space: 60, incrs: STEP_INCRS }, { size: 64, values: (u, vals) => vals.map((v) => this.tick(v)) }],
       cursor: { sync: { key: this.group.syncKey }, drag: { x: true, y: false } },
       hooks: {
         setScale: [(u, key) => { if (key === "x") this.group.scaleChanged(this, u.scales.x.min, u.scales.x.max); }],

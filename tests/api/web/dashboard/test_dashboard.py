@@ -75,6 +75,12 @@ def test_submit_watch_live_and_succeed(
     page.mouse.move(300, 420)  # a cursor on the loss chart, as a person would leave it
     shot = screenshot(page, "job-page", tmp_path)
     assert shot.stat().st_size > 10_000
+    # The worker that ran it, with its device report.
+    page.click("#nav a[data-page=workers]")
+    card = page.locator("[data-worker='worker@test']")
+    expect(card).to_contain_text("cpu")
+    expect(card).to_contain_text("queues gpu, cpu")
+    screenshot(page, "workers-page", tmp_path)
 
 
 def test_nan_and_skipped_steps_are_marked_live(page: Page, stack: Stack) -> None:
@@ -105,6 +111,12 @@ def test_nan_and_skipped_steps_are_marked_live(page: Page, stack: Stack) -> None
         page.reload()
         expect(page.locator("[data-chart=loss]")).to_have_attribute("data-non-finite", "1")
         expect(page.locator("[data-chart=loss_scale]")).to_have_attribute("data-skipped", "1")
+        # Wall-time axis, log scale and no smoothing redraw the same points and marks.
+        page.select_option("#x-mode", "time")
+        page.locator("[data-chart=loss] header input[type=checkbox]").check()
+        page.fill("#smoothing", "0")
+        expect(loss).to_have_attribute("data-non-finite", "1")
+        expect(loss.locator(".u-legend .u-series")).to_have_count(2)  # x and the raw loss
         feed.finish("succeeded", 60)
     finally:
         feed.close()

@@ -2,6 +2,7 @@
 // (POST /comparisons: one spec, one job per precision) and read its ratio table.
 import { api, ApiError } from "../api.js";
 import { FINISHED, clear, fmtAge, fmtBytes, fmtNum, h, statusBadge } from "../dom.js";
+import { STEP_INCRS } from "../charts.js";
 import { specForm } from "../spec_form.js";
 
 const uPlot = window.uPlot;
@@ -17,7 +18,7 @@ function overlayChart(el, names, curves) {
   const data = curves.length ? uPlot.join(curves) : [[]];
   const series = [{ label: "step" }, ...names.map((n, i) => ({ label: n, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true, value: (u, v) => fmtNum(v) }))];
   return new uPlot({ width: el.clientWidth || 800, height: 260, series, scales: { x: { time: false } },
-    axes: [{}, { size: 64, values: (u, vs) => vs.map((v) => fmtNum(v, 3)) }], cursor: { drag: { x: true, y: false } } }, data, el);
+    axes: [{ incrs: STEP_INCRS }, { size: 64, values: (u, vs) => vs.map((v) => fmtNum(v, 3)) }], cursor: { drag: { x: true, y: false } } }, data, el);
 }
 
 function overview(root, preselected) {
@@ -118,7 +119,7 @@ function report(root, id) {
     const series = [{ label: "step" }, ...names.map((n, i) => ({ label: n, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true, value: (u, v) => fmtNum(v) }))];
     if (plot) plot.setData(data);
     else plot = new uPlot({ width: plotEl.clientWidth || 800, height: 280, series, scales: { x: { time: false } },
-      axes: [{}, { size: 64, values: (u, vs) => vs.map((v) => fmtNum(v, 3)) }], cursor: { drag: { x: true, y: false } } }, data, plotEl);
+      axes: [{ incrs: STEP_INCRS }, { size: 64, values: (u, vs) => vs.map((v) => fmtNum(v, 3)) }], cursor: { drag: { x: true, y: false } } }, data, plotEl);
   }
 
   // After every run finished, the recorder may still be storing the last points: poll

@@ -30,7 +30,7 @@ export function mount(root) {
         h("div", { class: "grid2" },
           h("div", {}, h("div", { class: "small muted" }, "Devices"), (w.devices || []).map(device),
             h("div", { class: "small muted", style: "margin-top:6px" }, "Versions"),
-            h("div", { class: "mono" }, Object.entries(w.versions || {}).map(([k, v]) => `${k} ${v}`).join(" · ") || "–")),
+            h("div", { class: "mono" }, Object.entries(w.versions || {}).map(([k, v]) => `${k} ${v ?? "–"}`).join(" · ") || "–")),
           h("div", {}, h("div", { class: "small muted" }, "Current jobs"),
             (w.current_jobs || []).length ? w.current_jobs.map((j) => h("div", {},
               j.job_id ? h("a", { href: `#/jobs/${encodeURIComponent(j.job_id)}` }, j.job_id) : h("span", { class: "muted" }, "(another user's job)"),
