@@ -12,8 +12,8 @@ import os
 from alembic import context
 from sqlalchemy.engine import Connection
 
-from api.store.db import make_engine
 from api.store.comparisons import Comparison  # noqa: F401  (its table joins Base.metadata)
+from api.store.db import make_engine
 from api.store.models import Base
 
 config = context.config
