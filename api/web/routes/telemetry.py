@@ -6,24 +6,31 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from api.contracts.cursor import Cursor, CursorError
+from api.contracts.cursor import INT64_MAX, Cursor, CursorError
 from api.store.downsample import parse_fields, select_fields, series_window
 from api.store.events import event_page
 from api.store.metrics import Attempts, metric_page
 from api.web.deps import CurrentUser, SessionDep, visible_job
-from api.web.errors import ValidationFailed
+from api.web.errors import ValidationFailed, error_responses
 from api.web.schemas import BucketMark, EventOut, EventPage, MetricPage
 
 router = APIRouter(prefix="/jobs", tags=["telemetry"])
 
 
 # Unset fields stay out: ``marks`` belongs to max_points answers only.
-@router.get("/{job_id}/metrics", response_model=MetricPage, response_model_exclude_unset=True)
+@router.get(
+    "/{job_id}/metrics",
+    response_model=MetricPage,
+    response_model_exclude_unset=True,
+    responses=error_responses(401, 404, 422),
+)
 def read_metrics(
     job_id: str,
     session: SessionDep,
     user: CurrentUser,
-    after: Annotated[str | None, Query(description="``next_cursor`` of the previous page.")] = None,
+    after: Annotated[
+        str | None, Query(max_length=48, description="``next_cursor`` of the previous page.")
+    ] = None,
     limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
     attempts: Annotated[
         Attempts,
@@ -49,16 +56,22 @@ def read_metrics(
         int | None,
         Query(
             ge=0,
+            le=INT64_MAX,
             description="With ``max_points``: only steps from this one on (a zoomed chart's "
             "window; at full resolution when it holds at most ``max_points`` points).",
         ),
     ] = None,
     to_step: Annotated[
         int | None,
-        Query(ge=0, description="With ``max_points``: only steps up to this one (inclusive)."),
+        Query(
+            ge=0,
+            le=INT64_MAX,
+            description="With ``max_points``: only steps up to this one (inclusive).",
+        ),
     ] = None,
     fields: Annotated[
-        str | None, Query(description="Comma-separated metric fields to return (default all).")
+        str | None,
+        Query(max_length=500, description="Comma-separated metric fields to return (default all)."),
     ] = None,
 ) -> MetricPage:
     """Recorded metric points after ``after`` in recording order; ``next_cursor`` passed back
@@ -92,12 +105,14 @@ def read_metrics(
     return MetricPage(items=[select_fields(i, wanted) for i in items], next_cursor=next_cursor)
 
 
-@router.get("/{job_id}/events", response_model=EventPage)
+@router.get("/{job_id}/events", response_model=EventPage, responses=error_responses(401, 404, 422))
 def read_events(
     job_id: str,
     session: SessionDep,
     user: CurrentUser,
-    after: Annotated[int, Query(ge=0, description="``next_cursor`` of the previous page.")] = 0,
+    after: Annotated[
+        int, Query(ge=0, le=INT64_MAX, description="``next_cursor`` of the previous page.")
+    ] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
 ) -> EventPage:
     """Lifecycle events (queued, started, checkpoint, warning, resumed, succeeded, failed,
