@@ -21,7 +21,7 @@ from api.services.runtime import Services
 from api.store.jobs import get_job
 from api.store.models import Job
 from api.web.auth import Principal, authenticate, refusal
-from api.web.errors import NotFound, TooMany, Unauthorized
+from api.web.errors import NotFound, TooMany, Unauthorized, clip
 
 log = logging.getLogger(__name__)
 
@@ -103,5 +103,5 @@ def visible_job(session: Session, user: Principal, job_id: str) -> Job:
     """The job if it exists and the caller may see it; 404 otherwise (never 403, so ids don't leak)."""
     job = get_job(session, job_id)
     if job is None or not user.can_see(job):
-        raise NotFound(f"no job {job_id}")
+        raise NotFound(f"no job {clip(job_id)}")
     return job

@@ -116,8 +116,9 @@ def shorten(message: str) -> str:
     return short if len(short) <= MESSAGE_MAX else short[:MESSAGE_MAX] + "..."
 
 
-def _cut(part: str) -> str:
-    return part if len(part) <= QUOTE_MAX else f"{part[:QUOTE_MAX]}..."
+def clip(text: str) -> str:
+    """``text`` cut to :data:`QUOTE_MAX` characters (for a user's id or key in a message)."""
+    return text if len(text) <= QUOTE_MAX else f"{text[:QUOTE_MAX]}..."
 
 
 def field_problems(
@@ -132,7 +133,7 @@ def field_problems(
     out = []
     for err in errors:
         # A location can be a user's dict key: cut like a quoted value.
-        loc = [_cut(str(part)) for part in err.get("loc", ())]
+        loc = [clip(str(part)) for part in err.get("loc", ())]
         if loc and loc[0] in strip:
             loc = loc[1:]
         out.append(

@@ -25,6 +25,7 @@ from api.web.errors import (
     NotFound,
     TooMany,
     ValidationFailed,
+    clip,
     error_responses,
     field_problems,
 )
@@ -239,7 +240,7 @@ def cancel_job(
     except repo.JobFinished as exc:
         raise Conflict(f"job {job_id} already {exc.status}") from None
     except repo.JobNotFound:
-        raise NotFound(f"no job {job_id}") from None
+        raise NotFound(f"no job {clip(job_id)}") from None
     if new_status == JobStatus.CANCELLING:
         client = services.redis
         after_commit(session, lambda: client.set(Keys.cancel(job_id), "1", ex=CANCEL_KEY_TTL_S))

@@ -16,6 +16,9 @@ from api.web.schemas import BucketMark, EventOut, EventPage, MetricPage
 
 router = APIRouter(prefix="/jobs", tags=["telemetry"])
 
+STEP_MAX = 2**31 - 1
+"""Steps are 32-bit columns (PostgreSQL casts a bound step to int4: larger is an error)."""
+
 
 # Unset fields stay out: ``marks`` belongs to max_points answers only.
 @router.get(
@@ -56,7 +59,7 @@ def read_metrics(
         int | None,
         Query(
             ge=0,
-            le=INT64_MAX,
+            le=STEP_MAX,
             description="With ``max_points``: only steps from this one on (a zoomed chart's "
             "window; at full resolution when it holds at most ``max_points`` points).",
         ),
@@ -65,7 +68,7 @@ def read_metrics(
         int | None,
         Query(
             ge=0,
-            le=INT64_MAX,
+            le=STEP_MAX,
             description="With ``max_points``: only steps up to this one (inclusive).",
         ),
     ] = None,
