@@ -8,9 +8,10 @@ from typing import Any
 from fastapi import APIRouter
 
 from api.web.deps import CurrentUser
+from api.web.errors import error_responses
 from trainer_core.contract import catalog as core_catalog
 
-router = APIRouter(tags=["catalog"])
+router = APIRouter(tags=["catalog"], responses=error_responses(401))
 
 
 @functools.cache

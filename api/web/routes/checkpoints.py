@@ -15,10 +15,10 @@ from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
 from api.web.deps import CurrentUser, ServicesDep, SessionDep, visible_job
-from api.web.errors import NotFound
+from api.web.errors import NotFound, error_responses
 from trainer_core.contract.layout import checkpoint_name, checkpoint_step, job_checkpoint_url
 
-router = APIRouter(prefix="/jobs", tags=["checkpoints"])
+router = APIRouter(prefix="/jobs", tags=["checkpoints"], responses=error_responses(401, 404, 422))
 
 CHUNK = 1 << 20
 

@@ -12,11 +12,11 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from api.store import comparisons as repo
 from api.web.deps import CurrentUser, ServicesDep, SessionDep
-from api.web.errors import NotFound, ValidationFailed
+from api.web.errors import NotFound, ValidationFailed, clip, error_responses
 from api.web.routes.jobs import submit_job
 from trainer_core.contract.spec import JobSpec, Precision
 
-router = APIRouter(prefix="/comparisons", tags=["comparisons"])
+router = APIRouter(prefix="/comparisons", tags=["comparisons"], responses=error_responses(401, 422))
 
 
 class ComparisonIn(BaseModel):
@@ -87,7 +87,12 @@ class ComparisonList(BaseModel):
     items: list[ComparisonSummary]
 
 
-@router.post("", status_code=status.HTTP_201_CREATED, response_model=ComparisonOut)
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    response_model=ComparisonOut,
+    responses=error_responses(400, 413, 429),
+)
 def create_comparison(
     body: ComparisonIn, session: SessionDep, user: CurrentUser, services: ServicesDep
 ) -> ComparisonOut:
@@ -136,12 +141,12 @@ def list_comparisons(
     )
 
 
-@router.get("/{comparison_id}", response_model=ComparisonOut)
+@router.get("/{comparison_id}", response_model=ComparisonOut, responses=error_responses(404))
 def read_comparison(comparison_id: str, session: SessionDep, user: CurrentUser) -> ComparisonOut:
     """Each run's status and numbers now, the ratios against the baseline and the curves."""
     row = repo.get(session, comparison_id)
     if row is None or not (user.is_admin or row.owner == user.name):
-        raise NotFound(f"no comparison {comparison_id}")
+        raise NotFound(f"no comparison {clip(comparison_id)}")
     return ComparisonOut.model_validate(repo.report(session, row))
 
 

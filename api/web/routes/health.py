@@ -8,7 +8,7 @@ from fastapi import APIRouter
 
 from api.store.db import ping
 from api.web.deps import ServicesDep
-from api.web.errors import Unavailable
+from api.web.errors import Unavailable, error_responses
 
 router = APIRouter(tags=["health"])
 
@@ -19,7 +19,7 @@ def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/readyz")
+@router.get("/readyz", responses=error_responses(503))
 def readyz(services: ServicesDep) -> dict[str, Any]:
     """The database and Redis are reachable; 503 naming the failing one otherwise."""
     checks = {"database": _check_database(services), "redis": _check_redis(services)}

@@ -34,7 +34,7 @@ from trainer_core.contract.admission import admission_problems
 from trainer_core.contract.catalog import validate_components
 from trainer_core.contract.spec import JobSpec
 
-router = APIRouter(prefix="/jobs", tags=["jobs"])
+router = APIRouter(prefix="/jobs", tags=["jobs"], responses=error_responses(401, 422))
 
 CANCEL_KEY_TTL_S = 7 * 24 * 3600  # outlives any grace period; the job's status is the truth
 
@@ -54,7 +54,7 @@ def request_hash(spec: JobSpec) -> str:
     "",
     status_code=status.HTTP_201_CREATED,
     response_model=JobOut,
-    responses=error_responses(401, 409, 413, 422, 429),
+    responses=error_responses(400, 409, 413, 429),
 )
 def submit_job(
     spec: JobSpec,
@@ -138,7 +138,7 @@ def _replay(job: Job, digest: str, response: Response) -> JobOut:
     return JobOut.from_job(job)
 
 
-@router.get("", response_model=JobPage, responses=error_responses(401, 422))
+@router.get("", response_model=JobPage)
 def list_jobs(
     session: SessionDep,
     user: CurrentUser,
@@ -217,7 +217,7 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
     return created_at, job_id
 
 
-@router.get("/{job_id}", response_model=JobOut, responses=error_responses(401, 404))
+@router.get("/{job_id}", response_model=JobOut, responses=error_responses(404))
 def read_job(job_id: str, session: SessionDep, user: CurrentUser) -> JobOut:
     """One job: status, progress, precision, error and latest metrics summary."""
     return JobOut.from_job(visible_job(session, user, job_id))
@@ -227,7 +227,7 @@ def read_job(job_id: str, session: SessionDep, user: CurrentUser) -> JobOut:
     "/{job_id}/cancel",
     status_code=status.HTTP_202_ACCEPTED,
     response_model=JobOut,
-    responses=error_responses(401, 404, 409, 429),
+    responses=error_responses(404, 409, 429),
 )
 def cancel_job(
     job_id: str, session: SessionDep, user: CurrentUser, services: ServicesDep

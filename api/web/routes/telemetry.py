@@ -14,7 +14,7 @@ from api.web.deps import CurrentUser, SessionDep, visible_job
 from api.web.errors import ValidationFailed, error_responses
 from api.web.schemas import BucketMark, EventOut, EventPage, MetricPage
 
-router = APIRouter(prefix="/jobs", tags=["telemetry"])
+router = APIRouter(prefix="/jobs", tags=["telemetry"], responses=error_responses(401, 404, 422))
 
 STEP_MAX = 2**31 - 1
 """Steps are 32-bit columns (PostgreSQL casts a bound step to int4: larger is an error)."""
@@ -25,7 +25,6 @@ STEP_MAX = 2**31 - 1
     "/{job_id}/metrics",
     response_model=MetricPage,
     response_model_exclude_unset=True,
-    responses=error_responses(401, 404, 422),
 )
 def read_metrics(
     job_id: str,
@@ -108,7 +107,7 @@ def read_metrics(
     return MetricPage(items=[select_fields(i, wanted) for i in items], next_cursor=next_cursor)
 
 
-@router.get("/{job_id}/events", response_model=EventPage, responses=error_responses(401, 404, 422))
+@router.get("/{job_id}/events", response_model=EventPage)
 def read_events(
     job_id: str,
     session: SessionDep,

@@ -9,9 +9,9 @@ from fastapi import APIRouter
 from api.contracts import presence
 from api.store.job_reads import owned_job_ids
 from api.web.deps import CurrentUser, ServicesDep, SessionDep
-from api.web.errors import Unavailable
+from api.web.errors import Unavailable, error_responses
 
-router = APIRouter(tags=["workers"])
+router = APIRouter(tags=["workers"], responses=error_responses(401, 503))
 
 
 @router.get("/workers")
