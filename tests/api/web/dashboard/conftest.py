@@ -48,9 +48,10 @@ def _unavailable(reason: str) -> None:
     pytest.skip(reason)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    """One headless Chromium for the whole run."""
+    """One headless Chromium per test module. Not per session: Playwright's sync API keeps
+    an event loop running while it is open, and later tests call asyncio.run()."""
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
