@@ -11,7 +11,8 @@ Nothing is lost to a Redis outage:
   lost the last second of its AOF) gets them again. The recorder ignores duplicates.
 
 The supervisor's lifecycle events (``worker.pool.events``) use it; the training
-child's ``worker.child.sink.RedisSink`` follows the same protocol.
+child's ``worker.child.sink.RedisSink`` follows the same protocol (and could be this
+class plus ``from_url``).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from api.core.redis import Keys
 log = logging.getLogger(__name__)
 
 RETRY_EVERY_S = 0.5
+MAX_BUFFERED = 1_000_000  # entries held in memory at most; beyond that the oldest go (counted)
 
 Fields = dict[str, str]
 
@@ -44,11 +46,14 @@ class StreamWriter:
         self.key = Keys.telemetry(job_id)
         self.unsent: deque[Fields] = deque()
         self.retained: deque[tuple[Cursor, Fields]] = deque()
+        self.sent = 0
+        self.lost = 0
         self._failed_at = 0.0
         self._recovering = False
 
     def write(self, items: list[dict[str, Any]]) -> None:
         self.unsent.extend(encode(i, job_id=self.job_id, attempt=self.attempt) for i in items)
+        self._bound()
         if time.monotonic() - self._failed_at >= RETRY_EVERY_S:
             self.flush()
 
@@ -91,6 +96,7 @@ class StreamWriter:
         for _ in batch:
             self.unsent.popleft()
         self.retained.extend(zip((Cursor.of_entry(i) for i in ids), batch, strict=True))
+        self.sent += len(batch)
         self._trim(recorded)
 
     def _trim(self, recorded: bytes | str | None) -> None:
@@ -112,3 +118,8 @@ class StreamWriter:
         if lost:
             log.warning("job %s: Redis lost %d stream entries; re-sending", self.job_id, len(lost))
         self.unsent.extendleft(reversed(lost))
+
+    def _bound(self) -> None:
+        while len(self.unsent) + len(self.retained) > MAX_BUFFERED:
+            (self.retained or self.unsent).popleft()
+            self.lost += 1

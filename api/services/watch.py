@@ -76,6 +76,7 @@ class Watch:
         self.page = page
         self.overflowed = asyncio.Event()
         self._newest_point = (0, 0)  # (attempt, step) of the newest metric sent
+        self._events_sent: set[tuple[Any, ...]] = set()
 
     @property
     def cursor(self) -> str | None:
@@ -123,10 +124,8 @@ class Watch:
     async def _history(self) -> AsyncIterator[Out]:
         async for pos, kind, record in self.history.after(self.last):
             self.last = pos
-            if kind == "event":
-                yield event_out(str(pos), record)
-            elif self._is_new_point(record["attempt"], record["step"]):
-                yield metric_out(str(pos), record)
+            if self._is_new(kind, record):
+                yield (metric_out if kind == "metric" else event_out)(str(pos), record)
 
     async def _catch_up(self) -> AsyncIterator[Out]:
         """What the stream holds beyond SQL history (the recorder's lag), page by page."""
@@ -149,19 +148,24 @@ class Watch:
                 out.append(await self._final_end(entry.item))
                 return out
             self.last = entry.pos
-            if kind == "metric" and not self._is_new_point(
-                entry.item["attempt"], entry.item["step"]
-            ):
-                continue
-            out.append(entry_out(entry))
+            if self._is_new(kind, entry.item):
+                out.append(entry_out(entry))
         return out
 
-    def _is_new_point(self, attempt: int, step: int) -> bool:
-        """A watcher never gets a point at or before one it already has: a record the worker
-        re-sent after Redis lost data, or a straggler of an attempt that lost its lease."""
-        if (attempt, step) <= self._newest_point:
+    def _is_new(self, kind: str, record: dict[str, Any]) -> bool:
+        """A watcher never gets a record twice, nor a point at or before one it already has:
+        a record the worker re-sent after Redis lost data (an event keeps the time it was
+        made), or a straggler of an attempt that lost its lease. SQL drops the same ones."""
+        if kind != "metric":
+            key = (record["attempt"], record["type"], record["step"], record["time"])
+            if key in self._events_sent:
+                return False
+            self._events_sent.add(key)
+            return True
+        point = (record["attempt"], record["step"])
+        if point <= self._newest_point:
             return False
-        self._newest_point = (attempt, step)
+        self._newest_point = point
         return True
 
     async def _final_end(self, item: dict[str, Any]) -> Out:

@@ -69,7 +69,7 @@ def insert_events(s: Session, rows: list[dict[str, Any]]) -> None:
     """Record stream events with their entry id (``source_id``) as cursor. An event the
     API wrote to SQL and the recorder appended to the stream carries its row ``id``: it
     gets its cursor instead of a second row. Replays change nothing."""
-    new = [r for r in rows if r.get("id") is None]
+    new = _not_yet_recorded(s, [r for r in rows if r.get("id") is None])
     if new:
         stmt = _insert(s, JobEvent).values([{k: v for k, v in r.items() if k != "id"} for r in new])
         s.execute(stmt.on_conflict_do_nothing(index_elements=["job_id", "source_id"]))
@@ -85,6 +85,29 @@ def insert_events(s: Session, rows: list[dict[str, Any]]) -> None:
                 .values(source_id=r["source_id"])
                 .execution_options(synchronize_session=False)
             )
+
+
+def _not_yet_recorded(s: Session, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Drop events re-sent after Redis lost data: a re-sent entry has a new entry id but
+    the same (attempt, type, step, time) -- ``time`` is taken when the event is made."""
+    if not rows:
+        return []
+    e = JobEvent
+    seen = {
+        (r.attempt, r.type, r.step, r.time)
+        for r in s.execute(
+            sa.select(e.attempt, e.type, e.step, e.time).where(
+                e.job_id == rows[0]["job_id"], e.time.in_({r["time"] for r in rows})
+            )
+        )
+    }
+    fresh = []
+    for r in rows:
+        key = (r["attempt"], r["type"], r["step"], r["time"])
+        if key not in seen:
+            seen.add(key)
+            fresh.append(r)
+    return fresh
 
 
 def update_progress(

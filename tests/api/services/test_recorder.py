@@ -362,3 +362,18 @@ def test_a_job_never_claimed_has_no_stream(sf: Sessions, r: redis.Redis) -> None
     # queued, then cancelled: cursors "0-{id}", before any stream entry could be.
     assert [e["type"] for _, e in found] == ["queued", "cancelled"]
     assert [c for c, _ in found] == [Cursor(0, e["id"]) for _, e in found]
+
+
+def test_an_event_re_sent_after_redis_lost_data_is_recorded_once(
+    sf: Sessions, r: redis.Redis
+) -> None:
+    job_id, attempt = start_job(sf)
+    started = event("started", 0, 1000.0, worker="w")
+    publish(r, job_id, attempt, [started, point(1)])
+    rec = Recorder(None, sf, r)
+    rec.drain_once()
+    publish(r, job_id, attempt, [started, point(1)])  # the writer re-sends what it retained
+    assert rec.drain_once() == 2
+    with sf() as s:
+        types = s.scalars(sa.select(JobEvent.type).where(JobEvent.job_id == job_id)).all()
+    assert sorted(types) == ["queued", "started"]

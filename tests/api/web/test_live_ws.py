@@ -301,3 +301,32 @@ def test_an_event_the_api_writes_reaches_live_and_history_at_one_cursor(
     ]
     assert steps_of(got) == [1, 2, 3, 4, 5]
     assert sequence(got) == sequence(again)  # the same records at the same cursors
+
+
+def test_an_event_re_sent_after_redis_lost_data_reaches_every_watcher_once(
+    stack: Stack, producer: Producer
+) -> None:
+    producer.start()
+    assert producer.sink is not None
+    checkpoint = {"kind": "event", "type": "checkpoint", "step": 3, "time": 1234.5, "data": {}}
+
+    async def scenario() -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        live = asyncio.create_task(watch(stack, producer.job_id))
+        await asyncio.sleep(0.5)  # connected by now, or it reads the same from history
+        producer.steps(1, 3)
+        producer.sink.write([checkpoint])
+        producer.sink.write([checkpoint])  # what the sink does after Redis lost its tail
+        producer.steps(4, 5)
+        producer.finish(step=5)
+        got, _ = await live
+        again, _ = await watch(stack, producer.job_id)
+        return got, again
+
+    got, again = asyncio.run(scenario())
+    kinds = [m["data"]["type"] for m in got if m["type"] == "event"]
+    assert kinds == ["queued", "started", "checkpoint", "succeeded"]
+
+    def sequence(messages: list[dict[str, Any]]) -> list[tuple[str, str]]:
+        return [(m["type"], m["cursor"]) for m in messages if m["type"] != "heartbeat"]
+
+    assert sequence(got) == sequence(again)
