@@ -1,9 +1,11 @@
 """The resume cursor: the one position type every reader and writer of a job's series uses.
 
 A cursor is the Redis stream entry id ``"MS-SEQ"`` that a record (metric point
-or event) was appended with. SQL keeps it with each recorded row, the live hub
-reads it from the stream, clients pass it back as ``after=`` / ``Last-Event-ID``
-and the WebSocket's ``?after=``: one parse, one format, one order.
+or event) was appended with, or ``"0-{id}"`` for an event of a job before its
+first claim (no stream exists yet; see :mod:`api.contracts.stream`). SQL keeps
+it with each recorded row, the live hub reads it from the stream, clients pass
+it back as ``after=`` / ``Last-Event-ID`` and the WebSocket's ``?after=``: one
+parse, one format, one order.
 """
 
 from __future__ import annotations
