@@ -39,7 +39,7 @@ def build_optimizer(
     del device  # the parameters are already on it; fused kernels exist for CPU and CUDA
     groups = _param_groups(params, spec.weight_decay)
     if spec.name == "adamw":
-        return torch.optim.AdamW(groups, lr=spec.lr, betas=spec.betas, fused=True)
+        return torch.optim.AdamW(groups, lr=spec.lr, betas=spec.betas, eps=spec.eps, fused=True)
     sgd = torch.optim.SGD(groups, lr=spec.lr, momentum=spec.momentum, fused=True)
     zero_momentum(sgd)
     return sgd

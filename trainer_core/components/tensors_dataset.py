@@ -1,16 +1,22 @@
 """The ``tensors`` dataset: a team's own arrays from a .npz, .csv or .pt file.
 
-The file may be a local path or an fsspec URL, and must lie under one of the
-data roots the caller (the worker's configuration, or ``amptrain train
---data-root``) allows: a job spec is user input and must not read arbitrary
-files of the machine that runs it. Local paths are resolved (``..`` and
-symlinks) before the check. ``.pt`` files are loaded with ``weights_only=True``
-so they cannot run code.
+The file must lie under one of the data roots the caller (the worker's
+configuration, or ``amptrain train --data-root``) allows: a job spec is user input
+and must not read arbitrary files of the machine that runs it, nor make it connect
+anywhere. :mod:`trainer_core.contract.data_access` checks the path as text first;
+only a location inside a root is ever opened (local files with ``open``, URLs with
+fsspec). ``.pt`` files are loaded with ``weights_only=True`` so they cannot run code.
+
+Errors reach the user who submitted the job, so they name the problem and the path
+as the user wrote it: never the file's content (a CSV parser's message quotes the
+bad cell), the roots' absolute paths or the worker's directories. The worker's log
+gets the details.
 """
 
 from __future__ import annotations
 
 import io
+import logging
 import pickle
 import posixpath
 from collections.abc import Sequence
@@ -23,64 +29,66 @@ import torch
 
 from trainer_core.components.base import DataInfo
 from trainer_core.components.synthetic import PoolDataset
+from trainer_core.contract.data_access import PathRefused, check_location
 from trainer_core.contract.errors import InvalidSpecError
+from trainer_core.contract.text import quote
+
+log = logging.getLogger(__name__)
 
 _FIELD = "dataset.args.path"
 _SUFFIXES = (".npz", ".csv", ".pt")
+PATH_CHARS = 120  # paths are quoted longer than other values: the file name is at the end
 
 
-def _locate(location: str) -> tuple[str, str]:
-    """(protocol, normalised absolute path); local files get protocol ``file``."""
-    if "::" in location:
-        raise InvalidSpecError(f"{_FIELD}: chained fsspec URLs are not supported: {location!r}")
-    if "://" in location:
-        fs, path = fsspec.core.url_to_fs(location)
-        protocol = fs.protocol if isinstance(fs.protocol, str) else fs.protocol[0]
-        if protocol not in ("file", "local"):
-            return protocol, posixpath.normpath("/" + path.lstrip("/"))
-        location = path
-    return "file", str(Path(location).expanduser().resolve())
-
-
-def _inside(target: tuple[str, str], root: tuple[str, str]) -> bool:
-    if target[0] != root[0]:
-        return False
-    if target[0] == "file":
-        return Path(target[1]).is_relative_to(root[1])
-    base = root[1].rstrip("/")
-    return target[1] == base or target[1].startswith(base + "/")
-
-
-def check_under_roots(location: str, data_roots: Sequence[str]) -> str:
-    """The location to open, after checking that it lies under one of ``data_roots``."""
-    if not data_roots:
-        raise InvalidSpecError(
-            f"{_FIELD}: file datasets are disabled here (no data roots are configured)"
-        )
-    target = _locate(location)
-    if not any(_inside(target, _locate(root)) for root in data_roots):
-        raise InvalidSpecError(
-            f"{_FIELD}: {location!r} is outside the allowed data roots ({', '.join(data_roots)})"
-        )
-    return target[1] if target[0] == "file" else location
-
-
-def _read_bytes(location: str) -> bytes:
+def check_under_roots(location: str, data_roots: Sequence[str]) -> list[str]:
+    """Where ``location`` may be opened, in order, after checking it against ``data_roots``
+    (several candidates only for a relative path, one under each local root)."""
     try:
-        with fsspec.open(location, "rb") as f:
-            return f.read()
-    except FileNotFoundError as exc:
-        raise InvalidSpecError(f"{_FIELD}: no such file: {location!r}") from exc
-    except OSError as exc:
-        raise InvalidSpecError(f"{_FIELD}: cannot read {location!r}: {exc}") from exc
+        return check_location(location, data_roots)
+    except PathRefused as exc:
+        raise InvalidSpecError(f"{_FIELD}: {quote(location, PATH_CHARS)}: {exc}") from None
+
+
+def _read_bytes(shown: str, candidates: list[str]) -> bytes:
+    for location in candidates:
+        try:
+            return _read_one(location)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            log.warning("tensors dataset: cannot read %s: %r", location, exc)
+            raise InvalidSpecError(
+                f"{_FIELD}: cannot read {quote(shown, PATH_CHARS)} ({type(exc).__name__})"
+            ) from None
+    raise InvalidSpecError(
+        f"{_FIELD}: no such file under the data roots: {quote(shown, PATH_CHARS)}"
+    )
+
+
+def _read_one(location: str) -> bytes:
+    if "://" not in location:  # checked local path: plain open, no fsspec in between
+        return Path(location).read_bytes()
+    with fsspec.open(location, "rb") as f:
+        data: bytes = f.read()
+        return data
 
 
 def _pick(arrays: dict[str, Any], key: str, arg: str) -> Any:
     if key not in arrays:
-        raise InvalidSpecError(
-            f"dataset.args.{arg}: {key!r} not in the file; found: {', '.join(sorted(arrays))}"
-        )
+        names = ", ".join(str(k)[:30] for k in sorted(arrays)[:20])
+        raise InvalidSpecError(f"dataset.args.{arg}: {quote(key)} not in the file; found: {names}")
     return arrays[key]
+
+
+def _what_is_wrong(suffix: str, exc: Exception) -> str:
+    """A content-free description of why a file did not parse."""
+    if isinstance(exc, UnicodeDecodeError):
+        return "not UTF-8 text"
+    if suffix == ".csv":
+        return "every cell must be a number (an optional first header row aside), in rows of equal length"
+    if suffix == ".npz":
+        return "not a NumPy .npz archive of plain arrays"
+    return f"not a readable PyTorch file ({type(exc).__name__})"
 
 
 def _load_arrays(
@@ -111,6 +119,8 @@ def _load_arrays(
         try:
             loaded = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
         except pickle.UnpicklingError as exc:
+            if "global" not in str(exc).lower():  # "unsupported GLOBAL posix.getcwd"
+                raise  # not a refused object: a broken file, described by the caller
             raise InvalidSpecError(
                 f"{_FIELD}: the .pt file holds objects other than tensors and plain containers; "
                 "it is loaded with weights_only=True, which refuses anything that could run code"
@@ -161,11 +171,11 @@ def build_tensors(
     num_classes: int = 0,
 ) -> PoolDataset:
     """Load the file into memory and serve it in a seeded order, reshuffled every epoch."""
-    location = check_under_roots(path, data_roots)
-    suffix = Path(posixpath.basename(location)).suffix.lower()
+    candidates = check_under_roots(path, data_roots)
+    suffix = Path(posixpath.basename(candidates[0])).suffix.lower()
     if suffix not in _SUFFIXES:
         raise InvalidSpecError(
-            f"{_FIELD}: unsupported file type {suffix or '(none)'!r}; use .npz, .csv or .pt"
+            f"{_FIELD}: unsupported file type {quote(suffix or '(none)')}; use .npz, .csv or .pt"
         )
     args = {
         "task": task,
@@ -174,11 +184,14 @@ def build_tensors(
         "label_column": label_column,
     }
     try:
-        inputs, targets = _load_arrays(_read_bytes(location), suffix, args)
+        inputs, targets = _load_arrays(_read_bytes(path, candidates), suffix, args)
     except InvalidSpecError:
         raise
-    except Exception as exc:  # malformed files, pickled objects refused by weights_only, ...
-        raise InvalidSpecError(f"{_FIELD}: cannot load {path!r} as {suffix}: {exc}") from exc
+    except Exception as exc:  # malformed files: the parser's message may quote the content
+        log.warning("tensors dataset: cannot load %s as %s: %r", candidates, suffix, exc)
+        raise InvalidSpecError(
+            f"{_FIELD}: cannot load {quote(path, PATH_CHARS)} as {suffix}: {_what_is_wrong(suffix, exc)}"
+        ) from None
     if len(inputs) == 0:
         raise InvalidSpecError(f"{_FIELD}: the file holds no samples")
     if task == "language_model":

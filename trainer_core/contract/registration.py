@@ -13,6 +13,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from trainer_core.contract.sizing import DataShape
+from trainer_core.contract.text import control_character, finite, quote
+
 MODEL_GROUP = "amptrain.models"
 DATASET_GROUP = "amptrain.datasets"
 
@@ -49,6 +52,8 @@ class Arg:
     choices: tuple[Any, ...] | None = None
     minimum: float | None = None
     maximum: float | None = None
+    max_length: int = 1024
+    """Strings only: longest accepted value."""
 
     @property
     def required(self) -> bool:
@@ -67,14 +72,22 @@ class Arg:
         """Why ``value`` is not acceptable, or None when it is."""
         kind = self.kind
         if (isinstance(value, bool) and kind != "bool") or not isinstance(value, _PY_TYPES[kind]):
-            return f"expected {kind}, got {type(value).__name__} {value!r}"
+            return f"expected {kind}, got {type(value).__name__} {quote(value)}"
+        if not finite(value):
+            return f"must be a finite number; got {value!r}"
+        if isinstance(value, str):
+            if len(value) > self.max_length:
+                return f"at most {self.max_length} characters; got {len(value)}"
+            problem = control_character(value)
+            if problem:
+                return problem
         if self.choices is not None and value not in self.choices:
-            return f"must be one of {', '.join(map(str, self.choices))}; got {value!r}"
+            return f"must be one of {', '.join(map(str, self.choices))}; got {quote(value)}"
         number: Any = value  # int, float or str by now; only numbers carry bounds
         if self.minimum is not None and number < self.minimum:
-            return f"must be >= {self.minimum}; got {value!r}"
+            return f"must be >= {_num(self.minimum)}; got {quote(value)}"
         if self.maximum is not None and number > self.maximum:
-            return f"must be <= {self.maximum}; got {value!r}"
+            return f"must be <= {_num(self.maximum)}; got {quote(value)}"
         return None
 
     def describe(self) -> dict[str, Any]:
@@ -86,8 +99,13 @@ class Arg:
             "choices": list(self.choices) if self.choices is not None else None,
             "minimum": self.minimum,
             "maximum": self.maximum,
+            "max_length": self.max_length if self.kind == "str" else None,
             "help": self.help,
         }
+
+
+def _num(bound: float) -> str:
+    return str(int(bound)) if float(bound).is_integer() else str(bound)
 
 
 @dataclass(frozen=True)
@@ -113,6 +131,11 @@ class Registration:
     """Datasets: the data kind they yield (None = depends on the arguments)."""
     requires: tuple[str, ...] = ()
     """Importable modules it needs; it is offered only when all are installed."""
+    footprint: Callable[[Mapping[str, Any]], DataShape | None] | None = None
+    """Datasets, optional: ``footprint(args)`` (defaults filled in) -> what one sample looks
+    like and the host memory the dataset holds; see ``trainer_core.contract.sizing``."""
+    parameters: Callable[[DataShape, Mapping[str, Any]], int] | None = None
+    """Models, optional: ``parameters(data, args)`` -> the exact parameter count."""
 
     def available(self) -> bool:
         return all(importlib.util.find_spec(m) is not None for m in self.requires)

@@ -5,51 +5,109 @@ never import torch. Every field carries a docstring (pydantic turns them into
 the JSON schema's descriptions) and every model rejects unknown fields, so a
 typo such as ``"max_step"`` is an error that names the field, not a silent
 default.
+
+Every number has bounds (shown in the OpenAPI schema and ``GET /catalog``):
+a spec is user input on a shared service, and a batch of 1e30 or a checkpoint
+every step kept forever must be refused with a 422, not discovered by a worker.
+Floats must be finite: JSON's NaN/Infinity would be stored as null and the
+worker would train another spec than the one shown.
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+from trainer_core.contract.text import check_text, control_character, finite, quote
 
 Precision = Literal["auto", "fp32", "tf32", "fp16", "bf16"]
 DeviceKind = Literal["auto", "cpu", "cuda"]
 
+MAX_STEPS = 10_000_000
+"""Upper bound of ``max_steps`` (and of every step count): far below PostgreSQL's int4
+columns, and the engine keeps a per-step learning-rate table on the device."""
+MAX_BATCH = 65_536
+MAX_RUNTIME_S = 30 * 24 * 3600
+"""Largest ``max_runtime_s`` a spec may ask for; the service's own limit is usually lower."""
+MAX_SEED = 2**32 - 1
+MAX_ARGS = 64
+MAX_ARG_TEXT = 4096
+
+Text = Annotated[str, AfterValidator(check_text)]
+"""A string without control or bidi-formatting characters."""
+Beta = Annotated[float, Field(ge=0, lt=1)]
+_ARG_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"
+ArgValue = Annotated[Any, AfterValidator(lambda v: _plain_value(v))]
+
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True, frozen=True)
+    model_config = ConfigDict(
+        extra="forbid", use_attribute_docstrings=True, frozen=True, allow_inf_nan=False
+    )
 
 
 class ComponentRef(_Strict):
     """A registered component (model or dataset) and the arguments it is built with."""
 
-    name: str = Field(min_length=1)
+    name: Text = Field(min_length=1, max_length=100)
     """Registered name, e.g. ``mlp`` or ``synthetic-classification``; see ``GET /catalog``."""
-    args: dict[str, Any] = Field(default_factory=dict)
-    """Keyword arguments for the component's constructor; unknown ones are rejected."""
+    args: dict[Annotated[str, Field(pattern=_ARG_NAME)], ArgValue] = Field(
+        default_factory=dict, max_length=MAX_ARGS
+    )
+    """Keyword arguments for the component's constructor; unknown ones are rejected, and
+    each built-in argument has the type and bounds ``GET /catalog`` lists."""
+
+
+def _plain_value(value: Any) -> Any:
+    # Plugins check their own arguments, but nothing reaches any builder that a
+    # terminal or JSON could not show faithfully.
+    problem = _value_problem(value, depth=0)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+def _value_problem(value: Any, depth: int) -> str | None:
+    if depth > 4:
+        return "nested too deeply (at most 4 levels)"
+    if isinstance(value, str):
+        if len(value) > MAX_ARG_TEXT:
+            return f"at most {MAX_ARG_TEXT} characters; got {len(value)}"
+        return control_character(value)
+    if not finite(value):
+        return f"must be a finite number; got {quote(value)}"
+    if isinstance(value, list):
+        items = value
+    elif isinstance(value, dict):
+        items = [*value.keys(), *value.values()]
+    else:
+        return None
+    return next((p for v in items if (p := _value_problem(v, depth + 1))), None)
 
 
 class OptimizerSpec(_Strict):
     name: Literal["adamw", "sgd"] = "adamw"
     """Optimizer: ``adamw`` (fused on CUDA, so fp16 needs no per-step host sync) or ``sgd``."""
-    lr: float = Field(default=1e-3, gt=0)
+    lr: float = Field(default=1e-3, gt=0, le=10)
     """Peak learning rate, reached after the warm-up."""
-    weight_decay: float = Field(default=0.0, ge=0)
+    weight_decay: float = Field(default=0.0, ge=0, le=10)
     """Decoupled weight decay (AdamW) or L2 penalty (SGD)."""
     momentum: float = Field(default=0.9, ge=0, lt=1)
     """SGD momentum; ignored by AdamW."""
-    betas: tuple[float, float] = (0.9, 0.999)
-    """AdamW's moment decay rates; ignored by SGD."""
+    betas: tuple[Beta, Beta] = (0.9, 0.999)
+    """AdamW's moment decay rates, each in [0, 1); ignored by SGD."""
+    eps: float = Field(default=1e-8, gt=0, le=1)
+    """AdamW's denominator term (added to the root of the second moment); ignored by SGD."""
 
 
 class ScheduleSpec(_Strict):
     name: Literal["cosine", "linear", "constant"] = "cosine"
     """Learning-rate schedule after the warm-up: cosine or linear decay to ``min_lr_ratio``, or constant."""
-    warmup_steps: int = Field(default=0, ge=0)
+    warmup_steps: int = Field(default=0, ge=0, le=MAX_STEPS)
     """Steps of linear warm-up from 0 to ``optimizer.lr``."""
     min_lr_ratio: float = Field(default=0.0, ge=0, le=1)
     """Final learning rate as a fraction of the peak."""
@@ -58,50 +116,50 @@ class ScheduleSpec(_Strict):
 class LossScaleSpec(_Strict):
     """Dynamic loss scaling for fp16 (``torch.amp.GradScaler``); ignored for bf16 and fp32."""
 
-    init_scale: float = Field(default=65536.0, gt=0)
+    init_scale: float = Field(default=65536.0, gt=0, le=2.0**32)
     """Initial loss scale (PyTorch's default, 2**16)."""
-    growth_factor: float = Field(default=2.0, gt=1)
+    growth_factor: float = Field(default=2.0, gt=1, le=1000)
     """Factor the scale grows by after ``growth_interval`` clean steps."""
     backoff_factor: float = Field(default=0.5, gt=0, lt=1)
     """Factor the scale shrinks by on a step with inf/NaN gradients."""
-    growth_interval: int = Field(default=2000, ge=1)
+    growth_interval: int = Field(default=2000, ge=1, le=MAX_STEPS)
     """Clean steps between two growths."""
 
 
 class TelemetrySpec(_Strict):
-    flush_every_steps: int = Field(default=10, ge=1)
+    flush_every_steps: int = Field(default=10, ge=1, le=100_000)
     """Per-step values stay on the device and reach the host once every this many steps..."""
-    flush_every_ms: int = Field(default=500, ge=1)
+    flush_every_ms: int = Field(default=500, ge=1, le=60_000)
     """...or after this many milliseconds, whichever comes first."""
-    queue_size: int = Field(default=10_000, ge=1)
+    queue_size: int = Field(default=10_000, ge=1, le=1_000_000)
     """Records buffered for the sink; beyond that, records are dropped and counted, never waited for."""
 
 
 class CheckpointSpec(_Strict):
-    every_steps: int = Field(default=500, ge=1)
+    every_steps: int = Field(default=500, ge=1, le=MAX_STEPS)
     """Write a checkpoint every this many optimizer steps (and at the end)."""
-    keep_last: int = Field(default=3, ge=1)
+    keep_last: int = Field(default=3, ge=1, le=100)
     """Checkpoints kept; older ones are deleted after a newer one is safely written."""
 
 
 class HealthSpec(_Strict):
     """The checks a careful AMP user runs by hand."""
 
-    warn_loss_scale_below: float = Field(default=128.0, gt=0)
+    warn_loss_scale_below: float = Field(default=128.0, gt=0, le=2.0**32)
     """Warn ("frequent gradient overflow") when the fp16 loss scale falls below this."""
-    warn_consecutive_skips: int = Field(default=5, ge=1)
+    warn_consecutive_skips: int = Field(default=5, ge=1, le=MAX_STEPS)
     """Warn when this many consecutive optimizer steps were skipped for inf/NaN gradients."""
-    diverge_nonfinite_steps: int = Field(default=3, ge=1)
+    diverge_nonfinite_steps: int = Field(default=3, ge=1, le=MAX_STEPS)
     """bf16/fp32: stop as diverged after this many consecutive steps with a non-finite loss."""
-    diverge_loss_scale_floor: float = Field(default=2.0**-14, gt=0)
+    diverge_loss_scale_floor: float = Field(default=2.0**-14, gt=0, le=2.0**32)
     """fp16: stop as diverged when the loss scale falls below this floor."""
 
 
 class JobSpec(_Strict):
     """A declarative training job. Only ``model``, ``dataset`` and ``max_steps`` are required."""
 
-    name: str = Field(default="job", min_length=1, max_length=200)
-    """Human-readable name shown in listings."""
+    name: Text = Field(default="job", min_length=1, max_length=200)
+    """Human-readable name shown in listings (no control or formatting characters)."""
     model: ComponentRef
     """The model to train, by registered name."""
     dataset: ComponentRef
@@ -114,19 +172,23 @@ class JobSpec(_Strict):
     """``auto`` picks bf16 on CUDA capability >= 8.0, fp16 + loss scaling on 7.x, fp32 elsewhere
     (bf16 on CPUs with AMX, or with avx512_bf16 where a short probe measures it faster).
     ``fp32`` is strict IEEE; ``tf32`` is fp32 with TF32 tensor-core matmuls and convolutions."""
-    batch_size: int = Field(default=64, ge=1)
+    batch_size: int = Field(default=64, ge=1, le=MAX_BATCH)
     """Effective batch size per optimizer step (micro-batch x ``grad_accum_steps``)."""
-    grad_accum_steps: int = Field(default=1, ge=1)
+    grad_accum_steps: int = Field(default=1, ge=1, le=MAX_BATCH)
     """Micro-batches accumulated per optimizer step; must divide ``batch_size``."""
-    max_steps: int = Field(ge=1)
+    max_steps: int = Field(ge=1, le=MAX_STEPS)
     """Optimizer steps to train for."""
-    grad_clip_norm: float | None = Field(default=1.0, gt=0)
+    max_runtime_s: int | None = Field(default=None, ge=1, le=MAX_RUNTIME_S)
+    """Wall-clock limit of one attempt, in seconds: past it the job checkpoints, stops and
+    fails with ``timeout``. Null takes the service's default; the service refuses more than
+    its configured maximum."""
+    grad_clip_norm: float | None = Field(default=1.0, gt=0, le=1e6)
     """Clip the global gradient norm to this (after unscaling); null disables clipping."""
-    seed: int = Field(default=0, ge=0)
+    seed: int = Field(default=0, ge=0, le=MAX_SEED)
     """Seeds every random number generator; the same spec and seed give the same run."""
     device: DeviceKind = "auto"
     """``auto`` uses CUDA when the worker has it, else the CPU."""
-    queue: str | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9._-]{0,63}$")
+    queue: str | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9._-]{0,15}$")
     """Worker queue to run on, e.g. ``gpu-a100`` for workers started with ``-Q gpu-a100``;
     default ``gpu``, or ``cpu`` when ``device`` is ``cpu``."""
     auto_micro_batch: bool = False

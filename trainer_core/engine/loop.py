@@ -23,6 +23,7 @@ from trainer_core.engine.amp_step import AmpStep
 from trainer_core.engine.checkpoint import CheckpointStore, capture_rng, restore_rng
 from trainer_core.engine.context import Components, RunContext, TrainResult
 from trainer_core.engine.data import Feeder
+from trainer_core.engine.fit_check import check_fits
 from trainer_core.engine.health import HealthMonitor
 from trainer_core.engine.lr_schedule import DeviceSchedule
 from trainer_core.engine.memory import format_bytes, release_cached, snapshot
@@ -62,7 +63,7 @@ class Trainer:
         self.precision = choose_precision(spec.precision, self.device)  # fails before any work
         apply_math_mode(self.precision, self.device)
         seed_everything(spec.seed)
-        parts = components or _build_components(spec, ctx)
+        parts = components or _build_components(spec, ctx, self.device, self.precision.effective)
         self.dataset = parts.dataset
         self.model = parts.model.to(self.device)  # parameters stay fp32: autocast casts per op
         self.channels_last = self.device.type == "cuda" and _is_convolutional(self.model)
@@ -320,8 +321,11 @@ def _registry() -> Any:
     return registry
 
 
-def _build_components(spec: JobSpec, ctx: RunContext) -> Components:
+def _build_components(
+    spec: JobSpec, ctx: RunContext, device: torch.device, precision: str
+) -> Components:
     reg = _registry()
     dataset = reg.build_dataset(spec.dataset, seed=spec.seed, data_roots=ctx.data_roots)
+    check_fits(spec, dataset.info, device, precision)  # before the model allocates anything
     model = reg.build_model(spec.model, dataset.info)
     return Components(model=model, dataset=dataset, loss_fn=reg.loss_for(dataset.info))

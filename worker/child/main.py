@@ -15,7 +15,7 @@ import sys
 import traceback
 from typing import IO, Any
 
-from trainer_core.contract.errors import TrainingError
+from trainer_core.contract.errors import TrainingError, classify_failure
 from worker.child.protocol import ControlMessage, Failed, Finished, Launch, PrecisionChosen, encode
 
 
@@ -78,16 +78,15 @@ def run(launch: Launch, control: Control) -> int:
             resume=True,
         )
         result = Trainer(parse_spec(launch.spec), ctx).train()
-    except TrainingError as exc:
-        control.send(
-            Failed(code=exc.code, message=exc.message, step=exc.step, retryable=exc.retryable)
-        )
-        return 1
-    except Exception as exc:  # a bug, not a user error: keep the traceback for the operator
-        traceback.print_exc()
+    except Exception as exc:
+        if not isinstance(exc, TrainingError):
+            # The user sees a class and a clean message; the operator gets the traceback,
+            # whose text may quote data or the worker's paths.
+            traceback.print_exc()
+        error = classify_failure(exc)
         control.send(
             Failed(
-                code="internal", message=f"{type(exc).__name__}: {exc}", step=None, retryable=True
+                code=error.code, message=error.message, step=error.step, retryable=error.retryable
             )
         )
         return 1

@@ -128,10 +128,11 @@ def test_fsspec_urls_are_confined_too(
         ("memory://other/d.npz", ["memory://team"]),
         ("memory://team/../other/d.npz", ["memory://team"]),
         ("memory://teamster/d.npz", ["memory://team"]),
-        ("memory://team/data/d.npz", [str(tmp_path)]),  # another protocol
     ]:
         with pytest.raises(InvalidSpecError, match="outside the allowed data roots"):
             _build(path, roots)
+    with pytest.raises(InvalidSpecError, match="protocol 'memory' is not allowed here"):
+        _build("memory://team/data/d.npz", [str(tmp_path)])  # no root of that protocol
     np.savez(tmp_path / "d.npz", x=arrays[0], y=arrays[1])
     assert _build(f"file://{tmp_path}/d.npz", [str(tmp_path)]).info.input_shape == (3,)
 

@@ -1,0 +1,164 @@
+"""Where file datasets may read: data roots, allowed protocols, per-user sub-roots.
+
+Torch-free and fsspec-free on purpose. A dataset path is user input on a shared
+service: it is parsed and checked here, as text, *before* any filesystem object
+exists, because building one can already connect somewhere (fsspec's FTP
+filesystem logs in when it is created). The API runs the same check at submit
+time (without touching files); the worker runs it again and resolves symlinks.
+
+* A relative path is looked up under each data root in turn.
+* An absolute path or ``file://`` URL must lie under a local root (after ``..``
+  and, on the worker, symlinks are resolved).
+* Another URL needs its protocol allowed and must lie under a root of the same
+  protocol and authority (``s3://bucket/team`` allows ``s3://bucket/team/x.npz``,
+  not ``s3://other-bucket/...`` nor ``ftp://host/...``).
+* With per-user roots, each root ``R`` stands for ``R/<owner>`` for that owner.
+
+Refusals say what is wrong with the path the user wrote; they never show the
+roots' absolute paths or where the worker runs.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+LOCAL = "file"
+_URL = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]*)://(.*)$", re.DOTALL)
+_URL_FORBIDDEN = re.compile(r"[?#%\\\x00-\x1f\x7f]")
+_OWNER = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._@+-]{0,127}$")
+
+
+class PathRefused(ValueError):
+    """A dataset path that may not be read; the message names the problem, not the roots."""
+
+
+@dataclass(frozen=True)
+class Location:
+    """A parsed path: ``protocol`` (``file`` for local files) and a normalised absolute
+    ``path`` (for URLs the authority comes first: ``/bucket/key`` of ``s3://bucket/key``)."""
+
+    protocol: str
+    path: str
+
+    @property
+    def url(self) -> str:
+        """What to open: the local path, or the URL rebuilt from the normalised parts."""
+        return self.path if self.protocol == LOCAL else f"{self.protocol}://{self.path[1:]}"
+
+    def inside(self, root: Location) -> bool:
+        if self.protocol != root.protocol:
+            return False
+        base = root.path.rstrip("/") or "/"
+        return self.path == base or self.path.startswith(base.rstrip("/") + "/")
+
+
+def parse(text: str) -> Location | str:
+    """A :class:`Location` for a URL or absolute path; a relative local path comes back
+    as the normalised relative text. Raises :class:`PathRefused` for what cannot be read."""
+    if "::" in text:
+        raise PathRefused("chained URLs (with '::') are not supported")
+    if "\x00" in text:
+        raise PathRefused("must not contain NUL characters")
+    match = _URL.match(text)
+    if match is None:
+        if "://" in text:
+            raise PathRefused("not a valid URL")
+        if os.path.isabs(text):
+            return Location(LOCAL, os.path.normpath(text))
+        relative = os.path.normpath(text)
+        if relative == ".." or relative.startswith("../"):
+            raise PathRefused("a relative path must stay inside the data roots (no '..')")
+        return relative
+    protocol, rest = match[1].lower(), match[2]
+    if protocol == LOCAL:
+        if not rest.startswith("/"):
+            raise PathRefused("a file:// URL must name an absolute path (file:///...)")
+        return Location(LOCAL, os.path.normpath(rest))
+    if _URL_FORBIDDEN.search(rest):
+        raise PathRefused("a URL must not contain '?', '#', '%', backslashes or control characters")
+    return Location(protocol, posixpath.normpath("/" + rest))
+
+
+def user_roots(roots: Iterable[str], owner: str | None, per_user: bool) -> list[str]:
+    """The roots ``owner`` may read: ``roots`` themselves, or each one's ``<owner>`` child."""
+    roots = list(roots)
+    if not per_user:
+        return roots
+    if owner is None or not _OWNER.match(owner):
+        raise PathRefused(
+            "file datasets are per user here, and this user's name cannot name a data "
+            "directory (letters, digits and . _ @ + - only)"
+        )
+    return [f"{root.rstrip('/')}/{owner}" for root in roots]
+
+
+def check_location(
+    text: str,
+    roots: Sequence[str],
+    protocols: Iterable[str] | None = None,
+    *,
+    resolve: bool = True,
+) -> list[str]:
+    """Candidates to open for ``text``, in order (several only for a relative path: one
+    under each local root); :class:`PathRefused` when it may not be read at all.
+
+    ``protocols`` defaults to those of the roots. ``resolve`` follows symlinks (the
+    worker); without it (the API) a local path passes when it lies under a root either
+    as written or as resolved on this machine, so the API is never stricter than the
+    worker, which checks again.
+    """
+    if not roots:
+        raise PathRefused("file datasets are disabled here (no data roots are configured)")
+    parsed_roots = [_root(r) for r in roots]
+    allowed = {p.lower() for p in protocols} if protocols is not None else None
+    if allowed is None:
+        allowed = {r.protocol for r in parsed_roots}
+    target = parse(text)
+    if isinstance(target, str):  # relative: under each local root
+        local = [r for r in parsed_roots if r.protocol == LOCAL]
+        if not local or LOCAL not in allowed:
+            raise PathRefused("a relative path needs a local data root, and none is configured")
+        found = [_under(r, target, resolve) for r in local]
+        candidates = [c for c in found if c is not None]
+        if not candidates:  # every one resolved out of its root (a symlink)
+            raise PathRefused("is outside the allowed data roots")
+        return candidates
+    if target.protocol not in allowed:
+        names = ", ".join(sorted(allowed)) or "none"
+        raise PathRefused(f"protocol {target.protocol!r} is not allowed here (allowed: {names})")
+    if target.protocol != LOCAL:
+        if any(target.inside(r) for r in parsed_roots):
+            return [target.url]
+        raise PathRefused("is outside the allowed data roots")
+    resolved = Location(LOCAL, str(Path(target.path).resolve()))
+    inside = any(resolved.inside(_resolved_root(r)) for r in parsed_roots)
+    if not inside and not resolve:
+        inside = any(target.inside(r) for r in parsed_roots)
+    if not inside:
+        raise PathRefused("is outside the allowed data roots")
+    return [resolved.path if resolve else target.path]
+
+
+def _root(text: str) -> Location:
+    parsed = parse(text)
+    if isinstance(parsed, str):  # a relative root is relative to where the process runs
+        return Location(LOCAL, os.path.abspath(parsed))
+    return parsed
+
+
+def _resolved_root(root: Location) -> Location:
+    return Location(LOCAL, str(Path(root.path).resolve())) if root.protocol == LOCAL else root
+
+
+def _under(root: Location, relative: str, resolve: bool) -> str | None:
+    """``root/relative``; on the worker resolved, and None when that leaves the root."""
+    joined = os.path.join(root.path, relative)
+    if not resolve:
+        return os.path.normpath(joined)
+    resolved = Location(LOCAL, str(Path(joined).resolve()))
+    return resolved.path if resolved.inside(_resolved_root(root)) else None

@@ -1,0 +1,50 @@
+"""Free text from users: which characters it may hold, and how errors quote it.
+
+Torch-free. Job names, component names and string arguments end up in terminals
+(``amptrain jobs``), logs and the dashboard, so control and bidirectional
+formatting characters are refused: an escape sequence in a name could rewrite a
+colleague's terminal, a right-to-left override could disguise a file name.
+Errors quote at most a short prefix of a bad value, never a whole payload.
+"""
+
+from __future__ import annotations
+
+import math
+import unicodedata
+from typing import Any
+
+_REFUSED_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs", "Co"})
+"""Control, format (bidi overrides, zero-width), line/paragraph separators, surrogates,
+private use."""
+_ALLOWED_FORMAT = frozenset({"\u200d"})  # zero-width joiner: part of many emoji
+QUOTE_CHARS = 40
+
+
+def control_character(text: str) -> str | None:
+    """Why ``text`` is refused (the first offending character), or None when it is fine."""
+    for position, char in enumerate(text):
+        if unicodedata.category(char) in _REFUSED_CATEGORIES and char not in _ALLOWED_FORMAT:
+            return (
+                f"must not contain control or formatting characters "
+                f"(found U+{ord(char):04X} at position {position})"
+            )
+    return None
+
+
+def check_text(text: str) -> str:
+    """A pydantic after-validator: ``text`` unchanged, or ValueError naming the character."""
+    problem = control_character(text)
+    if problem:
+        raise ValueError(problem)
+    return text
+
+
+def quote(value: Any, limit: int = QUOTE_CHARS) -> str:
+    """``repr(value)``, cut to ``limit`` characters: enough to recognise, never a payload."""
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def finite(value: Any) -> bool:
+    """False for float NaN and infinities (which JSON cannot carry faithfully)."""
+    return not isinstance(value, float) or math.isfinite(value)
