@@ -1,28 +1,33 @@
-"""AMP speed-up: fp32 vs fp16 (+ GradScaler) vs bf16 training throughput and peak memory.
+"""AMP speed-up on ResNet-50: strict fp32, tf32, fp16 (+ GradScaler) and bf16, as a bare loop
+and through the engine's own Trainer, side by side.
 
-Workloads: an image classifier (torchvision's ResNet-50 when installed, else the
-built-in ``cnn``) on synthetic images, and the built-in ``transformer`` on
-synthetic text. Each step is the engine's AMP step order: forward + loss under
-autocast, ``scaler.scale(loss).backward()``, ``unscale_``, clip, ``scaler.step``,
-``scaler.update()``; the optimizer is the registry's (fused AdamW on CUDA). One
-fixed batch lives on the device, so data generation is not measured.
+Workload (CUDA): ResNet-50 (``trainer_core.components.resnet``, torchvision's architecture)
+on 3x224x224 images, batch 256, channels_last, ``cudnn.benchmark``, fused SGD with momentum,
+gradient clipping, the AMP step order the engine uses. ``fp32`` is strict IEEE (TF32 off),
+``tf32`` is PyTorch's TF32 for matmuls and convolutions: the fair baseline (what users get
+from fp32 on Ampere and later), against which the speed-up and memory goals are judged.
 
-Memory: on CUDA the allocator's peak (``max_memory_allocated``) per run; on CPU
-the peak growth of the process's resident set over the run (sampled every
-millisecond, each run in a fresh process so earlier runs' freed memory does not
-hide the next run's). The fp32 baseline is strict fp32 (TF32 off) unless
-``--tf32``. CPU note: without AMX, bf16/fp16 autocast on a CPU is emulated and
-usually *slower* than fp32; the CPU numbers check the script, not AMP's value.
+- bare: one fixed batch on the GPU, the loop a careful user writes by hand.
+- engine: ``Trainer`` with the product's data path (``synthetic-images``, built on the GPU
+  a batch at a time), device-side schedule and telemetry flushed every 10 steps to an
+  in-process sink; host waits on the GPU are counted with PyTorch's GPU trace hooks.
 
-    python bench/amp_speedup.py                 # CUDA when available, else small CPU sizes
-    python bench/amp_speedup.py --device cpu --steps 20 --json results.json
+Timing: CUDA events around the steady state after the warm-up; peak memory is reset after
+the warm-up (``max_memory_allocated`` over the timed steps). Goals on an H100/H200-class
+GPU: fp16 and bf16 >= 2.0x tf32 throughput and >= 45% less peak memory; engine/bare >= 0.97.
+
+On a CPU the same script runs small sizes (ResNet-50 at 64x64, batch 8) to check itself;
+CPU memory is the resident-set growth, each run in a fresh process. ``tf32`` runs as fp32
+there, and bf16/fp16 speed depends on the CPU (see ``trainer_core.engine.cpu_probe``).
+
+    python bench/amp_speedup.py                         # CUDA when available
+    python bench/amp_speedup.py --device cpu --steps 3 --warmup 1 --json out.json
 """
 
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import importlib.util
 import json
 import multiprocessing
 import threading
@@ -30,66 +35,19 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-PRECISIONS = ("fp32", "fp16", "bf16")
+PRECISIONS = ("fp32", "tf32", "fp16", "bf16")
+BASELINE = "tf32"
+GOALS = {"speedup": 2.0, "memory_saving": 0.45, "engine_vs_bare": 0.97}
 
 
 @dataclass(frozen=True)
-class Workload:
-    label: str
-    model: dict[str, Any]
-    dataset: dict[str, Any]
-    batch_size: int
-
-
-def workloads(device: str) -> list[Workload]:
-    """Benchmark-scale sizes on CUDA (ResNet-50 at 224x224 as in the published AMP results),
-    small ones on a CPU."""
-    has_tv = importlib.util.find_spec("torchvision") is not None
-    if device == "cuda":
-        image = (
-            Workload("resnet50 3x224x224", {"name": "resnet50"}, _images(224, 1000), 128)
-            if has_tv
-            else Workload(
-                "cnn w64 d4 3x224x224",
-                {"name": "cnn", "args": {"width": 64, "depth": 4}},
-                _images(224, 1000),
-                128,
-            )
-        )
-        text = Workload(
-            "transformer d512 L6 seq256",
-            {"name": "transformer", "args": {"d_model": 512, "n_layers": 6, "n_heads": 8}},
-            {
-                "name": "synthetic-text",
-                "args": {"vocab_size": 8192, "seq_len": 256, "num_samples": 256},
-            },
-            32,
-        )
-        return [image, text]
-    image = (
-        Workload("resnet50 3x64x64", {"name": "resnet50"}, _images(64, 10), 8)
-        if has_tv
-        else Workload(
-            "cnn w16 d3 3x32x32",
-            {"name": "cnn", "args": {"width": 16, "depth": 3}},
-            _images(32, 10),
-            32,
-        )
-    )
-    text = Workload(
-        "transformer d128 L2 seq64",
-        {"name": "transformer", "args": {"d_model": 128, "n_layers": 2, "n_heads": 4}},
-        {"name": "synthetic-text", "args": {"vocab_size": 256, "seq_len": 64, "num_samples": 256}},
-        16,
-    )
-    return [image, text]
-
-
-def _images(size: int, classes: int) -> dict[str, Any]:
-    return {
-        "name": "synthetic-images",
-        "args": {"channels": 3, "height": size, "width": size, "classes": classes},
-    }
+class Setup:
+    device: str
+    size: int
+    batch: int
+    classes: int
+    steps: int
+    warmup: int
 
 
 class RssPeak:
@@ -102,100 +60,186 @@ class RssPeak:
         self.base = self.peak = self.proc.memory_info().rss
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._sample, daemon=True)
+        self._thread.start()
 
     def _sample(self) -> None:
         while not self._stop.wait(0.001):
             self.peak = max(self.peak, self.proc.memory_info().rss)
 
-    def __enter__(self) -> RssPeak:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
+    def stop(self) -> int:
         self._stop.set()
         self._thread.join()
-        self.peak = max(self.peak, self.proc.memory_info().rss)
-
-    @property
-    def growth(self) -> int:
-        return self.peak - self.base
+        return max(self.peak, self.proc.memory_info().rss) - self.base
 
 
-def measure(
-    work: Workload, precision: str, device_kind: str, steps: int, warmup: int, tf32: bool
-) -> dict[str, Any]:
-    """Train ``steps`` timed steps (after ``warmup``) and return throughput and peak memory."""
+class Clock:
+    """Steady-state timing and peak memory. Build it before the warm-up, ``start()`` after it.
+
+    CUDA: CUDA events, and the allocator's peak reset at ``start()``. CPU: wall time, and
+    the growth of the resident set from construction (the warm-up's allocations included:
+    RSS does not shrink when tensors are freed, so a reset would hide them).
+    """
+
+    def __init__(self, device: Any) -> None:
+        import torch
+
+        self.torch, self.device = torch, device
+        self.cuda = device.type == "cuda"
+        self._rss = None if self.cuda else RssPeak()
+
+    def start(self) -> None:
+        if self.cuda:
+            self.torch.cuda.synchronize(self.device)
+            self.torch.cuda.reset_peak_memory_stats(self.device)
+            self._begin = self.torch.cuda.Event(enable_timing=True)
+            self._begin.record()
+        self._t0 = time.perf_counter()
+
+    def stop(self) -> tuple[float, int]:
+        """(seconds, peak bytes) since ``start``."""
+        if self.cuda:
+            end = self.torch.cuda.Event(enable_timing=True)
+            end.record()
+            end.synchronize()
+            seconds = self._begin.elapsed_time(end) / 1e3
+            return seconds, int(self.torch.cuda.max_memory_allocated(self.device))
+        seconds = time.perf_counter() - self._t0
+        assert self._rss is not None
+        return seconds, self._rss.stop()
+
+
+def _spec(setup: Setup, precision: str, max_steps: int) -> Any:
+    from trainer_core.contract.spec import parse_spec
+
+    return parse_spec(
+        {
+            "name": f"amp-speedup-{precision}",
+            "model": {"name": "cnn"},  # replaced by the injected ResNet-50
+            "dataset": {
+                "name": "synthetic-images",
+                "args": {"height": setup.size, "width": setup.size, "classes": setup.classes},
+            },
+            "max_steps": max_steps,
+            "batch_size": setup.batch,
+            "precision": precision,
+            "device": setup.device,
+            "optimizer": {"name": "sgd", "lr": 0.1, "momentum": 0.9, "weight_decay": 5e-5},
+            "schedule": {"name": "constant"},
+        }
+    )
+
+
+def bare(setup: Setup, precision: str) -> dict[str, Any]:
+    """The hand-written loop on one fixed device batch."""
     import torch
 
     from trainer_core import registry
-    from trainer_core.contract.spec import ComponentRef, OptimizerSpec
+    from trainer_core.components.resnet import resnet50
+    from trainer_core.engine.precision import apply_math_mode, choose_precision
 
-    device = torch.device(device_kind)
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = tf32
-        torch.backends.cudnn.allow_tf32 = tf32
-        torch.backends.cudnn.benchmark = True
-        if precision == "bf16" and torch.cuda.get_device_capability(device) < (8, 0):
-            return {"skipped": "bf16 needs CUDA capability >= 8.0"}
+    spec = _spec(setup, precision, setup.warmup + setup.steps)
+    device = torch.device(setup.device)
+    choice = choose_precision(precision, device)
+    apply_math_mode(choice, device)
     torch.manual_seed(0)
-    data = registry.build_dataset(ComponentRef(**work.dataset), seed=0)
-    model = registry.build_model(ComponentRef(**work.model), data.info).to(device)
-    loss_fn = registry.loss_for(data.info)
-    optimizer = registry.build_optimizer(OptimizerSpec(lr=1e-4), model.parameters(), device)
-    memory_format = (
-        torch.channels_last if device.type == "cuda" and len(data.info.input_shape) == 3 else None
-    )
-    if memory_format is not None:
-        model = model.to(memory_format=memory_format)  # type: ignore[call-overload]
-    x, y = (t.to(device) for t in data.batch(0, work.batch_size))
-    if memory_format is not None:
-        x = x.contiguous(memory_format=memory_format)
-    dtype = {"fp32": None, "fp16": torch.float16, "bf16": torch.bfloat16}[precision]
-    scaler = torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+    data = registry.build_dataset(spec.dataset, seed=0)
+    model = resnet50(data.info).to(device)
+    if device.type == "cuda":
+        model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+    optimizer = registry.build_optimizer(spec.optimizer, model.parameters(), device)
+    x, y = data.batch_on(0, setup.batch, device)
+    if device.type == "cuda":
+        x = x.contiguous(memory_format=torch.channels_last)
+    del data  # its device copy of the patterns is not part of the bare loop's memory
+    dtype = choice.autocast_dtype
+    scaler = torch.amp.GradScaler(device.type, enabled=choice.uses_scaler)
+    params = list(model.parameters())
 
     def step() -> torch.Tensor:
-        with torch.autocast(device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
-            loss = loss_fn(model(x), y)
+        optimizer.zero_grad(set_to_none=True)
+        with torch.autocast(device.type, dtype=dtype or torch.bfloat16, enabled=dtype is not None):
+            logits = model(x)
+        loss = torch.nn.functional.cross_entropy(logits.float(), y)
         scaler.scale(loss).backward()
         scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
         scaler.step(optimizer)
         scaler.update()
-        optimizer.zero_grad(set_to_none=True)
         return loss.detach()
 
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
-    rss = RssPeak() if device.type == "cpu" else None
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    if rss is not None:
-        rss.__enter__()
-    for _ in range(warmup):
+    clock = Clock(device)
+    for _ in range(setup.warmup):
         step()
-    sync()
-    start = time.perf_counter()
-    losses = [step() for _ in range(steps)]
-    sync()
-    elapsed = time.perf_counter() - start
-    if rss is not None:
-        rss.__exit__()
-    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else rss.growth  # type: ignore[union-attr]
+    clock.start()
+    losses = [step() for _ in range(setup.steps)]
+    seconds, peak = clock.stop()
     return {
-        "samples_per_second": steps * work.batch_size / elapsed,
-        "step_ms": elapsed / steps * 1e3,
-        "peak_memory_bytes": int(peak),
-        "final_loss": float(torch.stack(losses[-3:]).float().mean()),
+        "effective": choice.effective,
+        "samples_per_second": setup.steps * setup.batch / seconds,
+        "step_ms": seconds / setup.steps * 1e3,
+        "peak_memory_bytes": peak,
+        "final_loss": float(torch.stack(losses[-3:]).mean()),
     }
 
 
-def _isolated(*args: Any) -> dict[str, Any]:
+def engine(setup: Setup, precision: str) -> dict[str, Any]:
+    """The Trainer with the product's dataset path; timed from step ``warmup`` to the last."""
+    import torch
+
+    from trainer_core import registry
+    from trainer_core.components.resnet import resnet50
+    from trainer_core.engine import Components, RunContext, Trainer
+    from trainer_core.engine.host import HostWaits
+
+    total = setup.warmup + setup.steps
+    spec = _spec(setup, precision, total + 1)  # the step after the timed ones is not timed
+    device = torch.device(setup.device)
+    data = registry.build_dataset(spec.dataset, seed=0)
+    torch.manual_seed(0)
+    parts = Components(resnet50(data.info), data, registry.loss_for(data.info))
+    clock = Clock(device)
+    marks: dict[str, Any] = {}
+    waits = HostWaits() if device.type == "cuda" else None
+
+    def at_step_boundary() -> None:
+        if trainer.step == setup.warmup:
+            clock.start()
+            if waits is not None:
+                waits.__enter__()
+        elif trainer.step == total:
+            if waits is not None:
+                waits.__exit__(None, None, None)
+            marks["seconds"], marks["peak"] = clock.stop()
+
+    class Count:
+        records = 0
+
+        def write(self, items: list[dict[str, Any]]) -> None:
+            Count.records += len(items)
+
+        def close(self) -> None:
+            pass
+
+    trainer = Trainer(spec, RunContext(None, sink=Count(), should_stop=at_step_boundary), parts)
+    result = trainer.train()
+    seconds = marks["seconds"]
+    return {
+        "effective": result.precision.effective,
+        "samples_per_second": setup.steps * setup.batch / seconds,
+        "step_ms": seconds / setup.steps * 1e3,
+        "peak_memory_bytes": marks["peak"],
+        "final_loss": (result.last_record or {}).get("loss"),
+        "data_wait_fraction": trainer.feeder.wait_s / max(seconds, 1e-9),
+        "host_waits_per_step": (waits.total / setup.steps) if waits is not None else None,
+        "on_device_data": trainer.feeder.on_device,
+    }
+
+
+def _isolated(fn: Any, *args: Any) -> dict[str, Any]:
     # A fresh process per CPU run: RSS growth is only meaningful from a clean allocator.
     ctx = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(max_workers=1, mp_context=ctx) as pool:
-        return pool.submit(measure, *args).result()
+        return pool.submit(fn, *args).result()
 
 
 def _mib(n: int) -> str:
@@ -203,41 +247,55 @@ def _mib(n: int) -> str:
 
 
 def table(results: dict[str, dict[str, dict[str, Any]]]) -> str:
+    base = results[BASELINE]["bare"]
     lines = [
-        f"{'workload':28} {'precision':9} {'samples/s':>11} {'step ms':>9} {'vs fp32':>8} "
-        f"{'peak memory':>12} {'vs fp32':>8} {'loss':>7}"
+        f"{'precision':9} {'bare img/s':>11} {'step ms':>8} {'vs tf32':>8} {'peak mem':>10} "
+        f"{'saving':>7} {'engine img/s':>12} {'eng/bare':>8} {'waits/step':>10} {'data wait':>9}"
     ]
-    for label, runs in results.items():
-        base = runs.get("fp32", {})
-        for precision, r in runs.items():
-            if "skipped" in r:
-                lines.append(f"{label:28} {precision:9} {'skipped: ' + r['skipped']}")
-                continue
-            speed = r["samples_per_second"] / base["samples_per_second"] if base else float("nan")
-            mem = (
-                r["peak_memory_bytes"] / base["peak_memory_bytes"]
-                if base.get("peak_memory_bytes")
-                else float("nan")
-            )
-            lines.append(
-                f"{label:28} {precision:9} {r['samples_per_second']:11,.1f} {r['step_ms']:9.2f} "
-                f"{speed:7.2f}x {_mib(r['peak_memory_bytes']):>12} {mem:7.2f}x {r['final_loss']:7.3f}"
-            )
+    for precision, r in results.items():
+        b, e = r["bare"], r["engine"]
+        speed = b["samples_per_second"] / base["samples_per_second"]
+        saving = 1 - b["peak_memory_bytes"] / base["peak_memory_bytes"]
+        waits = e.get("host_waits_per_step")
+        label = precision if b["effective"] == precision else f"{precision}>{b['effective']}"
+        lines.append(
+            f"{label:9} {b['samples_per_second']:11,.1f} {b['step_ms']:8.1f} {speed:7.2f}x "
+            f"{_mib(b['peak_memory_bytes']):>10} {saving:7.0%} {e['samples_per_second']:12,.1f} "
+            f"{e['samples_per_second'] / b['samples_per_second']:8.3f} "
+            f"{'-' if waits is None else f'{waits:.2f}':>10} {e['data_wait_fraction']:9.2%}"
+        )
     return "\n".join(lines)
+
+
+def verdicts(results: dict[str, dict[str, dict[str, Any]]]) -> dict[str, bool]:
+    base = results[BASELINE]["bare"]
+    out = {}
+    for precision in ("fp16", "bf16"):
+        b = results[precision]["bare"]
+        out[f"{precision} >= {GOALS['speedup']}x tf32"] = (
+            b["samples_per_second"] >= GOALS["speedup"] * base["samples_per_second"]
+        )
+        out[f"{precision} peak memory <= {1 - GOALS['memory_saving']:.0%} of tf32"] = (
+            b["peak_memory_bytes"] <= (1 - GOALS["memory_saving"]) * base["peak_memory_bytes"]
+        )
+    for precision, r in results.items():
+        ratio = r["engine"]["samples_per_second"] / r["bare"]["samples_per_second"]
+        out[f"{precision} engine/bare >= {GOALS['engine_vs_bare']}"] = (
+            ratio >= GOALS["engine_vs_bare"]
+        )
+    return out
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    parser.add_argument("--steps", type=int, default=None, help="timed steps (30 CUDA, 3 CPU)")
+    parser.add_argument("--warmup", type=int, default=None, help="untimed steps (10 CUDA, 1 CPU)")
+    parser.add_argument("--batch", type=int, default=None, help="default 256 CUDA, 8 CPU")
     parser.add_argument(
-        "--steps", type=int, default=None, help="timed steps (default 50 CUDA, 15 CPU)"
+        "--size", type=int, default=None, help="image side, default 224 CUDA, 64 CPU"
     )
-    parser.add_argument(
-        "--warmup", type=int, default=None, help="untimed steps first (default 10 CUDA, 3 CPU)"
-    )
-    parser.add_argument(
-        "--tf32", action="store_true", help="let the fp32 baseline use TF32 (Ampere+)"
-    )
+    parser.add_argument("--precisions", default=",".join(PRECISIONS))
     parser.add_argument("--json", help="also write the results here")
     opts = parser.parse_args()
 
@@ -246,38 +304,43 @@ def main() -> None:
     device = (
         opts.device if opts.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     )
-    steps = opts.steps or (50 if device == "cuda" else 15)
-    warmup = opts.warmup or (10 if device == "cuda" else 3)
-    where = (
-        torch.cuda.get_device_name()
-        if device == "cuda"
-        else f"CPU, {torch.get_num_threads()} threads"
+    cuda = device == "cuda"
+    setup = Setup(
+        device=device,
+        size=opts.size or (224 if cuda else 64),
+        batch=opts.batch or (256 if cuda else 8),
+        classes=1000,
+        steps=opts.steps or (30 if cuda else 3),
+        warmup=opts.warmup or (10 if cuda else 1),
     )
+    precisions = [p for p in opts.precisions.split(",") if p]
+    if BASELINE not in precisions:
+        precisions.insert(0, BASELINE)
+    where = torch.cuda.get_device_name() if cuda else f"CPU, {torch.get_num_threads()} threads"
     print(
-        f"amp_speedup: {where}, torch {torch.__version__}, {steps} timed steps after {warmup} warm-up"
+        f"amp_speedup: ResNet-50 3x{setup.size}x{setup.size} batch {setup.batch} on {where}, "
+        f"torch {torch.__version__}; {setup.steps} timed steps after {setup.warmup} warm-up"
     )
-    if device == "cpu":
-        print(
-            "note: CPU autocast without AMX is emulated; fp16/bf16 are not expected to be faster here."
-        )
     results: dict[str, dict[str, dict[str, Any]]] = {}
-    for work in workloads(device):
-        results[work.label] = {}
-        for precision in PRECISIONS:
-            args = (work, precision, device, steps, warmup, opts.tf32)
-            results[work.label][precision] = _isolated(*args) if device == "cpu" else measure(*args)
-            if device == "cuda":
+    for precision in precisions:
+        if cuda and precision in ("bf16", "tf32") and torch.cuda.get_device_capability()[0] < 8:
+            print(f"{precision}: skipped (needs compute capability >= 8.0)")
+            continue
+        results[precision] = {}
+        for name, fn in (("bare", bare), ("engine", engine)):
+            results[precision][name] = (
+                fn(setup, precision) if cuda else _isolated(fn, setup, precision)
+            )
+            if cuda:
                 torch.cuda.empty_cache()
     print(table(results))
+    checks = verdicts(results) if BASELINE in results and {"fp16", "bf16"} <= set(results) else {}
+    for goal, met in checks.items():
+        print(f"goal {goal}: {'MET' if met else 'NOT MET'}")
     if opts.json:
         with open(opts.json, "w") as f:
             json.dump(
-                {
-                    "device": where,
-                    "steps": steps,
-                    "workloads": [asdict(w) for w in workloads(device)],
-                    "results": results,
-                },
+                {"device": where, "setup": asdict(setup), "results": results, "goals": checks},
                 f,
                 indent=2,
             )
