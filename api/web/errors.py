@@ -165,6 +165,20 @@ _HTTP_CODES = {
 }
 
 
+def allowed_methods(request: Request) -> str:
+    """Every method the API documents at this path (Starlette's 405 names only the first
+    matching route's, though e.g. ``GET /jobs`` and ``POST /jobs`` are two routes)."""
+    methods: set[str] = set()
+    for template, operations in request.app.openapi().get("paths", {}).items():
+        pattern = "^" + re.sub(r"\\\{[^/]+?\\\}", "[^/]+", re.escape(template)) + "$"
+        if re.match(pattern, request.url.path):
+            methods |= {m.upper() for m in operations if m.upper() in _METHODS}
+    return ", ".join(sorted(methods))
+
+
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Route every error through the ``{"error", "detail"}`` shape."""
 
@@ -183,7 +197,10 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = _HTTP_CODES.get(exc.status_code, "internal" if exc.status_code >= 500 else "error")
-        return error_response(exc.status_code, code, exc.detail, getattr(exc, "headers", None))
+        headers = getattr(exc, "headers", None)
+        if exc.status_code == 405:
+            headers = {**(headers or {}), "Allow": allowed_methods(request)}
+        return error_response(exc.status_code, code, exc.detail, headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
