@@ -22,7 +22,7 @@
 #                  memory, engine/bare >= 0.97).
 #   5 data path    bench/data_path.py: images/s old vs new; data wait < 2% of the step.
 #   6 telemetry    bench/telemetry_overhead.py --device cuda: engine + Redis vs bare, <= 1.01.
-#   7 smoke        deploy/gpu-smoke.sh: amptrain up, an fp16 and a bf16 job over HTTP.
+#   7 smoke        deploy/gpu-smoke.sh: amptrain up, an fp16, a bf16 and a tf32 job over HTTP.
 #
 # Then one summary table. Logs and JSON results stay in $RESULTS (default
 # /tmp/amptrain-gpu-check/results). Each step runs under the time left of the budget
@@ -145,7 +145,7 @@ skip_step() { ROWS+=("$1|SKIP|0|$2"); }
 
 pytest_counts() { grep -Eo '[0-9]+ (passed|failed|skipped|error|errors|deselected)' "$RESULTS/$1.log" | tr '\n' ' '; }
 last_goals() { grep -E '^goal ' "$RESULTS/$1.log" | sed 's/^goal //' | tr '\n' ';'; }
-smoke_detail() { grep -E '^smoke OK|^FAILED|^== (fp16|bf16):' "$RESULTS/$1.log" | tr '\n' ';'; }
+smoke_detail() { grep -E '^smoke OK|^FAILED|^== (fp16|bf16|tf32):' "$RESULTS/$1.log" | tr '\n' ';'; }
 env_detail() { grep -E '^torch ' "$RESULTS/$1.log" | tail -n 1; }
 
 # -- 1 environment --------------------------------------------------------------------------------
@@ -200,7 +200,7 @@ if [ "$HAS_CUDA" = 1 ]; then
     run_step telemetry 90 last_goals -- "$PY" bench/telemetry_overhead.py --device cuda --steps 150 --pairs 3 \
         --json "$RESULTS/telemetry_overhead.json"
     run_step smoke 150 smoke_detail -- env PYTHON="$PY" AMPTRAIN_SMOKE_STEPS=150 AMPTRAIN_SMOKE_TIMEOUT=90 \
-        bash deploy/gpu-smoke.sh
+        AMPTRAIN_SMOKE_PRECISIONS="fp16 bf16 tf32" bash deploy/gpu-smoke.sh
 else
     skip_step sync-check "needs CUDA"
     # The GPU tests must skip cleanly without CUDA: run them, expect only skips.

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # GPU smoke test of the whole stack: `amptrain up` (private Redis, SQLite, one worker, the API)
-# in a temporary data directory, then an fp16 and a bf16 job submitted over HTTP, waited for,
+# in a temporary data directory, then an fp16 and a bf16 job (by default) submitted over HTTP, waited for,
 # and reported with the worker's capability report, GET /workers and the Prometheus series.
 #
 # Needs: a CUDA machine and a virtual environment with amptrain installed (`pip install -e
@@ -10,6 +10,7 @@
 #   AMPTRAIN_SMOKE_DEVICE=cpu bash deploy/gpu-smoke.sh   # the same plumbing without a GPU
 #
 # Knobs: AMPTRAIN_SMOKE_STEPS (default 300), AMPTRAIN_SMOKE_TIMEOUT seconds per job (240),
+# AMPTRAIN_SMOKE_PRECISIONS (default "fp16 bf16"; deploy/gpu-check.sh adds tf32),
 # PYTHON (default: python on PATH).
 set -euo pipefail
 
@@ -17,6 +18,7 @@ PYTHON=${PYTHON:-python}
 DEVICE=${AMPTRAIN_SMOKE_DEVICE:-cuda}
 STEPS=${AMPTRAIN_SMOKE_STEPS:-300}
 JOB_TIMEOUT=${AMPTRAIN_SMOKE_TIMEOUT:-240}
+PRECISIONS=${AMPTRAIN_SMOKE_PRECISIONS:-fp16 bf16}
 
 DATA_DIR=$(mktemp -d "${TMPDIR:-/tmp}/amp-smoke-XXXXXX")
 free_port() { "$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
@@ -38,6 +40,7 @@ echo "== amptrain up on 127.0.0.1:$PORT (data in $DATA_DIR)"
 "$PYTHON" -m api.cli.main up --host 127.0.0.1 --port "$PORT" --data-dir "$DATA_DIR" >"$DATA_DIR/up.log" 2>&1 &
 UP_PID=$!
 
+# shellcheck disable=SC2329  # called by the EXIT trap
 stop_stack() {
     if kill -0 "$UP_PID" 2>/dev/null; then
         kill -INT "$UP_PID" 2>/dev/null || true
@@ -49,14 +52,14 @@ stop_stack() {
 trap stop_stack EXIT
 
 status=0
-"$PYTHON" - "$PORT" "$TOKEN" "$DEVICE" "$STEPS" "$JOB_TIMEOUT" "$METRICS_PORT" "$DATA_DIR/up.log" <<'PY' || status=$?
+"$PYTHON" - "$PORT" "$TOKEN" "$DEVICE" "$STEPS" "$JOB_TIMEOUT" "$METRICS_PORT" "$DATA_DIR/up.log" "$PRECISIONS" <<'PY' || status=$?
 import json
 import sys
 import time
 import urllib.error
 import urllib.request
 
-port, token, device, steps, job_timeout, metrics_port, up_log = sys.argv[1:]
+port, token, device, steps, job_timeout, metrics_port, up_log, precisions = sys.argv[1:]
 base = f"http://127.0.0.1:{port}"
 auth = {"Authorization": f"Bearer {token}"}
 
@@ -104,7 +107,7 @@ def job_spec(precision):
 
 
 failures = []
-for precision in ("fp16", "bf16"):
+for precision in precisions.split():
     started = time.monotonic()
     job = call("POST", "/jobs", job_spec(precision))
     done = wait_for(
@@ -147,7 +150,7 @@ with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=
             print(line)
 if failures:
     sys.exit(f"FAILED: {', '.join(failures)}")
-print("smoke OK: fp16 and bf16 trained through the whole stack")
+print(f"smoke OK: {', '.join(precisions.split())} trained through the whole stack")
 PY
 
 if [ "$status" -ne 0 ]; then

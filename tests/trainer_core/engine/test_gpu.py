@@ -139,10 +139,9 @@ def test_a_host_dataset_is_prefetched_pinned_and_copied_on_a_side_stream() -> No
     x, y = feeder.get(0, 64)
     assert x.is_cuda and y.is_cuda
     torch.testing.assert_close(x.cpu(), trainer.dataset.batch(0, 64)[0])
-    ahead = feeder._ahead[0][1]
-    ahead.result(timeout=30)
-    assert ahead.result()[0].is_pinned()
-    feeder.get(64, 64)  # the next host batch was ready: its copy is queued behind this one
+    for _, ahead in feeder._ahead:  # let the prefetch thread finish what it queued
+        assert ahead.result(timeout=30)[0].is_pinned()
+    feeder.get(64, 64)  # the next host batch is ready: its copy is queued behind this one
     assert feeder._staged is not None and feeder._staged.key == (128, 64)
     trainer.feeder.close()
 
