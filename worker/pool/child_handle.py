@@ -39,6 +39,8 @@ def child_env(gpu: str | None, environ: Mapping[str, str] = os.environ) -> dict[
 
 
 class ChildProcess:
+    """``python -m worker.child.main`` with its launch on stdin and a control pipe back."""
+
     def __init__(self, launch: Launch, gpu: str | None) -> None:
         read_fd, write_fd = os.pipe()
         launch = launch.model_copy(update={"control_fd": write_fd})
@@ -53,9 +55,9 @@ class ChildProcess:
         assert self.proc.stdin is not None
         self.proc.stdin.write(launch.model_dump_json())
         self.proc.stdin.close()
-        self._control = os.fdopen(read_fd, "r", encoding="utf-8")
+        self._control_fd = read_fd
         self._selector = selectors.DefaultSelector()
-        self._selector.register(self._control, selectors.EVENT_READ)
+        self._selector.register(read_fd, selectors.EVENT_READ)
         self._utf8 = codecs.getincrementaldecoder("utf-8")()
         self._buffer = ""
         self._eof = False
@@ -70,7 +72,7 @@ class ChildProcess:
             if self._eof:
                 time.sleep(min(timeout, 0.05))
             return []
-        chunk = os.read(self._control.fileno(), 65536)
+        chunk = os.read(self._control_fd, 65536)
         if not chunk:
             self._eof = True
             return []
@@ -108,4 +110,4 @@ class ChildProcess:
 
     def close(self) -> None:
         self._selector.close()
-        self._control.close()
+        os.close(self._control_fd)
