@@ -88,8 +88,10 @@ class Settings(BaseSettings):
     max_active_jobs_per_user: int = Field(default=50, ge=1)
     """Queued + running jobs one token may have; more is a 429 naming the limit and the
     use. Admin tokens are exempt."""
-    max_live_connections_per_user: int = Field(default=20, ge=1)
-    """Concurrent WebSocket + SSE watchers per token, across every API process."""
+    max_live_connections_per_user: int = Field(default=20, ge=1, le=128)
+    """Concurrent WebSocket + SSE watchers per token, across every API process (at most
+    128: half the live hub's 256 Redis connections, so one user cannot take them all).
+    Admin tokens are exempt."""
     write_rate_limit: str = "120/minute"
     """Writes (POST, PUT, PATCH, DELETE) per token, in ``limits`` notation (``10/second``,
     ``120/minute;1000/hour``), shared by every API process through Redis; more is a 429

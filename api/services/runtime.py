@@ -27,6 +27,7 @@ from api.services.dispatcher import Dispatcher
 from api.services.limits import LiveSlots, WriteLimiter
 from api.services.live_hub import LiveHub
 from api.services.recorder import Recorder
+from api.services.token_checks import TokenChecks
 from api.store import tokens
 from api.store.db import make_engine, make_session_factory
 
@@ -46,6 +47,7 @@ class Services:
     metrics_registry: CollectorRegistry
     write_limiter: WriteLimiter
     live_slots: LiveSlots
+    token_checks: TokenChecks
     stop_event: threading.Event = field(default_factory=threading.Event)
     threads: list[threading.Thread] = field(default_factory=list)
     closers: list[Callable[[], None]] = field(default_factory=list)
@@ -70,6 +72,7 @@ class Services:
             observability.make_registry(collector),
             WriteLimiter(settings.write_rate_limit, client),
             LiveSlots(client, settings.max_live_connections_per_user),
+            TokenChecks(session_factory, settings.token_recheck_seconds),
         )
 
     def start(self) -> None:

@@ -11,7 +11,10 @@ handshake completes (the client sees the upgrade answered with HTTP 403).
 
 Close codes: 1000 after ``end``; 1013 (try again later) after ``gap``, i.e. the
 client fell a whole queue behind and should reconnect with ``after=`` the gap's
-cursor; 1008 refused; 4400 a malformed ``after``. A client that stops reading
+cursor; 1008 refused; 4400 a malformed ``after``; 4401 the token was revoked or
+expired (checked before each message); 4429 the user already has
+``AMPTRAIN_MAX_LIVE_CONNECTIONS_PER_USER`` watchers open (SSE: a 429). Each close
+reason is in the close frame and in one log line. A client that stops reading
 entirely is disconnected without a close frame a few seconds after its ``gap``.
 
 SSE (served by Starlette's StreamingResponse, no extra dependency): each message is
@@ -23,6 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import logging
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
@@ -36,9 +41,12 @@ from api.contracts.cursor import Cursor, CursorError
 from api.services.live_hub import LiveHub
 from api.services.watch import Out, Watch
 from api.store.jobs import get_job
-from api.web.auth import authenticate, bearer_token
-from api.web.deps import CurrentUser, SessionDep, visible_job
-from api.web.errors import ValidationFailed
+from api.web.auth import Principal, authenticate, bearer_token
+from api.web.deps import CurrentUser, ServicesDep, SessionDep, visible_job
+from api.web.errors import TooMany, ValidationFailed, error_responses
+from api.web.live_session import CLOSE_TOKEN, CLOSE_TOO_MANY, LiveSession, closed
+
+log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/jobs", tags=["live"])
 
@@ -82,16 +90,16 @@ def ws_credentials(ws: WebSocket) -> tuple[str | None, bool]:
     return None, False
 
 
-def may_watch(sessions: sessionmaker[Session], token: str | None, job_id: str) -> bool:
-    """The token is valid and its owner may see the job."""
+def watcher(sessions: sessionmaker[Session], token: str | None, job_id: str) -> Principal | None:
+    """The token's principal if it is valid and may see the job; None otherwise."""
     if not token:
-        return False
+        return None
     with sessions() as s:
         principal = authenticate(s, token)
         if principal is None:
-            return False
+            return None
         job = get_job(s, job_id)
-        return job is not None and principal.can_see(job)
+        return principal if job is not None and principal.can_see(job) else None
 
 
 @router.websocket("/{job_id}/ws")
@@ -99,38 +107,85 @@ async def watch_ws(ws: WebSocket, job_id: str, after: str | None = None) -> None
     """History after ``after``, then the live tail; ``end`` and close 1000 when the job ends."""
     services = ws.app.state.services
     token, subprotocol = ws_credentials(ws)
-    if not await anyio.to_thread.run_sync(may_watch, services.session_factory, token, job_id):
+    principal = await anyio.to_thread.run_sync(watcher, services.session_factory, token, job_id)
+    if principal is None:
         await ws.close(code=CLOSE_POLICY)
+        closed(
+            "WebSocket", job_id, None, CLOSE_POLICY, "refused: bad token or not the caller's job"
+        )
         return
     await ws.accept(subprotocol="bearer" if subprotocol else None)
     try:
         cursor = None if after is None else Cursor.parse(after)
     except CursorError as exc:
-        await ws.close(code=CLOSE_BAD_CURSOR, reason=f"after: {exc}"[:120])
+        await _close(ws, CLOSE_BAD_CURSOR, f"after: {exc}")
+        closed("WebSocket", job_id, principal.name, CLOSE_BAD_CURSOR, f"after: {exc}")
         return
-    watch = open_watch(ws.app, job_id, cursor)
-    pump = asyncio.create_task(_pump(ws, watch))
+    session = LiveSession(services, principal, job_id, "WebSocket")
+    refused = await anyio.to_thread.run_sync(session.acquire)
+    if refused:
+        await _close(ws, CLOSE_TOO_MANY, refused)
+        await session.finish(CLOSE_TOO_MANY, refused)
+        return
+    code, reason = None, "server stopped serving it"
+    try:
+        code, reason = await _serve(ws, session, open_watch(ws.app, job_id, cursor))
+    finally:
+        await session.finish(code, reason)
+
+
+async def _serve(ws: WebSocket, session: LiveSession, watch: Watch) -> tuple[int | None, str]:
+    """Pump messages until the job ends, the client leaves or must go: (close code, why)."""
+    pump = asyncio.create_task(_pump(ws, watch, session))
     listen = asyncio.create_task(_until_disconnect(ws))
     cut = asyncio.create_task(watch.overflowed.wait())
+    outcome: tuple[int | None, str] = (None, "client disconnected")
     try:
         done, _ = await asyncio.wait({pump, listen, cut}, return_when=asyncio.FIRST_COMPLETED)
         if cut in done and pump not in done:
             # Give a slow client the chance to read its gap; a stalled one is cut off.
-            await asyncio.wait(
+            done, _ = await asyncio.wait(
                 {pump, listen}, timeout=GAP_GRACE_S, return_when=asyncio.FIRST_COMPLETED
             )
+            outcome = (None, "stalled: did not read its gap")
+        if pump in done and not pump.cancelled():
+            if pump.exception() is not None:
+                log.error("live watcher failed", exc_info=pump.exception())
+                await _close(ws, 1011, "server error")
+                outcome = (1011, f"server error: {type(pump.exception()).__name__}")
+            else:
+                outcome = pump.result()
+        elif listen in done:
+            outcome = (None, "client disconnected")
     finally:
         for task in (pump, listen, cut):
             task.cancel()
         await asyncio.gather(pump, listen, cut, return_exceptions=True)
+    return outcome
 
 
-async def _pump(ws: WebSocket, watch: Watch) -> None:
+async def _close(ws: WebSocket, code: int, reason: str) -> None:
+    # A close frame's reason is at most 123 bytes.
     with contextlib.suppress(WebSocketDisconnect, RuntimeError, OSError):
+        await ws.close(code=code, reason=reason.encode()[:120].decode(errors="ignore"))
+
+
+async def _pump(ws: WebSocket, watch: Watch, session: LiveSession) -> tuple[int | None, str]:
+    try:
         async with contextlib.aclosing(watch.messages()) as messages:
             async for out in messages:
+                problem = await session.before_message()
+                if problem:
+                    await _close(ws, CLOSE_TOKEN, problem)
+                    return CLOSE_TOKEN, problem
                 await ws.send_text(out.text)
-        await ws.close(code=CLOSE_GAP if watch.overflowed.is_set() else 1000)
+    except (WebSocketDisconnect, RuntimeError, OSError):
+        return None, "client disconnected"
+    if watch.overflowed.is_set():
+        await _close(ws, CLOSE_GAP, "fell behind: reconnect with the gap's cursor")
+        return CLOSE_GAP, "fell behind (gap)"
+    await _close(ws, 1000, "job ended")
+    return 1000, "job ended"
 
 
 async def _until_disconnect(ws: WebSocket) -> None:
@@ -150,10 +205,13 @@ def sse_frame(out: Out) -> str:
 
 
 class _SSEResponse(StreamingResponse):
-    """A StreamingResponse that gives up on a client that overflowed and stopped reading."""
+    """A StreamingResponse that gives up on a client that overflowed and stopped reading,
+    and ends (with an ``error`` message saying why) once the token is revoked or expired."""
 
-    def __init__(self, watch: Watch) -> None:
+    def __init__(self, watch: Watch, session: LiveSession) -> None:
         self.watch = watch
+        self.session = session
+        self.reason = "client disconnected"
         super().__init__(
             self._frames(),
             media_type="text/event-stream",
@@ -163,31 +221,49 @@ class _SSEResponse(StreamingResponse):
     async def _frames(self) -> AsyncIterator[str]:
         async with contextlib.aclosing(self.watch.messages()) as messages:
             async for out in messages:
+                problem = await self.session.before_message()
+                if problem:
+                    self.reason = problem
+                    yield f"event: error\ndata: {json.dumps({'error': 'unauthorized', 'detail': problem})}\n\n"
+                    return
                 yield sse_frame(out)
+        self.reason = "fell behind (gap)" if self.watch.overflowed.is_set() else "job ended"
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        async with anyio.create_task_group() as tg:
+        try:
+            async with anyio.create_task_group() as tg:
 
-            async def guard() -> None:
-                await self.watch.overflowed.wait()
-                await anyio.sleep(GAP_GRACE_S)
+                async def guard() -> None:
+                    await self.watch.overflowed.wait()
+                    await anyio.sleep(GAP_GRACE_S)
+                    self.reason = "stalled: did not read its gap"
+                    tg.cancel_scope.cancel()
+
+                tg.start_soon(guard)
+                await super().__call__(scope, receive, send)
                 tg.cancel_scope.cancel()
-
-            tg.start_soon(guard)
-            await super().__call__(scope, receive, send)
-            tg.cancel_scope.cancel()
+        finally:
+            await self.session.finish(None, self.reason)
 
 
-@router.get("/{job_id}/stream", response_class=StreamingResponse)
+@router.get(
+    "/{job_id}/stream",
+    response_class=StreamingResponse,
+    responses=error_responses(401, 404, 422, 429),
+)
 def watch_sse(
     job_id: str,
     request: Request,
     session: SessionDep,
     user: CurrentUser,
-    after: Annotated[str | None, Query(description="Resume after this cursor.")] = None,
-    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
+    services: ServicesDep,
+    after: Annotated[
+        str | None, Query(max_length=48, description="Resume after this cursor.")
+    ] = None,
+    last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=48)] = None,
 ) -> StreamingResponse:
-    """The WebSocket's messages as Server-Sent Events; ``Last-Event-ID`` (or ``after``) resumes."""
+    """The WebSocket's messages as Server-Sent Events; ``Last-Event-ID`` (or ``after``) resumes.
+    A 429 when the caller already has its limit of live watchers open."""
     visible_job(session, user, job_id)
     field, text = (
         ("header.Last-Event-ID", last_event_id) if last_event_id else ("query.after", after)
@@ -198,4 +274,9 @@ def watch_sse(
         raise ValidationFailed(
             [{"field": field, "message": str(exc), "type": "value_error"}]
         ) from None
-    return _SSEResponse(open_watch(request.app, job_id, cursor))
+    live = LiveSession(services, user, job_id, "SSE")
+    refused = live.acquire()
+    if refused:
+        closed("SSE", job_id, user.name, 429, refused)
+        raise TooMany({"message": refused, "limit": services.live_slots.limit})
+    return _SSEResponse(open_watch(request.app, job_id, cursor), live)

@@ -19,8 +19,8 @@ class LimitsOut(BaseModel):
     """Queued, running or cancelling jobs the caller holds now."""
     max_active_jobs: int | None
     """More active jobs than this are refused (429); null for admins (exempt)."""
-    max_live_connections: int
-    """Concurrent WebSocket + SSE watchers."""
+    max_live_connections: int | None
+    """Concurrent WebSocket + SSE watchers; null for admins (exempt)."""
     write_rate: str
     """Writes allowed per window (``limits`` notation, e.g. ``120/minute``)."""
 
@@ -47,7 +47,9 @@ def read_me(user: CurrentUser, session: SessionDep, services: ServicesDep) -> Me
         limits=LimitsOut(
             active_jobs=quotas.active_jobs(session, user.name),
             max_active_jobs=None if user.is_admin else settings.max_active_jobs_per_user,
-            max_live_connections=settings.max_live_connections_per_user,
+            max_live_connections=(
+                None if user.is_admin else settings.max_live_connections_per_user
+            ),
             write_rate=settings.write_rate_limit,
         ),
     )
