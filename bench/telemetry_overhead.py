@@ -117,11 +117,16 @@ def bare_loop(spec: JobSpec) -> Timing:
     return _since(start, device)
 
 
+class EngineTrainer(Trainer):
+    """The engine as shipped; ``--prefetch-depth 0`` builds each batch in the training thread,
+    as the bare loop does, to tell the telemetry's cost from the data path's gain."""
+
+
 def engine_run(spec: JobSpec, redis_url: str) -> Timing:
     device = torch.device(spec.device)
     job_id = f"j_{uuid.uuid4().hex}"  # the shape api.core.redis.Keys accepts
     sink = RedisSink.from_url(redis_url, job_id, attempt=1)
-    trainer = Trainer(spec, RunContext(checkpoint_dir=None, sink=sink))
+    trainer = EngineTrainer(spec, RunContext(checkpoint_dir=None, sink=sink))
     start = _clock(device)
     result = trainer.train()  # includes draining the last batch into Redis
     elapsed = _since(start, device)
@@ -138,7 +143,7 @@ def engine_run(spec: JobSpec, redis_url: str) -> Timing:
 def engine_no_sink(spec: JobSpec) -> Timing:
     """The engine with records built and health checked but sent nowhere (attribution)."""
     device = torch.device(spec.device)
-    trainer = Trainer(spec, RunContext(checkpoint_dir=None))
+    trainer = EngineTrainer(spec, RunContext(checkpoint_dir=None))
     start = _clock(device)
     trainer.train()
     return _since(start, device)
@@ -170,6 +175,12 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=None, help="default 512 CPU, 64 CUDA")
     parser.add_argument("--precision", default=None, choices=["fp32", "tf32", "bf16", "fp16"])
     parser.add_argument("--threads", type=int, default=1, help="torch intra-op threads (CPU)")
+    parser.add_argument(
+        "--prefetch-depth",
+        type=int,
+        default=Trainer.prefetch_depth,
+        help="the engine's data prefetch (0: batches built in the training thread, like bare)",
+    )
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
     cuda = args.device == "cuda"
@@ -178,6 +189,7 @@ def main() -> None:
     args.precision = args.precision or ("bf16" if cuda else "fp32")
     if not cuda:
         torch.set_num_threads(args.threads)
+    EngineTrainer.prefetch_depth = args.prefetch_depth
     spec = make_spec(args)
 
     server = EmbeddedRedis(
@@ -204,7 +216,8 @@ def main() -> None:
     where = torch.cuda.get_device_name() if cuda else f"CPU, {args.threads} thread(s)"
     print(
         f"telemetry_overhead: {where}; precision={args.precision} steps={args.steps} "
-        f"batch={args.batch} width={args.width} bare step={step_ms:.2f} ms"
+        f"batch={args.batch} width={args.width} prefetch={args.prefetch_depth} "
+        f"bare step={step_ms:.2f} ms"
     )
     for name, timings in times.items():
         print(f"{name:>8} wall s: " + " ".join(f"{t[0]:.3f}" for t in timings))
@@ -221,7 +234,15 @@ def main() -> None:
     )
     if args.json:
         Path(args.json).write_text(
-            json.dumps({"device": where, "bare_step_ms": step_ms, **result}, indent=2)
+            json.dumps(
+                {
+                    "device": where,
+                    "bare_step_ms": step_ms,
+                    "prefetch_depth": args.prefetch_depth,
+                    **result,
+                },
+                indent=2,
+            )
         )
 
 
