@@ -20,7 +20,8 @@ class DeviceSchedule:
     """``lr`` is the learning rate of the next optimizer step; ``advance`` after each step."""
 
     def __init__(self, table: torch.Tensor, optimizer: torch.optim.Optimizer) -> None:
-        device = next(iter(optimizer.param_groups[0]["params"]), torch.empty(0)).device
+        params = [p for group in optimizer.param_groups for p in group["params"]]
+        device = params[0].device if params else torch.device("cpu")
         self.table = table.to(device=device, dtype=torch.float32)
         self.optimizer = optimizer
         self.applied = torch.zeros(1, dtype=torch.int64, device=device)
