@@ -22,6 +22,8 @@ from api.core.logs import bind, log_context
 from api.core.settings import Settings
 from api.store import jobs
 from api.store.db import make_engine, make_session_factory
+from trainer_core.contract.data_access import PathRefused, user_roots
+from trainer_core.contract.errors import TimeLimitError
 from trainer_core.contract.layout import job_checkpoint_url
 from worker.child.protocol import Failed, Launch, PrecisionChosen
 from worker.pool.child_handle import ChildProcess
@@ -40,6 +42,7 @@ class Claim:
     attempt: int
     spec: dict[str, Any]
     max_attempts: int
+    owner: str
 
 
 class Supervisor:
@@ -80,7 +83,7 @@ class Supervisor:
                 why = "no such job" if job is None else f"it is {job.status}"
                 log.info("job %s not claimable (%s); message dropped", job_id, why)
                 return None
-            claim = Claim(job_id, attempt, dict(job.spec), job.max_attempts)
+            claim = Claim(job_id, attempt, dict(job.spec), job.max_attempts, job.owner)
         bind(attempt=attempt)
         log.info("job %s claimed as attempt %d by %s", job_id, attempt, self.worker)
         return claim
@@ -97,6 +100,7 @@ class Supervisor:
                 claim.job_id,
                 claim.attempt,
                 on_precision=lambda msg: self._started(claim, msg),
+                runtime_limit_s=self._runtime_limit(claim),
             )
             try:
                 outcome = watch.run(child)
@@ -113,8 +117,21 @@ class Supervisor:
             spec=claim.spec,
             checkpoint_dir=job_checkpoint_url(self.settings.checkpoint_url, claim.job_id),
             redis_url=self.settings.redis_url,
-            data_roots=[str(r) for r in self.settings.data_roots],
+            data_roots=self._data_roots(claim),
         )
+
+    def _data_roots(self, claim: Claim) -> list[str]:
+        """The roots this job's owner may read (``ROOT/<owner>`` with per-user roots)."""
+        roots = [str(r) for r in self.settings.data_roots]
+        try:
+            return user_roots(roots, claim.owner, self.settings.data_roots_per_user)
+        except PathRefused:
+            log.warning("job %s: owner %r cannot have data roots", claim.job_id, claim.owner)
+            return []
+
+    def _runtime_limit(self, claim: Claim) -> float:
+        asked = claim.spec.get("max_runtime_s") or self.settings.job_runtime_default_seconds
+        return float(min(asked, self.settings.job_runtime_limit_seconds))
 
     def _started(self, claim: Claim, msg: PrecisionChosen) -> None:
         """The child chose its precision: record it (fenced) and tell watchers it started."""
@@ -161,6 +178,8 @@ class Supervisor:
             return JobStatus.CANCELLED, None
         if out.stop_requested == "preempt":
             return JobStatus.QUEUED, None
+        if out.stop_requested == "timeout":
+            return JobStatus.FAILED, self._timed_out(claim, out)
         failure = out.failure or Failed(
             code="internal",
             message=f"training process exited with code {out.exit_code} without a result",
@@ -176,3 +195,13 @@ class Supervisor:
             )
             return JobStatus.QUEUED, failure.error()
         return JobStatus.FAILED, failure.error()
+
+    def _timed_out(self, claim: Claim, out: Outcome) -> dict[str, Any]:
+        step = out.failure.step if out.failure else None
+        where = f"; checkpointed at step {step}" if step is not None else ""
+        error = TimeLimitError(
+            f"stopped after {self._runtime_limit(claim):g} s, the wall-clock limit of one "
+            f"attempt (max_runtime_s){where}",
+            step=step,
+        )
+        return error.to_dict()

@@ -32,8 +32,9 @@ log = logging.getLogger(__name__)
 
 POLL_S = 0.25  # how quickly a cancel request reaches the child
 
-StopRequest = Literal["cancel", "preempt"]
-"""``cancel``: the API asked; ``preempt``: this worker drains (checkpoint, then re-queue)."""
+StopRequest = Literal["cancel", "preempt", "timeout"]
+"""``cancel``: the API asked; ``preempt``: this worker drains (checkpoint, then re-queue);
+``timeout``: the attempt ran past its wall-clock limit (checkpoint, then fail)."""
 
 
 @dataclass
@@ -92,8 +93,10 @@ class AttemptWatch:
         job_id: str,
         attempt: int,
         on_precision: Callable[[PrecisionChosen], None],
+        runtime_limit_s: float | None = None,
     ) -> None:
         self.settings = settings
+        self.deadline = time.monotonic() + runtime_limit_s if runtime_limit_s else None
         self.redis = client
         self.slot = slot
         self.job_id = job_id
@@ -148,6 +151,8 @@ class AttemptWatch:
     def _stop_wanted(self, status: JobStatus) -> StopRequest | None:
         if status == JobStatus.CANCELLING:
             return "cancel"  # seen by the heartbeat even if the Redis cancel key was lost
+        if self.deadline is not None and time.monotonic() >= self.deadline:
+            return "timeout"
         try:
             cancel, draining = self.redis.mget(
                 Keys.cancel(self.job_id), Keys.worker_draining(self.slot.worker)
@@ -159,7 +164,8 @@ class AttemptWatch:
         return "preempt" if draining else None
 
     def _ask_to_stop(self, child: ChildProcess, wanted: StopRequest) -> None:
-        """The child stops at its next step boundary: SIGUSR1 cancels, SIGUSR2 checkpoints."""
+        """The child stops at its next step boundary: SIGUSR1 checkpoints and ends the run
+        (cancel, timeout), SIGUSR2 checkpoints for a resume elsewhere (preempt)."""
         self.out.stop_requested = wanted
-        child.signal(signal.SIGUSR1 if wanted == "cancel" else signal.SIGUSR2)
+        child.signal(signal.SIGUSR2 if wanted == "preempt" else signal.SIGUSR1)
         log.info("job %s attempt %d: asked child to %s", self.job_id, self.attempt, wanted)
