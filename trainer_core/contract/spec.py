@@ -92,7 +92,7 @@ def _value_problem(value: Any, depth: int) -> str | None:
 class OptimizerSpec(_Strict):
     name: Literal["adamw", "sgd"] = "adamw"
     """Optimizer: ``adamw`` (fused on CUDA, so fp16 needs no per-step host sync) or ``sgd``."""
-    lr: float = Field(default=1e-3, gt=0, le=10)
+    lr: float = Field(default=1e-3, gt=0, le=1e12)
     """Peak learning rate, reached after the warm-up."""
     weight_decay: float = Field(default=0.0, ge=0, le=10)
     """Decoupled weight decay (AdamW) or L2 penalty (SGD)."""
@@ -129,7 +129,7 @@ class LossScaleSpec(_Strict):
 class TelemetrySpec(_Strict):
     flush_every_steps: int = Field(default=10, ge=1, le=100_000)
     """Per-step values stay on the device and reach the host once every this many steps..."""
-    flush_every_ms: int = Field(default=500, ge=1, le=60_000)
+    flush_every_ms: int = Field(default=500, ge=1, le=3_600_000)
     """...or after this many milliseconds, whichever comes first."""
     queue_size: int = Field(default=10_000, ge=1, le=1_000_000)
     """Records buffered for the sink; beyond that, records are dropped and counted, never waited for."""
