@@ -97,3 +97,16 @@ def test_the_estimate_does_not_disturb_the_random_state() -> None:
     before = torch.get_rng_state()
     estimate(_spec({"width": 32}), DataInfo("classification", (64,), 10), "fp32")
     assert torch.equal(before, torch.get_rng_state())
+
+
+@pytest.mark.gpu
+def test_on_a_gpu_the_estimate_is_checked_against_its_memory() -> None:
+    device = torch.device("cuda")
+    total = torch.cuda.get_device_properties(device).total_memory
+    assert device_memory(device) == total
+    spec = _spec({"width": 65536, "depth": 64}, device="cuda")
+    with pytest.raises(TooLargeError, match="the GPU has"):
+        Trainer(spec, RunContext(checkpoint_dir=None))
+    assert torch.cuda.memory_allocated(device) < 2**30  # nothing large was allocated
+    result = Trainer(_spec({"width": 32}, device="cuda"), RunContext(checkpoint_dir=None)).train()
+    assert result.final_step == 2
