@@ -72,6 +72,13 @@ class Settings(BaseSettings):
     from closing the socket and lets clients detect a dead server)."""
     live_queue_size: int = Field(default=4096, ge=16)
     """Messages one watcher may fall behind before it gets ``gap`` and is closed (1013)."""
+    child_env_passthrough: Annotated[list[str], NoDecode] = Field(
+        default_factory=lambda: ["AWS_*", "GOOGLE_APPLICATION_CREDENTIALS", "AZURE_STORAGE_*"]
+    )
+    """Environment variables (comma-separated names or ``fnmatch`` patterns) a worker hands
+    to its training child beyond locale, paths and CUDA/NCCL/OpenMP/PyTorch tuning: by
+    default the object-store credentials fsspec needs for checkpoints and datasets. Nothing
+    else reaches the child (no ``AMPTRAIN_*`` setting, token or database password)."""
     queues: Annotated[list[str], NoDecode] = Field(default_factory=lambda: ["gpu", "cpu"])
     """Worker queues a job may name (comma-separated), e.g. ``gpu,cpu,gpu-a100``. kombu
     keeps each queue as a Redis list of that very name, so a job may only pick one of
@@ -102,9 +109,9 @@ class Settings(BaseSettings):
 
     _redis_derived: bool = PrivateAttr(default=False)
 
-    @field_validator("queues", mode="before")
+    @field_validator("queues", "child_env_passthrough", mode="before")
     @classmethod
-    def _split_queues(cls, value: Any) -> Any:
+    def _split_commas(cls, value: Any) -> Any:
         if isinstance(value, str):
             return [part.strip() for part in value.split(",") if part.strip()]
         return value

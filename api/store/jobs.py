@@ -125,23 +125,6 @@ def heartbeat(s: Session, job_id: str, attempt: int, lease_s: float) -> str | No
     return _returning(s, job_id, stmt)
 
 
-def record_event(
-    s: Session,
-    job_id: str,
-    attempt: int,
-    type: str,
-    step: int | None,
-    data: dict[str, Any] | None,
-    time: float | None = None,
-) -> bool:
-    """Append a lifecycle event for this attempt; False (nothing written) when fenced out.
-    Record a final event *before* :func:`finish` (same transaction)."""
-    if not _fence(s, job_id, attempt):
-        return False
-    _insert_event(s, job_id, attempt, type, step, data, time)
-    return True
-
-
 def set_precision(
     s: Session, job_id: str, attempt: int, requested: str, effective: str, reason: str | None
 ) -> bool:
@@ -330,17 +313,6 @@ def _reap_event(status: JobStatus, err: dict[str, Any]) -> tuple[str, dict[str, 
 def _fenced(job_id: str, attempt: int) -> tuple[sa.ColumnElement[bool], ...]:
     c = jobs_t.c
     return (c.id == job_id, c.attempt == attempt, c.status.in_(ACTIVE_STATUSES))
-
-
-def _fence(s: Session, job_id: str, attempt: int) -> bool:
-    # A no-op guarded UPDATE: takes the row lock so a concurrent claim waits for us.
-    stmt = (
-        jobs_t.update()
-        .where(*_fenced(job_id, attempt))
-        .values(attempt=jobs_t.c.attempt)
-        .returning(jobs_t.c.id)
-    )
-    return _returning(s, job_id, stmt) is not None
 
 
 def _returning(s: Session, job_id: str, stmt: sa.Executable) -> Any:

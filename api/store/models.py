@@ -107,8 +107,9 @@ class JobEvent(Base):
 
     __tablename__ = "job_events"
     __table_args__ = (
-        # Engine events carry their stream entry id so a replay inserts nothing;
-        # supervisor-written events have NULL here (NULLs never collide).
+        # An event's cursor is its stream entry id, so a replay inserts nothing. NULL
+        # (NULLs never collide): an event of an unclaimed job (cursor 0-{id}), or one the
+        # API wrote that the recorder has not yet appended to the stream (see api.store.events).
         sa.UniqueConstraint("job_id", "source_id"),
         sa.Index(None, "job_id", "id"),
     )

@@ -9,6 +9,7 @@ amptrain tells the child travels in its :class:`~worker.child.protocol.Launch`.
 from __future__ import annotations
 
 import codecs
+import fnmatch
 import logging
 import os
 import selectors
@@ -16,7 +17,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
 from worker.child.protocol import ControlMessage, Launch, ProtocolError, decode
 
@@ -30,9 +31,18 @@ PASSED_PREFIXES = ("LC_", "CUDA_", "NCCL_", "OMP_", "MKL_", "PYTORCH_", "TORCH_"
 PyTorch. Nothing of amptrain's own configuration (``AMPTRAIN_*``) and no other secret."""
 
 
-def child_env(gpu: str | None, environ: Mapping[str, str] = os.environ) -> dict[str, str]:
-    """The child's environment: the allowed part of ``environ``, and its GPU when it has one."""
-    env = {k: v for k, v in environ.items() if k in PASSED_NAMES or k.startswith(PASSED_PREFIXES)}
+def child_env(
+    gpu: str | None, environ: Mapping[str, str] = os.environ, passthrough: Sequence[str] = ()
+) -> dict[str, str]:
+    """The child's environment: the allowed part of ``environ``, the operator's extra
+    ``passthrough`` patterns (e.g. object-store credentials), and its GPU when it has one."""
+    env = {
+        k: v
+        for k, v in environ.items()
+        if k in PASSED_NAMES
+        or k.startswith(PASSED_PREFIXES)
+        or any(fnmatch.fnmatchcase(k, pattern) for pattern in passthrough)
+    }
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpu
     return env
@@ -41,14 +51,14 @@ def child_env(gpu: str | None, environ: Mapping[str, str] = os.environ) -> dict[
 class ChildProcess:
     """``python -m worker.child.main`` with its launch on stdin and a control pipe back."""
 
-    def __init__(self, launch: Launch, gpu: str | None) -> None:
+    def __init__(self, launch: Launch, gpu: str | None, passthrough: Sequence[str] = ()) -> None:
         read_fd, write_fd = os.pipe()
         launch = launch.model_copy(update={"control_fd": write_fd})
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "worker.child.main"],
             stdin=subprocess.PIPE,
             pass_fds=(write_fd,),
-            env=child_env(gpu),
+            env=child_env(gpu, passthrough=passthrough),
             text=True,
         )
         os.close(write_fd)

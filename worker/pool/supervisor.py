@@ -91,7 +91,11 @@ class Supervisor:
     def _run(self, claim: Claim) -> None:
         self.slot.start(claim.job_id, claim.attempt)
         try:
-            child = ChildProcess(self._launch(claim), self.slot.pool_slot.gpu)
+            child = ChildProcess(
+                self._launch(claim),
+                self.slot.pool_slot.gpu,
+                self.settings.child_env_passthrough,
+            )
             watch = AttemptWatch(
                 self.settings,
                 self.sessions,

@@ -53,3 +53,21 @@ def test_the_child_gets_the_allowed_variables_and_its_own_gpu() -> None:
 def test_without_a_gpu_the_child_sees_what_the_worker_sees() -> None:
     assert child_env(None, {**WORKER_ENV, "CUDA_VISIBLE_DEVICES": ""})["CUDA_VISIBLE_DEVICES"] == ""
     assert "CUDA_VISIBLE_DEVICES" not in child_env(None, {"PATH": "/usr/bin"})
+
+
+def test_operator_patterns_pass_object_store_credentials_and_nothing_else() -> None:
+    env = {**WORKER_ENV, "AWS_SECRET_ACCESS_KEY": "s3-secret", "AWS_REGION": "eu-west-1"}
+    passed = child_env(None, env, passthrough=["AWS_*"])
+    assert passed["AWS_SECRET_ACCESS_KEY"] == "s3-secret" and passed["AWS_REGION"] == "eu-west-1"
+    assert not any(k.startswith("AMPTRAIN_") for k in passed)
+    assert "AWS_SECRET_ACCESS_KEY" not in child_env(None, env)
+
+
+def test_the_default_passthrough_is_the_object_store_credentials() -> None:
+    from api.core.settings import Settings
+
+    assert Settings(child_env_passthrough="AWS_*,MY_VAR").child_env_passthrough == [
+        "AWS_*",
+        "MY_VAR",
+    ]
+    assert "AWS_*" in Settings().child_env_passthrough
