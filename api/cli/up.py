@@ -109,7 +109,8 @@ def up(host: str, port: int, data_dir: Path | None) -> None:
         raise
 
     env = child_env(settings)
-    worker = _spawn(["worker", "--queues", "gpu,cpu"], env)
+    # One machine, one worker: it serves every queue a job may name here.
+    worker = _spawn(["worker", "--queues", ",".join(settings.queues)], env)
     api = _spawn(["api", "--host", host, "--port", str(port)], env)
     click.echo(f"amptrain is up at http://{host}:{port}/ui/  (data in {settings.data_dir})")
     if not new_token:
