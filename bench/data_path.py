@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 from typing import Any
 
@@ -92,14 +93,24 @@ def _sync(device: torch.device) -> None:
 def images_per_second(
     make: Any, batch: int, batches: int, device: torch.device, warm: bool = True
 ) -> float:
-    if warm:
-        make(0)  # warm-up (first-touch page faults, device copies of the patterns)
-    _sync(device)
-    started = time.perf_counter()
+    """Warm: the median over ``batches`` timed calls (robust to a busy shared machine).
+    Cold (a prefetching Feeder, whose calls overlap): total time over all calls."""
+    if not warm:
+        _sync(device)
+        started = time.perf_counter()
+        for i in range(1, batches + 1):
+            make(i * batch)
+        _sync(device)
+        return batches * batch / (time.perf_counter() - started)
+    make(0)  # warm-up (first-touch page faults, device copies of the patterns)
+    times = []
     for i in range(1, batches + 1):
+        _sync(device)
+        started = time.perf_counter()
         make(i * batch)
-    _sync(device)
-    return batches * batch / (time.perf_counter() - started)
+        _sync(device)
+        times.append(time.perf_counter() - started)
+    return batch / statistics.median(times)
 
 
 def throughputs(
@@ -114,7 +125,7 @@ def throughputs(
     )
     old = OldPerSample(seed=0)
     out = {
-        "old per-sample": images_per_second(lambda s: old.batch(s, old_images), old_images, 1, CPU),
+        "old per-sample": images_per_second(lambda s: old.batch(s, old_images), old_images, 3, CPU),
         "new host batch": images_per_second(lambda s: new.batch(s, batch), batch, batches, CPU),
     }
     feeder = Feeder(HostOnly(new), device, depth=2)
@@ -180,8 +191,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
     parser.add_argument("--batch", type=int, default=256)
-    parser.add_argument("--batches", type=int, default=3, help="timed batches per new path")
-    parser.add_argument("--old-images", type=int, default=16, help="images timed on the old path")
+    parser.add_argument("--batches", type=int, default=5, help="timed batches per new path")
+    parser.add_argument("--old-images", type=int, default=16, help="images per timed old call (3)")
     parser.add_argument(
         "--steps", type=int, default=None, help="timed train steps (20 CUDA, 4 CPU)"
     )

@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from trainer_core.components.base import DataInfo
-from trainer_core.components.sampling import EpochOrder, below, generator, index_draws
+from trainer_core.components.sampling import BufferPool, EpochOrder, below, generator, index_draws
 
 
 class PoolDataset:
@@ -100,6 +100,7 @@ class SyntheticImages:
         fields = max(8, min(256, 2**22 // math.prod(field)))
         self.bank = torch.randn(fields, *field, generator=generator(data_seed, 0xB4A7))
         self._resident: dict[torch.device, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._buffers = BufferPool()
 
     def _draws(self, indices: torch.Tensor) -> list[torch.Tensor]:
         """Per sample: label, pattern offset (y, x), noise field, noise offset (y, x)."""
@@ -118,7 +119,7 @@ class SyntheticImages:
     def batch(self, start: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
         c, h, w = self.info.input_shape
         labels, *offsets = self._draws(torch.arange(start, start + size))
-        images = torch.empty(size, c, h, w)
+        images = self._buffers.empty(size, c, h, w)
         rows = zip(labels.tolist(), *(o.tolist() for o in offsets), strict=True)
         for j, (label, oy, ox, field, ny, nx) in enumerate(rows):
             pattern = self.padded[label, :, oy : oy + h, ox : ox + w]

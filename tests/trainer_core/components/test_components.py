@@ -10,6 +10,7 @@ import torch
 
 from trainer_core import registry
 from trainer_core.components.base import DataInfo
+from trainer_core.components.sampling import BufferPool
 from trainer_core.contract.errors import InvalidSpecError
 from trainer_core.contract.spec import ComponentRef
 
@@ -178,3 +179,25 @@ def test_registry_errors_name_the_field(kind: str, ref: dict[str, Any], message:
             registry.build_dataset(ComponentRef(**ref), seed=0)
     assert err.value.message.startswith(message)
     assert err.value.code == "invalid_spec" and not err.value.retryable
+
+
+def test_batch_buffers_are_reused_only_once_nothing_holds_them() -> None:
+    pool = BufferPool(keep=2)
+    first = pool.empty(4, 3)
+    ptr = first.data_ptr()
+    view = first[1:]
+    del first
+    assert pool.empty(4, 3).data_ptr() != ptr  # a view still uses it
+    del view
+    again = pool.empty(4, 3)
+    assert again.data_ptr() == ptr and again.shape == (4, 3) and again.is_contiguous()
+    saved = torch.nn.Linear(3, 2)(again.fill_(1.0))  # autograd saved it for backward
+    del again
+    assert pool.empty(4, 3).data_ptr() != ptr
+    saved.sum().backward()  # the graph lets go
+    assert pool.empty(4, 3).data_ptr() == ptr
+    ds = _dataset("synthetic-images")
+    x1, _ = ds.batch(0, 8)
+    expected = x1.clone()
+    x2, _ = ds.batch(8, 8)  # x1 is still held: a different buffer
+    assert torch.equal(x1, expected) and x1.data_ptr() != x2.data_ptr()
