@@ -178,8 +178,8 @@ def main() -> None:
     parser.add_argument(
         "--prefetch-depth",
         type=int,
-        default=Trainer.prefetch_depth,
-        help="the engine's data prefetch (0: batches built in the training thread, like bare)",
+        default=None,
+        help="the engine's data prefetch (default: the engine's, 2 on CUDA and 0 on a CPU)",
     )
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args()
@@ -214,9 +214,10 @@ def main() -> None:
     goal = GOALS[args.device]
     step_ms = statistics.median(t[0] for t in times["bare"]) / args.steps * 1000
     where = torch.cuda.get_device_name() if cuda else f"CPU, {args.threads} thread(s)"
+    prefetch = "engine default" if args.prefetch_depth is None else args.prefetch_depth
     print(
         f"telemetry_overhead: {where}; precision={args.precision} steps={args.steps} "
-        f"batch={args.batch} width={args.width} prefetch={args.prefetch_depth} "
+        f"batch={args.batch} width={args.width} prefetch={prefetch} "
         f"bare step={step_ms:.2f} ms"
     )
     for name, timings in times.items():

@@ -96,19 +96,21 @@ def image_spec(**overrides: Any) -> Any:
     )
 
 
-class Inline(Trainer):
-    prefetch_depth = 0
+class Prefetching(Trainer):
+    prefetch_depth = 2  # what CUDA jobs get; a CPU job builds its batches inline by default
 
 
 def test_prefetching_changes_no_value_and_resume_stays_bitwise_exact(tmp_path: Path) -> None:
-    straight = Trainer(image_spec(), RunContext(str(tmp_path / "straight")))
+    straight = Prefetching(image_spec(), RunContext(str(tmp_path / "straight")))
     result = straight.train()
+    assert straight.feeder._pool is not None  # really built ahead in a thread
     assert result.skipped_steps > 0  # fp16 skips: the device schedule had to hold still
-    inline = Inline(image_spec(), RunContext(str(tmp_path / "inline")))
+    inline = Trainer(image_spec(), RunContext(str(tmp_path / "inline")))
     inline.train()
+    assert inline.feeder._pool is None
 
     ref: list[Trainer] = []
-    first = Trainer(
+    first = Prefetching(
         image_spec(),
         RunContext(
             str(tmp_path / "split"), should_stop=lambda: "preempt" if ref[0].step == 5 else None
@@ -117,7 +119,7 @@ def test_prefetching_changes_no_value_and_resume_stays_bitwise_exact(tmp_path: P
     ref.append(first)
     with pytest.raises(PreemptedError):
         first.train()
-    second = Trainer(image_spec(), RunContext(str(tmp_path / "split")))
+    second = Prefetching(image_spec(), RunContext(str(tmp_path / "split")))
     assert second.train().resumed_from == 5
     for other in (inline, second):
         for (name, a), b in zip(
