@@ -185,10 +185,3 @@ def build_transformer(
     return TinyGPT(
         info.num_classes, info.input_shape[0], d_model, n_layers, n_heads, mlp_ratio, dropout
     )
-
-
-def build_resnet50(info: DataInfo) -> nn.Module:
-    """torchvision's ResNet-50 with random weights (nothing is downloaded)."""
-    from torchvision.models import resnet50
-
-    return resnet50(weights=None, num_classes=info.num_classes)

@@ -42,7 +42,7 @@ from trainer_core.contract.spec import ComponentRef, JobSpec, OptimizerSpec, Sch
 
 
 def builtins(kind: Literal["model", "dataset"]) -> dict[str, Registration]:
-    """The built-in registrations of ``kind`` available here (torchvision-only ones need it)."""
+    """The built-in registrations of ``kind`` available here (one whose ``requires`` is missing is not)."""
     regs = BUILTIN_MODELS if kind == "model" else BUILTIN_DATASETS
     return {r.name: r for r in regs if r.available()}
 

@@ -118,7 +118,7 @@ def transformer_parameters(data: DataShape, args: Mapping[str, Any]) -> int:
 
 
 def resnet50_parameters(data: DataShape, args: Mapping[str, Any]) -> int:
-    """torchvision's ResNet-50: 23,508,032 in the trunk, a 2048-wide linear head."""
+    """ResNet-50 (``trainer_core.components.resnet``): 23,508,032 in the trunk, a 2048-wide head."""
     return 23_508_032 + 2048 * data.classes + data.classes
 
 

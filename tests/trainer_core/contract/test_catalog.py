@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import inspect
 import subprocess
 import sys
@@ -58,15 +57,23 @@ def test_catalog_lists_builtins_with_args_and_defaults() -> None:
     assert lr["name"] == "lr" and lr["default"] == 1e-3 and lr["help"]
 
 
-def test_resnet50_is_listed_exactly_when_torchvision_is_installed() -> None:
-    has_tv = importlib.util.find_spec("torchvision") is not None
-    assert ("resnet50" in catalog.catalog()["models"]) is has_tv
-    errors = validate_components(_spec({"name": "resnet50"}, {"name": "synthetic-images"}))
-    if has_tv:
-        assert errors == []
-    else:
-        assert errors[0]["loc"] == ["model", "name"]
-        assert "needs torchvision" in errors[0]["msg"]
+def test_resnet50_is_always_listed_and_needs_no_torchvision() -> None:
+    assert "resnet50" in catalog.catalog()["models"]
+    assert catalog.builtins("model")["resnet50"].requires == ()
+    assert validate_components(_spec({"name": "resnet50"}, {"name": "synthetic-images"})) == []
+
+
+def test_a_builtin_whose_requirement_is_missing_says_what_it_needs(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    needy = catalog.Registration(
+        "needy", "model", "x:y", "Needs a module nobody has.", (), requires=("no_such_mod_xyz",)
+    )
+    monkeypatch.setattr(catalog, "BUILTIN_MODELS", (*BUILTIN_MODELS, needy))
+    assert "needy" not in catalog.catalog()["models"]
+    errors = validate_components(_spec({"name": "needy"}, {"name": "synthetic-images"}))
+    assert errors[0]["loc"] == ["model", "name"]
+    assert "needs no_such_mod_xyz, which is not installed" in errors[0]["msg"]
 
 
 def test_a_good_spec_has_no_errors() -> None:
@@ -82,7 +89,9 @@ def test_a_good_spec_has_no_errors() -> None:
 def test_unknown_names_are_named_with_the_registered_ones() -> None:
     errors = validate_components(_spec({"name": "foo"}, {"name": "bar"}))
     assert errors[0]["loc"] == ["model", "name"]
-    assert errors[0]["msg"].startswith("unknown model 'foo'; registered: mlp, cnn, transformer")
+    assert errors[0]["msg"].startswith(
+        "unknown model 'foo'; registered: mlp, cnn, transformer, resnet50"
+    )
     assert errors[1]["loc"] == ["dataset", "name"]
     assert "unknown dataset 'bar'" in errors[1]["msg"] and "synthetic-text" in errors[1]["msg"]
 

@@ -3,7 +3,6 @@ models built on the meta device), dataset footprints, and the 422 it drives."""
 
 from __future__ import annotations
 
-import importlib.util
 from typing import Any
 
 import pytest
@@ -43,9 +42,8 @@ CASES = [
         },
         {"name": "synthetic-text", "args": {"vocab_size": 1000, "seq_len": 77}},
     ),
+    ({"name": "resnet50"}, {"name": "synthetic-images", "args": {"classes": 37}}),
 ]
-if importlib.util.find_spec("torchvision") is not None:
-    CASES.append(({"name": "resnet50"}, {"name": "synthetic-images", "args": {"classes": 37}}))
 
 
 @pytest.mark.parametrize(("model", "dataset"), CASES)
