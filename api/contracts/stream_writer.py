@@ -10,9 +10,9 @@ Nothing is lost to a Redis outage:
   still holds and re-sends the rest: a Redis that restarted without its data (or
   lost the last second of its AOF) gets them again. The recorder ignores duplicates.
 
-The supervisor's lifecycle events (``worker.pool.events``) use it; the training
-child's ``worker.child.sink.RedisSink`` follows the same protocol (and could be this
-class plus ``from_url``).
+The supervisor's lifecycle events (``worker.pool.events``) use it, and so does the
+training child's telemetry sink (``worker.child.sink.RedisSink``: this class plus
+``from_url`` and a ``close`` that also closes its client).
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ class StreamWriter:
                 self._trim(self.client.get(Keys.recorded(self.job_id)))
         except redis.RedisError as exc:
             if not self._failed_at:
-                log.warning("job %s: events buffered, Redis unreachable (%s)", self.job_id, exc)
+                log.warning("job %s: stream entries buffered, Redis unreachable (%s)", self.job_id, exc)
             self._failed_at = time.monotonic()
             self._recovering = True
             return False
