@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-from trainer_core.engine.cpu_probe import BF16_MIN_SPEEDUP
+from tests.support.cpu_verdict import expected_cpu_auto
 
 
 def test_the_cpu_entry_reports_flags_the_probe_and_a_verdict_that_follows_from_them() -> None:
@@ -26,12 +26,7 @@ def test_the_cpu_entry_reports_flags_the_probe_and_a_verdict_that_follows_from_t
     assert probe["fp32_ms"] > 0 and probe["bf16_ms"] > 0 and probe["threads"] >= 1
     assert abs(probe["speedup"] - probe["fp32_ms"] / probe["bf16_ms"]) < 1e-3
     auto = cpu["auto_precision"]
-    if cpu["amx"]:
-        expected = "bf16"
-    elif cpu["avx512_bf16"]:
-        expected = "bf16" if probe["fp32_ms"] / probe["bf16_ms"] >= BF16_MIN_SPEEDUP else "fp32"
+    if not cpu["amx"] and cpu["avx512_bf16"]:
         # The reason names the measurement the verdict came from.
         assert f"bf16 measured {probe['fp32_ms'] / probe['bf16_ms']:.2f}x fp32" in auto["reason"]
-    else:
-        expected = "fp32"
-    assert auto["effective"] == expected and "CPU" in auto["reason"]
+    assert auto["effective"] == expected_cpu_auto(cpu) and "CPU" in auto["reason"]

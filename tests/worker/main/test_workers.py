@@ -18,6 +18,7 @@ from api.cli.embedded_redis import EmbeddedRedis
 from api.core.redis import client as redis_client
 from api.store import tokens
 from api.store.db import make_engine, make_session_factory
+from tests.support.cpu_verdict import expected_cpu_auto
 from tests.support.specs import mlp_job
 from tests.support.stack import Stack, free_port, wait_until
 from worker.main import devices, metrics
@@ -47,9 +48,10 @@ def test_capability_report_on_a_cpu_host() -> None:
     assert cpu["type"] == "cpu"
     assert isinstance(cpu["name"], str) and cpu["name"]
     assert cpu["cores"] >= 1 and cpu["memory_bytes"] > 0
-    assert isinstance(cpu["amx"], bool)
-    # What `precision: auto` picks here follows the AMX flag (the engine's own policy).
-    assert cpu["auto_precision"]["effective"] == ("bf16" if cpu["amx"] else "fp32")
+    assert isinstance(cpu["amx"], bool) and isinstance(cpu["avx512_bf16"], bool)
+    assert cpu["bf16_probe"]["fp32_ms"] > 0 and cpu["bf16_probe"]["bf16_ms"] > 0
+    # What `precision: auto` picks here follows the flags and the report's own bf16 probe.
+    assert cpu["auto_precision"]["effective"] == expected_cpu_auto(cpu)
     assert "CPU" in cpu["auto_precision"]["reason"]
 
 

@@ -1,0 +1,18 @@
+"""What ``precision: auto`` should pick on a CPU, worked out from a capability report's CPU
+entry (its flags and its own bf16 probe), so a test holds on any CPU."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trainer_core.engine.cpu_probe import BF16_MIN_SPEEDUP
+
+
+def expected_cpu_auto(cpu: dict[str, Any]) -> str:
+    """AMX always takes bf16; AVX512-BF16 takes it only when the probe measured it paying off."""
+    if cpu["amx"]:
+        return "bf16"
+    if cpu["avx512_bf16"]:
+        probe = cpu["bf16_probe"]
+        return "bf16" if probe["fp32_ms"] / probe["bf16_ms"] >= BF16_MIN_SPEEDUP else "fp32"
+    return "fp32"
