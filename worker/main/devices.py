@@ -80,8 +80,18 @@ def summary(report: dict[str, Any]) -> str:
         else:
             lines.append(
                 f"cpu {d['name']} ({d['cores']} cores) amx={d['amx']} "
+                f"avx512_bf16={d.get('avx512_bf16')} bf16_probe={_probe_text(d.get('bf16_probe'))} "
                 f"auto={d['auto_precision']['effective']}"
             )
     if report.get("error"):
         lines.append(f"error: {report['error']}")
     return "; ".join(lines)
+
+
+def _probe_text(probe: dict[str, Any] | None) -> str:
+    """The measured bf16-vs-fp32 training step, e.g. ``0.62x (fp32 1.20 ms, bf16 1.94 ms)``."""
+    if not probe:
+        return "none"
+    return (
+        f"{probe['speedup']:.2f}x (fp32 {probe['fp32_ms']:.2f} ms, bf16 {probe['bf16_ms']:.2f} ms)"
+    )

@@ -53,6 +53,11 @@ def test_capability_report_on_a_cpu_host() -> None:
     # What `precision: auto` picks here follows the flags and the report's own bf16 probe.
     assert cpu["auto_precision"]["effective"] == expected_cpu_auto(cpu)
     assert "CPU" in cpu["auto_precision"]["reason"]
+    # The start-up log line carries the flags and the probe the verdict came from.
+    line = devices.summary(report)
+    assert f"amx={cpu['amx']} avx512_bf16={cpu['avx512_bf16']} " in line
+    assert f"bf16_probe={cpu['bf16_probe']['speedup']:.2f}x (fp32 " in line
+    assert f"auto={cpu['auto_precision']['effective']}" in line
 
 
 def test_capability_report_names_a_failure_instead_of_raising() -> None:
