@@ -64,11 +64,10 @@ def _on_signal(signum: int, frame: object) -> None:
 def run(launch: Launch, control: Control) -> int:
     from trainer_core.contract.spec import parse_spec
     from trainer_core.engine import RunContext, Trainer
-    from worker.child.sink import RedisSink
+    from worker.child.sink_process import ProcessSink
 
-    sink = ControlledSink(
-        RedisSink.from_url(launch.redis_url, launch.job_id, launch.attempt), control
-    )
+    # Redis I/O runs in a sink process of its own: out of the training process's GIL.
+    sink = ControlledSink(ProcessSink(launch.redis_url, launch.job_id, launch.attempt), control)
     try:
         ctx = RunContext(
             checkpoint_dir=launch.checkpoint_dir,
