@@ -3,12 +3,15 @@ step's record to a real Redis.
 
 Both sides train the same model on the same data with the same optimizer, schedule,
 precision, clipping and step count; runs alternate (bare, engine, engine, bare, ...) so
-drifting machine load hits both. The engine side uses the worker's RedisSink against a
-private redis-server (api.cli.embedded_redis.EmbeddedRedis) and checks that every step's
-record arrived. Prints the time ratio engine / bare, in wall time and in this process's
-CPU time (all threads, the publisher's included: less sensitive to other load on a shared
-machine, blind to redis-server's CPU). Also runs the engine without a sink, to tell the
-engine's own cost from the sink's.
+drifting machine load hits both. The engine side uses the training child's sink as
+shipped (worker.child.sink_process.ProcessSink: Redis I/O in a sink process of its own)
+against a private redis-server (api.cli.embedded_redis.EmbeddedRedis) and checks that
+every step's record arrived. Prints the time ratio engine / bare, in wall time and in
+this process's CPU time (all threads, the publisher's included: less sensitive to other
+load on a shared machine, blind to redis-server's and the sink process's CPU, which is
+printed on its own). Also runs, in the same alternation, the engine with the in-process
+RedisSink on its publisher thread (the path before the sink process, for comparison) and
+the engine without a sink, to tell the engine's own cost from the sink's.
 
 CPU (default): an MLP on synthetic vectors, steps of a few milliseconds; goal <= 1.03.
 CUDA (``--device cuda``): a CNN on 3x64x64 synthetic images that both sides build on the
@@ -23,6 +26,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
 import statistics
 import tempfile
 import time
@@ -41,6 +46,7 @@ from trainer_core.contract.spec import JobSpec, parse_spec
 from trainer_core.engine import RunContext, Trainer
 from trainer_core.engine.precision import AUTOCAST_DTYPES, apply_math_mode, choose_precision
 from worker.child.sink import RedisSink
+from worker.child.sink_process import ProcessSink
 
 Timing = tuple[float, float]  # (wall seconds, CPU seconds of this process, all its threads)
 GOALS = {"cpu": 1.03, "cuda": 1.01}
@@ -122,15 +128,35 @@ class EngineTrainer(Trainer):
     as the bare loop does, to tell the telemetry's cost from the data path's gain."""
 
 
-def engine_run(spec: JobSpec, redis_url: str) -> Timing:
+SINK_CPU: list[float] = []  # CPU seconds of each run's sink process (reaped at close)
+
+
+def _children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def engine_run(spec: JobSpec, redis_url: str, *, in_process: bool = False) -> Timing:
+    """The engine streaming to Redis through the sink process (as shipped), or with
+    ``in_process`` through a RedisSink on the publisher thread (the path before it)."""
     device = torch.device(spec.device)
     job_id = f"j_{uuid.uuid4().hex}"  # the shape api.core.redis.Keys accepts
-    sink = RedisSink.from_url(redis_url, job_id, attempt=1)
+    children_cpu = _children_cpu()
+    sink: RedisSink | ProcessSink
+    if in_process:
+        sink = RedisSink.from_url(redis_url, job_id, attempt=1)
+    else:
+        sink = ProcessSink(redis_url, job_id, attempt=1)
+        # Its start (~0.15 s CPU, once per job) is not a per-step cost: keep it off the clock.
+        if not sink.wait_ready(60):
+            raise SystemExit("the sink process did not start")
     trainer = EngineTrainer(spec, RunContext(checkpoint_dir=None, sink=sink))
     start = _clock(device)
     result = trainer.train()  # includes draining the last batch into Redis
     elapsed = _since(start, device)
     sink.close()
+    if not in_process:
+        SINK_CPU.append(_children_cpu() - children_cpu)
     check = RedisSink.from_url(redis_url, job_id, attempt=1).client
     entries = check.xlen(Keys.telemetry(job_id))
     check.close()
@@ -153,7 +179,7 @@ def summarise(times: dict[str, list[Timing]], goal: float) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for kind, i in (("wall", 0), ("cpu", 1)):
         base = [t[i] for t in times["bare"]]
-        for name in ("engine", "no_sink"):
+        for name in ("engine", "in_process", "no_sink"):
             values = [t[i] for t in times[name]]
             ratios = [e / b for e, b in zip(values, base, strict=True)]
             out[f"{kind}_{name}"] = {
@@ -198,14 +224,17 @@ def main() -> None:
     try:
         bare_loop(spec.model_copy(update={"max_steps": 20}))  # warm-up both paths
         engine_run(spec.model_copy(update={"max_steps": 20}), server.url)
-        times: dict[str, list[Timing]] = {"bare": [], "engine": [], "no_sink": []}
+        times: dict[str, list[Timing]] = {"bare": [], "engine": [], "in_process": [], "no_sink": []}
         runs: dict[str, Any] = {
             "bare": lambda: bare_loop(spec),
             "engine": lambda: engine_run(spec, server.url),
+            "in_process": lambda: engine_run(spec, server.url, in_process=True),
             "no_sink": lambda: engine_no_sink(spec),
         }
+        SINK_CPU.clear()
+        load = os.getloadavg()
         for i in range(args.pairs):
-            order = ["bare", "engine", "no_sink"]
+            order = ["bare", "engine", "in_process", "no_sink"]
             for name in order if i % 2 == 0 else order[::-1]:
                 times[name].append(runs[name]())
     finally:
@@ -218,18 +247,28 @@ def main() -> None:
     print(
         f"telemetry_overhead: {where}; precision={args.precision} steps={args.steps} "
         f"batch={args.batch} width={args.width} prefetch={prefetch} "
-        f"bare step={step_ms:.2f} ms"
+        f"bare step={step_ms:.2f} ms; load average {load[0]:.2f} before, "
+        f"{os.getloadavg()[0]:.2f} after"
     )
     for name, timings in times.items():
-        print(f"{name:>8} wall s: " + " ".join(f"{t[0]:.3f}" for t in timings))
+        print(f"{name:>10} wall s: " + " ".join(f"{t[0]:.3f}" for t in timings))
     result = summarise(times, goal)
     for kind in ("wall", "cpu"):
-        for name, label in (("engine", "engine+redis"), ("no_sink", "engine, no sink")):
+        for name, label in (
+            ("engine", "engine+redis (sink process)"),
+            ("in_process", "engine+redis (in-process sink, before)"),
+            ("no_sink", "engine, no sink"),
+        ):
             r = result[f"{kind}_{name}"]
             print(
                 f"{'process CPU' if kind == 'cpu' else kind:>11} ratio {label}/bare: median "
                 f"{r['median']:.3f}, best-of-{args.pairs} {r['best']:.3f} (goal <= {goal})"
             )
+    sink_ms = statistics.median(SINK_CPU) * 1000
+    print(
+        f"sink process CPU per run (start included, not in the ratios above): median "
+        f"{sink_ms:.0f} ms, {sink_ms / (args.steps + 1) * 1000:.0f} us per record"
+    )
     print(
         f"goal (wall median engine+redis/bare <= {goal}): {'MET' if result['met'] else 'NOT MET'}"
     )
@@ -240,6 +279,8 @@ def main() -> None:
                     "device": where,
                     "bare_step_ms": step_ms,
                     "prefetch_depth": args.prefetch_depth,
+                    "load_average": [load[0], os.getloadavg()[0]],
+                    "sink_process_cpu_s": SINK_CPU,
                     **result,
                 },
                 indent=2,

@@ -55,7 +55,9 @@ class ProcessSink:
     def __init__(self, url: str, job_id: str, attempt: int) -> None:
         self.job_id = job_id
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "worker.child.sink_process"], stdin=subprocess.PIPE
+            [sys.executable, "-m", "worker.child.sink_process"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,  # one line, "ready", once it can take records
         )
         assert self._proc.stdin is not None
         self._pipe: IO[bytes] = self._proc.stdin
@@ -65,6 +67,13 @@ class ProcessSink:
     @property
     def pid(self) -> int:
         return self._proc.pid
+
+    def wait_ready(self, timeout: float) -> bool:
+        """Wait until the sink process has started (imports done, sink built); False if it
+        did not within ``timeout`` seconds. Optional: records written earlier wait in the pipe."""
+        assert self._proc.stdout is not None
+        ready, _, _ = select.select([self._proc.stdout], [], [], timeout)
+        return bool(ready) and self._proc.stdout.readline() == b"ready\n"
 
     def write(self, items: list[dict[str, Any]]) -> None:
         """Hand a batch to the sink process; raises ``OSError`` if it is gone (the
@@ -84,6 +93,8 @@ class ProcessSink:
         except subprocess.TimeoutExpired:
             self._proc.kill()
             self._proc.wait()
+        if self._proc.stdout is not None:
+            self._proc.stdout.close()
 
     def _send(self, message: Any) -> None:
         data = _frame(message)
@@ -136,6 +147,7 @@ def serve(fd: int, parent: int) -> None:
         messages = got
     _, url, job_id, attempt = messages[0]
     sink = RedisSink.from_url(url, job_id, attempt)
+    _say_ready()
     got = messages[1:]
     while True:
         if os.getppid() != parent:  # orphaned; whatever it wrote is still in the pipe
@@ -149,6 +161,15 @@ def serve(fd: int, parent: int) -> None:
         if not got and sink.unsent:
             sink.flush()  # Redis was unreachable: retry without waiting for new records
         got = frames.read(RETRY_EVERY_S if sink.unsent else ORPHAN_CHECK_S)
+
+
+def _say_ready() -> None:
+    with contextlib.suppress(OSError):  # a parent that died already hears nothing
+        os.write(sys.stdout.fileno(), b"ready\n")
+    # Nothing else goes to stdout: point it at /dev/null so the parent never has to read it.
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 def _deliver(sink: RedisSink, messages: list[Any]) -> bool:

@@ -43,6 +43,7 @@ def test_records_arrive_in_order_and_close_waits_for_the_process(
     redis_server: EmbeddedRedis,
 ) -> None:
     sink = ProcessSink(redis_server.url, J1, attempt=3)
+    assert sink.wait_ready(30)
     sink.write(records(1, 5))
     sink.write(records(6, 8))
     sink.close()
