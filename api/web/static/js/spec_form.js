@@ -1,7 +1,8 @@
 // The submit form, built from GET /catalog: models, datasets, optimizers, schedules and
 // precisions with their arguments, defaults and bounds. The API decides what is valid:
-// the form does no validation of its own (novalidate) and shows each 422 problem beside
-// the field it names (`optimizer.lr`, `model.args.width`, ...).
+// the form blocks nothing (novalidate) and shows each 422 problem beside the field it
+// names (`optimizer.lr`, `model.args.width`, ...). Bounds are shown on every field and a
+// value outside them is marked as it is typed, so most 422s are seen before submitting.
 import { h, clear } from "./dom.js";
 
 const DEVICES = ["auto", "cpu", "cuda"];
@@ -12,14 +13,33 @@ export function specForm(catalog, { onSubmit, submitLabel = "Submit job", extra 
   const formError = h("div", { class: "form-error", role: "alert" });
   const byName = {};
 
-  function field(path, label, input, help) {
+  function field(path, label, input, help, bounds = catalog.limits?.[path]) {
     const err = h("div", { class: "field-error", dataset: { errorFor: path } });
     errors.set(path, err);
     input.name = path;
     input.id = `f-${path.replaceAll(".", "-")}`;
     byName[path] = input;
-    return h("div", { class: "field", dataset: { field: path } },
+    const limitText = applyBounds(input, bounds || {});
+    if (limitText) input.title = [help, limitText].filter(Boolean).join(" ");
+    const wrap = h("div", { class: "field", dataset: { field: path } },
       h("label", { for: input.id, title: help || "" }, label), input, err);
+    input.addEventListener("input", () => {
+      const problem = bounds ? outOfBounds(parse(input), bounds) : "";
+      err.textContent = problem;
+      wrap.classList.toggle("invalid", Boolean(problem));
+    });
+    return wrap;
+  }
+
+  /** A component argument's bounds: its own (models, datasets) or its `limits` (optimizer,
+   * schedule: one set, or one per tuple item keyed by field path, shown but not checked). */
+  function argBounds(prefix, arg) {
+    if (arg.limits) {
+      const keys = Object.keys(arg.limits);
+      return keys.length && keys.every((k) => k.includes(".")) ? { items: arg.limits } : arg.limits;
+    }
+    const b = { minimum: arg.minimum, maximum: arg.maximum, max_length: arg.max_length };
+    return Object.values(b).some((v) => v != null) ? b : catalog.limits?.[`${prefix}.${arg.name}`];
   }
 
   function argInput(arg) {
@@ -32,18 +52,17 @@ export function specForm(catalog, { onSubmit, submitLabel = "Submit job", extra 
         h("option", { value: "true" }, "true"), h("option", { value: "false" }, "false"));
     }
     const numeric = arg.type === "int" || arg.type === "float" || typeof arg.default === "number";
-    const bounds = [arg.minimum != null ? `≥ ${arg.minimum}` : "", arg.maximum != null ? `≤ ${arg.maximum}` : ""].filter(Boolean).join(", ");
     return h("input", {
       type: numeric ? "number" : "text", step: "any",
       placeholder: arg.default === undefined || arg.default === null ? "" : String(arg.default),
-      min: arg.minimum ?? undefined, max: arg.maximum ?? undefined,
-      title: [arg.help, bounds].filter(Boolean).join(" "),
+      title: arg.help || "",
       dataset: { type: arg.type || typeof arg.default },
     });
   }
 
   function argFields(prefix, args) {
-    return (args || []).map((a) => field(`${prefix}.${a.name}`, a.name, argInput(a), a.help));
+    return (args || []).map((a) =>
+      field(`${prefix}.${a.name}`, a.name, argInput(a), a.help, argBounds(prefix, a)));
   }
 
   function componentSet(key, title, entries, argPrefix) {
@@ -122,6 +141,45 @@ export function specForm(catalog, { onSubmit, submitLabel = "Submit job", extra 
 
   form.showErrors = showErrors;
   return form;
+}
+
+/** Puts `bounds` ({minimum, exclusive_minimum, maximum, exclusive_maximum, min_length,
+ * max_length, pattern} or {items: {path: bounds}}) on the input; returns them as text. */
+function applyBounds(input, bounds) {
+  if (bounds.items) {
+    return Object.entries(bounds.items).map(([k, b]) => `${k.split(".").at(-1)}: ${boundsText(b)}`).join("; ");
+  }
+  if (input.type === "number") {
+    const min = bounds.minimum ?? bounds.exclusive_minimum;
+    const max = bounds.maximum ?? bounds.exclusive_maximum;
+    if (min != null) input.min = String(min);
+    if (max != null) input.max = String(max);
+  } else if (input.tagName === "INPUT") {
+    // No `pattern` attribute: the browser compiles it with the `v` flag, where the API's
+    // regular expressions need not be valid; it is shown in the title instead.
+    if (bounds.max_length != null) input.maxLength = bounds.max_length;
+  }
+  return boundsText(bounds);
+}
+
+function boundsText(b) {
+  return [
+    b.minimum != null ? `≥ ${b.minimum}` : "", b.exclusive_minimum != null ? `> ${b.exclusive_minimum}` : "",
+    b.maximum != null ? `≤ ${b.maximum}` : "", b.exclusive_maximum != null ? `< ${b.exclusive_maximum}` : "",
+    b.min_length != null ? `at least ${b.min_length} characters` : "",
+    b.max_length != null ? `at most ${b.max_length} characters` : "",
+    b.pattern ? `matching ${b.pattern}` : "",
+  ].filter(Boolean).join(", ");
+}
+
+/** Why `value` is outside `bounds` (numbers only; "" when inside or not a number). */
+function outOfBounds(value, b) {
+  if (typeof value !== "number" || Number.isNaN(value)) return "";
+  if (b.minimum != null && value < b.minimum) return `must be ≥ ${b.minimum}`;
+  if (b.exclusive_minimum != null && value <= b.exclusive_minimum) return `must be > ${b.exclusive_minimum}`;
+  if (b.maximum != null && value > b.maximum) return `must be ≤ ${b.maximum}`;
+  if (b.exclusive_maximum != null && value >= b.exclusive_maximum) return `must be < ${b.exclusive_maximum}`;
+  return "";
 }
 
 function parse(input) {

@@ -91,6 +91,37 @@ def test_submit_watch_live_and_succeed(
     screenshot(page, "workers-page", tmp_path)
 
 
+def test_the_form_shows_and_marks_the_catalogs_bounds(page: Page, stack: Stack) -> None:
+    """Optimizer and schedule fields take their bounds from the catalog's ``limits``, like
+    model arguments take theirs; a value outside them is marked before anything is sent."""
+    limits = stack.client.get("/catalog").json()["limits"]
+    jobs_before = stack.client.get("/jobs").json()["items"]
+    sign_in(page, stack.token)
+    page.click("#new-job")
+    form = page.locator("form.spec")
+    lr = form.locator("[name='optimizer.lr']")
+    assert float(lr.get_attribute("min") or "nan") == limits["optimizer.lr"]["exclusive_minimum"]
+    assert float(lr.get_attribute("max") or "nan") == limits["optimizer.lr"]["maximum"]
+    assert "> 0" in (lr.get_attribute("title") or "")
+    ratio = form.locator("[name='schedule.min_lr_ratio']")
+    assert ratio.get_attribute("max") == "1" and ratio.get_attribute("min") == "0"
+    assert "0: ≥ 0, < 1" in (form.locator("[name='optimizer.betas']").get_attribute("title") or "")
+    width = form.locator("[name='model.args.width']")
+    assert width.get_attribute("min") == "1" and width.get_attribute("max") == "65536"
+    assert form.locator("[name=batch_size]").get_attribute("max") == "65536"
+
+    ratio.fill("2")
+    expect(page.locator("[data-error-for='schedule.min_lr_ratio']")).to_have_text("must be ≤ 1")
+    expect(page.locator("[data-field='schedule.min_lr_ratio']")).to_have_class(
+        re.compile("invalid")
+    )
+    ratio.fill("0.5")
+    expect(page.locator("[data-error-for='schedule.min_lr_ratio']")).to_have_text("")
+    lr.fill("0")
+    expect(page.locator("[data-error-for='optimizer.lr']")).to_have_text("must be > 0")
+    assert stack.client.get("/jobs").json()["items"] == jobs_before  # nothing was sent
+
+
 def test_nan_and_skipped_steps_are_marked_live(page: Page, stack: Stack) -> None:
     job = stack.submit(spec(name="fp16-nan", max_steps=100))
     feed = producer(stack, job["id"])
