@@ -14,7 +14,7 @@ from api.store import comparisons as repo
 from api.web.deps import CurrentUser, ServicesDep, SessionDep
 from api.web.errors import NotFound, ValidationFailed, clip, error_responses
 from api.web.routes.jobs import submit_job
-from trainer_core.contract.spec import JobSpec, Precision
+from trainer_core.contract.spec import JobSpec, Precision, Text
 
 router = APIRouter(prefix="/comparisons", tags=["comparisons"], responses=error_responses(401, 422))
 
@@ -26,8 +26,8 @@ class ComparisonIn(BaseModel):
     """The job every run trains; its ``precision`` is replaced by each of ``precisions``."""
     precisions: list[Precision] = Field(min_length=2, max_length=4)
     """Distinct precisions, one job each, e.g. ``["fp32", "bf16", "fp16"]``."""
-    name: str | None = Field(default=None, min_length=1, max_length=200)
-    """Defaults to the spec's name."""
+    name: Text | None = Field(default=None, min_length=1, max_length=200)
+    """Defaults to the spec's name. No control or bidi-formatting characters, as job names."""
 
 
 class Ratios(BaseModel):

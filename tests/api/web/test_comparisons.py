@@ -73,6 +73,14 @@ def test_bad_requests_name_the_field_and_create_nothing(api_stack: Stack) -> Non
     unknown = spec(model={"name": "no-such-model"})
     assert problems({"spec": unknown, "precisions": ["fp32", "bf16"]}) == {"spec.model.name"}
     assert problems({"spec": spec(queue="nope"), "precisions": ["fp32", "bf16"]}) == {"spec.queue"}
+    for bad in ("ab\x1b[2J", "ab\u202etxt.exe", "line\nbreak"):
+        r = c.post(
+            "/comparisons", json={"spec": spec(), "precisions": ["fp32", "bf16"], "name": bad}
+        )
+        assert r.status_code == 422, r.text
+        (problem,) = r.json()["detail"]
+        assert problem["field"] == "name"
+        assert "control or formatting characters" in problem["message"]
     assert c.get("/comparisons").json()["items"] == []
     assert c.get("/jobs").json()["items"] == []
 
