@@ -34,8 +34,19 @@ _DATA_SEED = Arg(
     maximum=MAX_SEED,
 )
 _DROPOUT = Arg("dropout", 0.0, "Dropout probability.", minimum=0, maximum=0.99)
-_POOL = 10_000_000
-"""Largest pool of a synthetic dataset (samples held in memory)."""
+_CLASSES = Arg("classes", 10, "Number of classes.", minimum=2, maximum=100_000)
+
+
+def _pool(default: int, things: str) -> Arg:
+    """A synthetic dataset's pool size (held in memory, so bounded the same for all)."""
+    return Arg(
+        "num_samples",
+        default,
+        f"{things} in the pool; each epoch visits them in a new order.",
+        minimum=1,
+        maximum=10_000_000,
+    )
+
 
 BUILTIN_MODELS: tuple[Registration, ...] = (
     _model(
@@ -87,14 +98,8 @@ BUILTIN_DATASETS: tuple[Registration, ...] = (
         f"{_D}:build_synthetic_classification",
         "Gaussian feature vectors labelled by a fixed random two-layer teacher network.",
         Arg("features", 32, "Features per sample.", minimum=1, maximum=16_384),
-        Arg("classes", 10, "Number of classes.", minimum=2, maximum=100_000),
-        Arg(
-            "num_samples",
-            8192,
-            "Samples in the pool; each epoch visits them in a new order.",
-            minimum=1,
-            maximum=_POOL,
-        ),
+        _CLASSES,
+        _pool(8192, "Samples"),
         _DATA_SEED,
         provides="vectors",
         footprint=sizing.classification_footprint,
@@ -107,7 +112,7 @@ BUILTIN_DATASETS: tuple[Registration, ...] = (
         Arg("channels", 3, "Image channels.", minimum=1, maximum=64),
         Arg("height", 32, "Image height in pixels.", minimum=4, maximum=4096),
         Arg("width", 32, "Image width in pixels.", minimum=4, maximum=4096),
-        Arg("classes", 10, "Number of classes.", minimum=2, maximum=100_000),
+        _CLASSES,
         Arg(
             "noise",
             0.5,
@@ -133,13 +138,7 @@ BUILTIN_DATASETS: tuple[Registration, ...] = (
             minimum=1,
             maximum=1024,
         ),
-        Arg(
-            "num_samples",
-            4096,
-            "Sequences in the pool; each epoch visits them in a new order.",
-            minimum=1,
-            maximum=_POOL,
-        ),
+        _pool(4096, "Sequences"),
         _DATA_SEED,
         provides="tokens",
         footprint=sizing.text_footprint,
