@@ -87,8 +87,9 @@ def test_dataset_arguments_have_upper_bounds(
     assert _refused(data) == {f"dataset.args.{f}" for f in field}
 
 
-def _float_fields() -> list[str]:
-    """Every float field of the spec, found in its JSON schema (a new one is covered too)."""
+def _schema_fields(*types: str) -> list[str]:
+    """Every field of the spec whose JSON-schema type is one of ``types``, by dotted path,
+    found in the schema itself (so a new one is covered too)."""
     schema = JobSpec.model_json_schema()
     defs = schema["$defs"]
     found = []
@@ -98,7 +99,7 @@ def _float_fields() -> list[str]:
             node = defs[node["$ref"].rsplit("/", 1)[-1]]
         for option in node.get("anyOf", ()):
             walk(option, path)
-        if node.get("type") == "number":
+        if node.get("type") in types:
             found.append(path)
         for i, item in enumerate(node.get("prefixItems", ())):
             walk(item, f"{path}.{i}")
@@ -109,7 +110,7 @@ def _float_fields() -> list[str]:
     return sorted(set(found))
 
 
-FLOAT_FIELDS = _float_fields()
+FLOAT_FIELDS = _schema_fields("number")
 
 
 def test_the_float_fields_are_found() -> None:
@@ -226,23 +227,7 @@ def test_error_messages_quote_only_a_prefix_of_a_bad_value() -> None:
 def test_every_number_in_the_schema_has_both_bounds() -> None:
     """A new unbounded numeric field fails here: bounds are part of adding a field."""
     limits = spec_limits()
-    schema = JobSpec.model_json_schema()
-    defs = schema["$defs"]
-    numeric: list[str] = []
-
-    def walk(node: dict[str, Any], path: str) -> None:
-        if "$ref" in node:
-            node = defs[node["$ref"].rsplit("/", 1)[-1]]
-        for option in node.get("anyOf", ()):
-            walk(option, path)
-        if node.get("type") in ("number", "integer"):
-            numeric.append(path)
-        for i, item in enumerate(node.get("prefixItems", ())):
-            walk(item, f"{path}.{i}")
-        for name, child in node.get("properties", {}).items():
-            walk(child, f"{path}.{name}" if path else name)
-
-    walk(schema, "")
+    numeric = _schema_fields("number", "integer")
     assert len(numeric) > 25
     for path in numeric:
         bounds = limits.get(path, {})
