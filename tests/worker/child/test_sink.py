@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import redis
 
 from api.cli.embedded_redis import EmbeddedRedis
 from api.contracts.stream import decode
 from api.core.redis import Keys
+from tests.support.redis_restart import restart
 from trainer_core.contract.records import metric
 from worker.child.sink import RedisSink
 
@@ -21,15 +20,6 @@ def records(first: int, last: int) -> list[dict]:
 
 def steps_in_stream(client: redis.Redis, job_id: str) -> list[int]:
     return [decode(f)["step"] for _, f in client.xrange(Keys.telemetry(job_id))]
-
-
-def restart(server: EmbeddedRedis, *, lose_data: bool) -> redis.Redis:
-    server.kill()
-    if lose_data:
-        for f in Path(server.directory).glob("appendonly*"):
-            f.unlink()
-    server.start()
-    return redis.Redis.from_url(server.url)
 
 
 def test_records_arrive_in_order_and_decode(redis_server: EmbeddedRedis) -> None:

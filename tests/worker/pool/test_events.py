@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import redis
@@ -10,6 +9,7 @@ import redis
 from api.cli.embedded_redis import EmbeddedRedis
 from api.contracts.stream import decode
 from api.core.redis import Keys
+from tests.support.redis_restart import restart
 from worker.pool.events import LifecycleEvents
 
 JOB = "j_" + "e" * 32
@@ -18,15 +18,6 @@ JOB = "j_" + "e" * 32
 def told(client: redis.Redis) -> list[tuple[Any, ...]]:
     entries = [decode(f) for _, f in client.xrange(Keys.telemetry(JOB))]
     return [(e["kind"], e.get("type") or e.get("status"), e["attempt"]) for e in entries]
-
-
-def restart(server: EmbeddedRedis, *, lose_data: bool) -> redis.Redis:
-    server.kill()
-    if lose_data:
-        for f in Path(server.directory).glob("appendonly*"):
-            f.unlink()
-    server.start()
-    return redis.Redis.from_url(server.url)
 
 
 def test_an_event_told_while_redis_is_down_is_delivered_in_order(
