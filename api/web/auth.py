@@ -8,11 +8,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Protocol
 
 from sqlalchemy.orm import Session
 
 from api.store import tokens
-from api.store.models import Job
+
+
+class Owned(Protocol):
+    """Anything a user owns: a job, a comparison."""
+
+    @property
+    def owner(self) -> str: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,9 +33,14 @@ class Principal:
     created_at: datetime | None = None
     expires_at: datetime | None = None
 
-    def can_see(self, job: Job) -> bool:
-        """Admins see every job; everyone else only their own."""
-        return self.is_admin or job.owner == self.name
+    def can_see(self, thing: Owned) -> bool:
+        """Admins see every job and comparison; everyone else only their own."""
+        return self.is_admin or thing.owner == self.name
+
+    @property
+    def owner_filter(self) -> str | None:
+        """Whose rows a listing shows: None (everyone's) for an admin, else the caller's own."""
+        return None if self.is_admin else self.name
 
 
 def bearer_token(authorization: str | None) -> str | None:

@@ -17,11 +17,12 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
 
+from api.contracts.cursor import Cursor, CursorError
 from api.services.runtime import Services
 from api.store.jobs import get_job
 from api.store.models import Job
 from api.web.auth import Principal, authenticate, refusal
-from api.web.errors import NotFound, TooMany, Unauthorized, clip
+from api.web.errors import NotFound, TooMany, Unauthorized, ValidationFailed, clip
 
 log = logging.getLogger(__name__)
 
@@ -105,3 +106,12 @@ def visible_job(session: Session, user: Principal, job_id: str) -> Job:
     if job is None or not user.can_see(job):
         raise NotFound(f"no job {clip(job_id)}")
     return job
+
+
+def parse_cursor(text: str | None, field: str) -> Cursor | None:
+    """The telemetry cursor a client passed back (None when it passed none); a bad one is a
+    422 naming ``field`` (``query.after``, ``header.Last-Event-ID``)."""
+    try:
+        return None if text is None else Cursor.parse(text)
+    except CursorError as exc:
+        raise ValidationFailed.one(field, str(exc)) from None

@@ -57,6 +57,11 @@ class ValidationFailed(AppError):
     def __init__(self, problems: list[dict[str, Any]]) -> None:
         super().__init__(problems)
 
+    @classmethod
+    def one(cls, field: str, message: str) -> ValidationFailed:
+        """A 422 with the single problem ``message`` at ``field`` (``query.after``, ``name``)."""
+        return cls([{"field": field, "message": message, "type": "value_error"}])
+
 
 class Unavailable(AppError):
     status, code = 503, "unavailable"

@@ -99,9 +99,7 @@ def create_comparison(
     """Submit ``spec`` once per precision (each an ordinary job of the caller's) and return
     the comparison's report. A bad spec is a 422 naming ``spec.<field>``."""
     if len(set(body.precisions)) != len(body.precisions):
-        raise ValidationFailed(
-            [{"field": "precisions", "message": "list each precision once", "type": "value_error"}]
-        )
+        raise ValidationFailed.one("precisions", "list each precision once")
     runs = []
     for precision in body.precisions:
         spec = body.spec.model_copy(
@@ -132,7 +130,7 @@ def list_comparisons(
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
 ) -> ComparisonList:
     """The caller's newest comparisons (an admin's: everyone's)."""
-    rows = repo.newest(session, None if user.is_admin else user.name, limit)
+    rows = repo.newest(session, user.owner_filter, limit)
     return ComparisonList(
         items=[
             ComparisonSummary(id=r.id, name=r.name, created_at=r.created_at, runs=r.runs)
@@ -145,7 +143,7 @@ def list_comparisons(
 def read_comparison(comparison_id: str, session: SessionDep, user: CurrentUser) -> ComparisonOut:
     """Each run's status and numbers now, the ratios against the baseline and the curves."""
     row = repo.get(session, comparison_id)
-    if row is None or not (user.is_admin or row.owner == user.name):
+    if row is None or not user.can_see(row):
         raise NotFound(f"no comparison {clip(comparison_id)}")
     return ComparisonOut.model_validate(repo.report(session, row))
 

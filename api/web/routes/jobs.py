@@ -174,7 +174,7 @@ def list_jobs(
             )
     items, more = job_reads.page_of_jobs(
         session,
-        owner=None if user.is_admin else user.name,
+        owner=user.owner_filter,
         statuses=statuses,
         after=decode_cursor(cursor) if cursor else None,
         limit=limit,
@@ -211,9 +211,7 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
         # An offset that moves the instant outside years 1..9999 overflows here, not in SQL.
         created_at = parsed.astimezone(UTC)
     except (ValueError, OverflowError, binascii.Error, UnicodeDecodeError):
-        raise ValidationFailed(
-            [{"field": "query.cursor", "message": "invalid cursor", "type": "value_error"}]
-        ) from None
+        raise ValidationFailed.one("query.cursor", "invalid cursor") from None
     return created_at, job_id
 
 

@@ -42,8 +42,8 @@ from api.services.live_hub import LiveHub
 from api.services.watch import Out, Watch
 from api.store.jobs import get_job
 from api.web.auth import Principal, authenticate, bearer_token
-from api.web.deps import CurrentUser, ServicesDep, SessionDep, visible_job
-from api.web.errors import TooMany, ValidationFailed, error_responses
+from api.web.deps import CurrentUser, ServicesDep, SessionDep, parse_cursor, visible_job
+from api.web.errors import TooMany, error_responses
 from api.web.live_session import CLOSE_TOKEN, CLOSE_TOO_MANY, LiveSession, closed
 
 log = logging.getLogger(__name__)
@@ -268,12 +268,7 @@ def watch_sse(
     field, text = (
         ("header.Last-Event-ID", last_event_id) if last_event_id else ("query.after", after)
     )
-    try:
-        cursor = None if text is None else Cursor.parse(text)
-    except CursorError as exc:
-        raise ValidationFailed(
-            [{"field": field, "message": str(exc), "type": "value_error"}]
-        ) from None
+    cursor = parse_cursor(text, field)
     live = LiveSession(services, user, job_id, "SSE")
     refused = live.acquire()
     if refused:

@@ -6,11 +6,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from api.contracts.cursor import INT64_MAX, Cursor, CursorError
+from api.contracts.cursor import INT64_MAX
 from api.store.downsample import parse_fields, select_fields, series_window
 from api.store.events import event_page
 from api.store.metrics import Attempts, metric_page
-from api.web.deps import CurrentUser, SessionDep, visible_job
+from api.web.deps import CurrentUser, SessionDep, parse_cursor, visible_job
 from api.web.errors import ValidationFailed, error_responses
 from api.web.schemas import BucketMark, EventOut, EventPage, MetricPage
 
@@ -83,26 +83,21 @@ def read_metrics(
     try:
         wanted = parse_fields(fields)
     except ValueError as exc:
-        raise ValidationFailed(
-            [{"field": "query.fields", "message": str(exc), "type": "value_error"}]
-        ) from None
+        raise ValidationFailed.one("query.fields", str(exc)) from None
     if max_points is not None:
         if after is not None:
-            raise _bad("query.after", "max_points covers the whole run: drop after")
+            raise ValidationFailed.one("query.after", "max_points covers the whole run: drop after")
         if from_step is not None and to_step is not None and to_step < from_step:
-            raise _bad("query.to_step", "to_step must not be below from_step")
+            raise ValidationFailed.one("query.to_step", "to_step must not be below from_step")
         window = series_window(session, job_id, max_points, wanted, from_step, to_step)
         marks = [BucketMark(**m) for m in window.marks]
         return MetricPage(items=window.items, next_cursor=window.next_cursor, marks=marks)
     if from_step is not None or to_step is not None:
         field = "query.from_step" if from_step is not None else "query.to_step"
-        raise _bad(field, "a step window needs max_points (pages follow the cursor instead)")
-    try:
-        cursor = None if after is None else Cursor.parse(after)
-    except CursorError as exc:
-        raise ValidationFailed(
-            [{"field": "query.after", "message": str(exc), "type": "value_error"}]
-        ) from None
+        raise ValidationFailed.one(
+            field, "a step window needs max_points (pages follow the cursor instead)"
+        )
+    cursor = parse_cursor(after, "query.after")
     items, next_cursor = metric_page(session, job_id, after=cursor, limit=limit, attempts=attempts)
     return MetricPage(items=[select_fields(i, wanted) for i in items], next_cursor=next_cursor)
 
@@ -122,7 +117,3 @@ def read_events(
     visible_job(session, user, job_id)
     items = [EventOut(**e) for e in event_page(session, job_id, after, limit)]
     return EventPage(items=items, next_cursor=str(items[-1].id if items else after))
-
-
-def _bad(field: str, message: str) -> ValidationFailed:
-    return ValidationFailed([{"field": field, "message": message, "type": "value_error"}])
