@@ -4,18 +4,14 @@ only file, checkpoints and admin token 0600) and its access log keeps no query s
 from __future__ import annotations
 
 import os
-import re
-import signal
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
-import httpx
 import pytest
 
 from tests.support.specs import service_job
-from tests.support.stack import free_port, wait_until
+from tests.support.stack import wait_until
+from tests.support.up import finished_job, start_up
 
 pytestmark = pytest.mark.slow
 
@@ -33,53 +29,21 @@ def _loose(root: Path) -> list[str]:
 def test_up_files_are_private_and_the_access_log_has_no_query(tmp_path: Path) -> None:
     data = tmp_path / "data"
     data.mkdir(mode=0o755)  # an existing, world-readable directory is tightened too
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AMPTRAIN_")}
-    env.update(CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1")
-    log = tmp_path / "up.log"
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "api.cli.main", "up", "--port", str(port), "--data-dir", str(data)],
-            env=env, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path,
-            preexec_fn=lambda: os.umask(0o022),  # the usual umask: up must not rely on it
-        )  # fmt: skip
+    up = start_up(tmp_path, data, preexec_fn=lambda: os.umask(0o022))  # up must not rely on it
     try:
-        text = wait_until(lambda: "admin token" in (t := log.read_text()) and t, 60, "the banner")
-        token = re.search(r"admin token .*: (\S+)", text)
-        assert token, text
-        client = httpx.Client(
-            base_url=f"http://127.0.0.1:{port}",
-            headers={"Authorization": f"Bearer {token[1]}"},
-            timeout=30,
-        )
-        wait_until(lambda: _ready(client), 60, "/readyz")
+        client = up.admin_client()
         job = client.post("/jobs", json=service_job(max_steps=20)).json()
-        done = wait_until(
-            lambda: (
-                (j := client.get(f"/jobs/{job['id']}").json())["status"] in ("succeeded", "failed")
-                and j
-            ),
-            180,
-            "the job to finish",
-        )
-        assert done["status"] == "succeeded", log.read_text()[-3000:]
+        done = finished_job(client, job["id"], 180)
+        assert done["status"] == "succeeded", up.tail()
         assert client.get(f"/jobs/{job['id']}/checkpoints").json()["items"]
         secret = "query-secret-4f1c"
         assert client.get("/jobs", params={"status": "queued", "cursor": secret}).status_code == 422
-        wait_until(lambda: '"GET /jobs HTTP/1.1" 422' in log.read_text(), 10, "the access log")
+        wait_until(lambda: '"GET /jobs HTTP/1.1" 422' in up.log.read_text(), 10, "the access log")
     finally:
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(90) == 0, log.read_text()[-3000:]
-    text = log.read_text()
+        up.stop()
+    text = up.log.read_text()
     assert secret not in text and "status=queued" not in text
     assert list((data / "checkpoints").rglob("*.pt")), "a checkpoint was written"
     assert list((data / "redis").glob("appendonly*")), "Redis kept its append-only file"
     assert (data / "amptrain.db").exists() and (data / "admin-token").exists()
     assert _loose(data) == []
-
-
-def _ready(client: httpx.Client) -> bool:
-    try:
-        return client.get("/readyz").status_code == 200
-    except httpx.TransportError:
-        return False
