@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainer_core.contract.errors import CancelledError, OutOfMemoryError, PreemptedError
+from trainer_core.contract.errors import CancelledError, PreemptedError
 from trainer_core.contract.spec import JobSpec
 from trainer_core.engine.amp_step import AmpStep
 from trainer_core.engine.checkpoint import CheckpointStore, capture_rng, restore_rng
@@ -27,6 +27,7 @@ from trainer_core.engine.fit_check import check_fits
 from trainer_core.engine.health import HealthMonitor
 from trainer_core.engine.lr_schedule import DeviceSchedule
 from trainer_core.engine.memory import format_bytes, release_cached, snapshot
+from trainer_core.engine.oom import is_out_of_memory, smaller_micro_batch
 from trainer_core.engine.precision import apply_math_mode, choose_precision, resolve_device
 from trainer_core.engine.publisher import Publisher
 from trainer_core.engine.telemetry import StepTelemetry
@@ -67,24 +68,19 @@ class Trainer:
         seed_everything(spec.seed)
         parts = components or _build_components(spec, ctx, self.device, self.precision.effective)
         self.dataset = parts.dataset
-        self.model = parts.model.to(self.device)  # parameters stay fp32: autocast casts per op
-        self.channels_last = self.device.type == "cuda" and _is_convolutional(self.model)
-        if self.channels_last:  # NHWC is what tensor-core convolutions want
-            self.model = self.model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+        self.model, self.channels_last = _place_model(parts.model, self.device)
         self.optimizer = _registry().build_optimizer(
             spec.optimizer, self.model.parameters(), self.device
         )
         self.schedule = DeviceSchedule(
             _registry().lr_table(spec.schedule, spec.optimizer.lr, spec.max_steps), self.optimizer
         )
+        depth = self.prefetch_depth
+        if depth is None:
+            depth = 2 if self.device.type == "cuda" else 0
+        end = spec.max_steps * spec.batch_size
         self.feeder = Feeder(
-            self.dataset,
-            self.device,
-            channels_last=self.channels_last,
-            depth=self.prefetch_depth
-            if self.prefetch_depth is not None
-            else (2 if self.device.type == "cuda" else 0),
-            end=spec.max_steps * spec.batch_size,
+            self.dataset, self.device, channels_last=self.channels_last, depth=depth, end=end
         )
         self.amp = AmpStep(
             spec, self.model, self.optimizer, parts.loss_fn, self.precision, self.device
@@ -92,11 +88,8 @@ class Trainer:
         self.step = 0
         self.micro_batch = spec.micro_batch_size
         self.grad_accum = spec.grad_accum_steps
-        self.store = (
-            CheckpointStore(ctx.checkpoint_dir, spec.checkpoint.keep_last)
-            if ctx.checkpoint_dir
-            else None
-        )
+        keep = spec.checkpoint.keep_last
+        self.store = CheckpointStore(ctx.checkpoint_dir, keep) if ctx.checkpoint_dir else None
         self.resumed_from: int | None = None
         self._last_checkpoint_step: int | None = None
         self.publisher = Publisher(ctx.sink, spec.telemetry.queue_size)
@@ -251,25 +244,13 @@ class Trainer:
         peak = snapshot(self.device).peak
         release_cached(self.device)
         old = self.micro_batch
-        smaller = _largest_divisor_at_most(self.spec.batch_size, old // 2)
-        if not self.spec.auto_micro_batch or smaller < 1:
-            hint = (
-                "the micro-batch cannot shrink below 1"
-                if self.spec.auto_micro_batch
-                else "set auto_micro_batch: true, raise grad_accum_steps or lower batch_size"
-            )
-            raise OutOfMemoryError(
-                f"out of memory at step {self.step + 1} with micro-batch {old} "
-                f"(batch_size {self.spec.batch_size} = {old} x {self.grad_accum} accumulation steps; "
-                f"peak memory {format_bytes(peak)}): {hint}",
-                step=self.step + 1,
-            ) from None
-        self.micro_batch, self.grad_accum = smaller, self.spec.batch_size // smaller
+        self.micro_batch = smaller_micro_batch(self.spec, self.step + 1, old, self.grad_accum, peak)
+        self.grad_accum = self.spec.batch_size // self.micro_batch
         self.telemetry.event(
             "micro_batch",
             self.step,
             old=old,
-            new=smaller,
+            new=self.micro_batch,
             grad_accum_steps=self.grad_accum,
             reason=f"out of memory at micro-batch {old} (peak {format_bytes(peak)})",
         )
@@ -292,21 +273,16 @@ class Trainer:
         raise CancelledError(f"cancelled at step {self.step}", step=self.step)
 
 
-def is_out_of_memory(exc: BaseException) -> bool:
-    """CUDA raises torch.OutOfMemoryError; the CPU allocator a plain RuntimeError."""
-    return isinstance(exc, torch.OutOfMemoryError) or "can't allocate memory" in str(exc)
-
-
-def _largest_divisor_at_most(n: int, limit: int) -> int:
-    """Largest d <= limit dividing n (0 when limit < 1): keeps micro x accum == batch_size."""
-    for d in range(limit, 0, -1):
-        if n % d == 0:
-            return d
-    return 0
-
-
-def _is_convolutional(model: torch.nn.Module) -> bool:
-    return any(isinstance(m, torch.nn.Conv2d) for m in model.modules())
+def _place_model(model: torch.nn.Module, device: torch.device) -> tuple[torch.nn.Module, bool]:
+    """The model on its device (parameters stay fp32: autocast casts per op), and whether
+    it went channels_last: NHWC is what tensor-core convolutions want on CUDA."""
+    model = model.to(device)
+    channels_last = device.type == "cuda" and any(
+        isinstance(m, torch.nn.Conv2d) for m in model.modules()
+    )
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+    return model, channels_last
 
 
 def _keep_build_options(optimizer: torch.optim.Optimizer) -> None:
