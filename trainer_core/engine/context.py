@@ -9,6 +9,7 @@ from typing import Any
 import torch
 
 from trainer_core.contract.records import Sink
+from trainer_core.engine.cpu_probe import Bf16Probe
 from trainer_core.engine.precision import PrecisionChoice
 
 StopReason = str  # "cancel" | "preempt"
@@ -20,7 +21,7 @@ def _never_stop() -> str | None:
 
 @dataclass
 class RunContext:
-    """Where this run writes and how it is told to stop; nothing here changes the numerics."""
+    """Where this run writes, how it is told to stop, and what the worker already measured."""
 
     checkpoint_dir: str | None
     """Local directory or fsspec URL for THIS job's checkpoints; None disables checkpoints."""
@@ -32,6 +33,9 @@ class RunContext:
     """Polled at every step boundary (keep it cheap): "cancel", "preempt" or None."""
     resume: bool = True
     """Load the newest checkpoint in ``checkpoint_dir`` when there is one."""
+    cpu_bf16_probe: Bf16Probe | None = None
+    """The worker's measurement of bf16 vs fp32 on this CPU, which ``precision: auto``
+    uses instead of measuring again (so a worker's jobs all decide alike); None measures."""
 
 
 @dataclass

@@ -8,10 +8,10 @@ bf16 autocast, interleaved, median of each (about 0.3 s, at most ~0.5 s
 after warm-up).
 
 Who measures: the worker's capability report (``worker.child.probe``, shown in
-``GET /workers``) and every training process that resolves ``auto`` on such a CPU
-(once per process, cached). Both run the same function with the same threads as
-training, so the verdict the report shows is the one jobs reach; a CPU whose ratio sits
-right at the threshold may be decided either way by two measurements.
+``GET /workers``), once when the worker starts; the worker hands that measurement to
+every job it runs (``RunContext.cpu_bf16_probe``), so all its jobs decide ``auto`` the
+same way and the report shows what they decide. Without one (``amptrain train``, a
+report that failed) the training process measures once itself.
 """
 
 from __future__ import annotations
@@ -56,6 +56,16 @@ class Bf16Probe:
 
     def to_dict(self) -> dict[str, object]:
         return {**asdict(self), "speedup": round(self.speedup, 3)}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, object]) -> Bf16Probe:
+        """Inverse of :meth:`to_dict` (``speedup`` is derived, so ignored)."""
+        return cls(
+            fp32_ms=float(data["fp32_ms"]),  # type: ignore[arg-type]
+            bf16_ms=float(data["bf16_ms"]),  # type: ignore[arg-type]
+            threads=int(data["threads"]),  # type: ignore[call-overload]
+            workload=str(data.get("workload", PROBE_WORKLOAD)),
+        )
 
     def describe(self) -> str:
         return (

@@ -63,7 +63,8 @@ class Trainer:
         self.spec = spec
         self.ctx = ctx
         self.device = resolve_device(spec.device)
-        self.precision = choose_precision(spec.precision, self.device)  # fails before any work
+        # Fails before any work; on a CPU, decides by the worker's bf16 measurement.
+        self.precision = choose_precision(spec.precision, self.device, ctx.cpu_bf16_probe)
         apply_math_mode(self.precision, self.device)
         seed_everything(spec.seed)
         parts = components or _build_components(spec, ctx, self.device, self.precision.effective)

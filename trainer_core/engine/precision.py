@@ -27,6 +27,7 @@ import torch
 from trainer_core.contract.errors import InvalidSpecError
 from trainer_core.engine.cpu_probe import (
     BF16_MIN_SPEEDUP,
+    Bf16Probe,
     cpu_features,
     cpu_has_amx,
     measure_bf16,
@@ -82,15 +83,21 @@ def resolve_device(kind: str) -> torch.device:
     return torch.device(kind)
 
 
-def choose_precision(requested: str, device: torch.device) -> PrecisionChoice:
-    """Apply the precision policy; raises InvalidSpecError for bf16 on a GPU without it."""
+def choose_precision(
+    requested: str, device: torch.device, cpu_probe: Bf16Probe | None = None
+) -> PrecisionChoice:
+    """Apply the precision policy; raises InvalidSpecError for bf16 on a GPU without it.
+
+    ``cpu_probe`` is the worker's own measurement of bf16 on this CPU: every job on a
+    worker then decides ``auto`` the same way (a fresh measurement per process can land
+    on either side of the threshold on a busy machine). None: measure here, once."""
     if requested not in ("auto", *AUTOCAST_DTYPES):
         raise InvalidSpecError(
             f"precision: unknown value {requested!r}; allowed: auto, {', '.join(AUTOCAST_DTYPES)}"
         )
     if device.type == "cuda":
         return _choose_cuda(requested, device)
-    return _choose_cpu(requested)
+    return _choose_cpu(requested, cpu_probe)
 
 
 _EXPLICIT = {
@@ -130,10 +137,10 @@ def _choose_cuda(requested: str, device: torch.device) -> PrecisionChoice:
     return PrecisionChoice(requested, requested, _EXPLICIT[requested], name)  # type: ignore[arg-type]
 
 
-def _choose_cpu(requested: str) -> PrecisionChoice:
+def _choose_cpu(requested: str, cpu_probe: Bf16Probe | None) -> PrecisionChoice:
     feats = cpu_features()
     if requested == "auto":
-        effective, reason = _cpu_auto(feats.amx, feats.avx512_bf16)
+        effective, reason = _cpu_auto(feats.amx, feats.avx512_bf16, cpu_probe)
         return PrecisionChoice(requested, effective, reason, "cpu")
     if requested == "tf32":
         return PrecisionChoice(
@@ -151,7 +158,7 @@ def _choose_cpu(requested: str) -> PrecisionChoice:
     return PrecisionChoice(requested, requested, reason, "cpu")  # type: ignore[arg-type]
 
 
-def _cpu_auto(amx: bool, avx512_bf16: bool) -> tuple[Effective, str]:
+def _cpu_auto(amx: bool, avx512_bf16: bool, probe: Bf16Probe | None) -> tuple[Effective, str]:
     if amx:
         return "bf16", "CPU has AMX-BF16 tiles"
     if not avx512_bf16:
@@ -159,7 +166,7 @@ def _cpu_auto(amx: bool, avx512_bf16: bool) -> tuple[Effective, str]:
             "fp32",
             "CPU without AMX or avx512_bf16: bf16 autocast would be emulated, slower than fp32",
         )
-    probe = measure_bf16()
+    probe = probe or measure_bf16()
     if probe.speedup >= BF16_MIN_SPEEDUP:
         return "bf16", f"CPU has avx512_bf16 (no AMX) and {probe.describe()} >= {BF16_MIN_SPEEDUP}x"
     return "fp32", f"CPU has avx512_bf16 (no AMX) but {probe.describe()} < {BF16_MIN_SPEEDUP}x"

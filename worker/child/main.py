@@ -75,6 +75,7 @@ def run(launch: Launch, control: Control) -> int:
             data_roots=launch.data_roots,
             should_stop=lambda: _stop_request,
             resume=True,
+            cpu_bf16_probe=_probe(launch.cpu_bf16_probe),
         )
         result = Trainer(parse_spec(launch.spec), ctx).train()
     except Exception as exc:
@@ -129,6 +130,12 @@ def main() -> int:
     signal.signal(signal.SIGTERM, _on_signal)
     with os.fdopen(launch.control_fd, "w", encoding="utf-8") as stream:
         return run(launch, Control(stream))
+
+
+def _probe(data: dict[str, Any] | None) -> Any:
+    from trainer_core.engine.cpu_probe import Bf16Probe  # torch: only in the training process
+
+    return Bf16Probe.from_dict(data) if data else None
 
 
 if __name__ == "__main__":

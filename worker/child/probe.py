@@ -133,11 +133,6 @@ def _cpu_model() -> str | None:
 
 
 def main() -> int:
-    if sys.argv[1:] == ["--gpus"]:  # GPU ids only, for the worker's pool size
-        import torch
-
-        print(",".join(str(i) for i in range(torch.cuda.device_count())))
-        return 0
     json.dump(collect(), sys.stdout, indent=2)
     sys.stdout.write("\n")
     return 0

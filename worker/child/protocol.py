@@ -32,6 +32,9 @@ class Launch(_Message):
     data_roots: list[str] = Field(default_factory=list)
     control_fd: int = -1
     """The write end of the control pipe, inherited by the child."""
+    cpu_bf16_probe: dict[str, Any] | None = None
+    """The worker's bf16-vs-fp32 measurement on its CPU (from its capability report), so
+    ``precision: auto`` decides the same for every job here; None: the child measures."""
 
 
 class PrecisionChosen(_Message):

@@ -52,7 +52,9 @@ def worker(
     from worker.main.celery_app import app
     from worker.main.signals import WorkerLifecycle, WorkerOptions
 
-    # Asked here, before Celery forks: every pool process inherits the answer.
+    # Asked here, before Celery forks: every pool process inherits the report (its GPUs,
+    # and the CPU's bf16 measurement that every job's `precision: auto` then uses).
+    devices.report()
     gpus = devices.visible_gpus()
     n = concurrency or max(1, len(gpus))
     name = name or f"amptrain-{os.getpid()}@{socket.gethostname()}"

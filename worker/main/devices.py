@@ -1,9 +1,8 @@
 """The worker's devices, as the Celery main process sees them.
 
 The main process must never initialise CUDA (its pool processes are forked from
-it, and CUDA does not survive a fork), so :func:`gather` and :func:`visible_gpus`
-run ``python -m worker.child.probe`` in a short-lived subprocess and read its
-answer; only that subprocess imports torch.
+it, and CUDA does not survive a fork), so :func:`gather` runs ``python -m worker.child.probe`` in a short-lived
+subprocess and reads its report; only that subprocess imports torch.
 """
 
 from __future__ import annotations
@@ -38,25 +37,42 @@ def gather(timeout: float = REPORT_TIMEOUT_S, env: dict[str, str] | None = None)
         return _failed(f"capability report is not JSON ({exc})")
 
 
+_report: dict[str, Any] | None = None
+
+
+def report() -> dict[str, Any]:
+    """This machine's capability report, taken once per process. ``amptrain worker`` takes
+    it before Celery forks, so every pool process inherits it (see :func:`known_report`)."""
+    global _report
+    if _report is None:
+        _report = gather()
+    return _report
+
+
+def known_report() -> dict[str, Any] | None:
+    """The report if this process (or the one it was forked from) already took it."""
+    return _report
+
+
+def cpu_bf16_probe(rep: dict[str, Any] | None) -> dict[str, Any] | None:
+    """The CPU's measured bf16-vs-fp32 probe in a report, if it has one."""
+    for device in (rep or {}).get("devices") or []:
+        if device.get("type") == "cpu" and device.get("bf16_probe"):
+            return dict(device["bf16_probe"])
+    return None
+
+
 @functools.cache
 def visible_gpus() -> tuple[str, ...]:
-    """GPU ids this worker may use: ``CUDA_VISIBLE_DEVICES`` if set, else what the probe counts.
+    """GPU ids this worker may use: ``CUDA_VISIBLE_DEVICES`` if set, else the report's GPUs.
 
     Asked once per process; ``amptrain worker`` asks before Celery forks its pool
     processes, which inherit the answer.
     """
     env = os.environ.get("CUDA_VISIBLE_DEVICES")
     if env is None:
-        try:
-            env = subprocess.run(
-                [sys.executable, "-m", "worker.child.probe", "--gpus"],
-                capture_output=True,
-                text=True,
-                timeout=REPORT_TIMEOUT_S,
-                check=True,
-            ).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            env = ""
+        cuda = [d for d in report().get("devices") or [] if d.get("type") == "cuda"]
+        env = ",".join(str(d["index"]) for d in cuda)
     return tuple(d.strip() for d in env.split(",") if d.strip() and d.strip() != "-1")
 
 

@@ -23,7 +23,7 @@ from api.core import redis as amptrain_redis
 from api.core.logs import configure_logging
 from api.core.redis import Keys
 from api.core.settings import Settings, get_settings
-from worker.main import metrics
+from worker.main import devices, metrics
 from worker.main.presence import Presence
 
 log = logging.getLogger(__name__)
@@ -82,7 +82,13 @@ class WorkerLifecycle:
             "pid": os.getpid(),
             "started_at": time.time(),
         }
-        self.presence = Presence(client, hostname, info, interval_s=self.settings.heartbeat_seconds)
+        self.presence = Presence(
+            client,
+            hostname,
+            info,
+            interval_s=self.settings.heartbeat_seconds,
+            report=devices.known_report(),  # taken before the fork, when `amptrain worker` ran
+        )
         self.presence.start()
         metrics.serve(
             client,

@@ -26,6 +26,7 @@ from trainer_core.contract.data_access import PathRefused, user_roots
 from trainer_core.contract.errors import TimeLimitError
 from trainer_core.contract.layout import job_checkpoint_url
 from worker.child.protocol import Failed, Launch, PrecisionChosen
+from worker.main import devices
 from worker.pool.child_handle import ChildProcess
 from worker.pool.events import LifecycleEvents
 from worker.pool.slot import JobSlot, PoolSlot
@@ -122,6 +123,7 @@ class Supervisor:
             checkpoint_dir=job_checkpoint_url(self.settings.checkpoint_url, claim.job_id),
             redis_url=self.settings.redis_url,
             data_roots=self._data_roots(claim),
+            cpu_bf16_probe=devices.cpu_bf16_probe(devices.known_report()),
         )
 
     def _data_roots(self, claim: Claim) -> list[str]:

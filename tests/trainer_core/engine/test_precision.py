@@ -196,3 +196,16 @@ def test_fp32_island_keeps_a_fragile_loss_finite(dtype: torch.dtype, gap: float)
     assert not torch.isfinite(plain)
     assert torch.isfinite(island) and island.dtype == torch.float32
     assert island.item() == pytest.approx(gap / 2 - 0.6931, rel=1e-3)
+
+
+def test_cpu_auto_decides_by_the_measurement_it_is_given_without_measuring_again() -> None:
+    from trainer_core.engine import precision
+    from trainer_core.engine.cpu_probe import Bf16Probe
+
+    fast = precision._cpu_auto(False, True, Bf16Probe(fp32_ms=10.0, bf16_ms=5.0, threads=2))
+    slow = precision._cpu_auto(False, True, Bf16Probe(fp32_ms=10.0, bf16_ms=20.0, threads=2))
+    assert fast[0] == "bf16" and "2.00x" in fast[1]
+    assert slow[0] == "fp32" and "0.50x" in slow[1]
+    # What the worker's report carries survives the trip to the training process.
+    probe = Bf16Probe(fp32_ms=12.5, bf16_ms=9.0, threads=4)
+    assert Bf16Probe.from_dict(probe.to_dict()) == probe
