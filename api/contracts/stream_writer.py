@@ -71,7 +71,9 @@ class StreamWriter:
                 self._trim(self.client.get(Keys.recorded(self.job_id)))
         except redis.RedisError as exc:
             if not self._failed_at:
-                log.warning("job %s: stream entries buffered, Redis unreachable (%s)", self.job_id, exc)
+                log.warning(
+                    "job %s: stream entries buffered, Redis unreachable (%s)", self.job_id, exc
+                )
             self._failed_at = time.monotonic()
             self._recovering = True
             return False
