@@ -1,9 +1,12 @@
 """deploy/: Dockerfiles pass hadolint, compose and Kubernetes files validate against their
 schemas offline, and the properties the issue asks for hold (non-root, GPU requests, probes,
-pinned images, Redis AOF, migrations before the API)."""
+pinned images, Redis AOF, migrations before the API, and for the multi-node design: one
+gang-admitted TrainJob per attempt that never restarts a rank and never touches SQL)."""
 
 from __future__ import annotations
 
+import functools
+import hashlib
 import importlib.metadata as md
 import json
 import re
@@ -20,12 +23,25 @@ import pytest
 import yaml
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
+from referencing import Registry, Resource
+
+from trainer_core.contract.spec import JobSpec, parse_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 DOCKERFILES = sorted(DEPLOY.glob("*.Dockerfile"))
 MANIFESTS = sorted((DEPLOY / "k8s").glob("*.yaml"))
 K8S_VERSION = "1.30"
+# Kubeflow Trainer's CRD kinds: kubernetes_validate cannot know them, so they are checked
+# against the schemas in TRAINER_SCHEMAS (a documented subset, see the README.md there).
+TRAINER_SCHEMAS = ROOT / "tests" / "project" / "schemas" / "kubeflow-trainer"
+TRAINER_KINDS = {
+    ("trainer.kubeflow.org/v1alpha1", "TrainJob"): "trainjob.schema.json",
+    (
+        "trainer.kubeflow.org/v1alpha1",
+        "ClusterTrainingRuntime",
+    ): "clustertrainingruntime.schema.json",
+}
 
 
 def hadolint() -> str:
@@ -210,10 +226,43 @@ def test_compose_gpu_reservation_aof_and_volumes(compose: dict[str, Any]) -> Non
 # -- Kubernetes ------------------------------------------------------------------
 
 
+@functools.cache
+def trainer_validator(schema_file: str) -> jsonschema.protocols.Validator:
+    """The vendored schema, after checking it is the one its README records; the Kubernetes
+    types it refers to resolve to kubernetes_validate's strict schemas for K8S_VERSION."""
+    raw = (TRAINER_SCHEMAS / schema_file).read_bytes()
+    recorded = re.search(
+        rf"`{re.escape(schema_file)}` \| `([0-9a-f]{{64}})`",
+        (TRAINER_SCHEMAS / "README.md").read_text(),
+    )
+    assert recorded, f"{schema_file}: no sha256 recorded in its README.md"
+    assert hashlib.sha256(raw).hexdigest() == recorded[1], (
+        f"{schema_file} changed: say what and why in its README.md, with the new sha256"
+    )
+    folder = resources.files("kubernetes_validate") / "kubernetes-json-schema"
+    definitions = json.loads(
+        (folder / f"v{K8S_VERSION}.0-local-strict" / "_definitions.json").read_text()
+    )
+    registry: Registry[Any] = Registry().with_resource(
+        definitions["$id"], Resource.from_contents(definitions)
+    )
+    return jsonschema.Draft202012Validator(json.loads(raw), registry=registry)
+
+
+def trainer_errors(doc: dict[str, Any]) -> list[str]:
+    validator = trainer_validator(TRAINER_KINDS[(doc["apiVersion"], doc["kind"])])
+    return [f"{list(e.absolute_path)}: {e.message}" for e in validator.iter_errors(doc)]
+
+
 @pytest.mark.parametrize("manifest", MANIFESTS, ids=lambda p: p.name)
 def test_manifest_validates_against_the_kubernetes_schema(manifest: Path) -> None:
+    """Built-in kinds against Kubernetes' own schemas; Kubeflow Trainer kinds against the
+    vendored subset. Any other kind has no schema and fails here."""
     for doc in documents(manifest):
-        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+        if (doc["apiVersion"], doc["kind"]) in TRAINER_KINDS:
+            assert not trainer_errors(doc), trainer_errors(doc)
+        else:
+            kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
 
 
 def test_kubernetes_validation_is_not_a_rubber_stamp() -> None:
@@ -274,3 +323,117 @@ def test_migration_job_and_external_services() -> None:
     external = {s["metadata"]["name"]: s for s in k8s("Service") if s["spec"].get("type")}
     assert {"amptrain-redis", "amptrain-postgres"} <= set(external)
     assert all(s["spec"]["type"] == "ExternalName" for s in external.values())
+
+
+# -- Multi-node design: Kubeflow Trainer TrainJob -----------------------------------
+
+
+_REMOVED = object()
+
+
+def _with(doc: dict[str, Any], path: list[str | int], value: Any) -> dict[str, Any]:
+    """A deep copy of ``doc`` with ``value`` set at ``path`` (``_REMOVED``: the key deleted)."""
+    copy = json.loads(json.dumps(doc))
+    node = copy
+    for key in path[:-1]:
+        node = node[key]
+    if value is _REMOVED:
+        del node[path[-1]]
+    else:
+        node[path[-1]] = value
+    return copy
+
+
+def test_trainer_schemas_are_not_a_rubber_stamp() -> None:
+    (trainjob,) = k8s("TrainJob", "trainjob")
+    (runtime,) = k8s("ClusterTrainingRuntime", "trainjob-runtime")
+    node_job = ["spec", "template", "spec", "replicatedJobs", 0, "template", "spec"]
+    broken = {
+        "numNodes as text": _with(trainjob, ["spec", "trainer", "numNodes"], "two"),
+        "a field TrainJob lacks": _with(trainjob, ["spec", "trainer", "gpus"], 8),
+        "name with '_' (CRD: RFC 1035)": _with(trainjob, ["metadata", "name"], "amptrain-j_1-a1"),
+        "name over 63": _with(trainjob, ["metadata", "name"], "a" * 64),
+        "no runtimeRef": _with(trainjob, ["spec", "runtimeRef"], _REMOVED),
+        "bad EnvVar (k8s type)": _with(
+            trainjob, ["spec", "trainer", "env", 0, "valueFrom"], {"x": 1}
+        ),
+        "maxRestarts as text": _with(runtime, [*node_job[:3], "failurePolicy", "maxRestarts"], "0"),
+        "bad Job field (k8s type)": _with(runtime, [*node_job, "backoffLimit"], "none"),
+        "torch and mpi": _with(runtime, ["spec", "mlPolicy", "mpi"], {}),
+    }
+    accepted = [what for what, doc in broken.items() if not trainer_errors(doc)]
+    assert not accepted, "the Trainer schemas must reject these"
+
+
+def test_trainjob_is_one_gang_admitted_attempt_that_never_restarts_a_rank() -> None:
+    (trainjob,) = k8s("TrainJob", "trainjob")
+    (runtime,) = k8s("ClusterTrainingRuntime", "trainjob-runtime")
+    meta, spec = trainjob["metadata"], trainjob["spec"]
+    job_id, attempt = meta["labels"]["amptrain/job-id"], int(meta["labels"]["amptrain/attempt"])
+    assert re.fullmatch(r"j_[0-9a-f]{32}", job_id), "an amptrain job id (api.store.models)"
+    stem = f"amptrain-{job_id.replace('_', '-')}-a"
+    assert meta["name"] == f"{stem}{attempt}", "one TrainJob per attempt, named for it"
+    # JobSet names pods' hostnames <jobset>-<replicated job>-<job index>-<pod index>: a DNS
+    # label, so it must fit in 63 characters at the last possible attempt too.
+    (max_attempts,) = [
+        m.le for m in JobSpec.model_fields["max_attempts"].metadata if hasattr(m, "le")
+    ]
+    nodes = spec["trainer"]["numNodes"]
+    assert nodes >= 2 and len(f"{stem}{max_attempts}-node-0-{nodes - 1}") <= 63
+    # Kueue admits it whole: created suspended, in a LocalQueue.
+    assert meta["labels"]["kueue.x-k8s.io/queue-name"] and spec["suspend"] is True
+    # The runtime it names restarts nothing: JobSet, Job and pod all fail through.
+    assert spec["runtimeRef"] == {
+        "apiGroup": "trainer.kubeflow.org",
+        "kind": "ClusterTrainingRuntime",
+        "name": runtime["metadata"]["name"],
+    }
+    jobset = runtime["spec"]["template"]["spec"]
+    assert jobset["failurePolicy"]["maxRestarts"] == 0
+    (node,) = [
+        rj
+        for rj in jobset["replicatedJobs"]
+        if rj["template"]["metadata"]["labels"]["trainer.kubeflow.org/trainjob-ancestor-step"]
+        == "trainer"
+    ]
+    assert node["template"]["spec"]["backoffLimit"] == 0
+    pod = node["template"]["spec"]["template"]["spec"]
+    assert pod["restartPolicy"] == "Never"
+    assert [c["name"] for c in pod["containers"]] == ["node"], "Trainer fills the `node` container"
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["terminationGracePeriodSeconds"] >= 120, "time for rank 0 to checkpoint"
+    # torchrun gets the node layout from Trainer's PET_* variables and never restarts ranks.
+    command = spec["trainer"]["command"]
+    assert command[:3] == ["python", "-m", "torch.distributed.run"]
+    assert command[command.index("--max-restarts") + 1] == "0"
+    assert not {"--standalone", "--nnodes", "--nproc-per-node"} & set(command)
+    resources_per_node = spec["trainer"]["resourcesPerNode"]
+    gpus = resources_per_node["limits"]["nvidia.com/gpu"]
+    assert (
+        gpus
+        == resources_per_node["requests"]["nvidia.com/gpu"]
+        == spec["trainer"]["numProcPerNode"]
+    )
+    assert re.fullmatch(r".+:\d+\.\d+\.\d+", spec["trainer"]["image"]), "a pinned worker image"
+
+
+def test_trainjob_ranks_reach_redis_and_object_storage_but_never_sql() -> None:
+    (trainjob,) = k8s("TrainJob", "trainjob")
+    (configmap,) = k8s("ConfigMap")
+    trainer = trainjob["spec"]["trainer"]
+    env = {e["name"]: e for e in trainer["env"]}
+    assert len(env) == len(trainer["env"]), "env names are unique (a list map in the CRD)"
+    assert not [name for name in env if name.startswith("PET_")], "reserved by Trainer"
+    assert "AMPTRAIN_DATABASE_URL" not in env and "database-url" not in json.dumps(trainer)
+    assert "AMPTRAIN_ADMIN_TOKEN" not in env
+    redis = env["AMPTRAIN_REDIS_URL"]["valueFrom"]["configMapKeyRef"]
+    assert redis["name"] == configmap["metadata"]["name"] and redis["key"] in configmap["data"]
+    job_id = env["AMPTRAIN_JOB_ID"]["value"]
+    assert job_id == trainjob["metadata"]["labels"]["amptrain/job-id"]
+    assert env["AMPTRAIN_ATTEMPT"]["value"] == trainjob["metadata"]["labels"]["amptrain/attempt"]
+    checkpoints = env["AMPTRAIN_CHECKPOINT_DIR"]["value"]
+    assert checkpoints.startswith("s3://") and checkpoints.endswith(f"/{job_id}")
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        assert "secretKeyRef" in env[name]["valueFrom"], f"{name} from a Secret"
+    job_spec = parse_spec(json.loads(env["AMPTRAIN_SPEC"]["value"]))
+    assert trainjob["spec"]["activeDeadlineSeconds"] == job_spec.max_runtime_s
