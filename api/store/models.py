@@ -169,3 +169,64 @@ class ApiToken(Base):
     """After this the token is refused (401); null: never expires."""
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     """Set by ``amptrain token revoke``; a revoked token is refused (401) from then on."""
+
+
+class MetricSummary(Base):
+    """The aggregates of a job's effective series (per step the newest attempt's point) over
+    the aligned steps ``[idx * 2**level, (idx + 1) * 2**level)``: what a downsampled history
+    read needs per bucket without visiting the points (see :mod:`api.store.summaries`)."""
+
+    __tablename__ = "metric_summaries"
+
+    job_id: Mapped[str] = mapped_column(
+        sa.ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    level: Mapped[int] = mapped_column(primary_key=True, autoincrement=False)
+    idx: Mapped[int] = mapped_column(primary_key=True, autoincrement=False)
+    points: Mapped[int]
+    first_step: Mapped[int]
+    last_step: Mapped[int]
+    skipped: Mapped[int]
+    non_finite: Mapped[int]
+    flagged: Mapped[int]
+    first_flag: Mapped[int | None]
+    # Per field that can spike (api.store.downsample.EXTREMA_FIELDS): the lowest and the
+    # highest finite value and the first step holding each.
+    loss_min: Mapped[float | None] = mapped_column(sa.Float(precision=53))
+    loss_min_step: Mapped[int | None]
+    loss_max: Mapped[float | None] = mapped_column(sa.Float(precision=53))
+    loss_max_step: Mapped[int | None]
+    grad_norm_min: Mapped[float | None] = mapped_column(sa.Float(precision=53))
+    grad_norm_min_step: Mapped[int | None]
+    grad_norm_max: Mapped[float | None] = mapped_column(sa.Float(precision=53))
+    grad_norm_max_step: Mapped[int | None]
+    loss_scale_min: Mapped[float | None] = mapped_column(sa.Float(precision=53))
+    loss_scale_min_step: Mapped[int | None]
+    loss_scale_max: Mapped[float | None] = mapped_column(sa.Float(precision=53))
+    loss_scale_max_step: Mapped[int | None]
+    samples_per_second_min: Mapped[float | None] = mapped_column(sa.Float(precision=53))
+    samples_per_second_min_step: Mapped[int | None]
+    samples_per_second_max: Mapped[float | None] = mapped_column(sa.Float(precision=53))
+    samples_per_second_max_step: Mapped[int | None]
+    step_time_ms_min: Mapped[float | None] = mapped_column(sa.Float(precision=53))
+    step_time_ms_min_step: Mapped[int | None]
+    step_time_ms_max: Mapped[float | None] = mapped_column(sa.Float(precision=53))
+    step_time_ms_max_step: Mapped[int | None]
+    memory_allocated_min: Mapped[int | None] = mapped_column(sa.BigInteger)
+    memory_allocated_min_step: Mapped[int | None]
+    memory_allocated_max: Mapped[int | None] = mapped_column(sa.BigInteger)
+    memory_allocated_max_step: Mapped[int | None]
+
+
+class MetricSummaryState(Base):
+    """How far a job's summaries reach: the cursor of the newest point they hold (a read
+    trusts them only when it is the job's newest cursor) and their top level."""
+
+    __tablename__ = "metric_summary_state"
+
+    job_id: Mapped[str] = mapped_column(
+        sa.ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    stream_ms: Mapped[int] = mapped_column(sa.BigInteger)
+    stream_seq: Mapped[int] = mapped_column(sa.BigInteger)
+    top: Mapped[int]

@@ -13,7 +13,15 @@ from api.store.models import Base, JobEvent
 from tests.support.specs import mlp_job
 from trainer_core.contract.spec import JobSpec
 
-TABLES = {"jobs", "job_events", "metric_points", "api_tokens", "comparisons"}
+TABLES = {
+    "jobs",
+    "job_events",
+    "metric_points",
+    "api_tokens",
+    "comparisons",
+    "metric_summaries",
+    "metric_summary_state",
+}
 
 
 def _tables(url: str) -> set[str]:

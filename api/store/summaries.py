@@ -1,0 +1,396 @@
+"""Multi-resolution summaries of a job's metric series, kept as its points are recorded, so a
+downsampled history read costs the same at 10 thousand steps as at 10 million.
+
+A node ``(level, idx)`` summarises the effective series (per step the newest attempt's
+point) over the aligned steps ``[idx * 2**level, (idx + 1) * 2**level)``, for levels
+:data:`BASE` .. ``top`` (``top`` = the bit length of the job's largest step, at least
+BASE): how many points, the first and last step, how many are skipped, non-finite and
+flagged (as :func:`api.store.downsample.flagged` defines them), the first flagged step, and
+per field of :data:`SUMMARY_FIELDS` the lowest and highest finite value with the first step
+holding each. Nodes without points have no row.
+
+:func:`add_points` runs in the recorder's transaction with the points it just inserted: a
+point past its node's last step folds in; one at or before it (a retry re-recording from
+a checkpoint, a late replay of an older attempt) rebuilds that node from the raw points.
+Parents are recomputed from their two children. :func:`rebuild` recomputes a job in SQL
+(for points written by other means, e.g. tests seeding millions of rows).
+
+``metric_summary_state`` holds the cursor of the newest point the summaries hold: a read
+uses them only when it equals the job's newest cursor, so points written without them
+are never summarised wrongly, only read the slow way.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from api.store.models import MetricPoint, MetricSummary, MetricSummaryState
+
+BASE = 4
+"""The finest level: nodes of 16 steps. A read covers at most 15 steps at each end of a
+window from the raw points; a finer base would make writes dearer."""
+MAX_LEVEL = 31
+"""Steps are 32-bit."""
+SUMMARY_FIELDS = (
+    "loss",
+    "grad_norm",
+    "loss_scale",
+    "samples_per_second",
+    "step_time_ms",
+    "memory_allocated",
+)
+"""= api.store.downsample.EXTREMA_FIELDS (which imports this module)."""
+COUNTS = ("points", "first_step", "last_step", "skipped", "non_finite", "flagged", "first_flag")
+EXTREMA_COLUMNS = tuple(
+    f"{f}_{kind}{suffix}"
+    for f in SUMMARY_FIELDS
+    for kind in ("min", "max")
+    for suffix in ("", "_step")
+)
+COLUMNS = (*COUNTS, *EXTREMA_COLUMNS)
+_DBL_MAX = 1.7976931348623157e308
+
+Agg = dict[str, Any]
+"""A node's aggregates, keyed as the table's columns (:data:`COLUMNS`)."""
+
+
+# -- aggregates in Python --------------------------------------------------------------
+
+
+def empty() -> Agg:
+    agg: Agg = dict.fromkeys(COLUMNS)
+    agg.update(points=0, skipped=0, non_finite=0, flagged=0)
+    return agg
+
+
+def is_finite(v: float | None) -> bool:
+    return v is not None and math.isfinite(v)
+
+
+def fold(agg: Agg, step: int, row: Mapping[str, Any]) -> None:
+    """Add the point at ``step`` (after every step ``agg`` holds) to ``agg``."""
+    if not agg["points"]:
+        agg["first_step"] = step
+    agg["points"] += 1
+    agg["last_step"] = step
+    skipped = bool(row.get("skipped"))
+    non_finite = not is_finite(row.get("loss"))
+    grad_norm = row.get("grad_norm")
+    if skipped or non_finite or (grad_norm is not None and not is_finite(grad_norm)):
+        agg["flagged"] += 1
+        if agg["first_flag"] is None:
+            agg["first_flag"] = step
+    agg["skipped"] += skipped
+    agg["non_finite"] += non_finite
+    for f in SUMMARY_FIELDS:
+        v = row.get(f)
+        if not is_finite(v):
+            continue
+        low = agg[f"{f}_min"]
+        if low is None or v < low:
+            agg[f"{f}_min"] = v
+            agg[f"{f}_min_step"] = step
+        high = agg[f"{f}_max"]
+        if high is None or v > high:
+            agg[f"{f}_max"] = v
+            agg[f"{f}_max_step"] = step
+
+
+def join(a: Agg | None, b: Agg | None) -> Agg:
+    """The aggregates of two step ranges, ``a`` wholly before ``b`` (ties: ``a``'s step)."""
+    if a is None or not a["points"]:
+        return dict(b) if b is not None else empty()
+    if b is None or not b["points"]:
+        return dict(a)
+    out: Agg = {
+        "points": a["points"] + b["points"],
+        "first_step": a["first_step"],
+        "last_step": b["last_step"],
+        "skipped": a["skipped"] + b["skipped"],
+        "non_finite": a["non_finite"] + b["non_finite"],
+        "flagged": a["flagged"] + b["flagged"],
+        "first_flag": a["first_flag"] if a["first_flag"] is not None else b["first_flag"],
+    }
+    for f in SUMMARY_FIELDS:
+        lo, hi = f"{f}_min", f"{f}_max"
+        src = a if a[lo] is not None and (b[lo] is None or a[lo] <= b[lo]) else b
+        out[lo], out[f"{lo}_step"] = src[lo], src[f"{lo}_step"]
+        src = a if a[hi] is not None and (b[hi] is None or a[hi] >= b[hi]) else b
+        out[hi], out[f"{hi}_step"] = src[hi], src[f"{hi}_step"]
+    return out
+
+
+def effective(rows: Iterable[Any]) -> list[Any]:
+    """Per step the newest attempt's row, in step order (rows ordered by step, attempt desc)."""
+    out: list[Any] = []
+    for r in rows:
+        if not out or out[-1].step != r.step:
+            out.append(r)
+    return out
+
+
+def raw_rows(s: Session, job_id: str, ranges: Sequence[tuple[int, int]]) -> list[Any]:
+    """The effective points of the inclusive step ranges (few steps each), in step order."""
+    if not ranges:
+        return []
+    p = MetricPoint
+    cols = [p.step, p.attempt, p.skipped, *(getattr(p, f) for f in SUMMARY_FIELDS)]
+    out: list[Any] = []
+    for i in range(0, len(ranges), 200):
+        chunk = ranges[i : i + 200]
+        out += s.execute(
+            sa.select(*cols)
+            .where(p.job_id == job_id, sa.or_(*(p.step.between(a, b) for a, b in chunk)))
+            .order_by(p.step, p.attempt.desc())
+        ).all()
+    out.sort(key=lambda r: (r.step, -r.attempt))  # chunks may interleave
+    return effective(out)
+
+
+def aggregate(rows: Iterable[Any]) -> Agg:
+    agg = empty()
+    for r in rows:
+        fold(agg, r.step, r._mapping)
+    return agg
+
+
+# -- reading nodes ---------------------------------------------------------------------
+
+
+def read_nodes(
+    s: Session, job_id: str, keys: Iterable[tuple[int, int]]
+) -> dict[tuple[int, int], Agg]:
+    """The stored nodes among ``keys`` ((level, idx)), in one statement."""
+    by_level: dict[int, list[int]] = defaultdict(list)
+    for level, idx in set(keys):
+        by_level[level].append(idx)
+    if not by_level:
+        return {}
+    m = MetricSummary
+    terms = []
+    for level, ids in by_level.items():
+        for a, b in _runs(sorted(ids)):
+            terms.append(sa.and_(m.level == level, m.idx.between(a, b)))
+    cols = [m.level, m.idx, *(getattr(m, c) for c in COLUMNS)]
+    out: dict[tuple[int, int], Agg] = {}
+    for i in range(0, len(terms), 300):
+        rows = s.execute(sa.select(*cols).where(m.job_id == job_id, sa.or_(*terms[i : i + 300])))
+        for row in rows:
+            d = dict(row._mapping)
+            out[(d.pop("level"), d.pop("idx"))] = d
+    return out
+
+
+def _runs(ids: list[int]) -> list[tuple[int, int]]:
+    """Sorted ints as inclusive runs of consecutive values."""
+    runs: list[tuple[int, int]] = []
+    for i in ids:
+        if runs and runs[-1][1] + 1 == i:
+            runs[-1] = (runs[-1][0], i)
+        else:
+            runs.append((i, i))
+    return runs
+
+
+# -- recording -------------------------------------------------------------------------
+
+
+def add_points(s: Session, job_id: str, points: Sequence[Mapping[str, Any]]) -> None:
+    """Summarise points just inserted for ``job_id`` (dicts of MetricPoint columns), inside
+    the transaction that inserted them."""
+    if not points:
+        return
+    st = MetricSummaryState
+    state = s.execute(
+        sa.select(st.stream_ms, st.stream_seq, st.top).where(st.job_id == job_id)
+    ).first()
+    if state is None and _holds_other_points(s, job_id, len(points)):
+        rebuild(s, job_id)  # points written without summaries: start from all of them
+        return
+    sqlite_nan = s.get_bind().dialect.name == "sqlite"  # SQLite stores NaN as NULL
+    newest: dict[int, Mapping[str, Any]] = {}
+    for p in points:
+        old = newest.get(p["step"])
+        if old is None or p["attempt"] > old["attempt"]:
+            newest[p["step"]] = _stored(p) if sqlite_nan else p
+    old_top = state.top if state is not None else None
+    top = max(BASE, max(newest).bit_length(), old_top or 0)
+    by_node: dict[int, list[int]] = defaultdict(list)
+    for step in sorted(newest):
+        by_node[step >> BASE].append(step)
+    paths = _paths(set(by_node), top)
+    wanted = {(BASE, i) for i in by_node}
+    for level in range(BASE, top):
+        wanted |= {(level, i ^ 1) for i in paths[level]}
+    if old_top is not None and top > old_top:
+        wanted.add((old_top, 0))
+    known = read_nodes(s, job_id, wanted)
+    changed: dict[tuple[int, int], Agg] = {}
+    if old_top is not None and top > old_top:
+        # Every point lies below 2**old_top: the new levels' node 0 holds what it holds.
+        for level in range(old_top + 1, top + 1):
+            known[(level, 0)] = changed[(level, 0)] = dict(known[(old_top, 0)])
+    stale = []
+    for i, steps in by_node.items():
+        node = known.get((BASE, i))
+        if node is not None and steps[0] <= node["last_step"]:
+            stale.append(i)  # the effective series changed inside the node
+            continue
+        node = dict(node) if node is not None else empty()
+        for step in steps:
+            fold(node, step, newest[step])
+        known[(BASE, i)] = changed[(BASE, i)] = node
+    unit = 1 << BASE
+    rows = raw_rows(s, job_id, [(i * unit, i * unit + unit - 1) for i in stale])
+    for i in stale:
+        known[(BASE, i)] = changed[(BASE, i)] = aggregate(r for r in rows if r.step >> BASE == i)
+    for level in range(BASE + 1, top + 1):
+        for i in paths[level]:
+            node = join(known.get((level - 1, 2 * i)), known.get((level - 1, 2 * i + 1)))
+            known[(level, i)] = changed[(level, i)] = node
+    _upsert_nodes(s, job_id, changed)
+    ms, seq = max((p["stream_ms"], p["stream_seq"]) for p in points)
+    if state is not None:
+        ms, seq = max((ms, seq), (state.stream_ms, state.stream_seq))
+    _upsert(
+        s,
+        MetricSummaryState,
+        [{"job_id": job_id, "stream_ms": ms, "stream_seq": seq, "top": top}],
+        ["job_id"],
+    )
+
+
+def _stored(p: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in p.items()}
+
+
+def _paths(base_ids: set[int], top: int) -> dict[int, set[int]]:
+    """Per level, the nodes above the given base nodes (their ancestors up to ``top``)."""
+    paths = {BASE: base_ids}
+    for level in range(BASE + 1, top + 1):
+        paths[level] = {i >> 1 for i in paths[level - 1]}
+    return paths
+
+
+def _holds_other_points(s: Session, job_id: str, n_new: int) -> bool:
+    p = MetricPoint
+    some = sa.select(p.id).where(p.job_id == job_id).limit(n_new + 1).subquery()
+    return bool(s.scalar(sa.select(sa.func.count()).select_from(some)) > n_new)
+
+
+def _upsert_nodes(s: Session, job_id: str, nodes: Mapping[tuple[int, int], Agg]) -> None:
+    rows = [{"job_id": job_id, "level": k[0], "idx": k[1], **v} for k, v in nodes.items()]
+    _upsert(s, MetricSummary, rows, ["job_id", "level", "idx"])
+
+
+def _upsert(s: Session, model: type[Any], rows: list[dict[str, Any]], keys: list[str]) -> None:
+    if not rows:
+        return
+    dialect = s.get_bind().dialect.name
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    stmt = insert(model)
+    update = {c: stmt.excluded[c] for c in rows[0] if c not in keys}
+    s.execute(stmt.on_conflict_do_update(index_elements=keys, set_=update), rows)
+
+
+# -- rebuilding in SQL -----------------------------------------------------------------
+
+
+def rebuild(s: Session, job_id: str) -> None:
+    """Recompute a job's summaries and state from its raw points, aggregated by the database."""
+    s.execute(sa.delete(MetricSummary).where(MetricSummary.job_id == job_id))
+    s.execute(sa.delete(MetricSummaryState).where(MetricSummaryState.job_id == job_id))
+    for sql in rebuild_statements(job_filter=True):
+        s.execute(sa.text(sql), {"job_id": job_id})
+
+
+def rebuild_statements(job_filter: bool) -> list[str]:
+    """The SQL (SQLite and PostgreSQL alike) that builds every level and the state, for one
+    job (``:job_id``) or for all. migrations/versions/0005_metric_summaries.py holds a
+    frozen copy: keep the two the same."""
+    only = " AND p.job_id = :job_id" if job_filter else ""
+    only_m = " AND job_id = :job_id" if job_filter else ""
+    finite = "({0} IS NOT NULL AND {0} BETWEEN -{1!r} AND {1!r})".format
+    flag = "(p.skipped IS TRUE OR NOT {} OR (p.grad_norm IS NOT NULL AND NOT {}))".format(
+        finite("p.loss", _DBL_MAX), finite("p.grad_norm", _DBL_MAX)
+    )
+    ext = ", ".join(
+        f"min(CASE WHEN {finite('p.' + f, _DBL_MAX)} THEN p.{f} END) AS {f}_min, "
+        f"max(CASE WHEN {finite('p.' + f, _DBL_MAX)} THEN p.{f} END) AS {f}_max"
+        for f in SUMMARY_FIELDS
+    )
+    insert_cols = "job_id, level, idx, " + ", ".join(COLUMNS)
+    ext_out = ", ".join(
+        f"min(a.{f}_{k}), {{{f}_{k}}}" for f in SUMMARY_FIELDS for k in ("min", "max")
+    )
+    steps = {
+        f"{f}_{k}": f"min(CASE WHEN e.{f} = a.{f}_{k} THEN e.step END)"
+        for f in SUMMARY_FIELDS
+        for k in ("min", "max")
+    }
+    base = (
+        "WITH e AS (SELECT p.*, p.step / {unit} AS node FROM metric_points p WHERE NOT EXISTS "
+        "(SELECT 1 FROM metric_points q WHERE q.job_id = p.job_id AND q.step = p.step "
+        "AND q.attempt > p.attempt){only}), "
+        "a AS (SELECT p.job_id, p.node, count(*) AS points, min(p.step) AS first_step, "
+        "max(p.step) AS last_step, sum(CASE WHEN p.skipped IS TRUE THEN 1 ELSE 0 END) AS skipped, "
+        "sum(CASE WHEN NOT {fin_loss} THEN 1 ELSE 0 END) AS non_finite, "
+        "sum(CASE WHEN {flag} THEN 1 ELSE 0 END) AS flagged, "
+        "min(CASE WHEN {flag} THEN p.step END) AS first_flag, {ext} "
+        "FROM e p GROUP BY p.job_id, p.node) "
+        "INSERT INTO metric_summaries ({insert_cols}) "
+        "SELECT a.job_id, {level}, a.node, min(a.points), min(a.first_step), min(a.last_step), "
+        "min(a.skipped), min(a.non_finite), min(a.flagged), min(a.first_flag), {ext_out} "
+        "FROM a JOIN e ON e.job_id = a.job_id AND e.node = a.node GROUP BY a.job_id, a.node"
+    ).format(
+        unit=1 << BASE,
+        only=only,
+        fin_loss=finite("p.loss", _DBL_MAX),
+        flag=flag,
+        ext=ext,
+        insert_cols=insert_cols,
+        level=BASE,
+        ext_out=ext_out.format(**steps),
+    )
+    statements = [base]
+    up_ext = ", ".join(
+        f"min(c.{f}_min) AS {f}_min, max(c.{f}_max) AS {f}_max" for f in SUMMARY_FIELDS
+    )
+    up_steps = {
+        f"{f}_{k}": f"min(CASE WHEN c.{f}_{k} = a.{f}_{k} THEN c.{f}_{k}_step END)"
+        for f in SUMMARY_FIELDS
+        for k in ("min", "max")
+    }
+    for level in range(BASE, MAX_LEVEL):
+        # A job gets level L+1 while its largest step is at least 2**L: a level-L node past 0.
+        statements.append(
+            f"WITH a AS (SELECT c.job_id, c.idx / 2 AS node, sum(c.points) AS points, "
+            f"min(c.first_step) AS first_step, max(c.last_step) AS last_step, "
+            f"sum(c.skipped) AS skipped, sum(c.non_finite) AS non_finite, "
+            f"sum(c.flagged) AS flagged, min(c.first_flag) AS first_flag, {up_ext} "
+            f"FROM metric_summaries c WHERE c.level = {level}{only_m.replace('job_id', 'c.job_id')} "
+            f"AND c.job_id IN (SELECT job_id FROM metric_summaries WHERE level = {level} "
+            f"AND idx >= 1{only_m}) GROUP BY c.job_id, c.idx / 2) "
+            f"INSERT INTO metric_summaries ({insert_cols}) "
+            f"SELECT a.job_id, {level + 1}, a.node, min(a.points), min(a.first_step), "
+            f"min(a.last_step), min(a.skipped), min(a.non_finite), min(a.flagged), "
+            f"min(a.first_flag), {ext_out.format(**up_steps)} "
+            f"FROM a JOIN metric_summaries c ON c.job_id = a.job_id AND c.level = {level} "
+            f"AND c.idx BETWEEN 2 * a.node AND 2 * a.node + 1 GROUP BY a.job_id, a.node"
+        )
+    statements.append(
+        "INSERT INTO metric_summary_state (job_id, stream_ms, stream_seq, top) "
+        "SELECT t.job_id, m.ms, (SELECT max(p.stream_seq) FROM metric_points p "
+        "WHERE p.job_id = t.job_id AND p.stream_ms = m.ms), t.top "
+        f"FROM (SELECT job_id, max(level) AS top FROM metric_summaries WHERE 1 = 1{only_m} "
+        "GROUP BY job_id) t JOIN (SELECT p.job_id, max(p.stream_ms) AS ms FROM metric_points p "
+        f"WHERE 1 = 1{only} GROUP BY p.job_id) m ON m.job_id = t.job_id"
+    )
+    return statements
