@@ -347,7 +347,15 @@ def _with(doc: dict[str, Any], path: list[str | int], value: Any) -> dict[str, A
 def test_trainer_schemas_are_not_a_rubber_stamp() -> None:
     (trainjob,) = k8s("TrainJob", "trainjob")
     (runtime,) = k8s("ClusterTrainingRuntime", "trainjob-runtime")
-    node_job = ["spec", "template", "spec", "replicatedJobs", 0, "template", "spec"]
+    node_job: list[str | int] = [
+        "spec",
+        "template",
+        "spec",
+        "replicatedJobs",
+        0,
+        "template",
+        "spec",
+    ]
     broken = {
         "numNodes as text": _with(trainjob, ["spec", "trainer", "numNodes"], "two"),
         "a field TrainJob lacks": _with(trainjob, ["spec", "trainer", "gpus"], 8),
