@@ -33,6 +33,9 @@ from api.store.db import make_engine, make_session_factory
 
 log = logging.getLogger(__name__)
 
+RECORDER_POOL = {"pool_size": 2, "max_overflow": 2}
+"""The recorder thread's connections: one at a time, a spare for its ownership refresh."""
+
 
 @dataclass
 class Services:
@@ -120,7 +123,13 @@ class Services:
         # The recorder blocks on XREADGROUP: its socket timeout must exceed that block.
         client = core_redis.client(self.settings.redis_url, core_redis.BLOCKING_READ_TIMEOUT_S)
         self.closers.append(client.close)
-        recorder = Recorder(self.settings, self.session_factory, client)
+        # Its own small pool: requests in flight may hold every connection of the shared
+        # one, and the recorder waiting for one stalls every job's history (bench/load.py).
+        url = sa.make_url(self.settings.database_url)
+        in_memory = url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:")
+        engine = make_engine(self.settings.database_url, **({} if in_memory else RECORDER_POOL))
+        self.closers.append(engine.dispose)
+        recorder = Recorder(self.settings, make_session_factory(engine), client)
         self._spawn("amptrain-recorder", recorder.run)
 
 

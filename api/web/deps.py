@@ -3,6 +3,7 @@
 One database session per request, and this is the one place that commits:
 the session dependency commits after the handler returned (before the response
 is sent, hence ``scope="function"``) and rolls back when anything raised.
+(Authentication ends its read-only transaction early: :func:`release_connection`.)
 Work that must only happen once the data is durable (dispatching a job,
 setting a Redis cancel key) is registered with :func:`after_commit`.
 """
@@ -29,7 +30,8 @@ log = logging.getLogger(__name__)
 _AFTER_COMMIT = "amptrain.after_commit"
 
 
-def get_services(request: Request) -> Services:
+async def get_services(request: Request) -> Services:
+    # async: a sync dependency costs a hop to a worker thread and back for an attribute read.
     services: Services = request.app.state.services
     return services
 
@@ -83,6 +85,7 @@ def get_current_user(
     principal = authenticate(session, token)
     if principal is None:
         raise Unauthorized(refusal(session, token))
+    release_connection(session)
     if request.method not in _READS:
         refused = services.write_limiter.hit(principal.name)
         if refused is not None:
@@ -98,6 +101,20 @@ def get_current_user(
 
 
 CurrentUser = Annotated[Principal, Depends(get_current_user)]
+
+
+def release_connection(session: Session) -> None:
+    """End the session's read-only transaction so its pooled connection goes back now.
+
+    WHY: FastAPI runs each sync dependency and the handler in separate hops to the
+    worker-thread pool (40 threads). A request that kept its connection between the
+    authentication hop and the handler hop held it while waiting for a thread, and with
+    more requests in flight than pooled connections every thread ended up waiting for a
+    connection held by a request waiting for a thread: 30 s stalls (the pool timeout)
+    under load (bench/load.py). Nothing was written yet, so ending it loses nothing.
+    """
+    if not (session.new or session.dirty or session.deleted):
+        session.commit()
 
 
 def visible_job(session: Session, user: Principal, job_id: str) -> Job:
