@@ -57,8 +57,15 @@ class ConsumerGroup:
         reply: Any = self.redis.xreadgroup(GROUP, self.consumer, {key: last}, count=self.batch)
         return reply[0][1] if reply else []
 
-    def ack(self, key: str, ids: list[str]) -> None:
-        self.redis.xack(key, GROUP, *ids)
+    def ack(self, acks: dict[str, list[str]], marks: dict[str, str], ttl_s: int) -> None:
+        """Acknowledge the entry ids per stream key and set each ``marks`` key to its entry
+        id (expiring after ``ttl_s``), in one round trip."""
+        pipe = self.redis.pipeline(transaction=False)
+        for key, ids in acks.items():
+            pipe.xack(key, GROUP, *ids)
+        for key, entry_id in marks.items():
+            pipe.set(key, entry_id, ex=ttl_s)
+        pipe.execute()
 
     def forget(self) -> None:
         """Redis may have lost the groups: check (and re-create) each again."""

@@ -16,10 +16,15 @@ from sqlalchemy.orm import Session
 
 from api.contracts.jsonsafe import finite
 from api.core.enums import FINISHED_STATUSES
+from api.store import point_writes
 from api.store.models import Job, JobEvent, MetricPoint
 
 SUMMARY_FIELDS = ("loss", "loss_scale", "skipped_steps", "memory_peak", "samples_per_second")
 """The newest point's fields a job's ``summary`` shows."""
+FLOAT_FIELDS = frozenset(
+    c.name for c in MetricPoint.__table__.columns if isinstance(c.type, sa.Float)
+)
+"""Metric fields stored as floats (the recorder reads their stream text as floats)."""
 
 
 class Recordable(NamedTuple):
@@ -51,18 +56,16 @@ def _insert(s: Session, model: type[Any]) -> Any:
     raise RuntimeError(f"unsupported database: {dialect}")
 
 
-def insert_points(s: Session, rows: list[dict[str, Any]]) -> set[tuple[int, int]]:
-    """Insert new points; returns (attempt, step) of those actually inserted."""
-    if not rows:
-        return set()
-    stmt = (
-        _insert(s, MetricPoint)
-        .on_conflict_do_nothing(index_elements=["job_id", "attempt", "step"])
-        .returning(MetricPoint.attempt, MetricPoint.step)
-    )
-    # Rows as executemany parameters, not .values(rows): the statement then compiles once
-    # and is cached ("insertmanyvalues" batches it), about 10x faster per row.
-    return {(r.attempt, r.step) for r in s.execute(stmt, rows)}
+def insert_points(
+    s: Session, rows: list[dict[str, Any]], method: str | None = None
+) -> dict[str, set[tuple[int, int]]]:
+    """Insert new points (any number of jobs, each in stream order); returns, per job, the
+    (attempt, step) of those actually inserted. ``method`` picks the PostgreSQL path
+    (:data:`api.store.point_writes.PG_METHODS`; default the faster)."""
+    inserted: dict[str, set[tuple[int, int]]] = {}
+    for job_id, attempt, step in point_writes.insert(s, rows, method):
+        inserted.setdefault(job_id, set()).add((attempt, step))
+    return inserted
 
 
 def insert_events(s: Session, rows: list[dict[str, Any]]) -> None:

@@ -97,6 +97,16 @@ def wait_for(cond: Callable[[], bool], timeout: float = 20.0) -> None:
         time.sleep(0.02)
 
 
+def crash_before_ack(rec: Recorder) -> Recorder:
+    """The process dies after its transaction committed, before Redis heard of it."""
+
+    def crash(*args: Any) -> None:
+        raise RuntimeError("simulated crash between commit and XACK")
+
+    rec.group.ack = crash  # type: ignore[method-assign]
+    return rec
+
+
 def test_drain_records_points_events_and_summary(sf: Sessions, r: redis.Redis) -> None:
     job_id, attempt = start_job(sf)
     ids = publish(r, job_id, attempt, [point(i) for i in range(1, 21)])
@@ -159,20 +169,7 @@ def test_replay_and_redelivery_insert_nothing(sf: Sessions, r: redis.Redis) -> N
     items = [point(i) for i in range(1, 11)]
     publish(r, job_id, attempt, items)
 
-    class CrashBeforeAck(Recorder):
-        def _record(self, job_id: str, entries: Any) -> int:
-            real_xack = self.redis.xack
-
-            def crash(*a: Any) -> Any:
-                raise RuntimeError("simulated crash between commit and XACK")
-
-            self.redis.xack = crash  # type: ignore[method-assign,assignment]
-            try:
-                return super()._record(job_id, entries)
-            finally:
-                self.redis.xack = real_xack  # type: ignore[method-assign]
-
-    crashed = CrashBeforeAck(None, sf, r, lock_ttl_ms=200)
+    crashed = crash_before_ack(Recorder(None, sf, r, lock_ttl_ms=200))
     with pytest.raises(RuntimeError):
         crashed.drain_once()
     assert len(rows(sf, job_id)) == 10  # committed, never acknowledged

@@ -1,0 +1,403 @@
+"""Recorder throughput: how many metric points per second the real recorder moves from
+Redis Streams into SQL, and how long SQL trails the last publish.
+
+Per database (SQLite in a temp file; PostgreSQL in a throw-away database when ``--pg``
+or ``AMPTRAIN_TEST_DATABASE_URL`` names a server) and per insert path, a private
+redis-server is started, ``--jobs`` jobs are created and claimed, and a producer
+process publishes ``--points`` points spread over them through the worker's own sink
+(``worker.child.sink.RedisSink``, batches of ``--batch`` per job like engine flushes)
+as fast as it can, while the real recorder runs its production loop (``Recorder.run``
+in a thread). Reported per run:
+
+* persisted/s: points / (SQL holds every job's last step - first publish)
+* lag: SQL holds every job's last step - the last XADD returned
+* publish/s, the recorder process's CPU seconds, and the load average at the time.
+
+``before`` is the recorder as it was at ``BEFORE`` (exported from git and run from a
+temp directory, the same database schema); ``after`` is the working tree, once per
+PostgreSQL insert method (``copy``: COPY into a temp table + INSERT ... SELECT ... ON
+CONFLICT; ``values``: multi-row INSERT ... VALUES ... ON CONFLICT pages). Each run is
+its own process.
+
+    python bench/recorder_throughput.py [--quick] [--points 200000] [--jobs 20] [--pg URL]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import multiprocessing as mp
+import os
+import pstats
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+BEFORE = "ef91558"
+"""The last commit with the per-job, SQLAlchemy-executemany recorder."""
+
+sys.path.insert(0, os.environ.get("BENCH_TREE") or str(ROOT))
+
+SPEC = {
+    "name": "bench",
+    "model": {"name": "mlp", "args": {}},
+    "dataset": {"name": "synthetic-classification", "args": {}},
+    "device": "cpu",
+    "max_steps": 10_000_000,
+}
+
+
+# -- the producer process ------------------------------------------------------------------
+
+
+def produce(
+    redis_url: str, started: list[tuple[str, int]], per_job: int, batch: int, q: Any, go: Any
+) -> None:
+    """Publish ``per_job`` points to every job, round-robin, ``batch`` at a time: the sink's
+    own entry format and XADD (``MAXLEN ~``), encoded before the clock starts so that the
+    producer outruns the recorder on two cores."""
+    import redis
+
+    from api.contracts.stream import STREAM_MAXLEN, encode
+    from api.core.redis import Keys
+    from trainer_core.contract.records import metric
+
+    client = redis.Redis.from_url(redis_url, socket_timeout=30)
+    now = time.time()
+    encoded = {
+        job_id: [
+            encode(
+                metric(
+                    step=i,
+                    time=now,
+                    loss=1.0 / i,
+                    loss_scale=65536.0,
+                    skipped=False,
+                    grad_norm=0.5,
+                    lr=0.1,
+                    memory_peak=1000 + i,
+                    samples_per_second=512.0,
+                    step_time_ms=3.0,
+                    skipped_steps=0,
+                ),
+                job_id=job_id,
+                attempt=attempt,
+            )
+            for i in range(1, per_job + 1)
+        ]
+        for job_id, attempt in started
+    }
+    q.put("ready")
+    go.get()
+    first_at = time.time()
+    for first in range(0, per_job, batch):
+        for job_id, fields in encoded.items():
+            pipe = client.pipeline(transaction=False)
+            for f in fields[first : first + batch]:
+                pipe.xadd(Keys.telemetry(job_id), f, maxlen=STREAM_MAXLEN, approximate=True)  # type: ignore[arg-type]
+            pipe.execute()
+    q.put((first_at, time.time()))
+
+
+# -- one run (its own process) -------------------------------------------------------------
+
+
+def _database(kind: str, root: Path, pg: str | None) -> tuple[str, Any]:
+    if kind == "sqlite":
+        return f"sqlite:///{root / 'amptrain.db'}", None
+    import sqlalchemy as sa
+
+    assert pg, "no PostgreSQL URL"
+    admin_url = sa.make_url(pg)
+    name = f"amptrain_bench_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+
+    def drop() -> None:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+    return admin_url.set(database=name).render_as_string(hide_password=False), drop
+
+
+def one_run(cfg: dict[str, Any]) -> dict[str, Any]:
+    """``live``: the recorder runs while the producer publishes; then ``backlog``: the
+    producer publishes to fresh jobs with no recorder running, and a new recorder drains."""
+    import redis
+
+    from api.cli.embedded_redis import EmbeddedRedis
+    from api.store import migrate
+    from api.store.db import make_engine, make_session_factory
+
+    root = Path(tempfile.mkdtemp(prefix="amp-rt-", dir="/tmp"))
+    server = EmbeddedRedis(root / "redis").start()
+    url, drop = _database(cfg["db"], root, cfg.get("pg"))
+    try:
+        migrate.upgrade(url)
+        engine = make_engine(url)
+        sf = make_session_factory(engine)
+        client = redis.Redis.from_url(server.url, socket_timeout=30)
+        out = {"live": _live(cfg, server.url, engine, sf, client)}
+        out["backlog"] = _backlog(cfg, server.url, engine, sf, client)
+        client.close()
+        engine.dispose()
+        return out
+    finally:
+        server.stop()
+        if drop:
+            drop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _jobs(sf: Any, n: int) -> list[tuple[str, int]]:
+    from api.store import jobs
+    from trainer_core.contract.spec import JobSpec
+
+    spec = JobSpec.model_validate(SPEC)
+    started = []
+    for _ in range(n):
+        with sf.begin() as s:
+            job_id = jobs.create_job(s, spec, "bench", "cpu").id
+        with sf.begin() as s:
+            attempt = jobs.claim(s, job_id, "bench-worker", 3600)
+        assert attempt is not None
+        started.append((job_id, attempt))
+    return started
+
+
+class _Producer:
+    def __init__(self, redis_url: str, started: list[tuple[str, int]], cfg: dict[str, Any]) -> None:
+        ctx = mp.get_context("spawn")
+        self.q, self.go_q = ctx.Queue(), ctx.Queue()
+        self.per_job = cfg["points"] // cfg["jobs"]
+        args = (redis_url, started, self.per_job, cfg["batch"], self.q, self.go_q)
+        self.proc = ctx.Process(target=produce, args=args, daemon=True)
+        self.proc.start()
+        assert self.q.get(timeout=300) == "ready"
+
+    def go(self) -> None:
+        self.go_q.put("go")
+
+    def done(self) -> tuple[float, float]:
+        first_at, last_at = self.q.get(timeout=1800)
+        self.proc.join(30)
+        return first_at, last_at
+
+
+class _Running:
+    """The real recorder's production loop in a thread (cProfile'd with --profile)."""
+
+    def __init__(self, cfg: dict[str, Any], sf: Any, client: Any, n_jobs: int) -> None:
+        from api.services.recorder import Recorder
+
+        kwargs = {"insert_method": cfg["method"]} if cfg["method"] else {}
+        self.rec = Recorder(None, sf, client, **kwargs)
+        self.stop = threading.Event()
+        self.prof = cProfile.Profile() if cfg.get("profile") else None
+        self.load = os.getloadavg()[0]
+        self.thread_cpu = 0.0
+        self.started_at = time.time()
+        self.thread = threading.Thread(target=self._run, name="recorder")
+        self.thread.start()
+        self.n_jobs = n_jobs
+
+    def _run(self) -> None:
+        cpu0 = time.thread_time()
+        if self.prof:
+            self.prof.enable()
+        self.rec.run(self.stop)
+        if self.prof:
+            self.prof.disable()
+        self.thread_cpu = time.thread_time() - cpu0
+
+    def wait_owned(self) -> None:
+        while len(self.rec.owned) < self.n_jobs:
+            time.sleep(0.01)
+
+    def finish(self) -> float:
+        """Stop; the recorder thread's CPU seconds."""
+        self.stop.set()
+        self.thread.join(60)
+        if self.prof:
+            stats = pstats.Stats(self.prof)
+            stats.sort_stats("cumulative").print_stats(40)
+            stats.sort_stats("tottime").print_stats(20)
+        return self.thread_cpu
+
+
+def _wait_persisted(engine: Any, started: list[tuple[str, int]], per_job: int) -> float:
+    import sqlalchemy as sa
+
+    from api.store.models import Job
+
+    ids = [j for j, _ in started]
+    poll = sa.select(sa.func.count()).where(Job.id.in_(ids), Job.step >= per_job)
+    with engine.connect() as conn:
+        deadline = time.time() + 1800
+        while conn.execute(poll).scalar_one() < len(ids):
+            conn.rollback()
+            assert time.time() < deadline, "not persisted in time"
+            time.sleep(0.005)
+    return time.time()
+
+
+def _stored(engine: Any, started: list[tuple[str, int]]) -> int:
+    import sqlalchemy as sa
+
+    from api.store.models import MetricPoint
+
+    q = sa.select(sa.func.count()).where(MetricPoint.job_id.in_([j for j, _ in started]))
+    with engine.connect() as conn:
+        return int(conn.execute(q).scalar_one())
+
+
+def _live(cfg: dict[str, Any], redis_url: str, engine: Any, sf: Any, client: Any) -> dict[str, Any]:
+    started = _jobs(sf, cfg["jobs"])
+    producer = _Producer(redis_url, started, cfg)
+    running = _Running(cfg, sf, client, len(started))
+    running.wait_owned()  # the recorder is blocked on XREADGROUP for every job: publish
+    producer.go()
+    done_at = _wait_persisted(engine, started, producer.per_job)
+    first_at, last_at = producer.done()
+    cpu = running.finish()
+    total = producer.per_job * len(started)
+    assert _stored(engine, started) == total, "points lost or duplicated"
+    return {
+        "persist_per_s": total / (done_at - first_at),
+        "publish_per_s": total / (last_at - first_at),
+        "lag_s": done_at - last_at,
+        "cpu_s": cpu,
+        "load": running.load,
+    }
+
+
+def _backlog(
+    cfg: dict[str, Any], redis_url: str, engine: Any, sf: Any, client: Any
+) -> dict[str, Any]:
+    started = _jobs(sf, cfg["jobs"])
+    producer = _Producer(redis_url, started, cfg)
+    producer.go()
+    producer.done()
+    running = _Running(cfg, sf, client, len(started))
+    done_at = _wait_persisted(engine, started, producer.per_job)
+    cpu = running.finish()
+    total = producer.per_job * len(started)
+    assert _stored(engine, started) == total, "points lost or duplicated"
+    return {
+        "persist_per_s": total / (done_at - running.started_at),
+        "cpu_s": cpu,
+        "load": running.load,
+    }
+
+
+# -- the driver ----------------------------------------------------------------------------
+
+
+def _before_tree() -> Path:
+    tree = Path(tempfile.mkdtemp(prefix="amp-rt-before-", dir="/tmp"))
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", BEFORE, "api", "worker", "trainer_core", "migrations"],
+        check=True,
+        capture_output=True,
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive, check=True)
+    return tree
+
+
+def _spawn(cfg: dict[str, Any], tree: Path | None) -> dict[str, Any] | None:
+    env = dict(os.environ)
+    env.pop("BENCH_TREE", None)
+    if tree is not None:
+        env["BENCH_TREE"] = str(tree)
+    proc = subprocess.run(
+        [sys.executable, __file__, "--run", json.dumps(cfg)],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:
+        print(proc.stdout[-3000:], proc.stderr[-3000:], file=sys.stderr)
+        return None
+    out = proc.stdout.strip().splitlines()
+    if cfg.get("profile"):
+        print("\n".join(out[:-1]))
+    return dict(json.loads(out[-1]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--points", type=int, default=200_000)
+    parser.add_argument("--jobs", type=int, default=20)
+    parser.add_argument("--batch", type=int, default=100, help="points per job per publish")
+    parser.add_argument("--pg", default=os.environ.get("AMPTRAIN_TEST_DATABASE_URL"))
+    parser.add_argument("--databases", default="sqlite,postgresql")
+    parser.add_argument("--legs", default="before,after")
+    parser.add_argument("--quick", action="store_true", help="40,000 points over 10 jobs")
+    parser.add_argument("--profile", action="store_true", help="cProfile the recorder thread")
+    parser.add_argument("--run", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.run:
+        print(json.dumps(one_run(json.loads(args.run))), flush=True)
+        return
+    if args.quick:
+        args.points, args.jobs = 40_000, 10
+    dbs = [d for d in args.databases.split(",") if d != "postgresql" or args.pg]
+    legs = args.legs.split(",")
+    tree = _before_tree() if "before" in legs else None
+    print(
+        f"{args.points} points over {args.jobs} jobs, {args.batch} per job per publish; "
+        f"{os.cpu_count()} CPUs",
+        flush=True,
+    )
+    try:
+        for db in dbs:
+            runs: list[tuple[str, str | None, Path | None]] = []
+            if "before" in legs:
+                runs.append(("before", None, tree))
+            if "after" in legs:
+                methods = ["copy", "values"] if db == "postgresql" else ["executemany"]
+                runs += [("after", m, None) for m in methods]
+            base = None
+            for leg, method, where in runs:
+                cfg = {
+                    "db": db,
+                    "pg": args.pg,
+                    "method": method if db == "postgresql" else None,
+                    "points": args.points,
+                    "jobs": args.jobs,
+                    "batch": args.batch,
+                    "profile": args.profile,
+                }
+                r = _spawn(cfg, where)
+                name = f"{db:10s} {leg:6s} {method or 'executemany':11s}"
+                if r is None:
+                    print(f"{name} FAILED", flush=True)
+                    continue
+                live, backlog = r["live"], r["backlog"]
+                base = base or (backlog["persist_per_s"] if leg == "before" else None)
+                ratio = f"  x{backlog['persist_per_s'] / base:.2f} vs before" if base else ""
+                print(
+                    f"{name} backlog: persisted {backlog['persist_per_s']:7.0f}/s "
+                    f"(recorder CPU {backlog['cpu_s']:.1f} s, load {backlog['load']:.2f}){ratio}\n"
+                    f"{'':30s} live:    persisted {live['persist_per_s']:7.0f}/s, lag after "
+                    f"the last publish {live['lag_s']:.2f} s (publish {live['publish_per_s']:.0f}/s, "
+                    f"recorder CPU {live['cpu_s']:.1f} s, load {live['load']:.2f})",
+                    flush=True,
+                )
+    finally:
+        if tree is not None:
+            shutil.rmtree(tree, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
