@@ -31,7 +31,7 @@ Retried jobs use the effective series (per step, the newest attempt's point), as
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
 from typing import Any
@@ -41,23 +41,19 @@ from sqlalchemy.orm import Session, aliased
 
 from api.contracts.cursor import Cursor
 from api.contracts.jsonsafe import finite
+from api.store import summaries, summary_reads
 from api.store.metrics import newest_attempt, newest_cursor, point_dict
 from api.store.models import MetricPoint
 from trainer_core.contract.records import METRIC_FIELDS
 
-EXTREMA_FIELDS = (
-    "loss",
-    "grad_norm",
-    "loss_scale",
-    "samples_per_second",
-    "step_time_ms",
-    "memory_allocated",
-)
+EXTREMA_FIELDS = summaries.SUMMARY_FIELDS
 """The fields whose per-bucket min and max are kept when requested. ``lr`` follows a
 smooth schedule and ``memory_reserved``/``memory_peak`` only step up, so a bucket's first
 and last points already bound them; leaving them out keeps the pass over the points cheap."""
 DEFAULT_EXTREMA = ("loss", "grad_norm")
 """Whose extremes are kept when a request names no fields."""
+SUMMARY_WIDTH = 4 << summaries.BASE
+"""From this bucket width on, buckets come from the summaries (below, the span is short)."""
 _IN_CHUNK = 500  # stay far below any backend's bound-parameter limit
 _DBL_MAX = 1.7976931348623157e308
 
@@ -133,9 +129,57 @@ def series_window(
     from_step: int | None = None,
     to_step: int | None = None,
 ) -> Window:
-    """At most ``max_points`` points of steps ``from_step..to_step`` (default: all)."""
+    """At most ``max_points`` points of steps ``from_step..to_step`` (default: all), from the
+    job's summaries when they hold every point (else :func:`raw_window`)."""
     if max_points < 1:
         raise ValueError("max_points must be at least 1")
+    view, cursor = summary_reads.open_view(s, job_id)
+    if view is None:
+        return raw_window(s, job_id, max_points, fields, from_step, to_step)
+    newest = _text(cursor)
+    first = 0 if from_step is None else from_step
+    last = summary_reads.STEP_END if to_step is None else to_step
+    (total,) = summary_reads.aggregates(s, view, [(first, last)])
+    if not total["points"]:
+        return Window([], newest)
+    p = MetricPoint
+    if total["points"] <= max_points:
+        rows = summaries.effective(
+            s.scalars(
+                sa.select(p)
+                .where(p.job_id == job_id, p.step.between(first, last))
+                .order_by(p.step, p.attempt.desc())
+            )
+        )
+        return Window([select_fields(_row(r, False), fields) for r in rows], newest)
+    lo, hi = total["first_step"], total["last_step"]
+    extrema = extrema_of(fields)
+    per_bucket = 3 + 2 * len(extrema)  # first, last, first flagged, each field's min and max
+    width = _bucket_width(lo, hi, max(1, max_points // per_bucket))
+    if width < SUMMARY_WIDTH:  # a short span: the points cost less than the nodes
+        return raw_window(s, job_id, max_points, fields, from_step, to_step)
+    ranges = [
+        (max(lo, b * width), min(hi, b * width + width - 1))
+        for b in range(lo // width, hi // width + 1)
+    ]
+    steps, marks = _choose(summary_reads.aggregates(s, view, ranges), extrema)
+    n_flagged = sum(m["flagged"] for m in marks)
+    if n_flagged > len(marks) and len(steps) + n_flagged - len(marks) <= max_points:
+        # Room for every flagged step, not just each bucket's first.
+        steps |= summary_reads.flagged_steps(s, view, lo, hi, flagged(p))
+    return _finish(s, job_id, steps, marks, max_points, extrema, fields, newest, multi=True)
+
+
+def raw_window(
+    s: Session,
+    job_id: str,
+    max_points: int,
+    fields: Sequence[str] | None = None,
+    from_step: int | None = None,
+    to_step: int | None = None,
+) -> Window:
+    """:func:`series_window` computed from the points alone (GROUP BY in the database): for
+    short spans and for jobs whose summaries do not hold every point."""
     p = MetricPoint
     where = [p.job_id == job_id]
     if from_step is not None:
@@ -157,6 +201,7 @@ def series_window(
     multi = first_attempt != last_attempt
     if multi:
         where.append(newest_attempt(p))
+        count = s.scalar(sa.select(sa.func.count()).where(*where))  # the effective points
     if count <= max_points:
         rows = s.scalars(sa.select(p).where(*where).order_by(p.step)).all()
         return Window([select_fields(_row(r, False), fields) for r in rows], newest)
@@ -168,6 +213,22 @@ def series_window(
     if n_flagged > len(marks) and len(steps) + n_flagged - len(marks) <= max_points:
         # Room for every flagged step, not just each bucket's first.
         steps |= set(s.scalars(sa.select(p.step).where(*where, flagged(p))))
+    return _finish(s, job_id, steps, marks, max_points, extrema, fields, newest, multi=multi)
+
+
+def _finish(
+    s: Session,
+    job_id: str,
+    steps: set[int],
+    marks: list[dict[str, int]],
+    max_points: int,
+    extrema: tuple[str, ...],
+    fields: Sequence[str] | None,
+    newest: str | None,
+    *,
+    multi: bool,
+) -> Window:
+    """The chosen steps' rows as the window's items."""
     rows = _rows_at(s, job_id, sorted(steps), multi_attempt=multi)
     if len(rows) > max_points:  # only when max_points < per_bucket: one bucket
         rows = _most_telling(rows, max_points, extrema)
@@ -175,17 +236,52 @@ def series_window(
     return Window(items, newest, marks)
 
 
+def _choose(
+    aggs: list[summaries.Agg], extrema: tuple[str, ...]
+) -> tuple[set[int], list[dict[str, int]]]:
+    """Per bucket's aggregates: the steps it keeps, and its mark when it holds flagged steps."""
+    chosen: set[int] = set()
+    marks: list[dict[str, int]] = []
+    for a in aggs:
+        if not a["points"]:
+            continue
+        chosen.update((a["first_step"], a["last_step"]))
+        for f in extrema:
+            chosen.update(v for v in (a[f"{f}_min_step"], a[f"{f}_max_step"]) if v is not None)
+        if a["first_flag"] is not None:
+            chosen.add(a["first_flag"])
+            marks.append(
+                {
+                    "from_step": a["first_step"],
+                    "to_step": a["last_step"],
+                    "flagged": a["flagged"],
+                    "skipped": a["skipped"],
+                    "non_finite": a["non_finite"],
+                }
+            )
+    return chosen, marks
+
+
 def _bucket_width(lo: int, hi: int, buckets: int) -> int:
-    """The smallest width of the fixed ladder 1, 2, 3, 4, 5, 6, 7, 8, 10, 12, ... (about
-    2**(i/4)) such that steps lo..hi span at most ``buckets`` aligned buckets
+    """The smallest width of the fixed ladder 1, 2, ..., 7, then m * 2**k for m in 4, 5, 6,
+    7 (8, 10, 12, 14, 16, 20, ...; quarter-octave rungs, losing at most 25% of the
+    resolution) such that steps lo..hi span at most ``buckets`` aligned buckets
     (``step // width``). A fixed ladder keeps a growing run's buckets until it needs the
-    next rung; quarter-octave rungs lose at most ~19% of the resolution to that."""
-    i = 0
-    width = 1
-    while hi // width - lo // width + 1 > buckets:
-        i += 1
-        width = max(width + 1, math.ceil(2 ** (i / 4)))
-    return width
+    next rung; rungs of that form make every bucket of a width >= 2**(BASE+2) a union of
+    aligned summary nodes of one level."""
+    for width in _ladder():
+        if hi // width - lo // width + 1 <= buckets:
+            return width
+    raise AssertionError("unreachable: the ladder is unbounded")
+
+
+def _ladder() -> Iterator[int]:
+    yield from range(1, 8)
+    k = 1
+    while True:
+        for m in (4, 5, 6, 7):
+            yield m << k
+        k += 1
 
 
 def _chosen_steps(

@@ -146,11 +146,11 @@ def raw_rows(s: Session, job_id: str, ranges: Sequence[tuple[int, int]]) -> list
     for i in range(0, len(ranges), 200):
         chunk = ranges[i : i + 200]
         out += s.execute(
-            sa.select(*cols)
-            .where(p.job_id == job_id, sa.or_(*(p.step.between(a, b) for a, b in chunk)))
-            .order_by(p.step, p.attempt.desc())
+            sa.select(*cols).where(
+                p.job_id == job_id, sa.or_(*(p.step.between(a, b) for a, b in chunk))
+            )
         ).all()
-    out.sort(key=lambda r: (r.step, -r.attempt))  # chunks may interleave
+    out.sort(key=lambda r: (r.step, -r.attempt))
     return effective(out)
 
 
@@ -176,7 +176,7 @@ def read_nodes(
     m = MetricSummary
     terms = []
     for level, ids in by_level.items():
-        for a, b in _runs(sorted(ids)):
+        for a, b in runs(sorted(ids)):
             terms.append(sa.and_(m.level == level, m.idx.between(a, b)))
     cols = [m.level, m.idx, *(getattr(m, c) for c in COLUMNS)]
     out: dict[tuple[int, int], Agg] = {}
@@ -188,7 +188,7 @@ def read_nodes(
     return out
 
 
-def _runs(ids: list[int]) -> list[tuple[int, int]]:
+def runs(ids: list[int]) -> list[tuple[int, int]]:
     """Sorted ints as inclusive runs of consecutive values."""
     runs: list[tuple[int, int]] = []
     for i in ids:
@@ -317,6 +317,7 @@ def rebuild_statements(job_filter: bool) -> list[str]:
     frozen copy: keep the two the same."""
     only = " AND p.job_id = :job_id" if job_filter else ""
     only_m = " AND job_id = :job_id" if job_filter else ""
+    only_c = " AND c.job_id = :job_id" if job_filter else ""
     finite = "({0} IS NOT NULL AND {0} BETWEEN -{1!r} AND {1!r})".format
     flag = "(p.skipped IS TRUE OR NOT {} OR (p.grad_norm IS NOT NULL AND NOT {}))".format(
         finite("p.loss", _DBL_MAX), finite("p.grad_norm", _DBL_MAX)
@@ -375,7 +376,7 @@ def rebuild_statements(job_filter: bool) -> list[str]:
             f"min(c.first_step) AS first_step, max(c.last_step) AS last_step, "
             f"sum(c.skipped) AS skipped, sum(c.non_finite) AS non_finite, "
             f"sum(c.flagged) AS flagged, min(c.first_flag) AS first_flag, {up_ext} "
-            f"FROM metric_summaries c WHERE c.level = {level}{only_m.replace('job_id', 'c.job_id')} "
+            f"FROM metric_summaries c WHERE c.level = {level}{only_c} "
             f"AND c.job_id IN (SELECT job_id FROM metric_summaries WHERE level = {level} "
             f"AND idx >= 1{only_m}) GROUP BY c.job_id, c.idx / 2) "
             f"INSERT INTO metric_summaries ({insert_cols}) "

@@ -97,6 +97,7 @@ def _backfill_statements(job_filter: bool) -> list[str]:
     """Frozen copy of api.store.summaries.rebuild_statements at this revision."""
     only = " AND p.job_id = :job_id" if job_filter else ""
     only_m = " AND job_id = :job_id" if job_filter else ""
+    only_c = " AND c.job_id = :job_id" if job_filter else ""
     finite = "({0} IS NOT NULL AND {0} BETWEEN -{1!r} AND {1!r})".format
     flag = "(p.skipped IS TRUE OR NOT {} OR (p.grad_norm IS NOT NULL AND NOT {}))".format(
         finite("p.loss", _DBL_MAX), finite("p.grad_norm", _DBL_MAX)
@@ -155,7 +156,7 @@ def _backfill_statements(job_filter: bool) -> list[str]:
             f"min(c.first_step) AS first_step, max(c.last_step) AS last_step, "
             f"sum(c.skipped) AS skipped, sum(c.non_finite) AS non_finite, "
             f"sum(c.flagged) AS flagged, min(c.first_flag) AS first_flag, {up_ext} "
-            f"FROM metric_summaries c WHERE c.level = {level}{only_m.replace('job_id', 'c.job_id')} "
+            f"FROM metric_summaries c WHERE c.level = {level}{only_c} "
             f"AND c.job_id IN (SELECT job_id FROM metric_summaries WHERE level = {level} "
             f"AND idx >= 1{only_m}) GROUP BY c.job_id, c.idx / 2) "
             f"INSERT INTO metric_summaries ({insert_cols}) "
