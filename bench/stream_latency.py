@@ -5,13 +5,16 @@ private Redis and SQLite.
    RedisSink, one XADD per step) at ``--rate`` steps/s while 1, 100 and 500 WebSocket
    watchers (in ``--procs`` client processes) follow the job. Latency = arrival at the
    client minus the record's ``time`` field (set when the record is created; same host
-   clock). Reports p50/p99/max and messages lost or repeated per watcher.
+   clock). Reports p50/p99/max and messages lost or repeated per watcher. With
+   ``--batch`` (the default) each watcher count runs twice, one message per record
+   (``single``, today's clients) and batch frames (``?batch=true``), printed side by side.
 2. Throughput: one publisher pushes ``--records`` records as fast as it can in batches
-   of ``--batch`` (like the engine's flushes); the API's recorder persists them. Reports
+   of ``--publish-batch`` (like the engine's flushes); the API's recorder persists them. Reports
    the publish rate, the persist rate (records / time until SQL holds the last step)
    and so the largest step rate that runs without a growing recorder lag.
 
     python bench/stream_latency.py [--watchers 1,100,500] [--seconds 10] [--rate 100]
+                                   [--no-batch] [--quick]
 """
 
 from __future__ import annotations
@@ -49,6 +52,10 @@ SPEC = {
 # -- watcher processes ---------------------------------------------------------------------
 
 
+def _records(msg: dict[str, Any]) -> list[dict[str, Any]]:
+    return msg["items"] if msg["type"] == "batch" else [msg]
+
+
 def client_process(url: str, token: str, n: int, ready: Any, out: str) -> None:
     asyncio.run(_clients(url, token, n, ready, out))
 
@@ -69,20 +76,23 @@ async def _clients(url: str, token: str, n: int, ready: Any, out: str) -> None:
             max_queue=None,
         ) as ws:
             first = True
+            frames = 0
             async for raw in ws:
                 now = time.time()
+                frames += 1
                 if first:
                     first = False
                     count[0] += 1
                     if count[0] == n:
                         connected.set()
                 msg = json.loads(raw)
-                if msg["type"] == "metric":
-                    steps.append(msg["data"]["step"])
-                    latencies.append(now - msg["data"]["time"])
-                elif msg["type"] in ("end", "gap"):
-                    return {"steps": steps, "lat": latencies, "last": msg["type"]}
-            return {"steps": steps, "lat": latencies, "last": None}
+                for record in _records(msg):
+                    if record["type"] == "metric":
+                        steps.append(record["data"]["step"])
+                        latencies.append(now - record["data"]["time"])
+                if msg["type"] in ("end", "gap"):
+                    return {"steps": steps, "lat": latencies, "last": msg["type"], "frames": frames}
+            return {"steps": steps, "lat": latencies, "last": None, "frames": frames}
 
     tasks = [asyncio.create_task(one()) for _ in range(n)]
     await connected.wait()
@@ -94,11 +104,13 @@ async def _clients(url: str, token: str, n: int, ready: Any, out: str) -> None:
 # -- the runs ------------------------------------------------------------------------------
 
 
-def fan_out(stack: Stack, redis_url: str, db_url: str, watchers: int, args: Any) -> dict[str, Any]:
+def fan_out(
+    stack: Stack, redis_url: str, db_url: str, watchers: int, args: Any, batch: bool
+) -> dict[str, Any]:
     job = stack.submit(SPEC)
     producer = Producer(redis_url, db_url, job["id"])
     producer.start()
-    url = f"ws://127.0.0.1:{stack.port}/jobs/{job['id']}/ws"
+    url = f"ws://127.0.0.1:{stack.port}/jobs/{job['id']}/ws" + ("?batch=true" if batch else "")
     ctx = mp.get_context("spawn")
     ready = ctx.Queue()
     procs = min(args.procs, watchers)
@@ -136,7 +148,9 @@ def fan_out(stack: Stack, redis_url: str, db_url: str, watchers: int, args: Any)
     lost = sum(len(set(range(1, total + 1)) - set(r["steps"])) for r in results)
     repeated = sum(len(r["steps"]) - len(set(r["steps"])) for r in results)
     return {
+        "mode": "batch" if batch else "single",
         "watchers": watchers,
+        "frames": sum(r["frames"] for r in results),
         "steps": total,
         "rate": total / produced_for,
         "messages": int(lat.size),
@@ -156,7 +170,7 @@ def throughput(stack: Stack, redis_url: str, db_url: str, args: Any) -> dict[str
     producer = Producer(redis_url, db_url, job["id"])
     producer.start()
     assert producer.sink is not None
-    n, batch = args.records, args.batch
+    n, batch = args.records, args.publish_batch
     persisted_at: list[float] = []
 
     def poll() -> None:
@@ -186,6 +200,16 @@ def throughput(stack: Stack, redis_url: str, db_url: str, args: Any) -> dict[str
     }
 
 
+def fan_out_line(r: dict[str, Any]) -> str:
+    return (
+        f"watchers={r['watchers']:4d} {r['mode']:6s} steps={r['steps']} at {r['rate']:.0f}/s: "
+        f"p50 {r['p50_ms']:.1f} ms  p99 {r['p99_ms']:.1f} ms  max {r['max_ms']:.1f} ms  "
+        f"messages {r['messages']} in {r['frames']} frames  lost {r['lost']}  "
+        f"repeated {r['repeated']}  got end: {r['ended']}/{r['watchers']}  CPU cores busy: "
+        f"API {r['server_cpu']:.2f}, clients {r['clients_cpu']:.2f}"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--watchers", default="1,100,500")
@@ -193,26 +217,43 @@ def main() -> None:
     parser.add_argument("--rate", type=float, default=100.0)
     parser.add_argument("--procs", type=int, default=2, help="client processes")
     parser.add_argument("--records", type=int, default=50_000)
-    parser.add_argument("--batch", type=int, default=200)
+    parser.add_argument(
+        "--publish-batch", type=int, default=200, help="records per publish (throughput)"
+    )
+    parser.add_argument(
+        "--batch",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also run every watcher count with batch frames, side by side (default on)",
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="3 s per run, 5,000 records: a smoke run"
+    )
     args = parser.parse_args()
+    if args.quick:
+        args.seconds, args.records = min(args.seconds, 3.0), min(args.records, 5_000)
 
     root = Path(tempfile.mkdtemp(prefix="amp-bench-", dir="/tmp"))
     redis_server = EmbeddedRedis(root / "redis", appendonly=False).start()
     db_url = f"sqlite:///{root / 'amptrain.db'}"
     stack = Stack(root, db_url, redis_server)
     stack.env["AMPTRAIN_LOG_FORMAT"] = "text"
+    modes = [False, True] if args.batch else [False]
     try:
         stack.start_api()
         for n in [int(x) for x in args.watchers.split(",") if x]:
-            r = fan_out(stack, redis_server.url, db_url, n, args)
-            print(
-                f"watchers={r['watchers']:4d} steps={r['steps']} at {r['rate']:.0f}/s: "
-                f"p50 {r['p50_ms']:.1f} ms  p99 {r['p99_ms']:.1f} ms  max {r['max_ms']:.1f} ms  "
-                f"messages {r['messages']}  lost {r['lost']}  repeated {r['repeated']}  "
-                f"got end: {r['ended']}/{r['watchers']}  CPU cores busy: API {r['server_cpu']:.2f}, "
-                f"clients {r['clients_cpu']:.2f}",
-                flush=True,
-            )
+            runs = [fan_out(stack, redis_server.url, db_url, n, args, batch) for batch in modes]
+            for r in runs:
+                print(fan_out_line(r), flush=True)
+            if len(runs) == 2:
+                single, batch = runs
+                print(
+                    f"watchers={n:4d} single/batch: p50 x{single['p50_ms'] / batch['p50_ms']:.1f}"
+                    f"  p99 x{single['p99_ms'] / batch['p99_ms']:.1f}  frames "
+                    f"x{single['frames'] / max(batch['frames'], 1):.1f}  API CPU "
+                    f"{single['server_cpu']:.2f} vs {batch['server_cpu']:.2f} cores",
+                    flush=True,
+                )
         t = throughput(stack, redis_server.url, db_url, args)
         print(
             f"throughput: {t['records']} records in batches of {t['batch']}: publish "

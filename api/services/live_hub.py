@@ -4,7 +4,9 @@ every WebSocket / SSE watcher of that job through bounded per-watcher queues.
 A reader starts at the stream's current last entry (looked up with XREVRANGE, so no
 entry added between "subscribe" and the first XREAD is missed, which ``$`` would
 allow) and then follows ``XREAD BLOCK`` from the last id it delivered. Entries are
-decoded once and shared by all watchers. A watcher whose queue is full is cut off:
+decoded once and shared by all watchers, and each XREAD's entries travel as one
+:class:`LiveBatch`, where watchers at the same position share the batch frame encoded
+from them (:mod:`api.services.watch`). A watcher whose queue is full is cut off:
 its subscription is marked overflowed and receives nothing more, so a slow client
 never slows the reader, the other watchers or the worker; :mod:`api.services.watch` turns
 that into a ``gap`` message and the client resumes from its cursor.
@@ -43,6 +45,16 @@ class LiveEntry:
     text: str | None = None
 
 
+@dataclass(eq=False, slots=True)
+class LiveBatch:
+    """The entries one XREAD delivered, shared read-only by every watcher of the job.
+    ``frames`` caches batch frames built from them, so the watchers that take the same
+    entries share one encoded frame (keyed by :mod:`api.services.watch`)."""
+
+    entries: list[LiveEntry]
+    frames: dict[str, str] = field(default_factory=dict)
+
+
 @dataclass(eq=False)
 class Subscription:
     """One watcher's bounded inbox. ``overflowed`` is set (and nothing more arrives) once
@@ -50,38 +62,44 @@ class Subscription:
 
     job_id: str
     maxsize: int
-    entries: deque[LiveEntry] = field(default_factory=deque)
+    batches: deque[LiveBatch] = field(default_factory=deque)
+    queued: int = 0
+    """Entries in ``batches``."""
     overflowed: bool = False
     on_overflow: Callable[[], object] | None = None
     _wake: asyncio.Event = field(default_factory=asyncio.Event)
 
-    def offer(self, batch: list[LiveEntry]) -> bool:
+    def offer(self, batch: LiveBatch) -> bool:
         """Queue a batch; False (and overflowed) when it does not fit."""
         if self.overflowed:
             return False
-        if len(self.entries) + len(batch) > self.maxsize:
+        if self.queued + len(batch.entries) > self.maxsize:
             self.overflowed = True
-            self.entries.clear()  # nothing of it will be sent: free the memory now
+            self.batches.clear()  # nothing of it will be sent: free the memory now
+            self.queued = 0
             self._wake.set()
             if self.on_overflow is not None:
                 self.on_overflow()
             return False
-        self.entries.extend(batch)
+        self.batches.append(batch)
+        self.queued += len(batch.entries)
         self._wake.set()
         return True
 
     async def wait(self, timeout: float) -> None:
         """Return once entries are queued, the subscription overflowed, or ``timeout`` passed."""
-        if self.entries or self.overflowed:
+        if self.batches or self.overflowed:
             return
         self._wake.clear()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout):
                 await self._wake.wait()
 
-    def take(self) -> list[LiveEntry]:
-        out = list(self.entries)
-        self.entries.clear()
+    def take(self) -> list[LiveBatch]:
+        """Every queued batch, oldest first; the inbox is empty afterwards."""
+        out = list(self.batches)
+        self.batches.clear()
+        self.queued = 0
         return out
 
 
@@ -116,13 +134,16 @@ class _Reader:
             del self.hub.readers[self.job_id]
 
     def _deliver(self, raw: list[tuple[Any, dict[Any, Any]]]) -> None:
-        batch: list[LiveEntry] = []
+        entries: list[LiveEntry] = []
         for eid, fields in raw:
             try:
-                batch.append(LiveEntry(Cursor.of_entry(eid), decode(fields)))
+                entries.append(LiveEntry(Cursor.of_entry(eid), decode(fields)))
             except (KeyError, ValueError):
                 log.error("job %s: undecodable stream entry %r skipped", self.job_id, eid)
         self.last = text(raw[-1][0])
+        if not entries:
+            return
+        batch = LiveBatch(entries)
         for sub in list(self.subs):
             if not sub.offer(batch):
                 self.subs.discard(sub)

@@ -2,7 +2,10 @@
 with no gap and no duplicate at the seam. Shared by the WebSocket and SSE routes.
 
 Messages are JSON ``{"type", "cursor", "data"}`` with type ``metric``, ``event``,
-``end``, ``heartbeat`` or ``gap`` (:mod:`api.services.watch_messages`).
+``end``, ``heartbeat`` or ``gap`` (:mod:`api.services.watch_messages`). A watcher that
+asks for batch frames gets its metric and event messages grouped into ``batch`` frames
+instead, one per delivery round: 1,000 watchers cost one socket write each per round,
+not one per record, and watchers at the same position share one encoded frame.
 
 Cursor scheme (one cursor, the one ``GET /jobs/{id}/metrics`` uses):
 
@@ -30,6 +33,8 @@ once SQL holds the whole history. A watcher too slow for its bounded queue gets 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import time
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from typing import Any
@@ -37,11 +42,13 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.contracts.cursor import ORIGIN, Cursor
-from api.services.live_hub import LiveEntry, LiveHub
+from api.services.live_hub import LiveBatch, LiveEntry, LiveHub
 from api.services.watch_history import History
 from api.services.watch_messages import (
     JobState,
     Out,
+    Round,
+    batch_frames,
     end_out,
     entry_out,
     event_out,
@@ -82,75 +89,109 @@ class Watch:
     def cursor(self) -> str | None:
         return str(self.last) if self.last != ORIGIN else None
 
-    async def messages(self) -> AsyncGenerator[Out, None]:
+    async def messages(self, *, batch: bool = False) -> AsyncGenerator[Out, None]:
+        """The watcher's messages; with ``batch``, metric and event messages come grouped
+        in ``batch`` frames (:func:`~api.services.watch_messages.batch_frames`)."""
+        async with contextlib.aclosing(self.rounds()) as rounds:
+            async for round_ in rounds:
+                for out in batch_frames(round_) if batch else round_.outs:
+                    yield out
+
+    async def rounds(self) -> AsyncGenerator[Round, None]:
+        """The message sequence, one :class:`Round` per history page or delivery."""
         job = await self.history.job()
         if job is None:
             return
         if job.complete:
-            async for out in self._history():
-                yield out
-            yield end_out(self.cursor, job)
+            async for round_ in self._history():
+                yield round_
+            yield Round([end_out(self.cursor, job)])
             return
         async with self.hub.subscribe(self.job_id) as sub:
             sub.on_overflow = self.overflowed.set
-            async for out in self._history():
-                yield out
-            async for out in self._catch_up():
-                yield out
-                if out.type == "end":
+            async for round_ in self._history():
+                yield round_
+            async for round_ in self._catch_up():
+                yield round_
+                if round_.ended:
                     return
             while True:
                 await sub.wait(self.heartbeat_s)
                 if sub.overflowed:
                     self.overflowed.set()
-                    yield gap_out(self.cursor)
+                    yield Round([gap_out(self.cursor)])
                     return
-                entries = sub.take()
-                if entries:
-                    for out in await self._live(entries):
-                        yield out
-                        if out.type == "end":
+                batches = sub.take()
+                if batches:
+                    entries = itertools.chain.from_iterable(b.entries for b in batches)
+                    async for round_ in self._deliver(entries, batches[-1]):
+                        yield round_
+                        if round_.ended:
                             return
                     continue
-                yield heartbeat_out(self.cursor)
+                yield Round([heartbeat_out(self.cursor)])
                 job = await self.history.job()
                 if job is None or job.complete:
-                    async for out in self._history():
-                        yield out
+                    async for round_ in self._history():
+                        yield round_
                     if job is not None:
-                        yield end_out(self.cursor, job)
+                        yield Round([end_out(self.cursor, job)])
                     return
 
-    async def _history(self) -> AsyncIterator[Out]:
+    async def _history(self) -> AsyncIterator[Round]:
+        outs: list[Out] = []
         async for pos, kind, record in self.history.after(self.last):
             self.last = pos
             if self._is_new(kind, record):
-                yield (metric_out if kind == "metric" else event_out)(str(pos), record)
+                outs.append((metric_out if kind == "metric" else event_out)(str(pos), record))
+                if len(outs) >= self.page:
+                    yield Round(outs)
+                    outs = []
+        if outs:
+            yield Round(outs)
 
-    async def _catch_up(self) -> AsyncIterator[Out]:
+    async def _catch_up(self) -> AsyncIterator[Round]:
         """What the stream holds beyond SQL history (the recorder's lag), page by page."""
         while True:
             page = await self.hub.read_range(self.job_id, self.last, self.page)
-            for out in await self._live(page):
-                yield out
-                if out.type == "end":
+            async for round_ in self._deliver(page):
+                yield round_
+                if round_.ended:
                     return
             if len(page) < self.page:
                 return
 
-    async def _live(self, entries: Iterable[LiveEntry]) -> list[Out]:
+    async def _deliver(
+        self, entries: Iterable[LiveEntry], batch: LiveBatch | None = None
+    ) -> AsyncIterator[Round]:
+        """The rounds for stream entries: their records, then ``end`` if the stream ended
+        (the records go out first: ``end`` may wait for the recorder)."""
+        round_, end = self._live(entries, batch)
+        if round_.outs:
+            yield round_
+        if end is not None:
+            yield Round([await self._final_end(end)])
+
+    def _live(
+        self, entries: Iterable[LiveEntry], batch: LiveBatch | None
+    ) -> tuple[Round, dict[str, Any] | None]:
+        """The messages for stream entries, and the stream's end entry if one came. The
+        round is shareable (through ``batch``) when every entry became a message."""
         out: list[Out] = []
+        skipped = False
         for entry in entries:
             if entry.pos <= self.last:
+                skipped = True
                 continue
             kind = entry.item["kind"]
             if kind == "end":
-                out.append(await self._final_end(entry.item))
-                return out
+                return Round(out), entry.item
             self.last = entry.pos
             if self._is_new(kind, entry.item):
                 out.append(entry_out(entry))
-        return out
+            else:
+                skipped = True
+        return Round(out, None if skipped or batch is None else batch.frames), None
 
     def _is_new(self, kind: str, record: dict[str, Any]) -> bool:
         """A watcher never gets a record twice, nor a point at or before one it already has:

@@ -1,4 +1,10 @@
-"""The messages a watcher receives: JSON ``{"type", "cursor", "data"}`` (see :mod:`api.services.watch`)."""
+"""The messages a watcher receives: JSON ``{"type", "cursor", "data"}`` (see :mod:`api.services.watch`).
+
+A watcher that opted in to batch frames gets its ``metric`` and ``event`` messages
+grouped: ``{"type": "batch", "cursor": CURSOR, "items": [MESSAGE, ...]}``, the items
+being exactly the single messages, in order, and ``cursor`` the last item's cursor
+(resume from it). ``end``, ``heartbeat`` and ``gap`` are still sent on their own.
+"""
 
 from __future__ import annotations
 
@@ -20,6 +26,27 @@ class Out:
     type: str
     cursor: str | None
     text: str
+
+
+RECORD_TYPES = frozenset({"metric", "event"})
+"""The message types a batch frame groups."""
+BATCH_MAX_ITEMS = 500
+BATCH_MAX_CHARS = 256 * 1024
+"""Bounds of one batch frame: far below a client's usual 1 MiB message limit."""
+
+
+@dataclass(slots=True)
+class Round:
+    """The messages one delivery round sends a watcher, in order. ``shared``, when set,
+    is where the watchers that take the very same stream entries share this round's
+    batch frame: set only when every entry became a message (none skipped)."""
+
+    outs: list[Out]
+    shared: dict[str, str] | None = None
+
+    @property
+    def ended(self) -> bool:
+        return bool(self.outs) and self.outs[-1].type == "end"
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,3 +113,43 @@ def gap_out(cursor: str | None) -> Out:
 
 def heartbeat_out(cursor: str | None) -> Out:
     return Out("heartbeat", cursor, message("heartbeat", cursor, {"time": time.time()}))
+
+
+def batch_out(items: list[Out]) -> Out:
+    """One batch frame holding ``items`` (metric and event messages, already encoded)."""
+    cursor = items[-1].cursor
+    body = ",".join([o.text for o in items])
+    return Out(
+        "batch", cursor, f'{{"type":"batch","cursor":{json.dumps(cursor)},"items":[{body}]}}'
+    )
+
+
+def batch_frames(round_: Round) -> list[Out]:
+    """A round as batch-mode frames: runs of records grouped (bounded), others as they are.
+    A round that fits one frame and may be shared is encoded once for all its watchers."""
+    outs = round_.outs
+    if round_.shared is not None and outs and len(outs) <= BATCH_MAX_ITEMS:
+        key = str(outs[0].cursor)  # with nothing skipped, the first cursor fixes the entries
+        text = round_.shared.get(key)
+        if text is None and all(o.type in RECORD_TYPES for o in outs):
+            text = round_.shared[key] = batch_out(outs).text
+        if text is not None:
+            return [Out("batch", outs[-1].cursor, text)]
+    frames: list[Out] = []
+    run: list[Out] = []
+    chars = 0
+    for out in outs:
+        if out.type not in RECORD_TYPES:
+            if run:
+                frames.append(batch_out(run))
+                run, chars = [], 0
+            frames.append(out)
+            continue
+        if run and (len(run) >= BATCH_MAX_ITEMS or chars + len(out.text) > BATCH_MAX_CHARS):
+            frames.append(batch_out(run))
+            run, chars = [], 0
+        run.append(out)
+        chars += len(out.text)
+    if run:
+        frames.append(batch_out(run))
+    return frames

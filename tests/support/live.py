@@ -17,8 +17,11 @@ from tests.support.stack import Stack
 Message = dict[str, Any]
 
 
-def ws_url(stack: Stack, job_id: str, after: str | None = None) -> str:
-    query = f"?after={after}" if after else ""
+def ws_url(stack: Stack, job_id: str, after: str | None = None, batch: bool = False) -> str:
+    params = [f"after={after}"] if after else []
+    if batch:
+        params.append("batch=true")
+    query = f"?{'&'.join(params)}" if params else ""
     return f"ws://127.0.0.1:{stack.port}/jobs/{job_id}/ws{query}"
 
 
@@ -28,12 +31,14 @@ async def watch(
     after: str | None = None,
     until: Callable[[Message], bool] | None = None,
     token: str | None = None,
+    batch: bool = False,
 ) -> tuple[list[Message], int | None]:
-    """Read messages until the server closes (or ``until`` says stop); (messages, close code)."""
+    """Read messages until the server closes (or ``until`` says stop); (messages, close code).
+    ``batch``: ask for batch frames (returned as they came; :func:`records` opens them)."""
     headers = {"Authorization": f"Bearer {token or stack.token}"}
     got: list[Message] = []
     async with websockets.connect(
-        ws_url(stack, job_id, after), additional_headers=headers, open_timeout=30
+        ws_url(stack, job_id, after, batch), additional_headers=headers, open_timeout=30
     ) as ws:
         async for raw in ws:
             msg = json.loads(raw)
@@ -43,8 +48,16 @@ async def watch(
         return got, ws.close_code
 
 
+def records(messages: list[Message]) -> list[Message]:
+    """The messages with every ``batch`` frame replaced by its items."""
+    out: list[Message] = []
+    for m in messages:
+        out.extend(m["items"] if m["type"] == "batch" else [m])
+    return out
+
+
 def steps_of(messages: list[Message]) -> list[int]:
-    return [m["data"]["step"] for m in messages if m["type"] == "metric"]
+    return [m["data"]["step"] for m in records(messages) if m["type"] == "metric"]
 
 
 def last_cursor(messages: list[Message]) -> str | None:
@@ -56,13 +69,14 @@ class StalledSocket:
     """A WebSocket client that completes the handshake and then reads nothing, with a tiny
     receive buffer so the server's send path backs up quickly."""
 
-    def __init__(self, stack: Stack, job_id: str) -> None:
+    def __init__(self, stack: Stack, job_id: str, batch: bool = False) -> None:
         self.sock = socket.socket()
         self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
         self.sock.connect(("127.0.0.1", stack.port))
         key = base64.b64encode(os.urandom(16)).decode()
+        path = f"/jobs/{job_id}/ws" + ("?batch=true" if batch else "")
         request = (
-            f"GET /jobs/{job_id}/ws HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
+            f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\n"
             f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
             f"Authorization: Bearer {stack.token}\r\n\r\n"
         )

@@ -1,7 +1,11 @@
 """Live telemetry: ``WS /jobs/{id}/ws?after=CURSOR`` and SSE ``GET /jobs/{id}/stream``.
 
 Both send the messages of :mod:`api.services.watch` (``metric``, ``event``, ``end``,
-``heartbeat``, ``gap``); see there for the cursor scheme.
+``heartbeat``, ``gap``); see there for the cursor scheme. With ``?batch=true`` the
+metric and event messages arrive grouped, one frame per delivery round:
+``{"type": "batch", "cursor": C, "items": [MESSAGE, ...]}`` (at most 500 items; ``C`` is
+the last item's cursor and resumes after it); ``end``, ``heartbeat`` and ``gap`` still
+come on their own. Without it every record is its own message, as before.
 
 WebSocket authentication: an ``Authorization: Bearer TOKEN`` header, or (browsers
 cannot set headers) the subprotocol pair ``bearer, TOKEN``, answered with the
@@ -18,8 +22,8 @@ reason is in the close frame and in one log line. A client that stops reading
 entirely is disconnected without a close frame a few seconds after its ``gap``.
 
 SSE (served by Starlette's StreamingResponse, no extra dependency): each message is
-``event: TYPE`` + ``data: JSON``; metric and event messages carry ``id: CURSOR``, so
-an EventSource resumes with ``Last-Event-ID`` (``after=`` works too).
+``event: TYPE`` + ``data: JSON``; metric, event and batch messages carry ``id: CURSOR``,
+so an EventSource resumes with ``Last-Event-ID`` (``after=`` works too).
 """
 
 from __future__ import annotations
@@ -102,9 +106,18 @@ def watcher(sessions: sessionmaker[Session], token: str | None, job_id: str) -> 
         return principal if job is not None and principal.can_see(job) else None
 
 
+BATCH_DOC = (
+    "Group metric and event messages into `batch` frames "
+    '(`{"type": "batch", "cursor": C, "items": [...]}`, C = the last item\'s cursor).'
+)
+
+
 @router.websocket("/{job_id}/ws")
-async def watch_ws(ws: WebSocket, job_id: str, after: str | None = None) -> None:
-    """History after ``after``, then the live tail; ``end`` and close 1000 when the job ends."""
+async def watch_ws(
+    ws: WebSocket, job_id: str, after: str | None = None, batch: bool = False
+) -> None:
+    """History after ``after``, then the live tail; ``end`` and close 1000 when the job ends.
+    ``batch=true``: records grouped in ``batch`` frames."""
     services = ws.app.state.services
     token, subprotocol = ws_credentials(ws)
     principal = await anyio.to_thread.run_sync(watcher, services.session_factory, token, job_id)
@@ -129,14 +142,16 @@ async def watch_ws(ws: WebSocket, job_id: str, after: str | None = None) -> None
         return
     code, reason = None, "server stopped serving it"
     try:
-        code, reason = await _serve(ws, session, open_watch(ws.app, job_id, cursor))
+        code, reason = await _serve(ws, session, open_watch(ws.app, job_id, cursor), batch)
     finally:
         await session.finish(code, reason)
 
 
-async def _serve(ws: WebSocket, session: LiveSession, watch: Watch) -> tuple[int | None, str]:
+async def _serve(
+    ws: WebSocket, session: LiveSession, watch: Watch, batch: bool
+) -> tuple[int | None, str]:
     """Pump messages until the job ends, the client leaves or must go: (close code, why)."""
-    pump = asyncio.create_task(_pump(ws, watch, session))
+    pump = asyncio.create_task(_pump(ws, watch, session, batch))
     listen = asyncio.create_task(_until_disconnect(ws))
     cut = asyncio.create_task(watch.overflowed.wait())
     outcome: tuple[int | None, str] = (None, "client disconnected")
@@ -170,9 +185,11 @@ async def _close(ws: WebSocket, code: int, reason: str) -> None:
         await ws.close(code=code, reason=reason.encode()[:120].decode(errors="ignore"))
 
 
-async def _pump(ws: WebSocket, watch: Watch, session: LiveSession) -> tuple[int | None, str]:
+async def _pump(
+    ws: WebSocket, watch: Watch, session: LiveSession, batch: bool
+) -> tuple[int | None, str]:
     try:
-        async with contextlib.aclosing(watch.messages()) as messages:
+        async with contextlib.aclosing(watch.messages(batch=batch)) as messages:
             async for out in messages:
                 problem = await session.before_message()
                 if problem:
@@ -200,7 +217,7 @@ async def _until_disconnect(ws: WebSocket) -> None:
 
 
 def sse_frame(out: Out) -> str:
-    head = f"id: {out.cursor}\n" if out.type in ("metric", "event") and out.cursor else ""
+    head = f"id: {out.cursor}\n" if out.type in ("metric", "event", "batch") and out.cursor else ""
     return f"{head}event: {out.type}\ndata: {out.text}\n\n"
 
 
@@ -208,9 +225,10 @@ class _SSEResponse(StreamingResponse):
     """A StreamingResponse that gives up on a client that overflowed and stopped reading,
     and ends (with an ``error`` message saying why) once the token is revoked or expired."""
 
-    def __init__(self, watch: Watch, session: LiveSession) -> None:
+    def __init__(self, watch: Watch, session: LiveSession, batch: bool) -> None:
         self.watch = watch
         self.session = session
+        self.batch = batch
         self.reason = "client disconnected"
         super().__init__(
             self._frames(),
@@ -219,7 +237,7 @@ class _SSEResponse(StreamingResponse):
         )
 
     async def _frames(self) -> AsyncIterator[str]:
-        async with contextlib.aclosing(self.watch.messages()) as messages:
+        async with contextlib.aclosing(self.watch.messages(batch=self.batch)) as messages:
             async for out in messages:
                 problem = await self.session.before_message()
                 if problem:
@@ -261,9 +279,15 @@ def watch_sse(
         str | None, Query(max_length=48, description="Resume after this cursor.")
     ] = None,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=48)] = None,
+    batch: Annotated[bool, Query(description=BATCH_DOC)] = False,
 ) -> StreamingResponse:
     """The WebSocket's messages as Server-Sent Events; ``Last-Event-ID`` (or ``after``) resumes.
-    A 429 when the caller already has its limit of live watchers open."""
+    A 429 when the caller already has its limit of live watchers open.
+
+    Messages (``event:`` names the type; ``data:`` is JSON ``{"type", "cursor", "data"}``):
+    ``metric``, ``event``, ``end``, ``heartbeat``, ``gap``; with ``batch=true``, metric and
+    event messages come grouped as ``batch`` (``{"type", "cursor", "items"}``, ``id:`` the
+    last item's cursor)."""
     visible_job(session, user, job_id)
     field, text = (
         ("header.Last-Event-ID", last_event_id) if last_event_id else ("query.after", after)
@@ -274,4 +298,4 @@ def watch_sse(
     if refused:
         closed("SSE", job_id, user.name, 429, refused)
         raise TooMany({"message": refused, "limit": services.live_slots.limit})
-    return _SSEResponse(open_watch(request.app, job_id, cursor), live)
+    return _SSEResponse(open_watch(request.app, job_id, cursor), live, batch)

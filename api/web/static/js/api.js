@@ -66,10 +66,12 @@ export async function download(path, filename) {
   setTimeout(() => URL.revokeObjectURL(url), 10_000);
 }
 
-/** `ws://host/jobs/ID/ws?after=CURSOR`, authenticated by subprotocol (browsers cannot set headers). */
-export function openJobSocket(jobId, after) {
+/** `ws://host/jobs/ID/ws?after=CURSOR&batch=true`, authenticated by subprotocol (browsers
+ * cannot set headers). `batch`: records arrive grouped in `batch` frames. */
+export function openJobSocket(jobId, after, { batch = false } = {}) {
   const url = new URL(`/jobs/${encodeURIComponent(jobId)}/ws`, location.origin);
   url.protocol = location.protocol === "https:" ? "wss:" : "ws:";
   if (after) url.searchParams.set("after", after);
+  if (batch) url.searchParams.set("batch", "true");
   return new WebSocket(url, ["bearer", token.get()]);
 }
