@@ -147,8 +147,9 @@ def one_run(cfg: dict[str, Any]) -> dict[str, Any]:
         engine = make_engine(url)
         sf = make_session_factory(engine)
         client = redis.Redis.from_url(server.url, socket_timeout=30)
+        servers = _Servers(server.process.pid if server.process else None, url)
         out = {"live": _live(cfg, server.url, engine, sf, client)}
-        out["backlog"] = _backlog(cfg, server.url, engine, sf, client)
+        out["backlog"] = _backlog(cfg, server.url, engine, sf, client, servers)
         client.close()
         engine.dispose()
         return out
@@ -281,21 +282,67 @@ def _live(cfg: dict[str, Any], redis_url: str, engine: Any, sf: Any, client: Any
     }
 
 
+class _Servers:
+    """CPU seconds of the redis-server and of the PostgreSQL backends serving the bench's
+    database (its name is in their process title)."""
+
+    def __init__(self, redis_pid: int | None, url: str) -> None:
+        import sqlalchemy as sa
+
+        self.redis_pid = redis_pid
+        self.database = sa.make_url(url).database if url.startswith("postgresql") else None
+        self.before: dict[int, float] = {}
+
+    def _cpu(self) -> dict[int, tuple[str, float]]:
+        import psutil
+
+        found: dict[int, tuple[str, float]] = {}
+        for p in psutil.process_iter(["pid", "cmdline"]):
+            try:
+                line = " ".join(p.info["cmdline"] or [])
+                if p.pid == self.redis_pid:
+                    kind = "redis"
+                elif self.database and line.startswith("postgres:") and self.database in line:
+                    kind = "postgres"
+                else:
+                    continue
+                found[p.pid] = (kind, sum(p.cpu_times()[:2]))
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        return found
+
+    def start(self) -> None:
+        self.before = {pid: cpu for pid, (_, cpu) in self._cpu().items()}
+
+    def used(self) -> dict[str, float]:
+        out = {"redis": 0.0, "postgres": 0.0}
+        for pid, (kind, cpu) in self._cpu().items():
+            out[kind] += cpu - self.before.get(pid, 0.0)
+        return out
+
+
 def _backlog(
-    cfg: dict[str, Any], redis_url: str, engine: Any, sf: Any, client: Any
+    cfg: dict[str, Any], redis_url: str, engine: Any, sf: Any, client: Any, servers: _Servers
 ) -> dict[str, Any]:
     started = _jobs(sf, cfg["jobs"])
     producer = _Producer(redis_url, started, cfg)
     producer.go()
     producer.done()
+    servers.start()
     running = _Running(cfg, sf, client, len(started))
     done_at = _wait_persisted(engine, started, producer.per_job)
     cpu = running.finish()
+    used = servers.used()
     total = producer.per_job * len(started)
     assert _stored(engine, started) == total, "points lost or duplicated"
     return {
         "persist_per_s": total / (done_at - running.started_at),
         "cpu_s": cpu,
+        "us_per_point": {
+            "recorder": cpu / total * 1e6,
+            "postgres": used["postgres"] / total * 1e6,
+            "redis": used["redis"] / total * 1e6,
+        },
         "load": running.load,
     }
 
@@ -386,9 +433,16 @@ def main() -> None:
                 live, backlog = r["live"], r["backlog"]
                 base = base or (backlog["persist_per_s"] if leg == "before" else None)
                 ratio = f"  x{backlog['persist_per_s'] / base:.2f} vs before" if base else ""
+                us = backlog["us_per_point"]
+                # Recorder and database take turns (the recorder waits for each statement):
+                # on two otherwise idle cores the rate is about 1 / (their CPU per point).
+                idle = 1e6 / (us["recorder"] + us["postgres"])
                 print(
                     f"{name} backlog: persisted {backlog['persist_per_s']:7.0f}/s "
-                    f"(recorder CPU {backlog['cpu_s']:.1f} s, load {backlog['load']:.2f}){ratio}\n"
+                    f"(load {backlog['load']:.2f}){ratio}\n"
+                    f"{'':30s} CPU per point: recorder {us['recorder']:.1f} us, postgres "
+                    f"{us['postgres']:.1f} us, redis {us['redis']:.1f} us -> ~{idle:.0f}/s "
+                    f"on idle cores\n"
                     f"{'':30s} live:    persisted {live['persist_per_s']:7.0f}/s, lag after "
                     f"the last publish {live['lag_s']:.2f} s (publish {live['publish_per_s']:.0f}/s, "
                     f"recorder CPU {live['cpu_s']:.1f} s, load {live['load']:.2f})",

@@ -61,7 +61,8 @@ class Recorder:
         redis_client: redis.Redis,
         *,
         block_ms: int = 1000,
-        batch: int = 500,
+        batch: int = 2000,
+        per_pass: int = 10_000,
         lock_ttl_ms: int = 15_000,
         finished_grace_s: float = 60.0,
         stream_ttl_s: int = 3600,
@@ -72,7 +73,8 @@ class Recorder:
         self.sessions = session_factory
         self.redis = redis_client
         self.block_ms = block_ms
-        self.batch = batch
+        self.batch = batch  # entries per stream and read, at most
+        self.per_pass = per_pass  # entries per read (so per transaction) over all streams
         self.finished_grace_s = finished_grace_s
         self.stream_ttl_s = stream_ttl_s
         self.insert_method = insert_method  # PostgreSQL path (point_writes.PG_METHODS)
@@ -142,8 +144,11 @@ class Recorder:
         moved = self._catch_up_all()
         if not self.owned:
             return moved
+        # Many busy jobs share one transaction of about per_pass entries; one busy job gets
+        # pages of `batch`. Either way the per-transaction cost is spread over thousands.
+        page = max(1, min(self.batch, self.per_pass // len(self.owned)))
         try:
-            reply = self.group.read_new(map(Keys.telemetry, self.owned), block_ms)
+            reply = self.group.read_new(map(Keys.telemetry, self.owned), block_ms, page)
         except redis.ResponseError as exc:
             if not is_nogroup(exc):
                 raise
@@ -152,20 +157,20 @@ class Recorder:
             log.warning("recorder: consumer group missing; re-creating")
             self._forget_all()
             moved += self._catch_up_all()
-            reply = self.group.read_new(map(Keys.telemetry, self.owned), None)
+            reply = self.group.read_new(map(Keys.telemetry, self.owned), None, page)
         taken = {
             job_id: entries
             for key, entries in reply
             if entries and (job_id := _job_of(key)) in self.owned
         }
         got = {job_id: len(entries) for job_id, entries in taken.items()}
-        self._full = any(n >= self.batch for n in got.values())
+        self._full = any(n >= page for n in got.values())
         if taken:
             moved += self._record(taken)
         if tick:
             # Only a drained stream may take an event from SQL: anything appended before
             # (say, by a pass that then crashed) has been read back and stamped by now.
-            drained = [j for j in self.owned if got.get(j, 0) < self.batch]
+            drained = [j for j in self.owned if got.get(j, 0) < page]
             pending = self._relay(drained)
             self._sweep_finished(set(got) | pending)
         return moved

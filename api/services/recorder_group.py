@@ -28,8 +28,10 @@ class ConsumerGroup:
         self.batch = batch
         self._created: set[str] = set()
 
-    def read_new(self, keys: Iterable[str], block_ms: int | None) -> list[tuple[str, list[Any]]]:
-        """New entries of every stream in ``keys`` (up to ``batch`` each), as (key, entries)."""
+    def read_new(
+        self, keys: Iterable[str], block_ms: int | None, count: int
+    ) -> list[tuple[str, list[Any]]]:
+        """New entries of every stream in ``keys`` (up to ``count`` each), as (key, entries)."""
         streams = {k: ">" for k in keys}
         if not streams:
             return []
@@ -37,7 +39,7 @@ class ConsumerGroup:
             GROUP,
             self.consumer,
             streams,  # type: ignore[arg-type]
-            count=self.batch,
+            count=count,
             block=block_ms,
         )
         return [(text(key), entries) for key, entries in reply or []]
