@@ -7,11 +7,22 @@ done, 1 the run failed (the error's code and message are printed), 2 the spec
 is invalid (each problem printed with its field), 130 interrupted (Ctrl-C asks
 the engine to stop cleanly; with ``--checkpoint-dir`` it checkpoints first and
 the same command resumes).
+
+A spec with ``devices: K`` > 1 runs as K processes started by torchrun, each running
+this module as one rank (torchrun's ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+``MASTER_ADDR`` and ``MASTER_PORT`` say which)::
+
+    python -m torch.distributed.run --standalone --nnodes 1 --nproc-per-node K \
+        --max-restarts 0 -m trainer_core.cli SPEC --checkpoint-dir DIR
+
+Rank 0 writes the records and the progress; the other ranks print only their errors.
+``--result-file`` (``{rank}`` is replaced by the rank) gets each rank's outcome as JSON.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import threading
@@ -148,19 +159,38 @@ def _progress(console: Console, total: int) -> tuple[Progress, Any]:
     return progress, progress.add_task("train", total=total, loss="-", scale="-", throughput="-")
 
 
+class RankResult:
+    """``--result-file``: how this rank's run ended, as one JSON object."""
+
+    def __init__(self, pattern: Path | None, rank: int, world_size: int) -> None:
+        self.path = Path(str(pattern).replace("{rank}", str(rank))) if pattern else None
+        self.head = {"rank": rank, "world_size": world_size}
+
+    def write(self, **outcome: Any) -> None:
+        if self.path is not None:
+            self.path.write_text(json.dumps({**self.head, **outcome}, default=str) + "\n")
+
+
 def run(
     spec: JobSpec,
-    out: IO[str],
+    out: IO[str] | None,
     console: Console,
     checkpoint_dir: str | None,
     data_roots: tuple[str, ...],
     resume: bool,
+    result_file: Path | None = None,
 ) -> int:
-    """Train ``spec``; returns the exit status."""
+    """Train ``spec``; returns the exit status. ``out`` None: a rank > 0 (writes no records)."""
     from trainer_core.engine import RunContext, Trainer  # torch: only once the spec is valid
+    from trainer_core.engine.distributed import Ranks
 
+    ranks = Ranks.from_env(os.environ)  # set by torchrun for a data-parallel run
+    rank = ranks.rank if ranks else 0
+    report = RankResult(result_file, rank, ranks.world_size if ranks else 1)
     progress, task = _progress(console, spec.max_steps)
-    sink = ConsoleSink(out, progress, task, console)
+    progress.disable = out is None
+    sink = ConsoleSink(out, progress, task, console) if out is not None else None
+    who = f"rank {rank}: " if rank else ""
     with _stop_on_signals() as stop, progress:
         ctx = RunContext(
             checkpoint_dir=checkpoint_dir,
@@ -168,21 +198,44 @@ def run(
             data_roots=data_roots,
             should_stop=lambda: "cancel" if stop.is_set() else None,
             resume=resume,
+            ranks=ranks,
         )
+        trainer = None
         try:
-            result = Trainer(spec, ctx).train()
+            trainer = Trainer(spec, ctx)
+            result = trainer.train()
         except TrainingError as exc:
             where = f" at step {exc.step}" if exc.step is not None else ""
             console.print(
-                f"[red]error[/] \\[{exc.code}]{where}: {escape(exc.message)}", soft_wrap=True
+                f"{who}[red]error[/] \\[{exc.code}]{where}: {escape(exc.message)}", soft_wrap=True
+            )
+            seen = trainer.telemetry if trainer is not None else None
+            report.write(
+                status="failed",
+                error={**exc.to_dict(), "retryable": exc.retryable},
+                skipped_steps=seen.skipped_steps if seen else 0,
+                last_record=seen.last_record if seen else None,
             )
             return EXIT_INTERRUPTED if stop.is_set() else EXIT_FAILED
         except Exception as exc:  # a bug, not a training outcome: keep the traceback visible
             console.print_exception()
-            console.print(f"[red]error[/] \\[internal]: {escape(repr(exc))}", soft_wrap=True)
+            console.print(f"{who}[red]error[/] \\[internal]: {escape(repr(exc))}", soft_wrap=True)
+            report.write(status="failed", error={"code": "internal", "retryable": True})
             return EXIT_FAILED
         finally:
-            sink.close()
+            if sink is not None:
+                sink.close()
+    report.write(
+        status="succeeded",
+        final_step=result.final_step,
+        resumed_from=result.resumed_from,
+        skipped_steps=result.skipped_steps,
+        dropped_records=result.dropped_records,
+        precision=result.precision.to_dict(),
+        last_record=result.last_record,
+    )
+    if out is None:
+        return 0
     last = result.last_record or {}
     console.print(
         f"done: {result.final_step} steps, {result.precision.effective}, final loss "
@@ -213,12 +266,18 @@ def run(
     help="Allow file datasets under this directory or URL (repeatable).",
 )
 @click.option("--no-resume", is_flag=True, help="Ignore existing checkpoints in --checkpoint-dir.")
+@click.option(
+    "--result-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write how the run ended here as JSON ({rank} is replaced by the rank).",
+)
 def train(
     spec_path: Path,
     out: Path | None,
     checkpoint_dir: str | None,
     data_roots: tuple[str, ...],
     no_resume: bool,
+    result_file: Path | None = None,
 ) -> None:
     """Train the job SPEC (.json, .yaml or .yml) here, without any server."""
     console = Console(stderr=True)
@@ -239,9 +298,16 @@ def train(
         for problem in problems:
             console.print(f"  {problem}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(EXIT_INVALID)
-    if out is None:
-        status = run(spec, sys.stdout, console, checkpoint_dir, data_roots, not no_resume)
+    args = (console, checkpoint_dir, data_roots, not no_resume, result_file)
+    if os.environ.get("RANK", "0") != "0":  # a data-parallel rank > 0: rank 0 writes the records
+        status = run(spec, None, *args)
+    elif out is None:
+        status = run(spec, sys.stdout, *args)
     else:
         with out.open("w") as f:
-            status = run(spec, f, console, checkpoint_dir, data_roots, not no_resume)
+            status = run(spec, f, *args)
     sys.exit(status)
+
+
+if __name__ == "__main__":  # python -m trainer_core.cli SPEC: one rank under torchrun
+    train()

@@ -77,6 +77,14 @@ class TimeLimitError(TrainingError):
     retryable = False
 
 
+class ResumeMismatchError(TrainingError):
+    """The newest checkpoint was written by a run with another number of devices: resuming
+    it exactly would need the same number (RNG states and data shares are per device)."""
+
+    code = "resume_mismatch"
+    retryable = False
+
+
 _ALLOCATION_FAILURES = (
     "can't allocate memory",  # CPU: DefaultCPUAllocator
     "DefaultCPUAllocator",

@@ -26,17 +26,27 @@ METRIC_FIELDS: tuple[str, ...] = (
     "skipped_steps",  # cumulative skipped steps in this attempt, including this one
 )
 
+# Present only in the records of a data-parallel run (devices > 1), after METRIC_FIELDS.
+# There ``loss`` is the mean over ranks and the memory fields are the maximum over ranks.
+PARALLEL_METRIC_FIELDS: tuple[str, ...] = (
+    "world_size",  # number of data-parallel processes
+    "memory_peak_per_rank",  # list of each rank's memory_peak, in rank order
+)
+
 # Event types the engine emits itself; the worker adds lifecycle events
 # (queued, started, resumed, succeeded, failed, cancelled) with the same shape.
 ENGINE_EVENTS: tuple[str, ...] = ("checkpoint", "warning", "precision", "micro_batch")
 
 
 def metric(**values: Any) -> dict[str, Any]:
-    """A metric record with every field present (missing ones null) and nothing else."""
-    unknown = set(values) - set(METRIC_FIELDS)
+    """A metric record with every field present (missing ones null) and nothing else;
+    the :data:`PARALLEL_METRIC_FIELDS` only when given."""
+    unknown = set(values) - set(METRIC_FIELDS) - set(PARALLEL_METRIC_FIELDS)
     if unknown:
         raise KeyError(f"unknown metric fields: {sorted(unknown)}")
-    return {"kind": "metric", **{f: values.get(f) for f in METRIC_FIELDS}}
+    record = {"kind": "metric", **{f: values.get(f) for f in METRIC_FIELDS}}
+    record.update({f: values[f] for f in PARALLEL_METRIC_FIELDS if f in values})
+    return record
 
 
 def event(type: str, step: int, time: float, **data: Any) -> dict[str, Any]:

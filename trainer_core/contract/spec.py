@@ -34,6 +34,10 @@ MAX_BATCH = 65_536
 MAX_RUNTIME_S = 30 * 24 * 3600
 """Largest ``max_runtime_s`` a spec may ask for; the service's own limit is usually lower."""
 MAX_SEED = 2**32 - 1
+MAX_DEVICES = 8
+"""Most data-parallel processes (GPUs) one job may ask for: one machine's worth."""
+MIN_COLLECTIVE_TIMEOUT_S = 10
+MAX_COLLECTIVE_TIMEOUT_S = 3600
 MAX_ARGS = 64
 MAX_ARG_TEXT = 4096
 
@@ -173,9 +177,20 @@ class JobSpec(_Strict):
     (bf16 on CPUs with AMX, or with avx512_bf16 where a short probe measures it faster).
     ``fp32`` is strict IEEE; ``tf32`` is fp32 with TF32 tensor-core matmuls and convolutions."""
     batch_size: int = Field(default=64, ge=1, le=MAX_BATCH)
-    """Effective batch size per optimizer step (micro-batch x ``grad_accum_steps``)."""
+    """Global batch size per optimizer step: micro-batch x ``grad_accum_steps`` x ``devices``."""
     grad_accum_steps: int = Field(default=1, ge=1, le=MAX_BATCH)
-    """Micro-batches accumulated per optimizer step; must divide ``batch_size``."""
+    """Micro-batches each device accumulates per optimizer step; ``devices`` x this must
+    divide ``batch_size``."""
+    devices: int = Field(default=1, ge=1, le=MAX_DEVICES)
+    """Data-parallel processes, one per GPU of one machine (DDP: NCCL on CUDA, gloo on a CPU).
+    Each takes its contiguous share of every global batch; the result matches one device
+    accumulating the same micro-batches. Resuming needs the same number of devices."""
+    collective_timeout_s: int = Field(
+        default=600, ge=MIN_COLLECTIVE_TIMEOUT_S, le=MAX_COLLECTIVE_TIMEOUT_S
+    )
+    """With ``devices`` > 1: seconds a collective (gradient all-reduce, telemetry reduction,
+    checkpoint barrier) may wait for the other processes before the attempt fails, so a
+    hung or lost process ends the attempt instead of stalling it (10 to 3600)."""
     max_steps: int = Field(ge=1, le=MAX_STEPS)
     """Optimizer steps to train for."""
     max_runtime_s: int | None = Field(default=None, ge=1, le=MAX_RUNTIME_S)
@@ -192,7 +207,8 @@ class JobSpec(_Strict):
     """Worker queue to run on, e.g. ``gpu-a100`` for workers started with ``-Q gpu-a100``;
     default ``gpu``, or ``cpu`` when ``device`` is ``cpu``."""
     auto_micro_batch: bool = False
-    """On CUDA out-of-memory, halve the micro-batch and double accumulation instead of failing."""
+    """On CUDA out-of-memory, halve the micro-batch and double accumulation instead of failing
+    (``devices`` 1 only: one process shrinking alone would fall out of step with the others)."""
     max_attempts: int = Field(default=3, ge=1, le=20)
     """Attempts before the job fails for good (only retryable failures are retried)."""
     loss_scale: LossScaleSpec = Field(default_factory=LossScaleSpec)
@@ -206,15 +222,29 @@ class JobSpec(_Strict):
 
     @model_validator(mode="after")
     def _accumulation_divides_batch(self) -> JobSpec:
-        if self.batch_size % self.grad_accum_steps:
+        if self.devices == 1 and self.batch_size % self.grad_accum_steps:
             raise ValueError(
                 f"grad_accum_steps ({self.grad_accum_steps}) must divide batch_size ({self.batch_size})"
+            )
+        share = self.devices * self.grad_accum_steps
+        if self.batch_size % share:
+            raise ValueError(
+                f"batch_size ({self.batch_size}) must be divisible by devices x grad_accum_steps "
+                f"({self.devices} x {self.grad_accum_steps} = {share}): every device takes an "
+                "equal share of micro-batches"
+            )
+        if self.devices > 1 and self.auto_micro_batch:
+            raise ValueError(
+                f"auto_micro_batch needs devices 1 (got devices {self.devices}): one process "
+                "halving its micro-batch after running out of memory would fall out of step "
+                "with the others; raise grad_accum_steps instead"
             )
         return self
 
     @property
     def micro_batch_size(self) -> int:
-        return self.batch_size // self.grad_accum_steps
+        """Samples one device puts through one forward pass."""
+        return self.batch_size // (self.grad_accum_steps * self.devices)
 
 
 def parse_spec(data: dict[str, Any]) -> JobSpec:

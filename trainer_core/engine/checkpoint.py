@@ -28,12 +28,15 @@ _TMP_PREFIX = ".tmp-"
 class CheckpointStore:
     """One job's checkpoint directory: local path or fsspec URL."""
 
-    def __init__(self, url: str, keep_last: int) -> None:
+    def __init__(self, url: str, keep_last: int, *, writer: bool = True) -> None:
+        """``writer`` False: only reads (the ranks > 0 of a data-parallel run, which must
+        not remove what rank 0, the one writer, is writing)."""
         self._fs, self._root = fsspec.core.url_to_fs(url)
         self._local = isinstance(self._fs, LocalFileSystem)
         self._keep_last = keep_last
         self._fs.makedirs(self._root, exist_ok=True)
-        self._remove_stale_temporaries()
+        if writer:
+            self._remove_stale_temporaries()
 
     def path(self, name: str) -> str:
         return f"{self._root.rstrip('/')}/{name}"
@@ -97,8 +100,11 @@ class CheckpointStore:
                 self._fs.rm(p)
 
 
-def capture_rng() -> dict[str, Any]:
-    """Every RNG the run may draw from, as tensors and plain types (weights_only-safe)."""
+def capture_rng(cuda_device: torch.device | None = None) -> dict[str, Any]:
+    """Every RNG the run may draw from, as tensors and plain types (weights_only-safe).
+
+    ``cuda_device``: keep only that GPU's generator (a data-parallel rank: reading every
+    GPU's would create a CUDA context on each of them)."""
     np_state: tuple[Any, ...] = tuple(np.random.get_state())
     state: dict[str, Any] = {
         "python": random.getstate(),
@@ -110,13 +116,15 @@ def capture_rng() -> dict[str, Any]:
         },
         "torch": torch.get_rng_state(),
     }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if cuda_device is not None:
+        state["cuda_device"] = torch.cuda.get_rng_state(cuda_device)
+    elif torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 
 
-def restore_rng(state: dict[str, Any]) -> None:
-    """Inverse of :func:`capture_rng`."""
+def restore_rng(state: dict[str, Any], cuda_device: torch.device | None = None) -> None:
+    """Inverse of :func:`capture_rng` (``cuda_device``: the GPU a ``cuda_device`` state goes to)."""
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     n = state["numpy"]
@@ -125,3 +133,5 @@ def restore_rng(state: dict[str, Any]) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+    if "cuda_device" in state and cuda_device is not None:
+        torch.cuda.set_rng_state(state["cuda_device"], cuda_device)

@@ -10,6 +10,7 @@ import torch
 
 from trainer_core.contract.records import Sink
 from trainer_core.engine.cpu_probe import Bf16Probe
+from trainer_core.engine.distributed import Ranks
 from trainer_core.engine.precision import PrecisionChoice
 
 StopReason = str  # "cancel" | "preempt"
@@ -36,6 +37,9 @@ class RunContext:
     cpu_bf16_probe: Bf16Probe | None = None
     """The worker's measurement of bf16 vs fp32 on this CPU, which ``precision: auto``
     uses instead of measuring again (so a worker's jobs all decide alike); None measures."""
+    ranks: Ranks | None = None
+    """This process's place in a data-parallel run (``Ranks.from_env`` under torchrun); None:
+    a single process. A stop request on any rank stops every rank at the same flush."""
 
 
 @dataclass
@@ -57,3 +61,5 @@ class TrainResult:
     skipped_steps: int
     dropped_records: int
     last_record: dict[str, Any] | None
+    rank: int = 0
+    world_size: int = 1

@@ -34,6 +34,11 @@ class HostReads:
         self.count += 1
         return torch.stack(list(values)).tolist()
 
+    def table(self, rows: torch.Tensor) -> list[list[float]]:
+        """One transfer of a 2-D tensor (devices > 1: every rank's values of one flush)."""
+        self.count += 1
+        return rows.tolist()
+
 
 _KINDS = ("event_synchronization", "stream_synchronization", "device_synchronization")
 

@@ -5,11 +5,17 @@ gradient norm, fp16's skip flag and scale, the learning rate and the count of ap
 steps all stay device tensors (see ``host``, ``lr_schedule`` and ``telemetry``), so
 on a GPU the host runs ahead of the device by as many steps as the caching allocator
 and the data path allow.
+
+With ``devices`` > 1 each process runs this loop as one rank of a DDP group
+(:mod:`~trainer_core.engine.distributed`): rank r takes its contiguous share of every
+global batch, gradients are all-reduced in the last micro-batch's backward, and rank 0
+alone publishes telemetry and writes checkpoints (holding every rank's RNG state).
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import random
 import time
 from typing import Any
@@ -17,12 +23,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from trainer_core.contract.errors import CancelledError, PreemptedError
+from trainer_core.contract.errors import CancelledError, PreemptedError, ResumeMismatchError
 from trainer_core.contract.spec import JobSpec
 from trainer_core.engine.amp_step import AmpStep
 from trainer_core.engine.checkpoint import CheckpointStore, capture_rng, restore_rng
 from trainer_core.engine.context import Components, RunContext, TrainResult
 from trainer_core.engine.data import Feeder
+from trainer_core.engine.distributed import Group, check_launch, rank_device
 from trainer_core.engine.fit_check import check_fits
 from trainer_core.engine.health import HealthMonitor
 from trainer_core.engine.lr_schedule import DeviceSchedule
@@ -33,7 +40,9 @@ from trainer_core.engine.publisher import Publisher
 from trainer_core.engine.telemetry import StepTelemetry
 
 CHECKPOINT_FORMAT = 2
-"""2: the schedule is ``{"applied_steps": n}`` (format 1 held a LambdaLR state; both load)."""
+"""2: the schedule is ``{"applied_steps": n}`` (format 1 held a LambdaLR state; both load).
+``world_size`` (absent: 1) is the number of devices that wrote it; with more than one,
+``rng_per_rank`` holds every rank's RNG states in rank order."""
 
 
 def seed_everything(seed: int) -> None:
@@ -62,14 +71,33 @@ class Trainer:
     ) -> None:
         self.spec = spec
         self.ctx = ctx
-        self.device = resolve_device(spec.device)
+        check_launch(spec, ctx.ranks)
+        self.device = rank_device(resolve_device(spec.device), ctx.ranks)
+        self.group = Group(ctx.ranks, self.device)
+        self.group.start(spec.collective_timeout_s)
+        try:
+            self._build(components)
+        except BaseException:
+            self.group.close()
+            raise
+
+    def _build(self, components: Components | None) -> None:
+        spec, ctx = self.spec, self.ctx
         # Fails before any work; on a CPU, decides by the worker's bf16 measurement.
-        self.precision = choose_precision(spec.precision, self.device, ctx.cpu_bf16_probe)
-        apply_math_mode(self.precision, self.device)
-        seed_everything(spec.seed)
+        precision = choose_precision(spec.precision, self.device, ctx.cpu_bf16_probe)
+        apply_math_mode(precision, self.device)
+        self.precision = dataclasses.replace(
+            precision, device=self.group.describe(precision.device)
+        )
+        seed_everything(spec.seed)  # the same on every rank: the same dataset and model
         parts = components or _build_components(spec, ctx, self.device, self.precision.effective)
         self.dataset = parts.dataset
         self.model, self.channels_last = _place_model(parts.model, self.device)
+        wrapped = self.group.wrap(self.model)
+        if self.group.rank > 0:
+            # Dropout and other random ops draw differently on each rank (rank 0 keeps the
+            # single-process stream).
+            seed_everything((spec.seed + 1_000_003 * self.group.rank) % 2**32)
         self.optimizer = _registry().build_optimizer(
             spec.optimizer, self.model.parameters(), self.device
         )
@@ -84,22 +112,29 @@ class Trainer:
             self.dataset, self.device, channels_last=self.channels_last, depth=depth, end=end
         )
         self.amp = AmpStep(
-            spec, self.model, self.optimizer, parts.loss_fn, self.precision, self.device
+            spec, wrapped, self.optimizer, parts.loss_fn, self.precision, self.device
         )
         self.step = 0
         self.micro_batch = spec.micro_batch_size
         self.grad_accum = spec.grad_accum_steps
         keep = spec.checkpoint.keep_last
-        self.store = CheckpointStore(ctx.checkpoint_dir, keep) if ctx.checkpoint_dir else None
+        self.store = (
+            CheckpointStore(ctx.checkpoint_dir, keep, writer=self.group.leader)
+            if ctx.checkpoint_dir
+            else None
+        )
         self.resumed_from: int | None = None
         self._last_checkpoint_step: int | None = None
-        self.publisher = Publisher(ctx.sink, spec.telemetry.queue_size)
+        # One series per job: the other ranks build the same records and publish none.
+        sink = ctx.sink if self.group.leader else None
+        self.publisher = Publisher(sink, spec.telemetry.queue_size)
         self.telemetry = StepTelemetry(
             spec.telemetry,
             self.device,
             HealthMonitor(spec.health, self.precision.effective),
             self.publisher,
             with_scaler=self.amp.scaler is not None,
+            group=self.group,
         )
 
     # -- public -----------------------------------------------------------------------------
@@ -117,11 +152,14 @@ class Trainer:
                 self.save_checkpoint()
             self.telemetry.flush()
         except BaseException:
-            self._flush_quietly()
+            if not self.group.parallel:
+                # Devices > 1: a flush is a collective the other ranks may never join.
+                self._flush_quietly()
             raise
         finally:
             self.feeder.close()
             self.telemetry.close(self.drain_timeout_s)
+            self.group.close()
         return TrainResult(
             final_step=self.step,
             resumed_from=self.resumed_from,
@@ -129,6 +167,8 @@ class Trainer:
             skipped_steps=self.telemetry.skipped_steps,
             dropped_records=self.publisher.dropped,
             last_record=self.telemetry.last_record,
+            rank=self.group.rank,
+            world_size=self.group.world_size,
         )
 
     def train_step(self) -> None:
@@ -165,8 +205,12 @@ class Trainer:
         )
 
     def state_dict(self) -> dict[str, Any]:
-        """Everything exact resume needs, as tensors and plain types (weights_only-loadable)."""
+        """Everything exact resume needs, as tensors and plain types (weights_only-loadable).
+
+        Devices > 1: a collective (it gathers every rank's RNG states); call it on all ranks."""
         scaler = self.amp.scaler
+        rngs = self.group.gather_objects(capture_rng(self._rank_cuda))
+        parallel = {"rng_per_rank": rngs} if self.group.parallel else {}
         return {
             "format": CHECKPOINT_FORMAT,
             "step": self.step,
@@ -178,11 +222,23 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.schedule.state_dict(),
             "scaler": scaler.state_dict() if scaler is not None else None,
-            "rng": capture_rng(),
+            "rng": rngs[0],
+            "world_size": self.group.world_size,
+            **parallel,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a :meth:`state_dict`; the run then continues exactly where it was."""
+        saved = int(state.get("world_size", 1))
+        if saved != self.group.world_size:
+            raise ResumeMismatchError(
+                f"cannot resume: the newest checkpoint (step {state['step']}) was written by "
+                f"{saved} device(s) and this run has {self.group.world_size}; exact resume needs "
+                f"the same number (RNG states and data shares are per device). Run with "
+                f"devices: {saved}, or start afresh (another checkpoint directory, or "
+                "--no-resume)",
+                step=int(state["step"]),
+            )
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         _keep_build_options(self.optimizer)
@@ -192,7 +248,8 @@ class Trainer:
         self.step = int(state["step"])
         self.micro_batch = int(state["micro_batch"])
         self.grad_accum = int(state["grad_accum_steps"])
-        restore_rng(state["rng"])
+        rng = state["rng_per_rank"][self.group.rank] if self.group.parallel else state["rng"]
+        restore_rng(rng, self._rank_cuda)
 
     def save_checkpoint(self) -> str | None:
         """Write a checkpoint of the current step (if this run has a checkpoint dir)."""
@@ -203,7 +260,9 @@ class Trainer:
         # Bounded: a stuck sink delays the checkpoint by at most drain_timeout_s.
         self.telemetry.flush()
         self.publisher.wait_delivered(self.drain_timeout_s)
-        path = self.store.save(self.step, self.state_dict())
+        state = self.state_dict()
+        path = self.store.save(self.step, state) if self.group.leader else None
+        self.group.barrier()  # no rank goes on (or stops) before the checkpoint exists
         self._last_checkpoint_step = self.step
         self.telemetry.event("checkpoint", self.step, path=path)
         return path
@@ -219,7 +278,7 @@ class Trainer:
         self.telemetry.event("precision", self.step, **self.precision.to_dict())
         if not (self.ctx.resume and self.store is not None):
             return
-        latest = self.store.latest()
+        latest = self.group.leader_value(self.store.latest())
         if latest is None:
             return
         self.load_state_dict(self.store.load(latest))
@@ -229,7 +288,9 @@ class Trainer:
     def _accumulate(self) -> torch.Tensor:
         """All micro-batches of the step; returns the mean loss (device tensor)."""
         self.optimizer.zero_grad(set_to_none=True)
-        start, micro, accum = self.samples_consumed, self.micro_batch, self.grad_accum
+        micro, accum = self.micro_batch, self.grad_accum
+        # Rank r's contiguous share of the global batch: resume needs no sampler state.
+        start = self.samples_consumed + self.group.rank * micro * accum
         total: torch.Tensor | None = None
         for i in range(accum):
             inputs, targets = self.feeder.get(start + i * micro, micro)
@@ -261,8 +322,18 @@ class Trainer:
         with contextlib.suppress(Exception):
             self.telemetry.flush()
 
+    @property
+    def _rank_cuda(self) -> torch.device | None:
+        """The one GPU whose RNG a data-parallel rank checkpoints (None: every initialised one)."""
+        return self.device if self.group.parallel and self.device.type == "cuda" else None
+
     def _poll_stop(self) -> None:
         reason = self.ctx.should_stop()
+        if self.group.parallel:
+            # Acted on only once every rank knows: the next flush carries it (MAX, cancel wins).
+            if reason is not None and self.telemetry.stop_requested != "cancel":
+                self.telemetry.stop_requested = reason
+            reason = self.telemetry.agreed_stop
         if reason is None:
             return
         self.save_checkpoint()

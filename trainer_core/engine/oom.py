@@ -20,16 +20,19 @@ def smaller_micro_batch(spec: JobSpec, step: int, old: int, grad_accum: int, pea
     Raises OutOfMemoryError, naming the micro-batch and what to change, when the spec does
     not allow shrinking or it cannot shrink further."""
     smaller = _largest_divisor_at_most(spec.batch_size, old // 2)
-    if spec.auto_micro_batch and smaller >= 1:
+    if spec.auto_micro_batch and spec.devices == 1 and smaller >= 1:
         return smaller
-    hint = (
-        "the micro-batch cannot shrink below 1"
-        if spec.auto_micro_batch
-        else "set auto_micro_batch: true, raise grad_accum_steps or lower batch_size"
-    )
+    if spec.devices > 1:
+        # One rank cannot change its micro-batch alone: the others would wait on it.
+        hint = "with devices > 1 the micro-batch cannot shrink: raise grad_accum_steps or lower batch_size"
+    elif spec.auto_micro_batch:
+        hint = "the micro-batch cannot shrink below 1"
+    else:
+        hint = "set auto_micro_batch: true, raise grad_accum_steps or lower batch_size"
     raise OutOfMemoryError(
         f"out of memory at step {step} with micro-batch {old} "
-        f"(batch_size {spec.batch_size} = {old} x {grad_accum} accumulation steps; "
+        f"(batch_size {spec.batch_size} = {old} x {grad_accum} accumulation steps"
+        f"{f' x {spec.devices} devices' if spec.devices > 1 else ''}; "
         f"peak memory {format_bytes(peak)}): {hint}",
         step=step,
     ) from None

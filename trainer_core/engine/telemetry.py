@@ -7,6 +7,12 @@ when a flush is due: every ``flush_every_steps`` steps or after
 ``flush_every_ms``, whichever comes first. That is also when memory is read
 (one ``torch.cuda.memory_stats()`` call), health is checked and the batch is
 offered to the :class:`~trainer_core.engine.publisher.Publisher`.
+
+With devices > 1 a flush is due only by step count (clocks differ between ranks, and
+every rank must reach the flush's one all-gather together). The all-gather carries each
+rank's values, memory and stop request; every rank builds the same records from it
+(loss: the mean over ranks; memory: the maximum, plus each rank's peak) and runs the same
+health checks, so all ranks stop together; only rank 0's publisher has a sink.
 """
 
 from __future__ import annotations
@@ -19,9 +25,10 @@ import torch
 
 from trainer_core.contract.records import event, metric
 from trainer_core.contract.spec import TelemetrySpec
+from trainer_core.engine.distributed import STOP_CODES, Group, stop_name
 from trainer_core.engine.health import HealthMonitor
 from trainer_core.engine.host import HostReads
-from trainer_core.engine.memory import snapshot
+from trainer_core.engine.memory import MemorySnapshot, snapshot
 from trainer_core.engine.publisher import Publisher
 
 
@@ -46,8 +53,10 @@ class StepTelemetry:
         publisher: Publisher,
         *,
         with_scaler: bool,
+        group: Group | None = None,
     ) -> None:
         self._spec = spec
+        self._group = group or Group(None, device)
         self._device = device
         self._health = health
         self._publisher = publisher
@@ -61,6 +70,10 @@ class StepTelemetry:
         self.skipped_steps = 0
         self.last_record: dict[str, Any] | None = None
         self.host = HostReads()
+        self.stop_requested: str | None = None
+        """Devices > 1: this rank's stop request, carried to the other ranks by the next flush."""
+        self.agreed_stop: str | None = None
+        """Devices > 1: the stop every rank agreed on at the last flush (cancel wins)."""
 
     def record(
         self,
@@ -81,9 +94,8 @@ class StepTelemetry:
             self._values += (found_inf, scale)
         now = time.perf_counter()
         self._pending.append(_Pending(step, samples, started, now))
-        if (
-            len(self._pending) >= self._spec.flush_every_steps
-            or now - self._last_flush >= self._flush_interval_s
+        if len(self._pending) >= self._spec.flush_every_steps or (
+            not self._group.parallel and now - self._last_flush >= self._flush_interval_s
         ):
             self.flush()
 
@@ -92,8 +104,16 @@ class StepTelemetry:
         self.flush([event(type, step, time.time(), **data)])
 
     def flush(self, extra: list[dict[str, Any]] | None = None) -> None:
-        """Bring pending values to the host, build records, check health, offer one batch."""
-        records = self._build_records() if self._pending else []
+        """Bring pending values to the host, build records, check health, offer one batch.
+
+        With devices > 1 this is a collective: every rank calls it at the same points."""
+        if self._group.parallel:
+            records = self._build_records(*self._reduce())
+        elif self._pending:
+            values = self.host.floats(self._values) if self._values else []
+            records = self._build_records(values, snapshot(self._device), {})
+        else:
+            records = []
         warnings, error = self._health.check(records)
         batch = records + warnings + (extra or [])
         dropped = self._publisher.dropped
@@ -123,11 +143,32 @@ class StepTelemetry:
             message=f"{dropped} telemetry records dropped: the sink was slower than training",
         )
 
-    def _build_records(self) -> list[dict[str, Any]]:
-        # The one device->host transfer of this flush (a sync on CUDA).
-        values = self.host.floats(self._values) if self._values else []
-        host_done = time.perf_counter()
+    def _reduce(self) -> tuple[list[float], MemorySnapshot, dict[str, Any]]:
+        """Devices > 1: this flush's values from every rank, in ONE all-gather and ONE host read.
+
+        Returns the per-step values (the loss averaged over ranks; grad norm, lr, inf flag
+        and scale are equal on all ranks, the gradients having been all-reduced), the
+        memory maximum over ranks, and the extra record fields."""
         mem = snapshot(self._device)
+        stop = STOP_CODES[self.stop_requested]
+        tail = torch.tensor([*mem, stop], dtype=torch.float64, device=self._device)
+        row = torch.cat([torch.stack(self._values).double(), tail]) if self._values else tail
+        rows = self.host.table(self._group.gather_rows(row))  # the collective, then the read
+        width = 5 if self._with_scaler else 3
+        values = rows[self._group.rank][:-4]
+        for i in range(0, len(values), width):
+            values[i] = sum(r[i] for r in rows) / len(rows)
+        self.agreed_stop = stop_name(max(r[-1] for r in rows))
+        top = MemorySnapshot(*(int(max(r[k] for r in rows)) for k in (-4, -3, -2)))
+        extra = {"world_size": len(rows), "memory_peak_per_rank": [int(r[-2]) for r in rows]}
+        return values, top, extra
+
+    def _build_records(
+        self, values: list[float], mem: MemorySnapshot, extra: dict[str, Any]
+    ) -> list[dict[str, Any]]:
+        if not self._pending:
+            return []
+        host_done = time.perf_counter()
         width = 5 if self._with_scaler else 3
         pending, self._pending, self._values = self._pending, [], []
         records = []
@@ -153,6 +194,7 @@ class StepTelemetry:
                     samples_per_second=p.samples / step_s,
                     step_time_ms=step_s * 1000.0,
                     skipped_steps=self.skipped_steps,
+                    **extra,
                 )
             )
         self._last_flush = host_done

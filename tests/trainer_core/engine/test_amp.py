@@ -15,9 +15,10 @@ from torch import nn
 
 from tests.support.sinks import ListSink
 from trainer_core.components.base import DataInfo
-from trainer_core.contract.errors import DivergedError, OutOfMemoryError
+from trainer_core.contract.errors import DivergedError, InvalidSpecError, OutOfMemoryError
 from trainer_core.contract.spec import parse_spec
 from trainer_core.engine import Components, RunContext, Trainer, loop
+from trainer_core.engine.oom import smaller_micro_batch
 
 
 class TinyData:
@@ -280,3 +281,17 @@ def test_cached_memory_is_released_after_the_failed_steps_activations_are_gone(
     Trainer(spec(batch_size=16, auto_micro_batch=True), RunContext(None), components(Big())).train()
     assert len(activations) == 2  # 16 -> 8 -> 4
     assert seen == [(False, False), (False, False)]  # no exception in flight, activations freed
+
+
+def test_a_spec_for_two_devices_refuses_to_run_as_one_process() -> None:
+    with pytest.raises(InvalidSpecError) as info:
+        Trainer(spec(devices=2), RunContext(None), components())
+    assert "asks for 2 data-parallel process(es) but 1 were started" in info.value.message
+    assert "--nproc-per-node 2" in info.value.message
+
+
+def test_with_several_devices_an_oom_fails_the_attempt_instead_of_halving() -> None:
+    with pytest.raises(OutOfMemoryError) as info:
+        smaller_micro_batch(spec(devices=2), step=3, old=4, grad_accum=1, peak=2**20)
+    assert "4 x 1 accumulation steps x 2 devices" in info.value.message
+    assert "with devices > 1 the micro-batch cannot shrink" in info.value.message

@@ -1,0 +1,1 @@
+"""Test-only amptrain plugin for data-parallel tests."""
