@@ -30,6 +30,7 @@ import json
 import multiprocessing as mp
 import os
 import random
+import signal
 import sys
 import tempfile
 import time
@@ -43,7 +44,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from api.cli.embedded_redis import EmbeddedRedis
-from tests.support.stack import Stack
+from tests.support.stack import Stack, wait_until
 
 SPEC = {
     "name": "load",
@@ -52,6 +53,27 @@ SPEC = {
     "device": "cpu",
     "max_steps": 10_000_000,
 }
+
+
+class TracedStack(Stack):
+    """A Stack whose API runs under tracemalloc (bench/load_traced_api.py)."""
+
+    def _spawn(self, name: str, args: list[str]) -> Any:
+        if name != "api":
+            return super()._spawn(name, args)
+        import subprocess
+
+        log = open(self.root / "api.log", "ab")  # noqa: SIM115 - lives as long as the process
+        script = Path(__file__).with_name("load_traced_api.py")
+        proc = subprocess.Popen(
+            [sys.executable, str(script), *args],
+            env=self.env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        self.processes[name] = proc
+        return proc
 
 
 def pct(values: Any, *qs: float) -> list[float]:
@@ -439,16 +461,23 @@ def main() -> None:
     parser.add_argument("--database", choices=("sqlite", "postgresql"), default="sqlite")
     parser.add_argument("--pg", default=os.environ.get("AMPTRAIN_TEST_DATABASE_URL"))
     parser.add_argument("--quick", action="store_true", help="1 minute, 50 jobs")
+    parser.add_argument(
+        "--tracemalloc",
+        action="store_true",
+        help="run the API under tracemalloc and print what grew most (slows the API down)",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the run's folder (logs, db)")
     args = parser.parse_args()
     if args.quick:
-        args.minutes, args.jobs, args.report = 1.0, 50, 15.0
+        args.jobs, args.report = 50, 15.0
+        args.minutes = 1.0 if args.minutes == parser.get_default("minutes") else args.minutes
     args.watchers = min(args.watchers, args.jobs)
 
     root = Path(tempfile.mkdtemp(prefix="amp-load-", dir="/tmp"))
+    os.environ["AMPTRAIN_LOAD_ROOT"] = str(root)
     redis_server = EmbeddedRedis(root / "redis", appendonly=False).start()
     db = Database(args.database, root, args.pg)
-    stack = Stack(root, db.url, redis_server)
+    stack = (TracedStack if args.tracemalloc else Stack)(root, db.url, redis_server)
     stack.env.update(
         AMPTRAIN_WRITE_RATE_LIMIT="100000/minute",  # the bench submits its jobs in a burst
         AMPTRAIN_MAX_LIVE_CONNECTIONS_PER_USER="128",  # every watcher uses the admin token
@@ -544,7 +573,11 @@ def run(
             latest[kind] = (stats, extra)
         if time.monotonic() >= next_report:
             next_report += args.report
+            if args.tracemalloc and time.monotonic() - start < 1.5 * args.report:
+                os.kill(sampler.api.pid, signal.SIGUSR1)  # starts tracing (after start-up)
             report(f"t={time.monotonic() - start:4.0f}s", args, sampler, published, job_ids, latest)
+    if args.tracemalloc:
+        os.kill(sampler.api.pid, signal.SIGUSR1)  # what grew since tracing started
     stop.set()
     sql_at_stop = sampler.sql_steps()
     final: dict[str, Any] = {}
@@ -554,6 +587,10 @@ def run(
         if kind.endswith("-final"):
             final[kind.removesuffix("-final")] = (stats, extra)
     print("== whole run ==", flush=True)
+    traced = Path(os.environ.get("AMPTRAIN_LOAD_ROOT", "")) / "tracemalloc.txt"
+    if args.tracemalloc:
+        wait_until(traced.exists, 300, "the API's tracemalloc report", interval=1.0)
+        print(traced.read_text(), flush=True)
     print("  " + lag_line(published, job_ids, sql_at_stop, args.rate), flush=True)
     report("end", args, sampler, published, job_ids, final, lag=False)
     target = dict(enumerate(published[:]))
