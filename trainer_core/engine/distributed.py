@@ -150,7 +150,8 @@ class Group:
         if not self.parallel:
             return device_name
         if self.device.type == "cuda":
-            version = ".".join(map(str, torch.cuda.nccl.version()))  # type: ignore[no-untyped-call]
+            found = torch.cuda.nccl.version()  # a tuple; an int in older builds
+            version = ".".join(map(str, found)) if isinstance(found, tuple) else str(found)
             return f"{device_name} x {self.world_size} (DDP, NCCL {version})"
         return f"{device_name} x {self.world_size} (DDP, gloo)"
 

@@ -119,6 +119,8 @@ def check_fits(spec: JobSpec, info: DataInfo, device: torch.device, precision: s
     capacity = device_memory(device)
     if found is None or capacity is None:
         return
+    if device.type == "cpu":
+        capacity //= spec.devices  # data-parallel ranks on a CPU share the machine's RAM
     log.info(
         "memory estimate: %d parameters, %s state + %s activations (micro-batch %d) on %s (%s)",
         found.parameters,
@@ -131,6 +133,8 @@ def check_fits(spec: JobSpec, info: DataInfo, device: torch.device, precision: s
     if found.total <= capacity:
         return
     where = "GPU" if device.type == "cuda" else "worker's RAM"
+    if device.type == "cpu" and spec.devices > 1:
+        where = f"worker's RAM per process ({spec.devices} processes)"
     raise TooLargeError(
         f"too large for this worker: the job needs about {sizing.format_bytes(found.total)} "
         f"({found.parameters:,} parameters: {sizing.format_bytes(found.state_bytes)} for "
