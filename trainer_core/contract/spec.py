@@ -134,7 +134,8 @@ class TelemetrySpec(_Strict):
     flush_every_steps: int = Field(default=10, ge=1, le=100_000)
     """Per-step values stay on the device and reach the host once every this many steps..."""
     flush_every_ms: int = Field(default=500, ge=1, le=3_600_000)
-    """...or after this many milliseconds, whichever comes first."""
+    """...or after this many milliseconds, whichever comes first (``devices`` 1 only: with
+    several, flushes go by step count alone, which every process counts alike)."""
     queue_size: int = Field(default=10_000, ge=1, le=1_000_000)
     """Records buffered for the sink; beyond that, records are dropped and counted, never waited for."""
 
