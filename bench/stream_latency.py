@@ -115,7 +115,8 @@ def fan_out(
     ready = ctx.Queue()
     procs = min(args.procs, watchers)
     shares = [watchers // procs + (1 if i < watchers % procs else 0) for i in range(procs)]
-    outs = [str(Path(stack.root) / f"w{watchers}-{i}.json") for i in range(procs)]
+    mode = "batch" if batch else "single"
+    outs = [str(Path(stack.root) / f"w{watchers}-{mode}-{i}.json") for i in range(procs)]
     children = [
         ctx.Process(target=client_process, args=(url, stack.token, k, ready, o))
         for k, o in zip(shares, outs, strict=True)
@@ -141,14 +142,14 @@ def fan_out(
     clients_after = sum(sum(p.cpu_times()[:2]) for p in clients_cpu)
     producer.finish(step=total)
     for c in children:
-        c.join(120)
+        c.join(600)  # a loaded machine may need minutes to deliver every record
     producer.close()
     results = [r for o in outs for r in json.loads(Path(o).read_text())]
     lat = np.array([x for r in results for x in r["lat"]]) * 1000
     lost = sum(len(set(range(1, total + 1)) - set(r["steps"])) for r in results)
     repeated = sum(len(r["steps"]) - len(set(r["steps"])) for r in results)
     return {
-        "mode": "batch" if batch else "single",
+        "mode": mode,
         "watchers": watchers,
         "frames": sum(r["frames"] for r in results),
         "steps": total,

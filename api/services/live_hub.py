@@ -37,12 +37,13 @@ log = logging.getLogger(__name__)
 
 @dataclass(slots=True)
 class LiveEntry:
-    """One decoded stream entry, shared read-only by every watcher of the job; ``text``
-    caches its encoded message so 500 watchers cost one ``json.dumps``."""
+    """One decoded stream entry, shared read-only by every watcher of the job; ``message``
+    caches its encoded message (:class:`api.services.watch_messages.Out`) so 500 watchers
+    cost one ``json.dumps``."""
 
     pos: Cursor
     item: dict[str, Any]
-    text: str | None = None
+    message: Any = None
 
 
 @dataclass(eq=False, slots=True)
@@ -53,6 +54,11 @@ class LiveBatch:
 
     entries: list[LiveEntry]
     frames: dict[str, str] = field(default_factory=dict)
+    messages: list[Any] | None = None
+    """The entries' messages (:class:`api.services.watch_messages.Out`), built once."""
+    points: tuple[tuple[int, int], tuple[int, int]] | None = None
+    """(first, last) (attempt, step) when the batch holds only metrics with growing points:
+    a watcher already before the first takes all of ``messages`` without looking at each."""
 
 
 @dataclass(eq=False)
@@ -67,7 +73,7 @@ class Subscription:
     """Entries in ``batches``."""
     overflowed: bool = False
     on_overflow: Callable[[], object] | None = None
-    _wake: asyncio.Event = field(default_factory=asyncio.Event)
+    _waiter: asyncio.Future[None] | None = None
 
     def offer(self, batch: LiveBatch) -> bool:
         """Queue a batch; False (and overflowed) when it does not fit."""
@@ -77,23 +83,34 @@ class Subscription:
             self.overflowed = True
             self.batches.clear()  # nothing of it will be sent: free the memory now
             self.queued = 0
-            self._wake.set()
+            self._wake()
             if self.on_overflow is not None:
                 self.on_overflow()
             return False
         self.batches.append(batch)
         self.queued += len(batch.entries)
-        self._wake.set()
+        self._wake()
         return True
 
     async def wait(self, timeout: float) -> None:
-        """Return once entries are queued, the subscription overflowed, or ``timeout`` passed."""
+        """Return once entries are queued, the subscription overflowed, or ``timeout`` passed.
+
+        A bare future and one timer handle, not an Event under ``asyncio.timeout``: it
+        runs once per watcher per delivery round."""
         if self.batches or self.overflowed:
             return
-        self._wake.clear()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(timeout):
-                await self._wake.wait()
+        loop = asyncio.get_running_loop()
+        self._waiter = waiter = loop.create_future()
+        timer = loop.call_later(timeout, self._wake)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiter = None
+
+    def _wake(self) -> None:
+        if self._waiter is not None and not self._waiter.done():
+            self._waiter.set_result(None)
 
     def take(self) -> list[LiveBatch]:
         """Every queued batch, oldest first; the inbox is empty afterwards."""

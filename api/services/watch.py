@@ -36,13 +36,13 @@ import asyncio
 import contextlib
 import itertools
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.contracts.cursor import ORIGIN, Cursor
-from api.services.live_hub import LiveBatch, LiveEntry, LiveHub
+from api.services.live_hub import LiveBatch, LiveHub
 from api.services.watch_history import History
 from api.services.watch_messages import (
     JobState,
@@ -123,8 +123,7 @@ class Watch:
                     return
                 batches = sub.take()
                 if batches:
-                    entries = itertools.chain.from_iterable(b.entries for b in batches)
-                    async for round_ in self._deliver(entries, batches[-1]):
+                    async for round_ in self._deliver(batches):
                         yield round_
                         if round_.ended:
                             return
@@ -154,44 +153,55 @@ class Watch:
         """What the stream holds beyond SQL history (the recorder's lag), page by page."""
         while True:
             page = await self.hub.read_range(self.job_id, self.last, self.page)
-            async for round_ in self._deliver(page):
+            async for round_ in self._deliver([LiveBatch(page)] if page else []):
                 yield round_
                 if round_.ended:
                     return
             if len(page) < self.page:
                 return
 
-    async def _deliver(
-        self, entries: Iterable[LiveEntry], batch: LiveBatch | None = None
-    ) -> AsyncIterator[Round]:
+    async def _deliver(self, batches: list[LiveBatch]) -> AsyncIterator[Round]:
         """The rounds for stream entries: their records, then ``end`` if the stream ended
         (the records go out first: ``end`` may wait for the recorder)."""
-        round_, end = self._live(entries, batch)
+        round_, end = self._live(batches)
         if round_.outs:
             yield round_
         if end is not None:
             yield Round([await self._final_end(end)])
 
-    def _live(
-        self, entries: Iterable[LiveEntry], batch: LiveBatch | None
-    ) -> tuple[Round, dict[str, Any] | None]:
+    def _live(self, batches: list[LiveBatch]) -> tuple[Round, dict[str, Any] | None]:
         """The messages for stream entries, and the stream's end entry if one came. The
-        round is shareable (through ``batch``) when every entry became a message."""
+        round is shareable (through the last batch) when every entry became a message.
+
+        A watcher before a batch of growing metric points (the common case) takes the
+        batch's shared messages whole: 1,000 watchers do not each look at every record."""
         out: list[Out] = []
-        skipped = False
-        for entry in entries:
-            if entry.pos <= self.last:
-                skipped = True
+        whole = True
+        for batch in batches:
+            points = _prepare(batch)
+            if (
+                points is not None
+                and batch.entries[0].pos > self.last
+                and points[0] > self._newest_point
+            ):
+                out.extend(batch.messages or ())
+                self.last = batch.entries[-1].pos
+                self._newest_point = points[1]
                 continue
-            kind = entry.item["kind"]
-            if kind == "end":
-                return Round(out), entry.item
-            self.last = entry.pos
-            if self._is_new(kind, entry.item):
-                out.append(entry_out(entry))
-            else:
-                skipped = True
-        return Round(out, None if skipped or batch is None else batch.frames), None
+            for entry in batch.entries:
+                if entry.pos <= self.last:
+                    whole = False
+                    continue
+                kind = entry.item["kind"]
+                if kind == "end":
+                    return Round(out), entry.item
+                self.last = entry.pos
+                if self._is_new(kind, entry.item):
+                    out.append(entry_out(entry))
+                else:
+                    whole = False
+        shared = batches[-1].frames if whole and batches else None
+        return Round(out, shared), None
 
     def _is_new(self, kind: str, record: dict[str, Any]) -> bool:
         """A watcher never gets a record twice, nor a point at or before one it already has:
@@ -220,3 +230,18 @@ class Watch:
         if job is None:
             return end_out(self.cursor, JobState(str(item.get("status")), 0, True, None, 0))
         return end_out(self.cursor, job)
+
+
+def _prepare(batch: LiveBatch) -> tuple[tuple[int, int], tuple[int, int]] | None:
+    """Build the batch's shared messages once; its (first, last) points if it holds only
+    metrics whose (attempt, step) grow strictly, else None."""
+    if batch.messages is None:
+        entries = batch.entries
+        if entries and all(e.item["kind"] == "metric" for e in entries):
+            batch.messages = [entry_out(e) for e in entries]
+            points = [(e.item["attempt"], e.item["step"]) for e in entries]
+            if all(a < b for a, b in itertools.pairwise(points)):
+                batch.points = (points[0], points[-1])
+        else:
+            batch.messages = []
+    return batch.points

@@ -93,12 +93,13 @@ def event_out(cursor: str, event: dict[str, Any]) -> Out:
 
 def entry_out(entry: LiveEntry) -> Out:
     """The message for a stream entry, encoded once and shared by every watcher."""
-    if entry.text is None:
+    if entry.message is None:
         cursor = str(entry.pos)
         item = entry.item
         made = metric_out(cursor, item) if item["kind"] == "metric" else event_out(cursor, item)
-        entry.text = made.text
-    return Out("metric" if entry.item["kind"] == "metric" else "event", str(entry.pos), entry.text)
+        entry.message = made
+    message: Out = entry.message
+    return message
 
 
 def end_out(cursor: str | None, job: JobState) -> Out:
