@@ -79,6 +79,12 @@ class Settings(BaseSettings):
     to its training child beyond locale, paths and CUDA/NCCL/OpenMP/PyTorch tuning: by
     default the object-store credentials fsspec needs for checkpoints and datasets. Nothing
     else reaches the child (no ``AMPTRAIN_*`` setting, token or database password)."""
+    warm_spare: bool = True
+    """Each worker pool slot keeps one training process started ahead of time, with torch,
+    the engine and the built-in components imported but CUDA never touched, and hands it
+    the next job (it runs that one attempt and exits): a job starts without waiting for a
+    fresh interpreter to import torch. A spare costs one idle process's memory per slot.
+    ``false``: every attempt starts a fresh process on demand."""
     queues: Annotated[list[str], NoDecode] = Field(default_factory=lambda: ["gpu", "cpu"])
     """Worker queues a job may name (comma-separated), e.g. ``gpu,cpu,gpu-a100``. kombu
     keeps each queue as a Redis list of that very name, so a job may only pick one of

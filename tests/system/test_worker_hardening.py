@@ -76,22 +76,51 @@ def test_a_worker_drops_bad_messages_and_then_trains_a_real_job(stack: Stack) ->
     assert stack.processes["w1"].poll() is None
 
 
-def training_child(stack: Stack, worker: str) -> psutil.Process | None:
+def training_child(
+    stack: Stack, worker: str, module: str = "worker.child.main"
+) -> psutil.Process | None:
+    """A training process of ``worker``: one running a job, or (``worker.child.spare``) an
+    idle warm spare."""
     children = psutil.Process(stack.processes[worker].pid).children(recursive=True)
-    return next((p for p in children if "worker.child.main" in " ".join(p.cmdline())), None)
+    return next((p for p in children if module in " ".join(p.cmdline())), None)
 
 
 def test_the_training_child_gets_no_secret_of_the_worker(stack: Stack) -> None:
     job = stack.submit(service_job(max_steps=1_000_000))
     child = wait_until(lambda: training_child(stack, "w1"), 60, "the training child")
-    env = child.environ()
+    # The next job's warm spare, started once this one trains, was started with it too.
+    spare = wait_until(
+        lambda: training_child(stack, "w1", "worker.child.spare"), 60, "the next warm spare"
+    )
+    environments = [child.environ(), spare.environ()]
     stack.client.post(f"/jobs/{job['id']}/cancel")
 
-    assert not any(SECRET in v for v in env.values())
-    assert not any(stack.token in v for v in env.values())
-    assert not [k for k in env if k.startswith("AMPTRAIN_")]
-    # What it needs does reach it: the GPU assignment (none here), paths and tuning.
-    assert env["CUDA_VISIBLE_DEVICES"] == ""
-    assert env["PATH"] and env["OMP_NUM_THREADS"] == "1"
+    for env in environments:
+        assert not any(SECRET in v for v in env.values())
+        assert not any(stack.token in v for v in env.values())
+        assert not [k for k in env if k.startswith("AMPTRAIN_")]
+        # What it needs does reach it: the GPU assignment (none here), paths and tuning.
+        assert env["CUDA_VISIBLE_DEVICES"] == ""
+        assert env["PATH"] and env["OMP_NUM_THREADS"] == "1"
     done = stack.wait_for_status(job["id"], "cancelled", "failed", "succeeded", timeout=60)
     assert done["status"] == "cancelled", done["error"]
+
+
+def test_each_job_trains_in_a_warm_process_of_its_own_that_never_touched_cuda(
+    stack: Stack,
+) -> None:
+    processes = []
+    for _ in range(2):  # one after the other: the second takes the spare the first left
+        job = stack.submit(service_job(max_steps=10))
+        done = stack.wait_for_status(job["id"], "succeeded", "failed", timeout=180)
+        assert done["status"] == "succeeded", done["error"]
+        (started,) = [e for e in stack.events(job["id"]) if e["type"] == "started"]
+        processes.append(started["data"]["process"])
+    assert [p["warm"] for p in processes] == [True, True]
+    assert [p["cuda_initialized_before_launch"] for p in processes] == [False, False]
+    assert processes[0]["pid"] != processes[1]["pid"]  # one attempt per process
+    # The spare that trained the first job is gone; the worker's log names both.
+    assert not psutil.pid_exists(processes[0]["pid"])
+    log = stack.log_tail("w1", 400)
+    for p in processes:
+        assert f"training in a warm process {p['pid']} (CUDA untouched" in log

@@ -1,8 +1,10 @@
 """The training child: one fresh interpreter per attempt, so CUDA never crosses a fork.
 
 The supervisor starts ``python -m worker.child.main`` with its launch parameters on
-stdin and a pipe for control messages (:mod:`worker.child.protocol`): the
-precision it chose, and how the run ended. SIGUSR1 asks it to cancel,
+stdin and a pipe for control messages (:mod:`worker.child.protocol`): that it
+accepted the launch, the precision it chose, and how the run ended. (A warm
+spare, :mod:`worker.child.spare`, is the same process started before its job:
+it imports torch first and reads its launch later, then runs :func:`serve`.) SIGUSR1 asks it to cancel,
 SIGUSR2 (or SIGTERM) to checkpoint and stop for a shutdown; all take effect at
 the next step boundary. SIGKILL is the supervisor's last resort.
 """
@@ -16,7 +18,15 @@ import traceback
 from typing import IO, Any
 
 from trainer_core.contract.errors import TrainingError, classify_failure
-from worker.child.protocol import ControlMessage, Failed, Finished, Launch, PrecisionChosen, encode
+from worker.child.protocol import (
+    Accepted,
+    ControlMessage,
+    Failed,
+    Finished,
+    Launch,
+    PrecisionChosen,
+    encode,
+)
 
 
 class Control:
@@ -104,7 +114,7 @@ def run(launch: Launch, control: Control) -> int:
     return 0
 
 
-def _die_with_parent() -> None:
+def die_with_parent() -> None:
     """Linux: if the supervisor dies (kill -9, OOM killer), the child dies too instead of
     training on unsupervised; the job's lease then expires and another worker resumes it."""
     try:
@@ -119,7 +129,12 @@ def _die_with_parent() -> None:
 
 def main() -> int:
     launch = Launch.model_validate_json(sys.stdin.read())
-    _die_with_parent()
+    die_with_parent()
+    return serve(launch, warm=False)
+
+
+def serve(launch: Launch, *, warm: bool) -> int:
+    """Train ``launch``, reporting on its control pipe; the exit status of the process."""
     # Ctrl-C in a terminal reaches the whole process group; the supervisor decides
     # how training stops (checkpoint first), so the child ignores it.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
@@ -129,7 +144,15 @@ def main() -> int:
     # checkpoint at the next step boundary, like a drain. SIGKILL remains the hard stop.
     signal.signal(signal.SIGTERM, _on_signal)
     with os.fdopen(launch.control_fd, "w", encoding="utf-8") as stream:
-        return run(launch, Control(stream))
+        control = Control(stream)
+        control.send(Accepted(pid=os.getpid(), warm=warm, cuda_initialized=cuda_initialized()))
+        return run(launch, control)
+
+
+def cuda_initialized() -> bool:
+    """Whether this process has a CUDA context already (without importing torch to ask)."""
+    torch = sys.modules.get("torch")
+    return bool(torch is not None and torch.cuda.is_initialized())
 
 
 def _probe(data: dict[str, Any] | None) -> Any:

@@ -2,8 +2,10 @@
 
 The supervisor (a Celery pool process) starts the child with a :class:`Launch`
 as JSON on its stdin; the child answers with control messages on a pipe, one
-JSON object per line, each tagged with its ``type``: :class:`PrecisionChosen`
-once training is set up, then :class:`Finished` or :class:`Failed`. Both sides
+JSON object per line, each tagged with its ``type``: :class:`Accepted` as soon as
+it holds the launch, :class:`PrecisionChosen` once training is set up, then
+:class:`Finished` or :class:`Failed`. A warm spare (:mod:`worker.child.spare`)
+gets its launch the same way, only later. Both sides
 use :func:`encode` / :func:`decode`, which validate every field.
 
 The supervisor imports this module; it must never import the child's other
@@ -35,6 +37,18 @@ class Launch(_Message):
     cpu_bf16_probe: dict[str, Any] | None = None
     """The worker's bf16-vs-fp32 measurement on its CPU (from its capability report), so
     ``precision: auto`` decides the same for every job here; None: the child measures."""
+
+
+class Accepted(_Message):
+    """The child holds its launch and will train it: the first message of every attempt."""
+
+    type: Literal["accepted"] = "accepted"
+    pid: int
+    warm: bool
+    """True: a spare started before the job, with torch already imported."""
+    cuda_initialized: bool
+    """Whether CUDA was initialised in this process before the launch; always False from
+    a healthy child (a spare that finds it True refuses the launch instead)."""
 
 
 class PrecisionChosen(_Message):
@@ -80,7 +94,7 @@ class Failed(_Message):
         return {"code": self.code, "message": self.message, "step": self.step}
 
 
-ControlMessage = PrecisionChosen | Finished | Failed
+ControlMessage = Accepted | PrecisionChosen | Finished | Failed
 _CONTROL: TypeAdapter[ControlMessage] = TypeAdapter(
     Annotated[ControlMessage, Field(discriminator="type")]
 )

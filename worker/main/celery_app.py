@@ -13,7 +13,7 @@ from celery import Celery
 from api.core.settings import get_settings
 
 
-def make_celery(broker_url: str) -> Celery:
+def make_celery(broker_url: str, *, warm_spare: bool = False) -> Celery:
     app = Celery(
         "amptrain", broker=broker_url, include=["worker.pool.tasks", "worker.main.signals"]
     )
@@ -26,9 +26,11 @@ def make_celery(broker_url: str) -> Celery:
         # long one (and, unacked, run twice after the visibility timeout).
         worker_prefetch_multiplier=1,
         worker_disable_prefetch=True,
-        # One training job per pool process; a fresh pool process per job so no
-        # state (or CUDA context) leaks from one job into the next.
-        worker_max_tasks_per_child=1,
+        # A fresh pool process per job, unless it keeps a warm spare training process
+        # (AMPTRAIN_WARM_SPARE), which must outlive the job to be ready for the next.
+        # Either way the pool process never imports torch and every job trains in a
+        # process of its own, so no CUDA context passes from one job to the next.
+        worker_max_tasks_per_child=None if warm_spare else 1,
         # Celery 6 flips this default; then a Redis blip would kill running jobs.
         worker_cancel_long_running_tasks_on_connection_loss=False,
         broker_connection_retry_on_startup=True,
@@ -48,4 +50,5 @@ def make_celery(broker_url: str) -> Celery:
     return app
 
 
-app = make_celery(get_settings().broker_url)
+_settings = get_settings()
+app = make_celery(_settings.broker_url, warm_spare=_settings.warm_spare)

@@ -30,6 +30,7 @@ from worker.main import devices
 from worker.pool.child_handle import ChildProcess
 from worker.pool.events import LifecycleEvents
 from worker.pool.slot import JobSlot, PoolSlot
+from worker.pool.spare import SpareKeeper
 from worker.pool.watch import AttemptWatch, Outcome
 
 log = logging.getLogger(__name__)
@@ -55,8 +56,10 @@ class Supervisor:
         *,
         session_factory: sessionmaker[Session] | None = None,
         redis_client: redis.Redis | None = None,
+        spares: SpareKeeper | None = None,
     ) -> None:
         self.settings = settings
+        self.spares = spares  # None: every attempt starts a fresh (cold) training process
         self.worker = worker
         self.sessions = session_factory or make_session_factory(make_engine(settings.database_url))
         self.redis = redis_client or amptrain_redis.client(
@@ -92,11 +95,7 @@ class Supervisor:
     def _run(self, claim: Claim) -> None:
         self.slot.start(claim.job_id, claim.attempt)
         try:
-            child = ChildProcess(
-                self._launch(claim),
-                self.slot.pool_slot.gpu,
-                self.settings.child_env_passthrough,
-            )
+            child = self._child(self._launch(claim))
             watch = AttemptWatch(
                 self.settings,
                 self.sessions,
@@ -104,7 +103,7 @@ class Supervisor:
                 self.slot,
                 claim.job_id,
                 claim.attempt,
-                on_precision=lambda msg: self._started(claim, msg),
+                on_precision=lambda msg: self._started(claim, msg, child),
                 runtime_limit_s=self._runtime_limit(claim),
             )
             try:
@@ -114,6 +113,31 @@ class Supervisor:
             self._conclude(claim, outcome)
         finally:
             self.slot.clear()
+            if self.spares is not None:
+                self.spares.refill()  # if "started" never came (a failed attempt)
+
+    def _child(self, launch: Launch) -> ChildProcess:
+        """The process that trains this attempt: the warm spare when one takes the launch,
+        else a fresh one. A spare that is gone, or exits before accepting, never fails the
+        job: it costs the cold start it was meant to save."""
+        gpu, passthrough = self.slot.pool_slot.gpu, self.settings.child_env_passthrough
+        spare = self.spares.take() if self.spares is not None else None
+        if spare is not None:
+            # Accepted comes once its imports are done; waiting for it (at most a third
+            # of the lease, which nobody renews meanwhile) tells a live spare from one
+            # that died just now.
+            if spare.hand(launch) and spare.wait_accepted(self.settings.lease_seconds / 3):
+                return spare
+            spare.proc.wait()
+            spare.close()
+            log.warning(
+                "job %s: warm spare %d exited (code %s) before taking the launch; starting "
+                "a fresh training process",
+                launch.job_id,
+                spare.pid,
+                spare.proc.returncode,
+            )
+        return ChildProcess.cold(launch, gpu, passthrough)
 
     def _launch(self, claim: Claim) -> Launch:
         return Launch(
@@ -139,8 +163,10 @@ class Supervisor:
         asked = claim.spec.get("max_runtime_s") or self.settings.job_runtime_default_seconds
         return float(min(asked, self.settings.job_runtime_limit_seconds))
 
-    def _started(self, claim: Claim, msg: PrecisionChosen) -> None:
+    def _started(self, claim: Claim, msg: PrecisionChosen, child: ChildProcess) -> None:
         """The child chose its precision: record it (fenced) and tell watchers it started."""
+        if self.spares is not None:
+            self.spares.refill()  # this job's start is done: the next spare may import now
         with self.sessions.begin() as s:
             current = jobs.set_precision(
                 s, claim.job_id, claim.attempt, msg.requested, msg.effective, msg.reason_on_device
@@ -152,8 +178,31 @@ class Supervisor:
             claim.attempt,
             "started",
             0,
-            {"worker": self.worker, "attempt": claim.attempt, "precision": msg.event_data()},
+            {
+                "worker": self.worker,
+                "attempt": claim.attempt,
+                "precision": msg.event_data(),
+                "process": self._process(claim, child),
+            },
         )
+
+    def _process(self, claim: Claim, child: ChildProcess) -> dict[str, Any]:
+        """The training process, as the ``started`` event shows it."""
+        took = child.accepted
+        if took is None:  # a child of an older version: it did not say
+            return {"pid": child.pid}
+        log.info(
+            "job %s: training in %s process %d (CUDA untouched before the launch: %s)",
+            claim.job_id,
+            "a warm" if took.warm else "a fresh",
+            took.pid,
+            not took.cuda_initialized,
+        )
+        return {
+            "pid": took.pid,
+            "warm": took.warm,
+            "cuda_initialized_before_launch": took.cuda_initialized,
+        }
 
     # -- how it ended ----------------------------------------------------------------
 

@@ -1,7 +1,10 @@
 """The one Celery task, run in a pool process. Only a job id travels through the broker.
 
 Each pool process takes its :class:`~worker.pool.slot.PoolSlot` (index and GPU)
-once, when Celery starts it, and hands it to every supervisor it runs.
+once, when Celery starts it, and hands it to every supervisor it runs. With
+``AMPTRAIN_WARM_SPARE`` (the default) it also starts its slot's warm spare then
+(:class:`~worker.pool.spare.SpareKeeper`) and, as it lives on from job to job,
+keeps one database engine and Redis client for all of them.
 """
 
 from __future__ import annotations
@@ -9,25 +12,57 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+import redis
 from celery import Task
-from celery.signals import worker_process_init
+from celery.signals import worker_process_init, worker_process_shutdown
+from sqlalchemy.orm import Session, sessionmaker
 
+from api.core import redis as amptrain_redis
 from api.core.enums import TaskName
 from api.core.settings import get_settings
+from api.store.db import make_engine, make_session_factory
 from worker.main import devices
 from worker.main.celery_app import app
 from worker.pool.slot import PoolSlot
+from worker.pool.spare import SpareKeeper
 from worker.pool.supervisor import Supervisor
 
 log = logging.getLogger(__name__)
 
 _pool_slot = PoolSlot()  # this pool process's, once worker_process_init has run
+_spares: SpareKeeper | None = None
+_shared: tuple[sessionmaker[Session], redis.Redis] | None = None
 
 
 @worker_process_init.connect
 def _take_slot(**_: Any) -> None:
-    global _pool_slot
+    global _pool_slot, _spares
     _pool_slot = PoolSlot.of_this_process(devices.visible_gpus())
+    settings = get_settings()
+    if settings.warm_spare:
+        _spares = SpareKeeper(_pool_slot.gpu, settings.child_env_passthrough).start()
+
+
+@worker_process_shutdown.connect
+def _retire_spare(**_: Any) -> None:
+    # Its parent-death signal would kill it too; this is the orderly way.
+    if _spares is not None:
+        _spares.close()
+
+
+def _connections() -> tuple[sessionmaker[Session], redis.Redis] | tuple[None, None]:
+    """One engine and Redis client per pool process while it lives on (warm spares); a
+    recycled pool process (one job each) builds its own in the supervisor."""
+    global _shared
+    if _spares is None:
+        return None, None
+    if _shared is None:
+        settings = get_settings()
+        _shared = (
+            make_session_factory(make_engine(settings.database_url)),
+            amptrain_redis.client(settings.redis_url, amptrain_redis.WORKER_TIMEOUT_S),
+        )
+    return _shared
 
 
 @app.task(name=TaskName.RUN_JOB, bind=True, ignore_result=True)
@@ -44,4 +79,12 @@ def run_job(self: Task, *args: Any, **kwargs: Any) -> None:
         )
         return
     hostname = self.request.hostname or "worker"
-    Supervisor(get_settings(), hostname, _pool_slot).run(args[0])
+    sessions, client = _connections()
+    Supervisor(
+        get_settings(),
+        hostname,
+        _pool_slot,
+        session_factory=sessions,
+        redis_client=client,
+        spares=_spares,
+    ).run(args[0])
