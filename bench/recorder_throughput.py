@@ -2,22 +2,25 @@
 Redis Streams into SQL, and how long SQL trails the last publish.
 
 Per database (SQLite in a temp file; PostgreSQL in a throw-away database when ``--pg``
-or ``AMPTRAIN_TEST_DATABASE_URL`` names a server) and per insert path, a private
-redis-server is started, ``--jobs`` jobs are created and claimed, and a producer
-process publishes ``--points`` points spread over them through the worker's own sink
-(``worker.child.sink.RedisSink``, batches of ``--batch`` per job like engine flushes)
-as fast as it can, while the real recorder runs its production loop (``Recorder.run``
-in a thread). Reported per run:
+or ``AMPTRAIN_TEST_DATABASE_URL`` names a server) and per insert path, in a process of
+its own: a private redis-server, ``--jobs`` jobs created and claimed, and the real
+recorder's production loop (``Recorder.run`` in a thread) against a producer process
+that publishes ``--points`` points over the jobs in the worker sink's entry format
+(``--batch`` per job per pipeline, like engine flushes), as fast as it can:
 
-* persisted/s: points / (SQL holds every job's last step - first publish)
-* lag: SQL holds every job's last step - the last XADD returned
-* publish/s, the recorder process's CPU seconds, and the load average at the time.
+* backlog: everything published first, then a recorder drains it. persisted/s =
+  points / (SQL holds every job's last step - recorder start). Also the CPU per point
+  of the recorder thread, the database's backends and redis-server: unlike the wall
+  rate, that barely depends on what else the machine runs; recorder and database take
+  turns, so ~1 / (recorder + database CPU per point) is the rate on two idle cores.
+* live: the recorder runs while the producer publishes. persisted/s = points / (SQL
+  holds every job's last step - first publish); lag = that moment - the last XADD.
+* one job at 100 steps/s: how long each point takes to reach SQL (the linger).
 
-``before`` is the recorder as it was at ``BEFORE`` (exported from git and run from a
-temp directory, the same database schema); ``after`` is the working tree, once per
-PostgreSQL insert method (``copy``: COPY into a temp table + INSERT ... SELECT ... ON
-CONFLICT; ``values``: multi-row INSERT ... VALUES ... ON CONFLICT pages). Each run is
-its own process.
+``before`` is the recorder as it was at ``BEFORE`` (exported from git, run from a temp
+directory against the same schema); ``after`` is the working tree, on PostgreSQL once
+per insert method (``copy``: COPY into a temp table + INSERT ... SELECT ... ON CONFLICT
+DO NOTHING RETURNING; ``values``: single-row INSERTs pipelined).
 
     python bench/recorder_throughput.py [--quick] [--points 200000] [--jobs 20] [--pg URL]
 """
@@ -150,6 +153,7 @@ def one_run(cfg: dict[str, Any]) -> dict[str, Any]:
         servers = _Servers(server.process.pid if server.process else None, url)
         out = {"live": _live(cfg, server.url, engine, sf, client)}
         out["backlog"] = _backlog(cfg, server.url, engine, sf, client, servers)
+        out["trickle"] = _trickle(cfg, engine, sf, client)
         client.close()
         engine.dispose()
         return out
@@ -282,6 +286,48 @@ def _live(cfg: dict[str, Any], redis_url: str, engine: Any, sf: Any, client: Any
     }
 
 
+def _trickle(cfg: dict[str, Any], engine: Any, sf: Any, client: Any) -> dict[str, Any]:
+    """One job at 100 steps/s for 3 s: how long each point takes to reach SQL."""
+    import sqlalchemy as sa
+
+    from api.contracts.stream import encode
+    from api.core.redis import Keys
+    from api.store.models import Job
+    from trainer_core.contract.records import metric
+
+    ((job_id, attempt),) = _jobs(sf, 1)
+    running = _Running(cfg, sf, client, 1)
+    running.wait_owned()
+    published: list[float] = []
+
+    def publish() -> None:
+        start = time.perf_counter()
+        for step in range(1, 301):
+            fields = encode(
+                metric(step=step, time=time.time(), loss=1.0), job_id=job_id, attempt=attempt
+            )
+            client.xadd(Keys.telemetry(job_id), fields)
+            published.append(time.perf_counter())
+            time.sleep(max(0.0, start + step * 0.01 - time.perf_counter()))
+
+    thread = threading.Thread(target=publish)
+    thread.start()
+    seen: dict[int, float] = {}
+    q = sa.select(Job.step).where(Job.id == job_id)
+    with engine.connect() as conn:
+        while len(seen) < 300:
+            step = conn.execute(q).scalar_one() or 0
+            conn.rollback()
+            now = time.perf_counter()
+            for k in range(len(seen) + 1, step + 1):
+                seen[k] = now
+            time.sleep(0.005)
+    thread.join()
+    running.finish()
+    lags = sorted(seen[k] - published[k - 1] for k in seen)
+    return {"p50_s": lags[len(lags) // 2], "max_s": lags[-1]}
+
+
 class _Servers:
     """CPU seconds of the redis-server and of the PostgreSQL backends serving the bench's
     database (its name is in their process title)."""
@@ -381,6 +427,16 @@ def _spawn(cfg: dict[str, Any], tree: Path | None) -> dict[str, Any] | None:
     return dict(json.loads(out[-1]))
 
 
+def _calibration_ms() -> float:
+    """A fixed pure-Python workload (json round trips): on a shared machine every CPU
+    number above scales with it, so compare runs by it too."""
+    doc = {"step": 1, "loss": 0.25, "lr": 1e-3, "skipped": False, "memory_peak": 123456789}
+    start = time.perf_counter()
+    for _ in range(50_000):
+        json.loads(json.dumps(doc))
+    return (time.perf_counter() - start) * 1000
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--points", type=int, default=200_000)
@@ -403,7 +459,7 @@ def main() -> None:
     tree = _before_tree() if "before" in legs else None
     print(
         f"{args.points} points over {args.jobs} jobs, {args.batch} per job per publish; "
-        f"{os.cpu_count()} CPUs",
+        f"{os.cpu_count()} CPUs; calibration {_calibration_ms():.0f} ms",
         flush=True,
     )
     try:
@@ -445,9 +501,12 @@ def main() -> None:
                     f"on idle cores\n"
                     f"{'':30s} live:    persisted {live['persist_per_s']:7.0f}/s, lag after "
                     f"the last publish {live['lag_s']:.2f} s (publish {live['publish_per_s']:.0f}/s, "
-                    f"recorder CPU {live['cpu_s']:.1f} s, load {live['load']:.2f})",
+                    f"recorder CPU {live['cpu_s']:.1f} s, load {live['load']:.2f})\n"
+                    f"{'':30s} one job at 100 steps/s: in SQL after {r['trickle']['p50_s']:.2f} s "
+                    f"(median), {r['trickle']['max_s']:.2f} s (max)",
                     flush=True,
                 )
+        print(f"calibration at the end {_calibration_ms():.0f} ms", flush=True)
     finally:
         if tree is not None:
             shutil.rmtree(tree, ignore_errors=True)
