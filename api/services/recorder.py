@@ -23,7 +23,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -198,7 +198,7 @@ class Recorder:
 
     # -- one batch -------------------------------------------------------------
 
-    def _record(self, taken: dict[str, Sequence[Entry]]) -> int:
+    def _record(self, taken: Mapping[str, Sequence[Entry]]) -> int:
         """Every job's entries in ONE transaction (each job's in stream order), then XACK:
         a crash before the acknowledgement re-delivers them, and replaying adds nothing."""
         ends: list[str] = []

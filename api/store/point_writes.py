@@ -83,10 +83,10 @@ def _pg_copy(conn: Any, rows: list[dict[str, Any]]) -> Inserted:
             for r in rows:
                 copy.write_row(_row(r))
         cur.execute(_FROM_TEMP)
-        inserted = {tuple(k) for k in cur.fetchall()}
+        inserted: Inserted = {tuple(k) for k in cur.fetchall()}
         # Emptied at commit anyway; a second batch in the same transaction must not see these.
         cur.execute(f"TRUNCATE {_TEMP}")
-    return inserted  # type: ignore[return-value]
+    return inserted
 
 
 def _pg_values(conn: Any, rows: list[dict[str, Any]]) -> Inserted:
@@ -94,7 +94,7 @@ def _pg_values(conn: Any, rows: list[dict[str, Any]]) -> Inserted:
     with conn.cursor() as cur:
         cur.executemany(_ONE_ROW, [_row(r) for r in rows], returning=True)
         while True:
-            inserted.update(tuple(k) for k in cur.fetchall())  # type: ignore[misc]
+            inserted.update(tuple(k) for k in cur.fetchall())
             if not cur.nextset():
                 return inserted
 

@@ -103,7 +103,7 @@ def crash_before_ack(rec: Recorder) -> Recorder:
     def crash(*args: Any) -> None:
         raise RuntimeError("simulated crash between commit and XACK")
 
-    rec.group.ack = crash  # type: ignore[method-assign]
+    rec.group.ack = crash  # type: ignore[method-assign,assignment]
     return rec
 
 

@@ -67,7 +67,7 @@ def batches_committed() -> float:
     return REGISTRY.get_sample_value("amptrain_recorder_batches_total") or 0.0
 
 
-def stored(sf: Sessions, job_id: str) -> list[tuple[int, int, float]]:
+def stored(sf: Sessions, job_id: str) -> list[tuple[int, int, float | None]]:
     return [(p.attempt, p.step, p.loss) for p in rows(sf, job_id)]
 
 
@@ -89,7 +89,7 @@ def test_many_jobs_and_attempts_in_one_transaction_exactly_once(
         got = stored(sf, job_id)
         assert got == [(a, s, float(a * 1000 + s)) for a, s in keys]  # once each, stream order
         assert r.xpending(Keys.telemetry(job_id), GROUP)["pending"] == 0
-        last = r.xrevrange(Keys.telemetry(job_id), count=1)[0][0]
+        last = r.xrevrange(Keys.telemetry(job_id), count=1)[0][0]  # type: ignore[index]
         assert r.get(Keys.recorded(job_id)) == last  # publishers may forget what SQL holds
     for job_id in plain:
         assert job(sf, job_id).step == 30 and job(sf, job_id).summary["loss"] == 1030.0
@@ -163,7 +163,8 @@ def test_non_finite_and_missing_values_survive(sf: Sessions, r: redis.Redis, met
             )
         ).all()
     assert [f"{ms}-{seq}" for ms, seq in cursors] == [
-        eid.decode() for eid, _ in r.xrange(Keys.telemetry(job_id))
+        eid.decode()  # type: ignore[union-attr]
+        for eid, _ in r.xrange(Keys.telemetry(job_id))  # type: ignore[union-attr]
     ]
 
 
