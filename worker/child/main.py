@@ -71,13 +71,15 @@ def _on_signal(signum: int, frame: object) -> None:
         _stop_request = "cancel" if signum == signal.SIGUSR1 else "preempt"
 
 
-def run(launch: Launch, control: Control) -> int:
+def run(launch: Launch, control: Control, ahead: Any = None) -> int:
+    """Train ``launch``; ``ahead``: a :class:`~worker.child.sink_process.ProcessSink` a warm
+    spare started before its launch (None: start one now)."""
     from trainer_core.contract.spec import parse_spec
     from trainer_core.engine import RunContext, Trainer
     from worker.child.sink_process import ProcessSink
 
     # Redis I/O runs in a sink process of its own: out of the training process's GIL.
-    sink = ControlledSink(ProcessSink(launch.redis_url, launch.job_id, launch.attempt), control)
+    sink = ControlledSink(_open_sink(ProcessSink, launch, ahead), control)
     try:
         ctx = RunContext(
             checkpoint_dir=launch.checkpoint_dir,
@@ -114,6 +116,16 @@ def run(launch: Launch, control: Control) -> int:
     return 0
 
 
+def _open_sink(cls: Any, launch: Launch, ahead: Any) -> Any:
+    """This attempt's sink: the one started ahead if it still lives, else a new one."""
+    if ahead is not None:
+        try:
+            return ahead.open(launch.redis_url, launch.job_id, launch.attempt)
+        except OSError:
+            ahead.close(0)  # it died while the spare waited: reap it
+    return cls(launch.redis_url, launch.job_id, launch.attempt)
+
+
 def die_with_parent() -> None:
     """Linux: if the supervisor dies (kill -9, OOM killer), the child dies too instead of
     training on unsupervised; the job's lease then expires and another worker resumes it."""
@@ -133,7 +145,7 @@ def main() -> int:
     return serve(launch, warm=False)
 
 
-def serve(launch: Launch, *, warm: bool) -> int:
+def serve(launch: Launch, *, warm: bool, sink: Any = None) -> int:
     """Train ``launch``, reporting on its control pipe; the exit status of the process."""
     # Ctrl-C in a terminal reaches the whole process group; the supervisor decides
     # how training stops (checkpoint first), so the child ignores it.
@@ -146,7 +158,7 @@ def serve(launch: Launch, *, warm: bool) -> int:
     with os.fdopen(launch.control_fd, "w", encoding="utf-8") as stream:
         control = Control(stream)
         control.send(Accepted(pid=os.getpid(), warm=warm, cuda_initialized=cuda_initialized()))
-        return run(launch, control)
+        return run(launch, control, sink)
 
 
 def cuda_initialized() -> bool:

@@ -53,7 +53,20 @@ class ProcessSink:
     """The training process's end: the engine's ``Sink`` protocol over a pipe."""
 
     def __init__(self, url: str, job_id: str, attempt: int) -> None:
-        self.job_id = job_id
+        self._spawn()
+        self.open(url, job_id, attempt)
+
+    @classmethod
+    def ahead(cls) -> ProcessSink:
+        """A sink process started before its job is known (a warm spare's), so that its
+        start-up is not on the way to the job's first record; :meth:`open` names the job.
+        It still serves one attempt only, and dies with the process that started it."""
+        sink = cls.__new__(cls)
+        sink._spawn()
+        return sink
+
+    def _spawn(self) -> None:
+        self.job_id = ""
         self._proc = subprocess.Popen(
             [sys.executable, "-m", "worker.child.sink_process"],
             stdin=subprocess.PIPE,
@@ -62,7 +75,13 @@ class ProcessSink:
         assert self._proc.stdin is not None
         self._pipe: IO[bytes] = self._proc.stdin
         self._lock = threading.Lock()  # the publisher thread writes; close may come from another
+
+    def open(self, url: str, job_id: str, attempt: int) -> ProcessSink:
+        """Name the stream this sink writes (the first message; raises ``OSError`` if the
+        sink process is gone)."""
+        self.job_id = job_id
         self._send(("open", url, job_id, attempt))
+        return self
 
     @property
     def pid(self) -> int:

@@ -5,7 +5,9 @@ built-in components while its pool slot waits for work, then blocks on stdin
 for its :class:`~worker.child.protocol.Launch`. It then runs that one attempt
 exactly like a cold ``python -m worker.child.main`` (:func:`worker.child.main.serve`)
 and exits: CUDA is first touched after the launch, so every job still gets a
-fresh CUDA context, and a crash still ends only that job.
+fresh CUDA context, and a crash still ends only that job. Its telemetry sink
+process (:class:`~worker.child.sink_process.ProcessSink`) is started ahead too,
+and likewise serves that one attempt only.
 
 A spare that finds CUDA already initialised (a component module that touches
 the GPU at import) refuses its launch by exiting before it answers
@@ -46,7 +48,6 @@ def warm_up() -> None:
     from trainer_core.contract import catalog
     from trainer_core.contract.spec import parse_spec
     from trainer_core.engine import RunContext, Trainer
-    from worker.child.sink_process import ProcessSink  # noqa: F401 - the import is the point
 
     for kind in ("model", "dataset"):
         for registration in catalog.builtins(kind).values():
@@ -83,6 +84,9 @@ def main() -> int:
     # Ctrl-C reaches the whole process group; an idle spare has nothing to save, but a
     # traceback from inside an import would only alarm whoever reads the log.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    from worker.child.sink_process import ProcessSink
+
+    sink = ProcessSink.ahead()  # its start-up overlaps the warm-up
     warm_up()
     data = sys.stdin.read()
     if not data.strip():
@@ -96,7 +100,7 @@ def main() -> int:
         )
         return REFUSED
     retitle([sys.orig_argv[0], "-m", "worker.child.main"])
-    return serve(launch, warm=True)
+    return serve(launch, warm=True, sink=sink)
 
 
 if __name__ == "__main__":
