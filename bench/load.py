@@ -466,6 +466,11 @@ def main() -> None:
         action="store_true",
         help="run the API under tracemalloc and print what grew most (slows the API down)",
     )
+    parser.add_argument(
+        "--pool-debug",
+        action="store_true",
+        help="print where the API's checked-out database connections were taken, each report",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the run's folder (logs, db)")
     args = parser.parse_args()
     if args.quick:
@@ -477,7 +482,8 @@ def main() -> None:
     os.environ["AMPTRAIN_LOAD_ROOT"] = str(root)
     redis_server = EmbeddedRedis(root / "redis", appendonly=False).start()
     db = Database(args.database, root, args.pg)
-    stack = (TracedStack if args.tracemalloc else Stack)(root, db.url, redis_server)
+    traced = args.tracemalloc or args.pool_debug
+    stack = (TracedStack if traced else Stack)(root, db.url, redis_server)
     stack.env.update(
         AMPTRAIN_WRITE_RATE_LIMIT="100000/minute",  # the bench submits its jobs in a burst
         AMPTRAIN_MAX_LIVE_CONNECTIONS_PER_USER="128",  # every watcher uses the admin token
@@ -573,6 +579,8 @@ def run(
             latest[kind] = (stats, extra)
         if time.monotonic() >= next_report:
             next_report += args.report
+            if args.pool_debug:
+                os.kill(sampler.api.pid, signal.SIGUSR2)
             if args.tracemalloc and time.monotonic() - start < 1.5 * args.report:
                 os.kill(sampler.api.pid, signal.SIGUSR1)  # starts tracing (after start-up)
             report(f"t={time.monotonic() - start:4.0f}s", args, sampler, published, job_ids, latest)

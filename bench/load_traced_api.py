@@ -1,4 +1,9 @@
-"""``amptrain api`` under tracemalloc, for ``bench/load.py --tracemalloc``. The first SIGUSR1
+"""``amptrain api`` with diagnostics for ``bench/load.py --tracemalloc`` / ``--pool-debug``.
+
+SIGUSR2 writes where each database connection now checked out of a pool was taken
+(grouped by stack) to ``$AMPTRAIN_DATA_DIR/checkouts.txt``: who holds the pool.
+
+The first SIGUSR1
 starts tracing (tracing start-up would make it too slow); the next writes what was
 allocated since then and is still alive, grouped by traceback, biggest first, to
 ``$AMPTRAIN_DATA_DIR/tracemalloc.txt``: in a process whose memory grows, its owners.
@@ -39,8 +44,50 @@ def _total(snap: tracemalloc.Snapshot) -> float:
     return sum(t.size for t in snap.traces) / 2**20
 
 
+_held: dict[int, tuple[str, float]] = {}
+
+
+def _track_checkouts() -> None:
+    import threading
+    import time
+    import traceback
+
+    import sqlalchemy as sa
+
+    def checkout(_dbapi: object, record: object, _proxy: object) -> None:
+        frames = [f for f in traceback.extract_stack()[:-1] if "/api/" in f.filename]
+        where = " <- ".join(
+            f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in frames[::-1][:5]
+        )
+        _held[id(record)] = (f"[{threading.current_thread().name}] {where}", time.monotonic())
+
+    def checkin(_dbapi: object, record: object) -> None:
+        _held.pop(id(record), None)
+
+    sa.event.listen(sa.pool.Pool, "checkout", checkout)
+    sa.event.listen(sa.pool.Pool, "checkin", checkin)
+
+
+def _dump_checkouts(_sig: int, _frame: FrameType | None) -> None:
+    import collections
+    import time
+
+    now = time.monotonic()
+    by_where: dict[str, list[float]] = collections.defaultdict(list)
+    for where, since in list(_held.values()):
+        by_where[where].append(now - since)
+    lines = [f"{len(_held)} connections checked out:"]
+    for where, ages in sorted(by_where.items(), key=lambda kv: -len(kv[1])):
+        lines.append(f"  {len(ages)} held up to {max(ages):.1f} s, taken at {where}")
+    out = Path(os.environ["AMPTRAIN_DATA_DIR"]) / "checkouts.txt"
+    with out.open("a") as f:
+        f.write("\n".join(lines) + "\n")
+
+
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    _track_checkouts()
+    signal.signal(signal.SIGUSR2, _dump_checkouts)
     signal.signal(signal.SIGUSR1, _dump)
     sys.argv = ["amptrain", *sys.argv[1:]]
     runpy.run_module("api.cli.main", run_name="__main__", alter_sys=True)

@@ -106,12 +106,15 @@ CurrentUser = Annotated[Principal, Depends(get_current_user)]
 def release_connection(session: Session) -> None:
     """End the session's read-only transaction so its pooled connection goes back now.
 
-    WHY: FastAPI runs each sync dependency and the handler in separate hops to the
-    worker-thread pool (40 threads). A request that kept its connection between the
-    authentication hop and the handler hop held it while waiting for a thread, and with
-    more requests in flight than pooled connections every thread ended up waiting for a
-    connection held by a request waiting for a thread: 30 s stalls (the pool timeout)
-    under load (bench/load.py). Nothing was written yet, so ending it loses nothing.
+    WHY: FastAPI runs each sync dependency, the handler and then the validation of its
+    response in separate hops to the worker-thread pool (40 threads); the session
+    dependency commits only after the last. A request that kept its connection across
+    a hop held it while waiting for a thread, and with more requests in flight than
+    pooled connections every thread ended up waiting for a connection held by a request
+    waiting for a thread: 30 s stalls (the pool timeout) under load (bench/load.py).
+    Authentication calls it, and read-only handlers once they have read everything
+    (objects stay usable: sessions do not expire them on commit). A session with
+    pending writes keeps its transaction.
     """
     if not (session.new or session.dirty or session.deleted):
         session.commit()

@@ -19,7 +19,14 @@ from api.store import job_reads, quotas
 from api.store import jobs as repo
 from api.store.models import Job
 from api.web.admission import service_policy
-from api.web.deps import CurrentUser, ServicesDep, SessionDep, after_commit, visible_job
+from api.web.deps import (
+    CurrentUser,
+    ServicesDep,
+    SessionDep,
+    after_commit,
+    release_connection,
+    visible_job,
+)
 from api.web.errors import (
     Conflict,
     NotFound,
@@ -179,6 +186,7 @@ def list_jobs(
         after=decode_cursor(cursor) if cursor else None,
         limit=limit,
     )
+    release_connection(session)  # before FastAPI's response-validation hop
     kept = _within_budget(items, services.settings.max_page_bytes)
     more = more or len(kept) < len(items)
     next_cursor = encode_cursor(kept[-1]) if more and kept else None
@@ -218,7 +226,9 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
 @router.get("/{job_id}", response_model=JobOut, responses=error_responses(404))
 def read_job(job_id: str, session: SessionDep, user: CurrentUser) -> JobOut:
     """One job: status, progress, precision, error and latest metrics summary."""
-    return JobOut.from_job(visible_job(session, user, job_id))
+    job = visible_job(session, user, job_id)
+    release_connection(session)  # before FastAPI's response-validation hop
+    return JobOut.from_job(job)
 
 
 @router.post(
