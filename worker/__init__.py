@@ -5,10 +5,13 @@
   ``api.core``, ``api.contracts``, ``api.store``, ``trainer_core.contract`` and
   ``worker.child.protocol``.
 - ``worker.pool`` runs in each forked Celery pool process (one per GPU): the
-  task, the supervisor of one attempt, the child handle, the GPU slot. May
+  task, the supervisor of one attempt, the child handle, the GPU slot, the
+  slot's warm spare. May
   import what ``worker.main`` may, and ``worker.main`` itself (never the reverse).
-- ``worker.child`` is the training process, a fresh ``python -m worker.child.main``
-  per attempt: entry point, Redis sink, device probe. May import ``trainer_core``
+- ``worker.child`` is the training process, a fresh process per attempt: either
+  ``python -m worker.child.main`` started for it, or a warm spare
+  (``python -m worker.child.spare``) started before it with torch imported and
+  CUDA untouched; entry points, Redis sink, device probe. May import ``trainer_core``
   (engine included), ``api.core`` and ``api.contracts``; never ``worker.main``,
   ``worker.pool``, ``api.store``, SQLAlchemy or Celery (only the supervisor writes
   SQL, fenced by the attempt number).
