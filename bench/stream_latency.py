@@ -69,30 +69,34 @@ async def _clients(url: str, token: str, n: int, ready: Any, out: str) -> None:
     async def one() -> dict[str, Any]:
         steps: list[int] = []
         latencies: list[float] = []
+        frames = 0
+        last = None
         async with websockets.connect(
             url,
             additional_headers={"Authorization": f"Bearer {token}"},
             open_timeout=60,
             max_queue=None,
+            ping_interval=None,  # a starved client must not hang up on the server it measures
         ) as ws:
-            first = True
-            frames = 0
-            async for raw in ws:
-                now = time.time()
-                frames += 1
-                if first:
-                    first = False
-                    count[0] += 1
-                    if count[0] == n:
-                        connected.set()
-                msg = json.loads(raw)
-                for record in _records(msg):
-                    if record["type"] == "metric":
-                        steps.append(record["data"]["step"])
-                        latencies.append(now - record["data"]["time"])
-                if msg["type"] in ("end", "gap"):
-                    return {"steps": steps, "lat": latencies, "last": msg["type"], "frames": frames}
-            return {"steps": steps, "lat": latencies, "last": None, "frames": frames}
+            try:
+                async for raw in ws:
+                    now = time.time()
+                    frames += 1
+                    if frames == 1:
+                        count[0] += 1
+                        if count[0] == n:
+                            connected.set()
+                    msg = json.loads(raw)
+                    for record in _records(msg):
+                        if record["type"] == "metric":
+                            steps.append(record["data"]["step"])
+                            latencies.append(now - record["data"]["time"])
+                    if msg["type"] in ("end", "gap"):
+                        last = msg["type"]
+                        break
+            except websockets.ConnectionClosedError:
+                last = "dropped"
+        return {"steps": steps, "lat": latencies, "last": last, "frames": frames}
 
     tasks = [asyncio.create_task(one()) for _ in range(n)]
     await connected.wait()
