@@ -52,7 +52,9 @@ BAD_MESSAGES: list[tuple[str, list[Any], dict[str, Any], str]] = [
 ]
 
 
-def test_a_worker_drops_bad_messages_and_then_trains_a_real_job(stack: Stack) -> None:
+def test_a_worker_drops_bad_messages_then_trains_each_job_in_a_warm_process_of_its_own(
+    stack: Stack,
+) -> None:
     worker_pid = stack.processes["w1"].pid
     celery = make_celery(Settings(redis_url=stack.redis_server.url))
     for task_id, args, kwargs, _ in BAD_MESSAGES:
@@ -69,11 +71,25 @@ def test_a_worker_drops_bad_messages_and_then_trains_a_real_job(stack: Stack) ->
     log = stack.log_tail("w1", 1000)
     assert "Traceback" not in log and "raised unexpected" not in log, log
 
-    job = stack.submit(service_job(max_steps=20))
-    done = stack.wait_for_status(job["id"], "succeeded", "failed", timeout=180)
-    assert done["status"] == "succeeded", done["error"]
+    processes = []
+    for _ in range(2):  # one after the other: the second takes the spare the first left
+        job = stack.submit(service_job(max_steps=20))
+        done = stack.wait_for_status(job["id"], "succeeded", "failed", timeout=180)
+        assert done["status"] == "succeeded", done["error"]
+        (started,) = [e for e in stack.events(job["id"]) if e["type"] == "started"]
+        processes.append(started["data"]["process"])
     assert done["worker"] == "w1@test" and stack.processes["w1"].pid == worker_pid
     assert stack.processes["w1"].poll() is None
+
+    # Each attempt trained in a warm spare that had imported torch but never touched
+    # CUDA, and one process trains one attempt only.
+    assert [p["warm"] for p in processes] == [True, True]
+    assert [p["cuda_initialized_before_launch"] for p in processes] == [False, False]
+    assert processes[0]["pid"] != processes[1]["pid"]
+    assert not psutil.pid_exists(processes[0]["pid"])
+    log = stack.log_tail("w1", 1000)
+    for p in processes:
+        assert f"training in a warm process {p['pid']} (CUDA untouched" in log
 
 
 def training_child(
@@ -104,23 +120,3 @@ def test_the_training_child_gets_no_secret_of_the_worker(stack: Stack) -> None:
         assert env["PATH"] and env["OMP_NUM_THREADS"] == "1"
     done = stack.wait_for_status(job["id"], "cancelled", "failed", "succeeded", timeout=60)
     assert done["status"] == "cancelled", done["error"]
-
-
-def test_each_job_trains_in_a_warm_process_of_its_own_that_never_touched_cuda(
-    stack: Stack,
-) -> None:
-    processes = []
-    for _ in range(2):  # one after the other: the second takes the spare the first left
-        job = stack.submit(service_job(max_steps=10))
-        done = stack.wait_for_status(job["id"], "succeeded", "failed", timeout=180)
-        assert done["status"] == "succeeded", done["error"]
-        (started,) = [e for e in stack.events(job["id"]) if e["type"] == "started"]
-        processes.append(started["data"]["process"])
-    assert [p["warm"] for p in processes] == [True, True]
-    assert [p["cuda_initialized_before_launch"] for p in processes] == [False, False]
-    assert processes[0]["pid"] != processes[1]["pid"]  # one attempt per process
-    # The spare that trained the first job is gone; the worker's log names both.
-    assert not psutil.pid_exists(processes[0]["pid"])
-    log = stack.log_tail("w1", 400)
-    for p in processes:
-        assert f"training in a warm process {p['pid']} (CUDA untouched" in log
