@@ -6,11 +6,12 @@ disappears from ``GET /workers`` within one TTL. The keys (names in
 :class:`api.core.redis.Keys`):
 
 - ``Keys.worker_info(name)``: JSON of the worker (queues, concurrency,
+  ``devices_per_job``, ``slots`` (each pool process's index and ``gpus``),
   devices, versions, ``last_heartbeat``); rewritten with a TTL by a heartbeat
   thread in the worker's main process.
 - ``Keys.worker_slot(name, i)``: JSON of the job pool process ``i`` is
-  supervising (job id, attempt, GPU, latest step, throughput, loss scale,
-  memory); written by that supervisor, TTL = the job's lease.
+  supervising (job id, attempt, GPU and ``gpus``, latest step, throughput, loss
+  scale, memory); written by that supervisor, TTL = the job's lease.
 - ``Keys.WORKERS``: sorted set name -> last heartbeat, so readers find the
   names without SCAN; entries older than a day are pruned by readers.
 """
@@ -67,6 +68,23 @@ def read_slots(client: redis.Redis, worker: str, concurrency: int) -> list[dict[
         return []
     raw = client.mget([Keys.worker_slot(worker, i) for i in range(concurrency)])
     return [{"slot": i, **json.loads(v)} for i, v in enumerate(raw) if v is not None]
+
+
+def served_queues(client: redis.Redis) -> set[str]:
+    """The queues some live worker consumes now (a draining worker takes nothing new)."""
+    names = [
+        text(n) for n in client.zrangebyscore(Keys.WORKERS, time.time() - FORGET_AFTER_S, "+inf")
+    ]
+    if not names:
+        return set()
+    served: set[str] = set()
+    for raw in client.mget([Keys.worker_info(n) for n in names]):
+        if raw is None:
+            continue
+        info = json.loads(raw)
+        if not info.get("draining"):
+            served.update(info.get("queues") or [])
+    return served
 
 
 def read_workers(client: redis.Redis) -> list[dict[str, Any]]:

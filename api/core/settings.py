@@ -20,6 +20,14 @@ QUEUE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,15}$")
 """At most 16 characters: the width of ``jobs.queue``."""
 TRANSPORT_KEYS = frozenset({"unacked", "unacked_index", "unacked_mutex", "celery", "celeryev"})
 """Redis keys kombu's Redis transport uses for itself; a queue of that name would overwrite them."""
+MAX_DEVICES_PER_JOB = 8
+"""The most devices one job may ask for (``JobSpec.devices``): shape queues go up to ``-x8``."""
+
+
+def shape_queue(base: str, devices: int) -> str:
+    """The queue of ``devices``-device jobs on ``base``: ``base`` itself for one device (so
+    ``gpu`` and ``cpu`` stay the one-device queues), else ``base-x{devices}`` (``gpu-x2``)."""
+    return base if devices == 1 else f"{base}-x{devices}"
 
 
 class Settings(BaseSettings):
@@ -88,7 +96,8 @@ class Settings(BaseSettings):
     queues: Annotated[list[str], NoDecode] = Field(default_factory=lambda: ["gpu", "cpu"])
     """Worker queues a job may name (comma-separated), e.g. ``gpu,cpu,gpu-a100``. kombu
     keeps each queue as a Redis list of that very name, so a job may only pick one of
-    these, and a name that collides with the transport's own keys is refused here."""
+    these (or one of their shape queues, see :attr:`routable_queues`), and a name that
+    collides with the transport's own keys is refused here."""
 
     max_body_bytes: int = Field(default=1024 * 1024, ge=1024)
     """Largest request body the API reads; a longer one is refused with 413 before it is
@@ -182,6 +191,19 @@ class Settings(BaseSettings):
                     f"({', '.join(self.data_protocols)}) does not allow"
                 )
         return self
+
+    @property
+    def routable_queues(self) -> list[str]:
+        """Every queue a job may go to: the configured ``queues`` and, for each, its shape
+        queues ``-x2`` .. ``-x8`` (workers started with ``--devices-per-job``) that fit the
+        16 characters of a queue name. Derived names cannot collide with kombu's own keys."""
+        names = list(self.queues)
+        for base in self.queues:
+            for n in range(2, MAX_DEVICES_PER_JOB + 1):
+                name = shape_queue(base, n)
+                if QUEUE_NAME.match(name) and name not in names:
+                    names.append(name)
+        return names
 
     @property
     def embedded_redis_dir(self) -> Path:

@@ -28,12 +28,13 @@ from celery import Celery
 from redis.exceptions import LockError
 from sqlalchemy.orm import Session, sessionmaker
 
+from api.contracts import presence
 from api.core.enums import TaskName
 from api.core.redis import Keys
-from api.core.settings import Settings
+from api.core.settings import Settings, shape_queue
 from api.services import reconciler
 from api.services.broker import make_celery
-from api.store import jobs, outbox
+from api.store import jobs, outbox, queue_waits
 from api.store.models import utcnow
 from trainer_core.contract.spec import JobSpec
 
@@ -45,11 +46,14 @@ SWEEP_BATCH = 200
 
 
 def queue_for(spec: JobSpec) -> str:
-    """The Celery queue a job goes to: the spec's ``queue`` if it names one, else ``cpu``
-    when it asks for the CPU, else ``gpu``."""
+    """The Celery queue a job goes to: the spec's ``queue`` if it names one, else the queue
+    of its shape: ``cpu`` when it asks for the CPU, else ``gpu``, for one device, and
+    ``cpu-x{N}`` / ``gpu-x{N}`` for ``devices: N``, which only workers started with
+    ``--devices-per-job N`` consume (routing by queue, as Celery fleets do: each pool
+    process owns its N devices before it takes a message)."""
     if spec.queue:
         return spec.queue
-    return "cpu" if spec.device == "cpu" else "gpu"
+    return shape_queue("cpu" if spec.device == "cpu" else "gpu", spec.devices)
 
 
 class Dispatcher:
@@ -111,10 +115,11 @@ class Dispatcher:
 
     def send(self, job_id: str, queue_name: str) -> bool:
         """Publish one job and mark it dispatched; False when the broker refused."""
-        if queue_name not in self.settings.queues:
+        allowed = self.settings.routable_queues
+        if queue_name not in allowed:
             # Never hand kombu a name it would use as a Redis key of its own (a job stored
             # before the allow-list existed, or a queue removed from the settings since).
-            self._reject(job_id, f"queue {queue_name!r} is not one of {self.settings.queues}")
+            self._reject(job_id, f"queue {queue_name!r} is not one of {allowed}")
             return True
         try:
             self.celery.send_task(
@@ -128,7 +133,24 @@ class Dispatcher:
         except sa.exc.SQLAlchemyError:
             # Sent but not marked: the sweep sends it again, the claim makes that harmless.
             log.exception("could not mark %s dispatched", job_id)
+        self._say_if_unserved(job_id, queue_name)
         return True
+
+    def _say_if_unserved(self, job_id: str, queue_name: str) -> None:
+        """A job sent to a queue no live worker consumes waits there; tell its watchers
+        once (``waiting_for_queue``) rather than leave them guessing. Best effort: the job
+        runs as soon as a worker of that queue appears either way."""
+        try:
+            served = presence.served_queues(self.redis)
+            if queue_name in served:
+                return
+            with self.sessions.begin() as s:
+                said = queue_waits.note_waiting(s, job_id, queue_name, served)
+        except (redis.RedisError, sa.exc.SQLAlchemyError, ValueError) as exc:
+            log.warning("could not check who serves queue %s for %s: %s", queue_name, job_id, exc)
+            return
+        if said:
+            log.info("job %s waits: no live worker takes jobs from queue %s", job_id, queue_name)
 
     def _reject(self, job_id: str, message: str) -> None:
         log.warning("job %s not dispatched: %s", job_id, message)
@@ -170,7 +192,10 @@ class Dispatcher:
         steps: tuple[Callable[[], int], ...] = (
             partial(reconciler.reap_expired_leases, self.sessions),
             partial(
-                reconciler.forget_lost_dispatches, self.sessions, self.redis, self.settings.queues
+                reconciler.forget_lost_dispatches,
+                self.sessions,
+                self.redis,
+                self.settings.routable_queues,
             ),
             self.sweep_once,
         )

@@ -88,12 +88,13 @@ def submit_job(
                 "type": "too_long",
             }
         )
-    if spec.queue is not None and spec.queue not in services.settings.queues:
+    if spec.queue is not None and spec.queue not in services.settings.routable_queues:
         problems.append(
             {
                 "loc": ("queue",),
-                "msg": f"unknown queue {spec.queue!r}; this service has "
-                f"{', '.join(services.settings.queues)}",
+                # The name last: a quote followed by a long text reads as one long value.
+                "msg": f"the queues of this service are {', '.join(services.settings.routable_queues)}"
+                f" (shape queues -xN take jobs of devices N), not {spec.queue!r}",
                 "type": "enum",
             }
         )
