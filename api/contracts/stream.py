@@ -40,7 +40,7 @@ import math
 from typing import Any
 
 from api.core.redis import text
-from trainer_core.contract.records import METRIC_FIELDS
+from trainer_core.contract.records import METRIC_FIELDS, PARALLEL_METRIC_FIELDS
 
 STREAM_MAXLEN = 100_000
 """Approximate bound (``MAXLEN ~``): the stream is a live buffer, SQL keeps history."""
@@ -56,6 +56,9 @@ def encode(item: dict[str, Any], *, job_id: str, attempt: int) -> dict[str, str]
         fields["status"] = str(item["status"])
     elif item["kind"] == "metric":
         fields.update({f: _json_scalar(item.get(f)) for f in METRIC_FIELDS})
+        # A data-parallel run's extra fields (a list among them); absent for one device,
+        # which keeps its entries as small as before.
+        fields.update({f: json.dumps(item[f]) for f in PARALLEL_METRIC_FIELDS if f in item})
     else:
         fields.update(
             type=str(item["type"]),
@@ -76,6 +79,7 @@ def decode(fields: dict[Any, Any]) -> dict[str, Any]:
         out["status"] = f.get("status")
     elif f["kind"] == "metric":
         out.update({name: json.loads(f[name]) for name in METRIC_FIELDS if name in f})
+        out.update({name: json.loads(f[name]) for name in PARALLEL_METRIC_FIELDS if name in f})
     else:
         out.update(
             type=f["type"],

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Iterable
@@ -13,7 +14,11 @@ from api.contracts.jsonsafe import finite
 from api.contracts.stream import decode
 from api.core.redis import text
 from api.store.recording import FLOAT_FIELDS
-from trainer_core.contract.records import METRIC_FIELDS
+from trainer_core.contract.records import (
+    METRIC_FIELDS,
+    PARALLEL_METRIC_FIELDS,
+    STORED_METRIC_FIELDS,
+)
 
 log = logging.getLogger(__name__)
 
@@ -66,11 +71,13 @@ def _point_row(job_id: str, entry_id: str, fields: dict[Any, Any]) -> dict[str, 
     ``json.loads`` (it was half the recorder's CPU). A float column's integer reads as a
     float, as SQL stores it; anything unusual takes the ``decode`` route."""
     ms, seq = Cursor.of_entry(entry_id)
-    row: dict[str, Any] = dict.fromkeys(METRIC_FIELDS)
+    row: dict[str, Any] = dict.fromkeys(STORED_METRIC_FIELDS)
     try:
         for k, v in fields.items():
             column = _COLUMN.get(k)
             if column is None:
+                if k in _PARALLEL:
+                    row.update(_parallel(text(k), text(v)))
                 continue
             if v in _CONSTANTS:
                 row[column[0]] = _CONSTANTS[v]
@@ -81,9 +88,27 @@ def _point_row(job_id: str, entry_id: str, fields: dict[Any, Any]) -> dict[str, 
     except ValueError:
         item = decode(fields)
         row = {f: item.get(f) for f in METRIC_FIELDS}
+        row.update(_parallel(f, json.dumps(item.get(f))) for f in PARALLEL_METRIC_FIELDS)
     attempt = fields.get(b"attempt") or fields["attempt"]  # KeyError: undecodable
     row.update(job_id=job_id, attempt=int(attempt), stream_ms=ms, stream_seq=seq)
     return row
+
+
+_PARALLEL = frozenset(k for f in PARALLEL_METRIC_FIELDS for k in (f, f.encode()))
+
+
+def _parallel(name: str, value: str) -> tuple[str, Any]:
+    """A data-parallel run's field as its column holds it: ``world_size`` an int,
+    ``memory_peak_per_rank`` JSON text of a list of ints (checked: a malformed value would
+    fail the whole batch's insert on PostgreSQL); null when absent or malformed."""
+    try:
+        parsed = json.loads(value)
+    except ValueError:
+        parsed = None
+    if name == "world_size":
+        return name, parsed if type(parsed) is int else None
+    ok = isinstance(parsed, list) and all(type(v) is int for v in parsed)
+    return name, json.dumps(parsed) if ok else None
 
 
 def _event_row(job_id: str, entry_id: str, item: dict[str, Any]) -> dict[str, Any]:

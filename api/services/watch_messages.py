@@ -16,7 +16,7 @@ from typing import Any
 from api.contracts.jsonsafe import finite
 from api.core.enums import JobStatus
 from api.services.live_hub import LiveEntry
-from trainer_core.contract.records import METRIC_FIELDS
+from trainer_core.contract.records import STORED_METRIC_FIELDS
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,7 +73,7 @@ def message(type_: str, cursor: str | None, data: dict[str, Any]) -> str:
 
 def metric_out(cursor: str, point: dict[str, Any]) -> Out:
     """A metric message from a recorded point or a stream record."""
-    data = {f: point.get(f) for f in METRIC_FIELDS}
+    data = {f: point.get(f) for f in STORED_METRIC_FIELDS}  # as history shows it
     data["attempt"] = point["attempt"]
     return Out("metric", cursor, message("metric", cursor, data))
 

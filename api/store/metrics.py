@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session, aliased
 
 from api.contracts.cursor import Cursor
 from api.store.models import MetricPoint
-from trainer_core.contract.records import METRIC_FIELDS
+from trainer_core.contract.records import STORED_METRIC_FIELDS
 
 Attempts = Literal["effective", "all"]
 
@@ -27,7 +27,7 @@ def metric_page(
     attempts: Attempts = "effective",
     upto: Cursor | None = None,
 ) -> tuple[list[dict[str, Any]], str | None]:
-    """Points after ``after`` in recording order, as dicts of METRIC_FIELDS + ``attempt`` +
+    """Points after ``after`` in recording order, as dicts of STORED_METRIC_FIELDS + ``attempt`` +
     ``cursor``. ``effective`` keeps, for each step, only the newest attempt's point (the
     series after a resume); ``all`` returns every attempt's points. ``upto`` bounds the
     page (inclusive).
@@ -74,8 +74,9 @@ def newest_cursor(s: Session, job_id: str) -> Cursor | None:
 
 
 def point_dict(row: MetricPoint) -> dict[str, Any]:
-    """A recorded point as the API shows it: METRIC_FIELDS + ``attempt`` + ``cursor``."""
-    out: dict[str, Any] = {f: getattr(row, f) for f in METRIC_FIELDS}
+    """A recorded point as the API shows it: STORED_METRIC_FIELDS (the data-parallel ones
+    null for one device) + ``attempt`` + ``cursor``."""
+    out: dict[str, Any] = {f: getattr(row, f) for f in STORED_METRIC_FIELDS}
     out["attempt"] = row.attempt
     out["cursor"] = str(Cursor(row.stream_ms, row.stream_seq))
     return out

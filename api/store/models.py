@@ -125,7 +125,8 @@ class JobEvent(Base):
 
 
 class MetricPoint(Base):
-    """One optimizer step of one attempt; columns named as trainer_core.contract.records.METRIC_FIELDS."""
+    """One optimizer step of one attempt; columns named as
+    trainer_core.contract.records.STORED_METRIC_FIELDS."""
 
     __tablename__ = "metric_points"
     __table_args__ = (
@@ -153,6 +154,10 @@ class MetricPoint(Base):
     samples_per_second: Mapped[float | None] = mapped_column(sa.Float(precision=53))
     step_time_ms: Mapped[float | None] = mapped_column(sa.Float(precision=53))
     skipped_steps: Mapped[int | None]
+    # Data-parallel runs only (trainer_core.contract.records.PARALLEL_METRIC_FIELDS); null
+    # for one device. The memory_* columns above are then the maximum over ranks.
+    world_size: Mapped[int | None]
+    memory_peak_per_rank: Mapped[list[int] | None] = mapped_column(sa.JSON)
 
 
 class ApiToken(Base):

@@ -27,13 +27,14 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from trainer_core.contract.records import METRIC_FIELDS
+from trainer_core.contract.records import STORED_METRIC_FIELDS
 
 PG_METHODS = ("copy", "values")
 PG_DEFAULT = "copy"
 """The faster PostgreSQL path as measured by bench/recorder_throughput.py."""
 
-COLUMNS = ("job_id", "attempt", "stream_ms", "stream_seq", *METRIC_FIELDS)
+COLUMNS = ("job_id", "attempt", "stream_ms", "stream_seq", *STORED_METRIC_FIELDS)
+"""``memory_peak_per_rank`` travels as JSON text (a list would be adapted as an array)."""
 _row = itemgetter(*COLUMNS)
 _COLS = ", ".join(COLUMNS)
 _CONFLICT = "ON CONFLICT (job_id, attempt, step) DO NOTHING RETURNING job_id, attempt, step"
@@ -53,7 +54,7 @@ _ONE_ROW = (
 )
 
 SQLITE_PAGE = 500
-"""Rows per SQLite statement (17 parameters each: well under SQLite's 32766 limit)."""
+"""Rows per SQLite statement (19 parameters each: well under SQLite's 32766 limit)."""
 
 Inserted = set[tuple[str, int, int]]
 

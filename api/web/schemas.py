@@ -105,7 +105,8 @@ class BucketMark(BaseModel):
 
 class MetricPage(BaseModel):
     items: list[dict[str, Any]]
-    """Telemetry records (``trainer_core.contract.records.METRIC_FIELDS``) plus ``attempt`` and ``cursor``."""
+    """Telemetry records (``trainer_core.contract.records.STORED_METRIC_FIELDS``: ``world_size``
+    and ``memory_peak_per_rank`` null for one device) plus ``attempt`` and ``cursor``."""
     next_cursor: str | None
     """Pass as ``after`` to get only newer points."""
     marks: list[BucketMark] = Field(default_factory=list)

@@ -33,6 +33,10 @@ PARALLEL_METRIC_FIELDS: tuple[str, ...] = (
     "memory_peak_per_rank",  # list of each rank's memory_peak, in rank order
 )
 
+# Every field of a metric point as stored and returned (GET /jobs/{id}/metrics, the live
+# stream): the PARALLEL_METRIC_FIELDS are null there for a one-device run.
+STORED_METRIC_FIELDS: tuple[str, ...] = METRIC_FIELDS + PARALLEL_METRIC_FIELDS
+
 # Event types the engine emits itself; the worker adds lifecycle events
 # (queued, started, resumed, succeeded, failed, cancelled) with the same shape.
 ENGINE_EVENTS: tuple[str, ...] = ("checkpoint", "warning", "precision", "micro_batch")

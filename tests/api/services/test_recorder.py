@@ -19,7 +19,7 @@ from api.core.redis import Keys
 from api.services.recorder import GROUP, Recorder
 from api.store import events, jobs, metrics
 from api.store.models import Job, JobEvent, MetricPoint
-from trainer_core.contract.records import METRIC_FIELDS, event, metric
+from trainer_core.contract.records import STORED_METRIC_FIELDS, event, metric
 from trainer_core.contract.spec import JobSpec
 
 Sessions = sessionmaker[Session]
@@ -156,7 +156,7 @@ def test_metric_page_cursor_returns_each_point_once(sf: Sessions, r: redis.Redis
             if not items:
                 break
         first, _ = metrics.metric_page(s, job_id, limit=1)
-        assert set(first[0]) == {*METRIC_FIELDS, "attempt", "cursor"}
+        assert set(first[0]) == {*STORED_METRIC_FIELDS, "attempt", "cursor"}
         assert first[0]["attempt"] == attempt
         with pytest.raises(ValueError):
             metrics.metric_page(s, job_id, after="garbage", limit=5)
