@@ -52,7 +52,8 @@ def train(child: ChildProcess) -> list[ControlMessage]:
 
 def losses(redis_url: str, job_id: str) -> list[tuple[int, float]]:
     client = redis.Redis.from_url(redis_url)
-    items = [decode(f) for _, f in client.xrange(Keys.telemetry(job_id))]
+    entries: Any = client.xrange(Keys.telemetry(job_id))
+    items = [decode(f) for _, f in entries]
     return [(i["step"], i["loss"]) for i in items if i["kind"] == "metric"]
 
 
@@ -93,7 +94,7 @@ def test_a_warm_spare_trains_exactly_like_a_fresh_process(
 def test_a_spare_that_dies_while_idle_is_replaced_and_the_next_one_trains(
     keeper: SpareKeeper, redis_server: EmbeddedRedis, tmp_path: Path
 ) -> None:
-    first = wait_until(lambda: keeper.pid, 60, "a spare")
+    first: int = wait_until(lambda: keeper.pid, 60, "a spare")
     os.kill(first, signal.SIGKILL)
     second = wait_until(lambda: keeper.pid not in (None, first) and keeper.pid, 60, "a new spare")
 
