@@ -94,7 +94,8 @@ def test_a_warm_spare_trains_exactly_like_a_fresh_process(
 def test_a_spare_that_dies_while_idle_is_replaced_and_the_next_one_trains(
     keeper: SpareKeeper, redis_server: EmbeddedRedis, tmp_path: Path
 ) -> None:
-    first: int = wait_until(lambda: keeper.pid, 60, "a spare")
+    first = wait_until(lambda: keeper.pid, 60, "a spare")
+    assert first is not None
     os.kill(first, signal.SIGKILL)
     second = wait_until(lambda: keeper.pid not in (None, first) and keeper.pid, 60, "a new spare")
 
