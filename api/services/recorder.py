@@ -38,7 +38,7 @@ from api.services.recorder_entries import Entry, parse
 from api.services.recorder_group import GROUP as GROUP
 from api.services.recorder_group import ConsumerGroup, is_nogroup
 from api.services.recorder_owner import Owned, Ownership
-from api.store import events, recording
+from api.store import events, recording, summaries
 from api.store.models import utcnow
 
 log = logging.getLogger(__name__)
@@ -210,6 +210,9 @@ class Recorder:
                 inserted = new.get(job_id, set())
                 recording.insert_events(s, batch.events)
                 recording.update_progress(s, job_id, batch.points, inserted)
+                summaries.add_points(
+                    s, job_id, [p for p in batch.points if (p["attempt"], p["step"]) in inserted]
+                )
                 if batch.ends and recording.mark_done(s, job_id, batch.ends):
                     ends.append(job_id)
             lost = [job_id for job_id in taken if not self.ownership.hold(job_id)]

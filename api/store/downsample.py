@@ -42,9 +42,9 @@ from sqlalchemy.orm import Session, aliased
 from api.contracts.cursor import Cursor
 from api.contracts.jsonsafe import finite
 from api.store import summaries, summary_reads
-from api.store.metrics import newest_attempt, newest_cursor, point_dict
+from api.store.metrics import newest_attempt, newest_cursor
 from api.store.models import MetricPoint
-from trainer_core.contract.records import METRIC_FIELDS
+from trainer_core.contract.records import METRIC_FIELDS, STORED_METRIC_FIELDS
 
 EXTREMA_FIELDS = summaries.SUMMARY_FIELDS
 """The fields whose per-bucket min and max are kept when requested. ``lr`` follows a
@@ -139,7 +139,7 @@ def series_window(
     newest = _text(cursor)
     first = 0 if from_step is None else from_step
     last = summary_reads.STEP_END if to_step is None else to_step
-    (total,) = summary_reads.aggregates(s, view, [(first, last)])
+    (total,) = summary_reads.aggregates(s, view, [(first, last)], view.top)
     if not total["points"]:
         return Window([], newest)
     p = MetricPoint
@@ -151,7 +151,7 @@ def series_window(
                 .order_by(p.step, p.attempt.desc())
             )
         )
-        return Window([select_fields(_row(r, False), fields) for r in rows], newest)
+        return Window([_row(r, False, fields) for r in rows], newest)
     lo, hi = total["first_step"], total["last_step"]
     extrema = extrema_of(fields)
     per_bucket = 3 + 2 * len(extrema)  # first, last, first flagged, each field's min and max
@@ -162,7 +162,8 @@ def series_window(
         (max(lo, b * width), min(hi, b * width + width - 1))
         for b in range(lo // width, hi // width + 1)
     ]
-    steps, marks = _choose(summary_reads.aggregates(s, view, ranges), extrema)
+    level = (width & -width).bit_length() - 1  # width = m * 2**level, m in 4..7
+    steps, marks = _choose(summary_reads.aggregates(s, view, ranges, level, extrema), extrema)
     n_flagged = sum(m["flagged"] for m in marks)
     if n_flagged > len(marks) and len(steps) + n_flagged - len(marks) <= max_points:
         # Room for every flagged step, not just each bucket's first.
@@ -204,7 +205,7 @@ def raw_window(
         count = s.scalar(sa.select(sa.func.count()).where(*where))  # the effective points
     if count <= max_points:
         rows = s.scalars(sa.select(p).where(*where).order_by(p.step)).all()
-        return Window([select_fields(_row(r, False), fields) for r in rows], newest)
+        return Window([_row(r, False, fields) for r in rows], newest)
     extrema = extrema_of(fields)
     per_bucket = 3 + 2 * len(extrema)  # first, last, first flagged, each field's min and max
     width = _bucket_width(int(lo), int(hi), max(1, max_points // per_bucket))
@@ -232,7 +233,7 @@ def _finish(
     rows = _rows_at(s, job_id, sorted(steps), multi_attempt=multi)
     if len(rows) > max_points:  # only when max_points < per_bucket: one bucket
         rows = _most_telling(rows, max_points, extrema)
-    items = [select_fields(_row(r, True), fields) for r in rows]
+    items = [_row(r, True, fields) for r in rows]
     return Window(items, newest, marks)
 
 
@@ -358,40 +359,40 @@ def _chosen_steps(
     return chosen, marks
 
 
-def _rows_at(
-    s: Session, job_id: str, steps: list[int], *, multi_attempt: bool
-) -> list[MetricPoint]:
+def _rows_at(s: Session, job_id: str, steps: list[int], *, multi_attempt: bool) -> list[Any]:
+    """The points at ``steps`` (the effective one per step), as rows: no ORM objects for
+    what only becomes a dict."""
     p = MetricPoint
-    rows: list[MetricPoint] = []
+    rows: list[Any] = []
     for i in range(0, len(steps), _IN_CHUNK):
         chunk = steps[i : i + _IN_CHUNK]
         rows.extend(
-            s.scalars(
-                sa.select(p)
+            s.execute(
+                sa.select(p.__table__)
                 .where(p.job_id == job_id, p.step.in_(chunk))
                 .order_by(p.step, p.attempt.desc())
             ).all()
         )
     if not multi_attempt:
         return rows
-    newest: dict[int, MetricPoint] = {}
+    newest: dict[int, Any] = {}
     for r in rows:
         newest.setdefault(r.step, r)  # attempt descending: the first is the effective one
     return [newest[k] for k in sorted(newest)]
 
 
-def _most_telling(rows: list[MetricPoint], n: int, extrema: tuple[str, ...]) -> list[MetricPoint]:
+def _most_telling(rows: list[Any], n: int, extrema: tuple[str, ...]) -> list[Any]:
     """For a budget smaller than one bucket's points: each field's spike (highest value)
     first, then the flagged steps, the lows, the last and the first point."""
-    highs: list[MetricPoint] = []
-    lows: list[MetricPoint] = []
+    highs: list[Any] = []
+    lows: list[Any] = []
     for f in extrema:
         ranked = sorted((r for r in rows if _finite(getattr(r, f))), key=attrgetter(f))
         if ranked:
             highs.append(ranked[-1])
             lows.append(ranked[0])
     flags = [r for r in rows if r.skipped or not _finite(r.loss)]
-    picked: list[MetricPoint] = []
+    picked: list[Any] = []
     for r in [*highs, *flags, *lows, rows[-1], rows[0]]:
         if r not in picked:
             picked.append(r)
@@ -406,6 +407,25 @@ def _text(cursor: Cursor | None) -> str | None:
     return None if cursor is None else str(cursor)
 
 
-def _row(r: MetricPoint, downsampled: bool) -> dict[str, Any]:
-    # PostgreSQL keeps NaN and infinities; JSON (and browsers) cannot carry them.
-    return {**finite(point_dict(r)), "downsampled": downsampled}
+def _row(r: Any, downsampled: bool, fields: Sequence[str] | None) -> dict[str, Any]:
+    """A point (ORM object or row) as :func:`api.store.metrics.point_dict` shows it, only
+    the wanted ``fields`` (:func:`select_fields`), plus ``downsampled``; numbers cleaned
+    one by one, not by the recursive :func:`finite` (the hot loop of every history read)."""
+    names = (
+        STORED_METRIC_FIELDS
+        if fields is None
+        else [f for f in STORED_METRIC_FIELDS if f in {"step", *fields}]
+    )
+    out: dict[str, Any] = {}
+    for f in names:
+        v = getattr(r, f)
+        if v.__class__ is float:
+            # PostgreSQL keeps NaN and infinities; JSON (and browsers) cannot carry them.
+            v = v if math.isfinite(v) else None
+        elif isinstance(v, list | dict):
+            v = finite(v)
+        out[f] = v
+    out["attempt"] = r.attempt
+    out["cursor"] = str(Cursor(r.stream_ms, r.stream_seq))
+    out["downsampled"] = downsampled
+    return out

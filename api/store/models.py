@@ -182,6 +182,18 @@ class MetricSummary(Base):
     read needs per bucket without visiting the points (see :mod:`api.store.summaries`)."""
 
     __tablename__ = "metric_summaries"
+    __table_args__ = (
+        # Only the nodes holding flagged steps: a read keeping every flagged step finds
+        # them without walking every node of the window.
+        sa.Index(
+            None,
+            "job_id",
+            "level",
+            "idx",
+            sqlite_where=sa.text("flagged > 0"),
+            postgresql_where=sa.text("flagged > 0"),
+        ),
+    )
 
     job_id: Mapped[str] = mapped_column(
         sa.ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True

@@ -56,6 +56,7 @@ EXTREMA_COLUMNS = tuple(
 )
 COLUMNS = (*COUNTS, *EXTREMA_COLUMNS)
 _DBL_MAX = 1.7976931348623157e308
+IN_CHUNK = 2000  # bound parameters per statement: far below SQLite's 32766
 
 Agg = dict[str, Any]
 """A node's aggregates, keyed as the table's columns (:data:`COLUMNS`)."""
@@ -103,8 +104,9 @@ def fold(agg: Agg, step: int, row: Mapping[str, Any]) -> None:
             agg[f"{f}_max_step"] = step
 
 
-def join(a: Agg | None, b: Agg | None) -> Agg:
-    """The aggregates of two step ranges, ``a`` wholly before ``b`` (ties: ``a``'s step)."""
+def join(a: Agg | None, b: Agg | None, fields: Sequence[str] = SUMMARY_FIELDS) -> Agg:
+    """The aggregates of two step ranges, ``a`` wholly before ``b`` (ties: ``a``'s step),
+    with the extremes of ``fields``."""
     if a is None or not a["points"]:
         return dict(b) if b is not None else empty()
     if b is None or not b["points"]:
@@ -118,7 +120,7 @@ def join(a: Agg | None, b: Agg | None) -> Agg:
         "flagged": a["flagged"] + b["flagged"],
         "first_flag": a["first_flag"] if a["first_flag"] is not None else b["first_flag"],
     }
-    for f in SUMMARY_FIELDS:
+    for f in fields:
         lo, hi = f"{f}_min", f"{f}_max"
         src = a if a[lo] is not None and (b[lo] is None or a[lo] <= b[lo]) else b
         out[lo], out[f"{lo}_step"] = src[lo], src[f"{lo}_step"]
@@ -137,21 +139,34 @@ def effective(rows: Iterable[Any]) -> list[Any]:
 
 
 def raw_rows(s: Session, job_id: str, ranges: Sequence[tuple[int, int]]) -> list[Any]:
-    """The effective points of the inclusive step ranges (few steps each), in step order."""
-    if not ranges:
-        return []
+    """The effective points of the inclusive step ranges (a few steps each), in step order."""
     p = MetricPoint
     cols = [p.step, p.attempt, p.skipped, *(getattr(p, f) for f in SUMMARY_FIELDS)]
+    return effective(points_at(s, job_id, ranges, cols))
+
+
+def points_at(
+    s: Session,
+    job_id: str,
+    ranges: Sequence[tuple[int, int]],
+    cols: Sequence[Any],
+    *where: Any,
+) -> list[Any]:
+    """``cols`` of every attempt's points in the step ranges (and ``where``), by step, newest
+    attempt first. ``step IN (...)``, not an OR of ranges: SQLite scans the whole job for
+    the latter."""
+    p = MetricPoint
+    steps = sorted({step for a, b in ranges for step in range(a, b + 1)})
     out: list[Any] = []
-    for i in range(0, len(ranges), 200):
-        chunk = ranges[i : i + 200]
-        out += s.execute(
-            sa.select(*cols).where(
-                p.job_id == job_id, sa.or_(*(p.step.between(a, b) for a, b in chunk))
-            )
-        ).all()
+    for i in range(0, len(steps), IN_CHUNK):
+        chunk = steps[i : i + IN_CHUNK]
+        # stream_ms is in no index with attempt: SQLite then looks the steps up by
+        # (job_id, step) instead of scanning the job's (job_id, attempt, step) entries,
+        # the index that would otherwise "cover" the query.
+        query = sa.select(*cols, p.stream_ms).where(p.job_id == job_id, p.step.in_(chunk), *where)
+        out += s.execute(query).all()
     out.sort(key=lambda r: (r.step, -r.attempt))
-    return effective(out)
+    return out
 
 
 def aggregate(rows: Iterable[Any]) -> Agg:
@@ -165,26 +180,37 @@ def aggregate(rows: Iterable[Any]) -> Agg:
 
 
 def read_nodes(
-    s: Session, job_id: str, keys: Iterable[tuple[int, int]]
+    s: Session,
+    job_id: str,
+    keys: Iterable[tuple[int, int]],
+    fields: Sequence[str] = SUMMARY_FIELDS,
 ) -> dict[tuple[int, int], Agg]:
-    """The stored nodes among ``keys`` ((level, idx)), in one statement."""
+    """The stored nodes among ``keys`` ((level, idx)) with the extremes of ``fields``, in one
+    statement (contiguous indexes as one range each)."""
     by_level: dict[int, list[int]] = defaultdict(list)
     for level, idx in set(keys):
         by_level[level].append(idx)
     if not by_level:
         return {}
     m = MetricSummary
-    terms = []
-    for level, ids in by_level.items():
-        for a, b in runs(sorted(ids)):
-            terms.append(sa.and_(m.level == level, m.idx.between(a, b)))
-    cols = [m.level, m.idx, *(getattr(m, c) for c in COLUMNS)]
+    names = [
+        *COUNTS,
+        *(f"{f}_{k}{x}" for f in fields for k in ("min", "max") for x in ("", "_step")),
+    ]
+    cols = [m.level, m.idx, *(getattr(m, c) for c in names)]
+    # One SELECT per run, glued by UNION ALL: given an OR of three or more ranges SQLite
+    # walks every node of the job instead of the index.
+    parts = [
+        sa.select(*cols).where(m.job_id == job_id, m.level == level, m.idx.between(a, b))
+        for level, ids in by_level.items()
+        for a, b in runs(sorted(ids))
+    ]
     out: dict[tuple[int, int], Agg] = {}
-    for i in range(0, len(terms), 300):
-        rows = s.execute(sa.select(*cols).where(m.job_id == job_id, sa.or_(*terms[i : i + 300])))
-        for row in rows:
-            d = dict(row._mapping)
-            out[(d.pop("level"), d.pop("idx"))] = d
+    for i in range(0, len(parts), 200):
+        chunk = parts[i : i + 200]
+        query = chunk[0] if len(chunk) == 1 else sa.union_all(*chunk)
+        for level, idx, *values in s.execute(query):
+            out[(level, idx)] = dict(zip(names, values, strict=True))
     return out
 
 
@@ -307,11 +333,11 @@ def rebuild(s: Session, job_id: str) -> None:
     """Recompute a job's summaries and state from its raw points, aggregated by the database."""
     s.execute(sa.delete(MetricSummary).where(MetricSummary.job_id == job_id))
     s.execute(sa.delete(MetricSummaryState).where(MetricSummaryState.job_id == job_id))
-    for sql in rebuild_statements(job_filter=True):
+    for sql in rebuild_statements(job_filter=True, dialect=s.get_bind().dialect.name):
         s.execute(sa.text(sql), {"job_id": job_id})
 
 
-def rebuild_statements(job_filter: bool) -> list[str]:
+def rebuild_statements(job_filter: bool, dialect: str) -> list[str]:
     """The SQL (SQLite and PostgreSQL alike) that builds every level and the state, for one
     job (``:job_id``) or for all. migrations/versions/0005_metric_summaries.py holds a
     frozen copy: keep the two the same."""
@@ -336,23 +362,33 @@ def rebuild_statements(job_filter: bool) -> list[str]:
         for f in SUMMARY_FIELDS
         for k in ("min", "max")
     }
+    # A newer attempt at the same step. SQLite, unanalysed, would answer it from the
+    # (job_id, attempt, step) index that covers it, walking all of the job's points for
+    # each point: it is told which index to use.
+    hint = " INDEXED BY ix_metric_points_job_id_step" if dialect == "sqlite" else ""
+    newer = (
+        "NOT EXISTS (SELECT 1 FROM metric_points q{1} WHERE q.job_id = {0}.job_id "
+        "AND q.step = {0}.step AND q.attempt > {0}.attempt)"
+    ).format
     base = (
-        "WITH e AS (SELECT p.*, p.step / {unit} AS node FROM metric_points p WHERE NOT EXISTS "
-        "(SELECT 1 FROM metric_points q WHERE q.job_id = p.job_id AND q.step = p.step "
-        "AND q.attempt > p.attempt){only}), "
-        "a AS (SELECT p.job_id, p.node, count(*) AS points, min(p.step) AS first_step, "
+        "WITH a AS (SELECT p.job_id, p.step / {unit} AS node, count(*) AS points, "
+        "min(p.step) AS first_step, "
         "max(p.step) AS last_step, sum(CASE WHEN p.skipped IS TRUE THEN 1 ELSE 0 END) AS skipped, "
         "sum(CASE WHEN NOT {fin_loss} THEN 1 ELSE 0 END) AS non_finite, "
         "sum(CASE WHEN {flag} THEN 1 ELSE 0 END) AS flagged, "
         "min(CASE WHEN {flag} THEN p.step END) AS first_flag, {ext} "
-        "FROM e p GROUP BY p.job_id, p.node) "
+        "FROM metric_points p WHERE {newer_p}{only} GROUP BY p.job_id, p.step / {unit}) "
         "INSERT INTO metric_summaries ({insert_cols}) "
         "SELECT a.job_id, {level}, a.node, min(a.points), min(a.first_step), min(a.last_step), "
         "min(a.skipped), min(a.non_finite), min(a.flagged), min(a.first_flag), {ext_out} "
-        "FROM a JOIN e ON e.job_id = a.job_id AND e.node = a.node GROUP BY a.job_id, a.node"
+        "FROM a JOIN metric_points e ON e.job_id = a.job_id "
+        "AND e.step BETWEEN a.first_step AND a.last_step "
+        "WHERE {newer_e} GROUP BY a.job_id, a.node"
     ).format(
         unit=1 << BASE,
         only=only,
+        newer_p=newer("p", hint),
+        newer_e=newer("e", hint),
         fin_loss=finite("p.loss", _DBL_MAX),
         flag=flag,
         ext=ext,

@@ -3,6 +3,7 @@ step range from O(log) aligned nodes plus at most ``2**BASE - 1`` raw points at 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -17,9 +18,9 @@ from api.store.summaries import (
     aggregate,
     effective,
     join,
+    points_at,
     raw_rows,
     read_nodes,
-    runs,
 )
 
 STEP_END = 2**31 - 1
@@ -62,7 +63,8 @@ def open_view(s: Session, job_id: str) -> tuple[View | None, Cursor | None]:
 
 
 def cover(first: int, last: int, top: int) -> list[Piece]:
-    """Steps ``first..last`` as aligned nodes of levels BASE..top and raw edges, in order."""
+    """Steps ``first..last`` as the fewest aligned nodes of levels BASE..top and the raw
+    edges (under ``2**BASE`` steps each), in step order."""
     unit = 1 << BASE
     start = -(-first // unit) * unit
     stop = (last + 1) // unit * unit  # exclusive
@@ -83,13 +85,22 @@ def cover(first: int, last: int, top: int) -> list[Piece]:
     return pieces
 
 
-def aggregates(s: Session, view: View, ranges: list[tuple[int, int]]) -> list[Agg]:
-    """The aggregates of each inclusive step range: nodes in one statement, the raw edges
-    in another."""
-    covers = [cover(a, min(b, (1 << view.top) - 1), view.top) for a, b in ranges]
+def aggregates(
+    s: Session,
+    view: View,
+    ranges: list[tuple[int, int]],
+    level: int,
+    fields: Sequence[str] = (),
+) -> list[Agg]:
+    """The aggregates of each inclusive step range from nodes of levels up to ``level`` (a
+    bucket of width m * 2**level is m nodes of that level: one contiguous run to read) and
+    the raw points of the edges: nodes in one statement, the edges in another. Extremes:
+    of ``fields`` only."""
+    cap = min(level, view.top)
+    covers = [cover(a, min(b, (1 << view.top) - 1), cap) for a, b in ranges]
     keys = [(p[1], p[2]) for c in covers for p in c if p[0] == "node"]
-    edges = [(p[1], p[2]) for c in covers for p in c if p[0] == "raw"]
-    nodes = read_nodes(s, view.job_id, keys)
+    edges = [(p[1], p[2]) for c in covers for p in c if p[0] == "raw" and p[1] <= p[2]]
+    nodes = read_nodes(s, view.job_id, keys, fields)
     rows = raw_rows(s, view.job_id, edges)
     out = []
     for pieces in covers:
@@ -99,34 +110,46 @@ def aggregates(s: Session, view: View, ranges: list[tuple[int, int]]) -> list[Ag
                 part = nodes.get((a, b))
             else:
                 part = aggregate(r for r in rows if a <= r.step <= b)
-            agg = join(agg, part)
+            agg = join(agg, part, fields)
         out.append(agg if agg is not None else join(None, None))
     return out
 
 
 def flagged_steps(s: Session, view: View, first: int, last: int, flag: Any) -> set[int]:
-    """Every flagged step (``flag``: the condition) of the effective series in
-    ``first..last``: found through the base nodes holding flagged steps, then read from
-    those nodes' points (every attempt's: the newest per step decides)."""
-    m = MetricSummary
-    ids = s.scalars(
-        sa.select(m.idx).where(
-            m.job_id == view.job_id,
-            m.level == BASE,
-            m.idx.between(first >> BASE, last >> BASE),
-            m.flagged > 0,
-        )
-    ).all()
+    """Every flagged step (``flag``: the condition on MetricPoint) of the effective series
+    in ``first..last``: the base nodes holding flagged steps (a partial index holds just
+    those), their points looked up by step, then the newest attempt of each hit decides."""
+    m, p = MetricSummary, MetricPoint
     unit = 1 << BASE
-    ranges = [(max(first, a * unit), min(last, b * unit + unit - 1)) for a, b in runs(sorted(ids))]
-    p = MetricPoint
-    rows: list[Any] = []
-    for i in range(0, len(ranges), 200):
-        chunk = ranges[i : i + 200]
-        rows += s.execute(
-            sa.select(p.step, p.attempt, flag.label("flag")).where(
-                p.job_id == view.job_id, sa.or_(*(p.step.between(a, b) for a, b in chunk))
+    hits = [
+        r
+        for r in s.execute(
+            sa.select(p.step, p.attempt)
+            .select_from(m)
+            .join(
+                p,
+                sa.and_(
+                    p.job_id == m.job_id,
+                    p.step.between(m.idx * unit, m.idx * unit + unit - 1),
+                ),
             )
-        ).all()
-    rows.sort(key=lambda r: (r.step, -r.attempt))
-    return {r.step for r in effective(rows) if r.flag}
+            .where(
+                m.job_id == view.job_id,
+                m.level == BASE,
+                m.idx.between(first >> BASE, last >> BASE),
+                m.flagged > sa.literal_column("0"),  # as written: the partial index's condition
+                flag,
+            )
+        )
+        # Clipped here, not in SQL: a step range there invites the planner to walk the
+        # points of the window instead of the few flagged nodes.
+        if first <= r.step <= last
+    ]
+    if not hits:
+        return set()
+    # A newer attempt's point at the same step (flagged or not) decides.
+    steps = [(r.step, r.step) for r in hits]
+    newest = {
+        r.step: r.attempt for r in effective(points_at(s, view.job_id, steps, [p.step, p.attempt]))
+    }
+    return {r.step for r in hits if newest[r.step] == r.attempt}

@@ -18,7 +18,7 @@ from api.store.db import make_engine, make_session_factory
 from api.store.downsample import parse_fields, raw_window, series_window
 from api.store.models import MetricPoint, MetricSummary, MetricSummaryState
 from api.store.summary_reads import open_view
-from trainer_core.contract.records import METRIC_FIELDS
+from trainer_core.contract.records import PARALLEL_METRIC_FIELDS, STORED_METRIC_FIELDS
 from trainer_core.contract.spec import JobSpec
 
 Sessions = sessionmaker[Session]
@@ -63,7 +63,7 @@ def series(
             loss = math.inf
         grad = rng.choice([1.0, 2.0, 0.5, 1.0, 1.0, 9.0]) if rng.random() > 0.01 else math.inf
         rows.append(
-            dict.fromkeys(METRIC_FIELDS)
+            dict.fromkeys(STORED_METRIC_FIELDS)
             | {
                 "job_id": job_id,
                 "attempt": attempt,
@@ -226,8 +226,11 @@ def test_the_migration_backfills_what_recording_builds(database_url: str) -> Non
         again = series(retried, list(range(0, 1500)), seed=10) + series(
             retried, list(range(900, 2300)), attempt=2, seed=11, ms=T0 + 9000
         )
+        old_columns = [
+            {k: v for k, v in r.items() if k not in PARALLEL_METRIC_FIELDS} for r in rows + again
+        ]
         with engine.begin() as conn:
-            conn.execute(sa.insert(MetricPoint), rows + again)
+            conn.execute(sa.insert(MetricPoint), old_columns)
         migrate.upgrade(database_url)
         backfilled = nodes(sessions, old), nodes(sessions, retried)
         with sessions.begin() as s:
