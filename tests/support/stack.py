@@ -100,9 +100,12 @@ class Stack:
                 raise AssertionError("the API exited:\n" + self.log_tail("api")) from None
             return False
 
-    def start_worker(self, name: str = "worker", queues: str = "gpu,cpu") -> None:
+    def start_worker(self, name: str = "worker", queues: str = "gpu,cpu", *args: str) -> None:
+        """Start ``amptrain worker`` (one pool process) named ``{name}@test``; ``args`` are
+        more options (``--devices-per-job 2``)."""
         self._spawn(
-            name, ["worker", "--queues", queues, "--concurrency", "1", "--name", f"{name}@test"]
+            name,
+            ["worker", "--queues", queues, "--concurrency", "1", "--name", f"{name}@test", *args],
         )
         wait_until(
             lambda: b"ready." in (self.root / f"{name}.log").read_bytes(), 60, f"{name} to be ready"

@@ -76,6 +76,32 @@ def visible_gpus() -> tuple[str, ...]:
     return tuple(d.strip() for d in env.split(",") if d.strip() and d.strip() != "-1")
 
 
+_per_job = 1
+
+
+def set_devices_per_job(k: int) -> None:
+    """``amptrain worker --devices-per-job K``, set before Celery forks its pool processes
+    (which inherit it)."""
+    global _per_job
+    _per_job = k
+
+
+def devices_per_job() -> int:
+    """How many devices each job of this worker trains on (1 unless ``--devices-per-job``)."""
+    return _per_job
+
+
+def slot_gpus(index: int, gpus: tuple[str, ...], per_job: int) -> tuple[str, ...]:
+    """The GPUs pool process ``index`` owns: the ``index``-th block of ``per_job`` visible
+    GPUs, ``[index*K, (index+1)*K)`` (wrapping around when there are more pool processes
+    than blocks, as one GPU per process always did); none on a worker without GPUs."""
+    blocks = len(gpus) // per_job
+    if blocks == 0:
+        return ()
+    start = (index % blocks) * per_job
+    return gpus[start : start + per_job]
+
+
 def _failed(error: str) -> dict[str, Any]:
     return {"devices": [], "versions": {}, "error": error}
 

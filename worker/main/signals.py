@@ -13,7 +13,7 @@ import logging
 import os
 import socket
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import redis
@@ -39,6 +39,9 @@ class WorkerOptions:
     concurrency: int
     metrics_host: str
     metrics_port: int
+    devices_per_job: int = 1
+    slot_gpus: list[list[str]] = field(default_factory=list)
+    """Per pool process (by index), the GPUs it owns (see :func:`worker.main.devices.slot_gpus`)."""
 
 
 @setup_logging.connect
@@ -78,6 +81,8 @@ class WorkerLifecycle:
         info = {
             "queues": self.options.queues,
             "concurrency": self.options.concurrency,
+            "devices_per_job": self.options.devices_per_job,
+            "slots": [{"slot": i, "gpus": g} for i, g in enumerate(self.options.slot_gpus)],
             "hostname": socket.gethostname(),
             "pid": os.getpid(),
             "started_at": time.time(),

@@ -24,6 +24,7 @@ from billiard.process import current_process
 from api.contracts import presence
 from api.contracts.stream import decode
 from api.core.redis import Keys
+from worker.main import devices
 
 log = logging.getLogger(__name__)
 
@@ -44,17 +45,24 @@ _NEWEST_SCAN = 64  # entries looked at from the stream's end to find the newest 
 
 @dataclass(frozen=True)
 class PoolSlot:
-    """Which pool process this is (Celery's pool index) and the GPU its jobs train on."""
+    """Which pool process this is (Celery's pool index), the GPUs its jobs train on and how
+    many devices each of its jobs takes (``amptrain worker --devices-per-job``)."""
 
     index: int = 0
-    gpu: str | None = None  # None: the worker sees no GPU
+    gpus: tuple[str, ...] = ()  # empty: the worker sees no GPU (jobs run on the CPU)
+    devices_per_job: int = 1
+
+    @property
+    def gpu(self) -> str | None:
+        """The slot's first GPU (its only one with one device per job); None without GPUs."""
+        return self.gpus[0] if self.gpus else None
 
     @classmethod
-    def of_this_process(cls, gpus: tuple[str, ...]) -> PoolSlot:
-        """Pool index i trains on the i-th visible GPU (wrapping around when there are more
-        pool processes than GPUs)."""
+    def of_this_process(cls, gpus: tuple[str, ...], devices_per_job: int = 1) -> PoolSlot:
+        """Pool index i owns visible GPUs ``[i*K, (i+1)*K)`` for K devices per job (wrapping
+        around when there are more pool processes than blocks of K)."""
         index = getattr(current_process(), "index", 0) or 0
-        return cls(index, gpus[index % len(gpus)] if gpus else None)
+        return cls(index, devices.slot_gpus(index, gpus, devices_per_job), devices_per_job)
 
 
 class JobSlot:
@@ -72,6 +80,8 @@ class JobSlot:
             "job_id": job_id,
             "attempt": attempt,
             "gpu": self.pool_slot.gpu,
+            "gpus": list(self.pool_slot.gpus),
+            "devices_per_job": self.pool_slot.devices_per_job,
             "pid": os.getpid(),
             "since": time.time(),
         }

@@ -27,6 +27,7 @@ from trainer_core.contract.errors import TimeLimitError
 from trainer_core.contract.layout import job_checkpoint_url
 from worker.child.protocol import Failed, Launch, PrecisionChosen
 from worker.main import devices
+from worker.pool import shape
 from worker.pool.child_handle import ChildProcess
 from worker.pool.events import LifecycleEvents
 from worker.pool.slot import JobSlot, PoolSlot
@@ -74,8 +75,16 @@ class Supervisor:
     def run(self, job_id: str) -> None:
         with log_context(job_id=job_id, worker=self.worker):
             claim = self._claim(job_id)
-            if claim is not None:
-                self._run(claim)
+            if claim is None:
+                return
+            mismatch = shape.devices_mismatch(claim.spec, self.slot.pool_slot, self.worker)
+            if mismatch is not None:  # before any training process starts
+                self.events.publish(
+                    claim.job_id, claim.attempt, shape.DEVICES_MISMATCH, 0, mismatch.event
+                )
+                self._conclude(claim, Outcome(failure=mismatch.failure))
+                return
+            self._run(claim)
 
     def _claim(self, job_id: str) -> Claim | None:
         with self.sessions.begin() as s:

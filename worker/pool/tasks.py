@@ -1,6 +1,6 @@
 """The one Celery task, run in a pool process. Only a job id travels through the broker.
 
-Each pool process takes its :class:`~worker.pool.slot.PoolSlot` (index and GPU)
+Each pool process takes its :class:`~worker.pool.slot.PoolSlot` (index and GPUs)
 once, when Celery starts it, and hands it to every supervisor it runs. With
 ``AMPTRAIN_WARM_SPARE`` (the default) it also starts its slot's warm spare then
 (:class:`~worker.pool.spare.SpareKeeper`) and, as it lives on from job to job,
@@ -37,7 +37,7 @@ _shared: tuple[sessionmaker[Session], redis.Redis] | None = None
 @worker_process_init.connect
 def _take_slot(**_: Any) -> None:
     global _pool_slot, _spares
-    _pool_slot = PoolSlot.of_this_process(devices.visible_gpus())
+    _pool_slot = PoolSlot.of_this_process(devices.visible_gpus(), devices.devices_per_job())
     settings = get_settings()
     if settings.warm_spare:
         _spares = SpareKeeper(_pool_slot.gpu, settings.child_env_passthrough).start()

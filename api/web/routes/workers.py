@@ -18,11 +18,14 @@ router = APIRouter(tags=["workers"], responses=error_responses(401, 503))
 def list_workers(services: ServicesDep, session: SessionDep, user: CurrentUser) -> dict[str, Any]:
     """Workers that heartbeated within their TTL, newest first.
 
-    Each has ``name``, ``hostname``, ``queues``, ``concurrency``, ``devices``
+    Each has ``name``, ``hostname``, ``queues`` (the queues it consumes: with
+    ``devices_per_job`` K > 1 the shape queues ``gpu-xK``, ``cpu-xK``),
+    ``concurrency``, ``devices_per_job``, ``slots`` (each pool process's ``slot``
+    index and the ``gpus`` it owns, a list: empty on a CPU worker), ``devices``
     (the capability report), ``versions``, ``started_at``, ``last_heartbeat``
-    (unix seconds) and ``current_jobs`` (slot, job id, attempt, GPU, latest
-    step, throughput, loss scale, memory). Of a job the caller may not see
-    only ``slot`` and ``gpu`` are shown.
+    (unix seconds) and ``current_jobs`` (slot, job id, attempt, ``gpu`` and
+    ``gpus``, latest step, throughput, loss scale, memory). Of a job the caller
+    may not see only ``slot``, ``gpu`` and ``gpus`` are shown.
     """
     try:
         workers = presence.read_workers(services.redis)
@@ -40,6 +43,8 @@ def _hide_foreign_jobs(session: SessionDep, owner: str, workers: list[dict[str, 
     mine = owned_job_ids(session, owner, ids)
     for w in workers:
         w["current_jobs"] = [
-            j if j.get("job_id") in mine else {"slot": j.get("slot"), "gpu": j.get("gpu")}
+            j
+            if j.get("job_id") in mine
+            else {"slot": j.get("slot"), "gpu": j.get("gpu"), "gpus": j.get("gpus")}
             for j in w["current_jobs"]
         ]

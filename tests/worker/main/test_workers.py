@@ -174,7 +174,7 @@ def test_workers_lists_a_running_worker_its_devices_and_its_job(
     engine.dispose()
     as_bob = stack.client.get("/workers", headers={"Authorization": f"Bearer {bob}"}).json()
     bob_view = next(w for w in as_bob["items"] if w["name"] == "worker@test")
-    assert bob_view["current_jobs"] == [{"slot": 0, "gpu": None}]
+    assert bob_view["current_jobs"] == [{"slot": 0, "gpu": None, "gpus": []}]
 
     # `auto` on this CPU, and the reason names the device it was decided for.
     precision = stack.job(job["id"])["precision"]
