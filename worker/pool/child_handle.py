@@ -160,6 +160,10 @@ class ChildProcess:
         if self.alive():
             self.proc.send_signal(signum)
 
+    def abort(self) -> None:
+        """SIGKILL, now (a lost lease: no final checkpoint)."""
+        self.proc.kill()
+
     def kill(self, grace: float) -> None:
         """SIGTERM, then SIGKILL after ``grace`` seconds."""
         self.signal(signal.SIGTERM)

@@ -30,6 +30,7 @@ from worker.main import devices
 from worker.pool import shape
 from worker.pool.child_handle import ChildProcess
 from worker.pool.events import LifecycleEvents
+from worker.pool.ranks import RankGroup, devices_of, slot_gpus
 from worker.pool.slot import JobSlot, PoolSlot
 from worker.pool.spare import SpareKeeper
 from worker.pool.watch import AttemptWatch, Outcome
@@ -130,6 +131,8 @@ class Supervisor:
         else a fresh one. A spare that is gone, or exits before accepting, never fails the
         job: it costs the cold start it was meant to save."""
         gpu, passthrough = self.slot.pool_slot.gpu, self.settings.child_env_passthrough
+        if (count := devices_of(launch)) > 1:  # data-parallel: torchrun's ranks, never a spare
+            return RankGroup(launch, count, slot_gpus(self.slot.pool_slot), passthrough)
         spare = self.spares.take() if self.spares is not None else None
         if spare is not None:
             # Accepted comes once its imports are done; waiting for it (at most a third
@@ -197,6 +200,8 @@ class Supervisor:
 
     def _process(self, claim: Claim, child: ChildProcess) -> dict[str, Any]:
         """The training process, as the ``started`` event shows it."""
+        if isinstance(child, RankGroup):
+            return child.describe()
         took = child.accepted
         if took is None:  # a child of an older version: it did not say
             return {"pid": child.pid}

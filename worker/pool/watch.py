@@ -146,7 +146,7 @@ class AttemptWatch:
         log.warning(
             "job %s attempt %d lost its lease; killing its child", self.job_id, self.attempt
         )
-        child.proc.kill()
+        child.abort()
 
     def _stop_wanted(self, status: JobStatus) -> StopRequest | None:
         if status == JobStatus.CANCELLING:

@@ -12,6 +12,9 @@ PROBE = Registration(
         Arg("signal_rank", -1, "Rank that sends itself SIGTERM (-1: none).", minimum=-1),
         Arg("signal_at", 0, "Training forward pass (1-based) during which it does.", minimum=0),
         Arg("digest_dir", "", "Directory for digest-rank{r}.txt at exit ('' : none)."),
+        Arg("hang_rank", -1, "Rank that hangs, ignoring stop signals (-1: none).", minimum=-1),
+        Arg("hang_at", 0, "Training forward pass (1-based) during which it does.", minimum=0),
+        Arg("hang_until", "", "It goes on once this file exists ('': never)."),
     ),
     accepts=("vectors",),
 )

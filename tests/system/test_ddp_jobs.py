@@ -1,0 +1,153 @@
+"""Data-parallel jobs (``devices: 2``, gloo on CPU) through the real service.
+
+One API, one Celery worker with two pool slots, and the probe plugin, whose ranks can be
+held at a known step: a rank killed mid-job, the launcher killed, two jobs at once, and
+a hung rank. Each launch costs two ``import torch`` (plus the launcher's), so the
+scenarios share one stack and run side by side.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from api.cli.embedded_redis import EmbeddedRedis
+from tests.support.stack import Stack, wait_until
+from tests.system.test_e2e_service import wait_for_points
+from tests.trainer_core.test_plugins import write_dist_info
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+PROBE = ROOT / "tests" / "plugins" / "amptrain_ddp_probe"
+STEPS = 40
+HELD_AT = 25  # rank 1 stops here (after the checkpoint at step 20) until the test lets it go
+
+
+def ddp_job(name: str, **probe: Any) -> dict[str, Any]:
+    return {
+        "name": name,
+        "model": {"name": "ddp-probe", "args": {"width": 8, **probe}},
+        "dataset": {"name": "synthetic-classification", "args": {"features": 8}},
+        "device": "cpu",
+        "precision": "fp32",
+        "devices": 2,
+        "batch_size": 8,
+        "max_steps": STEPS,
+        "telemetry": {"flush_every_steps": 5},
+        "checkpoint": {"every_steps": 10, "keep_last": 10},
+    }
+
+
+@pytest.fixture
+def ddp_stack(database_url: str, redis_server: EmbeddedRedis, tmp_path: Path) -> Iterator[Stack]:
+    site = tmp_path / "site"
+    project = tomllib.loads((PROBE / "pyproject.toml").read_text())["project"]
+    write_dist_info(site, project["name"], project["entry-points"])
+    s = Stack(tmp_path, database_url, redis_server)
+    s.env["PYTHONPATH"] = os.pathsep.join(map(str, [site, PROBE / "src", ROOT]))
+    s.env["AMPTRAIN_WARM_SPARE"] = "false"  # multi-device jobs never use one; spare the CPU
+    s.env["AMPTRAIN_WORKER_METRICS_PORT"] = "0"
+    s.start_api()
+    # Two jobs of two devices at once: the cpu-x2 queue, two pool slots.
+    s.start_worker("worker", "gpu,cpu", "--devices-per-job", "2", "--concurrency", "2")
+    yield s
+    s.close()
+
+
+def started(stack: Stack, job_id: str, attempt: int) -> dict[str, Any]:
+    """The ``started`` event's process part for ``attempt`` (waits for it)."""
+
+    def find() -> dict[str, Any] | None:
+        for e in stack.events(job_id):
+            if e["type"] == "started" and e["attempt"] == attempt:
+                return dict(e["data"])
+        return None
+
+    return wait_until(find, 180, f"{job_id} attempt {attempt} to start")
+
+
+def pids(process: dict[str, Any]) -> list[int]:
+    return [process["launcher_pid"], *(r["pid"] for r in process["ranks"])]
+
+
+def alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+
+
+def checkpointed(stack: Stack, job_id: str, step: int) -> bool:
+    items = stack.client.get(f"/jobs/{job_id}/checkpoints").json()["items"]
+    return any(c["step"] == step for c in items)
+
+
+def assert_every_step_once(stack: Stack, job_id: str) -> None:
+    done = stack.wait_for_status(job_id, "succeeded", "failed", timeout=240)
+    assert done["status"] == "succeeded" and done["attempt"] == 2, done["error"]
+    resumed = [e for e in stack.events(job_id) if e["type"] == "resumed"]
+    assert [(e["attempt"], e["data"]["from_step"]) for e in resumed] == [(2, 20)]
+    points = wait_for_points(stack, job_id, STEPS)
+    assert [p["step"] for p in points] == list(range(1, STEPS + 1))
+
+
+def test_a_lost_rank_or_launcher_fails_the_attempt_leaves_no_process_and_the_retry_resumes(
+    ddp_stack: Stack, tmp_path: Path
+) -> None:
+    stack = ddp_stack
+    gates = {k: tmp_path / f"{k}-go" for k in ("rank", "launcher")}
+    jobs = {
+        k: stack.submit(ddp_job(f"kill-{k}", hang_rank=1, hang_at=HELD_AT, hang_until=str(g)))
+        for k, g in gates.items()
+    }
+    # A third job queues behind them: its rank 1 hangs for good, and the 10 s collective
+    # timeout of its rank 0 must end the attempt (no retry: max_attempts 1).
+    hung = stack.submit(
+        {**ddp_job("hung", hang_rank=1, hang_at=HELD_AT), "collective_timeout_s": 10}
+        | {"max_attempts": 1}
+    )
+
+    first = {k: started(stack, j["id"], 1) for k, j in jobs.items()}
+    for data in first.values():
+        assert data["precision"]["device"] == "cpu x 2 (DDP, gloo)"
+        assert data["process"]["devices"] == 2 and len(data["process"]["ranks"]) == 2
+    # Two jobs at once: each its own launcher, ranks and rendezvous port.
+    ports = {k: d["process"]["rendezvous_port"] for k, d in first.items()}
+    assert None not in ports.values() and ports["rank"] != ports["launcher"]
+    procs = {k: d["process"] for k, d in first.items()}
+    for k, j in jobs.items():
+        wait_until(lambda j=j: checkpointed(stack, j["id"], 20), 120, f"{k}: checkpoint 20")
+
+    victim_rank = next(r["pid"] for r in procs["rank"]["ranks"] if r["rank"] == 1)
+    os.kill(victim_rank, signal.SIGKILL)
+    os.kill(procs["launcher"]["launcher_pid"], signal.SIGKILL)
+    for k in jobs:
+        # Nothing of the first attempt survives: not the peer, not the orphaned ranks.
+        wait_until(lambda k=k: not any(map(alive, pids(procs[k]))), 30, f"{k}: no process")
+        gates[k].touch()  # the retry's rank 1 must not stop at the same step
+
+    for j in jobs.values():
+        assert_every_step_once(stack, j["id"])
+    requeued = [e for e in stack.events(jobs["rank"]["id"]) if e["type"] == "requeued"]
+    assert (
+        "data-parallel process(es) 1 of 2 ended without a result"
+        in (requeued[0]["data"]["error"]["message"])
+    )
+
+    done = stack.wait_for_status(hung["id"], "succeeded", "failed", timeout=240)
+    assert done["status"] == "failed" and done["attempt"] == 1
+    assert "1 of 2 ended without a result" in done["error"]["message"]
+    assert not any(map(alive, pids(started(stack, hung["id"], 1)["process"])))
+    # The timeout ended it, not torchrun's 30 s grace for the hung rank: the failure came
+    # soon after the last step that reached the service (timeout 10 s + our 3 s grace).
+    last_point = wait_for_points(stack, hung["id"], 20)[-1]
+    failed = next(e for e in stack.events(hung["id"]) if e["type"] == "failed")
+    assert failed["time"] - last_point["time"] < 30
