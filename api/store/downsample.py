@@ -202,7 +202,7 @@ def raw_window(
     multi = first_attempt != last_attempt
     if multi:
         where.append(newest_attempt(p))
-        count = s.scalar(sa.select(sa.func.count()).where(*where))  # the effective points
+        count = s.scalar(sa.select(sa.func.count()).where(*where)) or 0  # effective points
     if count <= max_points:
         rows = s.scalars(sa.select(p).where(*where).order_by(p.step)).all()
         return Window([_row(r, False, fields) for r in rows], newest)

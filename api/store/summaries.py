@@ -308,7 +308,7 @@ def _paths(base_ids: set[int], top: int) -> dict[int, set[int]]:
 def _holds_other_points(s: Session, job_id: str, n_new: int) -> bool:
     p = MetricPoint
     some = sa.select(p.id).where(p.job_id == job_id).limit(n_new + 1).subquery()
-    return bool(s.scalar(sa.select(sa.func.count()).select_from(some)) > n_new)
+    return (s.scalar(sa.select(sa.func.count()).select_from(some)) or 0) > n_new
 
 
 def _upsert_nodes(s: Session, job_id: str, nodes: Mapping[tuple[int, int], Agg]) -> None:
