@@ -77,7 +77,8 @@ def _point_row(job_id: str, entry_id: str, fields: dict[Any, Any]) -> dict[str, 
             column = _COLUMN.get(k)
             if column is None:
                 if k in _PARALLEL:
-                    row.update(_parallel(text(k), text(v)))
+                    name, value = _parallel(text(k), text(v))
+                    row[name] = value
                 continue
             if v in _CONSTANTS:
                 row[column[0]] = _CONSTANTS[v]
