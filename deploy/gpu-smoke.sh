@@ -9,6 +9,9 @@
 #   bash deploy/gpu-smoke.sh                       # exit 0 when both jobs succeeded
 #   AMPTRAIN_SMOKE_DEVICE=cpu bash deploy/gpu-smoke.sh   # the same plumbing without a GPU
 #
+# With 2+ visible GPUs it also starts a `--devices-per-job 2` worker and trains a `devices: 2`
+# (data-parallel, NCCL) job; with fewer that job is skipped and says so.
+#
 # Knobs: AMPTRAIN_SMOKE_STEPS (default 300), AMPTRAIN_SMOKE_TIMEOUT seconds per job (240),
 # AMPTRAIN_SMOKE_PRECISIONS (default "fp16 bf16"; deploy/gpu-check.sh adds tf32),
 # PYTHON (default: python on PATH).
@@ -51,15 +54,35 @@ stop_stack() {
 }
 trap stop_stack EXIT
 
+# A data-parallel job needs 2 GPUs and a worker taking 2-device jobs (queue gpu-x2).
+GPUS=0
+if [ "$DEVICE" = cuda ]; then
+    GPUS=$("$PYTHON" -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
+fi
+if [ "$GPUS" -ge 2 ]; then
+    X2_METRICS_PORT=$(free_port)
+    AMPTRAIN_WORKER_METRICS_PORT=$X2_METRICS_PORT "$PYTHON" -m api.cli.main worker --queues gpu \
+        --devices-per-job 2 --concurrency 1 --name "smoke-x2@$(hostname)" >"$DATA_DIR/x2.log" 2>&1 &
+    X2_PID=$!
+    # shellcheck disable=SC2329  # called by the EXIT trap
+    stop_all() {
+        kill -TERM "$X2_PID" 2>/dev/null || true
+        for _ in $(seq 1 120); do kill -0 "$X2_PID" 2>/dev/null || break; sleep 0.5; done
+        kill -KILL "$X2_PID" 2>/dev/null || true
+        stop_stack
+    }
+    trap stop_all EXIT
+fi
+
 status=0
-"$PYTHON" - "$PORT" "$TOKEN" "$DEVICE" "$STEPS" "$JOB_TIMEOUT" "$METRICS_PORT" "$DATA_DIR/up.log" "$PRECISIONS" <<'PY' || status=$?
+"$PYTHON" - "$PORT" "$TOKEN" "$DEVICE" "$STEPS" "$JOB_TIMEOUT" "$METRICS_PORT" "$DATA_DIR/up.log" "$PRECISIONS" "$GPUS" <<'PY' || status=$?
 import json
 import sys
 import time
 import urllib.error
 import urllib.request
 
-port, token, device, steps, job_timeout, metrics_port, up_log, precisions = sys.argv[1:]
+port, token, device, steps, job_timeout, metrics_port, up_log, precisions, gpus = sys.argv[1:]
 base = f"http://127.0.0.1:{port}"
 auth = {"Authorization": f"Bearer {token}"}
 
@@ -136,6 +159,27 @@ for precision in precisions.split():
     }, indent=2))
     if done["status"] != "succeeded" or done["precision"]["effective"] != precision:
         failures.append(precision)
+
+if int(gpus) >= 2:
+    # Data-parallel: 2 ranks under torchrun on the x2 worker's two GPUs, NCCL.
+    spec = {**job_spec("bf16"), "name": "smoke-ddp-x2", "devices": 2}
+    started = time.monotonic()
+    job = call("POST", "/jobs", spec)
+    done = wait_for(
+        f"devices: 2 job {job['id']}",
+        lambda: (j := call("GET", f"/jobs/{job['id']}"))["status"]
+        in ("succeeded", "failed", "cancelled")
+        and j,
+        int(job_timeout),
+    )
+    began = [e for e in call("GET", f"/jobs/{job['id']}/events")["items"] if e["type"] == "started"]
+    print(f"== devices: 2 (queue {job.get('queue')}): {done['status']} in {time.monotonic() - started:.1f}s")
+    print(json.dumps({"error": done["error"], "started": began[-1]["data"] if began else None}, indent=2))
+    device_text = (done["precision"] or {}).get("reason", "")
+    if done["status"] != "succeeded" or "DDP, NCCL" not in device_text:
+        failures.append("devices-2")
+else:
+    print(f"== devices: 2 job skipped: {gpus} GPU(s) visible, 2 needed")
 
 print("== GET /workers")
 print(json.dumps(call("GET", "/workers"), indent=2))

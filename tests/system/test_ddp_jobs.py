@@ -1,8 +1,8 @@
 """Data-parallel jobs (``devices: 2``, gloo on CPU) through the real service.
 
-One API, one Celery worker with two pool slots, and the probe plugin, whose ranks can be
-held at a known step: a rank killed mid-job, the launcher killed, two jobs at once, and
-a hung rank. Each launch costs two ``import torch`` (plus the launcher's), so the
+One API, one Celery worker taking 2-device jobs (queue cpu-x2) in two pool slots, and
+the probe plugin, whose rank 1 can be held at a known step: a rank killed mid-job, the
+launcher killed, two jobs at once, a cancel, and a hung rank. Each launch costs two ``import torch`` (plus the launcher's), so the
 scenarios share one stack and run side by side.
 """
 
@@ -90,23 +90,23 @@ def checkpointed(stack: Stack, job_id: str, step: int) -> bool:
     return any(c["step"] == step for c in items)
 
 
-def assert_every_step_once(stack: Stack, job_id: str) -> None:
-    done = stack.wait_for_status(job_id, "succeeded", "failed", timeout=240)
-    assert done["status"] == "succeeded" and done["attempt"] == 2, done["error"]
-    resumed = [e for e in stack.events(job_id) if e["type"] == "resumed"]
-    assert [(e["attempt"], e["data"]["from_step"]) for e in resumed] == [(2, 20)]
-    points = wait_for_points(stack, job_id, STEPS)
-    assert [p["step"] for p in points] == list(range(1, STEPS + 1))
-
-
-def test_a_lost_rank_or_launcher_fails_the_attempt_leaves_no_process_and_the_retry_resumes(
+# Process handling, not SQL: one database keeps the suite short (each launch costs seconds).
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_lost_rank_lost_launcher_hung_rank_and_cancel_leave_no_process(
     ddp_stack: Stack, tmp_path: Path
 ) -> None:
     stack = ddp_stack
     gates = {k: tmp_path / f"{k}-go" for k in ("rank", "launcher")}
+    # "rank": its rank 1 waits at step 25 (checkpoint 20 is written) until it is killed.
+    # "launcher": its rank 1 waits at step 5 in every attempt: the first loses its launcher,
+    # the second is cancelled while held (the cancel must wait for the flush at step 5).
     jobs = {
-        k: stack.submit(ddp_job(f"kill-{k}", hang_rank=1, hang_at=HELD_AT, hang_until=str(g)))
-        for k, g in gates.items()
+        "rank": stack.submit(
+            ddp_job("kill-rank", hang_rank=1, hang_at=HELD_AT, hang_until=str(gates["rank"]))
+        ),
+        "launcher": stack.submit(
+            ddp_job("kill-launcher", hang_rank=1, hang_at=5, hang_until=str(gates["launcher"]))
+        ),
     }
     # A third job queues behind them: its rank 1 hangs for good, and the 10 s collective
     # timeout of its rank 0 must end the attempt (no retry: max_attempts 1).
@@ -123,24 +123,35 @@ def test_a_lost_rank_or_launcher_fails_the_attempt_leaves_no_process_and_the_ret
     ports = {k: d["process"]["rendezvous_port"] for k, d in first.items()}
     assert None not in ports.values() and ports["rank"] != ports["launcher"]
     procs = {k: d["process"] for k, d in first.items()}
-    for k, j in jobs.items():
-        wait_until(lambda j=j: checkpointed(stack, j["id"], 20), 120, f"{k}: checkpoint 20")
 
-    victim_rank = next(r["pid"] for r in procs["rank"]["ranks"] if r["rank"] == 1)
-    os.kill(victim_rank, signal.SIGKILL)
+    wait_until(lambda: checkpointed(stack, jobs["rank"]["id"], 20), 120, "checkpoint 20")
+    os.kill(next(r["pid"] for r in procs["rank"]["ranks"] if r["rank"] == 1), signal.SIGKILL)
     os.kill(procs["launcher"]["launcher_pid"], signal.SIGKILL)
     for k in jobs:
         # Nothing of the first attempt survives: not the peer, not the orphaned ranks.
         wait_until(lambda k=k: not any(map(alive, pids(procs[k]))), 30, f"{k}: no process")
-        gates[k].touch()  # the retry's rank 1 must not stop at the same step
+    gates["rank"].touch()  # its retry must not stop at the same step
 
-    for j in jobs.values():
-        assert_every_step_once(stack, j["id"])
+    done = stack.wait_for_status(jobs["rank"]["id"], "succeeded", "failed", timeout=240)
+    assert done["status"] == "succeeded" and done["attempt"] == 2, done["error"]
+    resumed = [e for e in stack.events(jobs["rank"]["id"]) if e["type"] == "resumed"]
+    assert [(e["attempt"], e["data"]["from_step"]) for e in resumed] == [(2, 20)]
+    points = wait_for_points(stack, jobs["rank"]["id"], STEPS)
+    assert [p["step"] for p in points] == list(range(1, STEPS + 1))
     requeued = [e for e in stack.events(jobs["rank"]["id"]) if e["type"] == "requeued"]
-    assert (
-        "data-parallel process(es) 1 of 2 ended without a result"
-        in (requeued[0]["data"]["error"]["message"])
+    assert "process(es) 1 of 2 ended without a result" in requeued[0]["data"]["error"]["message"]
+
+    # Cancel: rank 0 is asked, rank 1 is held; both stop together at the flush of step 5.
+    retry = started(stack, jobs["launcher"]["id"], 2)["process"]
+    assert stack.client.post(f"/jobs/{jobs['launcher']['id']}/cancel").status_code == 202
+    wait_until(
+        lambda: "attempt 2: asked child to cancel" in stack.log_tail("worker", 400), 30, "cancel"
     )
+    gates["launcher"].touch()
+    done = stack.wait_for_status(jobs["launcher"]["id"], "cancelled", "failed", timeout=120)
+    assert done["status"] == "cancelled" and done["attempt"] == 2, done["error"]
+    assert checkpointed(stack, jobs["launcher"]["id"], 5)  # the ranks checkpointed together
+    assert not any(map(alive, pids(retry)))
 
     done = stack.wait_for_status(hung["id"], "succeeded", "failed", timeout=240)
     assert done["status"] == "failed" and done["attempt"] == 1

@@ -13,7 +13,8 @@ Failure rules (the launcher never restarts a rank; retries are amptrain attempts
   that is not ``internal`` preferred (a peer's broken collective usually is ``internal``),
   and "ended without a result" for a rank that left none (killed, crashed);
 - a rank that reported a failure while its peers linger (a hung rank ignores torchrun's
-  SIGTERM for 30 s) gets the others killed after :data:`FAILED_GRACE_S`;
+  SIGTERM for 30 s) gets the others killed after :data:`FAILED_GRACE_S`, and the launcher
+  too if it still tears down another grace later;
 - no orphans: the launcher dies with this process and every rank with the launcher
   (parent-death signals), and a lost lease or a kill ends the launcher and every rank
   still alive, by pid.
@@ -83,6 +84,42 @@ def launcher_args(devices: int, run_dir: Path) -> list[str]:
         "worker.child.rank",
         str(run_dir),
     ]
+
+
+def attempt_outcome(
+    results: dict[int, ControlMessage | None], launcher_code: int | None
+) -> Finished | Failed:
+    """How a data-parallel attempt ended, from each rank's result (None: it wrote none).
+
+    Rank 0's :class:`Finished` only if every rank finished. Otherwise an error that is not
+    ``internal`` wins (a rank's real cause: out of memory, bad data, non-finite loss), as
+    its peers' broken collectives usually read ``internal``; then a rank that left no
+    result (killed, crashed, hung and killed), naming a peer's error when there is one.
+    """
+    failures = sorted(
+        ((rank, r) for rank, r in results.items() if isinstance(r, Failed)),
+        key=lambda item: item[1].code == "internal",
+    )
+    if failures and failures[0][1].code != "internal":
+        return failures[0][1]
+    missing = [rank for rank, r in results.items() if r is None]
+    if missing:
+        seen = f"; process {failures[0][0]}: {failures[0][1].message}" if failures else ""
+        return Failed(
+            code="internal",
+            message=(
+                f"data-parallel process(es) {', '.join(map(str, missing))} of {len(results)} "
+                f"ended without a result (the launcher exited with code {launcher_code}){seen}"
+            ),
+            step=None,
+            retryable=True,
+        )
+    if failures:
+        return failures[0][1]
+    first = results[0]
+    if not isinstance(first, Finished):
+        raise ProtocolError(f"rank 0's result is not a result: {first!r}")
+    return first
 
 
 class RankGroup(ChildProcess):
@@ -172,32 +209,7 @@ class RankGroup(ChildProcess):
         return out
 
     def _outcome(self) -> Finished | Failed:
-        """The attempt's result: rank 0's success only if every rank succeeded."""
-        results = self.results()
-        failures = sorted(
-            ((rank, r) for rank, r in results.items() if isinstance(r, Failed)),
-            key=lambda item: item[1].code == "internal",  # a specific error first
-        )
-        if failures and failures[0][1].code != "internal":
-            return failures[0][1]
-        missing = [rank for rank, r in results.items() if r is None]
-        if missing:
-            seen = f"; process {failures[0][0]}: {failures[0][1].message}" if failures else ""
-            return Failed(
-                code="internal",
-                message=(
-                    f"data-parallel process(es) {', '.join(map(str, missing))} of "
-                    f"{self.devices} ended without a result (the launcher exited with code "
-                    f"{self.proc.returncode}){seen}"
-                ),
-                step=None,
-                retryable=True,
-            )
-        if failures:
-            return failures[0][1]
-        first = results[0]
-        assert isinstance(first, Finished)
-        return first
+        return attempt_outcome(self.results(), self.proc.returncode)
 
     # -- the ranks' processes ----------------------------------------------------------
 
@@ -235,8 +247,14 @@ class RankGroup(ChildProcess):
             if any(isinstance(r, Failed) for r in self.results().values()):
                 self._failed_since = time.monotonic()
             return
-        if time.monotonic() - self._failed_since >= FAILED_GRACE_S:
+        waited = time.monotonic() - self._failed_since
+        if waited >= FAILED_GRACE_S:
             self._kill_ranks()
+        if waited >= 2 * FAILED_GRACE_S and not self._rank_pids():
+            # Every rank is gone and torchrun still tears down (~10 s on busy cores): the
+            # outcome is known, the slot is wanted.
+            log.warning("launcher %d: ranks gone; ending it", self.pid)
+            self.proc.kill()
 
     def signal(self, signum: signal.Signals) -> None:
         """Stop requests go to rank 0 (the engine makes every rank agree at a flush); a

@@ -1,0 +1,135 @@
+"""Data-parallel scaling: throughput at 1 and N devices, and the scaling efficiency.
+
+Each run is the product's own path for one rank: ``python -m trainer_core.cli`` (one
+process) and the same under ``torch.distributed.run --standalone --nproc-per-node N
+--max-restarts 0`` (what the worker starts for a ``devices: N`` job). Weak scaling: every
+device gets the same micro-batch, so N devices train an N-times larger global batch. The
+throughput is the median ``samples_per_second`` (global samples per second, from rank 0's
+records) over the steps after the warm-up.
+
+    efficiency = throughput(N) / (N x throughput(1))
+
+Goal on GPUs: >= 90% at 2 devices for ResNet-50 (224x224, bf16, batch 128 per GPU).
+On a CPU (gloo) the same script runs a small MLP to check itself (``--quick``); CPU
+efficiency says little (the ranks share the cores, torchrun gives each 1 OpenMP thread).
+
+    python bench/ddp_scaling.py                      # CUDA: ResNet-50 at 1 and all GPUs
+    python bench/ddp_scaling.py --quick              # CPU smoke: MLP, 1 and 2 ranks, gloo
+    python bench/ddp_scaling.py --devices 4 --steps 60 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def spec(device: str, devices: int, per_device: int, steps: int, quick: bool) -> dict[str, Any]:
+    if quick:
+        model = {"name": "mlp", "args": {"width": 256}}
+        data = {"name": "synthetic-classification", "args": {"features": 256}}
+        precision = "fp32"
+    else:
+        model = {"name": "resnet50", "args": {}}
+        data = {"name": "synthetic-images", "args": {"height": 224, "width": 224}}
+        precision = "bf16"
+    return {
+        "name": f"ddp-scaling-x{devices}",
+        "model": model,
+        "dataset": data,
+        "device": device,
+        "precision": precision,
+        "devices": devices,
+        "batch_size": per_device * devices,
+        "max_steps": steps,
+        "telemetry": {"flush_every_steps": 1},
+        "collective_timeout_s": 600,
+    }
+
+
+def run(job: dict[str, Any], work: Path, warmup: int) -> dict[str, Any]:
+    """Train ``job`` (torchrun when devices > 1); throughput from rank 0's records."""
+    path, out = work / f"spec-{job['devices']}.json", work / f"records-{job['devices']}.jsonl"
+    path.write_text(json.dumps(job))
+    entry = ["-m", "trainer_core.cli", str(path), "--out", str(out), "--no-resume"]
+    if job["devices"] > 1:
+        launcher = ["-m", "torch.distributed.run", "--standalone", "--nnodes", "1"]
+        launcher += ["--nproc-per-node", str(job["devices"]), "--max-restarts", "0"]
+        entry = [*launcher, *entry]
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, *entry], cwd=ROOT, capture_output=True, text=True, env=os.environ.copy()
+    )
+    wall = time.monotonic() - started
+    if done.returncode:
+        sys.exit(f"devices {job['devices']} failed ({done.returncode}):\n{done.stderr[-3000:]}")
+    records = [json.loads(line) for line in out.read_text().splitlines()]
+    metrics = [r for r in records if r["kind"] == "metric" and r["step"] > warmup]
+    device = next(
+        (r["data"]["device"] for r in records if r.get("type") == "precision"), job["device"]
+    )
+    rates = [m["samples_per_second"] for m in metrics if m.get("samples_per_second")]
+    return {
+        "devices": job["devices"],
+        "device": device,
+        "global_batch": job["batch_size"],
+        "timed_steps": len(rates),
+        "samples_per_second": statistics.median(rates) if rates else 0.0,
+        "step_time_ms": statistics.median(m["step_time_ms"] for m in metrics) if metrics else 0,
+        "wall_s_with_launch": round(wall, 1),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="CPU smoke: small MLP, 2 ranks")
+    parser.add_argument("--devices", type=int, default=None, help="N (default: GPUs, or 2)")
+    parser.add_argument("--per-device-batch", type=int, default=None)
+    parser.add_argument("--steps", type=int, default=None)
+    parser.add_argument("--warmup", type=int, default=None, help="steps left out of the median")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+
+    import torch  # only to count GPUs
+
+    cuda = torch.cuda.is_available() and not args.quick
+    device = "cuda" if cuda else "cpu"
+    n = args.devices or (torch.cuda.device_count() if cuda else 2)
+    if n < 2:
+        sys.exit("data-parallel scaling needs 2 or more devices")
+    quick = args.quick or not cuda
+    per_device = args.per_device_batch or (64 if quick else 128)
+    steps = args.steps or (40 if quick else 60)
+    warmup = args.warmup if args.warmup is not None else (10 if quick else 15)
+
+    with tempfile.TemporaryDirectory() as tmp:
+        one = run(spec(device, 1, per_device, steps, quick), Path(tmp), warmup)
+        many = run(spec(device, n, per_device, steps, quick), Path(tmp), warmup)
+    efficiency = many["samples_per_second"] / (n * one["samples_per_second"])
+    print(f"{'devices':>8} {'device':<40} {'samples/s':>12} {'step ms':>9} {'wall s':>7}")
+    for r in (one, many):
+        print(
+            f"{r['devices']:>8} {r['device'][:40]:<40} {r['samples_per_second']:>12,.1f} "
+            f"{r['step_time_ms']:>9.1f} {r['wall_s_with_launch']:>7}"
+        )
+    goal = (
+        "" if quick else f" (goal at 2 devices: >= 90%: {'met' if efficiency >= 0.9 else 'MISSED'})"
+    )
+    print(f"scaling efficiency at {n} devices: {efficiency:.1%}{goal}")
+    if args.json:
+        report = {"runs": [one, many], "efficiency": efficiency, "quick": quick}
+        args.json.write_text(json.dumps(report, indent=2))
+
+
+if __name__ == "__main__":
+    main()
