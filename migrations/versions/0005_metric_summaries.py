@@ -144,14 +144,20 @@ def _backfill_statements(job_filter: bool, dialect: str) -> list[str]:
         "INSERT INTO metric_summaries ({insert_cols}) "
         "SELECT a.job_id, {level}, a.node, min(a.points), min(a.first_step), min(a.last_step), "
         "min(a.skipped), min(a.non_finite), min(a.flagged), min(a.first_flag), {ext_out} "
-        "FROM a JOIN metric_points e ON e.job_id = a.job_id "
-        "AND e.step BETWEEN a.first_step AND a.last_step "
+        "FROM a JOIN metric_points e ON e.job_id = a.job_id AND {node_of_e} "
         "WHERE {newer_e} GROUP BY a.job_id, a.node"
     ).format(
         unit=1 << BASE,
         only=only,
         newer_p=newer("p", hint),
         newer_e=newer("e", hint),
+        # SQLite looks each node's points up by step range; PostgreSQL hashes on the node
+        # (given the range, it walks every point for each node).
+        node_of_e=(
+            "e.step BETWEEN a.first_step AND a.last_step"
+            if dialect == "sqlite"
+            else f"e.step / {1 << BASE} = a.node"
+        ),
         fin_loss=finite("p.loss", _DBL_MAX),
         flag=flag,
         ext=ext,
