@@ -17,7 +17,7 @@ import click
     "-c",
     type=int,
     default=None,
-    help="Jobs at once [default: visible GPUs, at least 1].",
+    help="Jobs at once [default: visible GPUs / devices per job, at least 1].",
 )
 @click.option(
     "--devices-per-job",
