@@ -111,8 +111,9 @@ def test_a_million_steps_in_a_thousand_points_keeps_the_spike(
     spike = [p for p in items if p["loss"] == 50.0]
     assert [p["step"] for p in spike] == [777_777]
     assert newest == f"{1_700_000_000_000 + 1_000_000}-1"
-    # A handful of statements, the buckets read from the summaries: no pass over the points.
-    assert len(statements) <= 6, statements
+    # A few statements (node reads: one per level, O(log) of the run), the buckets read
+    # from the summaries: no pass over the points.
+    assert len(statements) <= 12, statements
     assert not any("GROUP BY" in st for st in statements)
 
 
