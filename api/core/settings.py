@@ -21,6 +21,8 @@ QUEUE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,15}$")
 TRANSPORT_KEYS = frozenset({"unacked", "unacked_index", "unacked_mutex", "celery", "celeryev"})
 """Redis keys kombu's Redis transport uses for itself; a queue of that name would overwrite them."""
 MAX_DEVICES_PER_JOB = 8
+SHAPE_SUFFIX = re.compile(r"-x[2-8]$")
+"""How a shape queue's name ends (see :func:`shape_queue`)."""
 """The most devices one job may ask for (``JobSpec.devices``): shape queues go up to ``-x8``."""
 
 
@@ -139,6 +141,13 @@ class Settings(BaseSettings):
                 raise ValueError(
                     f"queue name {name!r} is not allowed: lowercase letters, digits, '.', '_', "
                     f"'-' (at most 16) and none of {sorted(TRANSPORT_KEYS)}"
+                )
+            if SHAPE_SUFFIX.search(name):
+                # Else `amptrain up` would start a one-device worker on it, which fails
+                # every job routed there with devices_mismatch.
+                raise ValueError(
+                    f"queue name {name!r} is a shape queue, derived from its base queue: "
+                    "list the base queue and start its workers with --devices-per-job"
                 )
         if "gpu" not in value or "cpu" not in value:
             raise ValueError("queues must include the default queues 'gpu' and 'cpu'")

@@ -53,6 +53,9 @@ def test_shape_queues_are_derived_from_the_configured_queues(tmp_path: Path) -> 
     # kombu's own keys stay refused as configured queues.
     with pytest.raises(ValueError, match="unacked"):
         Settings(data_dir=tmp_path, queues="gpu,cpu,unacked")
+    # A shape queue is derived, never configured (a one-device worker would consume it).
+    with pytest.raises(ValueError, match="--devices-per-job"):
+        Settings(data_dir=tmp_path, queues="gpu,cpu,gpu-x2")
 
 
 @pytest.fixture
