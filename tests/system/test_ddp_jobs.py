@@ -150,7 +150,16 @@ def test_lost_rank_lost_launcher_hung_rank_and_cancel_leave_no_process(
     gates["launcher"].touch()
     done = stack.wait_for_status(jobs["launcher"]["id"], "cancelled", "failed", timeout=120)
     assert done["status"] == "cancelled" and done["attempt"] == 2, done["error"]
-    assert checkpointed(stack, jobs["launcher"]["id"], 5)  # the ranks checkpointed together
+    # The ranks agreed at a flush, checkpointed together and stopped (nothing was killed).
+    items = stack.client.get(f"/jobs/{jobs['launcher']['id']}/checkpoints").json()["items"]
+    (stop,) = [c["step"] for c in items]
+    assert 5 <= stop < STEPS  # at or just after the flush that carried the cancel
+    retry_log = [
+        x
+        for x in stack.log_tail("worker", 600).splitlines()
+        if f"{jobs['launcher']['id']} #2]" in x
+    ]
+    assert retry_log and not [x for x in retry_log if "killing" in x or "ending it" in x]
     assert not any(map(alive, pids(retry)))
 
     done = stack.wait_for_status(hung["id"], "succeeded", "failed", timeout=240)

@@ -53,6 +53,9 @@ log = logging.getLogger(__name__)
 FAILED_GRACE_S = 3.0
 """How long the other ranks may outlive a rank that reported a failure."""
 
+STOPPED = frozenset({"cancelled", "preempted"})
+"""Error codes of ranks that stopped on request (checkpointed): not failures."""
+
 MONITOR_INTERVAL_S = 0.2  # torchrun's poll of its ranks: a dead rank ends the attempt fast
 
 
@@ -218,11 +221,13 @@ class RankGroup(ChildProcess):
         infos = (self.run_dir.read_json(self.run_dir.rank_info(r)) for r in range(self.devices))
         return [info for info in infos if info is not None]
 
-    def _rank_pids(self) -> list[int]:
+    def _rank_pids(self, ranks: set[int] | None = None) -> list[int]:
         """Ranks still alive, by pid (a pid is checked to be this attempt's rank first)."""
         mine = str(self.run_dir.path).encode()
         alive = []
         for info in self.rank_infos():
+            if ranks is not None and int(info["rank"]) not in ranks:
+                continue
             pid = int(info["pid"])
             try:
                 cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -232,28 +237,32 @@ class RankGroup(ChildProcess):
                 alive.append(pid)
         return alive
 
-    def _kill_ranks(self) -> None:
-        for pid in self._rank_pids():
+    def _kill_ranks(self, without_result: set[int] | None = None) -> None:
+        """SIGKILL every rank still alive (only those in ``without_result``, if given)."""
+        for pid in self._rank_pids(without_result):
             log.warning("launcher %d: killing surviving data-parallel rank %d", self.pid, pid)
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
 
     def _end_lingering_ranks(self) -> None:
         """A rank failed: the others may be stuck in a collective or a hung step; torchrun
-        would give them 30 s after its SIGTERM. End them after a short grace instead."""
+        would give them 30 s after its SIGTERM. End the ones with no result after a short
+        grace, then the launcher if it still tears down. A stop on request (cancel,
+        preempt) is no failure: those ranks checkpoint together and exit by themselves."""
         if self._ended or not self.alive():
             return
+        results = self.results()
         if self._failed_since is None:
-            if any(isinstance(r, Failed) for r in self.results().values()):
+            if any(isinstance(r, Failed) and r.code not in STOPPED for r in results.values()):
                 self._failed_since = time.monotonic()
             return
         waited = time.monotonic() - self._failed_since
         if waited >= FAILED_GRACE_S:
-            self._kill_ranks()
-        if waited >= 2 * FAILED_GRACE_S and not self._rank_pids():
-            # Every rank is gone and torchrun still tears down (~10 s on busy cores): the
-            # outcome is known, the slot is wanted.
-            log.warning("launcher %d: ranks gone; ending it", self.pid)
+            self._kill_ranks(without_result=set(results) - {k for k, r in results.items() if r})
+        if waited >= 2 * FAILED_GRACE_S:
+            # Every rank has ended or said how; torchrun still tears down (~10 s on busy
+            # cores): the outcome is known and the slot is wanted.
+            log.warning("launcher %d: a rank failed %.0f s ago; ending it", self.pid, waited)
             self.proc.kill()
 
     def signal(self, signum: signal.Signals) -> None:
