@@ -94,7 +94,9 @@ def main(argv: list[str]) -> int:
     else:
         outcome = train(launch, rank, None)
     run_dir.write_atomic(run_dir.result(rank), encode(outcome))
-    return 0 if isinstance(outcome, Finished) else 1
+    # A stop on request (cancel, preempt) checkpointed: not a failure for torchrun either.
+    stopped = isinstance(outcome, Failed) and outcome.code in ("cancelled", "preempted")
+    return 0 if isinstance(outcome, Finished) or stopped else 1
 
 
 if __name__ == "__main__":
