@@ -12,6 +12,7 @@ import os
 import signal
 import tomllib
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -64,11 +65,11 @@ def ddp_stack(database_url: str, redis_server: EmbeddedRedis, tmp_path: Path) ->
 def started(stack: Stack, job_id: str, attempt: int) -> dict[str, Any]:
     """The ``started`` event's process part for ``attempt`` (waits for it)."""
 
-    def find() -> dict[str, Any] | None:
+    def find() -> dict[str, Any]:
         for e in stack.events(job_id):
             if e["type"] == "started" and e["attempt"] == attempt:
                 return dict(e["data"])
-        return None
+        return {}
 
     return wait_until(find, 180, f"{job_id} attempt {attempt} to start")
 
@@ -83,6 +84,10 @@ def alive(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
+
+
+def none_alive(processes: list[int]) -> bool:
+    return not any(map(alive, processes))
 
 
 def checkpointed(stack: Stack, job_id: str, step: int) -> bool:
@@ -129,7 +134,7 @@ def test_lost_rank_lost_launcher_hung_rank_and_cancel_leave_no_process(
     os.kill(procs["launcher"]["launcher_pid"], signal.SIGKILL)
     for k in jobs:
         # Nothing of the first attempt survives: not the peer, not the orphaned ranks.
-        wait_until(lambda k=k: not any(map(alive, pids(procs[k]))), 30, f"{k}: no process")
+        wait_until(partial(none_alive, pids(procs[k])), 30, f"{k}: no process")
     gates["rank"].touch()  # its retry must not stop at the same step
 
     done = stack.wait_for_status(jobs["rank"]["id"], "succeeded", "failed", timeout=240)

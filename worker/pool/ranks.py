@@ -146,9 +146,10 @@ class RankGroup(ChildProcess):
             ],
             stdin=subprocess.DEVNULL,
             env=child_env(gpus, passthrough=passthrough),
+            text=True,  # (no pipes: only for the type ChildProcess declares)
         )
         self._control = self.run_dir.control.open("rb")
-        self._buffer = b""
+        self._partial = b""  # a control line not yet complete
         self._ended = False
         self._pending: signal.Signals | None = None
         self._failed_since: float | None = None
@@ -183,8 +184,8 @@ class RankGroup(ChildProcess):
         return self._ended and not self.alive()
 
     def _read_control(self) -> list[ControlMessage]:
-        self._buffer += self._control.read()
-        *lines, self._buffer = self._buffer.split(b"\n")
+        self._partial += self._control.read()
+        *lines, self._partial = self._partial.split(b"\n")
         got = []
         for line in lines:
             if not line.strip():
@@ -301,7 +302,7 @@ class RankGroup(ChildProcess):
     def describe(self) -> dict[str, Any]:
         """The processes, as the ``started`` event shows them."""
         infos = sorted(self.rank_infos(), key=lambda i: int(i["rank"]))
-        ports = {i.get("master_port") for i in infos} - {None}
+        ports = {str(i.get("master_port")) for i in infos if i.get("master_port")}
         return {
             "pid": self.accepted.pid if self.accepted else None,
             "warm": False,
