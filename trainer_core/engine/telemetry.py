@@ -94,8 +94,15 @@ class StepTelemetry:
             self._values += (found_inf, scale)
         now = time.perf_counter()
         self._pending.append(_Pending(step, samples, started, now))
-        if len(self._pending) >= self._spec.flush_every_steps or (
-            not self._group.parallel and now - self._last_flush >= self._flush_interval_s
+        # The first step of a run (or of a resumed run) flushes at once, so a watcher
+        # sees the job training within a step of its start; later step-count flushes stay
+        # on multiples of flush_every_steps, the boundaries every rank agrees on.
+        every = self._spec.flush_every_steps
+        if (
+            self.last_record is None
+            or step % every == 0
+            or len(self._pending) >= every
+            or (not self._group.parallel and now - self._last_flush >= self._flush_interval_s)
         ):
             self.flush()
 
