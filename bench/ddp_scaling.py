@@ -11,7 +11,7 @@ records) over the steps after the warm-up.
 
 Goal on GPUs: >= 90% at 2 devices for ResNet-50 (224x224, bf16, batch 128 per GPU).
 On a CPU (gloo) the same script runs a small MLP to check itself (``--quick``); CPU
-efficiency says little (the ranks share the cores, torchrun gives each 1 OpenMP thread).
+efficiency says little (one core per rank, gloo over loopback, and a busy machine).
 
     python bench/ddp_scaling.py                      # CUDA: ResNet-50 at 1 and all GPUs
     python bench/ddp_scaling.py --quick              # CPU smoke: MLP, 1 and 2 ranks, gloo
@@ -52,13 +52,18 @@ def spec(device: str, devices: int, per_device: int, steps: int, quick: bool) ->
         "devices": devices,
         "batch_size": per_device * devices,
         "max_steps": steps,
-        "telemetry": {"flush_every_steps": 1},
+        "telemetry": {"flush_every_steps": 10},  # each data-parallel flush is an all-gather
         "collective_timeout_s": 600,
     }
 
 
 def run(job: dict[str, Any], work: Path, warmup: int) -> dict[str, Any]:
-    """Train ``job`` (torchrun when devices > 1); throughput from rank 0's records."""
+    """Train ``job`` (torchrun when devices > 1); throughput from rank 0's records. On a CPU
+    one device is one core: torchrun gives each rank 1 OpenMP thread, so the 1-rank run
+    gets 1 too (else it would use every core and the efficiency would compare cores)."""
+    env = os.environ.copy()
+    if job["device"] == "cpu":
+        env.setdefault("OMP_NUM_THREADS", "1")
     path, out = work / f"spec-{job['devices']}.json", work / f"records-{job['devices']}.jsonl"
     path.write_text(json.dumps(job))
     entry = ["-m", "trainer_core.cli", str(path), "--out", str(out), "--no-resume"]
@@ -68,7 +73,7 @@ def run(job: dict[str, Any], work: Path, warmup: int) -> dict[str, Any]:
         entry = [*launcher, *entry]
     started = time.monotonic()
     done = subprocess.run(
-        [sys.executable, *entry], cwd=ROOT, capture_output=True, text=True, env=os.environ.copy()
+        [sys.executable, *entry], cwd=ROOT, capture_output=True, text=True, env=env
     )
     wall = time.monotonic() - started
     if done.returncode:
