@@ -63,7 +63,7 @@ class Services:
         client = core_redis.client(settings.redis_url, core_redis.REQUEST_TIMEOUT_S)
         hub = LiveHub(settings.redis_url, queue_size=settings.live_queue_size)
         collector = observability.ServiceCollector(
-            session_factory, client, settings.queues, lambda: live_watchers(hub)
+            session_factory, client, settings.routable_queues, lambda: live_watchers(hub)
         )
         return cls(
             settings,

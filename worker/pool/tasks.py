@@ -39,7 +39,8 @@ def _take_slot(**_: Any) -> None:
     global _pool_slot, _spares
     _pool_slot = PoolSlot.of_this_process(devices.visible_gpus(), devices.devices_per_job())
     settings = get_settings()
-    if settings.warm_spare:
+    # A data-parallel slot launches its ranks through torchrun: a spare would sit unused.
+    if settings.warm_spare and _pool_slot.devices_per_job == 1:
         _spares = SpareKeeper(_pool_slot.gpu, settings.child_env_passthrough).start()
 
 

@@ -87,20 +87,24 @@ def route_requests(series: dict[Any, float], route: str) -> float:
 
 
 def test_queue_depth_covers_every_configured_queue(api_stack: Stack) -> None:
-    # The stack serves gpu, cpu and gpu-a100 (AMPTRAIN_QUEUES) and runs no worker.
+    # The stack serves gpu, cpu and gpu-a100 (AMPTRAIN_QUEUES) and runs no worker; each
+    # also has its derived shape queues -x2..-x8 for data-parallel jobs.
     api_stack.submit(mlp_job(3, device="cuda", queue="gpu-a100"))
-    wait_until(
-        lambda: value(scrape(api_stack), "amptrain_queue_depth", queue="gpu-a100") == 1,
-        30,
-        "queue depth 1 on the gpu-a100 queue",
-    )
+    api_stack.submit(mlp_job(4, batch_size=32, device="cpu", devices=2))
+    for queue in ("gpu-a100", "cpu-x2"):
+        wait_until(
+            lambda q=queue: value(scrape(api_stack), "amptrain_queue_depth", queue=q) == 1,
+            30,
+            f"queue depth 1 on the {queue} queue",
+        )
     series = scrape(api_stack)
     depths = {
         dict(labels)["queue"]: v
         for (name, labels), v in series.items()
         if name == "amptrain_queue_depth"
     }
-    assert depths == {"gpu": 0, "cpu": 0, "gpu-a100": 1}
+    shapes = {f"{q}-x{k}": 0 for q in ("gpu", "cpu", "gpu-a100") for k in range(2, 9)}
+    assert depths == {"gpu": 0, "cpu": 0, "gpu-a100": 1, **shapes, "cpu-x2": 1}
 
 
 @pytest.fixture
