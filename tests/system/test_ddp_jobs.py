@@ -113,10 +113,10 @@ def test_lost_rank_lost_launcher_hung_rank_and_cancel_leave_no_process(
             ddp_job("kill-launcher", hang_rank=1, hang_at=5, hang_until=str(gates["launcher"]))
         ),
     }
-    # A third job queues behind them: its rank 1 hangs for good, and the 10 s collective
+    # A third job queues behind them: its rank 1 hangs for good, and the 5 s collective
     # timeout of its rank 0 must end the attempt (no retry: max_attempts 1).
     hung = stack.submit(
-        {**ddp_job("hung", hang_rank=1, hang_at=HELD_AT), "collective_timeout_s": 10}
+        {**ddp_job("hung", hang_rank=1, hang_at=HELD_AT), "collective_timeout_s": 5}
         | {"max_attempts": 1}
     )
 
@@ -172,7 +172,8 @@ def test_lost_rank_lost_launcher_hung_rank_and_cancel_leave_no_process(
     assert "1 of 2 ended without a result" in done["error"]["message"]
     assert not any(map(alive, pids(started(stack, hung["id"], 1)["process"])))
     # The timeout ended it, not torchrun's 30 s grace for the hung rank: the failure came
-    # soon after the last step that reached the service (timeout 10 s + our 3 s grace).
+    # soon after the last step that reached the service (timeout 5 s + our 3 s grace; the
+    # issue asks for 15 s, the margin is for two busy cores).
     last_point = wait_for_points(stack, hung["id"], 20)[-1]
     failed = next(e for e in stack.events(hung["id"]) if e["type"] == "failed")
-    assert failed["time"] - last_point["time"] < 30
+    assert failed["time"] - last_point["time"] < 20

@@ -36,7 +36,7 @@ MAX_RUNTIME_S = 30 * 24 * 3600
 MAX_SEED = 2**32 - 1
 MAX_DEVICES = 8
 """Most data-parallel processes (GPUs) one job may ask for: one machine's worth."""
-MIN_COLLECTIVE_TIMEOUT_S = 10
+MIN_COLLECTIVE_TIMEOUT_S = 5
 MAX_COLLECTIVE_TIMEOUT_S = 3600
 MAX_ARGS = 64
 MAX_ARG_TEXT = 4096
@@ -191,7 +191,7 @@ class JobSpec(_Strict):
     )
     """With ``devices`` > 1: seconds a collective (gradient all-reduce, telemetry reduction,
     checkpoint barrier) may wait for the other processes before the attempt fails, so a
-    hung or lost process ends the attempt instead of stalling it (10 to 3600)."""
+    hung or lost process ends the attempt instead of stalling it (5 to 3600)."""
     max_steps: int = Field(ge=1, le=MAX_STEPS)
     """Optimizer steps to train for."""
     max_runtime_s: int | None = Field(default=None, ge=1, le=MAX_RUNTIME_S)
