@@ -60,6 +60,10 @@ class Stack:
             "AMPTRAIN_DISPATCH_INTERVAL_SECONDS": "0.5",
             "AMPTRAIN_LOG_FORMAT": "text",
             "AMPTRAIN_QUEUES": "gpu,cpu,gpu-a100",
+            # Cold training processes unless a test is about the warm spare: a spare
+            # re-imports torch after every job, which on two cores slows every
+            # end-to-end test (tests/system/test_worker_hardening.py turns it on).
+            "AMPTRAIN_WARM_SPARE": "false",
             "CUDA_VISIBLE_DEVICES": "",
             "PYTHONUNBUFFERED": "1",
         }

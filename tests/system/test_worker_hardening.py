@@ -32,6 +32,7 @@ def stack(database_url: str, redis_server: EmbeddedRedis, tmp_path: Path) -> Ite
     # operator's own; user code in the training child must see neither.
     s.env["AMPTRAIN_WORKER_TEST_SECRET"] = SECRET
     s.env["OMP_NUM_THREADS"] = "1"
+    s.env["AMPTRAIN_WARM_SPARE"] = "true"  # the default outside the test stacks
     s.start_api()
     s.start_worker("w1")
     yield s
