@@ -101,9 +101,47 @@ def cuda_available() -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    _skip_gpu_tests_without_cuda(items)
+    _one_database_per_end_to_end_test(config, items)
+    # Longest first: the test processes share out the end-to-end tests at the start instead
+    # of one of them finishing a minute-long test alone at the end (a stable sort).
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
+def _skip_gpu_tests_without_cuda(items: list[pytest.Item]) -> None:
     """Tests marked ``gpu`` skip cleanly where there is no CUDA device (CI never has one)."""
     if any(item.get_closest_marker("gpu") for item in items) and not cuda_available():
         skip = pytest.mark.skip(reason="needs a CUDA device")
         for item in items:
             if item.get_closest_marker("gpu"):
                 item.add_marker(skip)
+
+
+def _one_database_per_end_to_end_test(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """An end-to-end test (marked ``slow``) runs against one database, not each: with
+    PostgreSQL configured, a module's end-to-end tests alternate between SQLite and
+    PostgreSQL in the order they are written, so both backends run the service end to end
+    while each test's processes start once. Every statement of the store runs on both
+    backends in the store's and the services' own tests."""
+    databases = _database_params()
+    if len(databases) < 2:
+        return
+    variants: dict[tuple[str, ...], int] = {}
+    keep: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        if item.get_closest_marker("slow") is None or "database_url" not in params:
+            keep.append(item)
+            continue
+        variant = (
+            item.path.name,
+            item.originalname,
+            *(str(v) for k, v in sorted(params.items()) if k != "database_url"),
+        )  # type: ignore[attr-defined]
+        index = variants.setdefault(variant, len(variants))
+        chosen = databases[index % len(databases)]
+        (keep if params["database_url"] == chosen else dropped).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep

@@ -23,14 +23,15 @@ from tests.api.web.test_http import cpu_job, user_client
 from tests.conftest import _database_params
 from tests.support.stack import Stack
 
-pytestmark = pytest.mark.slow
-
 SEED = 20261202
 EXAMPLES = 8
 
 # One database per run: PostgreSQL when the run has one (stricter types: int4/int8
 # overflows surface there), else SQLite. The store's own tests cover both.
-pytestmark = pytest.mark.parametrize("database_url", _database_params()[-1:], indirect=True)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.parametrize("database_url", _database_params()[-1:], indirect=True),
+]
 
 
 @pytest.fixture

@@ -101,7 +101,8 @@ def test_batch_frames_carry_every_record_once_across_a_reconnect(
     assert any(len(f["items"]) == BATCH_MAX_ITEMS for f in first if f["type"] == "batch")
     assert steps_of(first) + steps_of(second) == list(range(1, 1001))
     events = [m["data"]["type"] for m in records(first + second) if m["type"] == "event"]
-    assert events == ["queued", "started", "succeeded"]
+    # No worker serves this stack's queues: the dispatcher's waiting_for_queue note may come.
+    assert [e for e in events if e != "waiting_for_queue"] == ["queued", "started", "succeeded"]
     # The old client: one message per record, the same records at the same cursors.
     assert not any(m["type"] == "batch" for m in plain)
     assert sequence(first + second) == sequence(plain)

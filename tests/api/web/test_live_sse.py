@@ -80,7 +80,8 @@ def test_sse_resumes_with_last_event_id(
     assert steps(rest) == list(range(31, 81))
     assert rest[-1]["type"] == "end" and rest[-1]["data"]["status"] == "succeeded"
     events = [m["data"]["type"] for m in first + rest if m["type"] == "event"]
-    assert events == ["queued", "started", "succeeded"]
+    # No worker serves this stack's queues: the dispatcher's waiting_for_queue note may come.
+    assert [e for e in events if e != "waiting_for_queue"] == ["queued", "started", "succeeded"]
 
 
 def test_sse_needs_a_token_and_a_valid_cursor(stack: Stack) -> None:
