@@ -105,7 +105,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     _one_database_per_end_to_end_test(config, items)
     # Longest first: the test processes share out the end-to-end tests at the start instead
     # of one of them finishing a minute-long test alone at the end (a stable sort).
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    items.sort(
+        key=lambda item: not (item.get_closest_marker("slow") or item.get_closest_marker("heavy"))
+    )
 
 
 def _skip_gpu_tests_without_cuda(items: list[pytest.Item]) -> None:

@@ -12,9 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 import yaml
 
 from tests.trainer_core.test_plugins import example_plugin_site
+
+pytestmark = pytest.mark.slow
 
 TINY: dict[str, Any] = {
     "model": {"name": "mlp", "args": {"width": 16}},

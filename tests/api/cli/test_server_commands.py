@@ -10,10 +10,13 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
 from api.cli.embedded_redis import EmbeddedRedis
 from api.store import migrate
 from tests.support.stack import Stack
+
+pytestmark = pytest.mark.slow
 
 
 def amptrain(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:

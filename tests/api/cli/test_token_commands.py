@@ -6,9 +6,12 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import httpx
+import pytest
 
 from tests.api.cli.test_server_commands import amptrain, clean_env
 from tests.support.stack import Stack, wait_until
+
+pytestmark = pytest.mark.slow
 
 
 def _me(stack: Stack, token: str) -> httpx.Response:

@@ -85,6 +85,7 @@ def points(
         yield (job_id, attempt, t0 + step, attempt, step, t0 / 1000 + step, loss, 65536.0)
 
 
+@pytest.mark.heavy
 def test_a_million_steps_in_a_thousand_points_keeps_the_spike(
     db: tuple[sa.Engine, sessionmaker[Session]],
 ) -> None:

@@ -13,6 +13,8 @@ from tests.support.sinks import ListSink
 from trainer_core.contract.spec import parse_spec
 from trainer_core.engine import RunContext, Trainer
 
+pytestmark = pytest.mark.heavy
+
 PAIRS: dict[str, dict[str, Any]] = {
     "mlp": {
         "model": {"name": "mlp", "args": {"width": 64}},

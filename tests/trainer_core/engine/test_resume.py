@@ -122,6 +122,7 @@ _SAVER = textwrap.dedent(
 )
 
 
+@pytest.mark.heavy
 def test_a_checkpoint_is_never_half_written_when_the_writer_is_killed(tmp_path: Path) -> None:
     torn_writes = 0
     for trial in range(5):
