@@ -182,9 +182,10 @@ def run(
 ) -> int:
     """Train ``spec``; returns the exit status. ``out`` None: a rank > 0 (writes no records)."""
     from trainer_core.engine import RunContext, Trainer  # torch: only once the spec is valid
-    from trainer_core.engine.distributed import Ranks
+    from trainer_core.engine.distributed import Ranks, set_nccl_defaults
 
     ranks = Ranks.from_env(os.environ)  # set by torchrun for a data-parallel run
+    set_nccl_defaults(os.environ)
     rank = ranks.rank if ranks else 0
     report = RankResult(result_file, rank, ranks.world_size if ranks else 1)
     progress, task = _progress(console, spec.max_steps)

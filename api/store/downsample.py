@@ -42,7 +42,7 @@ from sqlalchemy.orm import Session, aliased
 from api.contracts.cursor import Cursor
 from api.contracts.jsonsafe import finite
 from api.store import summaries, summary_reads
-from api.store.metrics import newest_attempt, newest_cursor
+from api.store.metrics import newest_attempt, newest_cursor, steps_in
 from api.store.models import MetricPoint
 from trainer_core.contract.records import METRIC_FIELDS, STORED_METRIC_FIELDS
 
@@ -54,7 +54,6 @@ DEFAULT_EXTREMA = ("loss", "grad_norm")
 """Whose extremes are kept when a request names no fields."""
 SUMMARY_WIDTH = 4 << summaries.BASE
 """From this bucket width on, buckets come from the summaries (below, the span is short)."""
-_IN_CHUNK = 500  # stay far below any backend's bound-parameter limit
 _DBL_MAX = 1.7976931348623157e308
 
 
@@ -364,12 +363,11 @@ def _rows_at(s: Session, job_id: str, steps: list[int], *, multi_attempt: bool) 
     what only becomes a dict."""
     p = MetricPoint
     rows: list[Any] = []
-    for i in range(0, len(steps), _IN_CHUNK):
-        chunk = steps[i : i + _IN_CHUNK]
+    for in_steps in steps_in(s, steps):
         rows.extend(
             s.execute(
                 sa.select(p.__table__)
-                .where(p.job_id == job_id, p.step.in_(chunk))
+                .where(p.job_id == job_id, in_steps)
                 .order_by(p.step, p.attempt.desc())
             ).all()
         )

@@ -7,9 +7,11 @@ order, so paging by ``(stream_ms, stream_seq)`` never repeats or skips a point.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
 from typing import Any, Literal
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session, aliased
 
 from api.contracts.cursor import Cursor
@@ -17,6 +19,20 @@ from api.store.models import MetricPoint
 from trainer_core.contract.records import STORED_METRIC_FIELDS
 
 Attempts = Literal["effective", "all"]
+IN_CHUNK = 2000
+"""Steps per ``IN (...)`` on SQLite: bound parameters far below its limit of 32766."""
+
+
+def steps_in(s: Session, steps: Sequence[int]) -> Iterator[sa.ColumnElement[bool]]:
+    """Conditions that together select the points at ``steps``: on PostgreSQL one
+    ``step = ANY(array)`` (one parameter, so psycopg prepares the statement once; an
+    ``IN`` of hundreds of placeholders is parsed anew every time), else ``IN`` chunks."""
+    p = MetricPoint
+    if s.get_bind().dialect.name == "postgresql":
+        yield p.step == sa.any_(sa.bindparam("steps", list(steps), postgresql.ARRAY(sa.Integer)))
+        return
+    for i in range(0, len(steps), IN_CHUNK):
+        yield p.step.in_(steps[i : i + IN_CHUNK])
 
 
 def metric_page(

@@ -32,6 +32,7 @@ import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from api.store.metrics import steps_in
 from api.store.models import MetricPoint, MetricSummary, MetricSummaryState
 
 BASE = 4
@@ -57,7 +58,6 @@ EXTREMA_COLUMNS = tuple(
 )
 COLUMNS = (*COUNTS, *EXTREMA_COLUMNS)
 _DBL_MAX = 1.7976931348623157e308
-IN_CHUNK = 2000  # bound parameters per statement: far below SQLite's 32766
 
 Agg = dict[str, Any]
 """A node's aggregates, keyed as the table's columns (:data:`COLUMNS`)."""
@@ -159,12 +159,11 @@ def points_at(
     p = MetricPoint
     steps = sorted({step for a, b in ranges for step in range(a, b + 1)})
     out: list[Any] = []
-    for i in range(0, len(steps), IN_CHUNK):
-        chunk = steps[i : i + IN_CHUNK]
+    for in_steps in steps_in(s, steps):
         # stream_ms is in no index with attempt: SQLite then looks the steps up by
         # (job_id, step) instead of scanning the job's (job_id, attempt, step) entries,
         # the index that would otherwise "cover" the query.
-        query = sa.select(*cols, p.stream_ms).where(p.job_id == job_id, p.step.in_(chunk), *where)
+        query = sa.select(*cols, p.stream_ms).where(p.job_id == job_id, in_steps, *where)
         out += s.execute(query).all()
     out.sort(key=lambda r: (r.step, -r.attempt))
     return out
@@ -199,19 +198,23 @@ def read_nodes(
         *(f"{f}_{k}{x}" for f in fields for k in ("min", "max") for x in ("", "_step")),
     ]
     cols = [m.level, m.idx, *(getattr(m, c) for c in names)]
+    wheres = [_level_where(level, sorted(ids)) for level, ids in by_level.items()]
+    if s.get_bind().dialect.name == "postgresql":
+        # One round trip: PostgreSQL answers an OR of index conditions with one bitmap
+        # scan. SQLite (no round trips to save) would walk every node of the job instead.
+        wheres = [sa.or_(*wheres)]
     out: dict[tuple[int, int], Agg] = {}
-    # One statement per level, each of a fixed shape (compiled once, cached): an OR of
-    # three or more ranges makes SQLite walk every node of the job instead of the index.
-    for level, ids in by_level.items():
-        ids.sort()
-        where = [m.job_id == job_id, m.level == level]
-        if ids[-1] - ids[0] + 1 == len(ids):
-            where.append(m.idx.between(ids[0], ids[-1]))
-        else:
-            where.append(m.idx.in_(ids))
-        for lvl, idx, *values in s.execute(sa.select(*cols).where(*where)):
+    for where in wheres:
+        for lvl, idx, *values in s.execute(sa.select(*cols).where(m.job_id == job_id, where)):
             out[(lvl, idx)] = dict(zip(names, values, strict=True))
     return out
+
+
+def _level_where(level: int, ids: list[int]) -> sa.ColumnElement[bool]:
+    m = MetricSummary
+    if ids[-1] - ids[0] + 1 == len(ids):
+        return sa.and_(m.level == level, m.idx.between(ids[0], ids[-1]))
+    return sa.and_(m.level == level, m.idx.in_(ids))
 
 
 def runs(ids: list[int]) -> list[tuple[int, int]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import shutil
 import subprocess
 import sys
@@ -46,3 +47,22 @@ def test_control_plane_modules_do_not_import_torch(module: str) -> None:
     code = f"import sys, {module}; assert 'torch' not in sys.modules, 'torch was imported'"
     result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
     assert result.returncode == 0, result.stderr[-2000:]
+
+
+def test_the_training_core_reads_and_writes_no_environment() -> None:
+    """trainer_core takes everything from its spec and RunContext; only the local runner
+    (trainer_core/cli.py, an entry point like worker.child) reads torchrun's variables."""
+    offenders = []
+    for path in sorted((ROOT / "trainer_core").rglob("*.py")):
+        if path.name == "cli.py" and path.parent.name == "trainer_core":
+            continue
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "os"
+                and node.attr in {"environ", "getenv", "putenv", "unsetenv"}
+            ):
+                offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} os.{node.attr}")
+    assert not offenders, offenders

@@ -2,8 +2,9 @@
 
 One process per device, started by ``torch.distributed.run`` (torchrun), which tells
 each its place in ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and the rendezvous in
-``MASTER_ADDR``/``MASTER_PORT``. :meth:`Ranks.from_env` reads them (the entry point
-calls it; the engine itself reads no environment).
+``MASTER_ADDR``/``MASTER_PORT``. :meth:`Ranks.from_env` reads them and
+:func:`set_nccl_defaults` adds NCCL's failure settings (the entry points call both; the
+engine itself reads and writes no environment).
 
 The rule that keeps ranks from deadlocking or drifting apart: every collective and
 every control decision depends only on values equal on all ranks, taken at points
@@ -16,8 +17,7 @@ reduced values; a stop request on any rank stops all ranks at the same flush.
 
 from __future__ import annotations
 
-import os
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -38,6 +38,14 @@ NCCL_DEFAULTS = {
     "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
 }
 """Set for NCCL process groups unless the environment already has them."""
+
+
+def set_nccl_defaults(env: MutableMapping[str, str]) -> None:
+    """Add :data:`NCCL_DEFAULTS` to a rank's environment (``os.environ``, before the process
+    group exists: ProcessGroupNCCL reads them when it is built); set values win."""
+    for key, value in NCCL_DEFAULTS.items():
+        env.setdefault(key, value)
+
 
 STOP_CODES = {None: 0.0, "preempt": 1.0, "cancel": 2.0}
 """A stop request as a number, so ranks agree by MAX: a cancel anywhere wins over a preempt."""
@@ -89,8 +97,6 @@ class Group:
             return
         options: dict[str, Any] = {}
         if self.device.type == "cuda":
-            for key, value in NCCL_DEFAULTS.items():
-                os.environ.setdefault(key, value)  # read by ProcessGroupNCCL when it is built
             options["device_id"] = self.device  # binds the group to this rank's GPU, eagerly
         dist.init_process_group(
             "nccl" if self.device.type == "cuda" else "gloo",

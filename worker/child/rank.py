@@ -38,10 +38,11 @@ def train(launch: Launch, rank: int, control: Control | None) -> Finished | Fail
     """Train this rank's part of ``launch``; how it ended."""
     from trainer_core.contract.spec import parse_spec
     from trainer_core.engine import RunContext, Trainer
-    from trainer_core.engine.distributed import Ranks
+    from trainer_core.engine.distributed import Ranks, set_nccl_defaults
     from worker.child.main import _probe
     from worker.child.sink_process import ProcessSink
 
+    set_nccl_defaults(os.environ)
     sink: Any = None
     if control is not None:  # rank 0: the one that publishes
         sink = ControlledSink(ProcessSink(launch.redis_url, launch.job_id, launch.attempt), control)
