@@ -22,7 +22,9 @@ from trainer_core.contract.records import (
 
 log = logging.getLogger(__name__)
 
-Entry = tuple[Any, dict[Any, Any] | None]
+Entry = tuple[Any, list[Any] | None]
+"""``(entry_id, [field, value, field, value, ...])`` as hiredis gives it (see
+:mod:`api.services.recorder_group`); None: trimmed from the stream while pending."""
 
 
 @dataclass
@@ -36,18 +38,18 @@ class Batch:
 
 def parse(job_id: str, entries: Iterable[Entry]) -> Batch:
     batch = Batch()
-    for eid, fields in entries:
-        if not fields:
+    for eid, flat in entries:
+        if not flat:
             continue  # trimmed from the stream while pending
         entry_id = text(eid)
         try:
-            if (fields.get(b"kind") or fields.get("kind")) in _METRIC:
-                row = _point_row(job_id, entry_id, fields)
+            if _kind(flat) in _METRIC:
+                row = _point_row(job_id, entry_id, flat)
                 if type(row["step"]) is int:
                     batch.points.append(row)
                 continue
-            item = decode(fields)
-        except (KeyError, ValueError):
+            item = decode(_pairs(flat))
+        except (KeyError, ValueError, IndexError):
             log.error("job %s: undecodable stream entry %s dropped", job_id, entry_id)
             continue
         if item["kind"] == "event":
@@ -57,6 +59,7 @@ def parse(job_id: str, entries: Iterable[Entry]) -> Batch:
     return batch
 
 
+_KIND = (b"kind", "kind")
 _METRIC = (b"metric", "metric")
 # field name (bytes and str) -> (column, read as float): the float columns' text goes
 # straight to float(); every other value is an int, true/false/null, or rare.
@@ -64,37 +67,59 @@ _COLUMN = {k: (f, f in FLOAT_FIELDS) for f in METRIC_FIELDS for k in (f, f.encod
 _CONSTANTS: dict[Any, Any] = {
     k: v for t, v in (("null", None), ("true", True), ("false", False)) for k in (t, t.encode())
 }
+_NOT_CONSTANT = object()
+_BLANK = dict.fromkeys(STORED_METRIC_FIELDS)
 
 
-def _point_row(job_id: str, entry_id: str, fields: dict[Any, Any]) -> dict[str, Any]:
+def _pairs(flat: list[Any]) -> dict[Any, Any]:
+    it = iter(flat)
+    return dict(zip(it, it, strict=True))
+
+
+def _kind(flat: list[Any]) -> Any:
+    if flat[0] in _KIND:  # the worker's sink writes it first
+        return flat[1]
+    pairs = _pairs(flat)
+    return pairs.get(b"kind", pairs.get("kind"))
+
+
+def _point_row(job_id: str, entry_id: str, flat: list[Any]) -> dict[str, Any]:
     """The row of a metric entry without :func:`api.contracts.stream.decode`'s per-field
     ``json.loads`` (it was half the recorder's CPU). A float column's integer reads as a
     float, as SQL stores it; anything unusual takes the ``decode`` route."""
     ms, seq = Cursor.of_entry(entry_id)
-    row: dict[str, Any] = dict.fromkeys(STORED_METRIC_FIELDS)
+    row: dict[str, Any] = _BLANK.copy()
+    attempt = None
+    it = iter(flat)
     try:
-        for k, v in fields.items():
+        for k, v in zip(it, it, strict=True):
             column = _COLUMN.get(k)
             if column is None:
-                if k in _PARALLEL:
+                if k in _ATTEMPT:
+                    attempt = v
+                elif k in _PARALLEL:
                     name, value = _parallel(text(k), text(v))
                     row[name] = value
                 continue
-            if v in _CONSTANTS:
-                row[column[0]] = _CONSTANTS[v]
+            constant = _CONSTANTS.get(v, _NOT_CONSTANT)
+            if constant is not _NOT_CONSTANT:
+                row[column[0]] = constant
             elif column[1]:
                 row[column[0]] = float(v)  # also NaN, Infinity, -Infinity
             else:
                 row[column[0]] = int(v)
     except ValueError:
-        item = decode(fields)
+        item = decode(_pairs(flat))
+        attempt = item["attempt"]
         row = {f: item.get(f) for f in METRIC_FIELDS}
         row.update(_parallel(f, json.dumps(item.get(f))) for f in PARALLEL_METRIC_FIELDS)
-    attempt = fields.get(b"attempt") or fields["attempt"]  # KeyError: undecodable
+    if attempt is None:
+        raise KeyError("attempt")  # undecodable
     row.update(job_id=job_id, attempt=int(attempt), stream_ms=ms, stream_seq=seq)
     return row
 
 
+_ATTEMPT = (b"attempt", "attempt")
 _PARALLEL = frozenset(k for f in PARALLEL_METRIC_FIELDS for k in (f, f.encode()))
 
 

@@ -3,6 +3,11 @@
 A previous owner's unacknowledged entries are claimed first (XAUTOCLAIM), then
 this consumer's own pending ones are re-read, then new ones (``>``). A group lost
 with Redis's data (NOGROUP) is re-created from id 0.
+
+Entries come as hiredis parses them, ``(entry_id, [field, value, field, value, ...])``
+(``None`` for an entry trimmed while pending): redis-py's own reply parsing, a dict per
+entry, was a quarter of the recorder's time (:mod:`api.services.recorder_entries` reads
+the pairs).
 """
 
 from __future__ import annotations
@@ -21,9 +26,20 @@ def is_nogroup(exc: redis.ResponseError) -> bool:
     return "NOGROUP" in str(exc)
 
 
+def _streams(response: Any, **_options: Any) -> list[tuple[Any, list[Any]]]:
+    """An XREADGROUP reply (RESP3: a map; RESP2: a list of pairs) as (key, entries)."""
+    if not response:
+        return []
+    pairs = response.items() if isinstance(response, dict) else response
+    return [(key, entries) for key, entries in pairs]
+
+
 class ConsumerGroup:
     def __init__(self, client: redis.Redis, consumer: str, batch: int) -> None:
         self.redis = client
+        # The same connections; its own reply parsing for XREADGROUP only.
+        self._reads = redis.Redis(connection_pool=client.connection_pool)
+        self._reads.set_response_callback("XREADGROUP", _streams)
         self.consumer = consumer
         self.batch = batch
         self._created: set[str] = set()
@@ -35,14 +51,14 @@ class ConsumerGroup:
         streams = {k: ">" for k in keys}
         if not streams:
             return []
-        reply: Any = self.redis.xreadgroup(
+        reply: Any = self._reads.xreadgroup(
             GROUP,
             self.consumer,
             streams,  # type: ignore[arg-type]
             count=count,
             block=block_ms,
         )
-        return [(text(key), entries) for key, entries in reply or []]
+        return [(text(key), entries) for key, entries in reply]
 
     def take_over(self, key: str) -> None:
         """Make the entries a previous owner left unacknowledged this consumer's pending ones."""
@@ -56,7 +72,7 @@ class ConsumerGroup:
 
     def pending_after(self, key: str, last: str) -> list[Any]:
         """This consumer's delivered but unacknowledged entries after ``last`` (one page)."""
-        reply: Any = self.redis.xreadgroup(GROUP, self.consumer, {key: last}, count=self.batch)
+        reply: Any = self._reads.xreadgroup(GROUP, self.consumer, {key: last}, count=self.batch)
         return reply[0][1] if reply else []
 
     def ack(self, acks: dict[str, list[str]], marks: dict[str, str], ttl_s: int) -> None:
