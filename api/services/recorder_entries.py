@@ -7,7 +7,7 @@ import logging
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 from api.contracts.cursor import Cursor
 from api.contracts.jsonsafe import finite
@@ -61,54 +61,14 @@ def parse(job_id: str, entries: Iterable[Entry]) -> Batch:
 
 _KIND = (b"kind", "kind")
 _METRIC = (b"metric", "metric")
-_ATTEMPT = (b"attempt", "attempt")
-_PARALLEL = frozenset(k for f in PARALLEL_METRIC_FIELDS for k in (f, f.encode()))
-_BLANK = dict.fromkeys(STORED_METRIC_FIELDS)
-_TYPES: dict[str, tuple[type, ...]] = {
-    f: (float, int) if f in FLOAT_FIELDS else (bool,) if f == "skipped" else (int,)
-    for f in METRIC_FIELDS
+# field name (bytes and str) -> (column, read as float): the float columns' text goes
+# straight to float(); every other value is an int, true/false/null, or rare.
+_COLUMN = {k: (f, f in FLOAT_FIELDS) for f in METRIC_FIELDS for k in (f, f.encode())}
+_CONSTANTS: dict[Any, Any] = {
+    k: v for t, v in (("null", None), ("true", True), ("false", False)) for k in (t, t.encode())
 }
-"""What a metric column takes (None aside); anything else takes the ``decode`` route."""
-
-
-class _Layout(NamedTuple):
-    """Where a metric entry's values are, for one order of field names (the sink always
-    writes the same): the metric values' positions, their columns and types, and where
-    ``attempt`` and the data-parallel fields are."""
-
-    values: list[int]
-    columns: tuple[str, ...]
-    types: tuple[tuple[type, ...], ...]
-    floats: tuple[int, ...]
-    """Indexes (into ``columns``) of float columns: an integer there is read as a float,
-    as SQL stores it."""
-    attempt: int
-    parallel: tuple[tuple[str, int], ...]
-
-
-_LAYOUTS: dict[tuple[Any, ...], _Layout | None] = {}
-_MAX_LAYOUTS = 64  # the field names come from the stream: the cache stays small whatever comes
-
-
-def _layout(names: tuple[Any, ...]) -> _Layout | None:
-    """The layout of entries with these field names; None when they lack ``attempt``."""
-    if names in _LAYOUTS:
-        return _LAYOUTS[names]
-    columns = {text(n): i for i, n in enumerate(names) if text(n) in METRIC_FIELDS}
-    attempt = next((i for i, n in enumerate(names) if n in _ATTEMPT), None)
-    layout = None
-    if attempt is not None and columns:
-        layout = _Layout(
-            values=list(columns.values()),
-            columns=tuple(columns),
-            types=tuple(_TYPES[c] for c in columns),
-            floats=tuple(i for i, c in enumerate(columns) if c in FLOAT_FIELDS),
-            attempt=attempt,
-            parallel=tuple((text(n), i) for i, n in enumerate(names) if n in _PARALLEL),
-        )
-    if len(_LAYOUTS) < _MAX_LAYOUTS:
-        _LAYOUTS[names] = layout
-    return layout
+_NOT_CONSTANT = object()
+_BLANK = dict.fromkeys(STORED_METRIC_FIELDS)
 
 
 def _pairs(flat: list[Any]) -> dict[Any, Any]:
@@ -124,50 +84,43 @@ def _kind(flat: list[Any]) -> Any:
 
 
 def _point_row(job_id: str, entry_id: str, flat: list[Any]) -> dict[str, Any]:
-    """The row of a metric entry. The values are JSON scalars (:mod:`api.contracts.stream`):
-    all of an entry's are read by ONE ``json.loads`` of them joined as an array, not one
-    call each (that was half the recorder's CPU), and checked against their columns'
-    types; anything unusual takes the :func:`api.contracts.stream.decode` route."""
+    """The row of a metric entry without :func:`api.contracts.stream.decode`'s per-field
+    ``json.loads`` (it was half the recorder's CPU). A float column's integer reads as a
+    float, as SQL stores it; anything unusual takes the ``decode`` route."""
     ms, seq = Cursor.of_entry(entry_id)
-    values = flat[1::2]
-    layout = _layout(tuple(flat[0::2]))
-    if layout is None:
-        raise KeyError("attempt")  # undecodable
-    row = _fast_row(layout, values)
-    if row is None:
+    row: dict[str, Any] = _BLANK.copy()
+    attempt = None
+    it = iter(flat)
+    try:
+        for k, v in zip(it, it, strict=True):
+            column = _COLUMN.get(k)
+            if column is None:
+                if k in _ATTEMPT:
+                    attempt = v
+                elif k in _PARALLEL:
+                    name, value = _parallel(text(k), text(v))
+                    row[name] = value
+                continue
+            constant = _CONSTANTS.get(v, _NOT_CONSTANT)
+            if constant is not _NOT_CONSTANT:
+                row[column[0]] = constant
+            elif column[1]:
+                row[column[0]] = float(v)  # also NaN, Infinity, -Infinity
+            else:
+                row[column[0]] = int(v)
+    except ValueError:
         item = decode(_pairs(flat))
+        attempt = item["attempt"]
         row = {f: item.get(f) for f in METRIC_FIELDS}
         row.update(_parallel(f, json.dumps(item.get(f))) for f in PARALLEL_METRIC_FIELDS)
-    attempt = int(values[layout.attempt])
-    row.update(job_id=job_id, attempt=attempt, stream_ms=ms, stream_seq=seq)
+    if attempt is None:
+        raise KeyError("attempt")  # undecodable
+    row.update(job_id=job_id, attempt=int(attempt), stream_ms=ms, stream_seq=seq)
     return row
 
 
-def _fast_row(layout: _Layout, values: list[Any]) -> dict[str, Any] | None:
-    """The metric columns of an entry laid out as ``layout``; None when a value is not
-    the JSON scalar its column takes."""
-    parsed = _scalars([values[i] for i in layout.values])
-    if parsed is None or len(parsed) != len(layout.columns):
-        return None  # not JSON, or a value that was more than one
-    if not all(v is None or type(v) in t for v, t in zip(parsed, layout.types, strict=True)):
-        return None
-    for i in layout.floats:
-        if type(parsed[i]) is int:
-            parsed[i] = float(parsed[i])
-    row = _BLANK.copy()
-    row.update(zip(layout.columns, parsed, strict=True))
-    row.update(_parallel(name, text(values[i])) for name, i in layout.parallel)
-    return row
-
-
-def _scalars(raw: list[Any]) -> list[Any] | None:
-    """JSON texts (bytes or str) as values, by one parse; None if they are not JSON."""
-    try:
-        if raw and isinstance(raw[0], bytes):
-            return json.loads(b"[" + b",".join(raw) + b"]")
-        return json.loads("[" + ",".join(raw) + "]")
-    except (ValueError, TypeError):
-        return None
+_ATTEMPT = (b"attempt", "attempt")
+_PARALLEL = frozenset(k for f in PARALLEL_METRIC_FIELDS for k in (f, f.encode()))
 
 
 def _parallel(name: str, value: str) -> tuple[str, Any]:
