@@ -6,8 +6,10 @@ the (job_id, attempt, step) of the rows it actually added, so a replayed entry a
 nothing. Rows go in the order given (the recorder passes each job's points in
 stream order), so row ids follow the stream.
 
-* PostgreSQL ``copy`` (default): COPY into a session-local temp table, then one
-  ``INSERT ... SELECT ... ON CONFLICT DO NOTHING RETURNING``.
+* PostgreSQL ``copy`` (default): COPY straight into ``metric_points`` inside a
+  savepoint; if a row is already there (a replay: rare), the savepoint is rolled back
+  and the rows go through a session-local temp table and one
+  ``INSERT ... SELECT ... ON CONFLICT DO NOTHING RETURNING`` instead.
 * PostgreSQL ``values``: one prepared single-row INSERT sent for every row in
   psycopg's pipeline mode (``executemany(returning=True)``).
 * SQLite: multi-row ``INSERT ... VALUES`` pages with RETURNING through one cached
@@ -25,6 +27,7 @@ from itertools import chain
 from operator import itemgetter
 from typing import Any
 
+import psycopg
 from sqlalchemy.orm import Session
 
 from trainer_core.contract.records import STORED_METRIC_FIELDS
@@ -78,6 +81,20 @@ def insert(s: Session, rows: list[dict[str, Any]], method: str | None = None) ->
 
 
 def _pg_copy(conn: Any, rows: list[dict[str, Any]]) -> Inserted:
+    try:
+        with (
+            conn.transaction(),  # a savepoint: the caller's transaction stays usable
+            conn.cursor() as cur,
+            cur.copy(f"COPY metric_points ({_COLS}) FROM STDIN") as copy,
+        ):
+            for r in rows:
+                copy.write_row(_row(r))
+        return {(r["job_id"], r["attempt"], r["step"]) for r in rows}
+    except psycopg.errors.UniqueViolation:
+        return _pg_copy_new_only(conn, rows)
+
+
+def _pg_copy_new_only(conn: Any, rows: list[dict[str, Any]]) -> Inserted:
     with conn.cursor() as cur:
         cur.execute(_CREATE_TEMP)
         with cur.copy(f"COPY {_TEMP} ({_COLS}) FROM STDIN") as copy:
