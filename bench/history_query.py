@@ -31,7 +31,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from api.store import jobs, migrate, recording, summaries
+from api.store import jobs, migrate, recording, summaries, summary_rebuild
 from api.store.db import make_engine, make_session_factory
 from api.store.downsample import raw_window, series_window
 from trainer_core.contract.records import STORED_METRIC_FIELDS
@@ -122,7 +122,7 @@ def bench_reads(
         seed(engine, job_id, n)
         started = time.perf_counter()
         with sessions.begin() as s:
-            summaries.rebuild(s, job_id)
+            summary_rebuild.rebuild(s, job_id)
         print(f"{n:>9,} summaries rebuilt in {time.perf_counter() - started:.1f} s")
         for label, kw in (("whole", {}), ("mid", {"from_step": n // 3, "to_step": n // 2})):
             raw_reads = max(2, reads // 5) if n >= 1_000_000 else reads

@@ -44,23 +44,23 @@ from api.contracts.jsonsafe import finite
 from api.store import summaries, summary_reads
 from api.store.metrics import newest_attempt, newest_cursor, steps_in
 from api.store.models import MetricPoint
+from api.store.summary_layout import BASE, DBL_MAX, SUMMARY_FIELDS
 from trainer_core.contract.records import METRIC_FIELDS, STORED_METRIC_FIELDS
 
-EXTREMA_FIELDS = summaries.SUMMARY_FIELDS
+EXTREMA_FIELDS = SUMMARY_FIELDS
 """The fields whose per-bucket min and max are kept when requested. ``lr`` follows a
 smooth schedule and ``memory_reserved``/``memory_peak`` only step up, so a bucket's first
 and last points already bound them; leaving them out keeps the pass over the points cheap."""
 DEFAULT_EXTREMA = ("loss", "grad_norm")
 """Whose extremes are kept when a request names no fields."""
-SUMMARY_WIDTH = 4 << summaries.BASE
+SUMMARY_WIDTH = 4 << BASE
 """From this bucket width on, buckets come from the summaries (below, the span is short)."""
-_DBL_MAX = 1.7976931348623157e308
 
 
 def is_finite(column: Any) -> sa.ColumnElement[bool]:
     """A finite number on every backend: false for NULL, for SQLite's infinities and for
     PostgreSQL's NaN (which PostgreSQL sorts above every number) and infinities."""
-    return sa.and_(column.is_not(None), column.between(-_DBL_MAX, _DBL_MAX))
+    return sa.and_(column.is_not(None), column.between(-DBL_MAX, DBL_MAX))
 
 
 def non_finite_loss(p: Any) -> sa.ColumnElement[bool]:

@@ -13,7 +13,6 @@ from sqlalchemy.orm import Session
 from api.contracts.cursor import Cursor
 from api.store.models import MetricPoint, MetricSummary, MetricSummaryState
 from api.store.summaries import (
-    BASE,
     Agg,
     aggregate,
     effective,
@@ -22,6 +21,7 @@ from api.store.summaries import (
     raw_rows,
     read_nodes,
 )
+from api.store.summary_layout import BASE
 
 STEP_END = 2**31 - 1
 

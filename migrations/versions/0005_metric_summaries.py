@@ -103,7 +103,7 @@ def downgrade() -> None:
 
 
 def _backfill_statements(job_filter: bool, dialect: str) -> list[str]:
-    """Frozen copy of api.store.summaries.rebuild_statements at this revision."""
+    """Frozen copy of api.store.summary_rebuild.rebuild_statements at this revision."""
     only = " AND p.job_id = :job_id" if job_filter else ""
     only_m = " AND job_id = :job_id" if job_filter else ""
     only_c = " AND c.job_id = :job_id" if job_filter else ""

@@ -12,7 +12,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.store import jobs, migrate, summaries
+from api.store import jobs, migrate, summary_rebuild
 from api.store.db import make_engine, make_session_factory
 from api.store.downsample import downsample, parse_fields
 from trainer_core.contract.spec import JobSpec
@@ -73,7 +73,7 @@ def bulk_insert(engine: sa.Engine, rows: Iterable[Row]) -> None:
         raw.close()
     with make_session_factory(engine).begin() as s:
         for job_id in job_ids:
-            summaries.rebuild(s, job_id)
+            summary_rebuild.rebuild(s, job_id)
 
 
 def points(

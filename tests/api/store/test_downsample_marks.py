@@ -12,7 +12,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.store import jobs, migrate, summaries
+from api.store import jobs, migrate, summary_rebuild
 from api.store.db import make_engine, make_session_factory
 from api.store.downsample import series_window
 from api.store.models import MetricPoint
@@ -64,7 +64,7 @@ def run(db: tuple[sa.Engine, Sessions], steps: int, **special: dict[int, dict[st
     with engine.begin() as conn:
         conn.execute(sa.insert(MetricPoint), rows)
     with sessions.begin() as s:
-        summaries.rebuild(s, job_id)  # as the recorder would have kept them
+        summary_rebuild.rebuild(s, job_id)  # as the recorder would have kept them
     return job_id
 
 

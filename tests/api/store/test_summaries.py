@@ -13,7 +13,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.store import jobs, migrate, recording, summaries
+from api.store import jobs, migrate, recording, summaries, summary_layout, summary_rebuild
 from api.store.db import make_engine, make_session_factory
 from api.store.downsample import parse_fields, raw_window, series_window
 from api.store.models import MetricPoint, MetricSummary, MetricSummaryState
@@ -118,7 +118,7 @@ def same_answer(sessions: Sessions, job_id: str, n: int, **kw: Any) -> None:
 
 def nodes(sessions: Sessions, job_id: str) -> dict[tuple[int, int], tuple[Any, ...]]:
     m = MetricSummary
-    cols = [getattr(m, c) for c in summaries.COLUMNS]
+    cols = [getattr(m, c) for c in summary_layout.COLUMNS]
     with sessions() as s:
         rows = s.execute(sa.select(m.level, m.idx, *cols).where(m.job_id == job_id)).all()
         state = s.execute(
@@ -176,7 +176,7 @@ def test_a_retry_re_recording_from_a_checkpoint_changes_the_summaries(
             same_answer(sessions, job_id, n, **kw)
     live = nodes(sessions, job_id)
     with sessions.begin() as s:
-        summaries.rebuild(s, job_id)
+        summary_rebuild.rebuild(s, job_id)
     assert nodes(sessions, job_id) == live
 
 

@@ -22,7 +22,7 @@ except ImportError:  # outside CI a missing playwright skips, like a missing bro
         raise
     pytest.skip("playwright is not installed (pip install -e '.[dev]')", allow_module_level=True)
 
-from api.store import summaries
+from api.store import summary_rebuild
 from api.store.db import make_engine, make_session_factory
 from tests.api.web.ab_runs import RUNS, play, spec
 from tests.api.web.dashboard.conftest import Console, new_token, screenshot, sign_in
@@ -315,6 +315,8 @@ def bulk_points(stack: Stack, job_id: str, n: int, spike: int) -> None:
     engine = make_engine(stack.env["AMPTRAIN_DATABASE_URL"])
     try:
         with make_session_factory(engine).begin() as s:
-            summaries.rebuild(s, job_id)  # the history's summaries, as the recorder keeps them
+            summary_rebuild.rebuild(
+                s, job_id
+            )  # the history's summaries, as the recorder keeps them
     finally:
         engine.dispose()
