@@ -17,10 +17,11 @@ that publishes ``--points`` points over the jobs in the worker sink's entry form
   holds every job's last step - first publish); lag = that moment - the last XADD.
 * one job at 100 steps/s: how long each point takes to reach SQL (the linger).
 
-``before`` is the recorder as it was at ``BEFORE`` (exported from git, run from a temp
-directory against the same schema); ``after`` is the working tree, on PostgreSQL once
-per insert method (``copy``: COPY into a temp table + INSERT ... SELECT ... ON CONFLICT
-DO NOTHING RETURNING; ``values``: single-row INSERTs pipelined).
+``before`` is the recorder as it was at ``--before REV`` (default :data:`BEFORE`;
+exported from git, run from a temp directory against the same schema); ``after`` is the
+working tree, on PostgreSQL once per insert method (``copy``: COPY straight into the
+table in a savepoint, a replay through a temp table and INSERT ... ON CONFLICT DO
+NOTHING RETURNING; ``values``: single-row INSERTs pipelined).
 
     python bench/recorder_throughput.py [--quick] [--points 200000] [--jobs 20] [--pg URL]
 """
@@ -396,10 +397,10 @@ def _backlog(
 # -- the driver ----------------------------------------------------------------------------
 
 
-def _before_tree() -> Path:
+def _before_tree(rev: str) -> Path:
     tree = Path(tempfile.mkdtemp(prefix="amp-rt-before-", dir="/tmp"))
     archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", BEFORE, "api", "worker", "trainer_core", "migrations"],
+        ["git", "-C", str(ROOT), "archive", rev, "api", "worker", "trainer_core", "migrations"],
         check=True,
         capture_output=True,
     ).stdout
@@ -445,6 +446,7 @@ def main() -> None:
     parser.add_argument("--pg", default=os.environ.get("AMPTRAIN_TEST_DATABASE_URL"))
     parser.add_argument("--databases", default="sqlite,postgresql")
     parser.add_argument("--legs", default="before,after")
+    parser.add_argument("--before", default=BEFORE, help="the commit the before leg runs")
     parser.add_argument("--quick", action="store_true", help="40,000 points over 10 jobs")
     parser.add_argument("--profile", action="store_true", help="cProfile the recorder thread")
     parser.add_argument("--run", help=argparse.SUPPRESS)
@@ -456,7 +458,7 @@ def main() -> None:
         args.points, args.jobs = 40_000, 10
     dbs = [d for d in args.databases.split(",") if d != "postgresql" or args.pg]
     legs = args.legs.split(",")
-    tree = _before_tree() if "before" in legs else None
+    tree = _before_tree(args.before) if "before" in legs else None
     print(
         f"{args.points} points over {args.jobs} jobs, {args.batch} per job per publish; "
         f"{os.cpu_count()} CPUs; calibration {_calibration_ms():.0f} ms",
