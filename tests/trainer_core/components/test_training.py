@@ -25,7 +25,7 @@ PAIRS: dict[str, dict[str, Any]] = {
     },
     "cnn": {
         "model": {"name": "cnn", "args": {"width": 8, "depth": 2}},
-        "dataset": {"name": "synthetic-images", "args": {"channels": 3, "height": 16, "width": 16}},
+        "dataset": {"name": "synthetic-images", "args": {"channels": 3, "height": 8, "width": 8}},
         "max_steps": 60,
         "batch_size": 32,
         "optimizer": {"lr": 1e-2},
