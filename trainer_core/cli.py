@@ -9,11 +9,16 @@ the engine to stop cleanly; with ``--checkpoint-dir`` it checkpoints first and
 the same command resumes).
 
 A spec with ``devices: K`` > 1 runs as K processes started by torchrun, each running
-this module as one rank (torchrun's ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
-``MASTER_ADDR`` and ``MASTER_PORT`` say which)::
+this module as one rank. torchrun speaks only through the environment: its ``RANK``,
+``WORLD_SIZE`` and ``LOCAL_RANK`` reach this command as the options ``--rank``,
+``--world-size`` and ``--local-rank`` (click reads them; nothing here reads the
+environment), and ``MASTER_ADDR``/``MASTER_PORT`` reach torch itself::
 
-    python -m torch.distributed.run --standalone --nnodes 1 --nproc-per-node K \
-        --max-restarts 0 -m trainer_core.cli SPEC --checkpoint-dir DIR
+    TORCH_NCCL_DUMP_ON_TIMEOUT=1 python -m torch.distributed.run --standalone --nnodes 1 \
+        --nproc-per-node K --max-restarts 0 -m trainer_core.cli SPEC --checkpoint-dir DIR
+
+(NCCL's failure settings, :data:`trainer_core.engine.distributed.NCCL_DEFAULTS`, are the
+launcher's to set: the worker sets them for its ranks.)
 
 Rank 0 writes the records and the progress; the other ranks print only their errors.
 ``--result-file`` (``{rank}`` is replaced by the rank) gets each rank's outcome as JSON.
@@ -22,7 +27,6 @@ Rank 0 writes the records and the progress; the other ranks print only their err
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sys
 import threading
@@ -179,13 +183,14 @@ def run(
     data_roots: tuple[str, ...],
     resume: bool,
     result_file: Path | None = None,
+    place: tuple[int, int, int] | None = None,
 ) -> int:
-    """Train ``spec``; returns the exit status. ``out`` None: a rank > 0 (writes no records)."""
+    """Train ``spec``; returns the exit status. ``out`` None: a rank > 0 (writes no records).
+    ``place``: (rank, world size, local rank) under torchrun, else None."""
     from trainer_core.engine import RunContext, Trainer  # torch: only once the spec is valid
-    from trainer_core.engine.distributed import Ranks, set_nccl_defaults
+    from trainer_core.engine.distributed import Ranks
 
-    ranks = Ranks.from_env(os.environ)  # set by torchrun for a data-parallel run
-    set_nccl_defaults(os.environ)
+    ranks = Ranks(*place) if place is not None else None
     rank = ranks.rank if ranks else 0
     report = RankResult(result_file, rank, ranks.world_size if ranks else 1)
     progress, task = _progress(console, spec.max_steps)
@@ -267,6 +272,13 @@ def run(
     help="Allow file datasets under this directory or URL (repeatable).",
 )
 @click.option("--no-resume", is_flag=True, help="Ignore existing checkpoints in --checkpoint-dir.")
+@click.option("--rank", type=click.IntRange(0, 7), envvar="RANK", help="Set by torchrun.")
+@click.option(
+    "--world-size", type=click.IntRange(1, 8), envvar="WORLD_SIZE", help="Set by torchrun."
+)
+@click.option(
+    "--local-rank", type=click.IntRange(0, 7), envvar="LOCAL_RANK", help="Set by torchrun."
+)
 @click.option(
     "--result-file",
     type=click.Path(dir_okay=False, path_type=Path),
@@ -279,6 +291,9 @@ def train(
     data_roots: tuple[str, ...],
     no_resume: bool,
     result_file: Path | None = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    local_rank: int | None = None,
 ) -> None:
     """Train the job SPEC (.json, .yaml or .yml) here, without any server."""
     console = Console(stderr=True)
@@ -299,8 +314,9 @@ def train(
         for problem in problems:
             console.print(f"  {problem}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(EXIT_INVALID)
-    args = (console, checkpoint_dir, data_roots, not no_resume, result_file)
-    if os.environ.get("RANK", "0") != "0":  # a data-parallel rank > 0: rank 0 writes the records
+    place = (rank or 0, world_size, local_rank or 0) if world_size is not None else None
+    args = (console, checkpoint_dir, data_roots, not no_resume, result_file, place)
+    if rank:  # a data-parallel rank > 0: rank 0 writes the records
         status = run(spec, None, *args)
     elif out is None:
         status = run(spec, sys.stdout, *args)
