@@ -37,6 +37,12 @@ class TokenChecks:
             self._asking.add(digest)  # this caller asks; the others keep the last answer
             return None
 
+    def fresh(self, digest: str) -> bool:
+        """The token was found active within ``recheck_s`` (a lock-free read: a stale
+        answer only sends the caller to :meth:`cached`)."""
+        answer = self._answers.get(digest)
+        return answer is not None and answer[0] and time.monotonic() - answer[1] <= self.recheck_s
+
     def check(self, digest: str) -> bool:
         """Ask the database (blocking: run it in a thread) and remember the answer."""
         try:

@@ -92,13 +92,14 @@ class Watch:
     async def messages(self, *, batch: bool = False) -> AsyncGenerator[Out, None]:
         """The watcher's messages; with ``batch``, metric and event messages come grouped
         in ``batch`` frames (:func:`~api.services.watch_messages.batch_frames`)."""
-        async with contextlib.aclosing(self.rounds()) as rounds:
+        async with contextlib.aclosing(self.rounds(grouped=batch)) as rounds:
             async for round_ in rounds:
                 for out in batch_frames(round_) if batch else round_.outs:
                     yield out
 
-    async def rounds(self) -> AsyncGenerator[Round, None]:
-        """The message sequence, one :class:`Round` per history page or delivery."""
+    async def rounds(self, *, grouped: bool = False) -> AsyncGenerator[Round, None]:
+        """The message sequence, one :class:`Round` per history page or delivery;
+        ``grouped``: the rounds become batch frames, so the hub may pace them."""
         job = await self.history.job()
         if job is None:
             return
@@ -107,7 +108,7 @@ class Watch:
                 yield round_
             yield Round([end_out(self.cursor, job)])
             return
-        async with self.hub.subscribe(self.job_id) as sub:
+        async with self.hub.subscribe(self.job_id, grouped=grouped) as sub:
             sub.on_overflow = self.overflowed.set
             async for round_ in self._history():
                 yield round_
@@ -123,10 +124,13 @@ class Watch:
                     return
                 batches = sub.take()
                 if batches:
-                    async for round_ in self._deliver(batches):
+                    # The hot path of 1,000 watchers: no nested generator per round.
+                    round_, end = self._live(batches)
+                    if round_.outs:
                         yield round_
-                        if round_.ended:
-                            return
+                    if end is not None:
+                        yield Round([await self._final_end(end)])
+                        return
                     continue
                 yield Round([heartbeat_out(self.cursor)])
                 job = await self.history.job()

@@ -50,9 +50,24 @@ class LiveSession:
             )
         return None
 
+    def cleared(self) -> bool:
+        """The next message may go without asking anything (the common case, no I/O and
+        no coroutine: it runs once per watcher per delivery round)."""
+        principal = self.principal
+        if principal.expires_at is not None and utcnow() >= principal.expires_at:
+            return False
+        if not self.services.token_checks.fresh(principal.token_hash):
+            return False
+        if self.slot and time.monotonic() - self._refreshed > self.services.live_slots.REFRESH_S:
+            return False
+        self.sent += 1
+        return True
+
     async def before_message(self) -> str | None:
         """Why this message must not be sent (token revoked or expired), or None. Keeps
         the slot's lease fresh while messages flow (heartbeats included)."""
+        if self.cleared():
+            return None
         principal = self.principal
         if principal.expires_at is not None and utcnow() >= principal.expires_at:
             return "token expired"
