@@ -33,7 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from api.store import jobs, migrate, recording, summaries, summary_rebuild
 from api.store.db import make_engine, make_session_factory
-from api.store.downsample import raw_window, series_window
+from api.store.downsample import series_window
+from api.store.raw_window import raw_window
 from trainer_core.contract.records import STORED_METRIC_FIELDS
 from trainer_core.contract.spec import JobSpec
 

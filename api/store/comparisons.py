@@ -26,8 +26,9 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
-from api.store.downsample import downsample, is_finite
+from api.store.downsample import downsample
 from api.store.models import Base, Job, MetricPoint, UTCDateTime, utcnow
+from api.store.window import is_finite
 
 WARMUP_FRACTION = 0.1
 FINAL_FRACTION = 0.1

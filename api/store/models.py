@@ -207,7 +207,7 @@ class MetricSummary(Base):
     non_finite: Mapped[int]
     flagged: Mapped[int]
     first_flag: Mapped[int | None]
-    # Per field that can spike (api.store.downsample.EXTREMA_FIELDS): the lowest and the
+    # Per field that can spike (api.store.window.EXTREMA_FIELDS): the lowest and the
     # highest finite value and the first step holding each.
     loss_min: Mapped[float | None] = mapped_column(sa.Float(precision=53))
     loss_min_step: Mapped[int | None]

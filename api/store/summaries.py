@@ -5,7 +5,7 @@ A node ``(level, idx)`` summarises the effective series (per step the newest att
 point) over the aligned steps ``[idx * 2**level, (idx + 1) * 2**level)``, for levels
 :data:`BASE` .. ``top`` (``top`` = the bit length of the job's largest step, at least
 BASE): how many points, the first and last step, how many are skipped, non-finite and
-flagged (as :func:`api.store.downsample.flagged` defines them), the first flagged step, and
+flagged (as :func:`api.store.window.flagged` defines them), the first flagged step, and
 per field of :data:`SUMMARY_FIELDS` the lowest and highest finite value with the first step
 holding each. Nodes without points have no row.
 

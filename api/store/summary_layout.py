@@ -17,7 +17,7 @@ SUMMARY_FIELDS = (
     "step_time_ms",
     "memory_allocated",
 )
-"""= api.store.downsample.EXTREMA_FIELDS."""
+"""= api.store.window.EXTREMA_FIELDS."""
 COUNTS = ("points", "first_step", "last_step", "skipped", "non_finite", "flagged", "first_flag")
 EXTREMA_COLUMNS = tuple(
     f"{f}_{kind}{suffix}"

@@ -7,9 +7,10 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from api.contracts.cursor import INT64_MAX
-from api.store.downsample import parse_fields, select_fields, series_window
+from api.store.downsample import series_window
 from api.store.events import event_page
 from api.store.metrics import Attempts, metric_page
+from api.store.window import parse_fields, select_fields
 from api.web.deps import CurrentUser, SessionDep, parse_cursor, visible_job
 from api.web.errors import ValidationFailed, error_responses
 from api.web.schemas import BucketMark, EventOut, EventPage, MetricPage

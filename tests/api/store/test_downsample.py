@@ -14,7 +14,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from api.store import jobs, migrate, summary_rebuild
 from api.store.db import make_engine, make_session_factory
-from api.store.downsample import downsample, parse_fields
+from api.store.downsample import downsample
+from api.store.window import parse_fields
 from trainer_core.contract.spec import JobSpec
 
 COLUMNS = ("job_id", "attempt", "stream_ms", "stream_seq", "step", "time", "loss", "loss_scale")

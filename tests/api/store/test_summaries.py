@@ -15,9 +15,11 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from api.store import jobs, migrate, recording, summaries, summary_layout, summary_rebuild
 from api.store.db import make_engine, make_session_factory
-from api.store.downsample import parse_fields, raw_window, series_window
+from api.store.downsample import series_window
 from api.store.models import MetricPoint, MetricSummary, MetricSummaryState
+from api.store.raw_window import raw_window
 from api.store.summary_reads import open_view
+from api.store.window import parse_fields
 from trainer_core.contract.records import PARALLEL_METRIC_FIELDS, STORED_METRIC_FIELDS
 from trainer_core.contract.spec import JobSpec
 
