@@ -5,7 +5,11 @@ private Redis and SQLite.
    RedisSink, one XADD per step) at ``--rate`` steps/s while 1, 100 and 500 WebSocket
    watchers (in ``--procs`` client processes) follow the job. Latency = arrival at the
    client minus the record's ``time`` field (set when the record is created; same host
-   clock). Reports p50/p99/max and messages lost or repeated per watcher. With
+   clock). The watchers are lean (:mod:`bench.lean_watcher`: websockets' sans-I/O
+   client on a raw uvloop protocol, one JSON decode per distinct frame per process),
+   so the two cores go to the server: ``websockets.connect`` clients took about one
+   core of the two themselves and inflated 1,000 watchers' p99 to seconds. Reports
+   p50/p99/max and messages lost or repeated per watcher. With
    ``--batch`` (the default) each watcher count runs twice, one message per record
    (``single``, today's clients) and batch frames (``?batch=true``), printed side by side.
 2. Throughput: one publisher pushes ``--records`` records as fast as it can in batches
