@@ -206,10 +206,12 @@ class Recorder:
             batches = {job_id: parse(job_id, entries) for job_id, entries in taken.items()}
             points = [p for batch in batches.values() for p in batch.points]
             new = recording.insert_points(s, points, self.insert_method)
+            recording.update_progress(
+                s, {job_id: (b.points, new.get(job_id, set())) for job_id, b in batches.items()}
+            )
             for job_id, batch in batches.items():
                 inserted = new.get(job_id, set())
                 recording.insert_events(s, batch.events)
-                recording.update_progress(s, job_id, batch.points, inserted)
                 summaries.add_points(
                     s, job_id, [p for p in batch.points if (p["attempt"], p["step"]) in inserted]
                 )

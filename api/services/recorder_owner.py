@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from dataclasses import dataclass
 
 import redis
@@ -45,6 +46,8 @@ class Ownership:
         self.ttl_s = ttl_s
         self.jobs: dict[str, Owned] = {}
         self._locks: dict[str, Lock] = {}
+        self._renewed: dict[str, float] = {}
+        """When each lock was last renewed (taken before asking, so never late)."""
 
     def refresh(self) -> None:
         """Take (or keep) every job SQL says needs recording and no other process holds;
@@ -66,22 +69,31 @@ class Ownership:
                 del self.jobs[job_id]
 
     def hold(self, job_id: str) -> bool:
-        """Renew this process's lock on the job, or take it if nobody holds it."""
+        """Renew this process's lock on the job, or take it if nobody holds it. A lock
+        renewed less than a third of its TTL ago is still ours for two thirds more, so it
+        is not asked again: with 200 jobs a batch, one Redis round trip each was the
+        recorder's largest cost after SQL."""
+        asked = time.monotonic()
+        if job_id in self._locks and asked - self._renewed.get(job_id, -1e9) < self.ttl_s / 3:
+            return True
         lock = self._locks.pop(job_id, None)
         if lock is not None:
             with contextlib.suppress(LockNotOwnedError):  # expired: maybe someone else's now
                 lock.reacquire()
                 self._locks[job_id] = lock
+                self._renewed[job_id] = asked
                 return True
         lock = self.redis.lock(Keys.recorder_owner(job_id), timeout=self.ttl_s, thread_local=False)
         if lock.acquire(blocking=False):
             self._locks[job_id] = lock
+            self._renewed[job_id] = asked
             return True
         return False
 
     def release(self, job_id: str) -> None:
         """Stop recording the job and let another process take it at once."""
         self.jobs.pop(job_id, None)
+        self._renewed.pop(job_id, None)
         lock = self._locks.pop(job_id, None)
         if lock is not None:
             with contextlib.suppress(LockError, redis.RedisError):  # else it expires
@@ -93,5 +105,6 @@ class Ownership:
 
     def forget_progress(self) -> None:
         """After a Redis error or data loss: catch up on every job again before reading on."""
+        self._renewed.clear()  # Redis may have lost the locks too: ask again
         for own in self.jobs.values():
             own.caught_up = False

@@ -7,6 +7,7 @@ replayed stream entry inserts nothing and so changes nothing.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, NamedTuple
 
@@ -114,21 +115,35 @@ def _not_yet_recorded(s: Session, rows: list[dict[str, Any]]) -> list[dict[str, 
 
 
 def update_progress(
-    s: Session, job_id: str, points: list[dict[str, Any]], inserted: set[tuple[int, int]]
+    s: Session, batches: Mapping[str, tuple[list[dict[str, Any]], set[tuple[int, int]]]]
 ) -> None:
-    """Keep ``step`` and ``summary`` at the newest point this batch actually added for the
-    job's current attempt (a replay adds nothing, so it changes nothing)."""
-    new = [p for p in points if (p["attempt"], p["step"]) in inserted]
-    if not new:
+    """Per job (``job_id -> (points, inserted)``): keep ``step`` and ``summary`` at the
+    newest point this batch actually added for its current attempt (a replay adds
+    nothing, so it changes nothing). One executemany for every job of the batch."""
+    rows = []
+    for job_id, (points, inserted) in batches.items():
+        new = [p for p in points if (p["attempt"], p["step"]) in inserted]
+        if not new:
+            continue
+        latest_attempt = max(p["attempt"] for p in new)
+        newest = [p for p in new if p["attempt"] == latest_attempt][-1]  # stream order
+        summary = {f: finite(newest.get(f)) for f in SUMMARY_FIELDS}
+        rows.append(
+            {
+                "b_id": job_id,
+                "b_attempt": latest_attempt,
+                "b_step": newest["step"],
+                "b_summary": summary,
+            }
+        )
+    if not rows:
         return
-    latest_attempt = max(p["attempt"] for p in new)
-    newest = [p for p in new if p["attempt"] == latest_attempt][-1]  # stream order
-    summary = {f: finite(newest.get(f)) for f in SUMMARY_FIELDS}
+    t: sa.Table = Job.__table__  # type: ignore[assignment]
     s.execute(
-        sa.update(Job)
-        .where(Job.id == job_id, Job.attempt == newest["attempt"])
-        .values(step=newest["step"], summary=summary)
-        .execution_options(synchronize_session=False)
+        sa.update(t)
+        .where(t.c.id == sa.bindparam("b_id"), t.c.attempt == sa.bindparam("b_attempt"))
+        .values(step=sa.bindparam("b_step"), summary=sa.bindparam("b_summary")),
+        rows,
     )
 
 
