@@ -2,9 +2,9 @@
 
 One process per device, started by ``torch.distributed.run`` (torchrun), which tells
 each its place in ``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK`` and the rendezvous in
-``MASTER_ADDR``/``MASTER_PORT``. :meth:`Ranks.from_env` reads them and
-:func:`set_nccl_defaults` adds NCCL's failure settings (the entry points call both; the
-engine itself reads and writes no environment).
+``MASTER_ADDR``/``MASTER_PORT``. :meth:`Ranks.from_env` reads them from a mapping its
+caller passes; :data:`NCCL_DEFAULTS` are the failure settings a launcher gives each rank
+(the engine itself reads and writes no environment).
 
 The rule that keeps ranks from deadlocking or drifting apart: every collective and
 every control decision depends only on values equal on all ranks, taken at points
@@ -17,7 +17,7 @@ reduced values; a stop request on any rank stops all ranks at the same flush.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, MutableMapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -37,14 +37,8 @@ NCCL_DEFAULTS = {
     "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
     "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
 }
-"""Set for NCCL process groups unless the environment already has them."""
-
-
-def set_nccl_defaults(env: MutableMapping[str, str]) -> None:
-    """Add :data:`NCCL_DEFAULTS` to a rank's environment (``os.environ``, before the process
-    group exists: ProcessGroupNCCL reads them when it is built); set values win."""
-    for key, value in NCCL_DEFAULTS.items():
-        env.setdefault(key, value)
+"""What a launcher sets for each rank before its process group exists (ProcessGroupNCCL
+reads them when it is built), unless already set."""
 
 
 STOP_CODES = {None: 0.0, "preempt": 1.0, "cancel": 2.0}

@@ -16,6 +16,7 @@ import os
 import signal
 import sys
 import traceback
+from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 from typing import Any
 
@@ -34,15 +35,23 @@ def _on_signal(signum: int, frame: object) -> None:
         _stop_request = "cancel" if signum == signal.SIGUSR1 else "preempt"
 
 
+def add_nccl_defaults(env: MutableMapping[str, str], defaults: Mapping[str, str]) -> None:
+    """This process is the rank: its environment is the launcher's to complete before the
+    engine builds the process group (ProcessGroupNCCL reads it then); values the operator
+    set win."""
+    for key, value in defaults.items():
+        env.setdefault(key, value)
+
+
 def train(launch: Launch, rank: int, control: Control | None) -> Finished | Failed:
     """Train this rank's part of ``launch``; how it ended."""
     from trainer_core.contract.spec import parse_spec
     from trainer_core.engine import RunContext, Trainer
-    from trainer_core.engine.distributed import Ranks, set_nccl_defaults
+    from trainer_core.engine.distributed import NCCL_DEFAULTS, Ranks
     from worker.child.main import _probe
     from worker.child.sink_process import ProcessSink
 
-    set_nccl_defaults(os.environ)
+    add_nccl_defaults(os.environ, NCCL_DEFAULTS)
     sink: Any = None
     if control is not None:  # rank 0: the one that publishes
         sink = ControlledSink(ProcessSink(launch.redis_url, launch.job_id, launch.attempt), control)
