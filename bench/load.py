@@ -27,12 +27,8 @@ mean little on a machine busy with other work).
 from __future__ import annotations
 
 import argparse
-import asyncio
-import heapq
-import json
 import multiprocessing as mp
 import os
-import random
 import signal
 import sys
 import tempfile
@@ -41,12 +37,18 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from api.cli.embedded_redis import EmbeddedRedis
+from bench.load_clients import (
+    poller_process,
+    probe_process,
+    producer_process,
+    watcher_process,
+)
+from bench.load_report import Sampler, lag_line, report
 from tests.support.stack import Stack, wait_until
 
 SPEC = {
@@ -77,228 +79,6 @@ class TracedStack(Stack):
         )
         self.processes[name] = proc
         return proc
-
-
-def pct(values: Any, *qs: float) -> list[float]:
-    arr = np.asarray(values, dtype=float)
-    return [float(np.percentile(arr, q)) if arr.size else float("nan") for q in qs]
-
-
-# -- producers -----------------------------------------------------------------------------
-
-
-def producer_process(
-    redis_url: str,
-    jobs: list[tuple[int, str, int]],
-    rate: float,
-    flush_s: float,
-    published: Any,
-    stop: Any,
-) -> None:
-    """Each job's sink writes the steps due since the last flush every ``flush_s`` seconds
-    (so a producer that falls behind sends bigger batches, like the engine), phases spread
-    over the interval so flushes of different jobs do not all land at once."""
-    import redis
-
-    from trainer_core.contract.records import metric
-    from worker.child.sink import RedisSink
-
-    client = redis.Redis.from_url(redis_url, socket_timeout=10)
-    sinks = {i: RedisSink(client, job_id, attempt) for i, job_id, attempt in jobs}
-    t0 = time.monotonic()
-    due = [(t0 + flush_s * k / len(jobs), i) for k, (i, _, _) in enumerate(jobs)]
-    heapq.heapify(due)
-    sent = dict.fromkeys(sinks, 0)
-    while not stop.is_set():
-        at, i = heapq.heappop(due)
-        delay = at - time.monotonic()
-        if delay > 0:
-            time.sleep(delay)
-        last = int((time.monotonic() - t0) * rate)
-        if last > sent[i]:
-            now = time.time()
-            records = [
-                metric(step=s, time=now, loss=1.0 / s, loss_scale=65536.0, skipped_steps=0, lr=0.1)
-                for s in range(sent[i] + 1, last + 1)
-            ]
-            sinks[i].write(records)
-            if not sinks[i].unsent:
-                sent[i] = last
-                published[i] = last
-            else:  # Redis refused: the sink keeps them; count them as published once sent
-                sent[i] = last
-        heapq.heappush(due, (at + flush_s, i))
-    client.close()
-
-
-# -- watchers ------------------------------------------------------------------------------
-
-
-def watcher_process(
-    base: str, token: str, job_ids: list[str], report_s: float, out: Any, stop: Any
-):
-    asyncio.run(_watchers(base, token, job_ids, report_s, out, stop))
-
-
-async def _watchers(
-    base: str, token: str, job_ids: list[str], report_s: float, out: Any, stop: Any
-) -> None:
-    import websockets
-
-    window: list[float] = []
-    total: list[float] = []
-    state = {"lost": 0, "repeated": 0, "drops": 0, "messages": 0}
-
-    async def one(job_id: str) -> None:
-        last_step = 0
-        cursor: str | None = None
-        while not stop.is_set():
-            query = f"?after={cursor}" if cursor else ""
-            try:
-                async with websockets.connect(
-                    f"{base}/jobs/{job_id}/ws{query}",
-                    additional_headers={"Authorization": f"Bearer {token}"},
-                    open_timeout=60,
-                    max_queue=None,
-                ) as ws:
-                    async for raw in ws:
-                        now = time.time()
-                        msg = json.loads(raw)
-                        cursor = msg.get("cursor") or cursor
-                        if msg["type"] != "metric":
-                            continue
-                        step = msg["data"]["step"]
-                        state["messages"] += 1
-                        if step <= last_step:
-                            state["repeated"] += 1
-                            continue
-                        state["lost"] += step - last_step - 1
-                        last_step = step
-                        window.append(now - msg["data"]["time"])
-                        if stop.is_set():
-                            return
-            except (TimeoutError, OSError, websockets.WebSocketException):
-                pass
-            state["drops"] += 1  # closed by the server (e.g. 1013 overflow): resume from cursor
-            await asyncio.sleep(0.5)
-
-    async def reporter() -> None:
-        while not stop.is_set():
-            await asyncio.sleep(report_s)
-            batch, window[:] = list(window), []
-            total.extend(batch)
-            out.put(("watch", window_stats(batch), dict(state)))
-
-    tasks = [asyncio.create_task(one(j)) for j in job_ids]
-    rep = asyncio.create_task(reporter())
-    while not stop.is_set():
-        await asyncio.sleep(0.2)
-    rep.cancel()
-    total.extend(window)
-    out.put(("watch-final", window_stats(total), dict(state)))
-    for t in tasks:
-        t.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
-
-
-def window_stats(latencies_s: list[float]) -> dict[str, float]:
-    p50, p95, p99 = pct(np.asarray(latencies_s) * 1000, 50, 95, 99)
-    return {"n": len(latencies_s), "p50": p50, "p95": p95, "p99": p99}
-
-
-# -- pollers and the probe ------------------------------------------------------------------
-
-
-def poller_process(
-    base: str, token: str, job_ids: list[str], every_s: float, report_s: float, out: Any, stop: Any
-) -> None:
-    asyncio.run(_pollers(base, token, job_ids, every_s, report_s, out, stop))
-
-
-async def _pollers(
-    base: str, token: str, job_ids: list[str], every_s: float, report_s: float, out: Any, stop: Any
-) -> None:
-    import httpx
-
-    window: list[float] = []
-    total: list[float] = []
-    errors = [0]
-    limits = httpx.Limits(max_connections=len(job_ids), max_keepalive_connections=len(job_ids))
-    async with httpx.AsyncClient(
-        base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=30, limits=limits
-    ) as client:
-
-        async def one(job_id: str) -> None:
-            await asyncio.sleep(random.uniform(0, every_s))
-            while not stop.is_set():
-                start = time.perf_counter()
-                try:
-                    r = await client.get(f"/jobs/{job_id}")
-                    ok = r.status_code == 200
-                except httpx.HTTPError:
-                    ok = False
-                window.append(time.perf_counter() - start)
-                errors[0] += not ok
-                await asyncio.sleep(random.uniform(0.75 * every_s, 1.25 * every_s))
-
-        async def reporter() -> None:
-            while not stop.is_set():
-                await asyncio.sleep(report_s)
-                batch, window[:] = list(window), []
-                total.extend(batch)
-                out.put(("poll", window_stats(batch), {"errors": errors[0]}))
-
-        tasks = [asyncio.create_task(one(j)) for j in job_ids]
-        rep = asyncio.create_task(reporter())
-        while not stop.is_set():
-            await asyncio.sleep(0.2)
-        rep.cancel()
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-    total.extend(window)
-    out.put(("poll-final", window_stats(total), {"errors": errors[0]}))
-
-
-def probe_process(
-    base: str, token: str, job_ids: list[str], pause_s: float, report_s: float, out: Any, stop: Any
-) -> None:
-    """``GET /jobs?limit=20`` then ``GET /jobs/{random id}``, one after the other, forever."""
-    import httpx
-
-    routes = ("list", "get")
-    window: dict[str, list[float]] = {r: [] for r in routes}
-    total: dict[str, list[float]] = {r: [] for r in routes}
-    errors = 0
-    reported = time.monotonic()
-    with httpx.Client(
-        base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=30
-    ) as client:
-        while not stop.is_set():
-            for route, path in (
-                ("list", "/jobs?limit=20"),
-                ("get", f"/jobs/{random.choice(job_ids)}"),
-            ):
-                start = time.perf_counter()
-                try:
-                    r = client.get(path)
-                    ok = r.status_code == 200 and (
-                        route == "get" or len(r.json()["items"]) == min(20, len(job_ids))
-                    )
-                except httpx.HTTPError:
-                    ok = False
-                window[route].append(time.perf_counter() - start)
-                errors += not ok
-            time.sleep(pause_s)
-            if time.monotonic() - reported >= report_s:
-                reported = time.monotonic()
-                for r in routes:
-                    total[r].extend(window[r])
-                out.put(("probe", {r: window_stats(window[r]) for r in routes}, {"errors": errors}))
-                window = {r: [] for r in routes}
-    for r in routes:
-        total[r].extend(window[r])
-    out.put(("probe-final", {r: window_stats(total[r]) for r in routes}, {"errors": errors}))
 
 
 # -- the database --------------------------------------------------------------------------
@@ -359,96 +139,6 @@ def claim_all(db_url: str, redis_url: str, job_ids: list[str], lease_s: float) -
 
 
 # -- the run -------------------------------------------------------------------------------
-
-
-class Sampler:
-    """RSS and CPU of the API process (with its children) and of Redis, plus SQL steps."""
-
-    def __init__(self, api_pid: int, redis_pid: int, db_url: str, job_ids: list[str]) -> None:
-        import sqlalchemy as sa
-
-        from api.store.db import make_engine
-
-        self.api = psutil.Process(api_pid)
-        self.redis = psutil.Process(redis_pid)
-        self.engine = make_engine(db_url)
-        self.job_ids = job_ids
-        self.query = sa.text("SELECT id, step FROM jobs WHERE status = 'running'")
-        self.rss: list[tuple[float, float]] = []
-        self.t0 = time.monotonic()
-        self.cpu_mark = (self.t0, self._cpu(self.api), self._cpu(self.redis))
-        self.bench = psutil.Process()
-        self.bench_mark = (self.t0, 0.0)
-        self.bench_cpu()
-
-    def _procs(self, p: psutil.Process) -> list[psutil.Process]:
-        return [p, *p.children(recursive=True)]
-
-    def _cpu(self, p: psutil.Process) -> float:
-        return sum(sum(q.cpu_times()[:2]) for q in self._procs(p))
-
-    def sample_rss(self) -> float:
-        mib = sum(q.memory_info().rss for q in self._procs(self.api)) / 2**20
-        self.rss.append((time.monotonic() - self.t0, mib))
-        return mib
-
-    def cpu(self) -> tuple[float, float]:
-        """Cores busy (API, Redis) since the previous call."""
-        now, api, red = time.monotonic(), self._cpu(self.api), self._cpu(self.redis)
-        t, a, r = self.cpu_mark
-        self.cpu_mark = (now, api, red)
-        return (api - a) / (now - t), (red - r) / (now - t)
-
-    def bench_cpu(self) -> float:
-        """Cores busy in this benchmark's own processes (producers and clients)."""
-        now, cpu = (
-            time.monotonic(),
-            self._cpu(self.bench) - self._cpu(self.api) - self._cpu(self.redis),
-        )
-        t, c = self.bench_mark
-        self.bench_mark = (now, cpu)
-        return (cpu - c) / (now - t)
-
-    def sql_steps(self) -> dict[str, int]:
-        with self.engine.connect() as conn:
-            return {row.id: row.step for row in conn.execute(self.query)}
-
-    def rss_summary(self, last_s: float) -> str:
-        t = np.array([x for x, _ in self.rss])
-        m = np.array([y for _, y in self.rss])
-        tail = t >= t[-1] - last_s
-        slope = float(np.polyfit(t[tail] / 60, m[tail], 1)[0]) if tail.sum() > 2 else float("nan")
-        return (
-            f"API RSS MiB start {m[0]:.0f} min {m.min():.0f} max {m.max():.0f} end {m[-1]:.0f}; "
-            f"slope over the last {last_s / 60:.1f} min {slope:+.2f} MiB/min"
-        )
-
-
-def lag_line(published: Any, job_ids: list[str], sql: dict[str, int], rate: float) -> str:
-    lags = np.array([max(0, published[i] - sql.get(j, 0)) for i, j in enumerate(job_ids)])
-    pub = sum(published[:])
-    rec = sum(sql.get(j, 0) for j in job_ids)
-    return (
-        f"recorder lag steps: max {lags.max()} p50 {np.percentile(lags, 50):.0f} "
-        f"(= {lags.max() / rate:.1f} s / {np.percentile(lags, 50) / rate:.1f} s at {rate:.0f}/s); "
-        f"published {pub} recorded {rec}"
-    )
-
-
-def get_line(probe: dict[str, Any] | None, poll: dict[str, Any] | None) -> str:
-    parts = []
-    if probe:
-        for route, name in (("list", "GET /jobs?limit=20"), ("get", "GET /jobs/{id}")):
-            s = probe[route]
-            parts.append(
-                f"{name} p50 {s['p50']:.1f} p95 {s['p95']:.1f} p99 {s['p99']:.1f} ms (n={s['n']})"
-            )
-    if poll:
-        parts.append(
-            f"pollers (timed in their own busy client) GET /jobs/{{id}} p50 {poll['p50']:.1f} p95 {poll['p95']:.1f} "
-            f"p99 {poll['p99']:.1f} ms (n={poll['n']})"
-        )
-    return "; ".join(parts)
 
 
 def main() -> None:
@@ -616,40 +306,6 @@ def run(
         time.sleep(0.5)
     else:
         print("  recorder still behind 120 s after the producers stopped", flush=True)
-
-
-def report(
-    label: str,
-    args: Any,
-    sampler: Sampler,
-    published: Any,
-    job_ids: list[str],
-    latest: dict[str, Any],
-    lag: bool = True,
-) -> None:
-    load1, load5, _ = os.getloadavg()
-    api_cpu, redis_cpu = sampler.cpu()
-    lines = [f"[{label}] load average {load1:.1f} (5 min {load5:.1f})"]
-    if lag:
-        lines.append(lag_line(published, job_ids, sampler.sql_steps(), args.rate))
-    probe = latest.get("probe", (None, {}))
-    poll = latest.get("poll", (None, {}))
-    lines.append(
-        get_line(probe[0], poll[0])
-        + f"; errors probe {probe[1].get('errors', 0)} pollers {poll[1].get('errors', 0)}"
-    )
-    lines.append(sampler.rss_summary(last_s=min(240.0, args.minutes * 60 * 0.8)))
-    lines.append(
-        f"CPU cores busy: API {api_cpu:.2f} Redis {redis_cpu:.2f} "
-        f"bench producers+clients {sampler.bench_cpu():.2f}"
-    )
-    if "watch" in latest:
-        w, st = latest["watch"]
-        lines.append(
-            f"watchers: p50 {w['p50']:.0f} p95 {w['p95']:.0f} p99 {w['p99']:.0f} ms "
-            f"(n={w['n']}); lost {st['lost']} repeated {st['repeated']} reconnects {st['drops']}"
-        )
-    print("\n  ".join(lines), flush=True)
 
 
 if __name__ == "__main__":
