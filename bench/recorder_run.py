@@ -1,0 +1,360 @@
+"""One run of ``bench/recorder_throughput.py`` (in a process of its own, ``--run``): a
+private redis-server, the jobs created and claimed, the real recorder's loop in a thread
+against a producer process, and the backlog, live and trickle figures it prints."""
+
+from __future__ import annotations
+
+import cProfile
+import multiprocessing as mp
+import os
+import pstats
+import shutil
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+SPEC = {
+    "name": "bench",
+    "model": {"name": "mlp", "args": {}},
+    "dataset": {"name": "synthetic-classification", "args": {}},
+    "device": "cpu",
+    "max_steps": 10_000_000,
+}
+
+
+# -- the producer process ------------------------------------------------------------------
+
+
+def produce(
+    redis_url: str, started: list[tuple[str, int]], per_job: int, batch: int, q: Any, go: Any
+) -> None:
+    """Publish ``per_job`` points to every job, round-robin, ``batch`` at a time: the sink's
+    own entry format and XADD (``MAXLEN ~``), encoded before the clock starts so that the
+    producer outruns the recorder on two cores."""
+    import redis
+
+    from api.contracts.stream import STREAM_MAXLEN, encode
+    from api.core.redis import Keys
+    from trainer_core.contract.records import metric
+
+    client = redis.Redis.from_url(redis_url, socket_timeout=30)
+    now = time.time()
+    encoded = {
+        job_id: [
+            encode(
+                metric(
+                    step=i,
+                    time=now,
+                    loss=1.0 / i,
+                    loss_scale=65536.0,
+                    skipped=False,
+                    grad_norm=0.5,
+                    lr=0.1,
+                    memory_peak=1000 + i,
+                    samples_per_second=512.0,
+                    step_time_ms=3.0,
+                    skipped_steps=0,
+                ),
+                job_id=job_id,
+                attempt=attempt,
+            )
+            for i in range(1, per_job + 1)
+        ]
+        for job_id, attempt in started
+    }
+    q.put("ready")
+    go.get()
+    first_at = time.time()
+    for first in range(0, per_job, batch):
+        for job_id, fields in encoded.items():
+            pipe = client.pipeline(transaction=False)
+            for f in fields[first : first + batch]:
+                pipe.xadd(Keys.telemetry(job_id), f, maxlen=STREAM_MAXLEN, approximate=True)  # type: ignore[arg-type]
+            pipe.execute()
+    q.put((first_at, time.time()))
+
+
+# -- one run (its own process) -------------------------------------------------------------
+
+
+def _database(kind: str, root: Path, pg: str | None) -> tuple[str, Any]:
+    if kind == "sqlite":
+        return f"sqlite:///{root / 'amptrain.db'}", None
+    import sqlalchemy as sa
+
+    assert pg, "no PostgreSQL URL"
+    admin_url = sa.make_url(pg)
+    name = f"amptrain_bench_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+
+    def drop() -> None:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()
+
+    return admin_url.set(database=name).render_as_string(hide_password=False), drop
+
+
+def one_run(cfg: dict[str, Any]) -> dict[str, Any]:
+    """``live``: the recorder runs while the producer publishes; then ``backlog``: the
+    producer publishes to fresh jobs with no recorder running, and a new recorder drains."""
+    import redis
+
+    from api.cli.embedded_redis import EmbeddedRedis
+    from api.store import migrate
+    from api.store.db import make_engine, make_session_factory
+
+    root = Path(tempfile.mkdtemp(prefix="amp-rt-", dir="/tmp"))
+    server = EmbeddedRedis(root / "redis").start()
+    url, drop = _database(cfg["db"], root, cfg.get("pg"))
+    try:
+        migrate.upgrade(url)
+        engine = make_engine(url)
+        sf = make_session_factory(engine)
+        client = redis.Redis.from_url(server.url, socket_timeout=30)
+        servers = _Servers(server.process.pid if server.process else None, url)
+        out = {"live": _live(cfg, server.url, engine, sf, client)}
+        out["backlog"] = _backlog(cfg, server.url, engine, sf, client, servers)
+        out["trickle"] = _trickle(cfg, engine, sf, client)
+        client.close()
+        engine.dispose()
+        return out
+    finally:
+        server.stop()
+        if drop:
+            drop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _jobs(sf: Any, n: int) -> list[tuple[str, int]]:
+    from api.store import jobs
+    from trainer_core.contract.spec import JobSpec
+
+    spec = JobSpec.model_validate(SPEC)
+    started = []
+    for _ in range(n):
+        with sf.begin() as s:
+            job_id = jobs.create_job(s, spec, "bench", "cpu").id
+        with sf.begin() as s:
+            attempt = jobs.claim(s, job_id, "bench-worker", 3600)
+        assert attempt is not None
+        started.append((job_id, attempt))
+    return started
+
+
+class _Producer:
+    def __init__(self, redis_url: str, started: list[tuple[str, int]], cfg: dict[str, Any]) -> None:
+        ctx = mp.get_context("spawn")
+        self.q, self.go_q = ctx.Queue(), ctx.Queue()
+        self.per_job = cfg["points"] // cfg["jobs"]
+        args = (redis_url, started, self.per_job, cfg["batch"], self.q, self.go_q)
+        self.proc = ctx.Process(target=produce, args=args, daemon=True)
+        self.proc.start()
+        assert self.q.get(timeout=300) == "ready"
+
+    def go(self) -> None:
+        self.go_q.put("go")
+
+    def done(self) -> tuple[float, float]:
+        first_at, last_at = self.q.get(timeout=1800)
+        self.proc.join(30)
+        return first_at, last_at
+
+
+class _Running:
+    """The real recorder's production loop in a thread (cProfile'd with --profile)."""
+
+    def __init__(self, cfg: dict[str, Any], sf: Any, client: Any, n_jobs: int) -> None:
+        from api.services.recorder import Recorder
+
+        kwargs = {"insert_method": cfg["method"]} if cfg["method"] else {}
+        self.rec = Recorder(None, sf, client, **kwargs)
+        self.stop = threading.Event()
+        self.prof = cProfile.Profile() if cfg.get("profile") else None
+        self.load = os.getloadavg()[0]
+        self.thread_cpu = 0.0
+        self.started_at = time.time()
+        self.thread = threading.Thread(target=self._run, name="recorder")
+        self.thread.start()
+        self.n_jobs = n_jobs
+
+    def _run(self) -> None:
+        cpu0 = time.thread_time()
+        if self.prof:
+            self.prof.enable()
+        self.rec.run(self.stop)
+        if self.prof:
+            self.prof.disable()
+        self.thread_cpu = time.thread_time() - cpu0
+
+    def wait_owned(self) -> None:
+        while len(self.rec.owned) < self.n_jobs:
+            time.sleep(0.01)
+
+    def finish(self) -> float:
+        """Stop; the recorder thread's CPU seconds."""
+        self.stop.set()
+        self.thread.join(60)
+        if self.prof:
+            stats = pstats.Stats(self.prof)
+            stats.sort_stats("cumulative").print_stats(40)
+            stats.sort_stats("tottime").print_stats(20)
+        return self.thread_cpu
+
+
+def _wait_persisted(engine: Any, started: list[tuple[str, int]], per_job: int) -> float:
+    import sqlalchemy as sa
+
+    from api.store.models import Job
+
+    ids = [j for j, _ in started]
+    poll = sa.select(sa.func.count()).where(Job.id.in_(ids), Job.step >= per_job)
+    with engine.connect() as conn:
+        deadline = time.time() + 1800
+        while conn.execute(poll).scalar_one() < len(ids):
+            conn.rollback()
+            assert time.time() < deadline, "not persisted in time"
+            time.sleep(0.005)
+    return time.time()
+
+
+def _stored(engine: Any, started: list[tuple[str, int]]) -> int:
+    import sqlalchemy as sa
+
+    from api.store.models import MetricPoint
+
+    q = sa.select(sa.func.count()).where(MetricPoint.job_id.in_([j for j, _ in started]))
+    with engine.connect() as conn:
+        return int(conn.execute(q).scalar_one())
+
+
+def _live(cfg: dict[str, Any], redis_url: str, engine: Any, sf: Any, client: Any) -> dict[str, Any]:
+    started = _jobs(sf, cfg["jobs"])
+    producer = _Producer(redis_url, started, cfg)
+    running = _Running(cfg, sf, client, len(started))
+    running.wait_owned()  # the recorder is blocked on XREADGROUP for every job: publish
+    producer.go()
+    done_at = _wait_persisted(engine, started, producer.per_job)
+    first_at, last_at = producer.done()
+    cpu = running.finish()
+    total = producer.per_job * len(started)
+    assert _stored(engine, started) == total, "points lost or duplicated"
+    return {
+        "persist_per_s": total / (done_at - first_at),
+        "publish_per_s": total / (last_at - first_at),
+        "lag_s": done_at - last_at,
+        "cpu_s": cpu,
+        "load": running.load,
+    }
+
+
+def _trickle(cfg: dict[str, Any], engine: Any, sf: Any, client: Any) -> dict[str, Any]:
+    """One job at 100 steps/s for 3 s: how long each point takes to reach SQL."""
+    import sqlalchemy as sa
+
+    from api.contracts.stream import encode
+    from api.core.redis import Keys
+    from api.store.models import Job
+    from trainer_core.contract.records import metric
+
+    ((job_id, attempt),) = _jobs(sf, 1)
+    running = _Running(cfg, sf, client, 1)
+    running.wait_owned()
+    published: list[float] = []
+
+    def publish() -> None:
+        start = time.perf_counter()
+        for step in range(1, 301):
+            fields = encode(
+                metric(step=step, time=time.time(), loss=1.0), job_id=job_id, attempt=attempt
+            )
+            client.xadd(Keys.telemetry(job_id), fields)
+            published.append(time.perf_counter())
+            time.sleep(max(0.0, start + step * 0.01 - time.perf_counter()))
+
+    thread = threading.Thread(target=publish)
+    thread.start()
+    seen: dict[int, float] = {}
+    q = sa.select(Job.step).where(Job.id == job_id)
+    with engine.connect() as conn:
+        while len(seen) < 300:
+            step = conn.execute(q).scalar_one() or 0
+            conn.rollback()
+            now = time.perf_counter()
+            for k in range(len(seen) + 1, step + 1):
+                seen[k] = now
+            time.sleep(0.005)
+    thread.join()
+    running.finish()
+    lags = sorted(seen[k] - published[k - 1] for k in seen)
+    return {"p50_s": lags[len(lags) // 2], "max_s": lags[-1]}
+
+
+class _Servers:
+    """CPU seconds of the redis-server and of the PostgreSQL backends serving the bench's
+    database (its name is in their process title)."""
+
+    def __init__(self, redis_pid: int | None, url: str) -> None:
+        import sqlalchemy as sa
+
+        self.redis_pid = redis_pid
+        self.database = sa.make_url(url).database if url.startswith("postgresql") else None
+        self.before: dict[int, float] = {}
+
+    def _cpu(self) -> dict[int, tuple[str, float]]:
+        import psutil
+
+        found: dict[int, tuple[str, float]] = {}
+        for p in psutil.process_iter(["pid", "cmdline"]):
+            try:
+                line = " ".join(p.info["cmdline"] or [])
+                if p.pid == self.redis_pid:
+                    kind = "redis"
+                elif self.database and line.startswith("postgres:") and self.database in line:
+                    kind = "postgres"
+                else:
+                    continue
+                found[p.pid] = (kind, sum(p.cpu_times()[:2]))
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        return found
+
+    def start(self) -> None:
+        self.before = {pid: cpu for pid, (_, cpu) in self._cpu().items()}
+
+    def used(self) -> dict[str, float]:
+        out = {"redis": 0.0, "postgres": 0.0}
+        for pid, (kind, cpu) in self._cpu().items():
+            out[kind] += cpu - self.before.get(pid, 0.0)
+        return out
+
+
+def _backlog(
+    cfg: dict[str, Any], redis_url: str, engine: Any, sf: Any, client: Any, servers: _Servers
+) -> dict[str, Any]:
+    started = _jobs(sf, cfg["jobs"])
+    producer = _Producer(redis_url, started, cfg)
+    producer.go()
+    producer.done()
+    servers.start()
+    running = _Running(cfg, sf, client, len(started))
+    done_at = _wait_persisted(engine, started, producer.per_job)
+    cpu = running.finish()
+    used = servers.used()
+    total = producer.per_job * len(started)
+    assert _stored(engine, started) == total, "points lost or duplicated"
+    return {
+        "persist_per_s": total / (done_at - running.started_at),
+        "cpu_s": cpu,
+        "us_per_point": {
+            "recorder": cpu / total * 1e6,
+            "postgres": used["postgres"] / total * 1e6,
+            "redis": used["redis"] / total * 1e6,
+        },
+        "load": running.load,
+    }
