@@ -1,7 +1,7 @@
 """A downsampled history read (``series_window(max_points=1000)``) over runs of 10k, 100k
 and 1M steps: from the points (``raw_window``, GROUP BY over the steps) and from the
 metric summaries, whole run and a mid-run window, side by side; plus what keeping the
-summaries costs the recorder (``summaries.add_points`` per 1,000 points).
+summaries costs the recorder (``summary_writes.add_points`` per 1,000 points).
 
 Goal: a read over a 1,000,000-step run in <= 100 ms on SQLite and on PostgreSQL, and a
 cost that does not grow with the run's length; the recorder still >= 20,000 points/s on
@@ -31,7 +31,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from api.store import jobs, migrate, recording, summaries, summary_rebuild
+from api.store import jobs, migrate, recording, summary_rebuild, summary_writes
 from api.store.db import make_engine, make_session_factory
 from api.store.downsample import series_window
 from api.store.raw_window import raw_window
@@ -153,8 +153,8 @@ def bench_writes(sessions: sessionmaker[Session], points: int, batch: int) -> No
                 inserted = inserted.get(job_id, set())
             s.flush()
             t1, c1 = time.perf_counter(), time.process_time()
-            summaries.add_points(
-                s, job_id, [p for p in chunk if (p["attempt"], p["step"]) in inserted]
+            summary_writes.add_points(
+                s, {job_id: [p for p in chunk if (p["attempt"], p["step"]) in inserted]}
             )
             t2 = time.perf_counter()
             summary_cpu += time.process_time() - c1

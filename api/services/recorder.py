@@ -38,7 +38,7 @@ from api.services.recorder_entries import Entry, parse
 from api.services.recorder_group import GROUP as GROUP
 from api.services.recorder_group import ConsumerGroup, is_nogroup
 from api.services.recorder_owner import Owned, Ownership
-from api.store import events, recording, summaries
+from api.store import events, recording, summary_writes
 from api.store.models import utcnow
 
 log = logging.getLogger(__name__)
@@ -209,12 +209,11 @@ class Recorder:
             recording.update_progress(
                 s, {job_id: (b.points, new.get(job_id, set())) for job_id, b in batches.items()}
             )
+            summary_writes.add_points(
+                s, {job_id: _inserted(b.points, new.get(job_id)) for job_id, b in batches.items()}
+            )
             for job_id, batch in batches.items():
-                inserted = new.get(job_id, set())
                 recording.insert_events(s, batch.events)
-                summaries.add_points(
-                    s, job_id, [p for p in batch.points if (p["attempt"], p["step"]) in inserted]
-                )
                 if batch.ends and recording.mark_done(s, job_id, batch.ends):
                     ends.append(job_id)
             lost = [job_id for job_id in taken if not self.ownership.hold(job_id)]
@@ -273,6 +272,11 @@ class Recorder:
     def _forget_all(self) -> None:
         self.group.forget()
         self.ownership.forget_progress()
+
+
+def _inserted(points: list[dict[str, Any]], keys: set[tuple[int, int]] | None) -> list[Any]:
+    """The points whose (attempt, step) the insert actually added."""
+    return [p for p in points if (p["attempt"], p["step"]) in keys] if keys else []
 
 
 def _job_of(key: str) -> str:

@@ -9,11 +9,9 @@ flagged (as :func:`api.store.window.flagged` defines them), the first flagged st
 per field of :data:`SUMMARY_FIELDS` the lowest and highest finite value with the first step
 holding each. Nodes without points have no row.
 
-:func:`add_points` runs in the recorder's transaction with the points it just inserted: a
-point past its node's last step folds in; one at or before it (a retry re-recording from
-a checkpoint, a late replay of an older attempt) rebuilds that node from the raw points.
-Parents are recomputed from their two children. :mod:`api.store.summary_rebuild` recomputes a job in SQL
-(for points written by other means, e.g. tests seeding millions of rows).
+This module holds the aggregates and reads the nodes; :mod:`api.store.summary_writes` keeps
+them as the recorder inserts points, and :mod:`api.store.summary_rebuild` recomputes a job
+in SQL (for points written by other means, e.g. tests seeding millions of rows).
 
 ``metric_summary_state`` holds the cursor of the newest point the summaries hold: a read
 uses them only when it equals the job's newest cursor, so points written without them
@@ -29,13 +27,11 @@ from math import isfinite
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from api.store.metrics import steps_in
-from api.store.models import MetricPoint, MetricSummary, MetricSummaryState
-from api.store.summary_layout import BASE, COLUMNS, COUNTS, SUMMARY_FIELDS
-from api.store.summary_rebuild import rebuild
+from api.store.models import MetricPoint, MetricSummary
+from api.store.summary_layout import COLUMNS, COUNTS, SUMMARY_FIELDS
 
 _KEYS = tuple((f, f"{f}_min", f"{f}_min_step", f"{f}_max", f"{f}_max_step") for f in SUMMARY_FIELDS)
 """Per field its columns, spelled once: fold runs for every recorded point."""
@@ -139,6 +135,8 @@ def points_at(
     the latter."""
     p = MetricPoint
     steps = sorted({step for a, b in ranges for step in range(a, b + 1)})
+    if not steps:
+        return []  # a round trip saved per job and recorder pass
     out: list[Any] = []
     for in_steps in steps_in(s, steps):
         # stream_ms is in no index with attempt: SQLite then looks the steps up by
@@ -189,6 +187,33 @@ def read_nodes(
     return out
 
 
+def read_job_nodes(
+    s: Session, wanted: Mapping[str, Iterable[tuple[int, int]]]
+) -> dict[str, dict[tuple[int, int], Agg]]:
+    """Per job, the stored nodes among its ``wanted`` keys ((level, idx)), every field's
+    extremes. On PostgreSQL one prepared statement for every job (the recorder's batch
+    may hold hundreds, and a statement each was a third of its time there)."""
+    if s.get_bind().dialect.name == "sqlite":
+        return {job_id: read_nodes(s, job_id, keys) for job_id, keys in wanted.items()}
+    keys = [(job_id, level, idx) for job_id, nodes in wanted.items() for level, idx in set(nodes)]
+    out: dict[str, dict[tuple[int, int], Agg]] = {job_id: {} for job_id in wanted}
+    if not keys:
+        return out
+    job_ids, levels, ids = (list(column) for column in zip(*keys, strict=True))
+    conn: Any = s.connection().connection.driver_connection
+    with conn.cursor() as cur:
+        for job_id, level, idx, *values in cur.execute(_NODES_OF_JOBS, (job_ids, levels, ids)):
+            out[job_id][(level, idx)] = dict(zip(COLUMNS, values, strict=True))
+    return out
+
+
+_NODES_OF_JOBS = (
+    f"SELECT m.job_id, m.level, m.idx, {', '.join('m.' + c for c in COLUMNS)} "
+    "FROM unnest(%s::text[], %s::int[], %s::int[]) AS k(job_id, level, idx) "
+    "JOIN metric_summaries m ON m.job_id = k.job_id AND m.level = k.level AND m.idx = k.idx"
+)
+
+
 def _read_nodes_sqlite(
     s: Session, job_id: str, by_level: Mapping[int, list[int]], names: list[str]
 ) -> dict[tuple[int, int], Agg]:
@@ -224,123 +249,3 @@ def runs(ids: list[int]) -> list[tuple[int, int]]:
         else:
             runs.append((i, i))
     return runs
-
-
-# -- recording -------------------------------------------------------------------------
-
-
-def add_points(s: Session, job_id: str, points: Sequence[Mapping[str, Any]]) -> None:
-    """Summarise points just inserted for ``job_id`` (dicts of MetricPoint columns), inside
-    the transaction that inserted them."""
-    if not points:
-        return
-    st = MetricSummaryState
-    state = s.execute(
-        sa.select(st.stream_ms, st.stream_seq, st.top).where(st.job_id == job_id)
-    ).first()
-    if state is None and _holds_other_points(s, job_id, len(points)):
-        rebuild(s, job_id)  # points written without summaries: start from all of them
-        return
-    sqlite_nan = s.get_bind().dialect.name == "sqlite"  # SQLite stores NaN as NULL
-    newest: dict[int, Mapping[str, Any]] = {}
-    for p in points:
-        old = newest.get(p["step"])
-        if old is None or p["attempt"] > old["attempt"]:
-            g = p.get("grad_norm")
-            if sqlite_nan and g is not None and g != g:
-                # A NaN grad norm is stored as NULL there: not a flagged step (a NaN loss
-                # is non-finite either way; extremes skip both).
-                p = {**p, "grad_norm": None}
-            newest[p["step"]] = p
-    old_top = state.top if state is not None else None
-    top = max(BASE, max(newest).bit_length(), old_top or 0)
-    by_node: dict[int, list[int]] = defaultdict(list)
-    for step in sorted(newest):
-        by_node[step >> BASE].append(step)
-    paths = _paths(set(by_node), top)
-    wanted = {(BASE, i) for i in by_node}
-    for level in range(BASE, top):
-        wanted |= {(level, i ^ 1) for i in paths[level]}
-    if old_top is not None and top > old_top:
-        wanted.add((old_top, 0))
-    known = read_nodes(s, job_id, wanted)
-    changed: dict[tuple[int, int], Agg] = {}
-    if old_top is not None and top > old_top:
-        # Every point lies below 2**old_top: the new levels' node 0 holds what it holds.
-        for level in range(old_top + 1, top + 1):
-            known[(level, 0)] = changed[(level, 0)] = dict(known[(old_top, 0)])
-    stale = []
-    for i, steps in by_node.items():
-        node = known.get((BASE, i))
-        if node is not None and steps[0] <= node["last_step"]:
-            stale.append(i)  # the effective series changed inside the node
-            continue
-        node = dict(node) if node is not None else empty()
-        for step in steps:
-            fold(node, step, newest[step])
-        known[(BASE, i)] = changed[(BASE, i)] = node
-    unit = 1 << BASE
-    rows = raw_rows(s, job_id, [(i * unit, i * unit + unit - 1) for i in stale])
-    for i in stale:
-        known[(BASE, i)] = changed[(BASE, i)] = aggregate(r for r in rows if r.step >> BASE == i)
-    for level in range(BASE + 1, top + 1):
-        for i in paths[level]:
-            node = join(known.get((level - 1, 2 * i)), known.get((level - 1, 2 * i + 1)))
-            known[(level, i)] = changed[(level, i)] = node
-    _upsert_nodes(s, job_id, changed)
-    ms, seq = max((p["stream_ms"], p["stream_seq"]) for p in points)
-    if state is not None:
-        ms, seq = max((ms, seq), (state.stream_ms, state.stream_seq))
-    _upsert(
-        s,
-        MetricSummaryState,
-        [{"job_id": job_id, "stream_ms": ms, "stream_seq": seq, "top": top}],
-        ["job_id"],
-    )
-
-
-def _paths(base_ids: set[int], top: int) -> dict[int, set[int]]:
-    """Per level, the nodes above the given base nodes (their ancestors up to ``top``)."""
-    paths = {BASE: base_ids}
-    for level in range(BASE + 1, top + 1):
-        paths[level] = {i >> 1 for i in paths[level - 1]}
-    return paths
-
-
-def _holds_other_points(s: Session, job_id: str, n_new: int) -> bool:
-    p = MetricPoint
-    some = sa.select(p.id).where(p.job_id == job_id).limit(n_new + 1).subquery()
-    return (s.scalar(sa.select(sa.func.count()).select_from(some)) or 0) > n_new
-
-
-_NODE_COLUMNS = ("job_id", "level", "idx", *COLUMNS)
-_UPSERT_NODE = (
-    f"INSERT INTO metric_summaries ({', '.join(_NODE_COLUMNS)}) VALUES ({{marks}}) "
-    f"ON CONFLICT (job_id, level, idx) DO UPDATE SET "
-    + ", ".join(f"{c} = excluded.{c}" for c in COLUMNS)
-)
-
-
-def _upsert_nodes(s: Session, job_id: str, nodes: Mapping[tuple[int, int], Agg]) -> None:
-    """One prepared statement, executemany on the driver's own connection (inside the
-    session's transaction): SQLAlchemy's per-row parameter processing was most of the
-    cost of keeping summaries."""
-    if not nodes:
-        return
-    rows = [(job_id, k[0], k[1], *map(v.get, COLUMNS)) for k, v in nodes.items()]
-    conn: Any = s.connection().connection.driver_connection
-    if s.get_bind().dialect.name == "sqlite":
-        conn.executemany(_UPSERT_NODE.format(marks=", ".join("?" * len(_NODE_COLUMNS))), rows)
-        return
-    with conn.cursor() as cur:
-        cur.executemany(_UPSERT_NODE.format(marks=", ".join(["%s"] * len(_NODE_COLUMNS))), rows)
-
-
-def _upsert(s: Session, model: type[Any], rows: list[dict[str, Any]], keys: list[str]) -> None:
-    if not rows:
-        return
-    dialect = s.get_bind().dialect.name
-    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-    stmt = insert(model.__table__)  # Core, not the ORM's bulk path: a third of the cost
-    update = {c: stmt.excluded[c] for c in rows[0] if c not in keys}
-    s.execute(stmt.on_conflict_do_update(index_elements=keys, set_=update), rows)

@@ -13,7 +13,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
-from api.store import jobs, migrate, recording, summaries, summary_layout, summary_rebuild
+from api.store import jobs, migrate, recording, summary_layout, summary_rebuild, summary_writes
 from api.store.db import make_engine, make_session_factory
 from api.store.downsample import series_window
 from api.store.models import MetricPoint, MetricSummary, MetricSummaryState
@@ -97,7 +97,7 @@ def record(sessions: Sessions, job_id: str, rows: list[dict[str, Any]], sizes: l
             if isinstance(inserted, dict):  # per job when the recorder writes several at once
                 inserted = inserted.get(job_id, set())
             new = [p for p in batch if (p["attempt"], p["step"]) in inserted]
-            summaries.add_points(s, job_id, new)
+            summary_writes.add_points(s, {job_id: new})
     assert i >= len(rows)
 
 
@@ -193,6 +193,41 @@ def test_batches_and_replays_do_not_change_the_summaries(db: tuple[sa.Engine, Se
     assert nodes(sessions, one) == nodes(sessions, many)
     record(sessions, many, rows[100:900], [800])  # a replay inserts nothing
     assert nodes(sessions, one) == nodes(sessions, many)
+
+
+def test_many_jobs_summarised_in_one_transaction_each_get_their_own(
+    db: tuple[sa.Engine, Sessions],
+) -> None:
+    """The recorder summarises every job of a batch at once: a new job, a growing one, a
+    retried one and one whose points were written without summaries, side by side, each
+    end with what rebuilding it from its points gives."""
+    engine, sessions = db
+    fresh, growing, retried, seeded = (new_job(sessions) for _ in range(4))
+    record(sessions, growing, series(growing, list(range(0, 700)), seed=12), [700])
+    record(sessions, retried, series(retried, list(range(0, 900)), seed=13), [900])
+    with engine.begin() as conn:
+        conn.execute(sa.insert(MetricPoint), series(seeded, list(range(0, 500)), seed=14))
+    batch = {
+        fresh: series(fresh, list(range(5, 1300)), seed=15),
+        growing: series(growing, list(range(700, 2100)), seed=16, ms=T0 + 5000),
+        retried: series(retried, list(range(400, 1200)), attempt=2, seed=17, ms=T0 + 5000),
+        seeded: series(seeded, list(range(500, 800)), seed=18, ms=T0 + 5000),
+    }
+    with sessions.begin() as s:
+        inserted = recording.insert_points(s, [p for rows in batch.values() for p in rows])
+        summary_writes.add_points(
+            s,
+            {
+                job: [p for p in rows if (p["attempt"], p["step"]) in inserted[job]]
+                for job, rows in batch.items()
+            },
+        )
+    live = {job: nodes(sessions, job) for job in batch}
+    for job in batch:
+        with sessions.begin() as s:
+            summary_rebuild.rebuild(s, job)
+        assert nodes(sessions, job) == live[job], job
+        same_answer(sessions, job, 40)
 
 
 def test_points_written_without_summaries_are_never_misread(
