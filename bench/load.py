@@ -164,6 +164,12 @@ def main() -> None:
         action="store_true",
         help="print where the API's checked-out database connections were taken, each report",
     )
+    parser.add_argument(
+        "--recorder",
+        choices=("api", "process"),
+        default="api",
+        help="the recorder as a thread of the API (default) or as `amptrain recorder` beside it",
+    )
     parser.add_argument("--keep", action="store_true", help="keep the run's folder (logs, db)")
     args = parser.parse_args()
     if args.quick:
@@ -187,11 +193,16 @@ def main() -> None:
     print(
         f"load: {args.jobs} jobs x {args.rate:.0f} steps/s (batches every {args.flush * 1000:.0f} "
         f"ms), {args.watchers} watchers, {args.jobs} pollers every {args.poll_every:.0f} s, "
-        f"{args.minutes:g} min on {args.database}; {psutil.cpu_count()} cores; folder {root}",
+        f"{args.minutes:g} min on {args.database}, recorder in {args.recorder}; "
+        f"{psutil.cpu_count()} cores; folder {root}",
         flush=True,
     )
+    if args.recorder == "process":
+        stack.env["AMPTRAIN_RECORDER_IN_API"] = "false"
     try:
         stack.start_api()
+        if args.recorder == "process":
+            stack._spawn("recorder", ["recorder"])
         job_ids = [stack.submit(SPEC)["id"] for _ in range(args.jobs)]
         duration = args.minutes * 60
         attempts = claim_all(db.url, redis_server.url, job_ids, lease_s=duration + 900)
@@ -233,7 +244,10 @@ def main() -> None:
             )
         )
         assert redis_server.process is not None
-        sampler = Sampler(stack.processes["api"].pid, redis_server.process.pid, db.url, job_ids)
+        services = {"API": stack.processes["api"].pid, "Redis": redis_server.process.pid}
+        if args.recorder == "process":
+            services["recorder"] = stack.processes["recorder"].pid
+        sampler = Sampler(services, db.url, job_ids)
         for c in children:
             c.start()
         run(args, sampler, published, job_ids, out, stop, duration)

@@ -13,21 +13,22 @@ import psutil
 
 
 class Sampler:
-    """RSS and CPU of the API process (with its children) and of Redis, plus SQL steps."""
+    """RSS of the API process; CPU of the service's processes (each with its children): the
+    API, Redis and, when it runs apart, the recorder; plus the jobs' steps in SQL."""
 
-    def __init__(self, api_pid: int, redis_pid: int, db_url: str, job_ids: list[str]) -> None:
+    def __init__(self, services: dict[str, int], db_url: str, job_ids: list[str]) -> None:
         import sqlalchemy as sa
 
         from api.store.db import make_engine
 
-        self.api = psutil.Process(api_pid)
-        self.redis = psutil.Process(redis_pid)
+        self.services = {name: psutil.Process(pid) for name, pid in services.items()}
+        self.api = self.services["API"]
         self.engine = make_engine(db_url)
         self.job_ids = job_ids
         self.query = sa.text("SELECT id, step FROM jobs WHERE status = 'running'")
         self.rss: list[tuple[float, float]] = []
         self.t0 = time.monotonic()
-        self.cpu_mark = (self.t0, self._cpu(self.api), self._cpu(self.redis))
+        self.cpu_mark = (self.t0, self._service_cpu())
         self.bench = psutil.Process()
         self.bench_mark = (self.t0, 0.0)
         self.bench_cpu()
@@ -38,24 +39,24 @@ class Sampler:
     def _cpu(self, p: psutil.Process) -> float:
         return sum(sum(q.cpu_times()[:2]) for q in self._procs(p))
 
+    def _service_cpu(self) -> dict[str, float]:
+        return {name: self._cpu(p) for name, p in self.services.items()}
+
     def sample_rss(self) -> float:
         mib = sum(q.memory_info().rss for q in self._procs(self.api)) / 2**20
         self.rss.append((time.monotonic() - self.t0, mib))
         return mib
 
-    def cpu(self) -> tuple[float, float]:
-        """Cores busy (API, Redis) since the previous call."""
-        now, api, red = time.monotonic(), self._cpu(self.api), self._cpu(self.redis)
-        t, a, r = self.cpu_mark
-        self.cpu_mark = (now, api, red)
-        return (api - a) / (now - t), (red - r) / (now - t)
+    def cpu(self) -> dict[str, float]:
+        """Cores busy per service process since the previous call."""
+        now, cpu = time.monotonic(), self._service_cpu()
+        t, before = self.cpu_mark
+        self.cpu_mark = (now, cpu)
+        return {name: (cpu[name] - before[name]) / (now - t) for name in cpu}
 
     def bench_cpu(self) -> float:
         """Cores busy in this benchmark's own processes (producers and clients)."""
-        now, cpu = (
-            time.monotonic(),
-            self._cpu(self.bench) - self._cpu(self.api) - self._cpu(self.redis),
-        )
+        now, cpu = time.monotonic(), self._cpu(self.bench) - sum(self._service_cpu().values())
         t, c = self.bench_mark
         self.bench_mark = (now, cpu)
         return (cpu - c) / (now - t)
@@ -112,7 +113,7 @@ def report(
     lag: bool = True,
 ) -> None:
     load1, load5, _ = os.getloadavg()
-    api_cpu, redis_cpu = sampler.cpu()
+    service_cpu = sampler.cpu()
     lines = [f"[{label}] load average {load1:.1f} (5 min {load5:.1f})"]
     if lag:
         lines.append(lag_line(published, job_ids, sampler.sql_steps(), args.rate))
@@ -124,8 +125,9 @@ def report(
     )
     lines.append(sampler.rss_summary(last_s=min(240.0, args.minutes * 60 * 0.8)))
     lines.append(
-        f"CPU cores busy: API {api_cpu:.2f} Redis {redis_cpu:.2f} "
-        f"bench producers+clients {sampler.bench_cpu():.2f}"
+        "CPU cores busy: "
+        + " ".join(f"{name} {cores:.2f}" for name, cores in service_cpu.items())
+        + f" bench producers+clients {sampler.bench_cpu():.2f}"
     )
     if "watch" in latest:
         w, st = latest["watch"]

@@ -44,6 +44,12 @@ COMMANDS: dict[str, Lazy] = {
     "api": Lazy(
         "api.cli.server:api", "Run the HTTP API (recorder and dispatcher included).", "api", _API
     ),
+    "recorder": Lazy(
+        "api.cli.server:recorder",
+        "Record telemetry into SQL beside the API.",
+        "api",
+        (*_STORE, "redis"),
+    ),
     "db": Lazy("api.cli.server:db", "Database migrations.", "api", _STORE),
     "token": Lazy("api.cli.tokens:token", "Create, list and revoke API tokens.", "api", _STORE),
     "worker": Lazy(

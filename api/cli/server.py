@@ -1,4 +1,5 @@
-"""``amptrain api`` and ``amptrain db upgrade|downgrade`` (tokens: :mod:`api.cli.tokens`)."""
+"""``amptrain api``, ``amptrain recorder`` and ``amptrain db upgrade|downgrade`` (tokens:
+:mod:`api.cli.tokens`)."""
 
 from __future__ import annotations
 
@@ -43,6 +44,43 @@ def api(host: str, port: int, log_level: str) -> None:
         ws_max_queue=16,
         timeout_graceful_shutdown=15,
     )
+
+
+@click.command()
+@click.option(
+    "--metrics-port",
+    default=0,
+    type=int,
+    help="Serve Prometheus metrics (the recorder's throughput and lag) on this port; 0: off.",
+)
+@click.option("--metrics-host", default="127.0.0.1", show_default=True)
+@click.option("--log-level", default="info", show_default=True)
+def recorder(metrics_port: int, metrics_host: str, log_level: str) -> None:
+    """Record telemetry from Redis into SQL in a process of its own, until SIGTERM.
+
+    For a busy service: set AMPTRAIN_RECORDER_IN_API=false on the API processes and run
+    one or more of these beside them (each job is recorded by one recorder at a time).
+    """
+    import signal
+    import threading
+
+    from api.core.logs import configure_logging
+    from api.core.settings import get_settings
+    from api.services.recorder_process import run_recorder
+
+    settings = get_settings()
+    configure_logging(settings.log_format, component="recorder", level=log_level)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    if metrics_port:
+        from prometheus_client import start_http_server
+
+        start_http_server(metrics_port, addr=metrics_host)
+    try:
+        run_recorder(settings, stop)
+    except RuntimeError as exc:
+        raise click.ClickException(str(exc)) from exc
 
 
 def strip_query_strings(record: logging.LogRecord) -> bool:

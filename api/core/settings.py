@@ -89,6 +89,12 @@ class Settings(BaseSettings):
     to its training child beyond locale, paths and CUDA/NCCL/OpenMP/PyTorch tuning: by
     default the object-store credentials fsspec needs for checkpoints and datasets. Nothing
     else reaches the child (no ``AMPTRAIN_*`` setting, token or database password)."""
+    recorder_in_api: bool = True
+    """Run the recorder (telemetry from Redis into SQL) as a thread of every API process.
+    ``false`` when ``amptrain recorder`` processes run beside the API: on a busy service the
+    recorder then has a core and a GIL of its own instead of sharing the API's, whose
+    requests and live watchers wait while it parses and inserts (see the README's
+    "Scaling the recorder"). Any number of recorders may run; each job has one at a time."""
     warm_spare: bool = True
     """Each worker pool slot keeps one training process started ahead of time, with torch,
     the engine and the built-in components imported but CUDA never touched, and hands it

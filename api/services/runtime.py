@@ -26,15 +26,12 @@ from api.services import observability
 from api.services.dispatcher import Dispatcher
 from api.services.limits import LiveSlots, WriteLimiter
 from api.services.live_hub import LiveHub
-from api.services.recorder import Recorder
+from api.services.recorder_process import make_recorder
 from api.services.token_checks import TokenChecks
 from api.store import tokens
 from api.store.db import make_engine, make_session_factory
 
 log = logging.getLogger(__name__)
-
-RECORDER_POOL = {"pool_size": 2, "max_overflow": 2}
-"""The recorder thread's connections: one at a time, a spare for its ownership refresh."""
 
 
 @dataclass
@@ -120,16 +117,11 @@ class Services:
         self.threads.append(thread)
 
     def _start_recorder(self) -> None:
-        # The recorder blocks on XREADGROUP: its socket timeout must exceed that block.
-        client = core_redis.client(self.settings.redis_url, core_redis.BLOCKING_READ_TIMEOUT_S)
-        self.closers.append(client.close)
-        # Its own small pool: requests in flight may hold every connection of the shared
-        # one, and the recorder waiting for one stalls every job's history (bench/load.py).
-        url = sa.make_url(self.settings.database_url)
-        in_memory = url.get_backend_name() == "sqlite" and url.database in (None, "", ":memory:")
-        engine = make_engine(self.settings.database_url, **({} if in_memory else RECORDER_POOL))
-        self.closers.append(engine.dispose)
-        recorder = Recorder(self.settings, make_session_factory(engine), client)
+        if not self.settings.recorder_in_api:
+            log.info("recorder: not in this process (AMPTRAIN_RECORDER_IN_API=false)")
+            return
+        recorder, closers = make_recorder(self.settings)
+        self.closers += closers
         self._spawn("amptrain-recorder", recorder.run)
 
 
