@@ -21,7 +21,6 @@ import statistics
 import sys
 import tempfile
 import time
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ from api.store import jobs, migrate, recording, summary_rebuild, summary_writes
 from api.store.db import make_engine, make_session_factory
 from api.store.downsample import series_window
 from api.store.raw_window import raw_window
+from bench.common import throwaway_pg
 from trainer_core.contract.records import STORED_METRIC_FIELDS
 from trainer_core.contract.spec import JobSpec
 
@@ -178,21 +178,6 @@ def run(url: str, lengths: list[int], reads: int, write_points: int) -> None:
         bench_reads(engine, sessions, lengths, reads)
     finally:
         engine.dispose()
-
-
-def throwaway_pg(admin: str) -> tuple[str, Callable[[], None]]:
-    admin_url = sa.make_url(admin)
-    name = f"amptrain_bench_{uuid.uuid4().hex[:12]}"
-    engine = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    with engine.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-
-    def drop() -> None:
-        with engine.connect() as conn:
-            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        engine.dispose()
-
-    return admin_url.set(database=name).render_as_string(hide_password=False), drop
 
 
 def main() -> None:

@@ -33,7 +33,7 @@ import signal
 import sys
 import tempfile
 import time
-import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +42,7 @@ import psutil
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from api.cli.embedded_redis import EmbeddedRedis
+from bench.common import SPEC, throwaway_pg
 from bench.load_clients import (
     poller_process,
     probe_process,
@@ -50,14 +51,6 @@ from bench.load_clients import (
 )
 from bench.load_report import Sampler, lag_line, report
 from tests.support.stack import Stack, wait_until
-
-SPEC = {
-    "name": "load",
-    "model": {"name": "mlp", "args": {}},
-    "dataset": {"name": "synthetic-classification", "args": {}},
-    "device": "cpu",
-    "max_steps": 10_000_000,
-}
 
 
 class TracedStack(Stack):
@@ -88,28 +81,17 @@ class Database:
     """A SQLite file in ``root``, or a throw-away PostgreSQL database (dropped on close)."""
 
     def __init__(self, kind: str, root: Path, pg_url: str | None) -> None:
-        import sqlalchemy as sa
-
-        self.admin: sa.Engine | None = None
+        self.drop: Callable[[], None] | None = None
         if kind == "sqlite":
             self.url = f"sqlite:///{root / 'amptrain.db'}"
             return
         if not pg_url:
             sys.exit("--database postgresql needs --pg URL or AMPTRAIN_TEST_DATABASE_URL")
-        admin_url = sa.make_url(pg_url)
-        self.name = f"amptrain_load_{uuid.uuid4().hex[:10]}"
-        self.admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
-        with self.admin.connect() as conn:
-            conn.execute(sa.text(f'CREATE DATABASE "{self.name}"'))
-        self.url = admin_url.set(database=self.name).render_as_string(hide_password=False)
+        self.url, self.drop = throwaway_pg(pg_url)
 
     def close(self) -> None:
-        import sqlalchemy as sa
-
-        if self.admin is not None:
-            with self.admin.connect() as conn:
-                conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{self.name}" WITH (FORCE)'))
-            self.admin.dispose()
+        if self.drop is not None:
+            self.drop()
 
 
 def claim_all(db_url: str, redis_url: str, job_ids: list[str], lease_s: float) -> list[int]:
@@ -203,7 +185,7 @@ def main() -> None:
         stack.start_api()
         if args.recorder == "process":
             stack._spawn("recorder", ["recorder"])
-        job_ids = [stack.submit(SPEC)["id"] for _ in range(args.jobs)]
+        job_ids = [stack.submit({**SPEC, "name": "load"})["id"] for _ in range(args.jobs)]
         duration = args.minutes * 60
         attempts = claim_all(db.url, redis_server.url, job_ids, lease_s=duration + 900)
         published = ctx.Array("q", args.jobs, lock=False)

@@ -12,18 +12,10 @@ import shutil
 import tempfile
 import threading
 import time
-import uuid
 from pathlib import Path
 from typing import Any
 
-SPEC = {
-    "name": "bench",
-    "model": {"name": "mlp", "args": {}},
-    "dataset": {"name": "synthetic-classification", "args": {}},
-    "device": "cpu",
-    "max_steps": 10_000_000,
-}
-
+from bench.common import SPEC, throwaway_pg
 
 # -- the producer process ------------------------------------------------------------------
 
@@ -83,21 +75,8 @@ def produce(
 def _database(kind: str, root: Path, pg: str | None) -> tuple[str, Any]:
     if kind == "sqlite":
         return f"sqlite:///{root / 'amptrain.db'}", None
-    import sqlalchemy as sa
-
     assert pg, "no PostgreSQL URL"
-    admin_url = sa.make_url(pg)
-    name = f"amptrain_bench_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-
-    def drop() -> None:
-        with admin.connect() as conn:
-            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
-
-    return admin_url.set(database=name).render_as_string(hide_password=False), drop
+    return throwaway_pg(pg)
 
 
 def one_run(cfg: dict[str, Any]) -> dict[str, Any]:

@@ -41,19 +41,11 @@ import uvloop
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from api.cli.embedded_redis import EmbeddedRedis
+from bench.common import SPEC
 from bench.lean_watcher import watch
 from tests.support.producer import Producer
 from tests.support.stack import Stack, wait_until
 from trainer_core.contract.records import metric
-
-SPEC = {
-    "name": "bench",
-    "model": {"name": "mlp", "args": {}},
-    "dataset": {"name": "synthetic-classification", "args": {}},
-    "device": "cpu",
-    "max_steps": 10_000_000,
-}
-
 
 # -- watcher processes ---------------------------------------------------------------------
 

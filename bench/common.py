@@ -1,0 +1,35 @@
+"""What several benchmarks share: the job they submit and a throw-away PostgreSQL database."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+SPEC: dict[str, Any] = {
+    "name": "bench",
+    "model": {"name": "mlp", "args": {}},
+    "dataset": {"name": "synthetic-classification", "args": {}},
+    "device": "cpu",
+    "max_steps": 10_000_000,
+}
+"""A CPU job that never ends by itself: benchmarks claim it and publish its telemetry."""
+
+
+def throwaway_pg(admin: str) -> tuple[str, Callable[[], None]]:
+    """A new, empty PostgreSQL database on the server of ``admin`` (a URL): its URL, and
+    what drops it (with any connection still open)."""
+    import sqlalchemy as sa
+
+    admin_url = sa.make_url(admin)
+    name = f"amptrain_bench_{uuid.uuid4().hex[:12]}"
+    engine = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+
+    def drop() -> None:
+        with engine.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        engine.dispose()
+
+    return admin_url.set(database=name).render_as_string(hide_password=False), drop
