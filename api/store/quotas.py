@@ -13,11 +13,15 @@ from api.store.models import Job
 
 
 def lock_owner(s: Session, owner: str) -> None:
-    """Serialize this owner's submissions until the transaction ends (PostgreSQL: an
-    advisory lock, so two concurrent submissions cannot both pass the limit; SQLite
-    serializes writers itself, and a rare race there overshoots by one)."""
+    """Serialize this owner's submissions until the transaction ends, so two concurrent
+    submissions cannot both count room under the limit. PostgreSQL: an advisory lock per
+    owner. SQLite: its one write lock, taken now by a write that changes nothing (the
+    count that follows then sees every committed submission; without it two deferred
+    transactions both counted before either inserted)."""
     if s.get_bind().dialect.name == "postgresql":
         s.execute(sa.select(sa.func.pg_advisory_xact_lock(sa.func.hashtext("jobs:" + owner))))
+    else:
+        s.execute(sa.text("UPDATE jobs SET owner = owner WHERE 0"))
 
 
 def active_jobs(s: Session, owner: str) -> int:

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -150,6 +152,22 @@ def test_active_jobs_per_user_are_limited(stack: Stack) -> None:
     for _ in range(4):
         assert stack.client.post("/jobs", json=cpu_job()).status_code == 201
     assert stack.client.get("/me").json()["limits"]["max_active_jobs"] is None
+
+
+def test_concurrent_submissions_never_pass_the_active_jobs_limit(stack: Stack) -> None:
+    """Twelve submissions at once for a user with room for three: three jobs, nine 429s,
+    on SQLite as on PostgreSQL (each submission counts inside the write lock)."""
+    with user_client(stack, "carol") as carol:
+        start = threading.Barrier(12)
+
+        def submit() -> int:
+            start.wait()
+            return carol.post("/jobs", json=cpu_job()).status_code
+
+        with ThreadPoolExecutor(12) as pool:
+            codes = list(pool.map(lambda _: submit(), range(12)))
+        assert sorted(codes) == [201] * 3 + [429] * 9
+        assert carol.get("/me").json()["limits"]["active_jobs"] == 3
 
 
 def test_the_write_rate_is_limited_per_user_across_api_processes(stack: Stack) -> None:
