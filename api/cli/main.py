@@ -37,7 +37,7 @@ class Lazy:
 COMMANDS: dict[str, Lazy] = {
     "up": Lazy(
         "api.cli.up:up",
-        "Run everything on this machine: Redis, database, one worker, the API.",
+        "Run everything on this machine: Redis, database, worker, recorder, API.",
         "api,worker,embedded",
         (*_API, "torch"),
     ),

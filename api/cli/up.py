@@ -95,7 +95,7 @@ def _prepare(settings: Settings) -> bool:
     help="[default: $AMPTRAIN_DATA_DIR or ./.amptrain]",
 )
 def up(host: str, port: int, data_dir: Path | None) -> None:
-    """Run everything on this machine: Redis, database, one worker, the API."""
+    """Run everything on this machine: Redis, database, one worker, the recorder, the API."""
     settings = up_settings(data_dir)
     make_private(settings.data_dir)
     redis_server = None
@@ -109,9 +109,17 @@ def up(host: str, port: int, data_dir: Path | None) -> None:
         raise
 
     env = child_env(settings)
-    # One machine, one worker: it serves every queue a job may name here.
-    worker = _spawn(["worker", "--queues", ",".join(settings.queues)], env)
-    api = _spawn(["api", "--host", host, "--port", str(port)], env)
+    parts = {
+        # One machine, one worker: it serves every queue a job may name here.
+        "worker": _spawn(["worker", "--queues", ",".join(settings.queues)], env),
+    }
+    if "AMPTRAIN_RECORDER_IN_API" not in os.environ:
+        # The recorder in a process of its own: on a busy machine the API then answers
+        # about twice as fast (bench/load.py --recorder process). An operator's
+        # AMPTRAIN_RECORDER_IN_API keeps it in the API.
+        env["AMPTRAIN_RECORDER_IN_API"] = "false"
+        parts["recorder"] = _spawn(["recorder"], env)
+    parts["api"] = api = _spawn(["api", "--host", host, "--port", str(port)], env)
     click.echo(f"amptrain is up at http://{host}:{port}/ui/  (data in {settings.data_dir})")
     if not new_token:
         click.echo(f"admin token: see {settings.admin_token_file} or AMPTRAIN_ADMIN_TOKEN")
@@ -123,14 +131,16 @@ def up(host: str, port: int, data_dir: Path | None) -> None:
     signal.signal(signal.SIGTERM, _on_term)
     signal.signal(signal.SIGINT, _on_term)
     try:
-        while api.poll() is None and worker.poll() is None:
+        while all(proc.poll() is None for proc in parts.values()):
             time.sleep(0.5)
-        click.echo("a component exited; shutting down", err=True)
+        gone = [name for name, proc in parts.items() if proc.poll() is not None]
+        click.echo(f"{', '.join(gone)} exited; shutting down", err=True)
     except KeyboardInterrupt:
         pass
     finally:
-        _stop(api, "api")
-        _stop(worker, "worker")
+        for name in ("api", "worker", "recorder"):  # the recorder takes the last entries
+            if name in parts:
+                _stop(parts[name], name)
         if redis_server is not None:
             redis_server.stop()
     sys.exit(0 if api.returncode in (0, -signal.SIGTERM) else 1)

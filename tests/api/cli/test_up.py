@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.cpu_verdict import expected_cpu_auto
+from tests.support.stack import wait_until
 from tests.support.up import finished_job, start_up
 
 pytestmark = pytest.mark.slow
@@ -27,6 +28,13 @@ def test_up_runs_a_job_and_stops_cleanly(tmp_path: Path) -> None:
         ).json()
         done = finished_job(client, job["id"], 120)
         assert done["status"] == "succeeded", up.tail()
+        # Recorded into SQL by the recorder process `up` runs beside the API.
+        wait_until(
+            lambda: len(client.get(f"/jobs/{job['id']}/metrics").json()["items"]) == 5,
+            60,
+            "the job's 5 points in its history",
+        )
+        assert "recorder: started" in up.log.read_text()
         # auto on a CPU follows the worker's CPU flags and, where they leave it open, the bf16
         # measurement the worker made at start: every job there decides as its report says.
         (worker,) = client.get("/workers").json()["items"]
