@@ -18,7 +18,7 @@ from api.core import redis as core_redis
 from api.core.settings import Settings
 from api.services.recorder import Recorder
 from api.store import recording
-from api.store.db import make_engine, make_session_factory
+from api.store.db import make_engine, make_session_factory, needs_migrated
 
 log = logging.getLogger(__name__)
 
@@ -45,15 +45,8 @@ def run_recorder(settings: Settings, stop_event: threading.Event) -> None:
     is not migrated: a recorder that only logs failed passes would look alive."""
     recorder, closers = make_recorder(settings)
     try:
-        try:
-            with recorder.sessions() as s:
-                recording.jobs_to_record(s)
-        except (sa.exc.OperationalError, sa.exc.ProgrammingError) as exc:
-            shown = sa.make_url(settings.database_url).render_as_string(hide_password=True)
-            raise RuntimeError(
-                f"database {shown} is not ready ({type(exc.orig).__name__}: {exc.orig}); "
-                "run `amptrain db upgrade` first"
-            ) from exc
+        with needs_migrated(settings.database_url), recorder.sessions() as s:
+            recording.jobs_to_record(s)
         log.info("recorder: started as consumer %s", recorder.group.consumer)
         recorder.run(stop_event)
     finally:

@@ -29,7 +29,7 @@ from api.services.live_hub import LiveHub
 from api.services.recorder_process import make_recorder
 from api.services.token_checks import TokenChecks
 from api.store import tokens
-from api.store.db import make_engine, make_session_factory
+from api.store.db import make_engine, make_session_factory, needs_migrated
 
 log = logging.getLogger(__name__)
 
@@ -135,16 +135,8 @@ def ensure_admin_token(
     a person at a terminal), never by the API process, whose output ends up in logs.
     Returns whether a token was generated.
     """
-    try:
-        with session_factory.begin() as s:
-            token = tokens.ensure_admin_token(s, settings)
-    except (sa.exc.OperationalError, sa.exc.ProgrammingError) as exc:
-        # The usual cause on a fresh database; say how to fix it instead of a bare traceback.
-        url = sa.make_url(settings.database_url).render_as_string(hide_password=True)
-        raise RuntimeError(
-            f"database {url} is not ready ({type(exc.orig).__name__}: {exc.orig}); "
-            "run `amptrain db upgrade` first"
-        ) from exc
+    with needs_migrated(settings.database_url), session_factory.begin() as s:
+        token = tokens.ensure_admin_token(s, settings)
     if token and reveal:
         print(
             f"amptrain admin token (shown once; also saved to {settings.admin_token_file}): "

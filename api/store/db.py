@@ -6,6 +6,8 @@ workers with skewed clocks still agree on who holds a job.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import sqlalchemy as sa
@@ -75,3 +77,17 @@ def ping(engine: sa.Engine) -> None:
     """Raise unless the database answers a trivial query (readiness checks)."""
     with engine.connect() as conn:
         conn.execute(sa.text("SELECT 1"))
+
+
+@contextmanager
+def needs_migrated(database_url: str) -> Iterator[None]:
+    """Turn a first query's failure on a database not migrated (or not reachable) into a
+    ``RuntimeError`` that says what to run, instead of a bare traceback."""
+    try:
+        yield
+    except (sa.exc.OperationalError, sa.exc.ProgrammingError) as exc:
+        url = sa.make_url(database_url).render_as_string(hide_password=True)
+        raise RuntimeError(
+            f"database {url} is not ready ({type(exc.orig).__name__}: {exc.orig}); "
+            "run `amptrain db upgrade` first"
+        ) from exc
