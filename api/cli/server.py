@@ -50,11 +50,16 @@ def api(host: str, port: int, log_level: str) -> None:
 @click.option(
     "--metrics-port",
     default=0,
-    type=int,
+    type=click.IntRange(0, 65535),
     help="Serve Prometheus metrics (the recorder's throughput and lag) on this port; 0: off.",
 )
 @click.option("--metrics-host", default="127.0.0.1", show_default=True)
-@click.option("--log-level", default="info", show_default=True)
+@click.option(
+    "--log-level",
+    default="info",
+    show_default=True,
+    type=click.Choice(["critical", "error", "warning", "info", "debug"], case_sensitive=False),
+)
 def recorder(metrics_port: int, metrics_host: str, log_level: str) -> None:
     """Record telemetry from Redis into SQL in a process of its own, until SIGTERM.
 
@@ -69,14 +74,19 @@ def recorder(metrics_port: int, metrics_host: str, log_level: str) -> None:
     from api.services.recorder_process import run_recorder
 
     settings = get_settings()
-    configure_logging(settings.log_format, component="recorder", level=log_level)
+    configure_logging(settings.log_format, component="recorder", level=log_level.upper())
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     if metrics_port:
         from prometheus_client import start_http_server
 
-        start_http_server(metrics_port, addr=metrics_host)
+        try:
+            start_http_server(metrics_port, addr=metrics_host)
+        except OSError as exc:  # taken port, unknown host: say which, not a traceback
+            raise click.ClickException(
+                f"cannot serve metrics on {metrics_host}:{metrics_port}: {exc}"
+            ) from exc
     try:
         run_recorder(settings, stop)
     except RuntimeError as exc:

@@ -85,3 +85,31 @@ def test_a_recorder_on_a_database_never_migrated_says_so(tmp_path: Path) -> None
     )
     assert done.returncode == 1
     assert "run `amptrain db upgrade` first" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (["--metrics-port", "70000"], "--metrics-port"),
+        (["--metrics-port", "-1"], "--metrics-port"),
+        (["--log-level", "loud"], "--log-level"),
+        (["--metrics-port", "9", "--metrics-host", "no-such-host.invalid"], "cannot serve metrics"),
+    ],
+)
+def test_bad_recorder_options_are_refused_by_name(
+    args: list[str], says: str, tmp_path: Path
+) -> None:
+    env = {
+        "AMPTRAIN_DATA_DIR": str(tmp_path),
+        "AMPTRAIN_DATABASE_URL": f"sqlite:///{tmp_path / 'empty.db'}",
+        "PATH": "/usr/bin:/bin",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "api.cli.main", "recorder", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode in (1, 2), done.stderr
+    assert says in done.stderr and "Traceback" not in done.stderr
