@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import sys
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -61,9 +62,13 @@ def spec(**overrides: Any) -> Any:
     return parse_spec({**base, **overrides})
 
 
-def components(model: nn.Module | None = None, loss_fn: Any = F.cross_entropy) -> Components:
+def components(
+    build: Callable[[], nn.Module] = TinyNet, loss_fn: Any = F.cross_entropy
+) -> Components:
+    """The model is built *after* the seed, so its initial weights never depend on what
+    another test left in the global generator."""
     torch.manual_seed(0)
-    return Components(model=model or TinyNet(), dataset=TinyData(), loss_fn=loss_fn)
+    return Components(model=build(), dataset=TinyData(), loss_fn=loss_fn)
 
 
 def test_inf_gradient_skips_the_step_halves_the_scale_and_leaves_weights_untouched() -> None:
@@ -111,11 +116,11 @@ def test_engine_computes_the_loss_in_an_fp32_island(precision: str) -> None:
         return F.cross_entropy(logits, targets)
 
     logits_dtypes: list[torch.dtype] = []
-    model = TinyNet()
-    model.register_forward_hook(lambda _m, _i, out: logits_dtypes.append(out.dtype))
-    Trainer(
-        spec(precision=precision, max_steps=2), RunContext(None), components(model, loss_fn)
-    ).train()
+    trainer = Trainer(
+        spec(precision=precision, max_steps=2), RunContext(None), components(loss_fn=loss_fn)
+    )
+    trainer.model.register_forward_hook(lambda _m, _i, out: logits_dtypes.append(out.dtype))
+    trainer.train()
     low = torch.float16 if precision == "fp16" else torch.bfloat16
     assert set(logits_dtypes) == {low}  # the forward really ran under autocast
     assert set(seen) == {(torch.float32, False)}
@@ -123,10 +128,13 @@ def test_engine_computes_the_loss_in_an_fp32_island(precision: str) -> None:
 
 def test_oom_with_auto_micro_batch_halves_and_keeps_the_effective_batch() -> None:
     sink = ListSink()
-    model = TinyNet(oom_above=4)
     trainer = Trainer(
-        spec(batch_size=16, auto_micro_batch=True), RunContext(None, sink=sink), components(model)
+        spec(batch_size=16, auto_micro_batch=True),
+        RunContext(None, sink=sink),
+        components(lambda: TinyNet(oom_above=4)),
     )
+    model = trainer.model
+    assert isinstance(model, TinyNet)
     result = trainer.train()
     assert result.final_step == 6
     assert [
@@ -142,7 +150,9 @@ def test_oom_with_auto_micro_batch_halves_and_keeps_the_effective_batch() -> Non
 
 def test_oom_without_auto_micro_batch_names_the_micro_batch() -> None:
     trainer = Trainer(
-        spec(batch_size=16, grad_accum_steps=2), RunContext(None), components(TinyNet(oom_above=4))
+        spec(batch_size=16, grad_accum_steps=2),
+        RunContext(None),
+        components(lambda: TinyNet(oom_above=4)),
     )
     with pytest.raises(OutOfMemoryError) as info:
         trainer.train()
@@ -204,7 +214,7 @@ def test_fp16_overflow_warnings_then_divergence_suggests_bf16() -> None:
 class OomOnce(TinyNet):
     """Raises one OOM in its forward during step ``at`` (1-based), then trains normally."""
 
-    def __init__(self, at: int) -> None:
+    def __init__(self, at: int = 3) -> None:
         super().__init__()
         self.at = at
         self.trainer: Trainer | None = None
@@ -233,9 +243,9 @@ def _oom_in_optimizer_step_once(trainer: Trainer, at: int) -> None:
 def test_an_oom_in_the_optimizer_step_is_retried_like_one_in_the_forward(precision: str) -> None:
     # fp16: the retried step must unscale again, so the scaler's stage has to be reset.
     spec_ = spec(batch_size=16, auto_micro_batch=True, precision=precision)
-    in_forward = OomOnce(at=3)
-    a = Trainer(spec_, RunContext(None, sink=(sink_a := ListSink())), components(in_forward))
-    in_forward.trainer = a
+    a = Trainer(spec_, RunContext(None, sink=(sink_a := ListSink())), components(OomOnce))
+    assert isinstance(a.model, OomOnce)
+    a.model.trainer = a
     a.train()
     b = Trainer(spec_, RunContext(None, sink=(sink_b := ListSink())), components())
     _oom_in_optimizer_step_once(b, at=3)
@@ -278,7 +288,7 @@ def test_cached_memory_is_released_after_the_failed_steps_activations_are_gone(
         seen.append((handling, any(ref() is not None for ref in activations)))
 
     monkeypatch.setattr(loop, "release_cached", release)
-    Trainer(spec(batch_size=16, auto_micro_batch=True), RunContext(None), components(Big())).train()
+    Trainer(spec(batch_size=16, auto_micro_batch=True), RunContext(None), components(Big)).train()
     assert len(activations) == 2  # 16 -> 8 -> 4
     assert seen == [(False, False), (False, False)]  # no exception in flight, activations freed
 
