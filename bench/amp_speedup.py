@@ -1,7 +1,7 @@
 """AMP speed-up on ResNet-50: strict fp32, tf32, fp16 (+ GradScaler) and bf16, as a bare loop
 and through the engine's own Trainer, side by side.
 
-Workload (CUDA): ResNet-50 (``trainer_core.components.resnet``, torchvision's architecture)
+Workload (CUDA): ResNet-50 (``amptrain.components.resnet``, torchvision's architecture)
 on 3x224x224 images, batch 256, channels_last, ``cudnn.benchmark``, fused SGD with momentum,
 gradient clipping, the AMP step order the engine uses. ``fp32`` is strict IEEE (TF32 off),
 ``tf32`` is PyTorch's TF32 for matmuls and convolutions: the fair baseline (what users get
@@ -19,7 +19,7 @@ GPU: fp16 and bf16 >= 2.0x tf32 throughput and >= 45% less peak memory; engine/b
 
 On a CPU the same script runs small sizes (ResNet-50 at 64x64, batch 8) to check itself;
 CPU memory is the resident-set growth, each run in a fresh process. ``tf32`` runs as fp32
-there, and bf16/fp16 speed depends on the CPU (see ``trainer_core.engine.cpu_probe``).
+there, and bf16/fp16 speed depends on the CPU (see ``amptrain.engine.cpu_probe``).
 
     python bench/amp_speedup.py                         # CUDA when available
     python bench/amp_speedup.py --device cpu --steps 3 --warmup 1 --json out.json
@@ -110,7 +110,7 @@ class Clock:
 
 
 def _spec(setup: Setup, precision: str, max_steps: int) -> Any:
-    from trainer_core.contract.spec import parse_spec
+    from amptrain.contract.spec import parse_spec
 
     return parse_spec(
         {
@@ -134,9 +134,9 @@ def bare(setup: Setup, precision: str) -> dict[str, Any]:
     """The hand-written loop on one fixed device batch."""
     import torch
 
-    from trainer_core import registry
-    from trainer_core.components.resnet import resnet50
-    from trainer_core.engine.precision import apply_math_mode, choose_precision
+    from amptrain.components import registry
+    from amptrain.components.resnet import resnet50
+    from amptrain.engine.precision import apply_math_mode, choose_precision
 
     spec = _spec(setup, precision, setup.warmup + setup.steps)
     device = torch.device(setup.device)
@@ -187,9 +187,9 @@ def engine(setup: Setup, precision: str) -> dict[str, Any]:
     """The Trainer with the product's dataset path; timed from step ``warmup`` to the last."""
     import torch
 
-    from trainer_core import registry
-    from trainer_core.components.resnet import resnet50
-    from trainer_core.engine import Components, RunContext, Trainer
+    from amptrain.components import registry
+    from amptrain.components.resnet import resnet50
+    from amptrain.engine import Components, RunContext, Trainer
 
     total = setup.warmup + setup.steps
     spec = _spec(setup, precision, total + 1)  # the step after the timed ones is not timed

@@ -31,13 +31,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from trainer_core import registry
-from trainer_core.components.resnet import resnet50
-from trainer_core.components.sampling import generator
-from trainer_core.components.synthetic import SyntheticImages
-from trainer_core.contract.spec import ComponentRef, parse_spec
-from trainer_core.engine import Components, RunContext, Trainer
-from trainer_core.engine.data import Feeder
+from amptrain.components import registry
+from amptrain.components.resnet import resnet50
+from amptrain.components.sampling import generator
+from amptrain.components.synthetic import SyntheticImages
+from amptrain.contract.spec import ComponentRef, parse_spec
+from amptrain.engine import Components, RunContext, Trainer
+from amptrain.engine.data import Feeder
 
 SHAPE = (3, 224, 224)
 CLASSES = 1000

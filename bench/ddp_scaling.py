@@ -1,6 +1,6 @@
 """Data-parallel scaling: throughput at 1 and N devices, and the scaling efficiency.
 
-Each run is the product's own path for one rank: ``python -m trainer_core.cli`` (one
+Each run is the product's own path for one rank: ``python -m amptrain.cli.train`` (one
 process) and the same under ``torch.distributed.run --standalone --nproc-per-node N
 --max-restarts 0`` (what the worker starts for a ``devices: N`` job). Weak scaling: every
 device gets the same micro-batch, so N devices train an N-times larger global batch. The
@@ -66,7 +66,7 @@ def run(job: dict[str, Any], work: Path, warmup: int) -> dict[str, Any]:
         env.setdefault("OMP_NUM_THREADS", "1")
     path, out = work / f"spec-{job['devices']}.json", work / f"records-{job['devices']}.jsonl"
     path.write_text(json.dumps(job))
-    entry = ["-m", "trainer_core.cli", str(path), "--out", str(out), "--no-resume"]
+    entry = ["-m", "amptrain.cli.train", str(path), "--out", str(out), "--no-resume"]
     if job["devices"] > 1:
         launcher = ["-m", "torch.distributed.run", "--standalone", "--nnodes", "1"]
         launcher += ["--nproc-per-node", str(job["devices"]), "--max-restarts", "0"]

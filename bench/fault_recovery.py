@@ -26,9 +26,9 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from api.cli.embedded_redis import EmbeddedRedis
-from api.core.settings import Settings
-from api.services.dispatcher import make_celery
+from amptrain.cli.embedded_redis import EmbeddedRedis
+from amptrain.core.settings import Settings
+from amptrain.server.dispatcher import make_celery
 from tests.support.specs import mlp_job
 from tests.support.stack import Stack, wait_until
 
@@ -76,7 +76,7 @@ def kill_9_training_child(stack: Stack, job_id: str) -> Callable[[], bool]:
     name = str(stack.job(job_id)["worker"]).split("@")[0]
     worker = psutil.Process(stack.processes[name].pid)
     for p in worker.children(recursive=True):
-        if "worker.child.main" in " ".join(p.cmdline()):
+        if "amptrain.worker.child.main" in " ".join(p.cmdline()):
             p.kill()
     return lambda: (
         stack.job(job_id)["attempt"] >= 2

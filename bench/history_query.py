@@ -30,13 +30,15 @@ from sqlalchemy.orm import Session, sessionmaker
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from api.store import jobs, migrate, recording, summary_rebuild, summary_writes
-from api.store.db import make_engine, make_session_factory
-from api.store.downsample import series_window
-from api.store.raw_window import raw_window
+from amptrain.contract.records import STORED_METRIC_FIELDS
+from amptrain.contract.spec import JobSpec
+from amptrain.store import jobs, migrate, recording
+from amptrain.store.db import make_engine, make_session_factory
+from amptrain.store.history import rebuild as summary_rebuild
+from amptrain.store.history import summary_writes
+from amptrain.store.history.downsample import series_window
+from amptrain.store.history.raw_window import raw_window
 from bench.common import throwaway_pg
-from trainer_core.contract.records import STORED_METRIC_FIELDS
-from trainer_core.contract.spec import JobSpec
 
 COLUMNS = (
     "job_id",

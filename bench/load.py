@@ -2,7 +2,7 @@
 real uvicorn (``amptrain api``), a real private Redis and SQLite or PostgreSQL.
 
 * ``--jobs`` jobs (200) each publish ``--rate`` steps/s (100) through the worker's own
-  sink (worker.child.sink.RedisSink), in batches of ``rate * --flush`` steps every
+  sink (amptrain.worker.child.sink.RedisSink), in batches of ``rate * --flush`` steps every
   ``--flush`` seconds (10 steps per 100 ms, like the engine's flushes), from
   ``--producers`` processes. The jobs are submitted through the API and claimed in SQL
   like a supervisor claims them, so the API's recorder records them.
@@ -41,7 +41,7 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from api.cli.embedded_redis import EmbeddedRedis
+from amptrain.cli.embedded_redis import EmbeddedRedis
 from bench.common import SPEC, throwaway_pg
 from bench.load_clients import (
     poller_process,
@@ -99,9 +99,9 @@ def claim_all(db_url: str, redis_url: str, job_ids: list[str], lease_s: float) -
     tests.support.producer.Producer.start does, with one engine and one client."""
     import redis
 
-    from api.store import jobs
-    from api.store.db import make_engine, make_session_factory
-    from worker.pool.events import LifecycleEvents
+    from amptrain.store import jobs
+    from amptrain.store.db import make_engine, make_session_factory
+    from amptrain.worker.pool.events import LifecycleEvents
 
     engine = make_engine(db_url)
     sessions = make_session_factory(engine)

@@ -35,8 +35,8 @@ def producer_process(
     over the interval so flushes of different jobs do not all land at once."""
     import redis
 
-    from trainer_core.contract.records import metric
-    from worker.child.sink import RedisSink
+    from amptrain.contract.records import metric
+    from amptrain.worker.child.sink import RedisSink
 
     client = redis.Redis.from_url(redis_url, socket_timeout=10)
     sinks = {i: RedisSink(client, job_id, attempt) for i, job_id, attempt in jobs}

@@ -19,7 +19,7 @@ class Sampler:
     def __init__(self, services: dict[str, int], db_url: str, job_ids: list[str]) -> None:
         import sqlalchemy as sa
 
-        from api.store.db import make_engine
+        from amptrain.store.db import make_engine
 
         self.services = {name: psutil.Process(pid) for name, pid in services.items()}
         self.api = self.services["API"]

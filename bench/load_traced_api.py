@@ -90,4 +90,4 @@ if __name__ == "__main__":
     signal.signal(signal.SIGUSR2, _dump_checkouts)
     signal.signal(signal.SIGUSR1, _dump)
     sys.argv = ["amptrain", *sys.argv[1:]]
-    runpy.run_module("api.cli.main", run_name="__main__", alter_sys=True)
+    runpy.run_module("amptrain.cli.main", run_name="__main__", alter_sys=True)

@@ -28,9 +28,9 @@ def produce(
     producer outruns the recorder on two cores."""
     import redis
 
-    from api.contracts.stream import STREAM_MAXLEN, encode
-    from api.core.redis import Keys
-    from trainer_core.contract.records import metric
+    from amptrain.contract.records import metric
+    from amptrain.contract.stream import STREAM_MAXLEN, encode
+    from amptrain.core.redis import Keys
 
     client = redis.Redis.from_url(redis_url, socket_timeout=30)
     now = time.time()
@@ -84,9 +84,9 @@ def one_run(cfg: dict[str, Any]) -> dict[str, Any]:
     producer publishes to fresh jobs with no recorder running, and a new recorder drains."""
     import redis
 
-    from api.cli.embedded_redis import EmbeddedRedis
-    from api.store import migrate
-    from api.store.db import make_engine, make_session_factory
+    from amptrain.cli.embedded_redis import EmbeddedRedis
+    from amptrain.store import migrate
+    from amptrain.store.db import make_engine, make_session_factory
 
     root = Path(tempfile.mkdtemp(prefix="amp-rt-", dir="/tmp"))
     server = EmbeddedRedis(root / "redis").start()
@@ -111,8 +111,8 @@ def one_run(cfg: dict[str, Any]) -> dict[str, Any]:
 
 
 def _jobs(sf: Any, n: int) -> list[tuple[str, int]]:
-    from api.store import jobs
-    from trainer_core.contract.spec import JobSpec
+    from amptrain.contract.spec import JobSpec
+    from amptrain.store import jobs
 
     spec = JobSpec.model_validate(SPEC)
     started = []
@@ -149,7 +149,7 @@ class _Running:
     """The real recorder's production loop in a thread (cProfile'd with --profile)."""
 
     def __init__(self, cfg: dict[str, Any], sf: Any, client: Any, n_jobs: int) -> None:
-        from api.services.recorder import Recorder
+        from amptrain.server.recorder.service import Recorder
 
         kwargs = {"insert_method": cfg["method"]} if cfg["method"] else {}
         self.rec = Recorder(None, sf, client, **kwargs)
@@ -189,7 +189,7 @@ class _Running:
 def _wait_persisted(engine: Any, started: list[tuple[str, int]], per_job: int) -> float:
     import sqlalchemy as sa
 
-    from api.store.models import Job
+    from amptrain.store.models import Job
 
     ids = [j for j, _ in started]
     poll = sa.select(sa.func.count()).where(Job.id.in_(ids), Job.step >= per_job)
@@ -205,7 +205,7 @@ def _wait_persisted(engine: Any, started: list[tuple[str, int]], per_job: int) -
 def _stored(engine: Any, started: list[tuple[str, int]]) -> int:
     import sqlalchemy as sa
 
-    from api.store.models import MetricPoint
+    from amptrain.store.models import MetricPoint
 
     q = sa.select(sa.func.count()).where(MetricPoint.job_id.in_([j for j, _ in started]))
     with engine.connect() as conn:
@@ -236,10 +236,10 @@ def _trickle(cfg: dict[str, Any], engine: Any, sf: Any, client: Any) -> dict[str
     """One job at 100 steps/s for 3 s: how long each point takes to reach SQL."""
     import sqlalchemy as sa
 
-    from api.contracts.stream import encode
-    from api.core.redis import Keys
-    from api.store.models import Job
-    from trainer_core.contract.records import metric
+    from amptrain.contract.records import metric
+    from amptrain.contract.stream import encode
+    from amptrain.core.redis import Keys
+    from amptrain.store.models import Job
 
     ((job_id, attempt),) = _jobs(sf, 1)
     running = _Running(cfg, sf, client, 1)

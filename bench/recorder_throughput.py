@@ -44,7 +44,7 @@ BEFORE = "ef91558"
 """The last commit with the per-job, SQLAlchemy-executemany recorder."""
 
 sys.path.insert(0, str(ROOT))  # bench.recorder_run
-# The before leg runs the recorder of an exported tree: its api/ and worker/ come first.
+# The before leg runs the recorder of an exported tree: its amptrain/ comes first.
 sys.path.insert(0, os.environ.get("BENCH_TREE") or str(ROOT))
 
 from bench.recorder_run import one_run  # noqa: E402
@@ -55,7 +55,7 @@ from bench.recorder_run import one_run  # noqa: E402
 def _before_tree(rev: str) -> Path:
     tree = Path(tempfile.mkdtemp(prefix="amp-rt-before-", dir="/tmp"))
     archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", rev, "api", "worker", "trainer_core", "migrations"],
+        ["git", "-C", str(ROOT), "archive", rev, "amptrain"],
         check=True,
         capture_output=True,
     ).stdout

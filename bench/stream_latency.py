@@ -1,7 +1,7 @@
 """Live telemetry latency and throughput against a real uvicorn (``amptrain api``), a real
 private Redis and SQLite.
 
-1. Fan-out: a producer publishes through the worker's own publisher (worker.child.sink.
+1. Fan-out: a producer publishes through the worker's own publisher (amptrain.worker.child.sink.
    RedisSink, one XADD per step) at ``--rate`` steps/s while 1, 100 and 500 WebSocket
    watchers (in ``--procs`` client processes) follow the job. Latency = arrival at the
    client minus the record's ``time`` field (set when the record is created; same host
@@ -40,12 +40,12 @@ import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from api.cli.embedded_redis import EmbeddedRedis
+from amptrain.cli.embedded_redis import EmbeddedRedis
+from amptrain.contract.records import metric
 from bench.common import SPEC
 from bench.lean_watcher import watch
 from tests.support.producer import Producer
 from tests.support.stack import Stack, wait_until
-from trainer_core.contract.records import metric
 
 # -- watcher processes ---------------------------------------------------------------------
 

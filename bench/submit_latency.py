@@ -38,7 +38,7 @@ import websockets
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from api.cli.embedded_redis import EmbeddedRedis
+from amptrain.cli.embedded_redis import EmbeddedRedis
 from tests.support.specs import service_job
 from tests.support.stack import Stack
 

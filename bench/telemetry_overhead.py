@@ -4,8 +4,8 @@ step's record to a real Redis.
 Both sides train the same model on the same data with the same optimizer, schedule,
 precision, clipping and step count; runs alternate (bare, engine, engine, bare, ...) so
 drifting machine load hits both. The engine side uses the training child's sink as
-shipped (worker.child.sink_process.ProcessSink: Redis I/O in a sink process of its own)
-against a private redis-server (api.cli.embedded_redis.EmbeddedRedis) and checks that
+shipped (amptrain.worker.child.sink_process.ProcessSink: Redis I/O in a sink process of its own)
+against a private redis-server (amptrain.cli.embedded_redis.EmbeddedRedis) and checks that
 every step's record arrived. Prints the time ratio engine / bare, in wall time and in
 this process's CPU time (all threads, the publisher's included: less sensitive to other
 load on a shared machine, blind to redis-server's and the sink process's CPU, which is
@@ -38,15 +38,15 @@ from typing import Any
 import torch
 from torch.optim.lr_scheduler import LambdaLR
 
-from api.cli.embedded_redis import EmbeddedRedis
-from api.core.redis import Keys
-from trainer_core import registry
-from trainer_core.components.optim import lr_factor
-from trainer_core.contract.spec import JobSpec, parse_spec
-from trainer_core.engine import RunContext, Trainer
-from trainer_core.engine.precision import AUTOCAST_DTYPES, apply_math_mode, choose_precision
-from worker.child.sink import RedisSink
-from worker.child.sink_process import ProcessSink
+from amptrain.cli.embedded_redis import EmbeddedRedis
+from amptrain.components import registry
+from amptrain.components.optim import lr_factor
+from amptrain.contract.spec import JobSpec, parse_spec
+from amptrain.core.redis import Keys
+from amptrain.engine import RunContext, Trainer
+from amptrain.engine.precision import AUTOCAST_DTYPES, apply_math_mode, choose_precision
+from amptrain.worker.child.sink import RedisSink
+from amptrain.worker.child.sink_process import ProcessSink
 
 Timing = tuple[float, float]  # (wall seconds, CPU seconds of this process, all its threads)
 GOALS = {"cpu": 1.03, "cuda": 1.01}
@@ -140,7 +140,7 @@ def engine_run(spec: JobSpec, redis_url: str, *, in_process: bool = False) -> Ti
     """The engine streaming to Redis through the sink process (as shipped), or with
     ``in_process`` through a RedisSink on the publisher thread (the path before it)."""
     device = torch.device(spec.device)
-    job_id = f"j_{uuid.uuid4().hex}"  # the shape api.core.redis.Keys accepts
+    job_id = f"j_{uuid.uuid4().hex}"  # the shape amptrain.core.redis.Keys accepts
     children_cpu = _children_cpu()
     sink: RedisSink | ProcessSink
     if in_process:

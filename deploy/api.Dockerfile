@@ -18,17 +18,14 @@ ENV PIP_NO_CACHE_DIR=1 \
 
 WORKDIR /opt/amptrain
 COPY pyproject.toml README* ./
-COPY api ./api
-COPY worker ./worker
-COPY trainer_core ./trainer_core
-COPY migrations ./migrations
+COPY amptrain ./amptrain
 COPY deploy/api-constraints.txt /tmp/api-constraints.txt
 
 # The control plane only, at the versions the tests ran with; the build fails if anything
 # pulled torch in.
 RUN pip install --no-cache-dir --constraint /tmp/api-constraints.txt ".[api]" \
     && python -c "import importlib.util as u, sys; sys.exit('torch must not be in the API image' if u.find_spec('torch') else 0)" \
-    && python -c "import api.web.app" \
+    && python -c "import amptrain.server.web.app" \
     && rm /tmp/api-constraints.txt
 
 RUN groupadd --gid 10001 amptrain \

@@ -198,7 +198,7 @@ PYTEST=("$PY" -m pytest -p no:cacheprovider -q -m gpu)
 # -- 2..7 -----------------------------------------------------------------------------------------
 
 if [ "$HAS_CUDA" = 1 ]; then
-    run_step sync-check 120 pytest_counts -- "${PYTEST[@]}" tests/trainer_core/engine/test_gpu.py -k "$SYNC_TESTS"
+    run_step sync-check 120 pytest_counts -- "${PYTEST[@]}" tests/engine/test_gpu.py -k "$SYNC_TESTS"
     run_step pytest-gpu 150 pytest_counts -- "${PYTEST[@]}" -k "not ($SYNC_TESTS)" tests
     run_step amp-speedup 150 last_goals -- "$PY" bench/amp_speedup.py --device cuda --steps 20 --warmup 8 \
         --json "$RESULTS/amp_speedup.json"
@@ -210,7 +210,7 @@ if [ "$HAS_CUDA" = 1 ]; then
 elif [ "$DRY" = 1 ]; then
     skip_step sync-check "needs CUDA"
     # The GPU tests must skip cleanly without CUDA: run them, expect only skips.
-    run_step pytest-gpu 120 pytest_counts -- "${PYTEST[@]}" tests/trainer_core
+    run_step pytest-gpu 120 pytest_counts -- "${PYTEST[@]}" tests/engine tests/components
     run_step amp-speedup 240 last_goals -- "$PY" bench/amp_speedup.py --device cpu --steps 1 --warmup 1 --precisions tf32,bf16 \
         --batch 4 --size 32 --json "$RESULTS/amp_speedup.json"
     run_step data-path 240 last_goals -- "$PY" bench/data_path.py --device cpu --batches 1 --old-images 8 \

@@ -36,11 +36,11 @@ export AMPTRAIN_ADMIN_TOKEN=$TOKEN
 export AMPTRAIN_WORKER_METRICS_PORT=$METRICS_PORT
 export AMPTRAIN_HEARTBEAT_SECONDS=1
 
-echo "== capability report (python -m worker.main.devices)"
-"$PYTHON" -m worker.main.devices
+echo "== capability report (python -m amptrain.worker.main.devices)"
+"$PYTHON" -m amptrain.worker.main.devices
 
 echo "== amptrain up on 127.0.0.1:$PORT (data in $DATA_DIR)"
-"$PYTHON" -m api.cli.main up --host 127.0.0.1 --port "$PORT" --data-dir "$DATA_DIR" >"$DATA_DIR/up.log" 2>&1 &
+"$PYTHON" -m amptrain.cli.main up --host 127.0.0.1 --port "$PORT" --data-dir "$DATA_DIR" >"$DATA_DIR/up.log" 2>&1 &
 UP_PID=$!
 
 # shellcheck disable=SC2329  # called by the EXIT trap
@@ -61,7 +61,7 @@ if [ "$DEVICE" = cuda ]; then
 fi
 if [ "$GPUS" -ge 2 ]; then
     X2_METRICS_PORT=$(free_port)
-    AMPTRAIN_WORKER_METRICS_PORT=$X2_METRICS_PORT "$PYTHON" -m api.cli.main worker --queues gpu \
+    AMPTRAIN_WORKER_METRICS_PORT=$X2_METRICS_PORT "$PYTHON" -m amptrain.cli.main worker --queues gpu \
         --devices-per-job 2 --concurrency 1 --name "smoke-x2@$(hostname)" >"$DATA_DIR/x2.log" 2>&1 &
     X2_PID=$!
     # shellcheck disable=SC2329  # called by the EXIT trap

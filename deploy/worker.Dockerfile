@@ -25,10 +25,7 @@ RUN python -c "import sys, torch; assert sys.version_info >= (3, 11), sys.versio
 
 WORKDIR /opt/amptrain
 COPY pyproject.toml README* ./
-COPY api ./api
-COPY worker ./worker
-COPY trainer_core ./trainer_core
-COPY migrations ./migrations
+COPY amptrain ./amptrain
 
 # Only the worker's needs (no FastAPI/uvicorn). torch, with its CUDA, cuDNN and NCCL, comes
 # from the base image: the constraint pins pip to that exact build, so the resolver can keep
@@ -37,7 +34,7 @@ RUN python -c "import importlib.metadata as m; print('torch==' + m.version('torc
     && torch_before="$(cat /tmp/torch-constraint.txt)" \
     && pip install --no-cache-dir --constraint /tmp/torch-constraint.txt ".[worker]" \
     && python -c "import importlib.metadata as m, sys; v = 'torch==' + m.version('torch'); sys.exit(0 if v == '${torch_before}' else 'torch was replaced: ' + v)" \
-    && python -c "import worker.main.devices, worker.pool.tasks" \
+    && python -c "import amptrain.worker.main.devices, amptrain.worker.pool.tasks" \
     && rm /tmp/torch-constraint.txt
 
 # Never root at run time. Numeric ids so Kubernetes can verify runAsNonRoot.

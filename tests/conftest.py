@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from api.cli.embedded_redis import EmbeddedRedis
+from amptrain.cli.embedded_redis import EmbeddedRedis
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session, sessionmaker
@@ -70,8 +70,8 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
 @pytest.fixture
 def sf(database_url: str) -> Iterator[sessionmaker[Session]]:
     """A session factory on ``database_url`` migrated to head (the engine is disposed after)."""
-    from api.store import migrate
-    from api.store.db import make_engine, make_session_factory
+    from amptrain.store import migrate
+    from amptrain.store.db import make_engine, make_session_factory
 
     migrate.upgrade(database_url)
     engine = make_engine(database_url)

@@ -37,10 +37,10 @@ def test_tool_passes(command: tuple[str, ...]) -> None:
 @pytest.mark.parametrize(
     "module",
     [
-        "api.web.app",
-        "api.store.jobs",
-        "trainer_core.contract.catalog",
-        "trainer_core.contract.spec",
+        "amptrain.server.web.app",
+        "amptrain.store.jobs",
+        "amptrain.contract.catalog",
+        "amptrain.contract.spec",
     ],
 )
 def test_control_plane_modules_do_not_import_torch(module: str) -> None:

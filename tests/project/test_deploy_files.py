@@ -25,7 +25,7 @@ from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 from referencing import Registry, Resource
 
-from trainer_core.contract.spec import JobSpec, parse_spec
+from amptrain.contract.spec import JobSpec, parse_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -378,7 +378,7 @@ def test_trainjob_is_one_gang_admitted_attempt_that_never_restarts_a_rank() -> N
     (runtime,) = k8s("ClusterTrainingRuntime", "trainjob-runtime")
     meta, spec = trainjob["metadata"], trainjob["spec"]
     job_id, attempt = meta["labels"]["amptrain/job-id"], int(meta["labels"]["amptrain/attempt"])
-    assert re.fullmatch(r"j_[0-9a-f]{32}", job_id), "an amptrain job id (api.store.models)"
+    assert re.fullmatch(r"j_[0-9a-f]{32}", job_id), "an amptrain job id (amptrain.store.models)"
     stem = f"amptrain-{job_id.replace('_', '-')}-a"
     assert meta["name"] == f"{stem}{attempt}", "one TrainJob per attempt, named for it"
     # JobSet names pods' hostnames <jobset>-<replicated job>-<job index>-<pod index>: a DNS

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer_core.engine.cpu_probe import BF16_MIN_SPEEDUP
+from amptrain.engine.cpu_probe import BF16_MIN_SPEEDUP
 
 
 def expected_cpu_auto(cpu: dict[str, Any]) -> str:

@@ -2,7 +2,7 @@
 in SQL like the supervisor, publishes metric records through the worker's own RedisSink
 (the training child's publisher), and tells the job's lifecycle the way the supervisor
 does (fenced SQL status, then the event and the ``end`` entry through
-``worker.pool.events``)."""
+``amptrain.worker.pool.events``)."""
 
 from __future__ import annotations
 
@@ -11,11 +11,11 @@ from typing import Any
 
 import redis
 
-from api.store import jobs
-from api.store.db import make_engine, make_session_factory
-from trainer_core.contract.records import metric
-from worker.child.sink import RedisSink
-from worker.pool.events import LifecycleEvents
+from amptrain.contract.records import metric
+from amptrain.store import jobs
+from amptrain.store.db import make_engine, make_session_factory
+from amptrain.worker.child.sink import RedisSink
+from amptrain.worker.pool.events import LifecycleEvents
 
 
 class Producer:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import redis
 
-from api.cli.embedded_redis import EmbeddedRedis
+from amptrain.cli.embedded_redis import EmbeddedRedis
 
 
 def restart(server: EmbeddedRedis, *, lose_data: bool) -> redis.Redis:

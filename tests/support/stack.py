@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 
 import httpx
 
-from api.cli.embedded_redis import EmbeddedRedis
+from amptrain.cli.embedded_redis import EmbeddedRedis
 
 T = TypeVar("T")
 
@@ -76,14 +76,14 @@ class Stack:
         self._migrate(database_url)
 
     def _migrate(self, database_url: str) -> None:
-        from api.store import migrate
+        from amptrain.store import migrate
 
         migrate.upgrade(database_url)
 
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
         log = open(self.root / f"{name}.log", "ab")  # noqa: SIM115 - lives as long as the process
         proc = subprocess.Popen(
-            [sys.executable, "-m", "api.cli.main", *args],
+            [sys.executable, "-m", "amptrain.cli.main", *args],
             env=self.env,
             stdout=log,
             stderr=subprocess.STDOUT,

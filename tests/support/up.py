@@ -60,7 +60,7 @@ def start_up(tmp_path: Path, data_dir: Path, preexec_fn: Callable[[], Any] | Non
     log = tmp_path / "up.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "api.cli.main", "up", "--port", str(port), "--data-dir", str(data_dir)],
+            [sys.executable, "-m", "amptrain.cli.main", "up", "--port", str(port), "--data-dir", str(data_dir)],
             env=env, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path, preexec_fn=preexec_fn,
         )  # fmt: skip
     return Up(proc, log, port)

@@ -18,10 +18,10 @@ from typing import Any
 
 import pytest
 
-from api.cli.embedded_redis import EmbeddedRedis
+from amptrain.cli.embedded_redis import EmbeddedRedis
+from tests.components.test_plugins import write_dist_info
 from tests.support.stack import Stack, wait_until
 from tests.system.test_e2e_service import wait_for_points
-from tests.trainer_core.test_plugins import write_dist_info
 
 pytestmark = pytest.mark.slow
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from api.cli.embedded_redis import EmbeddedRedis
+from amptrain.cli.embedded_redis import EmbeddedRedis
 from tests.support.specs import mlp_job
 from tests.support.stack import Stack, wait_until
 
@@ -38,7 +38,7 @@ def events_of(stack: Stack, job_id: str, kind: str) -> list[dict[str, Any]]:
 
 
 # Routing is not about the database (the event's SQL is tested on both in
-# tests/api/services/test_routing.py): one run on SQLite keeps the suite short.
+# tests/server/test_routing.py): one run on SQLite keeps the suite short.
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_jobs_reach_workers_of_their_shape(stack: Stack) -> None:
     # Nobody serves gpu-a100 yet: the job waits and says so, once.

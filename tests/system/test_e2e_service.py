@@ -10,10 +10,10 @@ from typing import Any
 import httpx
 import pytest
 
-from api.cli.embedded_redis import EmbeddedRedis
+from amptrain.cli.embedded_redis import EmbeddedRedis
+from amptrain.contract.records import METRIC_FIELDS
 from tests.support.specs import service_job
 from tests.support.stack import Stack, wait_until
-from trainer_core.contract.records import METRIC_FIELDS
 
 pytestmark = pytest.mark.slow
 

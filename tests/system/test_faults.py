@@ -15,9 +15,9 @@ import psutil
 import pytest
 import torch
 
-from api.cli.embedded_redis import EmbeddedRedis
-from api.core.settings import Settings
-from api.services.dispatcher import make_celery
+from amptrain.cli.embedded_redis import EmbeddedRedis
+from amptrain.core.settings import Settings
+from amptrain.server.dispatcher import make_celery
 from tests.support.specs import service_job
 from tests.support.stack import Stack, wait_until
 from tests.system.test_e2e_service import wait_for_points
@@ -229,7 +229,9 @@ def test_a_crashed_training_child_is_retried_and_resumes(two_workers: Stack) -> 
     wait_until(lambda: 40 in checkpoints(stack, job["id"]), 120, "a checkpoint at step 40")
     worker = psutil.Process(stack.processes[victim].pid)
     children = [
-        p for p in worker.children(recursive=True) if "worker.child.main" in " ".join(p.cmdline())
+        p
+        for p in worker.children(recursive=True)
+        if "amptrain.worker.child.main" in " ".join(p.cmdline())
     ]
     assert len(children) == 1
     children[0].kill()  # what the kernel's OOM killer does: the supervisor survives

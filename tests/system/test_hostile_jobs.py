@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 
-from api.cli.embedded_redis import EmbeddedRedis
-from tests.api.web.test_http import fields, user_client
+from amptrain.cli.embedded_redis import EmbeddedRedis
+from tests.components.test_tensors_hostile import SECRET, Listener
+from tests.server.web.test_http import fields, user_client
 from tests.support.specs import mlp_job
 from tests.support.stack import Stack
-from tests.trainer_core.components.test_tensors_hostile import SECRET, Listener
 
 pytestmark = pytest.mark.slow
 

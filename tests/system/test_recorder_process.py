@@ -12,10 +12,10 @@ import httpx
 import pytest
 import redis
 
-from api.cli.embedded_redis import EmbeddedRedis
-from api.core.redis import Keys
-from tests.api.services.test_observability import scrape, value
-from tests.api.web.ab_runs import spec
+from amptrain.cli.embedded_redis import EmbeddedRedis
+from amptrain.core.redis import Keys
+from tests.server.test_observability import scrape, value
+from tests.server.web.ab_runs import spec
 from tests.support.producer import Producer
 from tests.support.stack import Stack, free_port, wait_until
 
@@ -77,7 +77,7 @@ def test_a_recorder_on_a_database_never_migrated_says_so(tmp_path: Path) -> None
         "PATH": "/usr/bin:/bin",
     }
     done = subprocess.run(
-        [sys.executable, "-m", "api.cli.main", "recorder"],
+        [sys.executable, "-m", "amptrain.cli.main", "recorder"],
         env=env,
         capture_output=True,
         text=True,
@@ -105,7 +105,7 @@ def test_bad_recorder_options_are_refused_by_name(
         "PATH": "/usr/bin:/bin",
     }
     done = subprocess.run(
-        [sys.executable, "-m", "api.cli.main", "recorder", *args],
+        [sys.executable, "-m", "amptrain.cli.main", "recorder", *args],
         env=env,
         capture_output=True,
         text=True,

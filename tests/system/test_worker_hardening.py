@@ -13,10 +13,10 @@ from typing import Any
 import psutil
 import pytest
 
-from api.cli.embedded_redis import EmbeddedRedis
-from api.core.enums import TaskName
-from api.core.settings import Settings
-from api.services.dispatcher import make_celery
+from amptrain.cli.embedded_redis import EmbeddedRedis
+from amptrain.core.enums import TaskName
+from amptrain.core.settings import Settings
+from amptrain.server.dispatcher import make_celery
 from tests.support.specs import service_job
 from tests.support.stack import Stack, wait_until
 
@@ -94,9 +94,9 @@ def test_a_worker_drops_bad_messages_then_trains_each_job_in_a_warm_process_of_i
 
 
 def training_child(
-    stack: Stack, worker: str, module: str = "worker.child.main"
+    stack: Stack, worker: str, module: str = "amptrain.worker.child.main"
 ) -> psutil.Process | None:
-    """A training process of ``worker``: one running a job, or (``worker.child.spare``) an
+    """A training process of ``worker``: one running a job, or (``amptrain.worker.child.spare``) an
     idle warm spare."""
     children = psutil.Process(stack.processes[worker].pid).children(recursive=True)
     return next((p for p in children if module in " ".join(p.cmdline())), None)
@@ -107,7 +107,9 @@ def test_the_training_child_gets_no_secret_of_the_worker(stack: Stack) -> None:
     child = wait_until(lambda: training_child(stack, "w1"), 60, "the training child")
     # The next job's warm spare, started once this one trains, was started with it too.
     spare = wait_until(
-        lambda: training_child(stack, "w1", "worker.child.spare"), 60, "the next warm spare"
+        lambda: training_child(stack, "w1", "amptrain.worker.child.spare"),
+        60,
+        "the next warm spare",
     )
     environments = [child.environ(), spare.environ()]
     stack.client.post(f"/jobs/{job['id']}/cancel")

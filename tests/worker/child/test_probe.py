@@ -13,7 +13,7 @@ from tests.support.cpu_verdict import expected_cpu_auto
 
 def test_the_cpu_entry_reports_flags_the_probe_and_a_verdict_that_follows_from_them() -> None:
     proc = subprocess.run(
-        [sys.executable, "-m", "worker.child.probe"],
+        [sys.executable, "-m", "amptrain.worker.child.probe"],
         capture_output=True,
         text=True,
         timeout=180,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from worker.child.protocol import (
+from amptrain.worker.child.protocol import (
     Failed,
     Finished,
     Launch,

@@ -3,8 +3,8 @@ built (a hung collective then aborts and names itself); an operator's own values
 
 from __future__ import annotations
 
-from trainer_core.engine.distributed import NCCL_DEFAULTS
-from worker.child.rank import add_nccl_defaults
+from amptrain.engine.distributed import NCCL_DEFAULTS
+from amptrain.worker.child.rank import add_nccl_defaults
 
 
 def test_a_rank_gets_nccl_failure_settings_and_the_operators_values_win() -> None:

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import redis
 
-from api.cli.embedded_redis import EmbeddedRedis
-from api.contracts.stream import decode
-from api.core.redis import Keys
+from amptrain.cli.embedded_redis import EmbeddedRedis
+from amptrain.contract.records import metric
+from amptrain.contract.stream import decode
+from amptrain.core.redis import Keys
+from amptrain.worker.child.sink import RedisSink
 from tests.support.redis_restart import restart
-from trainer_core.contract.records import metric
-from worker.child.sink import RedisSink
 
 J1 = "j_" + "1" * 32  # a job id as the API generates them (Keys accepts no other)
 

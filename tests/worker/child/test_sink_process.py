@@ -11,12 +11,12 @@ import textwrap
 import pytest
 import redis
 
-from api.cli.embedded_redis import EmbeddedRedis
-from api.contracts.stream import decode
-from api.core.redis import Keys
+from amptrain.cli.embedded_redis import EmbeddedRedis
+from amptrain.contract.records import metric
+from amptrain.contract.stream import decode
+from amptrain.core.redis import Keys
+from amptrain.worker.child.sink_process import ProcessSink
 from tests.support.stack import wait_until
-from trainer_core.contract.records import metric
-from worker.child.sink_process import ProcessSink
 
 J1 = "j_" + "5" * 32
 
@@ -72,8 +72,8 @@ def test_an_outage_is_retried_by_the_sink_process_without_new_records(
 
 _TRAINING_PROCESS = """
 import os, signal, sys
-from trainer_core.contract.records import metric
-from worker.child.sink_process import ProcessSink
+from amptrain.contract.records import metric
+from amptrain.worker.child.sink_process import ProcessSink
 sink = ProcessSink(sys.argv[1], sys.argv[2], attempt=1)
 sink.write([metric(step=s, loss=1.0, skipped=False) for s in range(1, 31)])
 print(sink.pid, flush=True)

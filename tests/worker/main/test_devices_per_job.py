@@ -6,8 +6,8 @@ from __future__ import annotations
 import click
 import pytest
 
-from worker.main.cli import default_concurrency, shaped_queues
-from worker.main.devices import slot_gpus
+from amptrain.worker.main.cli import default_concurrency, shaped_queues
+from amptrain.worker.main.devices import slot_gpus
 
 EIGHT = tuple(str(i) for i in range(8))
 

@@ -14,14 +14,14 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from api.cli.embedded_redis import EmbeddedRedis
-from api.core.redis import client as redis_client
-from api.store import tokens
-from api.store.db import make_engine, make_session_factory
+from amptrain.cli.embedded_redis import EmbeddedRedis
+from amptrain.core.redis import client as redis_client
+from amptrain.store import tokens
+from amptrain.store.db import make_engine, make_session_factory
+from amptrain.worker.main import devices, metrics
 from tests.support.cpu_verdict import expected_cpu_auto
 from tests.support.specs import mlp_job
 from tests.support.stack import Stack, free_port, wait_until
-from worker.main import devices, metrics
 
 CPU_ENV = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from worker.pool.child_handle import child_env
+from amptrain.worker.pool.child_handle import child_env
 
 WORKER_ENV = {
     "PATH": "/usr/bin",
@@ -64,7 +64,7 @@ def test_operator_patterns_pass_object_store_credentials_and_nothing_else() -> N
 
 
 def test_the_default_passthrough_is_the_object_store_credentials() -> None:
-    from api.core.settings import Settings
+    from amptrain.core.settings import Settings
 
     assert Settings(child_env_passthrough="AWS_*,MY_VAR").child_env_passthrough == [
         "AWS_*",

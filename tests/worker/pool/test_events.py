@@ -6,11 +6,11 @@ from typing import Any
 
 import redis
 
-from api.cli.embedded_redis import EmbeddedRedis
-from api.contracts.stream import decode
-from api.core.redis import Keys
+from amptrain.cli.embedded_redis import EmbeddedRedis
+from amptrain.contract.stream import decode
+from amptrain.core.redis import Keys
+from amptrain.worker.pool.events import LifecycleEvents
 from tests.support.redis_restart import restart
-from worker.pool.events import LifecycleEvents
 
 JOB = "j_" + "e" * 32
 

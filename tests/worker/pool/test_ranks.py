@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from worker.child.protocol import Failed, Finished
-from worker.pool.ranks import attempt_outcome, launcher_args, slot_gpus
-from worker.pool.slot import PoolSlot
+from amptrain.worker.child.protocol import Failed, Finished
+from amptrain.worker.pool.ranks import attempt_outcome, launcher_args, slot_gpus
+from amptrain.worker.pool.slot import PoolSlot
 
 DONE = Finished(final_step=40, resumed_from=None, skipped_steps=0, dropped_records=0)
 BROKEN = Failed(code="internal", message="Connection closed by peer", step=None, retryable=True)
@@ -39,6 +39,6 @@ def test_torchrun_never_restarts_and_the_slot_gpus_are_all_visible_to_the_ranks(
     args = launcher_args(4, Path("/run/x"))
     assert args[args.index("--max-restarts") + 1] == "0"
     assert args[args.index("--nproc-per-node") + 1] == "4" and "--standalone" in args
-    assert args[-3:] == ["-m", "worker.child.rank", "/run/x"]
+    assert args[-3:] == ["-m", "amptrain.worker.child.rank", "/run/x"]
     assert slot_gpus(PoolSlot(0, ("2", "3"), 2)) == "2,3"
     assert slot_gpus(PoolSlot(0, (), 2)) is None

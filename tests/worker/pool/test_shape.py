@@ -7,10 +7,10 @@ import json
 
 import redis
 
-from api.cli.embedded_redis import EmbeddedRedis
-from api.core.redis import Keys
-from worker.pool.shape import DEVICES_MISMATCH, devices_mismatch
-from worker.pool.slot import JobSlot, PoolSlot
+from amptrain.cli.embedded_redis import EmbeddedRedis
+from amptrain.core.redis import Keys
+from amptrain.worker.pool.shape import DEVICES_MISMATCH, devices_mismatch
+from amptrain.worker.pool.slot import JobSlot, PoolSlot
 
 
 def test_a_job_of_another_shape_is_refused_naming_both_numbers() -> None:

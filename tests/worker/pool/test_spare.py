@@ -11,14 +11,14 @@ from typing import Any
 import pytest
 import redis
 
-from api.cli.embedded_redis import EmbeddedRedis
-from api.contracts.stream import decode
-from api.core.redis import Keys
+from amptrain.cli.embedded_redis import EmbeddedRedis
+from amptrain.contract.stream import decode
+from amptrain.core.redis import Keys
+from amptrain.worker.child.protocol import ControlMessage, Finished, Launch
+from amptrain.worker.pool.child_handle import ChildProcess
+from amptrain.worker.pool.spare import SpareKeeper
 from tests.support.specs import service_job
 from tests.support.stack import wait_until
-from worker.child.protocol import ControlMessage, Finished, Launch
-from worker.pool.child_handle import ChildProcess
-from worker.pool.spare import SpareKeeper
 
 pytestmark = pytest.mark.slow
 

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from api.core.enums import JobStatus
-from api.core.settings import Settings
-from api.store.db import make_engine, make_session_factory
+from amptrain.core.enums import JobStatus
+from amptrain.core.settings import Settings
+from amptrain.store.db import make_engine, make_session_factory
+from amptrain.worker.pool.watch import Lease
 from tests.support.stack import wait_until
-from worker.pool.watch import Lease
 
 
 def test_a_worker_that_cannot_renew_for_a_whole_lease_fences_itself(tmp_path: Path) -> None:

@@ -1,6 +1,6 @@
 """The probe model's registration (torch-free, like every registration)."""
 
-from trainer_core.contract.catalog import Arg, Registration
+from amptrain.contract.catalog import Arg, Registration
 
 PROBE = Registration(
     name="ddp-probe",

@@ -24,7 +24,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from trainer_core.components.base import DataInfo
+from amptrain.components.base import DataInfo
 
 
 def _rank() -> int:

@@ -1,1 +1,1 @@
-"""Example amptrain plugin (see trainer_core/components/README.md)."""
+"""Example amptrain plugin (see amptrain/components/README.md)."""

@@ -1,7 +1,7 @@
 """What the entry points point at. Torch-free, so loading a registration is cheap;
 the builders live in ``torch_parts`` and are imported only when a job uses them."""
 
-from trainer_core.contract.catalog import Arg, Registration
+from amptrain.contract.catalog import Arg, Registration
 
 LOGREG = Registration(
     name="logreg",

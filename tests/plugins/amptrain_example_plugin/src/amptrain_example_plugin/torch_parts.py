@@ -7,8 +7,8 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from trainer_core.components.base import DataInfo
-from trainer_core.components.sampling import generator
+from amptrain.components.base import DataInfo
+from amptrain.components.sampling import generator
 
 
 def build_logreg(info: DataInfo, bias: bool = True) -> nn.Module:

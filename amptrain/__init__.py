@@ -1,0 +1,39 @@
+"""amptrain: a training service for PyTorch teams.
+
+The folders are the processes. Each subpackage says which process runs its code and
+what it may import (import-linter contracts in ``pyproject.toml``; ``lint-imports`` runs
+in the test suite):
+
+- ``amptrain.contract`` (everywhere, torch-free): the job spec and its file loader, the
+  catalog and plugin registrations, **the one table of metric definitions**
+  (``contract.metrics``), record and stream formats, the one ``Cursor``, errors,
+  checkpoint layout, limits. Imports pydantic, yaml and the standard library only.
+- ``amptrain.core`` (every server process): settings (``AMPTRAIN_*``), logging, the one
+  Redis client factory and every key name (``Keys``), enums (``JobStatus``,
+  ``TaskName``), worker presence, the telemetry stream writer.
+- ``amptrain.store`` (API, recorder, worker supervisor): SQLAlchemy models, migrations,
+  the fenced job repository, tokens, the dispatcher's outbox queries: the only place SQL
+  is written. ``store.history`` holds a job's metric history: points, step summaries and
+  downsampled reads.
+- ``amptrain.engine`` and ``amptrain.components`` (the training process): the precision
+  policy, the AMP loop, device-side telemetry, the data path, checkpoints; built-in
+  models, datasets, losses, optimizers and the registry that builds them. Pure PyTorch:
+  never Redis, SQL, Celery, the web stack or environment variables.
+- ``amptrain.server`` (the API process, and ``amptrain recorder``): ``server.web`` (the
+  FastAPI app, deps, errors, auth, routes, the dashboard's static files), ``runtime`` (the
+  sole owner of the process's engine, Redis clients and threads), ``dispatcher``,
+  ``reconciler``, ``broker`` (all kombu knowledge), ``server.recorder`` (Redis streams
+  into SQL), ``server.live`` (the live hub and watchers), observability.
+- ``amptrain.worker`` (GPU workers): ``worker.main`` in the Celery main process,
+  ``worker.pool`` in each forked pool process (one per GPU: the task, the supervisor of one
+  attempt), ``worker.child`` the training process (a fresh one per attempt). Imports
+  ``core``, ``contract`` and ``store`` (never ``server``); only the child imports the
+  engine, and only the supervisor writes SQL.
+- ``amptrain.client`` (users' machines, the ``client`` extra): the HTTP/WebSocket client
+  and ``amptrain submit|watch|jobs|cancel|logs``; nothing of the server stack.
+- ``amptrain.cli`` (the ``amptrain`` command): the entry point with lazy command groups,
+  ``up``, the server commands, the embedded Redis, ``amptrain train`` (``cli.train``).
+- ``amptrain.migrations``: the Alembic revisions (``amptrain db upgrade``).
+
+The API process never imports torch or the worker: it sends ``amptrain.run_job`` by name.
+"""

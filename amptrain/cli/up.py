@@ -1,0 +1,146 @@
+"""``amptrain up``: the whole service on one machine, with no setup.
+
+A private Redis (unless ``AMPTRAIN_REDIS_URL`` names one), SQLite in the data
+directory (unless ``AMPTRAIN_DATABASE_URL``), migrations, one worker and the
+API, each a child process; Ctrl-C stops them in the safe order: the API,
+then the worker (its jobs checkpoint and go back to the queue), then Redis.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import click
+
+from amptrain.cli.embedded_redis import EmbeddedRedis
+from amptrain.core.settings import Settings
+
+STOP_TIMEOUT_S = 60.0
+
+
+def _spawn(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+    # Own process group: Ctrl-C reaches only `up`, which stops the children in order.
+    return subprocess.Popen(
+        [sys.executable, "-m", "amptrain.cli.main", *args], env=env, start_new_session=True
+    )
+
+
+def _stop(proc: subprocess.Popen[bytes], name: str, sig: int = signal.SIGTERM) -> None:
+    if proc.poll() is not None:
+        return
+    click.echo(f"stopping {name} ...", err=True)
+    proc.send_signal(sig)
+    try:
+        proc.wait(STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def make_private(data_dir: Path) -> None:
+    """Everything this process and its children create is theirs alone (umask 077: the
+    SQLite file, Redis' append-only file, checkpoints, the admin token), and the data
+    directory itself is 0700 even when it existed before."""
+    os.umask(0o077)
+    data_dir.mkdir(parents=True, exist_ok=True)
+    data_dir.chmod(0o700)
+
+
+def up_settings(data_dir: Path | None) -> Settings:
+    """The environment's settings, with ``--data-dir`` applied and text logs unless
+    ``AMPTRAIN_LOG_FORMAT`` chose otherwise."""
+    settings = Settings() if data_dir is None else Settings(data_dir=data_dir)
+    if "log_format" not in settings.model_fields_set:
+        settings = settings.model_copy(update={"log_format": "text"})
+    return settings
+
+
+def child_env(settings: Settings) -> dict[str, str]:
+    """What the worker and the API run with: this environment plus what `up` decided."""
+    return {
+        **os.environ,
+        "AMPTRAIN_DATA_DIR": str(settings.data_dir),
+        "AMPTRAIN_DATABASE_URL": settings.database_url,
+        "AMPTRAIN_REDIS_URL": settings.redis_url,
+        "AMPTRAIN_LOG_FORMAT": settings.log_format,
+    }
+
+
+def _prepare(settings: Settings) -> bool:
+    """Migrate the database and make sure an admin token exists (printed if new)."""
+    from amptrain.server.runtime import ensure_admin_token
+    from amptrain.store import migrate
+    from amptrain.store.db import make_engine, make_session_factory
+
+    migrate.upgrade(settings.database_url)
+    engine = make_engine(settings.database_url)
+    try:
+        return ensure_admin_token(settings, make_session_factory(engine), reveal=True)
+    finally:
+        engine.dispose()
+
+
+@click.command()
+@click.option("--host", default="127.0.0.1", show_default=True)
+@click.option("--port", default=8000, show_default=True, type=int)
+@click.option(
+    "--data-dir",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="[default: $AMPTRAIN_DATA_DIR or ./.amptrain]",
+)
+def up(host: str, port: int, data_dir: Path | None) -> None:
+    """Run everything on this machine: Redis, database, one worker, the recorder, the API."""
+    settings = up_settings(data_dir)
+    make_private(settings.data_dir)
+    redis_server = None
+    if settings.wants_embedded_redis:
+        redis_server = EmbeddedRedis(settings.embedded_redis_dir).start()
+    try:
+        new_token = _prepare(settings)
+    except BaseException:
+        if redis_server is not None:
+            redis_server.stop()
+        raise
+
+    env = child_env(settings)
+    parts = {
+        # One machine, one worker: it serves every queue a job may name here.
+        "worker": _spawn(["worker", "--queues", ",".join(settings.queues)], env),
+    }
+    if "AMPTRAIN_RECORDER_IN_API" not in os.environ:
+        # The recorder in a process of its own: on a busy machine the API then answers
+        # about twice as fast (bench/load.py --recorder process). An operator's
+        # AMPTRAIN_RECORDER_IN_API keeps it in the API.
+        env["AMPTRAIN_RECORDER_IN_API"] = "false"
+        parts["recorder"] = _spawn(["recorder"], env)
+    parts["api"] = api = _spawn(["api", "--host", host, "--port", str(port)], env)
+    click.echo(f"amptrain is up at http://{host}:{port}/ui/  (data in {settings.data_dir})")
+    if not new_token:
+        click.echo(f"admin token: see {settings.admin_token_file} or AMPTRAIN_ADMIN_TOKEN")
+
+    def _on_term(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    # Explicitly: a shell that starts us in the background leaves SIGINT ignored.
+    signal.signal(signal.SIGTERM, _on_term)
+    signal.signal(signal.SIGINT, _on_term)
+    try:
+        while all(proc.poll() is None for proc in parts.values()):
+            time.sleep(0.5)
+        gone = [name for name, proc in parts.items() if proc.poll() is not None]
+        click.echo(f"{', '.join(gone)} exited; shutting down", err=True)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        for name in ("api", "worker", "recorder"):  # the recorder takes the last entries
+            if name in parts:
+                _stop(parts[name], name)
+        if redis_server is not None:
+            redis_server.stop()
+    sys.exit(0 if api.returncode in (0, -signal.SIGTERM) else 1)

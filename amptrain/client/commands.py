@@ -1,0 +1,220 @@
+"""``amptrain submit|watch|jobs|cancel|logs``: the command-line client of a running server.
+
+Server and token: ``--url``/``--token``, else ``AMPTRAIN_URL``/``AMPTRAIN_TOKEN``, else
+``~/.config/amptrain/config.toml``, else the data directory's admin token (see
+:mod:`amptrain.client.http`). Exit codes: 0 success (``watch``: the job succeeded), 1 the job
+failed or was cancelled, 2 a bad request (e.g. an invalid spec), 3 server unreachable
+or refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NoReturn, TypeVar
+
+import click
+from rich.console import Console
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TextColumn,
+    TimeElapsedColumn,
+    TimeRemainingColumn,
+)
+from rich.table import Table
+
+from amptrain.client.http import ApiError, Client, resolve_config
+from amptrain.contract.spec import load_spec_file
+
+F = TypeVar("F", bound=Callable[..., Any])
+console = Console(stderr=True)
+
+
+def connection_options(fn: F) -> F:
+    fn = click.option(
+        "--token", help="API token (default: AMPTRAIN_TOKEN, config file, data dir)."
+    )(fn)
+    fn = click.option(
+        "--url", help="Server URL (default: AMPTRAIN_URL, config file, http://127.0.0.1:8000)."
+    )(fn)
+    return fn
+
+
+def make_client(url: str | None, token: str | None) -> Client:
+    return Client(resolve_config(url, token))
+
+
+def fail(exc: ApiError) -> NoReturn:
+    detail = exc.detail
+    if isinstance(detail, list):  # 422: one line per field
+        for problem in detail:
+            console.print(f"[red]{problem.get('field')}[/]: {problem.get('message')}")
+    else:
+        console.print(f"[red]error[/] {exc.code}: {detail}")
+    sys.exit(2 if 400 <= exc.status < 500 and exc.status not in (401, 403) else 3)
+
+
+def load_spec(path: Path) -> dict[str, Any]:
+    try:
+        return load_spec_file(path)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="SPEC") from None
+
+
+@click.command()
+@click.argument("spec", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--watch", "follow", is_flag=True, help="Follow the job live until it ends.")
+@click.option("--idempotency-key", help="Re-running with the same key returns the same job.")
+@connection_options
+def submit(
+    spec: Path, follow: bool, idempotency_key: str | None, url: str | None, token: str | None
+) -> None:
+    """Submit the job spec in SPEC (.json, .yaml or .yml) and print its id."""
+    client = make_client(url, token)
+    try:
+        job = client.submit(load_spec(spec), idempotency_key)
+    except ApiError as exc:
+        fail(exc)
+    click.echo(job["id"])
+    if follow:
+        sys.exit(_watch(client, job["id"], as_json=False))
+
+
+@click.command()
+@click.argument("job_id")
+@click.option("--json", "as_json", is_flag=True, help="Print every message as one JSON line.")
+@connection_options
+def watch(job_id: str, as_json: bool, url: str | None, token: str | None) -> None:
+    """Follow a job live: progress, loss, loss scale, skipped steps, memory, samples/s."""
+    sys.exit(_watch(make_client(url, token), job_id, as_json))
+
+
+def _watch(client: Client, job_id: str, as_json: bool) -> int:
+    try:
+        job = client.job(job_id)
+        return asyncio.run(_follow(client, job, as_json))
+    except ApiError as exc:
+        fail(exc)
+    except KeyboardInterrupt:
+        console.print(f"stopped watching; the job goes on (amptrain watch {job_id})")
+    return 130
+
+
+async def _follow(client: Client, job: dict[str, Any], as_json: bool) -> int:
+    def reconnecting(cursor: str | None, reason: str) -> None:
+        console.print(f"[dim]{reason}; resuming after {cursor}[/]")
+
+    status = "unknown"
+    with _progress(disable=as_json) as progress:
+        task = progress.add_task(job["name"], total=job["max_steps"], stats="waiting…")
+        async for msg in client.watch(job["id"], on_reconnect=reconnecting):
+            if as_json:
+                click.echo(json.dumps(msg))
+            if msg["type"] == "metric":
+                data = msg["data"]
+                progress.update(task, completed=data["step"], stats=_stats(data))
+            elif msg["type"] == "event" and not as_json:
+                progress.console.print(_event_line(msg["data"]))
+            elif msg["type"] == "end":
+                status = msg["data"]["status"]
+                if status == "succeeded":
+                    progress.update(task, completed=msg["data"].get("step") or job["max_steps"])
+    error = None
+    if status != "succeeded":
+        error = client.job(job["id"]).get("error")
+    colour = "green" if status == "succeeded" else "red"
+    console.print(f"[{colour}]{job['id']} {status}[/]" + (f": {error['message']}" if error else ""))
+    return 0 if status == "succeeded" else 1
+
+
+def _progress(disable: bool) -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TimeElapsedColumn(),
+        TextColumn("eta"),
+        TimeRemainingColumn(),
+        TextColumn("{task.fields[stats]}"),
+        console=console,
+        disable=disable,
+    )
+
+
+def _stats(data: dict[str, Any]) -> str:
+    parts = [f"loss {_num(data.get('loss'))}"]
+    if data.get("loss_scale") is not None:
+        parts.append(f"scale {data['loss_scale']:g}")
+    parts.append(f"skipped {data.get('skipped_steps') or 0}")
+    if data.get("memory_peak") is not None:
+        parts.append(f"mem {data['memory_peak'] / 2**20:.0f} MiB")
+    if data.get("samples_per_second") is not None:
+        parts.append(f"{data['samples_per_second']:.0f} samples/s")
+    return " · ".join(parts)
+
+
+def _num(value: Any) -> str:
+    return "n/a" if value is None else f"{value:.4g}"
+
+
+def _event_line(ev: dict[str, Any]) -> str:
+    stamp = time.strftime("%H:%M:%S", time.localtime(ev.get("time") or time.time()))
+    details = json.dumps(ev.get("data") or {}, separators=(",", ":"))
+    step = "" if ev.get("step") is None else f" step {ev['step']}"
+    return f"[dim]{stamp}[/] [cyan]{ev['type']}[/]{step} {details if details != '{}' else ''}"
+
+
+@click.command()
+@click.option("--status", help="Only jobs in these states (comma-separated).")
+@click.option("--limit", default=50, show_default=True)
+@connection_options
+def jobs(status: str | None, limit: int, url: str | None, token: str | None) -> None:
+    """List jobs, newest first."""
+    try:
+        items = make_client(url, token).jobs(status, limit)
+    except ApiError as exc:
+        fail(exc)
+    table = Table("id", "name", "status", "step", "precision", "loss", "created")
+    for j in items:
+        table.add_row(
+            j["id"],
+            j["name"],
+            j["status"],
+            f"{j['step']}/{j['max_steps']}",
+            j["precision"]["effective"] or j["precision"]["requested"] or "",
+            _num(j["summary"]["loss"]),
+            j["created_at"][:19],
+        )
+    Console().print(table)
+
+
+@click.command()
+@click.argument("job_id")
+@connection_options
+def cancel(job_id: str, url: str | None, token: str | None) -> None:
+    """Cancel a job (a running one stops at its next step boundary)."""
+    try:
+        job = make_client(url, token).cancel(job_id)
+    except ApiError as exc:
+        fail(exc)
+    click.echo(f"{job['id']} {job['status']}")
+
+
+@click.command()
+@click.argument("job_id")
+@connection_options
+def logs(job_id: str, url: str | None, token: str | None) -> None:
+    """Print a job's lifecycle events (queued, started, checkpoint, warning, ...)."""
+    try:
+        events = make_client(url, token).events(job_id)
+    except ApiError as exc:
+        fail(exc)
+    out = Console(highlight=False)
+    for ev in events:
+        out.print(_event_line(ev))

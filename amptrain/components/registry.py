@@ -1,0 +1,109 @@
+"""Build the components a job spec names: models, datasets, losses, optimizers, schedules.
+
+Names resolve to :class:`amptrain.contract.catalog.Registration` objects: the
+built-ins declared in the catalog, then installed plugins (entry-point groups
+``amptrain.models`` and ``amptrain.datasets``; see
+``amptrain/components/README.md``). Every problem with the spec raises
+:class:`InvalidSpecError` naming the field, e.g.
+``model.args.widht: unexpected argument; allowed: depth, dropout, width``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Literal
+
+from torch import nn
+
+from amptrain.components.base import DataInfo, Dataset
+from amptrain.components.losses import loss_for
+from amptrain.components.optim import build_optimizer, lr_table
+from amptrain.contract import catalog
+from amptrain.contract.catalog import Registration
+from amptrain.contract.errors import InvalidSpecError
+from amptrain.contract.spec import ComponentRef
+
+Kind = Literal["model", "dataset"]
+
+__all__ = [
+    "build_dataset",
+    "build_model",
+    "build_optimizer",
+    "loss_for",
+    "lr_table",
+    "registration",
+]
+
+
+def _load_plugin(kind: Kind, name: str) -> Registration:
+    ep = catalog.plugin_entry_points(kind)[name]
+    try:
+        reg = ep.load()
+    except Exception as exc:  # a broken plugin is reported, not crashed on
+        raise InvalidSpecError(
+            f"{kind}.name: plugin {name!r} ({ep.value}) failed to load: {exc!r}"
+        ) from exc
+    if not isinstance(reg, Registration) or reg.kind != kind:
+        raise InvalidSpecError(
+            f"{kind}.name: plugin entry point {name!r} ({ep.value}) must point at a "
+            f"amptrain.contract.catalog.Registration of kind {kind!r}, not {reg!r}"
+        )
+    if reg.name != name:
+        raise InvalidSpecError(
+            f"{kind}.name: plugin entry point {name!r} points at a registration named {reg.name!r}"
+        )
+    return reg
+
+
+def registration(kind: Kind, name: str) -> Registration:
+    """The registration for ``name``: a built-in, else an installed plugin."""
+    builtins = catalog.builtins(kind)
+    if name in builtins:
+        return builtins[name]
+    if name in catalog.plugin_entry_points(kind):
+        return _load_plugin(kind, name)
+    errors = catalog.component_errors(kind, kind, name, {})[0]
+    raise InvalidSpecError(f"{kind}.name: {errors[0]['msg']}")
+
+
+def _checked_args(kind: Kind, reg: Registration, ref: ComponentRef) -> dict[str, object]:
+    errors = reg.arg_errors(ref.args)
+    if errors:
+        raise InvalidSpecError("; ".join(f"{kind}.args.{arg}: {msg}" for arg, msg in errors))
+    return reg.with_defaults(ref.args)
+
+
+def build_dataset(ref: ComponentRef, *, seed: int, data_roots: Sequence[str] = ()) -> Dataset:
+    """The dataset ``ref`` names, seeded; file datasets may only read under ``data_roots``."""
+    reg = registration("dataset", ref.name)
+    args = _checked_args("dataset", reg, ref)
+    dataset = reg.resolve_builder()(seed=seed, data_roots=tuple(data_roots), **args)
+    if not isinstance(getattr(dataset, "info", None), DataInfo) or not callable(
+        getattr(dataset, "batch", None)
+    ):
+        raise InvalidSpecError(
+            f"dataset.name: {ref.name!r} built {type(dataset).__name__}, which lacks info: DataInfo or batch()"
+        )
+    return dataset
+
+
+def build_model(ref: ComponentRef, info: DataInfo) -> nn.Module:
+    """The model ``ref`` names, sized for ``info`` (parameters fp32, on the CPU)."""
+    reg = registration("model", ref.name)
+    args = _checked_args("model", reg, ref)
+    if reg.accepts and info.kind not in reg.accepts:
+        raise InvalidSpecError(
+            f"model.name: model {ref.name!r} takes {' or '.join(reg.accepts)}, but the dataset yields "
+            f"{info.kind} of shape {info.input_shape}"
+        )
+    model = reg.resolve_builder()(info, **args)
+    if not isinstance(model, nn.Module):
+        raise InvalidSpecError(
+            f"model.name: {ref.name!r} built {type(model).__name__}, not a torch.nn.Module"
+        )
+    return model
+
+
+def builder_of(kind: Kind, name: str) -> Callable[..., object]:
+    """The builder function behind ``name`` (for tests comparing signatures with the catalog)."""
+    return registration(kind, name).resolve_builder()

@@ -1,0 +1,93 @@
+"""What a service refuses at submit time beyond the spec's own bounds (torch-free).
+
+The spec's fields and the catalog's argument bounds are the same on every service;
+these checks depend on how a service is set up (:class:`ServicePolicy`, built by
+the API from its settings): which files a user may read, how much memory one job
+may need, how long one attempt may run. Each refusal is a problem dict naming the
+field, like :func:`amptrain.contract.catalog.validate_components`; the worker
+repeats what it can check better itself (files, its own device memory).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from amptrain.contract import catalog, sizing
+from amptrain.contract.data_access import PathRefused, check_location, user_roots
+from amptrain.contract.spec import JobSpec
+from amptrain.contract.text import quote
+
+
+@dataclass(frozen=True)
+class ServicePolicy:
+    data_roots: Sequence[str] = ()
+    data_protocols: Sequence[str] = ("file",)
+    data_roots_per_user: bool = False
+    max_job_memory_bytes: int | None = None
+    """Refuse specs whose memory lower bound (``sizing.SpecSize``) exceeds this."""
+    runtime_limit_s: float | None = None
+    """Largest ``max_runtime_s`` a spec may ask for."""
+
+
+def spec_size(spec: JobSpec) -> sizing.SpecSize | None:
+    """The memory a spec needs at least, when its model and dataset declare their sizes.
+
+    None when the dataset's shape is unknown before it is read (files, most plugins).
+    Call it on a spec whose components validated.
+    """
+    model = catalog.builtins("model").get(spec.model.name)
+    data = catalog.builtins("dataset").get(spec.dataset.name)
+    if data is None or data.footprint is None:
+        return None
+    shape = data.footprint(data.with_defaults(spec.dataset.args))
+    if shape is None:
+        return None
+    parameters = None
+    if model is not None and model.parameters is not None:
+        parameters = model.parameters(shape, model.with_defaults(spec.model.args))
+    state = (
+        sizing.training_state_bytes(parameters, spec.optimizer.name, spec.optimizer.momentum)
+        if parameters is not None
+        else 0
+    )
+    return sizing.SpecSize(parameters, state, shape.resident_bytes)
+
+
+def admission_problems(spec: JobSpec, owner: str, policy: ServicePolicy) -> list[dict[str, Any]]:
+    """``[{"loc": [...], "msg": ...}]`` for what this service refuses; empty = admitted."""
+    problems = _path_problems(spec, owner, policy)
+    limit = policy.runtime_limit_s
+    if spec.max_runtime_s is not None and limit is not None and spec.max_runtime_s > limit:
+        problems.append(
+            {
+                "loc": ["max_runtime_s"],
+                "msg": f"at most {limit:g} seconds on this service; got {spec.max_runtime_s}",
+            }
+        )
+    if policy.max_job_memory_bytes is not None and not catalog.validate_components(spec):
+        size = spec_size(spec)
+        if size is not None and size.total > policy.max_job_memory_bytes:
+            field = "model" if size.state_bytes >= size.data_bytes else "dataset"
+            problems.append(
+                {
+                    "loc": [field, "args"],
+                    "msg": f"too large: {size.describe()}, more than the "
+                    f"{sizing.format_bytes(policy.max_job_memory_bytes)} one job may use "
+                    "on this service",
+                }
+            )
+    return problems
+
+
+def _path_problems(spec: JobSpec, owner: str, policy: ServicePolicy) -> list[dict[str, Any]]:
+    path = spec.dataset.args.get("path")
+    if spec.dataset.name != "tensors" or not isinstance(path, str):
+        return []
+    try:
+        roots = user_roots(policy.data_roots, owner, policy.data_roots_per_user)
+        check_location(path, roots, policy.data_protocols, resolve=False)
+    except PathRefused as exc:
+        return [{"loc": ["dataset", "args", "path"], "msg": f"{quote(path, 120)}: {exc}"}]
+    return []

@@ -1,0 +1,205 @@
+"""What can be trained: the registered models, datasets, optimizers and schedules.
+
+Torch-free on purpose: the API lists and validates components with this module
+and must never import torch (``tests/contract/test_catalog.py`` checks it). The torch
+side lives in ``amptrain.components.registry`` and ``amptrain.components``; it
+builds from the very same :class:`Registration` objects (``amptrain.contract.registration``), so the
+catalog, validation and construction cannot disagree about names or arguments.
+
+Plugins
+-------
+Other packages add components through entry points in the groups
+``amptrain.models`` and ``amptrain.datasets``. Each entry point names a
+:class:`Registration` object; keep the module it lives in torch-free and point
+``builder`` at the torch code with a ``"module:attribute"`` string, so loading the
+registration stays cheap. The catalog lists plugins by entry-point name without
+importing them; the registry loads them when a job uses one. See
+``amptrain/components/README.md`` and ``tests/plugins/amptrain_example_plugin``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from importlib.metadata import EntryPoint, entry_points
+from typing import Any, Literal
+
+from amptrain.contract.builtins import (
+    BUILTIN_DATASETS,
+    BUILTIN_MODELS,
+    OPTIMIZERS,
+    PRECISIONS,
+    SCHEDULES,
+)
+from amptrain.contract.limits import spec_limits
+from amptrain.contract.registration import (
+    DATASET_GROUP,
+    MODEL_GROUP,
+    REQUIRED,
+    Arg,
+    Registration,
+)
+from amptrain.contract.spec import ComponentRef, JobSpec, OptimizerSpec, ScheduleSpec
+
+
+def builtins(kind: Literal["model", "dataset"]) -> dict[str, Registration]:
+    """The built-in registrations of ``kind`` available here (one whose ``requires`` is missing is not)."""
+    regs = BUILTIN_MODELS if kind == "model" else BUILTIN_DATASETS
+    return {r.name: r for r in regs if r.available()}
+
+
+def plugin_entry_points(kind: Literal["model", "dataset"]) -> dict[str, EntryPoint]:
+    """Installed plugin entry points of ``kind`` by name; built-in names cannot be overridden."""
+    group = MODEL_GROUP if kind == "model" else DATASET_GROUP
+    taken = {r.name for r in (BUILTIN_MODELS if kind == "model" else BUILTIN_DATASETS)}
+    found: dict[str, EntryPoint] = {}
+    for ep in entry_points(group=group):
+        if ep.name not in taken:
+            found.setdefault(ep.name, ep)
+    return found
+
+
+def registered_names(kind: Literal["model", "dataset"]) -> list[str]:
+    return [*builtins(kind), *plugin_entry_points(kind)]
+
+
+def _field_help(
+    spec: type[OptimizerSpec] | type[ScheduleSpec], section: str, name: str
+) -> dict[str, Any]:
+    f = spec.model_fields[name]
+    default = f.default
+    limits = spec_limits()
+    bounds = limits.get(f"{section}.{name}") or {
+        k: v for k, v in limits.items() if k.startswith(f"{section}.{name}.")
+    }
+    return {
+        "name": name,
+        "default": list(default) if isinstance(default, tuple) else default,
+        "help": f.description,
+        "limits": bounds,
+    }
+
+
+def catalog() -> dict[str, Any]:
+    """Everything a job spec can name, with arguments, defaults and descriptions (JSON-ready).
+
+    Plugins appear by entry-point name with ``source: "plugin"`` and the entry
+    point's target; they are not imported, so their arguments are not listed.
+    """
+
+    def section(kind: Literal["model", "dataset"]) -> dict[str, Any]:
+        out = {name: r.describe("builtin") for name, r in builtins(kind).items()}
+        for name, ep in plugin_entry_points(kind).items():
+            out[name] = {"name": name, "source": "plugin", "entry_point": ep.value, "args": None}
+        return out
+
+    return {
+        "models": section("model"),
+        "datasets": section("dataset"),
+        "optimizers": {
+            name: {
+                "name": name,
+                "description": d,
+                "args": [_field_help(OptimizerSpec, "optimizer", a) for a in args],
+            }
+            for name, (d, args) in OPTIMIZERS.items()
+        },
+        "schedules": {
+            name: {
+                "name": name,
+                "description": d,
+                "args": [
+                    _field_help(ScheduleSpec, "schedule", a)
+                    for a in ("warmup_steps", "min_lr_ratio")
+                ],
+            }
+            for name, d in SCHEDULES.items()
+        },
+        "precisions": {name: {"name": name, "description": d} for name, d in PRECISIONS.items()},
+        "limits": spec_limits(),
+    }
+
+
+def _error(loc: Sequence[str], msg: str) -> dict[str, Any]:
+    return {"loc": list(loc), "msg": msg}
+
+
+def component_errors(
+    field_name: str, kind: Literal["model", "dataset"], name: str, args: Mapping[str, Any]
+) -> tuple[list[dict[str, Any]], Registration | None]:
+    regs = builtins(kind)
+    if name in regs:
+        reg = regs[name]
+        return [_error((field_name, "args", a), m) for a, m in reg.arg_errors(args)], reg
+    if name in plugin_entry_points(kind):
+        return [], None  # a plugin checks its own arguments when it is built
+    hint = ""
+    missing = [
+        r for r in (BUILTIN_MODELS if kind == "model" else BUILTIN_DATASETS) if r.name == name
+    ]
+    if missing:
+        hint = f" ({name} needs {', '.join(missing[0].requires)}, which is not installed)"
+    known = ", ".join(registered_names(kind))
+    return [
+        _error((field_name, "name"), f"unknown {kind} {name!r}{hint}; registered: {known}")
+    ], None
+
+
+def validate_components(spec: JobSpec) -> list[dict[str, Any]]:
+    """Problems with the spec's model and dataset, as ``{"loc": [...], "msg": ...}``; empty = fine.
+
+    Checks names, argument names, types and ranges, and that the model can consume
+    what the dataset yields. Plugins' arguments are checked when they are built.
+    """
+    return validate_refs(spec.model, spec.dataset)
+
+
+def validate_refs(
+    model_ref: ComponentRef | None, dataset_ref: ComponentRef | None
+) -> list[dict[str, Any]]:
+    """Like :func:`validate_components` for whichever refs are known (e.g. when another
+    part of the spec failed to parse, so every problem can be reported at once)."""
+    errors: list[dict[str, Any]] = []
+    model = data = None
+    if model_ref is not None:
+        found, model = component_errors("model", "model", model_ref.name, model_ref.args)
+        errors += found
+    if dataset_ref is not None:
+        found, data = component_errors("dataset", "dataset", dataset_ref.name, dataset_ref.args)
+        errors += found
+    provides = data.provides if data is not None else None
+    if (
+        data is not None
+        and data.name == "tensors"
+        and dataset_ref
+        and dataset_ref.args.get("task") == "language_model"
+    ):
+        provides = "tokens"
+    if (
+        model is not None
+        and provides is not None
+        and model.accepts
+        and provides not in model.accepts
+    ):
+        assert dataset_ref is not None
+        errors.append(
+            _error(
+                ("model", "name"),
+                f"model {model.name!r} takes {' or '.join(model.accepts)}, but dataset "
+                f"{dataset_ref.name!r} yields {provides}",
+            )
+        )
+    return errors
+
+
+__all__ = [
+    "BUILTIN_DATASETS",
+    "BUILTIN_MODELS",
+    "DATASET_GROUP",
+    "MODEL_GROUP",
+    "REQUIRED",
+    "Arg",
+    "Registration",
+    "catalog",
+    "validate_components",
+    "validate_refs",
+]

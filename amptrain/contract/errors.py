@@ -1,0 +1,133 @@
+"""Why a run stopped. Torch-free, so the worker and API can classify failures.
+
+Each error has a ``code`` (the failure class the service records) and says
+whether another attempt could succeed. Messages are written for the user who
+submitted the job: what happened, at which step, and what to try.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import ClassVar
+
+from amptrain.contract.sizing import format_bytes
+
+
+class TrainingError(Exception):
+    """Base class: a run that cannot continue."""
+
+    code: ClassVar[str] = "internal"
+    retryable: ClassVar[bool] = True
+
+    def __init__(self, message: str, *, step: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.step = step
+
+    def to_dict(self) -> dict[str, object]:
+        return {"code": self.code, "message": self.message, "step": self.step}
+
+
+class InvalidSpecError(TrainingError):
+    """The spec cannot run here: unknown component, bad arguments, unsupported precision."""
+
+    code = "invalid_spec"
+    retryable = False
+
+
+class DivergedError(TrainingError):
+    """Loss went non-finite (bf16/fp32) or the fp16 loss scale collapsed."""
+
+    code = "diverged"
+    retryable = False
+
+
+class OutOfMemoryError(TrainingError):
+    """The device ran out of memory and the micro-batch could not shrink further."""
+
+    code = "oom"
+    retryable = False
+
+
+class CancelledError(TrainingError):
+    """The caller asked the run to stop."""
+
+    code = "cancelled"
+    retryable = False
+
+
+class PreemptedError(TrainingError):
+    """The run was asked to stop for a shutdown; it checkpointed and can be resumed."""
+
+    code = "preempted"
+    retryable = True
+
+
+class TooLargeError(TrainingError):
+    """The job's estimated memory exceeds what the device has; another attempt would not fit."""
+
+    code = "too_large"
+    retryable = False
+
+
+class TimeLimitError(TrainingError):
+    """The attempt ran past its wall-clock limit (``max_runtime_s``); it checkpointed and stopped."""
+
+    code = "timeout"
+    retryable = False
+
+
+class ResumeMismatchError(TrainingError):
+    """The newest checkpoint was written by a run with another number of devices: resuming
+    it exactly would need the same number (RNG states and data shares are per device)."""
+
+    code = "resume_mismatch"
+    retryable = False
+
+
+_ALLOCATION_FAILURES = (
+    "can't allocate memory",  # CPU: DefaultCPUAllocator
+    "DefaultCPUAllocator",
+    "CUDA out of memory",
+    "out of memory",
+)
+
+
+def classify_failure(exc: BaseException) -> TrainingError:
+    """The failure class of an exception that escaped training, for the user to see.
+
+    A :class:`TrainingError` is itself. An allocation failure anywhere (the CPU
+    allocator raises a plain ``RuntimeError``; building a model or a dataset can fail
+    to allocate before the loop's own OOM handling runs) is ``oom``: retrying the same
+    spec on the same kind of worker fails the same way. Anything else is ``internal``
+    and retryable; its message names only the exception's type, because the text of
+    an arbitrary exception can quote file content or paths of the worker (the worker
+    logs the traceback instead).
+    """
+    if isinstance(exc, TrainingError):
+        return exc
+    text = str(exc)
+    if (
+        isinstance(exc, MemoryError)
+        or type(exc).__name__ == "OutOfMemoryError"
+        or (isinstance(exc, RuntimeError) and any(m in text for m in _ALLOCATION_FAILURES))
+    ):
+        wanted = _requested_bytes(text)
+        detail = f" (an allocation of {wanted} failed)" if wanted else ""
+        return OutOfMemoryError(
+            f"out of memory while setting up or training{detail}: make the model, the "
+            "batch or the dataset smaller"
+        )
+    return TrainingError(
+        f"internal error in the training process ({type(exc).__name__}); "
+        "the worker's log has the details"
+    )
+
+
+def _requested_bytes(text: str) -> str | None:
+    """How much the allocator was asked for, when its message says (sizes, never content)."""
+    match = re.search(r"tried to allocate (\d+(?:\.\d+)?)\s*(bytes|[KMGT]iB)?", text)
+    if match is None:
+        return None
+    number, unit = match[1], match[2] or "bytes"
+    return format_bytes(int(number)) if unit == "bytes" else f"{number} {unit}"

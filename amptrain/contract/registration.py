@@ -1,0 +1,183 @@
+"""How a component declares itself: :class:`Registration` and its :class:`Arg` list.
+
+Torch-free. Built-ins (``amptrain.contract.catalog``) and plugins (entry points in
+the groups below) use the same objects, so the catalog, validation and the
+registry's construction cannot disagree about names or arguments.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from amptrain.contract.sizing import DataShape
+from amptrain.contract.text import control_character, finite, quote
+
+MODEL_GROUP = "amptrain.models"
+DATASET_GROUP = "amptrain.datasets"
+
+ArgType = Literal["int", "float", "bool", "str"]
+# What a dataset yields per sample, and so what a model can consume.
+DataKind = Literal["vectors", "images", "tokens"]
+
+
+class _Required:
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+REQUIRED: Any = _Required()
+"""Default of an argument the user must give (e.g. the path of a file dataset)."""
+
+_PY_TYPES: dict[str, tuple[type, ...]] = {
+    "int": (int,),
+    "float": (int, float),
+    "bool": (bool,),
+    "str": (str,),
+}
+
+
+@dataclass(frozen=True)
+class Arg:
+    """One keyword argument of a component builder."""
+
+    name: str
+    default: Any
+    help: str
+    type: ArgType | None = None
+    """Inferred from ``default`` when omitted (required arguments must give it)."""
+    choices: tuple[Any, ...] | None = None
+    minimum: float | None = None
+    maximum: float | None = None
+    max_length: int = 1024
+    """Strings only: longest accepted value."""
+
+    @property
+    def required(self) -> bool:
+        return self.default is REQUIRED
+
+    @property
+    def kind(self) -> ArgType:
+        if self.type is not None:
+            return self.type
+        for name in ("bool", "int", "float", "str"):  # bool before int: True is an int
+            if type(self.default) in _PY_TYPES[name]:
+                return name
+        raise TypeError(f"argument {self.name!r}: give type= for default {self.default!r}")
+
+    def check(self, value: Any) -> str | None:
+        """Why ``value`` is not acceptable, or None when it is."""
+        kind = self.kind
+        if (isinstance(value, bool) and kind != "bool") or not isinstance(value, _PY_TYPES[kind]):
+            return f"expected {kind}, got {type(value).__name__} {quote(value)}"
+        if not finite(value):
+            return f"must be a finite number; got {value!r}"
+        if isinstance(value, str):
+            if len(value) > self.max_length:
+                return f"at most {self.max_length} characters; got {len(value)}"
+            problem = control_character(value)
+            if problem:
+                return problem
+        if self.choices is not None and value not in self.choices:
+            return f"must be one of {', '.join(map(str, self.choices))}; got {quote(value)}"
+        number: Any = value  # int, float or str by now; only numbers carry bounds
+        if self.minimum is not None and number < self.minimum:
+            return f"must be >= {_num(self.minimum)}; got {quote(value)}"
+        if self.maximum is not None and number > self.maximum:
+            return f"must be <= {_num(self.maximum)}; got {quote(value)}"
+        return None
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "type": self.kind,
+            "default": None if self.required else self.default,
+            "required": self.required,
+            "choices": list(self.choices) if self.choices is not None else None,
+            "minimum": self.minimum,
+            "maximum": self.maximum,
+            "max_length": self.max_length if self.kind == "str" else None,
+            "help": self.help,
+        }
+
+
+def _num(bound: float) -> str:
+    return str(int(bound)) if float(bound).is_integer() else str(bound)
+
+
+@dataclass(frozen=True)
+class Registration:
+    """A model or dataset that amptrain can build by name.
+
+    ``builder`` is a callable or a lazy ``"module:attribute"`` reference to one.
+    Model builders are called as ``builder(info, **args)`` with a
+    ``amptrain.components.base.DataInfo`` and return a ``torch.nn.Module``
+    whose ``forward(inputs)`` returns logits. Dataset builders are called as
+    ``builder(seed=..., data_roots=..., **args)`` and return an object with an
+    ``info`` attribute and ``batch(start, size) -> (inputs, targets)``.
+    """
+
+    name: str
+    kind: Literal["model", "dataset"]
+    builder: str | Callable[..., Any]
+    description: str
+    args: tuple[Arg, ...] = ()
+    accepts: tuple[DataKind, ...] = ()
+    """Models: the data kinds they consume (empty = any)."""
+    provides: DataKind | None = None
+    """Datasets: the data kind they yield (None = depends on the arguments)."""
+    requires: tuple[str, ...] = ()
+    """Importable modules it needs; it is offered only when all are installed."""
+    footprint: Callable[[Mapping[str, Any]], DataShape | None] | None = None
+    """Datasets, optional: ``footprint(args)`` (defaults filled in) -> what one sample looks
+    like and the host memory the dataset holds; see ``amptrain.contract.sizing``."""
+    parameters: Callable[[DataShape, Mapping[str, Any]], int] | None = None
+    """Models, optional: ``parameters(data, args)`` -> the exact parameter count."""
+
+    def available(self) -> bool:
+        return all(importlib.util.find_spec(m) is not None for m in self.requires)
+
+    def resolve_builder(self) -> Callable[..., Any]:
+        if callable(self.builder):
+            return self.builder
+        module, _, attr = self.builder.partition(":")
+        target: Any = importlib.import_module(module)
+        for part in attr.split("."):
+            target = getattr(target, part)
+        return target
+
+    def arg_errors(self, args: Mapping[str, Any]) -> list[tuple[str, str]]:
+        """(argument, message) for every problem with ``args``; empty when they are fine."""
+        known = {a.name: a for a in self.args}
+        allowed = ", ".join(sorted(known)) or "(none)"
+        errors = [
+            (name, f"unexpected argument; allowed: {allowed}") for name in args if name not in known
+        ]
+        for a in self.args:
+            if a.name in args:
+                problem = a.check(args[a.name])
+                if problem:
+                    errors.append((a.name, problem))
+            elif a.required:
+                errors.append((a.name, "required argument missing"))
+        return errors
+
+    def with_defaults(self, args: Mapping[str, Any]) -> dict[str, Any]:
+        """``args`` completed with the defaults of the arguments not given."""
+        return {a.name: args.get(a.name, a.default) for a in self.args}
+
+    def describe(self, source: str) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "name": self.name,
+            "description": self.description,
+            "source": source,
+            "args": [a.describe() for a in self.args],
+        }
+        if self.kind == "model":
+            out["accepts"] = list(self.accepts)
+        else:
+            out["provides"] = self.provides
+        return out

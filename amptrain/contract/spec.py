@@ -1,0 +1,279 @@
+"""The job spec: what a user asks amptrain to train.
+
+Torch-free on purpose: the API validates submissions with this module and must
+never import torch. Every field carries a docstring (pydantic turns them into
+the JSON schema's descriptions) and every model rejects unknown fields, so a
+typo such as ``"max_step"`` is an error that names the field, not a silent
+default.
+
+Every number has bounds (shown in the OpenAPI schema and ``GET /catalog``):
+a spec is user input on a shared service, and a batch of 1e30 or a checkpoint
+every step kept forever must be refused with a 422, not discovered by a worker.
+Floats must be finite: JSON's NaN/Infinity would be stored as null and the
+worker would train another spec than the one shown.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+
+from amptrain.contract.text import check_text, control_character, finite, quote
+
+Precision = Literal["auto", "fp32", "tf32", "fp16", "bf16"]
+DeviceKind = Literal["auto", "cpu", "cuda"]
+
+MAX_STEPS = 10_000_000
+"""Upper bound of ``max_steps`` (and of every step count): far below PostgreSQL's int4
+columns, and the engine keeps a per-step learning-rate table on the device."""
+MAX_BATCH = 65_536
+MAX_RUNTIME_S = 30 * 24 * 3600
+"""Largest ``max_runtime_s`` a spec may ask for; the service's own limit is usually lower."""
+MAX_SEED = 2**32 - 1
+MAX_DEVICES = 8
+"""Most data-parallel processes (GPUs) one job may ask for: one machine's worth."""
+MIN_COLLECTIVE_TIMEOUT_S = 5
+MAX_COLLECTIVE_TIMEOUT_S = 3600
+MAX_ARGS = 64
+MAX_ARG_TEXT = 4096
+
+Text = Annotated[str, AfterValidator(check_text)]
+"""A string without control or bidi-formatting characters."""
+Beta = Annotated[float, Field(ge=0, lt=1)]
+_ARG_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"
+ArgValue = Annotated[Any, AfterValidator(lambda v: _plain_value(v))]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", use_attribute_docstrings=True, frozen=True, allow_inf_nan=False
+    )
+
+
+class ComponentRef(_Strict):
+    """A registered component (model or dataset) and the arguments it is built with."""
+
+    name: Text = Field(min_length=1, max_length=100)
+    """Registered name, e.g. ``mlp`` or ``synthetic-classification``; see ``GET /catalog``."""
+    args: dict[Annotated[str, Field(pattern=_ARG_NAME)], ArgValue] = Field(
+        default_factory=dict, max_length=MAX_ARGS
+    )
+    """Keyword arguments for the component's constructor; unknown ones are rejected, and
+    each built-in argument has the type and bounds ``GET /catalog`` lists."""
+
+
+def _plain_value(value: Any) -> Any:
+    # Plugins check their own arguments, but nothing reaches any builder that a
+    # terminal or JSON could not show faithfully.
+    problem = _value_problem(value, depth=0)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+def _value_problem(value: Any, depth: int) -> str | None:
+    if depth > 4:
+        return "nested too deeply (at most 4 levels)"
+    if isinstance(value, str):
+        if len(value) > MAX_ARG_TEXT:
+            return f"at most {MAX_ARG_TEXT} characters; got {len(value)}"
+        return control_character(value)
+    if not finite(value):
+        return f"must be a finite number; got {quote(value)}"
+    if isinstance(value, list):
+        items = value
+    elif isinstance(value, dict):
+        items = [*value.keys(), *value.values()]
+    else:
+        return None
+    return next((p for v in items if (p := _value_problem(v, depth + 1))), None)
+
+
+class OptimizerSpec(_Strict):
+    name: Literal["adamw", "sgd"] = "adamw"
+    """Optimizer: ``adamw`` (fused on CUDA, so fp16 needs no per-step host sync) or ``sgd``."""
+    lr: float = Field(default=1e-3, gt=0, le=1e12)
+    """Peak learning rate, reached after the warm-up."""
+    weight_decay: float = Field(default=0.0, ge=0, le=10)
+    """Decoupled weight decay (AdamW) or L2 penalty (SGD)."""
+    momentum: float = Field(default=0.9, ge=0, lt=1)
+    """SGD momentum; ignored by AdamW."""
+    betas: tuple[Beta, Beta] = (0.9, 0.999)
+    """AdamW's moment decay rates, each in [0, 1); ignored by SGD."""
+    eps: float = Field(default=1e-8, gt=0, le=1)
+    """AdamW's denominator term (added to the root of the second moment); ignored by SGD."""
+
+
+class ScheduleSpec(_Strict):
+    name: Literal["cosine", "linear", "constant"] = "cosine"
+    """Learning-rate schedule after the warm-up: cosine or linear decay to ``min_lr_ratio``, or constant."""
+    warmup_steps: int = Field(default=0, ge=0, le=MAX_STEPS)
+    """Steps of linear warm-up from 0 to ``optimizer.lr``."""
+    min_lr_ratio: float = Field(default=0.0, ge=0, le=1)
+    """Final learning rate as a fraction of the peak."""
+
+
+class LossScaleSpec(_Strict):
+    """Dynamic loss scaling for fp16 (``torch.amp.GradScaler``); ignored for bf16 and fp32."""
+
+    init_scale: float = Field(default=65536.0, gt=0, le=2.0**32)
+    """Initial loss scale (PyTorch's default, 2**16)."""
+    growth_factor: float = Field(default=2.0, gt=1, le=1000)
+    """Factor the scale grows by after ``growth_interval`` clean steps."""
+    backoff_factor: float = Field(default=0.5, gt=0, lt=1)
+    """Factor the scale shrinks by on a step with inf/NaN gradients."""
+    growth_interval: int = Field(default=2000, ge=1, le=MAX_STEPS)
+    """Clean steps between two growths."""
+
+
+class TelemetrySpec(_Strict):
+    flush_every_steps: int = Field(default=10, ge=1, le=100_000)
+    """Per-step values stay on the device and reach the host once every this many steps..."""
+    flush_every_ms: int = Field(default=500, ge=1, le=3_600_000)
+    """...or after this many milliseconds, whichever comes first (``devices`` 1 only: with
+    several, flushes go by step count alone, which every process counts alike)."""
+    queue_size: int = Field(default=10_000, ge=1, le=1_000_000)
+    """Records buffered for the sink; beyond that, records are dropped and counted, never waited for."""
+
+
+class CheckpointSpec(_Strict):
+    every_steps: int = Field(default=500, ge=1, le=MAX_STEPS)
+    """Write a checkpoint every this many optimizer steps (and at the end)."""
+    keep_last: int = Field(default=3, ge=1, le=100)
+    """Checkpoints kept; older ones are deleted after a newer one is safely written."""
+
+
+class HealthSpec(_Strict):
+    """The checks a careful AMP user runs by hand."""
+
+    warn_loss_scale_below: float = Field(default=128.0, gt=0, le=2.0**32)
+    """Warn ("frequent gradient overflow") when the fp16 loss scale falls below this."""
+    warn_consecutive_skips: int = Field(default=5, ge=1, le=MAX_STEPS)
+    """Warn when this many consecutive optimizer steps were skipped for inf/NaN gradients."""
+    diverge_nonfinite_steps: int = Field(default=3, ge=1, le=MAX_STEPS)
+    """bf16/fp32: stop as diverged after this many consecutive steps with a non-finite loss."""
+    diverge_loss_scale_floor: float = Field(default=2.0**-14, gt=0, le=2.0**32)
+    """fp16: stop as diverged when the loss scale falls below this floor."""
+
+
+class JobSpec(_Strict):
+    """A declarative training job. Only ``model``, ``dataset`` and ``max_steps`` are required."""
+
+    name: Text = Field(default="job", min_length=1, max_length=200)
+    """Human-readable name shown in listings (no control or formatting characters)."""
+    model: ComponentRef
+    """The model to train, by registered name."""
+    dataset: ComponentRef
+    """The data to train on, by registered name."""
+    optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
+    """Optimizer and its hyper-parameters."""
+    schedule: ScheduleSpec = Field(default_factory=ScheduleSpec)
+    """Learning-rate schedule."""
+    precision: Precision = "auto"
+    """``auto`` picks bf16 on CUDA capability >= 8.0, fp16 + loss scaling on 7.x, fp32 elsewhere
+    (bf16 on CPUs with AMX, or with avx512_bf16 where a short probe measures it faster).
+    ``fp32`` is strict IEEE; ``tf32`` is fp32 with TF32 tensor-core matmuls and convolutions."""
+    batch_size: int = Field(default=64, ge=1, le=MAX_BATCH)
+    """Global batch size per optimizer step: micro-batch x ``grad_accum_steps`` x ``devices``."""
+    grad_accum_steps: int = Field(default=1, ge=1, le=MAX_BATCH)
+    """Micro-batches each device accumulates per optimizer step; ``devices`` x this must
+    divide ``batch_size``."""
+    devices: int = Field(default=1, ge=1, le=MAX_DEVICES)
+    """Data-parallel processes, one per GPU of one machine (DDP: NCCL on CUDA, gloo on a CPU).
+    Each takes its contiguous share of every global batch; the result matches one device
+    accumulating the same micro-batches. Resuming needs the same number of devices."""
+    collective_timeout_s: int = Field(
+        default=600, ge=MIN_COLLECTIVE_TIMEOUT_S, le=MAX_COLLECTIVE_TIMEOUT_S
+    )
+    """With ``devices`` > 1: seconds a collective (gradient all-reduce, telemetry reduction,
+    checkpoint barrier) may wait for the other processes before the attempt fails, so a
+    hung or lost process ends the attempt instead of stalling it (5 to 3600)."""
+    max_steps: int = Field(ge=1, le=MAX_STEPS)
+    """Optimizer steps to train for."""
+    max_runtime_s: int | None = Field(default=None, ge=1, le=MAX_RUNTIME_S)
+    """Wall-clock limit of one attempt, in seconds: past it the job checkpoints, stops and
+    fails with ``timeout``. Null takes the service's default; the service refuses more than
+    its configured maximum."""
+    grad_clip_norm: float | None = Field(default=1.0, gt=0, le=1e6)
+    """Clip the global gradient norm to this (after unscaling); null disables clipping."""
+    seed: int = Field(default=0, ge=0, le=MAX_SEED)
+    """Seeds every random number generator; the same spec and seed give the same run."""
+    device: DeviceKind = "auto"
+    """``auto`` uses CUDA when the worker has it, else the CPU."""
+    queue: str | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9._-]{0,15}$")
+    """Worker queue to run on, e.g. ``gpu-a100`` for workers started with ``-Q gpu-a100``;
+    default ``gpu``, or ``cpu`` when ``device`` is ``cpu``."""
+    auto_micro_batch: bool = False
+    """On CUDA out-of-memory, halve the micro-batch and double accumulation instead of failing
+    (``devices`` 1 only: one process shrinking alone would fall out of step with the others)."""
+    max_attempts: int = Field(default=3, ge=1, le=20)
+    """Attempts before the job fails for good (only retryable failures are retried)."""
+    loss_scale: LossScaleSpec = Field(default_factory=LossScaleSpec)
+    """Dynamic loss scaling (fp16 only)."""
+    telemetry: TelemetrySpec = Field(default_factory=TelemetrySpec)
+    """How per-step records are batched."""
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    """How often to checkpoint and how many to keep."""
+    health: HealthSpec = Field(default_factory=HealthSpec)
+    """Thresholds for warnings and divergence."""
+
+    @model_validator(mode="after")
+    def _accumulation_divides_batch(self) -> JobSpec:
+        if self.devices == 1 and self.batch_size % self.grad_accum_steps:
+            raise ValueError(
+                f"grad_accum_steps ({self.grad_accum_steps}) must divide batch_size ({self.batch_size})"
+            )
+        share = self.devices * self.grad_accum_steps
+        if self.batch_size % share:
+            raise ValueError(
+                f"batch_size ({self.batch_size}) must be divisible by devices x grad_accum_steps "
+                f"({self.devices} x {self.grad_accum_steps} = {share}): every device takes an "
+                "equal share of micro-batches"
+            )
+        if self.devices > 1 and self.auto_micro_batch:
+            raise ValueError(
+                f"auto_micro_batch needs devices 1 (got devices {self.devices}): one process "
+                "halving its micro-batch after running out of memory would fall out of step "
+                "with the others; raise grad_accum_steps instead"
+            )
+        return self
+
+    @property
+    def micro_batch_size(self) -> int:
+        """Samples one device puts through one forward pass."""
+        return self.batch_size // (self.grad_accum_steps * self.devices)
+
+
+def parse_spec(data: dict[str, Any]) -> JobSpec:
+    """Validate a JSON-like dict; raises ``pydantic.ValidationError`` naming each bad field."""
+    return JobSpec.model_validate(data)
+
+
+SPEC_FILE_FORMATS = {".json": "JSON", ".yaml": "YAML", ".yml": "YAML"}
+"""How a spec file is read, by suffix (any case); other suffixes are refused."""
+
+
+def load_spec_file(path: str | Path) -> dict[str, Any]:
+    """The mapping in a spec file: JSON for ``.json``, YAML for ``.yaml``/``.yml``.
+
+    Raises ``ValueError`` naming the file for another suffix, text that does not
+    parse, or a document that is not a mapping (``OSError`` if it cannot be read).
+    """
+    path = Path(path)
+    kind = SPEC_FILE_FORMATS.get(path.suffix.lower())
+    if kind is None:
+        raise ValueError(
+            f"{path}: a spec file must end in {', '.join(SPEC_FILE_FORMATS)} (JSON or YAML)"
+        )
+    text = path.read_text()
+    try:
+        data = json.loads(text) if kind == "JSON" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:
+        raise ValueError(f"{path}: not valid {kind}: {exc}") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: the spec must be a mapping (a JSON object)")
+    return data

@@ -1,0 +1,110 @@
+"""Redis: the one client factory and every key name amptrain uses.
+
+Every Redis key is built here from ids amptrain generated itself (job ids,
+worker names, slot numbers), never from a user's string, so no request can
+name another structure in the same database (Celery's own lists included).
+Clients come from :func:`client` / :func:`async_pool` with a timeout chosen for
+their use, so a dead Redis never hangs a caller.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+import redis
+import redis.asyncio as aioredis
+
+REQUEST_TIMEOUT_S = 2.0
+"""Request-path calls (cancel flag, readiness, presence reads) fail fast, never hang a request."""
+BLOCKING_READ_TIMEOUT_S = 15.0
+"""For clients that block on XREAD/XREADGROUP: must exceed the longest ``block``."""
+WORKER_TIMEOUT_S = 5.0
+"""Supervisor, presence and the training child's sink: short, they retry on their own."""
+
+_JOB_ID = re.compile(r"^j_[0-9a-f]{32}$")
+_NAME = re.compile(r"^[A-Za-z0-9_.@:\-]{1,200}$")
+
+
+def client(url: str, timeout: float = REQUEST_TIMEOUT_S) -> redis.Redis:
+    """A client whose connects and commands give up after ``timeout`` seconds."""
+    return redis.Redis.from_url(
+        url,
+        socket_connect_timeout=min(timeout, 2.0),
+        socket_timeout=timeout,
+        health_check_interval=30,
+    )
+
+
+def async_pool(url: str, max_connections: int, timeout: float) -> aioredis.BlockingConnectionPool:
+    """A blocking pool for the event loop: callers wait for a connection instead of failing
+    (a plain pool broke under 200 watchers)."""
+    return aioredis.BlockingConnectionPool.from_url(
+        url,
+        max_connections=max_connections,
+        timeout=timeout,
+        socket_connect_timeout=2.0,
+        socket_timeout=timeout,
+    )
+
+
+def _job(job_id: str) -> str:
+    if not _JOB_ID.match(job_id):
+        raise ValueError(f"not a job id: {job_id[:40]!r}")
+    return job_id
+
+
+def _name(name: str) -> str:
+    if not _NAME.match(name):
+        raise ValueError(f"not a worker name: {name[:40]!r}")
+    return name
+
+
+class Keys:
+    """Every key name, in one place. Job-scoped keys accept only generated job ids."""
+
+    WORKERS = "amptrain:workers"
+    """Set of live worker names (each also has an ``info`` key with a TTL)."""
+    DISPATCHER_LEADER = "amptrain:dispatcher:leader"
+    """redis-py Lock: the one API process that sweeps the outbox and reconciles leases."""
+    RATE_LIMITS = "amptrain:limits"
+    """Prefix of the ``limits`` library's per-user write-rate windows."""
+
+    @staticmethod
+    def user_live(user: str) -> str:
+        """Sorted set of a user's open WebSocket/SSE watchers (member: connection id, score:
+        when it lapses unless refreshed). Keyed by a digest: token names are free text."""
+        return f"amptrain:user:{hashlib.sha256(user.encode()).hexdigest()[:32]}:live"
+
+    @staticmethod
+    def telemetry(job_id: str) -> str:
+        """The job's stream: metric points and events, in order (see amptrain.contract.stream)."""
+        return f"amptrain:job:{_job(job_id)}:telemetry"
+
+    @staticmethod
+    def recorded(job_id: str) -> str:
+        """The newest stream entry id the recorder has committed to SQL (and all before it)."""
+        return f"amptrain:job:{_job(job_id)}:recorded"
+
+    @staticmethod
+    def cancel(job_id: str) -> str:
+        """Set by ``POST /jobs/{id}/cancel``; the supervisor polls it (and its heartbeat)."""
+        return f"amptrain:job:{_job(job_id)}:cancel"
+
+    @staticmethod
+    def recorder_owner(job_id: str) -> str:
+        """redis-py Lock: which API process records this job's stream."""
+        return f"amptrain:recorder:job:{_job(job_id)}"
+
+    @staticmethod
+    def worker_info(worker: str) -> str:
+        return f"amptrain:worker:{_name(worker)}:info"
+
+    @staticmethod
+    def worker_slot(worker: str, slot: int) -> str:
+        return f"amptrain:worker:{_name(worker)}:slot:{int(slot)}"
+
+    @staticmethod
+    def worker_draining(worker: str) -> str:
+        """Set on warm shutdown: the worker's supervisors checkpoint and release their jobs."""
+        return f"amptrain:worker:{_name(worker)}:draining"

@@ -1,0 +1,134 @@
+"""One optimizer step in the order the PyTorch AMP documentation prescribes.
+
+forward + loss under ``torch.autocast`` (the loss itself in an fp32 island) ->
+``scaler.scale(loss / accum).backward()`` per micro-batch (``no_sync`` on all
+but the last when the model is DDP-wrapped) -> on the last micro-batch
+``unscale_`` once -> clip -> ``scaler.step`` -> one ``scaler.update()``.
+
+The GradScaler exists only for fp16. Nothing here reads a device value on the
+host: the grad norm, the inf flag and the scale come back as device tensors.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from amptrain.contract.spec import JobSpec
+from amptrain.engine.precision import PrecisionChoice, fp32_island
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class Applied:
+    """Device-side outcome of an optimizer step."""
+
+    grad_norm: torch.Tensor  # after unscaling, before clipping
+    found_inf: torch.Tensor | None  # fp16: 1.0 when the step was skipped
+    scale: torch.Tensor | None  # fp16: the scale this step used
+
+
+class AmpStep:
+    """Runs the micro-batches and the optimizer step of one training step."""
+
+    def __init__(
+        self,
+        spec: JobSpec,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        loss_fn: LossFn,
+        precision: PrecisionChoice,
+        device: torch.device,
+    ) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.loss_fn = loss_fn
+        self.device = device
+        self.clip_norm = spec.grad_clip_norm
+        self.autocast_dtype = precision.autocast_dtype
+        self.scaler: torch.amp.GradScaler | None = None
+        if precision.uses_scaler:
+            ls = spec.loss_scale
+            self.scaler = torch.amp.GradScaler(
+                device.type,
+                init_scale=ls.init_scale,
+                growth_factor=ls.growth_factor,
+                backoff_factor=ls.backoff_factor,
+                growth_interval=ls.growth_interval,
+            )
+        self._params = [p for p in model.parameters() if p.requires_grad]
+
+    def forward_backward(
+        self, inputs: torch.Tensor, targets: torch.Tensor, accum: int, *, last: bool
+    ) -> torch.Tensor:
+        """Forward, loss and backward of one micro-batch; returns the detached (unscaled) loss."""
+        no_sync = getattr(self.model, "no_sync", None)
+        sync_ctx = no_sync() if (no_sync is not None and not last) else contextlib.nullcontext()
+        with sync_ctx:
+            with torch.autocast(
+                self.device.type,
+                dtype=self.autocast_dtype or torch.get_autocast_dtype(self.device.type),
+                enabled=self.autocast_dtype is not None,
+            ):
+                logits = self.model(inputs)
+                with fp32_island():
+                    loss = self.loss_fn(logits.float(), targets)
+            scaled = loss / accum if accum > 1 else loss
+            if self.scaler is not None:
+                scaled = self.scaler.scale(scaled)
+            scaled.backward()
+        return loss.detach()
+
+    def apply(self) -> Applied:
+        """Unscale once, clip, step, update; the optimizer skips the step on inf/NaN gradients."""
+        scaler = self.scaler
+        if scaler is not None:
+            scaler.unscale_(self.optimizer)
+        grad_norm = self._grad_norm()
+        if scaler is None:
+            self.optimizer.step()
+            return Applied(grad_norm, None, None)
+        found_inf = _found_inf(scaler, self.optimizer)
+        # update() rewrites the scale tensor in place: keep the value this step used.
+        scale = scaler._scale.clone()  # type: ignore[union-attr]
+        scaler.step(self.optimizer)
+        scaler.update()
+        return Applied(grad_norm, found_inf, scale)
+
+    def abandon(self) -> None:
+        """Forget a step that failed part-way (an OOM) so it can be run again from the start.
+
+        The gradients go, and the scaler's per-optimizer stage returns to READY (else a
+        second ``unscale_`` in the retried step raises). Nothing else moved: an OOM in
+        ``apply`` comes from an allocation (optimizer state, clipping or unscaling
+        buffers), and all of those happen before the fused kernel updates a parameter.
+        """
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.scaler is not None:
+            self.scaler._per_optimizer_states.pop(id(self.optimizer), None)
+
+    def _grad_norm(self) -> torch.Tensor:
+        # Stays on the device: clip_grad_norm_ multiplies by a clamped coefficient
+        # instead of branching on the norm in Python.
+        if self.clip_norm is not None:
+            return torch.nn.utils.clip_grad_norm_(self._params, self.clip_norm)
+        grads = [p.grad for p in self._params if p.grad is not None]
+        return torch.nn.utils.get_total_norm(grads)
+
+
+def _found_inf(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> torch.Tensor:
+    """The scaler's device-side inf/NaN flag for this step (1.0 = skipped).
+
+    GradScaler has no public accessor; ``_per_optimizer_states`` is where
+    ``unscale_`` leaves the flags and where ``update()`` reads them, so it is
+    the one source that needs no host sync (``get_scale()`` would sync).
+    """
+    flags = list(scaler._per_optimizer_states[id(optimizer)]["found_inf_per_device"].values())
+    total = flags[0].to(scaler._scale.device)  # type: ignore[union-attr]
+    for f in flags[1:]:
+        total = total + f.to(total.device)
+    return total

@@ -1,0 +1,137 @@
+"""Atomic checkpoint files, newest-wins resume, and the RNG states they carry.
+
+Files are named ``step-000000500.pt`` so lexical order is step order. A file is
+written to a temporary name in the same directory and renamed into place
+(``os.replace`` locally, ``fs.mv`` for fsspec URLs), so a reader sees either
+nothing or a complete checkpoint, even when the writer is killed mid-save.
+Everything is stored as tensors and plain Python types so that
+``torch.load(weights_only=True)`` can read it back.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import uuid
+from typing import Any
+
+import fsspec
+import numpy as np
+import torch
+from fsspec.implementations.local import LocalFileSystem
+
+from amptrain.contract.layout import checkpoint_name, checkpoint_step
+
+_TMP_PREFIX = ".tmp-"
+
+
+class CheckpointStore:
+    """One job's checkpoint directory: local path or fsspec URL."""
+
+    def __init__(self, url: str, keep_last: int, *, writer: bool = True) -> None:
+        """``writer`` False: only reads (the ranks > 0 of a data-parallel run, which must
+        not remove what rank 0, the one writer, is writing)."""
+        self._fs, self._root = fsspec.core.url_to_fs(url)
+        self._local = isinstance(self._fs, LocalFileSystem)
+        self._keep_last = keep_last
+        self._fs.makedirs(self._root, exist_ok=True)
+        if writer:
+            self._remove_stale_temporaries()
+
+    def path(self, name: str) -> str:
+        return f"{self._root.rstrip('/')}/{name}"
+
+    def steps(self) -> list[int]:
+        """Steps of the complete checkpoints present, oldest first."""
+        names = (os.path.basename(p) for p in self._fs.ls(self._root, detail=False))
+        return sorted(step for n in names if (step := checkpoint_step(n)) is not None)
+
+    def latest(self) -> str | None:
+        """Path of the newest complete checkpoint (as :meth:`load` takes it), or None."""
+        steps = self.steps()
+        return self.path(checkpoint_name(steps[-1])) if steps else None
+
+    def save(self, step: int, state: dict[str, Any]) -> str:
+        """Write ``state`` atomically as the checkpoint of ``step``; prune beyond keep_last.
+
+        Returns where it went: a local path, or a full URL for other filesystems.
+        """
+        final = self.path(checkpoint_name(step))
+        tmp = self.path(f"{_TMP_PREFIX}{uuid.uuid4().hex}-{checkpoint_name(step)}")
+        if self._local:
+            self._save_local(state, tmp, final)
+        else:
+            with self._fs.open(tmp, "wb") as f:
+                torch.save(state, f)
+            self._fs.mv(tmp, final)
+        self._prune()
+        return final if self._local else self._fs.unstrip_protocol(final)
+
+    def load(self, path: str) -> dict[str, Any]:
+        with self._fs.open(path, "rb") as f:
+            return torch.load(f, map_location="cpu", weights_only=True)
+
+    def _save_local(self, state: dict[str, Any], tmp: str, final: str) -> None:
+        try:
+            with open(tmp, "wb") as f:
+                torch.save(state, f)
+                f.flush()
+                os.fsync(f.fileno())  # the data is on disk before the name points at it
+            os.replace(tmp, final)
+        except BaseException:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+            raise
+        dir_fd = os.open(self._root, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)  # and so is the rename
+        finally:
+            os.close(dir_fd)
+
+    def _prune(self) -> None:
+        for step in self.steps()[: -self._keep_last]:
+            self._fs.rm(self.path(checkpoint_name(step)))
+
+    def _remove_stale_temporaries(self) -> None:
+        # Left by a writer that was killed mid-save; one job has one writer
+        # (the worker fences attempts), so anything here now is garbage.
+        for p in self._fs.ls(self._root, detail=False):
+            if os.path.basename(p).startswith(_TMP_PREFIX):
+                self._fs.rm(p)
+
+
+def capture_rng(cuda_device: torch.device | None = None) -> dict[str, Any]:
+    """Every RNG the run may draw from, as tensors and plain types (weights_only-safe).
+
+    ``cuda_device``: keep only that GPU's generator (a data-parallel rank: reading every
+    GPU's would create a CUDA context on each of them)."""
+    np_state: tuple[Any, ...] = tuple(np.random.get_state())
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": {
+            "keys": torch.from_numpy(np.asarray(np_state[1], dtype=np.int64)),
+            "pos": int(np_state[2]),
+            "has_gauss": int(np_state[3]),
+            "cached_gaussian": float(np_state[4]),
+        },
+        "torch": torch.get_rng_state(),
+    }
+    if cuda_device is not None:
+        state["cuda_device"] = torch.cuda.get_rng_state(cuda_device)
+    elif torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict[str, Any], cuda_device: torch.device | None = None) -> None:
+    """Inverse of :func:`capture_rng` (``cuda_device``: the GPU a ``cuda_device`` state goes to)."""
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    n = state["numpy"]
+    keys = n["keys"].numpy().astype(np.uint32)
+    np.random.set_state(("MT19937", keys, n["pos"], n["has_gauss"], n["cached_gaussian"]))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+    if "cuda_device" in state and cuda_device is not None:
+        torch.cuda.set_rng_state(state["cuda_device"], cuda_device)

@@ -1,0 +1,65 @@
+"""What a caller hands the engine, and what it gets back."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from amptrain.contract.records import Sink
+from amptrain.engine.cpu_probe import Bf16Probe
+from amptrain.engine.distributed import Ranks
+from amptrain.engine.precision import PrecisionChoice
+
+StopReason = str  # "cancel" | "preempt"
+
+
+def _never_stop() -> str | None:
+    return None
+
+
+@dataclass
+class RunContext:
+    """Where this run writes, how it is told to stop, and what the worker already measured."""
+
+    checkpoint_dir: str | None
+    """Local directory or fsspec URL for THIS job's checkpoints; None disables checkpoints."""
+    sink: Sink | None = None
+    """Receives batches of telemetry records from a background thread."""
+    data_roots: Sequence[str] = ()
+    """Directories/URLs under which file-backed datasets may read."""
+    should_stop: Callable[[], str | None] = _never_stop
+    """Polled at every step boundary (keep it cheap): "cancel", "preempt" or None."""
+    resume: bool = True
+    """Load the newest checkpoint in ``checkpoint_dir`` when there is one."""
+    cpu_bf16_probe: Bf16Probe | None = None
+    """The worker's measurement of bf16 vs fp32 on this CPU, which ``precision: auto``
+    uses instead of measuring again (so a worker's jobs all decide alike); None measures."""
+    ranks: Ranks | None = None
+    """This process's place in a data-parallel run (``Ranks.from_env`` under torchrun); None:
+    a single process. A stop request on any rank stops every rank at the same flush."""
+
+
+@dataclass
+class Components:
+    """Pre-built parts; tests inject these, ``None`` builds them from the spec via the registry."""
+
+    model: torch.nn.Module
+    dataset: Any  # amptrain.components.base.Dataset
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """How a run that finished normally ended."""
+
+    final_step: int
+    resumed_from: int | None
+    precision: PrecisionChoice
+    skipped_steps: int
+    dropped_records: int
+    last_record: dict[str, Any] | None
+    rank: int = 0
+    world_size: int = 1

@@ -1,0 +1,109 @@
+"""The checks a careful AMP user runs by hand, on the host values of each flush.
+
+Detection lags by at most one flush (``telemetry.flush_every_steps`` steps or
+``flush_every_ms``): the per-step values only reach the host then, and reading
+them earlier would cost a device sync per step. The lag never changes the
+numerics, only when a warning is sent or a diverged run is stopped.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from amptrain.contract.errors import DivergedError
+from amptrain.contract.records import event
+from amptrain.contract.spec import HealthSpec
+
+
+class HealthMonitor:
+    """Turns metric records into warning events, or a DivergedError that names the step."""
+
+    def __init__(self, spec: HealthSpec, precision: str) -> None:
+        self._spec = spec
+        self._fp16 = precision == "fp16"
+        self._precision = precision
+        self._consecutive_skips = 0
+        self._consecutive_nonfinite = 0
+        self._low_scale_warned = False
+
+    def check(
+        self, records: list[dict[str, Any]]
+    ) -> tuple[list[dict[str, Any]], DivergedError | None]:
+        """Warning events for ``records`` (in order), and the divergence error if any."""
+        events: list[dict[str, Any]] = []
+        for rec in records:
+            error = self._check_one(rec, events)
+            if error is not None:
+                return events, error
+        return events, None
+
+    def _check_one(self, rec: dict[str, Any], events: list[dict[str, Any]]) -> DivergedError | None:
+        step = rec["step"]
+        if rec["skipped"]:
+            self._consecutive_skips += 1
+            if self._consecutive_skips == self._spec.warn_consecutive_skips:
+                events.append(
+                    self._warning(
+                        rec,
+                        "consecutive_skips",
+                        (
+                            f"{self._consecutive_skips} consecutive steps up to step {step} were skipped "
+                            "for inf/NaN gradients"
+                        ),
+                    )
+                )
+        else:
+            self._consecutive_skips = 0
+        if self._fp16:
+            return self._check_scale(rec, events)
+        return self._check_loss(rec)
+
+    def _check_scale(
+        self, rec: dict[str, Any], events: list[dict[str, Any]]
+    ) -> DivergedError | None:
+        scale, step = rec["loss_scale"], rec["step"]
+        if scale is None:
+            return None
+        if scale < self._spec.diverge_loss_scale_floor:
+            return DivergedError(
+                f"diverged at step {step}: the fp16 loss scale fell to {scale:g}, below the floor "
+                f"{self._spec.diverge_loss_scale_floor:g}, so gradients overflow on nearly every step. "
+                "The model likely needs more range than fp16 has: use precision 'bf16' "
+                "(CUDA capability >= 8.0) or 'fp32', or lower the learning rate.",
+                step=step,
+            )
+        if scale < self._spec.warn_loss_scale_below and not self._low_scale_warned:
+            self._low_scale_warned = True
+            events.append(
+                self._warning(
+                    rec,
+                    "low_loss_scale",
+                    (
+                        f"frequent gradient overflow: the fp16 loss scale fell to {scale:g} at step {step} "
+                        f"(below {self._spec.warn_loss_scale_below:g}); consider bf16 if the device has it"
+                    ),
+                )
+            )
+        elif scale >= self._spec.warn_loss_scale_below:
+            self._low_scale_warned = False  # re-arm once the scale has recovered
+        return None
+
+    def _check_loss(self, rec: dict[str, Any]) -> DivergedError | None:
+        loss, step = rec["loss"], rec["step"]
+        if loss is not None and math.isfinite(loss):
+            self._consecutive_nonfinite = 0
+            return None
+        self._consecutive_nonfinite += 1
+        if self._consecutive_nonfinite < self._spec.diverge_nonfinite_steps:
+            return None
+        return DivergedError(
+            f"diverged at step {step}: the loss was non-finite for {self._consecutive_nonfinite} "
+            f"consecutive steps ({self._precision}). Lower the learning rate, enable or tighten "
+            "grad_clip_norm, or check the data for NaN/inf values.",
+            step=step,
+        )
+
+    @staticmethod
+    def _warning(rec: dict[str, Any], code: str, message: str) -> dict[str, Any]:
+        return event("warning", rec["step"], rec["time"], code=code, message=message)

@@ -1,0 +1,89 @@
+"""A watcher's reads of SQL: the job's state and its recorded history after a cursor.
+
+The recorder commits each job's stream in order, so SQL holds a prefix of the
+stream (plus the ``0-{id}`` events of the job before its first claim). A history
+read fixes its end first -- the newest recorded point, then the events, whichever
+is newest -- and returns everything up to it: nothing recorded meanwhile can fall
+between two pages.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import AsyncIterator, Callable
+from typing import Any, TypeVar
+
+import anyio
+from sqlalchemy.orm import Session, sessionmaker
+
+from amptrain.contract.cursor import Cursor
+from amptrain.server.live.messages import JobState
+from amptrain.store import events, jobs
+from amptrain.store.history import points as metrics
+
+T = TypeVar("T")
+
+Record = tuple[Cursor, str, dict[str, Any]]
+"""(cursor, ``"metric"`` or ``"event"``, the point or event as the store gives it)."""
+
+
+class History:
+    def __init__(self, sessions: sessionmaker[Session], job_id: str, page: int) -> None:
+        self.sessions = sessions
+        self.job_id = job_id
+        self.page = page
+
+    async def job(self) -> JobState | None:
+        return await self._db(self._job_state)
+
+    async def after(self, cursor: Cursor) -> AsyncIterator[Record]:
+        """Every recorded point and event beyond ``cursor``, in cursor order."""
+        upto, pending = await self._db(functools.partial(self._events_and_end, after=cursor))
+        if upto is None:
+            return
+        after = cursor
+        while True:
+            read = functools.partial(self._points, after=after, upto=upto)
+            items: list[dict[str, Any]] = await self._db(read)
+            for item in items:
+                pos = Cursor.of_entry(item["cursor"])
+                while pending and pending[0][0] < pos:
+                    at, ev = pending.pop(0)
+                    yield at, "event", ev
+                yield pos, "metric", item
+                after = pos
+            if len(items) < self.page:
+                break
+        for at, ev in pending:
+            yield at, "event", ev
+
+    # -- in a worker thread -------------------------------------------------------------
+
+    async def _db(self, fn: Callable[[Session], T]) -> T:
+        def run() -> T:
+            with self.sessions() as s:
+                return fn(s)
+
+        return await anyio.to_thread.run_sync(run)
+
+    def _job_state(self, s: Session) -> JobState | None:
+        job = jobs.get_job(s, self.job_id)
+        if job is None:
+            return None
+        error = (
+            {"code": job.error_code, "message": job.error_message or ""} if job.error_code else None
+        )
+        return JobState(job.status, job.attempt, job.telemetry_done, error, job.step or 0)
+
+    def _events_and_end(
+        self, s: Session, after: Cursor
+    ) -> tuple[Cursor | None, list[tuple[Cursor, dict[str, Any]]]]:
+        # The newest point first: every event before it was committed before it.
+        newest = metrics.newest_cursor(s, self.job_id)
+        found = events.events_after(s, self.job_id, after)
+        ends = [c for c in (newest, found[-1][0] if found else None) if c is not None]
+        return (max(ends) if ends else None), found
+
+    def _points(self, s: Session, after: Cursor, upto: Cursor) -> list[dict[str, Any]]:
+        items, _ = metrics.metric_page(s, self.job_id, after, self.page, "all", upto)
+        return items

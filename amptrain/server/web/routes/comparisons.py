@@ -1,0 +1,153 @@
+"""Precision A/B comparisons: ``POST /comparisons`` trains one spec once per precision;
+``GET /comparisons/{id}`` reports throughput, peak memory and final loss of each run, their
+ratios against the fp32 run, and the loss curves aligned by step."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Any, cast
+
+from fastapi import APIRouter, Query, Response, status
+from pydantic import BaseModel, ConfigDict, Field
+
+from amptrain.contract.spec import JobSpec, Precision, Text
+from amptrain.server.web.deps import CurrentUser, ServicesDep, SessionDep
+from amptrain.server.web.errors import NotFound, ValidationFailed, clip, error_responses
+from amptrain.server.web.routes.jobs import submit_job
+from amptrain.store import comparisons as repo
+
+router = APIRouter(prefix="/comparisons", tags=["comparisons"], responses=error_responses(401, 422))
+
+
+class ComparisonIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    spec: JobSpec
+    """The job every run trains; its ``precision`` is replaced by each of ``precisions``."""
+    precisions: list[Precision] = Field(min_length=2, max_length=4)
+    """Distinct precisions, one job each, e.g. ``["fp32", "bf16", "fp16"]``."""
+    name: Text | None = Field(default=None, min_length=1, max_length=200)
+    """Defaults to the spec's name. No control or bidi-formatting characters, as job names."""
+
+
+class Ratios(BaseModel):
+    throughput: float | None
+    """Steady-state samples/s over the baseline's (above 1: faster)."""
+    peak_memory: float | None
+    """Peak memory over the baseline's (below 1: smaller)."""
+    final_loss: float | None
+    """Final loss over the baseline's (near 1: as accurate)."""
+
+
+class ComparisonRun(BaseModel):
+    precision: str
+    job_id: str
+    name: str
+    status: str
+    step: int
+    max_steps: int
+    effective_precision: str | None
+    error: dict[str, str] | None
+    throughput: float | None
+    """Mean samples/s after the first 10% of the steps."""
+    peak_memory: int | None
+    """Highest ``memory_peak`` recorded, bytes."""
+    final_loss: float | None
+    """Mean finite loss of the last 10% of the steps (1 to 100 steps)."""
+    ratios: Ratios
+
+
+class LossCurves(BaseModel):
+    step: list[int]
+    """The shared step axis."""
+    loss: dict[str, list[float | None]]
+    """Per precision, the loss at each step of ``step`` (null: no point there)."""
+
+
+class ComparisonOut(BaseModel):
+    id: str
+    name: str
+    created_at: datetime
+    spec: dict[str, Any]
+    baseline: str | None
+    """The precision the ratios are against (fp32), or null when no run trained in fp32."""
+    runs: list[ComparisonRun]
+    loss_curves: LossCurves
+
+
+class ComparisonSummary(BaseModel):
+    id: str
+    name: str
+    created_at: datetime
+    runs: list[dict[str, str]]
+    """``[{"precision", "job_id"}]``."""
+
+
+class ComparisonList(BaseModel):
+    items: list[ComparisonSummary]
+
+
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    response_model=ComparisonOut,
+    responses=error_responses(400, 413, 429),
+)
+def create_comparison(
+    body: ComparisonIn, session: SessionDep, user: CurrentUser, services: ServicesDep
+) -> ComparisonOut:
+    """Submit ``spec`` once per precision (each an ordinary job of the caller's) and return
+    the comparison's report. A bad spec is a 422 naming ``spec.<field>``."""
+    if len(set(body.precisions)) != len(body.precisions):
+        raise ValidationFailed.one("precisions", "list each precision once")
+    runs = []
+    for precision in body.precisions:
+        spec = body.spec.model_copy(
+            update={"precision": precision, "name": _run_name(body.spec.name, precision)}
+        )
+        try:
+            job = submit_job(spec, session, user, services, Response())
+        except ValidationFailed as exc:
+            problems = cast(list[dict[str, Any]], exc.detail)
+            raise ValidationFailed(
+                [{**p, "field": f"spec.{p['field']}"} for p in problems]
+            ) from None
+        runs.append({"precision": precision, "job_id": job.id})
+    row = repo.create(
+        session,
+        body.name or body.spec.name,
+        user.name,
+        body.spec.model_dump(mode="json"),
+        runs,
+    )
+    return ComparisonOut.model_validate(repo.report(session, row))
+
+
+@router.get("", response_model=ComparisonList)
+def list_comparisons(
+    session: SessionDep,
+    user: CurrentUser,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+) -> ComparisonList:
+    """The caller's newest comparisons (an admin's: everyone's)."""
+    rows = repo.newest(session, user.owner_filter, limit)
+    return ComparisonList(
+        items=[
+            ComparisonSummary(id=r.id, name=r.name, created_at=r.created_at, runs=r.runs)
+            for r in rows
+        ]
+    )
+
+
+@router.get("/{comparison_id}", response_model=ComparisonOut, responses=error_responses(404))
+def read_comparison(comparison_id: str, session: SessionDep, user: CurrentUser) -> ComparisonOut:
+    """Each run's status and numbers now, the ratios against the baseline and the curves."""
+    row = repo.get(session, comparison_id)
+    if row is None or not user.can_see(row):
+        raise NotFound(f"no comparison {clip(comparison_id)}")
+    return ComparisonOut.model_validate(repo.report(session, row))
+
+
+def _run_name(name: str, precision: str) -> str:
+    suffix = f" [{precision}]"
+    return name[: 200 - len(suffix)] + suffix

@@ -1,0 +1,257 @@
+"""Jobs: submit (idempotent), read, list (keyset-paged, newest first), cancel."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import json
+from datetime import UTC, datetime
+from typing import Annotated
+
+from fastapi import APIRouter, Header, Query, Response, status
+from sqlalchemy.exc import IntegrityError
+
+from amptrain.contract.admission import admission_problems
+from amptrain.contract.catalog import validate_components
+from amptrain.contract.spec import JobSpec
+from amptrain.core.enums import JobStatus
+from amptrain.core.redis import Keys
+from amptrain.server.dispatcher import queue_for
+from amptrain.server.web.admission import service_policy
+from amptrain.server.web.deps import (
+    CurrentUser,
+    ServicesDep,
+    SessionDep,
+    after_commit,
+    release_connection,
+    visible_job,
+)
+from amptrain.server.web.errors import (
+    Conflict,
+    NotFound,
+    TooMany,
+    ValidationFailed,
+    clip,
+    error_responses,
+    field_problems,
+)
+from amptrain.server.web.schemas import JobOut, JobPage
+from amptrain.store import job_reads, quotas
+from amptrain.store import jobs as repo
+from amptrain.store.models import Job
+
+router = APIRouter(prefix="/jobs", tags=["jobs"], responses=error_responses(401, 422))
+
+CANCEL_KEY_TTL_S = 7 * 24 * 3600  # outlives any grace period; the job's status is the truth
+
+
+def canonical_spec(spec: JobSpec) -> bytes:
+    """The spec (after defaults) as compact, key-sorted JSON: what is stored and hashed."""
+    dumped = spec.model_dump(mode="json")
+    return json.dumps(dumped, sort_keys=True, separators=(",", ":")).encode()
+
+
+def request_hash(spec: JobSpec) -> str:
+    """Fingerprint of the submitted spec (after defaults), for Idempotency-Key replays."""
+    return hashlib.sha256(canonical_spec(spec)).hexdigest()
+
+
+@router.post(
+    "",
+    status_code=status.HTTP_201_CREATED,
+    response_model=JobOut,
+    responses=error_responses(400, 409, 413, 429),
+)
+def submit_job(
+    spec: JobSpec,
+    session: SessionDep,
+    user: CurrentUser,
+    services: ServicesDep,
+    response: Response,
+    idempotency_key: Annotated[
+        str | None, Header(alias="Idempotency-Key", min_length=1, max_length=200)
+    ] = None,
+) -> JobOut:
+    """Queue a training job. With an ``Idempotency-Key`` the same key and body return the
+    original job (200); the same key with another body is a 409. A caller already holding
+    ``AMPTRAIN_MAX_ACTIVE_JOBS_PER_USER`` unfinished jobs gets 429 (admins are exempt)."""
+    problems = validate_components(spec)
+    problems += admission_problems(spec, user.name, service_policy(services.settings))
+    size = len(canonical_spec(spec))
+    if size > services.settings.max_spec_bytes:
+        problems.append(
+            {
+                "loc": (),
+                "msg": f"the spec is {size} bytes as JSON; at most "
+                f"{services.settings.max_spec_bytes} are accepted",
+                "type": "too_long",
+            }
+        )
+    if spec.queue is not None and spec.queue not in services.settings.routable_queues:
+        problems.append(
+            {
+                "loc": ("queue",),
+                # The name last: a quote followed by a long text reads as one long value.
+                "msg": f"the queues of this service are {', '.join(services.settings.routable_queues)}"
+                f" (shape queues -xN take jobs of devices N), not {spec.queue!r}",
+                "type": "enum",
+            }
+        )
+    if problems:
+        raise ValidationFailed(field_problems(problems))
+    digest = request_hash(spec)
+    if idempotency_key:
+        existing = repo.find_by_idempotency_key(session, user.name, idempotency_key)
+        if existing is not None:
+            return _replay(existing, digest, response)
+    if not user.is_admin:
+        _check_active_jobs(session, user.name, services.settings.max_active_jobs_per_user)
+    try:
+        job = repo.create_job(session, spec, user.name, queue_for(spec), idempotency_key, digest)
+    except IntegrityError:
+        # A concurrent request with the same key won the insert.
+        session.rollback()
+        existing = (
+            repo.find_by_idempotency_key(session, user.name, idempotency_key)
+            if idempotency_key
+            else None
+        )
+        if existing is None:
+            raise
+        return _replay(existing, digest, response)
+    job_id, queue_name, dispatcher = job.id, job.queue, services.dispatcher
+    after_commit(session, lambda: dispatcher.submit(job_id, queue_name))
+    return JobOut.from_job(job)
+
+
+def _check_active_jobs(session: SessionDep, owner: str, limit: int) -> None:
+    quotas.lock_owner(session, owner)
+    in_use = quotas.active_jobs(session, owner)
+    if in_use >= limit:
+        raise TooMany(
+            {
+                "message": f"{in_use} of your jobs are queued or running; at most {limit} "
+                "may be: wait for one to finish or cancel one",
+                "limit": limit,
+                "in_use": in_use,
+            }
+        )
+
+
+def _replay(job: Job, digest: str, response: Response) -> JobOut:
+    if job.request_hash != digest:
+        raise Conflict("Idempotency-Key was already used with a different request body")
+    response.status_code = status.HTTP_200_OK
+    return JobOut.from_job(job)
+
+
+@router.get("", response_model=JobPage)
+def list_jobs(
+    session: SessionDep,
+    user: CurrentUser,
+    services: ServicesDep,
+    status_filter: Annotated[
+        str | None,
+        Query(alias="status", max_length=200, description="One status or a comma-separated list."),
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    cursor: Annotated[
+        str | None,
+        Query(max_length=200, description="``next_cursor`` of the previous page."),
+    ] = None,
+) -> JobPage:
+    """Jobs the caller may see, newest first, paged by an opaque keyset cursor. A page
+    holds up to ``limit`` jobs, fewer when their specs would exceed
+    ``AMPTRAIN_MAX_PAGE_BYTES`` (follow ``next_cursor``)."""
+    statuses = None
+    if status_filter:
+        statuses = [s.strip() for s in status_filter.split(",") if s.strip()]
+        known = [s.value for s in JobStatus]
+        bad = [s for s in statuses if s not in known]
+        if bad:
+            raise ValidationFailed(
+                [
+                    {
+                        "field": "query.status",
+                        "message": f"unknown status {b!r}; expected one of {', '.join(known)}",
+                        "type": "enum",
+                    }
+                    for b in bad
+                ]
+            )
+    items, more = job_reads.page_of_jobs(
+        session,
+        owner=user.owner_filter,
+        statuses=statuses,
+        after=decode_cursor(cursor) if cursor else None,
+        limit=limit,
+    )
+    release_connection(session)  # before FastAPI's response-validation hop
+    kept = _within_budget(items, services.settings.max_page_bytes)
+    more = more or len(kept) < len(items)
+    next_cursor = encode_cursor(kept[-1]) if more and kept else None
+    return JobPage(items=[JobOut.from_job(j) for j in kept], next_cursor=next_cursor)
+
+
+def _within_budget(items: list[Job], budget: int) -> list[Job]:
+    """The leading jobs whose specs fit in ``budget`` bytes (always at least one, so
+    paging moves on)."""
+    used = 0
+    for i, job in enumerate(items):
+        used += len(json.dumps(job.spec, separators=(",", ":")))
+        if used > budget and i > 0:
+            return items[:i]
+    return items
+
+
+def encode_cursor(job: Job) -> str:
+    raw = f"{job.created_at.isoformat()}|{job.id}".encode()
+    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> tuple[datetime, str]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode()
+        stamp, _, job_id = raw.partition("|")
+        parsed = datetime.fromisoformat(stamp)
+        if not job_id or len(job_id) > 40 or parsed.tzinfo is None:
+            raise ValueError(raw)
+        # An offset that moves the instant outside years 1..9999 overflows here, not in SQL.
+        created_at = parsed.astimezone(UTC)
+    except (ValueError, OverflowError, binascii.Error, UnicodeDecodeError):
+        raise ValidationFailed.one("query.cursor", "invalid cursor") from None
+    return created_at, job_id
+
+
+@router.get("/{job_id}", response_model=JobOut, responses=error_responses(404))
+def read_job(job_id: str, session: SessionDep, user: CurrentUser) -> JobOut:
+    """One job: status, progress, precision, error and latest metrics summary."""
+    job = visible_job(session, user, job_id)
+    release_connection(session)  # before FastAPI's response-validation hop
+    return JobOut.from_job(job)
+
+
+@router.post(
+    "/{job_id}/cancel",
+    status_code=status.HTTP_202_ACCEPTED,
+    response_model=JobOut,
+    responses=error_responses(404, 409, 429),
+)
+def cancel_job(
+    job_id: str, session: SessionDep, user: CurrentUser, services: ServicesDep
+) -> JobOut:
+    """Stop a job: a queued one ends ``cancelled`` at once, a running one turns ``cancelling``
+    and its worker stops at the next step boundary. A finished job is a 409."""
+    visible_job(session, user, job_id)
+    try:
+        new_status = repo.request_cancel(session, job_id)
+    except repo.JobFinished as exc:
+        raise Conflict(f"job {job_id} already {exc.status}") from None
+    except repo.JobNotFound:
+        raise NotFound(f"no job {clip(job_id)}") from None
+    if new_status == JobStatus.CANCELLING:
+        client = services.redis
+        after_commit(session, lambda: client.set(Keys.cancel(job_id), "1", ex=CANCEL_KEY_TTL_S))
+    session.expire_all()
+    return JobOut.from_job(visible_job(session, user, job_id))

@@ -1,0 +1,120 @@
+"""A job's history: metric points (cursor = stream entry id) and lifecycle events (cursor = id)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from amptrain.contract.cursor import INT64_MAX
+from amptrain.server.web.deps import CurrentUser, SessionDep, parse_cursor, visible_job
+from amptrain.server.web.errors import ValidationFailed, error_responses
+from amptrain.server.web.schemas import BucketMark, EventOut, EventPage, MetricPage
+from amptrain.store.events import event_page
+from amptrain.store.history.downsample import series_window
+from amptrain.store.history.points import Attempts, metric_page
+from amptrain.store.history.window import parse_fields, select_fields
+
+router = APIRouter(prefix="/jobs", tags=["telemetry"], responses=error_responses(401, 404, 422))
+
+STEP_MAX = 2**31 - 1
+"""Steps are 32-bit columns (PostgreSQL casts a bound step to int4: larger is an error)."""
+
+
+# Unset fields stay out: ``marks`` belongs to max_points answers only.
+@router.get(
+    "/{job_id}/metrics",
+    response_model=MetricPage,
+    response_model_exclude_unset=True,
+)
+def read_metrics(
+    job_id: str,
+    session: SessionDep,
+    user: CurrentUser,
+    after: Annotated[
+        str | None, Query(max_length=48, description="``next_cursor`` of the previous page.")
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+    attempts: Annotated[
+        Attempts,
+        Query(
+            description="``effective``: per step only the newest attempt's point; ``all``: every attempt."
+        ),
+    ] = "effective",
+    max_points: Annotated[
+        int | None,
+        Query(
+            ge=1,
+            le=10_000,
+            description="Return the whole run (or the ``from_step``..``to_step`` window) in at "
+            "most this many points, marked ``downsampled``: per bucket of steps the first, "
+            "the last, the min and max of each requested field that can spike (loss, "
+            "grad_norm, loss_scale, samples_per_second, step_time_ms, memory_allocated; "
+            "``loss`` and ``grad_norm`` by default) and the skipped or non-finite steps "
+            "(all of them when they fit, else each bucket's first, counted in ``marks``). "
+            "Not with ``after``.",
+        ),
+    ] = None,
+    from_step: Annotated[
+        int | None,
+        Query(
+            ge=0,
+            le=STEP_MAX,
+            description="With ``max_points``: only steps from this one on (a zoomed chart's "
+            "window; at full resolution when it holds at most ``max_points`` points).",
+        ),
+    ] = None,
+    to_step: Annotated[
+        int | None,
+        Query(
+            ge=0,
+            le=STEP_MAX,
+            description="With ``max_points``: only steps up to this one (inclusive).",
+        ),
+    ] = None,
+    fields: Annotated[
+        str | None,
+        Query(max_length=500, description="Comma-separated metric fields to return (default all)."),
+    ] = None,
+) -> MetricPage:
+    """Recorded metric points after ``after`` in recording order; ``next_cursor`` passed back
+    returns only newer points, so no point is ever repeated or skipped. With ``max_points``:
+    the whole run downsampled in the database, ``next_cursor`` = the newest point's cursor."""
+    visible_job(session, user, job_id)
+    try:
+        wanted = parse_fields(fields)
+    except ValueError as exc:
+        raise ValidationFailed.one("query.fields", str(exc)) from None
+    if max_points is not None:
+        if after is not None:
+            raise ValidationFailed.one("query.after", "max_points covers the whole run: drop after")
+        if from_step is not None and to_step is not None and to_step < from_step:
+            raise ValidationFailed.one("query.to_step", "to_step must not be below from_step")
+        window = series_window(session, job_id, max_points, wanted, from_step, to_step)
+        marks = [BucketMark(**m) for m in window.marks]
+        return MetricPage(items=window.items, next_cursor=window.next_cursor, marks=marks)
+    if from_step is not None or to_step is not None:
+        field = "query.from_step" if from_step is not None else "query.to_step"
+        raise ValidationFailed.one(
+            field, "a step window needs max_points (pages follow the cursor instead)"
+        )
+    cursor = parse_cursor(after, "query.after")
+    items, next_cursor = metric_page(session, job_id, after=cursor, limit=limit, attempts=attempts)
+    return MetricPage(items=[select_fields(i, wanted) for i in items], next_cursor=next_cursor)
+
+
+@router.get("/{job_id}/events", response_model=EventPage)
+def read_events(
+    job_id: str,
+    session: SessionDep,
+    user: CurrentUser,
+    after: Annotated[
+        int, Query(ge=0, le=INT64_MAX, description="``next_cursor`` of the previous page.")
+    ] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 200,
+) -> EventPage:
+    """Lifecycle events (queued, started, checkpoint, warning, resumed, succeeded, failed,
+    cancelled) after ``after``, oldest first."""
+    visible_job(session, user, job_id)
+    items = [EventOut(**e) for e in event_page(session, job_id, after, limit)]
+    return EventPage(items=items, next_cursor=str(items[-1].id if items else after))

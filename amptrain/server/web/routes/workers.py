@@ -1,0 +1,50 @@
+"""``GET /workers``: live workers, their devices, queues and current jobs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter
+
+from amptrain.core import presence
+from amptrain.server.web.deps import CurrentUser, ServicesDep, SessionDep
+from amptrain.server.web.errors import Unavailable, error_responses
+from amptrain.store.job_reads import owned_job_ids
+
+router = APIRouter(tags=["workers"], responses=error_responses(401, 503))
+
+
+@router.get("/workers")
+def list_workers(services: ServicesDep, session: SessionDep, user: CurrentUser) -> dict[str, Any]:
+    """Workers that heartbeated within their TTL, newest first.
+
+    Each has ``name``, ``hostname``, ``queues`` (the queues it consumes: with
+    ``devices_per_job`` K > 1 the shape queues ``gpu-xK``, ``cpu-xK``),
+    ``concurrency``, ``devices_per_job``, ``slots`` (each pool process's ``slot``
+    index and the ``gpus`` it owns, a list: empty on a CPU worker), ``devices``
+    (the capability report), ``versions``, ``started_at``, ``last_heartbeat``
+    (unix seconds) and ``current_jobs`` (slot, job id, attempt, ``gpu`` and
+    ``gpus``, latest step, throughput, loss scale, memory). Of a job the caller
+    may not see only ``slot``, ``gpu`` and ``gpus`` are shown.
+    """
+    try:
+        workers = presence.read_workers(services.redis)
+    except Exception as exc:
+        raise Unavailable({"redis": f"error: {type(exc).__name__}"}) from exc
+    if not user.is_admin:
+        _hide_foreign_jobs(session, user.name, workers)
+    return {"items": workers}
+
+
+def _hide_foreign_jobs(session: SessionDep, owner: str, workers: list[dict[str, Any]]) -> None:
+    ids = {j.get("job_id") for w in workers for j in w["current_jobs"]} - {None}
+    if not ids:
+        return
+    mine = owned_job_ids(session, owner, ids)
+    for w in workers:
+        w["current_jobs"] = [
+            j
+            if j.get("job_id") in mine
+            else {"slot": j.get("slot"), "gpu": j.get("gpu"), "gpus": j.get("gpus")}
+            for j in w["current_jobs"]
+        ]

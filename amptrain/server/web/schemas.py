@@ -1,0 +1,131 @@
+"""Response models: the JSON shapes clients and the dashboard depend on."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from amptrain.store.models import Job
+from amptrain.store.recording import SUMMARY_FIELDS
+
+
+class PrecisionOut(BaseModel):
+    requested: str | None = None
+    """What the spec asked for (``auto``, ``fp32``, ``fp16``, ``bf16``)."""
+    effective: str | None = None
+    """What the worker runs; null until an attempt started."""
+    reason: str | None = None
+    """Why ``auto`` (or a fallback) chose ``effective``."""
+
+
+class ErrorOut(BaseModel):
+    code: str
+    message: str
+
+
+class SummaryOut(BaseModel):
+    """Latest values, from the newest recorded metric point."""
+
+    loss: float | None = None
+    loss_scale: float | None = None
+    skipped_steps: int | None = None
+    memory_peak: int | None = None
+    samples_per_second: float | None = None
+
+
+class JobOut(BaseModel):
+    id: str
+    name: str
+    owner: str
+    """The name of the token that submitted it."""
+    status: str
+    spec: dict[str, Any]
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+    step: int
+    max_steps: int
+    attempt: int
+    worker: str | None
+    """The worker running the current attempt (null when not running)."""
+    precision: PrecisionOut
+    error: ErrorOut | None
+    summary: SummaryOut
+
+    @classmethod
+    def from_job(cls, job: Job) -> JobOut:
+        summary = job.summary or {}
+        return cls(
+            id=job.id,
+            name=job.name,
+            owner=job.owner,
+            status=job.status,
+            spec=job.spec,
+            created_at=job.created_at,
+            started_at=job.started_at,
+            finished_at=job.finished_at,
+            step=job.step or 0,
+            max_steps=job.max_steps,
+            attempt=job.attempt,
+            worker=job.worker,
+            precision=PrecisionOut(
+                requested=job.precision_requested or job.spec.get("precision"),
+                effective=job.precision_effective,
+                reason=job.precision_reason,
+            ),
+            error=(
+                ErrorOut(code=job.error_code, message=job.error_message or "")
+                if job.error_code
+                else None
+            ),
+            summary=SummaryOut(**{k: summary.get(k) for k in SUMMARY_FIELDS}),
+        )
+
+
+class JobPage(BaseModel):
+    items: list[JobOut]
+    next_cursor: str | None = Field(
+        description="Pass as ``cursor`` for the next (older) page; null at the end."
+    )
+
+
+class BucketMark(BaseModel):
+    """A bucket of a downsampled answer that holds skipped or non-finite steps."""
+
+    from_step: int
+    to_step: int
+    flagged: int
+    """Steps in the bucket that were skipped or had a non-finite loss or grad norm."""
+    skipped: int
+    non_finite: int
+    """Steps whose loss was NaN or infinite (shown as null)."""
+
+
+class MetricPage(BaseModel):
+    items: list[dict[str, Any]]
+    """Telemetry records (``amptrain.contract.records.STORED_METRIC_FIELDS``: ``world_size``
+    and ``memory_peak_per_rank`` null for one device) plus ``attempt`` and ``cursor``."""
+    next_cursor: str | None
+    """Pass as ``after`` to get only newer points."""
+    marks: list[BucketMark] = Field(default_factory=list)
+    """Only with ``max_points``: the buckets holding skipped or non-finite steps and how
+    many (each bucket's first such step is always among ``items``; all are when they fit)."""
+
+
+class EventOut(BaseModel):
+    id: int
+    """The events cursor."""
+    attempt: int
+    type: str
+    step: int | None
+    time: float
+    """Unix seconds."""
+    data: dict[str, Any]
+
+
+class EventPage(BaseModel):
+    items: list[EventOut]
+    next_cursor: str | None
+    """Pass as ``after`` to get only newer events."""

@@ -1,0 +1,184 @@
+"""Precision A/B comparisons: one spec trained once per precision, and the report on them.
+
+A comparison row only remembers which job ran which precision; everything in the
+report is computed from the jobs' recorded metric points when it is asked for, so
+it is as fresh as the recorder and never disagrees with ``GET /jobs/{id}/metrics``.
+
+The report's numbers, per job:
+
+- ``throughput``: mean ``samples_per_second`` over the steady state, i.e. the steps
+  after the first :data:`WARMUP_FRACTION` of the recorded ones (compilation,
+  allocator warm-up and the first loss-scale backoffs make early steps unrepresentative);
+- ``peak_memory``: the highest ``memory_peak`` recorded;
+- ``final_loss``: mean of the finite losses of the last :data:`FINAL_FRACTION` of the
+  recorded steps (at least 1, at most :data:`FINAL_MAX_STEPS`), so one noisy batch does
+  not decide the accuracy verdict;
+- ratios of those against the baseline run (requested ``fp32``; else the first run that
+  actually trained in fp32), and the loss curves aligned by step.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Mapped, Session, mapped_column
+
+from amptrain.store.history.downsample import downsample
+from amptrain.store.history.window import is_finite
+from amptrain.store.models import Base, Job, MetricPoint, UTCDateTime, utcnow
+
+WARMUP_FRACTION = 0.1
+FINAL_FRACTION = 0.1
+FINAL_MAX_STEPS = 100
+CURVE_POINTS = 1000
+"""Per run, at most this many loss points in the report (downsampled, spikes kept)."""
+
+
+def new_comparison_id() -> str:
+    return "c_" + uuid.uuid4().hex
+
+
+class Comparison(Base):
+    """One spec submitted once per precision; ``runs`` is ``[{"precision", "job_id"}]``."""
+
+    __tablename__ = "comparisons"
+    __table_args__ = (sa.Index(None, "owner", "created_at"),)
+
+    id: Mapped[str] = mapped_column(sa.String(40), primary_key=True, default=new_comparison_id)
+    name: Mapped[str] = mapped_column(sa.String(200))
+    owner: Mapped[str] = mapped_column(sa.String(200))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+    spec: Mapped[dict[str, Any]] = mapped_column(sa.JSON)
+    runs: Mapped[list[dict[str, str]]] = mapped_column(sa.JSON)
+
+
+def create(
+    s: Session, name: str, owner: str, spec: dict[str, Any], runs: list[dict[str, str]]
+) -> Comparison:
+    """Add the comparison row for jobs the caller already created in this transaction."""
+    row = Comparison(name=name, owner=owner, spec=spec, runs=runs)
+    s.add(row)
+    s.flush()
+    return row
+
+
+def get(s: Session, comparison_id: str) -> Comparison | None:
+    return s.get(Comparison, comparison_id)
+
+
+def newest(s: Session, owner: str | None, limit: int) -> list[Comparison]:
+    """The newest comparisons of ``owner`` (None: everyone's)."""
+    query = sa.select(Comparison)
+    if owner is not None:
+        query = query.where(Comparison.owner == owner)
+    return list(
+        s.scalars(query.order_by(Comparison.created_at.desc(), Comparison.id.desc()).limit(limit))
+    )
+
+
+def report(s: Session, comparison: Comparison) -> dict[str, Any]:
+    """Each run's status and numbers, the ratios against the baseline and the loss curves."""
+    job_ids = [r["job_id"] for r in comparison.runs]
+    jobs = {j.id: j for j in s.scalars(sa.select(Job).where(Job.id.in_(job_ids)))}
+    runs = [
+        _run_numbers(s, run["precision"], jobs[run["job_id"]])
+        for run in comparison.runs
+        if run["job_id"] in jobs
+    ]
+    base = _baseline(runs)
+    for run in runs:
+        run["ratios"] = {
+            key: _ratio(run[key], base[key]) if base is not None else None
+            for key in ("throughput", "peak_memory", "final_loss")
+        }
+    return {
+        "id": comparison.id,
+        "name": comparison.name,
+        "created_at": comparison.created_at,
+        "spec": comparison.spec,
+        "baseline": base["precision"] if base is not None else None,
+        "runs": runs,
+        "loss_curves": _aligned_curves(s, runs),
+    }
+
+
+def _run_numbers(s: Session, precision: str, job: Job) -> dict[str, Any]:
+    p = MetricPoint
+    effective = _effective(p)
+    lo, hi, count = s.execute(
+        sa.select(sa.func.min(p.step), sa.func.max(p.step), sa.func.count()).where(
+            p.job_id == job.id, effective
+        )
+    ).one()
+    numbers: dict[str, Any] = {"throughput": None, "peak_memory": None, "final_loss": None}
+    if count:
+        steady_from = lo + int((hi - lo + 1) * WARMUP_FRACTION)
+        final_n = max(1, min(FINAL_MAX_STEPS, int(count * FINAL_FRACTION)))
+        mine = (p.job_id == job.id, effective)
+        numbers["throughput"] = s.scalar(
+            sa.select(sa.func.avg(p.samples_per_second)).where(
+                *mine, p.step >= steady_from, is_finite(p.samples_per_second)
+            )
+        )
+        numbers["peak_memory"] = s.scalar(sa.select(sa.func.max(p.memory_peak)).where(*mine))
+        last = (
+            sa.select(p.loss)
+            .where(*mine, is_finite(p.loss))
+            .order_by(p.step.desc())
+            .limit(final_n)
+            .subquery()
+        )
+        numbers["final_loss"] = s.scalar(sa.select(sa.func.avg(last.c.loss)))
+    return {
+        "precision": precision,
+        "job_id": job.id,
+        "name": job.name,
+        "status": job.status,
+        "step": job.step or 0,
+        "max_steps": job.max_steps,
+        "effective_precision": job.precision_effective,
+        "error": {"code": job.error_code, "message": job.error_message or ""}
+        if job.error_code
+        else None,
+        **{k: float(v) if k != "peak_memory" and v is not None else v for k, v in numbers.items()},
+    }
+
+
+def _effective(p: Any) -> sa.ColumnElement[bool]:
+    newer = sa.orm.aliased(MetricPoint)
+    return ~sa.exists().where(
+        newer.job_id == p.job_id, newer.step == p.step, newer.attempt > p.attempt
+    )
+
+
+def _baseline(runs: list[dict[str, Any]]) -> dict[str, Any] | None:
+    for run in runs:
+        if run["precision"] == "fp32":
+            return run
+    for run in runs:
+        if run["effective_precision"] == "fp32":
+            return run
+    return None
+
+
+def _ratio(value: float | int | None, base: float | int | None) -> float | None:
+    if value is None or base is None or base == 0:
+        return None
+    return float(value) / float(base)
+
+
+def _aligned_curves(s: Session, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """``{"step": [...], "loss": {precision: [...]}}``: one shared step axis, null where a
+    run has no point at that step (still running, or dropped by downsampling)."""
+    series: dict[str, dict[int, float | None]] = {}
+    for run in runs:
+        items, _ = downsample(s, run["job_id"], CURVE_POINTS, ["loss"])
+        series[run["precision"]] = {int(i["step"]): i["loss"] for i in items}
+    steps = sorted({step for points in series.values() for step in points})
+    return {
+        "step": steps,
+        "loss": {name: [points.get(step) for step in steps] for name, points in series.items()},
+    }

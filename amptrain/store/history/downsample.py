@@ -1,0 +1,138 @@
+"""A run's metric series (or a window of its steps) in at most N points, computed by the
+database, honest about spikes, NaN/Inf and skipped steps.
+
+Per bucket of steps these points survive: the first and the last, the lowest and the
+highest finite value of each requested field that can spike (:data:`EXTREMA_FIELDS`;
+``loss`` and ``grad_norm`` when no fields are named), so a loss or grad-norm spike stays
+visible at any zoom; and the first flagged step: skipped (``skipped`` true) or
+non-finite (a ``loss`` that is null, NaN or infinite, a ``grad_norm`` that is NaN or
+infinite). When the budget has room, every flagged step is kept; either way
+:attr:`Window.marks` tells per bucket how many it holds, so nothing is dropped silently. A null loss counts as non-finite: SQLite
+stores NaN as NULL, JSON has no NaN, and the engine always reports a loss.
+
+Buckets are aligned to multiples of a width taken from a fixed ladder, so a growing run
+keeps its buckets (and the points chosen in them) until it needs the next rung: a
+refreshing chart does not jump. ``from_step``/``to_step`` restrict everything to a
+window, which a zoomed chart fetches at full resolution when it fits.
+
+The statements, none of which brings more than a few rows per bucket into Python:
+
+1. ``min/max(step)``, ``count`` and the attempts of the window;
+2. one GROUP BY bucket pass (first/last step, per field min/max of the finite values,
+   flag counts, first flagged step), joined once more with the points to learn which
+   step holds each min/max (the first such step on ties);
+3. the flagged steps, only when a bucket holds more than one and they all fit;
+4. the chosen rows by ``step IN (...)`` (index on (job_id, step)).
+
+Retried jobs use the effective series (per step, the newest attempt's point), as
+``GET /jobs/{id}/metrics`` does by default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from amptrain.store.history import summaries, summary_reads
+from amptrain.store.history.layout import BASE
+from amptrain.store.history.raw_window import raw_window
+from amptrain.store.history.window import (
+    Window,
+    bucket_width,
+    cursor_text,
+    extrema_of,
+    finish,
+    flagged,
+    point_row,
+)
+from amptrain.store.models import MetricPoint
+
+SUMMARY_WIDTH = 4 << BASE
+"""From this bucket width on, buckets come from the summaries (below, the span is short)."""
+
+
+def downsample(
+    s: Session, job_id: str, max_points: int, fields: Sequence[str] | None = None
+) -> tuple[list[dict[str, Any]], str | None]:
+    """The whole run in at most ``max_points`` points and the newest point's cursor."""
+    window = series_window(s, job_id, max_points, fields)
+    return window.items, window.next_cursor
+
+
+def series_window(
+    s: Session,
+    job_id: str,
+    max_points: int,
+    fields: Sequence[str] | None = None,
+    from_step: int | None = None,
+    to_step: int | None = None,
+) -> Window:
+    """At most ``max_points`` points of steps ``from_step..to_step`` (default: all), from the
+    job's summaries when they hold every point (else :func:`raw_window`)."""
+    if max_points < 1:
+        raise ValueError("max_points must be at least 1")
+    view, cursor = summary_reads.open_view(s, job_id)
+    if view is None:
+        return raw_window(s, job_id, max_points, fields, from_step, to_step)
+    newest = cursor_text(cursor)
+    first = 0 if from_step is None else from_step
+    last = summary_reads.STEP_END if to_step is None else to_step
+    (total,) = summary_reads.aggregates(s, view, [(first, last)], view.top)
+    if not total["points"]:
+        return Window([], newest)
+    p = MetricPoint
+    if total["points"] <= max_points:
+        rows = summaries.effective(
+            s.scalars(
+                sa.select(p)
+                .where(p.job_id == job_id, p.step.between(first, last))
+                .order_by(p.step, p.attempt.desc())
+            )
+        )
+        return Window([point_row(r, False, fields) for r in rows], newest)
+    lo, hi = total["first_step"], total["last_step"]
+    extrema = extrema_of(fields)
+    per_bucket = 3 + 2 * len(extrema)  # first, last, first flagged, each field's min and max
+    width = bucket_width(lo, hi, max(1, max_points // per_bucket))
+    if width < SUMMARY_WIDTH:  # a short span: the points cost less than the nodes
+        return raw_window(s, job_id, max_points, fields, from_step, to_step)
+    ranges = [
+        (max(lo, b * width), min(hi, b * width + width - 1))
+        for b in range(lo // width, hi // width + 1)
+    ]
+    level = (width & -width).bit_length() - 1  # width = m * 2**level, m in 4..7
+    steps, marks = _choose(summary_reads.aggregates(s, view, ranges, level, extrema), extrema)
+    n_flagged = sum(m["flagged"] for m in marks)
+    if n_flagged > len(marks) and len(steps) + n_flagged - len(marks) <= max_points:
+        # Room for every flagged step, not just each bucket's first.
+        steps |= summary_reads.flagged_steps(s, view, lo, hi, flagged(p))
+    return finish(s, job_id, steps, marks, max_points, extrema, fields, newest, multi=True)
+
+
+def _choose(
+    aggs: list[summaries.Agg], extrema: tuple[str, ...]
+) -> tuple[set[int], list[dict[str, int]]]:
+    """Per bucket's aggregates: the steps it keeps, and its mark when it holds flagged steps."""
+    chosen: set[int] = set()
+    marks: list[dict[str, int]] = []
+    for a in aggs:
+        if not a["points"]:
+            continue
+        chosen.update((a["first_step"], a["last_step"]))
+        for f in extrema:
+            chosen.update(v for v in (a[f"{f}_min_step"], a[f"{f}_max_step"]) if v is not None)
+        if a["first_flag"] is not None:
+            chosen.add(a["first_flag"])
+            marks.append(
+                {
+                    "from_step": a["first_step"],
+                    "to_step": a["last_step"],
+                    "flagged": a["flagged"],
+                    "skipped": a["skipped"],
+                    "non_finite": a["non_finite"],
+                }
+            )
+    return chosen, marks

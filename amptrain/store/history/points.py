@@ -1,0 +1,98 @@
+"""Reading the recorded metric series: cursor pages, the newest cursor, the effective series.
+
+The cursor (:class:`amptrain.contract.cursor.Cursor`) is the Redis stream entry id the
+point arrived with. One recorder owns a job's stream at a time and commits in stream
+order, so paging by ``(stream_ms, stream_seq)`` never repeats or skips a point.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any, Literal
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
+from sqlalchemy.orm import Session, aliased
+
+from amptrain.contract.cursor import Cursor
+from amptrain.contract.records import STORED_METRIC_FIELDS
+from amptrain.store.models import MetricPoint
+
+Attempts = Literal["effective", "all"]
+IN_CHUNK = 2000
+"""Steps per ``IN (...)`` on SQLite: bound parameters far below its limit of 32766."""
+
+
+def steps_in(s: Session, steps: Sequence[int]) -> Iterator[sa.ColumnElement[bool]]:
+    """Conditions that together select the points at ``steps``: on PostgreSQL one
+    ``step = ANY(array)`` (one parameter, so psycopg prepares the statement once; an
+    ``IN`` of hundreds of placeholders is parsed anew every time), else ``IN`` chunks."""
+    p = MetricPoint
+    if s.get_bind().dialect.name == "postgresql":
+        yield p.step == sa.any_(sa.bindparam("steps", list(steps), postgresql.ARRAY(sa.Integer)))
+        return
+    for i in range(0, len(steps), IN_CHUNK):
+        yield p.step.in_(steps[i : i + IN_CHUNK])
+
+
+def metric_page(
+    s: Session,
+    job_id: str,
+    after: Cursor | str | None = None,
+    limit: int = 1000,
+    attempts: Attempts = "effective",
+    upto: Cursor | None = None,
+) -> tuple[list[dict[str, Any]], str | None]:
+    """Points after ``after`` in recording order, as dicts of STORED_METRIC_FIELDS + ``attempt`` +
+    ``cursor``. ``effective`` keeps, for each step, only the newest attempt's point (the
+    series after a resume); ``all`` returns every attempt's points. ``upto`` bounds the
+    page (inclusive).
+
+    ``next_cursor`` is the last item's cursor, or ``after`` when the page is empty, so a
+    client polling a running job keeps passing it back. Raises
+    :class:`~amptrain.contract.cursor.CursorError` (a ValueError) on a bad cursor text.
+    """
+    p = MetricPoint
+    query = sa.select(p).where(p.job_id == job_id)
+    if after is not None:
+        after = after if isinstance(after, Cursor) else Cursor.parse(after)
+        query = query.where(sa.tuple_(p.stream_ms, p.stream_seq) > sa.tuple_(*after))
+    if upto is not None:
+        query = query.where(sa.tuple_(p.stream_ms, p.stream_seq) <= sa.tuple_(*upto))
+    if attempts == "effective":
+        query = query.where(newest_attempt(p))
+    elif attempts != "all":
+        raise ValueError(f"attempts must be 'effective' or 'all', not {attempts!r}")
+    rows = s.scalars(query.order_by(p.stream_ms, p.stream_seq).limit(limit)).all()
+    items = [point_dict(r) for r in rows]
+    return items, (items[-1]["cursor"] if items else None if after is None else str(after))
+
+
+def newest_attempt(p: Any) -> sa.ColumnElement[bool]:
+    """True for the point of ``p`` (MetricPoint or an alias) no newer attempt has re-recorded:
+    per step, the newest attempt's point (the series a resumed run shows)."""
+    newer = aliased(MetricPoint)
+    return ~sa.exists().where(
+        newer.job_id == p.job_id, newer.step == p.step, newer.attempt > p.attempt
+    )
+
+
+def newest_cursor(s: Session, job_id: str) -> Cursor | None:
+    """The cursor of the job's most recently recorded point (None before the first)."""
+    p = MetricPoint
+    row = s.execute(
+        sa.select(p.stream_ms, p.stream_seq)
+        .where(p.job_id == job_id)
+        .order_by(p.stream_ms.desc(), p.stream_seq.desc())
+        .limit(1)
+    ).first()
+    return Cursor(row[0], row[1]) if row else None
+
+
+def point_dict(row: MetricPoint) -> dict[str, Any]:
+    """A recorded point as the API shows it: STORED_METRIC_FIELDS (the data-parallel ones
+    null for one device) + ``attempt`` + ``cursor``."""
+    out: dict[str, Any] = {f: getattr(row, f) for f in STORED_METRIC_FIELDS}
+    out["attempt"] = row.attempt
+    out["cursor"] = str(Cursor(row.stream_ms, row.stream_seq))
+    return out

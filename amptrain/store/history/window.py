@@ -1,0 +1,197 @@
+"""The pieces every downsampled read shares, whichever way it finds its buckets
+(:mod:`amptrain.store.history.downsample` from the summaries, :mod:`amptrain.store.history.raw_window` from the
+points): what a window holds, which points count as flagged, which fields a request
+keeps, the fixed ladder of bucket widths, and how the chosen steps become items."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from operator import attrgetter
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from amptrain.contract.cursor import Cursor
+from amptrain.contract.jsonsafe import finite
+from amptrain.contract.records import METRIC_FIELDS, STORED_METRIC_FIELDS
+from amptrain.store.history.layout import DBL_MAX, SUMMARY_FIELDS
+from amptrain.store.history.points import steps_in
+from amptrain.store.models import MetricPoint
+
+EXTREMA_FIELDS = SUMMARY_FIELDS
+"""The fields whose per-bucket min and max are kept when requested. ``lr`` follows a
+smooth schedule and ``memory_reserved``/``memory_peak`` only step up, so a bucket's first
+and last points already bound them; leaving them out keeps the pass over the points cheap."""
+DEFAULT_EXTREMA = ("loss", "grad_norm")
+"""Whose extremes are kept when a request names no fields."""
+
+
+def is_finite(column: Any) -> sa.ColumnElement[bool]:
+    """A finite number on every backend: false for NULL, for SQLite's infinities and for
+    PostgreSQL's NaN (which PostgreSQL sorts above every number) and infinities."""
+    return sa.and_(column.is_not(None), column.between(-DBL_MAX, DBL_MAX))
+
+
+def non_finite_loss(p: Any) -> sa.ColumnElement[bool]:
+    return ~is_finite(p.loss)
+
+
+def flagged(p: Any) -> sa.ColumnElement[bool]:
+    """A skipped step, or one whose loss or grad norm is not a finite number."""
+    bad_norm = sa.and_(p.grad_norm.is_not(None), ~is_finite(p.grad_norm))
+    return sa.or_(p.skipped.is_(True), non_finite_loss(p), bad_norm)
+
+
+@dataclass
+class Window:
+    items: list[dict[str, Any]]
+    """Points in step order; each has ``downsampled`` (false: every point of the window)."""
+    next_cursor: str | None
+    """The newest recorded point's cursor (of the whole run): follow the run from there."""
+    marks: list[dict[str, int]] = field(default_factory=list)
+    """Buckets holding flagged steps: ``from_step``, ``to_step`` and how many steps there are
+    ``flagged`` in all, ``skipped`` and ``non_finite`` (a step can be both)."""
+
+
+def parse_fields(text: str | None) -> list[str] | None:
+    """``"loss,lr"`` -> ``["loss", "lr"]`` (None = all); ValueError naming unknown fields."""
+    if not text:
+        return None
+    wanted = [f.strip() for f in text.split(",") if f.strip()]
+    unknown = [f for f in wanted if f not in METRIC_FIELDS]
+    if unknown:
+        raise ValueError(
+            f"unknown fields {', '.join(unknown)}; expected some of {', '.join(METRIC_FIELDS)}"
+        )
+    return wanted
+
+
+def select_fields(item: dict[str, Any], fields: Sequence[str] | None) -> dict[str, Any]:
+    """Keep ``step``, ``attempt``, ``cursor`` (and ``downsampled``) plus the wanted fields."""
+    if fields is None:
+        return item
+    keep = {"step", "attempt", "cursor", "downsampled", *fields}
+    return {k: v for k, v in item.items() if k in keep}
+
+
+def extrema_of(fields: Sequence[str] | None) -> tuple[str, ...]:
+    """The fields whose per-bucket min and max a request keeps."""
+    if fields is None:
+        return DEFAULT_EXTREMA
+    return tuple(f for f in fields if f in EXTREMA_FIELDS)
+
+
+def finish(
+    s: Session,
+    job_id: str,
+    steps: set[int],
+    marks: list[dict[str, int]],
+    max_points: int,
+    extrema: tuple[str, ...],
+    fields: Sequence[str] | None,
+    newest: str | None,
+    *,
+    multi: bool,
+) -> Window:
+    """The chosen steps' rows as the window's items."""
+    rows = _rows_at(s, job_id, sorted(steps), multi_attempt=multi)
+    if len(rows) > max_points:  # only when max_points < per_bucket: one bucket
+        rows = _most_telling(rows, max_points, extrema)
+    items = [point_row(r, True, fields) for r in rows]
+    return Window(items, newest, marks)
+
+
+def bucket_width(lo: int, hi: int, buckets: int) -> int:
+    """The smallest width of the fixed ladder 1, 2, ..., 7, then m * 2**k for m in 4, 5, 6,
+    7 (8, 10, 12, 14, 16, 20, ...; quarter-octave rungs, losing at most 25% of the
+    resolution) such that steps lo..hi span at most ``buckets`` aligned buckets
+    (``step // width``). A fixed ladder keeps a growing run's buckets until it needs the
+    next rung; rungs of that form make every bucket of a width >= 2**(BASE+2) a union of
+    aligned summary nodes of one level."""
+    for width in _ladder():
+        if hi // width - lo // width + 1 <= buckets:
+            return width
+    raise AssertionError("unreachable: the ladder is unbounded")
+
+
+def _ladder() -> Iterator[int]:
+    yield from range(1, 8)
+    k = 1
+    while True:
+        for m in (4, 5, 6, 7):
+            yield m << k
+        k += 1
+
+
+def _rows_at(s: Session, job_id: str, steps: list[int], *, multi_attempt: bool) -> list[Any]:
+    """The points at ``steps`` (the effective one per step), as rows: no ORM objects for
+    what only becomes a dict."""
+    p = MetricPoint
+    rows: list[Any] = []
+    for in_steps in steps_in(s, steps):
+        rows.extend(
+            s.execute(
+                sa.select(p.__table__)
+                .where(p.job_id == job_id, in_steps)
+                .order_by(p.step, p.attempt.desc())
+            ).all()
+        )
+    if not multi_attempt:
+        return rows
+    newest: dict[int, Any] = {}
+    for r in rows:
+        newest.setdefault(r.step, r)  # attempt descending: the first is the effective one
+    return [newest[k] for k in sorted(newest)]
+
+
+def _most_telling(rows: list[Any], n: int, extrema: tuple[str, ...]) -> list[Any]:
+    """For a budget smaller than one bucket's points: each field's spike (highest value)
+    first, then the flagged steps, the lows, the last and the first point."""
+    highs: list[Any] = []
+    lows: list[Any] = []
+    for f in extrema:
+        ranked = sorted((r for r in rows if _finite(getattr(r, f))), key=attrgetter(f))
+        if ranked:
+            highs.append(ranked[-1])
+            lows.append(ranked[0])
+    flags = [r for r in rows if r.skipped or not _finite(r.loss)]
+    picked: list[Any] = []
+    for r in [*highs, *flags, *lows, rows[-1], rows[0]]:
+        if r not in picked:
+            picked.append(r)
+    return sorted(picked[:n], key=attrgetter("step"))
+
+
+def _finite(v: float | None) -> bool:
+    return v is not None and math.isfinite(v)
+
+
+def cursor_text(cursor: Cursor | None) -> str | None:
+    return None if cursor is None else str(cursor)
+
+
+def point_row(r: Any, downsampled: bool, fields: Sequence[str] | None) -> dict[str, Any]:
+    """A point (ORM object or row) as :func:`amptrain.store.history.points.point_dict` shows it, only
+    the wanted ``fields`` (:func:`select_fields`), plus ``downsampled``; numbers cleaned
+    one by one, not by the recursive :func:`finite` (the hot loop of every history read)."""
+    names = (
+        STORED_METRIC_FIELDS
+        if fields is None
+        else [f for f in STORED_METRIC_FIELDS if f in {"step", *fields}]
+    )
+    out: dict[str, Any] = {}
+    for f in names:
+        v = getattr(r, f)
+        if v.__class__ is float:
+            # PostgreSQL keeps NaN and infinities; JSON (and browsers) cannot carry them.
+            v = v if math.isfinite(v) else None
+        elif isinstance(v, list | dict):
+            v = finite(v)
+        out[f] = v
+    out["attempt"] = r.attempt
+    out["cursor"] = str(Cursor(r.stream_ms, r.stream_seq))
+    out["downsampled"] = downsampled
+    return out

@@ -1,0 +1,74 @@
+"""Reads of the jobs table for the API: the keyset-paged list, ownership, and counts.
+
+Functions take a Session and never commit.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from datetime import datetime
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from amptrain.store.models import Job
+
+PageKey = tuple[datetime, str]
+"""``(created_at, id)`` of the last job on a page: the next page starts below it."""
+
+
+def page_of_jobs(
+    s: Session,
+    *,
+    owner: str | None,
+    statuses: Collection[str] | None,
+    after: PageKey | None,
+    limit: int,
+) -> tuple[list[Job], bool]:
+    """Up to ``limit`` jobs, newest first, below ``after``; and whether more follow.
+    ``owner`` None means everyone's jobs; ``statuses`` None means every status."""
+    query = sa.select(Job)
+    if owner is not None:
+        query = query.where(Job.owner == owner)
+    if statuses:
+        query = query.where(Job.status.in_(statuses))
+    if after is not None:
+        created_at, job_id = after
+        query = query.where(
+            sa.or_(
+                Job.created_at < created_at,
+                sa.and_(Job.created_at == created_at, Job.id < job_id),
+            )
+        )
+    rows = s.scalars(query.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)).all()
+    return list(rows[:limit]), len(rows) > limit
+
+
+def owned_job_ids(s: Session, owner: str, job_ids: Collection[str]) -> set[str]:
+    """Those of ``job_ids`` that belong to ``owner``."""
+    if not job_ids:
+        return set()
+    return set(s.scalars(sa.select(Job.id).where(Job.id.in_(job_ids), Job.owner == owner)))
+
+
+def count_by_status(s: Session) -> dict[str, int]:
+    """How many jobs are in each status (statuses without jobs are absent)."""
+    rows = s.execute(sa.select(Job.status, sa.func.count()).group_by(Job.status))
+    return {status: n for status, n in rows}
+
+
+def first_claims_after(
+    s: Session, after: PageKey, limit: int = 10_000
+) -> Sequence[sa.Row[str, datetime, datetime | None]]:
+    """``(id, created_at, started_at)`` of jobs first claimed after ``after`` =
+    ``(started_at, id)``, in that order: a watermark that misses and repeats nothing."""
+    at, last_id = after
+    return s.execute(
+        sa.select(Job.id, Job.created_at, Job.started_at)
+        .where(
+            Job.started_at.is_not(None),
+            sa.or_(Job.started_at > at, sa.and_(Job.started_at == at, Job.id > last_id)),
+        )
+        .order_by(Job.started_at, Job.id)
+        .limit(limit)
+    ).all()

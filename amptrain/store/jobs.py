@@ -1,0 +1,356 @@
+"""The fenced job repository: every write of a running attempt is guarded by its number.
+
+A worker :func:`claim`\\s a job with one guarded ``UPDATE ... RETURNING attempt``;
+that attempt number is its fencing token. Each later write (heartbeat, event,
+precision, final status) only matches while ``jobs.attempt`` still equals the
+token and the job is active, so a worker that lost its lease changes nothing.
+Leases are epoch seconds of the *database* clock (:class:`~amptrain.store.db.db_now`).
+
+Functions take a Session and never commit: the caller owns the transaction.
+The guarded UPDATE comes first in each function so PostgreSQL holds the job's
+row lock (and SQLite its write lock) until the caller commits.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from amptrain.contract.spec import JobSpec
+from amptrain.core.enums import ACTIVE_STATUSES, FINISHED_STATUSES, JobStatus
+from amptrain.store.db import db_now
+from amptrain.store.models import Job, JobEvent, UTCDateTime, utcnow
+
+jobs_t: sa.Table = Job.__table__  # type: ignore[assignment]
+events_t: sa.Table = JobEvent.__table__  # type: ignore[assignment]
+
+
+class JobNotFound(LookupError):
+    """No job with that id."""
+
+
+class JobFinished(Exception):
+    """The job already ended; it cannot be cancelled (HTTP 409)."""
+
+    def __init__(self, job_id: str, status: str) -> None:
+        super().__init__(f"job {job_id} already {status}")
+        self.job_id = job_id
+        self.status = status
+
+
+def create_job(
+    s: Session,
+    spec: JobSpec,
+    owner: str,
+    queue: str,
+    idempotency_key: str | None = None,
+    request_hash: str | None = None,
+) -> Job:
+    """Add a queued job and its ``queued`` event. A concurrent duplicate
+    ``(owner, idempotency_key)`` raises IntegrityError at flush: roll back and use
+    :func:`find_by_idempotency_key`."""
+    job = Job(
+        name=spec.name,
+        owner=owner,
+        status=JobStatus.QUEUED,
+        queue=queue,
+        spec=spec.model_dump(mode="json"),
+        max_steps=spec.max_steps,
+        max_attempts=spec.max_attempts,
+        precision_requested=spec.precision,
+        idempotency_key=idempotency_key,
+        request_hash=request_hash,
+        summary={},
+    )
+    s.add(job)
+    s.flush()
+    _insert_event(s, job.id, 0, "queued", None, {"queue": queue}, None)
+    return job
+
+
+def find_by_idempotency_key(s: Session, owner: str, key: str) -> Job | None:
+    """The job this owner created earlier with this ``Idempotency-Key``, if any."""
+    return s.scalars(
+        sa.select(Job).where(Job.owner == owner, Job.idempotency_key == key)
+    ).one_or_none()
+
+
+def get_job(s: Session, job_id: str) -> Job | None:
+    return s.get(Job, job_id)
+
+
+def claim(s: Session, job_id: str, worker: str, lease_s: float) -> int | None:
+    """Take the job: queued, or active with an expired lease (and attempts left), becomes
+    running (a pending cancel stays ``cancelling``) with ``attempt + 1``. Returns the new
+    attempt, or None when someone else holds it or it is finished (duplicate delivery)."""
+    c = jobs_t.c
+    now = db_now()
+    claimable = sa.or_(
+        c.status == JobStatus.QUEUED,
+        sa.and_(
+            c.status.in_(ACTIVE_STATUSES),
+            c.lease_expires_at < now,
+            c.attempt < c.max_attempts,
+        ),
+    )
+    stmt = (
+        jobs_t.update()
+        .where(c.id == job_id, claimable)
+        .values(
+            status=sa.case(
+                (c.status == JobStatus.CANCELLING, JobStatus.CANCELLING), else_=JobStatus.RUNNING
+            ),
+            attempt=c.attempt + 1,
+            lease_expires_at=now + lease_s,
+            worker=worker,
+            started_at=sa.func.coalesce(c.started_at, _dt(utcnow())),
+        )
+        .returning(c.attempt)
+    )
+    return _returning(s, job_id, stmt)
+
+
+def heartbeat(s: Session, job_id: str, attempt: int, lease_s: float) -> str | None:
+    """Renew the lease. Returns ``running`` or ``cancelling`` (stop at the next step
+    boundary), or None when this attempt was fenced out: the caller must stop at once."""
+    c = jobs_t.c
+    stmt = (
+        jobs_t.update()
+        .where(*_fenced(job_id, attempt))
+        .values(lease_expires_at=db_now() + lease_s)
+        .returning(c.status)
+    )
+    return _returning(s, job_id, stmt)
+
+
+def set_precision(
+    s: Session, job_id: str, attempt: int, requested: str, effective: str, reason: str | None
+) -> bool:
+    """Record the precision this attempt actually trains with, and why."""
+    stmt = (
+        jobs_t.update()
+        .where(*_fenced(job_id, attempt))
+        .values(
+            precision_requested=requested, precision_effective=effective, precision_reason=reason
+        )
+        .returning(jobs_t.c.id)
+    )
+    return _returning(s, job_id, stmt) is not None
+
+
+def finish(
+    s: Session, job_id: str, attempt: int, status: str, error: dict[str, Any] | None = None
+) -> bool:
+    """End the job as ``succeeded``/``failed``/``cancelled``; error is ``{code, message, step}``."""
+    if status not in FINISHED_STATUSES:
+        raise ValueError(f"not a final status: {status}")
+    err = error or {}
+    stmt = (
+        jobs_t.update()
+        .where(*_fenced(job_id, attempt))
+        .values(
+            status=status,
+            finished_at=utcnow(),
+            lease_expires_at=None,
+            error_code=err.get("code"),
+            error_message=err.get("message"),
+            error_step=err.get("step"),
+        )
+        .returning(jobs_t.c.id)
+    )
+    return _returning(s, job_id, stmt) is not None
+
+
+def release(s: Session, job_id: str, attempt: int) -> bool:
+    """Give the job back (graceful shutdown, retry): running -> queued and undispatched,
+    so the dispatcher sends it again. A job being cancelled ends ``cancelled`` instead."""
+    c = jobs_t.c
+    cancelling = c.status == JobStatus.CANCELLING
+    stmt = (
+        jobs_t.update()
+        .where(*_fenced(job_id, attempt))
+        .values(
+            status=sa.case((cancelling, JobStatus.CANCELLED), else_=JobStatus.QUEUED),
+            finished_at=sa.case((cancelling, _dt(utcnow())), else_=None),
+            error_code=sa.case((cancelling, "cancelled"), else_=c.error_code),
+            lease_expires_at=None,
+            worker=None,
+            dispatched_at=None,
+        )
+        .returning(c.id)
+    )
+    return _returning(s, job_id, stmt) is not None
+
+
+def request_cancel(s: Session, job_id: str) -> JobStatus:
+    """Ask the job to stop; returns its new status. Queued jobs end ``cancelled`` at once
+    (with a ``cancelled`` event); running ones become ``cancelling`` (the caller then sets
+    the Redis cancel key after commit). Raises JobFinished / JobNotFound."""
+    c = jobs_t.c
+    now = _dt(utcnow())
+    queued = (
+        jobs_t.update()
+        .where(c.id == job_id, c.status == JobStatus.QUEUED)
+        .values(
+            status=JobStatus.CANCELLED,
+            finished_at=now,
+            cancel_requested_at=now,
+            error_code="cancelled",
+        )
+        .returning(c.attempt)
+    )
+    attempt = _returning(s, job_id, queued)
+    if attempt is not None:
+        _insert_event(
+            s, job_id, attempt, "cancelled", None, {"reason": "cancelled while queued"}, None
+        )
+        return JobStatus.CANCELLED
+    active = (
+        jobs_t.update()
+        .where(c.id == job_id, c.status.in_(ACTIVE_STATUSES))
+        .values(
+            status=JobStatus.CANCELLING,
+            cancel_requested_at=sa.func.coalesce(c.cancel_requested_at, now),
+        )
+        .returning(c.status)
+    )
+    if _returning(s, job_id, active) is not None:
+        return JobStatus.CANCELLING
+    status = s.scalar(sa.select(c.status).where(c.id == job_id))
+    if status is None:
+        raise JobNotFound(job_id)
+    raise JobFinished(job_id, status)
+
+
+def reject_queued(s: Session, job_id: str, code: str, message: str) -> bool:
+    """End a queued job ``failed`` before any worker saw it (e.g. its queue is not served)."""
+    c = jobs_t.c
+    stmt = (
+        jobs_t.update()
+        .where(c.id == job_id, c.status == JobStatus.QUEUED)
+        .values(
+            status=JobStatus.FAILED,
+            finished_at=_dt(utcnow()),
+            error_code=code,
+            error_message=message,
+        )
+        .returning(c.attempt)
+    )
+    attempt = _returning(s, job_id, stmt)
+    if attempt is None:
+        return False
+    _insert_event(s, job_id, attempt, "failed", None, {"code": code, "message": message}, None)
+    return True
+
+
+def expired_jobs(s: Session, limit: int = 100) -> list[tuple[str, int]]:
+    """``(job_id, attempt)`` of active jobs whose lease ran out (for the reconciler)."""
+    c = jobs_t.c
+    rows = s.execute(
+        sa.select(c.id, c.attempt)
+        .where(c.status.in_(ACTIVE_STATUSES), c.lease_expires_at < db_now())
+        .limit(limit)
+    )
+    return [(r.id, r.attempt) for r in rows]
+
+
+WORKER_LOST = {"code": "worker_lost", "message": "the worker stopped renewing its lease"}
+
+
+def reap_expired(
+    s: Session, job_id: str, attempt: int, error: dict[str, Any] | None = None
+) -> JobStatus | None:
+    """Reconciler: if this attempt's lease expired, requeue the job when attempts remain
+    (``queued``), end it ``cancelled`` when a cancel was pending, else ``failed`` with
+    ``error`` (default :data:`WORKER_LOST`), and record the event that says which.
+    Returns the new status, or None (nothing written) if the lease is still live."""
+    c = jobs_t.c
+    err = error or WORKER_LOST
+    cancelling = c.status == JobStatus.CANCELLING
+    exhausted = c.attempt >= c.max_attempts
+    final = sa.or_(cancelling, exhausted)
+    stmt = (
+        jobs_t.update()
+        .where(*_fenced(job_id, attempt), c.lease_expires_at < db_now())
+        .values(
+            status=sa.case(
+                (cancelling, JobStatus.CANCELLED),
+                (exhausted, JobStatus.FAILED),
+                else_=JobStatus.QUEUED,
+            ),
+            finished_at=sa.case((final, _dt(utcnow())), else_=None),
+            error_code=sa.case((cancelling, "cancelled"), (exhausted, err.get("code")), else_=None),
+            error_message=sa.case((exhausted, err.get("message")), else_=None),
+            lease_expires_at=None,
+            worker=None,
+            dispatched_at=None,
+        )
+        .returning(c.status, c.step)
+    )
+    row = _returning_row(s, job_id, stmt)
+    if row is None:
+        return None
+    status = JobStatus(row.status)
+    event, data = _reap_event(status, err)
+    _insert_event(s, job_id, attempt, event, row.step, data, None)
+    return status
+
+
+# -- internals ---------------------------------------------------------------
+
+
+def _reap_event(status: JobStatus, err: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """The event explaining what reaping did; the CASE in reap_expired made the decision."""
+    if status == JobStatus.CANCELLED:
+        return "cancelled", {"reason": "cancel requested; the worker was lost"}
+    if status == JobStatus.FAILED:
+        return "failed", dict(err)
+    return "warning", {**err, "message": f"{err['message']}; the job goes back to the queue"}
+
+
+def _fenced(job_id: str, attempt: int) -> tuple[sa.ColumnElement[bool], ...]:
+    c = jobs_t.c
+    return (c.id == job_id, c.attempt == attempt, c.status.in_(ACTIVE_STATUSES))
+
+
+def _returning(s: Session, job_id: str, stmt: sa.Executable) -> Any:
+    row = _returning_row(s, job_id, stmt)
+    return None if row is None else row[0]
+
+
+def _returning_row(s: Session, job_id: str, stmt: sa.Executable) -> sa.Row[Any] | None:
+    s.flush()
+    row = s.execute(stmt).one_or_none()
+    # Core UPDATEs bypass the identity map: drop a stale copy of the job, if loaded.
+    cached = s.identity_map.get(Session.identity_key(Job, job_id))
+    if cached is not None:
+        s.expire(cached)
+    return row
+
+
+def _insert_event(
+    s: Session,
+    job_id: str,
+    attempt: int,
+    type: str,
+    step: int | None,
+    data: dict[str, Any] | None,
+    time: float | None,
+) -> None:
+    s.execute(
+        events_t.insert().values(
+            job_id=job_id,
+            attempt=attempt,
+            type=type,
+            step=step,
+            time=db_now() if time is None else time,
+            data=data or {},
+            source_id=None,
+        )
+    )
+
+
+def _dt(value: Any) -> sa.BindParameter[Any]:
+    return sa.literal(value, UTCDateTime())

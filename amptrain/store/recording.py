@@ -1,0 +1,174 @@
+"""The recorder's SQL: which jobs to record, idempotent inserts of points and events,
+job progress and the end of a job's telemetry.
+
+Each function runs inside the caller's transaction and commits nothing. A
+replayed stream entry inserts nothing and so changes nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import datetime
+from typing import Any, NamedTuple
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from amptrain.contract.jsonsafe import finite
+from amptrain.core.enums import FINISHED_STATUSES
+from amptrain.store.history import point_writes
+from amptrain.store.models import Job, JobEvent, MetricPoint
+
+SUMMARY_FIELDS = ("loss", "loss_scale", "skipped_steps", "memory_peak", "samples_per_second")
+"""The newest point's fields a job's ``summary`` shows."""
+FLOAT_FIELDS = frozenset(
+    c.name for c in MetricPoint.__table__.columns if isinstance(c.type, sa.Float)
+)
+"""Metric fields stored as floats (the recorder reads their stream text as floats)."""
+
+
+class Recordable(NamedTuple):
+    """A job whose telemetry is not complete yet, as the recorder needs to know it."""
+
+    id: str
+    status: str
+    attempt: int
+    finished_at: datetime | None
+
+
+def jobs_to_record(s: Session) -> list[Recordable]:
+    """Jobs that have run (``attempt > 0``) and whose telemetry is not complete: SQL, not
+    Redis, decides which streams matter, so the work survives Redis losing its data."""
+    rows = s.execute(
+        sa.select(Job.id, Job.status, Job.attempt, Job.finished_at).where(
+            Job.telemetry_done == sa.false(), Job.attempt > 0
+        )
+    )
+    return [Recordable(*r) for r in rows]
+
+
+def _insert(s: Session, model: type[Any]) -> Any:
+    dialect = s.get_bind().dialect.name
+    if dialect == "postgresql":
+        return postgresql.insert(model)
+    if dialect == "sqlite":
+        return sqlite.insert(model)
+    raise RuntimeError(f"unsupported database: {dialect}")
+
+
+def insert_points(
+    s: Session, rows: list[dict[str, Any]], method: str | None = None
+) -> dict[str, set[tuple[int, int]]]:
+    """Insert new points (any number of jobs, each in stream order); returns, per job, the
+    (attempt, step) of those actually inserted. ``method`` picks the PostgreSQL path
+    (:data:`amptrain.store.history.point_writes.PG_METHODS`; default the faster)."""
+    inserted: dict[str, set[tuple[int, int]]] = {}
+    for job_id, attempt, step in point_writes.insert(s, rows, method):
+        inserted.setdefault(job_id, set()).add((attempt, step))
+    return inserted
+
+
+def insert_events(s: Session, rows: list[dict[str, Any]]) -> None:
+    """Record stream events with their entry id (``source_id``) as cursor. An event the
+    API wrote to SQL and the recorder appended to the stream carries its row ``id``: it
+    gets its cursor instead of a second row. Replays change nothing."""
+    new = _not_yet_recorded(s, [r for r in rows if r.get("id") is None])
+    if new:
+        stmt = _insert(s, JobEvent).values([{k: v for k, v in r.items() if k != "id"} for r in new])
+        s.execute(stmt.on_conflict_do_nothing(index_elements=["job_id", "source_id"]))
+    for r in rows:
+        if r.get("id") is not None:
+            s.execute(
+                sa.update(JobEvent)
+                .where(
+                    JobEvent.id == r["id"],
+                    JobEvent.job_id == r["job_id"],
+                    JobEvent.source_id.is_(None),
+                )
+                .values(source_id=r["source_id"])
+                .execution_options(synchronize_session=False)
+            )
+
+
+def _not_yet_recorded(s: Session, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Drop events re-sent after Redis lost data: a re-sent entry has a new entry id but
+    the same (attempt, type, step, time) -- ``time`` is taken when the event is made."""
+    if not rows:
+        return []
+    e = JobEvent
+    seen = {
+        (r.attempt, r.type, r.step, r.time)
+        for r in s.execute(
+            sa.select(e.attempt, e.type, e.step, e.time).where(
+                e.job_id == rows[0]["job_id"], e.time.in_({r["time"] for r in rows})
+            )
+        )
+    }
+    fresh = []
+    for r in rows:
+        key = (r["attempt"], r["type"], r["step"], r["time"])
+        if key not in seen:
+            seen.add(key)
+            fresh.append(r)
+    return fresh
+
+
+def update_progress(
+    s: Session, batches: Mapping[str, tuple[list[dict[str, Any]], set[tuple[int, int]]]]
+) -> None:
+    """Per job (``job_id -> (points, inserted)``): keep ``step`` and ``summary`` at the
+    newest point this batch actually added for its current attempt (a replay adds
+    nothing, so it changes nothing). One executemany for every job of the batch."""
+    rows = []
+    for job_id, (points, inserted) in batches.items():
+        new = [p for p in points if (p["attempt"], p["step"]) in inserted]
+        if not new:
+            continue
+        latest_attempt = max(p["attempt"] for p in new)
+        newest = [p for p in new if p["attempt"] == latest_attempt][-1]  # stream order
+        summary = {f: finite(newest.get(f)) for f in SUMMARY_FIELDS}
+        rows.append(
+            {
+                "b_id": job_id,
+                "b_attempt": latest_attempt,
+                "b_step": newest["step"],
+                "b_summary": summary,
+            }
+        )
+    if not rows:
+        return
+    t: sa.Table = Job.__table__  # type: ignore[assignment]
+    s.execute(
+        sa.update(t)
+        .where(t.c.id == sa.bindparam("b_id"), t.c.attempt == sa.bindparam("b_attempt"))
+        .values(step=sa.bindparam("b_step"), summary=sa.bindparam("b_summary")),
+        rows,
+    )
+
+
+def mark_done(s: Session, job_id: str, end_attempts: list[int]) -> bool:
+    """The current attempt's ``end`` entry closes the stream once the job is finished in SQL
+    (an earlier attempt's end, e.g. before a re-queue, does not)."""
+    result = s.execute(
+        sa.update(Job)
+        .where(
+            Job.id == job_id,
+            Job.attempt.in_(end_attempts),
+            Job.status.in_(FINISHED_STATUSES),
+        )
+        .values(telemetry_done=True)
+        .returning(Job.id)
+        .execution_options(synchronize_session=False)
+    )
+    return result.first() is not None
+
+
+def mark_swept(s: Session, job_id: str) -> None:
+    """A finished job whose ``end`` entry never came: its telemetry is complete as it is."""
+    s.execute(
+        sa.update(Job)
+        .where(Job.id == job_id, Job.status.in_(FINISHED_STATUSES))
+        .values(telemetry_done=True)
+        .execution_options(synchronize_session=False)
+    )

@@ -1,0 +1,177 @@
+"""The training child: one fresh interpreter per attempt, so CUDA never crosses a fork.
+
+The supervisor starts ``python -m amptrain.worker.child.main`` with its launch parameters on
+stdin and a pipe for control messages (:mod:`amptrain.worker.child.protocol`): that it
+accepted the launch, the precision it chose, and how the run ended. (A warm
+spare, :mod:`amptrain.worker.child.spare`, is the same process started before its job:
+it imports torch first and reads its launch later, then runs :func:`serve`.) SIGUSR1 asks it to cancel,
+SIGUSR2 (or SIGTERM) to checkpoint and stop for a shutdown; all take effect at
+the next step boundary. SIGKILL is the supervisor's last resort.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import traceback
+from typing import IO, Any
+
+from amptrain.contract.errors import TrainingError, classify_failure
+from amptrain.worker.child.protocol import (
+    Accepted,
+    ControlMessage,
+    Failed,
+    Finished,
+    Launch,
+    PrecisionChosen,
+    encode,
+)
+
+
+class Control:
+    """The child's end of the control pipe."""
+
+    def __init__(self, stream: IO[str]) -> None:
+        self.stream = stream
+
+    def send(self, message: ControlMessage) -> None:
+        self.stream.write(encode(message))
+        self.stream.flush()
+
+
+class ControlledSink:
+    """Publishes telemetry to Redis; the precision decision goes to the supervisor instead,
+    which records it (fenced) with the ``started`` event."""
+
+    def __init__(self, inner: Any, control: Control) -> None:
+        self.inner = inner
+        self.control = control
+
+    def write(self, items: list[dict[str, Any]]) -> None:
+        rest = []
+        for item in items:
+            if item.get("kind") == "event" and item.get("type") == "precision":
+                self.control.send(PrecisionChosen(**item["data"]))
+            else:
+                rest.append(item)
+        if rest:
+            self.inner.write(rest)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+_stop_request: str | None = None
+
+
+def _on_signal(signum: int, frame: object) -> None:
+    global _stop_request
+    if _stop_request is None:  # a cancel stays a cancel when SIGTERM follows it
+        _stop_request = "cancel" if signum == signal.SIGUSR1 else "preempt"
+
+
+def run(launch: Launch, control: Control, ahead: Any = None) -> int:
+    """Train ``launch``; ``ahead``: a :class:`~amptrain.worker.child.sink_process.ProcessSink` a warm
+    spare started before its launch (None: start one now)."""
+    from amptrain.contract.spec import parse_spec
+    from amptrain.engine import RunContext, Trainer
+    from amptrain.worker.child.sink_process import ProcessSink
+
+    # Redis I/O runs in a sink process of its own: out of the training process's GIL.
+    sink = ControlledSink(_open_sink(ProcessSink, launch, ahead), control)
+    try:
+        ctx = RunContext(
+            checkpoint_dir=launch.checkpoint_dir,
+            sink=sink,
+            data_roots=launch.data_roots,
+            should_stop=lambda: _stop_request,
+            resume=True,
+            cpu_bf16_probe=_probe(launch.cpu_bf16_probe),
+        )
+        result = Trainer(parse_spec(launch.spec), ctx).train()
+    except Exception as exc:
+        if not isinstance(exc, TrainingError):
+            # The user sees a class and a clean message; the operator gets the traceback,
+            # whose text may quote data or the worker's paths.
+            traceback.print_exc()
+        error = classify_failure(exc)
+        control.send(
+            Failed(
+                code=error.code, message=error.message, step=error.step, retryable=error.retryable
+            )
+        )
+        return 1
+    finally:
+        # The engine never closes the caller's sink: deliver what Redis has not taken yet.
+        sink.close()
+    control.send(
+        Finished(
+            final_step=result.final_step,
+            resumed_from=result.resumed_from,
+            skipped_steps=result.skipped_steps,
+            dropped_records=result.dropped_records,
+        )
+    )
+    return 0
+
+
+def _open_sink(cls: Any, launch: Launch, ahead: Any) -> Any:
+    """This attempt's sink: the one started ahead if it still lives, else a new one."""
+    if ahead is not None:
+        try:
+            return ahead.open(launch.redis_url, launch.job_id, launch.attempt)
+        except OSError:
+            ahead.close(0)  # it died while the spare waited: reap it
+    return cls(launch.redis_url, launch.job_id, launch.attempt)
+
+
+def die_with_parent() -> None:
+    """Linux: if the supervisor dies (kill -9, OOM killer), the child dies too instead of
+    training on unsupervised; the job's lease then expires and another worker resumes it."""
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
+    except (OSError, AttributeError):
+        pass
+
+
+def main() -> int:
+    launch = Launch.model_validate_json(sys.stdin.read())
+    die_with_parent()
+    return serve(launch, warm=False)
+
+
+def serve(launch: Launch, *, warm: bool, sink: Any = None) -> int:
+    """Train ``launch``, reporting on its control pipe; the exit status of the process."""
+    # Ctrl-C in a terminal reaches the whole process group; the supervisor decides
+    # how training stops (checkpoint first), so the child ignores it.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR1, _on_signal)
+    signal.signal(signal.SIGUSR2, _on_signal)
+    # SIGTERM to the whole process group (systemd, `kill` of the group) means shutdown:
+    # checkpoint at the next step boundary, like a drain. SIGKILL remains the hard stop.
+    signal.signal(signal.SIGTERM, _on_signal)
+    with os.fdopen(launch.control_fd, "w", encoding="utf-8") as stream:
+        control = Control(stream)
+        control.send(Accepted(pid=os.getpid(), warm=warm, cuda_initialized=cuda_initialized()))
+        return run(launch, control, sink)
+
+
+def cuda_initialized() -> bool:
+    """Whether this process has a CUDA context already (without importing torch to ask)."""
+    torch = sys.modules.get("torch")
+    return bool(torch is not None and torch.cuda.is_initialized())
+
+
+def _probe(data: dict[str, Any] | None) -> Any:
+    from amptrain.engine.cpu_probe import Bf16Probe  # torch: only in the training process
+
+    return Bf16Probe.from_dict(data) if data else None
+
+
+if __name__ == "__main__":
+    sys.exit(main())

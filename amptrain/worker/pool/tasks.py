@@ -1,0 +1,91 @@
+"""The one Celery task, run in a pool process. Only a job id travels through the broker.
+
+Each pool process takes its :class:`~amptrain.worker.pool.slot.PoolSlot` (index and GPUs)
+once, when Celery starts it, and hands it to every supervisor it runs. With
+``AMPTRAIN_WARM_SPARE`` (the default) it also starts its slot's warm spare then
+(:class:`~amptrain.worker.pool.spare.SpareKeeper`) and, as it lives on from job to job,
+keeps one database engine and Redis client for all of them.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import redis
+from celery import Task
+from celery.signals import worker_process_init, worker_process_shutdown
+from sqlalchemy.orm import Session, sessionmaker
+
+from amptrain.core import redis as amptrain_redis
+from amptrain.core.enums import TaskName
+from amptrain.core.settings import get_settings
+from amptrain.store.db import make_engine, make_session_factory
+from amptrain.worker.main import devices
+from amptrain.worker.main.celery_app import app
+from amptrain.worker.pool.slot import PoolSlot
+from amptrain.worker.pool.spare import SpareKeeper
+from amptrain.worker.pool.supervisor import Supervisor
+
+log = logging.getLogger(__name__)
+
+_pool_slot = PoolSlot()  # this pool process's, once worker_process_init has run
+_spares: SpareKeeper | None = None
+_shared: tuple[sessionmaker[Session], redis.Redis] | None = None
+
+
+@worker_process_init.connect
+def _take_slot(**_: Any) -> None:
+    global _pool_slot, _spares
+    _pool_slot = PoolSlot.of_this_process(devices.visible_gpus(), devices.devices_per_job())
+    settings = get_settings()
+    # A data-parallel slot launches its ranks through torchrun: a spare would sit unused.
+    if settings.warm_spare and _pool_slot.devices_per_job == 1:
+        _spares = SpareKeeper(_pool_slot.gpu, settings.child_env_passthrough).start()
+
+
+@worker_process_shutdown.connect
+def _retire_spare(**_: Any) -> None:
+    # Its parent-death signal would kill it too; this is the orderly way.
+    if _spares is not None:
+        _spares.close()
+
+
+def _connections() -> tuple[sessionmaker[Session], redis.Redis] | tuple[None, None]:
+    """One engine and Redis client per pool process while it lives on (warm spares); a
+    recycled pool process (one job each) builds its own in the supervisor."""
+    global _shared
+    if _spares is None:
+        return None, None
+    if _shared is None:
+        settings = get_settings()
+        _shared = (
+            make_session_factory(make_engine(settings.database_url)),
+            amptrain_redis.client(settings.redis_url, amptrain_redis.WORKER_TIMEOUT_S),
+        )
+    return _shared
+
+
+@app.task(name=TaskName.RUN_JOB, bind=True, ignore_result=True)
+def run_job(self: Task, *args: Any, **kwargs: Any) -> None:
+    # Any arguments are accepted so that a malformed message is logged and dropped here,
+    # not raised as a task failure: anyone who can write to the broker can send one.
+    if len(args) != 1 or kwargs or not isinstance(args[0], str):
+        log.error(
+            "dropped %s message %s: expected one job id, got args=%.200r kwargs=%.200r",
+            TaskName.RUN_JOB,
+            self.request.id,
+            args,
+            kwargs,
+        )
+        return
+    hostname = self.request.hostname or "worker"
+    sessions, client = _connections()
+    Supervisor(
+        get_settings(),
+        hostname,
+        _pool_slot,
+        session_factory=sessions,
+        redis_client=client,
+        spares=_spares,
+    ).run(args[0])

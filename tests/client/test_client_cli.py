@@ -1,0 +1,131 @@
+"""The command-line client against a real server: ``amptrain submit --watch`` with a real
+Celery worker, the other commands, transparent resume across an API restart, and where
+the URL and token come from."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from amptrain.cli.embedded_redis import EmbeddedRedis
+from amptrain.client.http import Client, ClientConfig, resolve_config
+from tests.support.producer import Producer
+from tests.support.specs import service_job
+from tests.support.stack import Stack, wait_until
+
+pytestmark = pytest.mark.slow
+
+
+def amptrain(stack: Stack, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
+    env = {
+        **stack.env,
+        "AMPTRAIN_URL": f"http://127.0.0.1:{stack.port}",
+        "AMPTRAIN_TOKEN": stack.token,
+    }
+    return subprocess.run(
+        [sys.executable, "-m", "amptrain.cli.main", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_submit_watch_exits_zero_and_the_other_commands_work(
+    api_stack: Stack, tmp_path: Path
+) -> None:
+    api_stack.start_worker()
+    spec = tmp_path / "job.yaml"
+    spec.write_text(yaml.safe_dump(service_job(max_steps=20)))
+    done = amptrain(api_stack, "submit", str(spec), "--watch")
+    assert done.returncode == 0, done.stderr
+    job_id = done.stdout.split()[0]
+    assert "succeeded" in done.stderr
+    assert api_stack.job(job_id)["status"] == "succeeded"
+
+    listed = amptrain(api_stack, "jobs")
+    assert listed.returncode == 0 and job_id[:10] in listed.stdout
+    logs = amptrain(api_stack, "logs", job_id)
+    assert logs.returncode == 0
+    assert [w for w in ("queued", "started", "succeeded") if w in logs.stdout] == [
+        "queued",
+        "started",
+        "succeeded",
+    ]
+    again = amptrain(api_stack, "watch", job_id, "--json")
+    assert again.returncode == 0
+    assert again.stdout.count('"type": "metric"') == 20
+    finished = amptrain(api_stack, "cancel", job_id)
+    assert finished.returncode == 2 and "already succeeded" in finished.stderr
+
+
+def test_watch_of_a_failing_spec_or_job_exits_non_zero(api_stack: Stack, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"name": "x", "model": {"name": "nope"}, "max_steps": 0}')
+    refused = amptrain(api_stack, "submit", str(bad))
+    assert refused.returncode == 2 and "max_steps" in refused.stderr
+    queued = api_stack.submit(service_job(max_steps=5))
+    assert api_stack.client.post(f"/jobs/{queued['id']}/cancel").status_code == 202
+    watched = amptrain(api_stack, "watch", queued["id"])
+    assert watched.returncode == 1 and "cancelled" in watched.stderr
+    unauthorized = amptrain(api_stack, "jobs", "--token", "wrong")
+    assert unauthorized.returncode == 3
+
+
+def test_watch_resumes_across_an_api_restart(
+    api_stack: Stack, database_url: str, redis_server: EmbeddedRedis
+) -> None:
+    job = api_stack.submit(service_job(max_steps=100))
+    producer = Producer(redis_server.url, database_url, job["id"])
+    client = Client(ClientConfig(f"http://127.0.0.1:{api_stack.port}", api_stack.token))
+    reconnects: list[str | None] = []
+
+    async def follow() -> list[dict[str, Any]]:
+        got = []
+        async for msg in client.watch(job["id"], on_reconnect=lambda c, r: reconnects.append(c)):
+            got.append(msg)
+            if msg["type"] == "metric" and msg["data"]["step"] == 40:
+                # The server dies under the watcher; more steps arrive while it is away.
+                await asyncio.to_thread(api_stack.kill, "api", signal.SIGKILL)
+                producer.steps(51, 80)
+                await asyncio.to_thread(api_stack.start_api)
+                producer.steps(81, 100)
+                producer.finish(step=100)
+        return got
+
+    try:
+        producer.start()
+        producer.steps(1, 50)
+        got = asyncio.run(follow())
+    finally:
+        producer.close()
+        client.close()
+    assert [m["data"]["step"] for m in got if m["type"] == "metric"] == list(range(1, 101))
+    assert got[-1]["type"] == "end" and got[-1]["data"]["status"] == "succeeded"
+    assert reconnects and reconnects[0] is not None
+    wait_until(lambda: api_stack.job(job["id"])["step"] == 100, 30, "all steps recorded")
+
+
+def test_url_and_token_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("AMPTRAIN_URL", "AMPTRAIN_TOKEN", "AMPTRAIN_CONFIG", "AMPTRAIN_DATA_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    monkeypatch.chdir(tmp_path)
+    assert resolve_config() == ClientConfig("http://127.0.0.1:8000", None)
+    (tmp_path / ".amptrain").mkdir()
+    (tmp_path / ".amptrain" / "admin-token").write_text("saved\n")
+    assert resolve_config().token == "saved"
+    config = tmp_path / "xdg" / "amptrain" / "config.toml"
+    config.parent.mkdir(parents=True)
+    config.write_text('url = "http://box:9000/"\ntoken = "from-file"\n')
+    assert resolve_config() == ClientConfig("http://box:9000", "from-file")
+    monkeypatch.setenv("AMPTRAIN_TOKEN", "from-env")
+    assert resolve_config() == ClientConfig("http://box:9000", "from-env")
+    assert resolve_config("http://flag:1", "flag") == ClientConfig("http://flag:1", "flag")

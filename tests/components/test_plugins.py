@@ -1,0 +1,140 @@
+"""Plugins: components from other packages, found through entry points.
+
+Rather than pip-installing the example plugin into the shared venv (slow, and it
+would outlive the test), the tests write the ``*.dist-info`` directory that pip
+would have written — METADATA plus entry_points.txt generated from the plugin's
+own pyproject.toml — into a temporary directory on ``sys.path``;
+``importlib.metadata`` discovers it exactly as it would an installed package.
+"""
+
+from __future__ import annotations
+
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from amptrain.components import registry
+from amptrain.components.base import DataInfo
+from amptrain.contract import catalog
+from amptrain.contract.errors import InvalidSpecError
+from amptrain.contract.spec import ComponentRef, parse_spec
+from amptrain.engine import RunContext, Trainer
+
+PLUGIN = Path(__file__).resolve().parents[1] / "plugins" / "amptrain_example_plugin"
+PLUGIN_SRC = PLUGIN / "src"
+
+
+def write_dist_info(site: Path, name: str, entry_points: dict[str, dict[str, str]]) -> None:
+    """What ``pip install`` leaves behind that importlib.metadata reads."""
+    info = site / f"{name.replace('-', '_')}-0.1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1.0\n")
+    lines = []
+    for group, eps in entry_points.items():
+        lines.append(f"[{group}]")
+        lines += [f"{ep} = {target}" for ep, target in eps.items()]
+    (info / "entry_points.txt").write_text("\n".join(lines) + "\n")
+
+
+def example_plugin_site(site: Path) -> list[Path]:
+    """Make the example plugin discoverable; returns the paths to put on sys.path/PYTHONPATH."""
+    project = tomllib.loads((PLUGIN / "pyproject.toml").read_text())["project"]
+    write_dist_info(site, project["name"], project["entry-points"])
+    return [site, PLUGIN_SRC]
+
+
+@pytest.fixture
+def plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    for path in example_plugin_site(tmp_path / "site"):
+        monkeypatch.syspath_prepend(str(path))
+    for mod in [m for m in sys.modules if m.startswith("amptrain_example_plugin")]:
+        monkeypatch.delitem(sys.modules, mod)
+    return tmp_path / "site"
+
+
+def test_catalog_lists_plugins_without_importing_them(plugin: Path) -> None:
+    cat = catalog.catalog()
+    assert cat["models"]["logreg"] == {
+        "name": "logreg",
+        "source": "plugin",
+        "entry_point": "amptrain_example_plugin.registrations:LOGREG",
+        "args": None,
+    }
+    assert cat["datasets"]["example-blobs"]["source"] == "plugin"
+    assert cat["models"]["mlp"]["source"] == "builtin"
+    spec = parse_spec(
+        {"model": {"name": "logreg"}, "dataset": {"name": "example-blobs"}, "max_steps": 1}
+    )
+    assert catalog.validate_components(spec) == []
+    assert not any(m.startswith("amptrain_example_plugin") for m in sys.modules)
+
+
+def test_without_the_plugin_its_names_are_unknown() -> None:
+    spec = parse_spec({"model": {"name": "logreg"}, "dataset": {"name": "mlp"}, "max_steps": 1})
+    errors = catalog.validate_components(spec)
+    assert errors[0]["loc"] == ["model", "name"] and "unknown model 'logreg'" in errors[0]["msg"]
+
+
+def test_plugin_components_build_check_args_and_train(plugin: Path) -> None:
+    with pytest.raises(
+        InvalidSpecError,
+        match=r"^dataset.args.sprad: unexpected argument; allowed: classes, features, spread$",
+    ):
+        registry.build_dataset(ComponentRef(name="example-blobs", args={"sprad": 1}), seed=0)
+    with pytest.raises(InvalidSpecError, match=r"^model.args.bias: expected bool, got int 1$"):
+        registry.build_model(
+            ComponentRef(name="logreg", args={"bias": 1}),
+            DataInfo("classification", (2,), 3),
+        )
+    spec = parse_spec(
+        {
+            "model": {"name": "logreg", "args": {"bias": False}},
+            "dataset": {"name": "example-blobs", "args": {"classes": 4, "spread": 0.2}},
+            "max_steps": 40,
+            "batch_size": 32,
+            "optimizer": {"lr": 0.05},
+            "device": "cpu",
+            "precision": "fp32",
+        }
+    )
+    items: list[dict[str, Any]] = []
+    sink = type(
+        "Sink", (), {"write": lambda self, batch: items.extend(batch), "close": lambda self: None}
+    )()
+    Trainer(spec, RunContext(checkpoint_dir=None, sink=sink)).train()
+    losses = [r["loss"] for r in items if r["kind"] == "metric"]
+    assert len(losses) == 40 and sum(losses[-5:]) < 0.5 * sum(losses[:5])
+
+
+def test_broken_and_clashing_plugins_are_reported_or_ignored(plugin: Path, tmp_path: Path) -> None:
+    write_dist_info(
+        plugin,
+        "broken-plugin",
+        {
+            "amptrain.models": {
+                "missing": "amptrain_example_plugin.registrations:NOPE",
+                "wrong-kind": "amptrain_example_plugin.registrations:BLOBS",
+                "renamed": "amptrain_example_plugin.registrations:LOGREG",
+                "mlp": "amptrain_example_plugin.registrations:LOGREG",
+            }
+        },
+    )
+    assert catalog.catalog()["models"]["mlp"]["source"] == "builtin"  # built-ins cannot be replaced
+    info = DataInfo("classification", (2,), 3)
+    assert type(registry.build_model(ComponentRef(name="mlp"), info)).__name__ == "MLP"
+    for name, message in [
+        (
+            "missing",
+            r"^model.name: plugin 'missing' \(amptrain_example_plugin.registrations:NOPE\) failed to load",
+        ),
+        (
+            "wrong-kind",
+            r"must point at a amptrain.contract.catalog.Registration of kind 'model'",
+        ),
+        ("renamed", r"points at a registration named 'logreg'"),
+    ]:
+        with pytest.raises(InvalidSpecError, match=message):
+            registry.build_model(ComponentRef(name=name), info)

@@ -1,0 +1,54 @@
+"""The one spec-file loader, shared by ``amptrain train`` and ``amptrain submit``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from amptrain.contract.spec import load_spec_file, parse_spec
+
+SPEC = {"model": {"name": "mlp"}, "dataset": {"name": "synthetic"}, "max_steps": 3}
+
+
+@pytest.mark.parametrize("name", ["spec.json", "SPEC.JSON"])
+def test_json_suffix_reads_json(tmp_path: Path, name: str) -> None:
+    path = tmp_path / name
+    path.write_text(json.dumps(SPEC))
+    assert load_spec_file(path) == SPEC
+
+
+@pytest.mark.parametrize("name", ["spec.yaml", "spec.yml", "spec.YML"])
+def test_yaml_suffixes_read_yaml(tmp_path: Path, name: str) -> None:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(SPEC))
+    assert parse_spec(load_spec_file(path)).max_steps == 3
+
+
+def test_yaml_text_in_a_json_file_is_an_error_naming_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "spec.json"
+    path.write_text(yaml.safe_dump(SPEC))
+    with pytest.raises(ValueError, match=r"spec\.json: not valid JSON"):
+        load_spec_file(path)
+
+
+@pytest.mark.parametrize("name", ["spec.txt", "spec", "spec.toml"])
+def test_other_suffixes_are_refused_naming_the_file(tmp_path: Path, name: str) -> None:
+    path = tmp_path / name
+    path.write_text(json.dumps(SPEC))
+    with pytest.raises(ValueError, match=r".json, .yaml, .yml") as info:
+        load_spec_file(path)
+    assert str(path) in str(info.value)
+
+
+@pytest.mark.parametrize(("name", "text"), [("a.yaml", "- 1\n- 2\n"), ("b.yml", "key: [\n")])
+def test_a_list_or_broken_yaml_is_refused_naming_the_file(
+    tmp_path: Path, name: str, text: str
+) -> None:
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(ValueError) as info:
+        load_spec_file(path)
+    assert str(path) in str(info.value)

@@ -1,0 +1,103 @@
+"""One rank of the in-process DDP scenarios of ``test_ddp.py`` (run under torchrun, not collected).
+
+``python -m torch.distributed.run --standalone --nproc-per-node 2 -m
+tests.engine.ddp_ranks OUT`` joins one gloo group and trains, as this rank:
+
+- ``fp32``: a 2-device fp32 job; each rank saves its final parameters;
+- ``fp16``: a 2-device fp16 job whose rank 1 alone gets inf gradients at step
+  ``OVERFLOW_STEP`` (a gradient hook, the seam ``test_amp.py`` uses); each rank saves
+  its loss scale and a parameter digest at every step boundary, rank 0 its records.
+
+Everything goes to ``OUT/rank{r}.pt``; the test compares it with single-process runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+import sys
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from amptrain.contract.spec import parse_spec
+from amptrain.engine import RunContext, Trainer
+from amptrain.engine.distributed import Ranks
+from tests.support.sinks import ListSink
+
+OVERFLOW_STEP = 3
+
+
+def job(precision: str, devices: int, grad_accum_steps: int) -> Any:
+    """The scenarios' spec; 1 device with 2 accumulation steps is the 2-device job's twin."""
+    return parse_spec(
+        {
+            "model": {"name": "mlp", "args": {"width": 32}},
+            "dataset": {
+                "name": "synthetic-classification",
+                "args": {"features": 16, "num_samples": 512},
+            },
+            "max_steps": 8,
+            "batch_size": 16,
+            "grad_accum_steps": grad_accum_steps,
+            "devices": devices,
+            "precision": precision,
+            "device": "cpu",
+            "schedule": {"name": "cosine", "warmup_steps": 2},
+            "loss_scale": {"init_scale": 1024, "growth_interval": 1000},
+            "telemetry": {"flush_every_steps": 2},
+            "collective_timeout_s": 60,
+        }
+    )
+
+
+def digest(model: torch.nn.Module) -> str:
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def fp32(ranks: Ranks) -> dict[str, Any]:
+    trainer = Trainer(job("fp32", 2, 1), RunContext(None, ranks=ranks))
+    trainer.train()
+    return {k: v.clone() for k, v in trainer.model.state_dict().items()}
+
+
+def fp16(ranks: Ranks) -> dict[str, Any]:
+    sink = ListSink()
+    seen: list[tuple[int, float, str]] = []
+    trainer: Trainer
+
+    def observe() -> None:  # at every step boundary (test only: host reads are fine here)
+        scaler = trainer.amp.scaler
+        assert scaler is not None
+        seen.append((trainer.step, scaler.get_scale(), digest(trainer.model)))
+
+    trainer = Trainer(
+        job("fp16", 2, 1), RunContext(None, sink=sink, ranks=ranks, should_stop=observe)
+    )
+    if ranks.rank == 1:
+        next(trainer.model.parameters()).register_hook(
+            lambda g: torch.full_like(g, math.inf) if trainer.step + 1 == OVERFLOW_STEP else g
+        )
+    result = trainer.train()
+    observe()
+    return {"seen": seen, "metrics": sink.metrics(), "skipped_steps": result.skipped_steps}
+
+
+def main(out: str) -> None:
+    ranks = Ranks.from_env(os.environ)
+    assert ranks is not None and ranks.world_size == 2
+    dist.init_process_group("gloo")  # the Trainers join this group and leave it open
+    try:
+        results = {"fp32": fp32(ranks), "fp16": fp16(ranks)}
+    finally:
+        dist.destroy_process_group()
+    torch.save(results, os.path.join(out, f"rank{ranks.rank}.pt"))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

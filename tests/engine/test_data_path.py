@@ -1,0 +1,149 @@
+"""The data path: batches built ahead in a background thread, exactly the samples asked for,
+restarted where the trainer asks, and resume still bitwise exact."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from amptrain.components.base import DataInfo
+from amptrain.contract.errors import PreemptedError
+from amptrain.contract.spec import parse_spec
+from amptrain.engine import RunContext, Trainer
+from amptrain.engine.data import Feeder
+from tests.support.stack import wait_until
+
+CPU = torch.device("cpu")
+
+
+class Recorded:
+    """Sample i is (i, i + 0.5, ...): every call is logged with the thread that made it."""
+
+    info = DataInfo("classification", (3,), 2)
+
+    def __init__(self, delay: float = 0.0) -> None:
+        self.calls: list[tuple[str, int, int]] = []
+        self.delay = delay
+
+    def batch(self, start: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        self.calls.append((threading.current_thread().name, start, size))
+        time.sleep(self.delay)
+        idx = torch.arange(start, start + size, dtype=torch.float32)
+        return idx[:, None] + torch.tensor([0.0, 0.5, 0.25]), idx.long() % 2
+
+
+def test_batches_are_built_ahead_in_a_background_thread() -> None:
+    data = Recorded()
+    feeder = Feeder(data, CPU, depth=3, end=60)
+    try:
+        x, y = feeder.get(0, 10)
+        assert torch.equal(x, Recorded().batch(0, 10)[0]) and torch.equal(y, torch.arange(10) % 2)
+        wait_until(lambda: len(data.calls) == 4, 10, "three batches prepared ahead")
+        assert [c[1:] for c in data.calls] == [(0, 10), (10, 10), (20, 10), (30, 10)]
+        assert {c[0] for c in data.calls} != {threading.current_thread().name}
+        assert all(name.startswith("amptrain-data") for name, *_ in data.calls)
+        for start in (10, 20, 30, 40, 50):
+            assert torch.equal(feeder.get(start, 10)[0][:, 0], torch.arange(start, start + 10.0))
+        assert max(start for _, start, _ in data.calls) == 50  # nothing past `end`
+    finally:
+        feeder.close()
+
+
+def test_asking_for_another_position_or_size_restarts_the_stream_there() -> None:
+    data = Recorded()
+    feeder = Feeder(data, CPU, depth=2)
+    try:
+        feeder.get(0, 8)
+        x, _ = feeder.get(4, 4)  # an OOM halving re-runs a step with smaller micro-batches
+        assert torch.equal(x[:, 0], torch.arange(4, 8.0))
+        x, _ = feeder.get(100, 4)  # a resume
+        assert torch.equal(x[:, 0], torch.arange(100, 104.0))
+    finally:
+        feeder.close()
+
+
+def test_time_spent_waiting_for_data_is_measured() -> None:
+    feeder = Feeder(Recorded(delay=0.05), CPU, depth=1)
+    try:
+        for i in range(3):
+            feeder.get(i * 4, 4)  # nothing else to do meanwhile: every batch is waited for
+        assert 0.1 < feeder.wait_s < 5
+    finally:
+        feeder.close()
+
+
+def image_spec(**overrides: Any) -> Any:
+    return parse_spec(
+        {
+            "model": {"name": "mlp", "args": {"width": 16}},
+            "dataset": {"name": "synthetic-images", "args": {"height": 8, "width": 8}},
+            "max_steps": 10,
+            "batch_size": 8,
+            "grad_accum_steps": 2,
+            "precision": "fp16",
+            "device": "cpu",
+            "optimizer": {"name": "sgd", "lr": 0.05},
+            "schedule": {"name": "cosine", "warmup_steps": 2},
+            "loss_scale": {"init_scale": 2.0**20, "growth_interval": 2},
+            "checkpoint": {"every_steps": 4, "keep_last": 2},
+            **overrides,
+        }
+    )
+
+
+class Prefetching(Trainer):
+    prefetch_depth = 2  # what CUDA jobs get; a CPU job builds its batches inline by default
+
+
+def test_prefetching_changes_no_value_and_resume_stays_bitwise_exact(tmp_path: Path) -> None:
+    straight = Prefetching(image_spec(), RunContext(str(tmp_path / "straight")))
+    result = straight.train()
+    assert straight.feeder._pool is not None  # really built ahead in a thread
+    assert result.skipped_steps > 0  # fp16 skips: the device schedule had to hold still
+    inline = Trainer(image_spec(), RunContext(str(tmp_path / "inline")))
+    inline.train()
+    assert inline.feeder._pool is None
+
+    ref: list[Trainer] = []
+    first = Prefetching(
+        image_spec(),
+        RunContext(
+            str(tmp_path / "split"), should_stop=lambda: "preempt" if ref[0].step == 5 else None
+        ),
+    )
+    ref.append(first)
+    with pytest.raises(PreemptedError):
+        first.train()
+    second = Prefetching(image_spec(), RunContext(str(tmp_path / "split")))
+    assert second.train().resumed_from == 5
+    for other in (inline, second):
+        for (name, a), b in zip(
+            straight.model.named_parameters(), other.model.parameters(), strict=True
+        ):
+            assert torch.equal(a, b), name
+        assert straight.schedule.state_dict() == other.schedule.state_dict()
+    assert torch.equal(
+        straight.optimizer.state_dict()["state"][0]["momentum_buffer"],
+        second.optimizer.state_dict()["state"][0]["momentum_buffer"],
+    )
+
+
+def test_a_checkpoint_of_format_1_resumes_its_schedule(tmp_path: Path) -> None:
+    trainer = Trainer(image_spec(max_steps=4), RunContext(str(tmp_path)))
+    trainer.train()
+    state = trainer.state_dict()
+    applied = state["scheduler"]["applied_steps"]
+    state["scheduler"] = {
+        "last_epoch": applied,
+        "base_lrs": [0.05, 0.05],
+        "_step_count": applied + 1,
+    }
+    fresh = Trainer(image_spec(max_steps=4), RunContext(None))
+    fresh.load_state_dict(state)
+    assert torch.equal(fresh.schedule.lr, trainer.schedule.lr)
+    assert all(g["lr"] is fresh.schedule.lr and g["fused"] for g in fresh.optimizer.param_groups)

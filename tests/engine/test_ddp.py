@@ -1,0 +1,158 @@
+"""Data-parallel training: 2 ranks on gloo (CPU), started by torchrun as the service will.
+
+Three launches in all (each costs two ``import torch``): the CLI run a stop interrupts,
+its resumption, and the in-process scenarios of ``ddp_ranks.py``. Every comparison is
+against the same job on one device accumulating the same micro-batches.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from amptrain.contract.errors import ResumeMismatchError
+from amptrain.contract.spec import parse_spec
+from amptrain.engine import RunContext, Trainer
+from amptrain.engine.checkpoint import CheckpointStore
+from tests.components.test_plugins import write_dist_info
+from tests.engine import ddp_ranks
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+PROBE = ROOT / "tests" / "plugins" / "amptrain_ddp_probe"
+
+
+def probe_paths(tmp_path: Path) -> list[Path]:
+    """Make the probe plugin discoverable (as pip would); the paths to import it from."""
+    site = tmp_path / "site"
+    if not site.exists():
+        project = tomllib.loads((PROBE / "pyproject.toml").read_text())["project"]
+        write_dist_info(site, project["name"], project["entry-points"])
+    return [site, PROBE / "src"]
+
+
+def torchrun(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``torchrun --nproc-per-node 2 ARGS`` with the probe plugin discoverable."""
+    path = os.pathsep.join(map(str, [*probe_paths(tmp_path), ROOT]))
+    launcher = ["-m", "torch.distributed.run", "--standalone", "--nnodes", "1"]
+    return subprocess.run(
+        [sys.executable, *launcher, "--nproc-per-node", "2", "--max-restarts", "0", *args],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": path},
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+
+
+def probe_spec(devices: int, **model_args: Any) -> dict[str, Any]:
+    """bf16 job on the probe model; 1 device accumulates what 2 devices split."""
+    return {
+        "model": {"name": "ddp-probe", "args": model_args},
+        "dataset": {"name": "synthetic-classification", "args": {"features": 8}},
+        "max_steps": 12,
+        "batch_size": 16,
+        "grad_accum_steps": 3 - devices,
+        "devices": devices,
+        "precision": "bf16",
+        "device": "cpu",
+        "schedule": {"name": "cosine", "warmup_steps": 2},
+        "telemetry": {"flush_every_steps": 2},
+        "checkpoint": {"every_steps": 4, "keep_last": 10},
+        "collective_timeout_s": 60,
+    }
+
+
+def results(directory: Path) -> list[dict[str, Any]]:
+    return [json.loads((directory / f"result-{r}.json").read_text()) for r in (0, 1)]
+
+
+def test_a_stop_on_one_rank_stops_both_and_the_resumed_run_equals_one_device(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ckpt, digests = tmp_path / "ckpt", tmp_path / "digests"
+    digests.mkdir()
+    spec_file = tmp_path / "spec.json"
+    cli = ["-m", "amptrain.cli.train", str(spec_file), "--checkpoint-dir", str(ckpt)]
+    cli += ["--result-file", str(tmp_path / "result-{rank}.json")]
+
+    # Rank 1 alone gets SIGTERM during step 5: the ranks agree at the flush of step 6.
+    spec_file.write_text(json.dumps(probe_spec(2, signal_rank=1, signal_at=5)))
+    stopped = torchrun(tmp_path, *cli, "--out", str(tmp_path / "first.jsonl"))
+    assert stopped.returncode != 0, stopped.stderr
+    for r, result in enumerate(results(tmp_path)):
+        assert result["rank"] == r and result["status"] == "failed", result
+        assert (result["error"]["code"], result["error"]["step"]) == ("cancelled", 6)
+    assert CheckpointStore(str(ckpt), 10).steps() == [4, 6]
+    records = [json.loads(line) for line in (tmp_path / "first.jsonl").read_text().splitlines()]
+    metrics = [r for r in records if r["kind"] == "metric"]
+    assert [m["step"] for m in metrics] == list(range(1, 7))  # one series: rank 0's
+    assert all(m["world_size"] == 2 and len(m["memory_peak_per_rank"]) == 2 for m in metrics)
+    assert all(m["memory_peak"] == max(m["memory_peak_per_rank"]) for m in metrics)
+    precision = next(r for r in records if r["kind"] == "event" and r["type"] == "precision")
+    assert precision["data"]["device"] == "cpu x 2 (DDP, gloo)"
+
+    spec_file.write_text(json.dumps(probe_spec(2, digest_dir=str(digests))))
+    resumed = torchrun(tmp_path, *cli, "--out", str(tmp_path / "second.jsonl"))
+    assert resumed.returncode == 0, resumed.stderr
+    for result in results(tmp_path):
+        assert (result["status"], result["resumed_from"], result["final_step"]) == (
+            "succeeded",
+            6,
+            12,
+        )
+    rank_digests = {(digests / f"digest-rank{r}.txt").read_text() for r in (0, 1)}
+    assert len(rank_digests) == 1  # both ranks hold the same weights
+
+    # The same job on one device, uninterrupted: bitwise the same weights.
+    for path in probe_paths(tmp_path):
+        monkeypatch.syspath_prepend(str(path))
+    single = Trainer(parse_spec(probe_spec(1)), RunContext(None))
+    single.train()
+    final = CheckpointStore(str(ckpt), 10).load(str(ckpt / "step-000000012.pt"))["model"]
+    for name, value in single.model.state_dict().items():
+        assert torch.equal(value, final[name]), name
+    from amptrain_ddp_probe.torch_parts import digest
+
+    assert rank_digests == {digest(single.model)}
+
+    # Resuming the 2-device checkpoints on one device is refused, for good.
+    with pytest.raises(ResumeMismatchError) as refused:
+        Trainer(parse_spec(probe_spec(1)), RunContext(str(ckpt))).train()
+    assert "written by 2 device(s) and this run has 1" in refused.value.message
+    assert not refused.value.retryable
+
+
+def test_fp32_matches_one_device_and_an_overflow_on_one_rank_skips_on_both(
+    tmp_path: Path,
+) -> None:
+    done = torchrun(tmp_path, "-m", "tests.engine.ddp_ranks", str(tmp_path))
+    assert done.returncode == 0, done.stderr
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
+
+    fp32 = [r["fp32"] for r in ranks]
+    assert all(torch.equal(fp32[0][k], fp32[1][k]) for k in fp32[0])
+    single = Trainer(ddp_ranks.job("fp32", 1, 2), RunContext(None))
+    single.train()
+    for name, value in single.model.state_dict().items():
+        torch.testing.assert_close(fp32[0][name], value, rtol=0, atol=1e-5)
+
+    fp16 = [r["fp16"] for r in ranks]
+    assert fp16[0]["seen"] == fp16[1]["seen"]  # same scale and same weights at every step
+    by_step = {step: (scale, weights) for step, scale, weights in fp16[1]["seen"]}
+    k = ddp_ranks.OVERFLOW_STEP
+    assert by_step[k][1] == by_step[k - 1][1] != by_step[k + 1][1]  # step k skipped, on rank 1 too
+    assert (by_step[k - 1][0], by_step[k][0]) == (1024.0, 512.0)  # both backed off once
+    assert [r["skipped_steps"] for r in fp16] == [1, 1]
+    metrics = fp16[0]["metrics"]
+    assert [s for s, m in metrics.items() if m["skipped"]] == [k]
+    assert metrics[k]["loss_scale"] == 1024.0 and metrics[k + 1]["loss_scale"] == 512.0

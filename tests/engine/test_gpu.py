@@ -1,0 +1,206 @@
+"""CUDA: every precision trains; steps between flushes never make the host wait for the GPU
+(counted with PyTorch's GPU trace hooks, which see event waits too); the data path and the
+math-mode switches are what the engine says; a real CUDA OOM is retried smaller."""
+
+from __future__ import annotations
+
+import math
+import threading
+from typing import Any
+
+import pytest
+import torch
+
+from amptrain.components.base import DataInfo
+from amptrain.contract.spec import parse_spec
+from amptrain.engine import Components, RunContext, Trainer
+from amptrain.engine.host import HostWaits
+from tests.support.sinks import ListSink
+
+pytestmark = pytest.mark.gpu
+
+MLP = {
+    "model": {"name": "mlp", "args": {"width": 64}},
+    "dataset": {"name": "synthetic-classification"},
+}
+CNN = {
+    "model": {"name": "cnn", "args": {"width": 16, "depth": 2}},
+    "dataset": {"name": "synthetic-images", "args": {"height": 32, "width": 32}},
+}
+
+
+def needs(precision: str) -> None:
+    if precision in ("bf16", "tf32") and torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip(f"{precision} needs compute capability >= 8.0")
+
+
+def spec(precision: str, parts: dict[str, Any] = MLP, **overrides: Any) -> Any:
+    return parse_spec(
+        {
+            **parts,
+            "max_steps": 40,
+            "batch_size": 64,
+            "precision": precision,
+            "device": "cuda",
+            "optimizer": {"name": "adamw", "lr": 3e-3},
+            **overrides,
+        }
+    )
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16", "tf32", "fp32"])
+def test_every_precision_trains_on_cuda(precision: str) -> None:
+    needs(precision)
+    sink = ListSink()
+    result = Trainer(spec(precision), RunContext(None, sink=sink)).train()
+    metrics = [r for r in sink.items if r["kind"] == "metric"]
+    assert result.precision.effective == precision and len(metrics) == 40
+    assert math.isfinite(metrics[-1]["loss"]) and metrics[-1]["loss"] < metrics[0]["loss"]
+    assert metrics[-1]["memory_allocated"] > 0  # CUDA allocator figures
+    assert (metrics[-1]["loss_scale"] is not None) == (precision == "fp16")
+
+
+def test_the_host_wait_counter_sees_event_waits_and_item() -> None:
+    # The control: what set_sync_debug_mode misses (an event wait) is counted here.
+    x = torch.ones(1024, device="cuda")
+    event = torch.cuda.Event()
+    torch.cuda.synchronize()
+    with HostWaits() as waits:
+        (x * 2).sum()
+        event.record()
+        event.synchronize()
+        float(x.sum())
+    assert waits.by_kind["event_synchronization"] == 1
+    assert waits.by_kind["stream_synchronization"] >= 1
+
+
+@pytest.mark.parametrize(
+    ("precision", "parts", "optimizer"),
+    [
+        ("fp16", MLP, "adamw"),
+        ("fp16", MLP, "sgd"),
+        ("bf16", MLP, "adamw"),
+        ("tf32", MLP, "adamw"),
+        ("fp32", MLP, "sgd"),
+        ("bf16", CNN, "sgd"),  # images built on the GPU, channels_last
+        ("fp16", CNN, "adamw"),
+    ],
+)
+def test_steps_between_flushes_make_the_host_wait_for_nothing(
+    precision: str, parts: dict[str, Any], optimizer: str
+) -> None:
+    needs(precision)
+    # fp16 starts with an overflowing scale so skipped steps (and the device schedule) happen.
+    trainer = Trainer(
+        spec(
+            precision,
+            parts,
+            optimizer={"name": optimizer, "lr": 1e-3},
+            schedule={"name": "cosine", "warmup_steps": 3},
+            grad_accum_steps=2,
+            loss_scale={"init_scale": 2.0**24, "growth_interval": 2},
+            telemetry={"flush_every_steps": 1000, "flush_every_ms": 600_000},
+        ),
+        RunContext(None),
+    )
+    for _ in range(3):  # warm-up: lazy optimizer state, cuDNN autotuning, the allocator
+        trainer.train_step()
+    trainer.telemetry.flush()
+    torch.cuda.synchronize()
+    seam = trainer.telemetry.host.count
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        with HostWaits() as waits:
+            for _ in range(12):
+                trainer.train_step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    # Nothing in the training thread, and no device-wide sync from any thread.
+    me = threading.current_thread().name
+    assert waits.by_thread[me] == 0, (dict(waits.by_kind), dict(waits.by_thread))
+    assert waits.by_kind["device_synchronization"] == 0, dict(waits.by_kind)
+    assert trainer.telemetry.host.count == seam
+    with HostWaits() as at_flush:
+        trainer.telemetry.flush()
+    assert trainer.telemetry.host.count == seam + 1 and at_flush.total >= 1
+    last = trainer.telemetry.last_record
+    assert last is not None and last["step"] == 15 and math.isfinite(last["loss"])
+    if precision == "fp16":
+        assert trainer.telemetry.skipped_steps > 0
+    trainer.feeder.close()
+
+
+def test_a_host_dataset_is_prefetched_pinned_and_copied_on_a_side_stream() -> None:
+    trainer = Trainer(
+        spec("bf16" if torch.cuda.get_device_capability()[0] >= 8 else "fp16"), RunContext(None)
+    )
+    feeder = trainer.feeder
+    assert not feeder.on_device and feeder._copy_stream is not None
+    x, y = feeder.get(0, 64)
+    assert x.is_cuda and y.is_cuda
+    torch.testing.assert_close(x.cpu(), trainer.dataset.batch(0, 64)[0])
+    for _, ahead in feeder._ahead:  # let the prefetch thread finish what it queued
+        assert ahead.result(timeout=30)[0].is_pinned()
+    feeder.get(64, 64)  # the next host batch is ready: its copy is queued behind this one
+    assert feeder._staged is not None and feeder._staged.key == (128, 64)
+    trainer.feeder.close()
+
+
+def test_conv_models_run_channels_last_on_images_built_on_the_gpu() -> None:
+    trainer = Trainer(spec("fp16", CNN), RunContext(None))
+    assert trainer.channels_last and trainer.feeder.on_device
+    conv = next(m for m in trainer.model.modules() if isinstance(m, torch.nn.Conv2d))
+    assert conv.weight.is_contiguous(memory_format=torch.channels_last)
+    x, _ = trainer.feeder.get(0, 8)
+    assert x.is_cuda and x.is_contiguous(memory_format=torch.channels_last)
+    assert torch.backends.cudnn.benchmark
+
+
+def test_tf32_switches_follow_the_precision() -> None:
+    needs("tf32")
+    Trainer(spec("fp32"), RunContext(None))
+    assert torch.backends.cuda.matmul.fp32_precision == "ieee"
+    assert torch.backends.cudnn.conv.fp32_precision == "ieee"
+    Trainer(spec("tf32"), RunContext(None))
+    assert torch.backends.cuda.matmul.fp32_precision == "tf32"
+    assert torch.backends.cudnn.conv.fp32_precision == "tf32"
+
+
+class Hungry(torch.nn.Module):
+    """Asks the CUDA allocator for 30% of the GPU per sample: a micro-batch of 8 or 4 cannot
+    get it (a real OOM), 2 can."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fc = torch.nn.Linear(4, 2)
+        self.per_sample = int(torch.cuda.get_device_properties(0).total_memory * 0.3)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        scratch = torch.empty(
+            x.shape[0] * self.per_sample // 4, dtype=torch.float32, device=x.device
+        )
+        del scratch
+        return self.fc(x)
+
+
+class Small:
+    info = DataInfo("classification", (4,), 2)
+
+    def batch(self, start: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        idx = torch.arange(start, start + size)
+        return torch.cos(idx[:, None] * torch.ones(1, 4)), idx % 2
+
+
+def test_a_real_cuda_oom_halves_the_micro_batch_and_training_goes_on() -> None:
+    sink = ListSink()
+    parts = Components(Hungry(), Small(), torch.nn.functional.cross_entropy)
+    trainer = Trainer(
+        spec("fp32", max_steps=3, batch_size=8, auto_micro_batch=True),
+        RunContext(None, sink=sink),
+        parts,
+    )
+    result = trainer.train()
+    assert result.final_step == 3 and trainer.micro_batch == 2
+    assert [e["data"]["new"] for e in sink.events("micro_batch")] == [4, 2]
+    # The failed attempts' cache was handed back once their activations were gone.
+    assert torch.cuda.memory_reserved() < torch.cuda.get_device_properties(0).total_memory * 0.7

@@ -1,0 +1,100 @@
+"""POST/GET /comparisons against a real uvicorn, Redis and database (SQLite and, when
+configured, PostgreSQL): one job per precision, and a report whose numbers come from the
+points the recorder stored."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from tests.server.web.ab_runs import RUNS, STEPS, play, spec
+from tests.server.web.test_http import user_client
+from tests.support.stack import Stack, wait_until
+
+
+def test_a_b_report_from_recorded_points(api_stack: Stack) -> None:
+    c = api_stack.client
+    created = c.post("/comparisons", json={"spec": spec(), "precisions": ["fp32", "bf16", "fp16"]})
+    assert created.status_code == 201, created.text
+    report = created.json()
+    assert report["baseline"] == "fp32" and report["name"] == "ab"
+    runs = {r["precision"]: r for r in report["runs"]}
+    assert list(runs) == ["fp32", "bf16", "fp16"]
+    for precision, run in runs.items():
+        job = api_stack.job(run["job_id"])
+        assert job["spec"]["precision"] == precision and job["status"] == "queued"
+        assert job["name"] == f"ab [{precision}]"
+        assert run["throughput"] is None and run["ratios"]["throughput"] is None
+
+    for precision, values in RUNS.items():
+        play(api_stack, runs[precision]["job_id"], values)
+
+    def finished() -> dict[str, Any] | None:
+        r = c.get(f"/comparisons/{report['id']}").json()
+        done = all(run["status"] == "succeeded" and run["step"] == STEPS for run in r["runs"])
+        return r if done else None
+
+    final = wait_until(finished, 30, "the three runs to be recorded")
+    runs = {r["precision"]: r for r in final["runs"]}
+    # The warm-up's 1 samples/s is left out of the steady state; the last 10 steps' loss is the final loss.
+    assert runs["fp32"]["throughput"] == pytest.approx(100.0)
+    assert runs["bf16"]["ratios"]["throughput"] == pytest.approx(2.5)
+    assert runs["fp16"]["ratios"]["throughput"] == pytest.approx(2.0)
+    assert runs["fp32"]["peak_memory"] == 4000
+    assert runs["bf16"]["ratios"]["peak_memory"] == pytest.approx(0.5)
+    assert runs["fp16"]["ratios"]["peak_memory"] == pytest.approx(0.6)
+    assert runs["fp16"]["final_loss"] == pytest.approx(0.55)
+    assert runs["fp16"]["ratios"]["final_loss"] == pytest.approx(1.1)
+    assert runs["fp32"]["ratios"] == {"throughput": 1.0, "peak_memory": 1.0, "final_loss": 1.0}
+    curves = final["loss_curves"]
+    assert curves["step"] == list(range(1, STEPS + 1))
+    assert set(curves["loss"]) == {"fp32", "bf16", "fp16"}
+    assert curves["loss"]["bf16"][-1] == pytest.approx(0.51)
+    assert all(len(v) == STEPS for v in curves["loss"].values())
+    listed = c.get("/comparisons").json()["items"]
+    assert [x["id"] for x in listed] == [report["id"]]
+
+
+def test_bad_requests_name_the_field_and_create_nothing(api_stack: Stack) -> None:
+    c = api_stack.client
+
+    def problems(body: dict[str, Any]) -> set[str]:
+        r = c.post("/comparisons", json=body)
+        assert r.status_code == 422, r.text
+        return {p["field"] for p in r.json()["detail"]}
+
+    assert problems({"spec": spec(), "precisions": ["fp32", "fp32"]}) == {"precisions"}
+    assert problems({"spec": spec(), "precisions": ["fp32", "fp8"]}) == {"precisions.1"}
+    assert problems({"spec": spec(), "precisions": ["fp32"]}) == {"precisions"}
+    assert problems({"spec": spec(max_steps=0), "precisions": ["fp32", "bf16"]}) == {
+        "spec.max_steps"
+    }
+    unknown = spec(model={"name": "no-such-model"})
+    assert problems({"spec": unknown, "precisions": ["fp32", "bf16"]}) == {"spec.model.name"}
+    assert problems({"spec": spec(queue="nope"), "precisions": ["fp32", "bf16"]}) == {"spec.queue"}
+    for bad in ("ab\x1b[2J", "ab\u202etxt.exe", "line\nbreak"):
+        r = c.post(
+            "/comparisons", json={"spec": spec(), "precisions": ["fp32", "bf16"], "name": bad}
+        )
+        assert r.status_code == 422, r.text
+        (problem,) = r.json()["detail"]
+        assert problem["field"] == "name"
+        assert "control or formatting characters" in problem["message"]
+    assert c.get("/comparisons").json()["items"] == []
+    assert c.get("/jobs").json()["items"] == []
+
+
+def test_only_the_owner_sees_a_comparison(api_stack: Stack) -> None:
+    with user_client(api_stack, "alice") as alice, user_client(api_stack, "bob") as bob:
+        made = alice.post("/comparisons", json={"spec": spec(), "precisions": ["fp32", "bf16"]})
+        assert made.status_code == 201, made.text
+        cid = made.json()["id"]
+        assert bob.get(f"/comparisons/{cid}").status_code == 404
+        assert bob.get("/comparisons").json()["items"] == []
+        assert alice.get(f"/comparisons/{cid}").status_code == 200
+        jobs = alice.get("/jobs").json()["items"]
+        assert {j["owner"] for j in jobs} == {"alice"} and len(jobs) == 2
+    # The admin sees everyone's.
+    assert api_stack.client.get(f"/comparisons/{cid}").status_code == 200
+    assert api_stack.client.get("/comparisons/c_nope").status_code == 404

@@ -1,0 +1,185 @@
+"""GET /jobs/{id}/metrics?max_points=N: a whole run in at most N points, computed in SQL,
+with loss spikes kept. Real SQLite/PostgreSQL; the big case holds 1,000,000 points."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+import pytest
+import sqlalchemy as sa
+from sqlalchemy.orm import Session, sessionmaker
+
+from amptrain.contract.spec import JobSpec
+from amptrain.store import jobs, migrate
+from amptrain.store.db import make_engine, make_session_factory
+from amptrain.store.history import rebuild as summary_rebuild
+from amptrain.store.history.downsample import downsample
+from amptrain.store.history.window import parse_fields
+
+COLUMNS = ("job_id", "attempt", "stream_ms", "stream_seq", "step", "time", "loss", "loss_scale")
+Row = tuple[str, int, int, int, int, float, float | None, float | None]
+
+
+@pytest.fixture
+def db(database_url: str) -> Iterator[tuple[sa.Engine, sessionmaker[Session]]]:
+    migrate.upgrade(database_url)
+    engine = make_engine(database_url)
+    yield engine, make_session_factory(engine)
+    engine.dispose()
+
+
+def new_job(sessions: sessionmaker[Session]) -> str:
+    spec = JobSpec.model_validate(
+        {
+            "name": "long",
+            "model": {"name": "mlp", "args": {}},
+            "dataset": {"name": "synthetic-classification", "args": {}},
+            "max_steps": 1_000_000,
+        }
+    )
+    with sessions.begin() as s:
+        return jobs.create_job(s, spec, "tester", "cpu").id
+
+
+def bulk_insert(engine: sa.Engine, rows: Iterable[Row]) -> None:
+    """executemany on SQLite, COPY on PostgreSQL: the test data, not the code under test;
+    then the jobs' summaries, as the recorder would have kept them."""
+    job_ids: set[str] = set()
+
+    def noting_jobs(rows: Iterable[Row]) -> Iterator[Row]:
+        for row in rows:
+            job_ids.add(row[0])
+            yield row
+
+    rows = noting_jobs(rows)
+    raw = engine.raw_connection()
+    try:
+        cur = raw.cursor()
+        if engine.dialect.name == "postgresql":
+            with cur.copy(f"COPY metric_points ({', '.join(COLUMNS)}) FROM STDIN") as copy:
+                for row in rows:
+                    copy.write_row(row)
+        else:
+            marks = ", ".join("?" for _ in COLUMNS)
+            sql = f"INSERT INTO metric_points ({', '.join(COLUMNS)}) VALUES ({marks})"
+            cur.executemany(sql, rows)  # type: ignore[arg-type]  # sqlite3 takes any iterable
+        raw.commit()
+        if engine.dialect.name == "postgresql":
+            # What autovacuum does after a bulk load; without statistics the planner guesses.
+            cur.execute("ANALYZE metric_points")
+            raw.commit()
+    finally:
+        raw.close()
+    with make_session_factory(engine).begin() as s:
+        for job_id in job_ids:
+            summary_rebuild.rebuild(s, job_id)
+
+
+def points(
+    job_id: str, steps: Iterable[int], attempt: int = 1, spike: int | None = None
+) -> Iterator[Row]:
+    t0 = 1_700_000_000_000
+    for step in steps:
+        loss = 50.0 if step == spike else 1.0 / math.sqrt(step)
+        yield (job_id, attempt, t0 + step, attempt, step, t0 / 1000 + step, loss, 65536.0)
+
+
+@pytest.mark.heavy
+def test_a_million_steps_in_a_thousand_points_keeps_the_spike(
+    db: tuple[sa.Engine, sessionmaker[Session]],
+) -> None:
+    """A run of a million steps recorded every 8th step (125,001 points: a read's work
+    follows the span of steps, and seeding a dense million took half a minute per database
+    here; bench/history_query.py reads dense runs)."""
+    engine, sessions = db
+    job_id = new_job(sessions)
+    steps = [*range(1, 1_000_000, 8), 1_000_000]  # 777,777 among them
+    bulk_insert(engine, points(job_id, steps, spike=777_777))
+    statements: list[str] = []
+
+    def spy(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        statements.append(statement)
+
+    sa.event.listen(engine, "before_cursor_execute", spy)
+    started = time.perf_counter()
+    with sessions() as s:
+        items, newest = downsample(s, job_id, 1000)
+    elapsed = time.perf_counter() - started
+    sa.event.remove(engine, "before_cursor_execute", spy)
+    print(f"\n{engine.dialect.name}: 1,000,000 points -> {len(items)} in {elapsed * 1000:.0f} ms")
+
+    assert 0 < len(items) <= 1000
+    steps = [p["step"] for p in items]
+    assert steps == sorted(set(steps)) and steps[0] == 1 and steps[-1] == 1_000_000
+    assert all(p["downsampled"] for p in items)
+    spike = [p for p in items if p["loss"] == 50.0]
+    assert [p["step"] for p in spike] == [777_777]
+    assert newest == f"{1_700_000_000_000 + 1_000_000}-1"
+    # A few statements (node reads: one per level, O(log) of the run), the buckets read
+    # from the summaries: no pass over the points.
+    assert len(statements) <= 12, statements
+    assert not any("GROUP BY" in st for st in statements)
+
+
+@pytest.mark.parametrize("max_points", [1, 2, 3, 4, 7, 40, 399])
+def test_never_more_than_max_points(
+    db: tuple[sa.Engine, sessionmaker[Session]], max_points: int
+) -> None:
+    engine, sessions = db
+    job_id = new_job(sessions)
+    bulk_insert(engine, points(job_id, range(1, 5001), spike=4321))
+    with sessions() as s:
+        items, _ = downsample(s, job_id, max_points)
+    assert 0 < len(items) <= max_points
+    assert 4321 in [p["step"] for p in items]  # the spike survives even at one point
+
+
+def test_constant_loss_ties_stay_bounded(db: tuple[sa.Engine, sessionmaker[Session]]) -> None:
+    engine, sessions = db
+    job_id = new_job(sessions)
+    rows = [(job_id, 1, 10 + i, 0, i, 0.0, 1.0, None) for i in range(1, 3001)]
+    bulk_insert(engine, rows)
+    with sessions() as s:
+        items, _ = downsample(s, job_id, 100)
+    assert len(items) <= 100
+
+
+def test_small_runs_come_whole_and_fields_filter(
+    db: tuple[sa.Engine, sessionmaker[Session]],
+) -> None:
+    engine, sessions = db
+    job_id = new_job(sessions)
+    bulk_insert(engine, points(job_id, range(1, 51)))
+    with sessions() as s:
+        items, _ = downsample(s, job_id, 100, fields=parse_fields("loss"))
+        empty, cursor = downsample(s, new_job(sessions), 10)
+    assert [p["step"] for p in items] == list(range(1, 51))
+    assert set(items[0]) == {"step", "attempt", "cursor", "downsampled", "loss"}
+    assert not any(p["downsampled"] for p in items)
+    assert (empty, cursor) == ([], None)
+    with pytest.raises(ValueError, match="nope"):
+        parse_fields("loss,nope")
+
+
+def test_retried_job_downsamples_the_effective_series(
+    db: tuple[sa.Engine, sessionmaker[Session]],
+) -> None:
+    engine, sessions = db
+    job_id = new_job(sessions)
+    # Attempt 1 reached step 600 with a spike at 550; attempt 2 resumed from 500.
+    bulk_insert(engine, points(job_id, range(1, 601), attempt=1, spike=550))
+    bulk_insert(
+        engine,
+        (
+            (j, 2, ms + 10_000, 2, st, t, lo, sc)
+            for j, _, ms, _, st, t, lo, sc in points(job_id, range(501, 2001), attempt=2)
+        ),
+    )
+    with sessions() as s:
+        items, _ = downsample(s, job_id, 40)
+    assert len(items) <= 40
+    assert all(p["attempt"] == 2 for p in items if p["step"] > 500)
+    assert 50.0 not in [p["loss"] for p in items]  # the superseded attempt's spike is gone
