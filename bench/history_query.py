@@ -30,7 +30,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from amptrain.contract.records import STORED_METRIC_FIELDS
+from amptrain.contract.metrics import STORED_METRIC_FIELDS
 from amptrain.contract.spec import JobSpec
 from amptrain.store import jobs, migrate, recording
 from amptrain.store.db import make_engine, make_session_factory

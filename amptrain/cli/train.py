@@ -45,6 +45,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from amptrain.contract.catalog import validate_components, validate_refs
 from amptrain.contract.errors import TrainingError
+from amptrain.contract.metrics import progress_line
 from amptrain.contract.spec import ComponentRef, JobSpec, load_spec_file, parse_spec
 
 EXIT_FAILED = 1
@@ -102,14 +103,7 @@ class ConsoleSink:
         self.out.flush()
         if self.last_metric is not None:
             m = self.last_metric
-            scale = m["loss_scale"]
-            self.progress.update(
-                self.task,
-                completed=m["step"],
-                loss=f"{m['loss']:.4f}" if m["loss"] is not None else "-",
-                scale=f"{scale:g}" if scale is not None else "-",
-                throughput=f"{m['samples_per_second'] or 0:,.0f}",
-            )
+            self.progress.update(self.task, completed=m["step"], stats=progress_line(m))
 
     def _show_event(self, item: dict[str, Any]) -> None:
         data = item["data"]
@@ -154,13 +148,11 @@ def _progress(console: Console, total: int) -> tuple[Progress, Any]:
         TextColumn("[bold]train"),
         BarColumn(),
         MofNCompleteColumn(),
-        TextColumn("loss {task.fields[loss]}"),
-        TextColumn("scale {task.fields[scale]}"),
-        TextColumn("{task.fields[throughput]} samples/s"),
         TimeRemainingColumn(),
+        TextColumn("{task.fields[stats]}"),
         console=console,
     )
-    return progress, progress.add_task("train", total=total, loss="-", scale="-", throughput="-")
+    return progress, progress.add_task("train", total=total, stats="")
 
 
 class RankResult:

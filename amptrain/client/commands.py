@@ -30,6 +30,7 @@ from rich.progress import (
 from rich.table import Table
 
 from amptrain.client.http import ApiError, Client, resolve_config
+from amptrain.contract.metrics import progress_line
 from amptrain.contract.spec import load_spec_file
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -118,7 +119,7 @@ async def _follow(client: Client, job: dict[str, Any], as_json: bool) -> int:
                 click.echo(json.dumps(msg))
             if msg["type"] == "metric":
                 data = msg["data"]
-                progress.update(task, completed=data["step"], stats=_stats(data))
+                progress.update(task, completed=data["step"], stats=progress_line(data))
             elif msg["type"] == "event" and not as_json:
                 progress.console.print(_event_line(msg["data"]))
             elif msg["type"] == "end":
@@ -145,18 +146,6 @@ def _progress(disable: bool) -> Progress:
         console=console,
         disable=disable,
     )
-
-
-def _stats(data: dict[str, Any]) -> str:
-    parts = [f"loss {_num(data.get('loss'))}"]
-    if data.get("loss_scale") is not None:
-        parts.append(f"scale {data['loss_scale']:g}")
-    parts.append(f"skipped {data.get('skipped_steps') or 0}")
-    if data.get("memory_peak") is not None:
-        parts.append(f"mem {data['memory_peak'] / 2**20:.0f} MiB")
-    if data.get("samples_per_second") is not None:
-        parts.append(f"{data['samples_per_second']:.0f} samples/s")
-    return " · ".join(parts)
 
 
 def _num(value: Any) -> str:

@@ -23,6 +23,7 @@ from collections.abc import Mapping, Sequence
 from importlib.metadata import EntryPoint, entry_points
 from typing import Any, Literal
 
+from amptrain.contract import metrics
 from amptrain.contract.builtins import (
     BUILTIN_DATASETS,
     BUILTIN_MODELS,
@@ -80,7 +81,8 @@ def _field_help(
 
 
 def catalog() -> dict[str, Any]:
-    """Everything a job spec can name, with arguments, defaults and descriptions (JSON-ready).
+    """Everything a job spec can name, with arguments, defaults and descriptions, and the
+    metrics a job records with the charts that show them (JSON-ready).
 
     Plugins appear by entry-point name with ``source: "plugin"`` and the entry
     point's target; they are not imported, so their arguments are not listed.
@@ -116,6 +118,7 @@ def catalog() -> dict[str, Any]:
         },
         "precisions": {name: {"name": name, "description": d} for name, d in PRECISIONS.items()},
         "limits": spec_limits(),
+        **metrics.catalog(),
     }
 
 

@@ -9,33 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-# Every metric record has exactly these keys, in this order.
-METRIC_FIELDS: tuple[str, ...] = (
-    "step",  # optimizer step, 1-based
-    "time",  # unix seconds when the step finished (host clock at flush, interpolated per step)
-    "loss",  # mean loss of the step's micro-batches (unscaled)
-    "loss_scale",  # fp16: the scale used for this step; null for bf16/fp32
-    "skipped",  # true when inf/NaN gradients made the optimizer skip the step
-    "grad_norm",  # global grad norm after unscaling, before clipping; null when skipped
-    "lr",  # learning rate used for this step
-    "memory_allocated",  # bytes; CUDA allocator on GPU, process RSS on CPU
-    "memory_reserved",  # bytes; CUDA reserved on GPU, process VMS-free RSS on CPU
-    "memory_peak",  # bytes; CUDA max allocated on GPU, process peak RSS on CPU
-    "samples_per_second",
-    "step_time_ms",
-    "skipped_steps",  # cumulative skipped steps in this attempt, including this one
-)
-
-# Present only in the records of a data-parallel run (devices > 1), after METRIC_FIELDS.
-# There ``loss`` is the mean over ranks and the memory fields are the maximum over ranks.
-PARALLEL_METRIC_FIELDS: tuple[str, ...] = (
-    "world_size",  # number of data-parallel processes
-    "memory_peak_per_rank",  # list of each rank's memory_peak, in rank order
-)
-
-# Every field of a metric point as stored and returned (GET /jobs/{id}/metrics, the live
-# stream): the PARALLEL_METRIC_FIELDS are null there for a one-device run.
-STORED_METRIC_FIELDS: tuple[str, ...] = METRIC_FIELDS + PARALLEL_METRIC_FIELDS
+from amptrain.contract.metrics import METRIC_FIELDS, PARALLEL_METRIC_FIELDS
 
 # Event types the engine emits itself; the worker adds lifecycle events
 # (queued, started, resumed, succeeded, failed, cancelled) with the same shape.
@@ -43,8 +17,9 @@ ENGINE_EVENTS: tuple[str, ...] = ("checkpoint", "warning", "precision", "micro_b
 
 
 def metric(**values: Any) -> dict[str, Any]:
-    """A metric record with every field present (missing ones null) and nothing else;
-    the :data:`PARALLEL_METRIC_FIELDS` only when given."""
+    """A metric record with every field of the metric table present (missing ones null)
+    and nothing else; the :data:`~amptrain.contract.metrics.PARALLEL_METRIC_FIELDS` only
+    when given."""
     unknown = set(values) - set(METRIC_FIELDS) - set(PARALLEL_METRIC_FIELDS)
     if unknown:
         raise KeyError(f"unknown metric fields: {sorted(unknown)}")

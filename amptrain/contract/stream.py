@@ -39,7 +39,7 @@ import json
 import math
 from typing import Any
 
-from amptrain.contract.records import METRIC_FIELDS, PARALLEL_METRIC_FIELDS
+from amptrain.contract.metrics import METRIC_FIELDS, PARALLEL_METRIC_FIELDS
 
 
 def text(value: Any) -> str:

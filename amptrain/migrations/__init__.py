@@ -1,0 +1,1 @@
+"""The Alembic revisions: the only source of the schema (``amptrain db upgrade``)."""

@@ -107,6 +107,7 @@ def report(s: Session, comparison: Comparison) -> dict[str, Any]:
 
 def _run_numbers(s: Session, precision: str, job: Job) -> dict[str, Any]:
     p = MetricPoint
+    c = MetricPoint.__table__.c  # the metric columns (named by the metric table)
     effective = _effective(p)
     lo, hi, count = s.execute(
         sa.select(sa.func.min(p.step), sa.func.max(p.step), sa.func.count()).where(
@@ -119,14 +120,14 @@ def _run_numbers(s: Session, precision: str, job: Job) -> dict[str, Any]:
         final_n = max(1, min(FINAL_MAX_STEPS, int(count * FINAL_FRACTION)))
         mine = (p.job_id == job.id, effective)
         numbers["throughput"] = s.scalar(
-            sa.select(sa.func.avg(p.samples_per_second)).where(
-                *mine, p.step >= steady_from, is_finite(p.samples_per_second)
+            sa.select(sa.func.avg(c.samples_per_second)).where(
+                *mine, p.step >= steady_from, is_finite(c.samples_per_second)
             )
         )
-        numbers["peak_memory"] = s.scalar(sa.select(sa.func.max(p.memory_peak)).where(*mine))
+        numbers["peak_memory"] = s.scalar(sa.select(sa.func.max(c.memory_peak)).where(*mine))
         last = (
-            sa.select(p.loss)
-            .where(*mine, is_finite(p.loss))
+            sa.select(c.loss)
+            .where(*mine, is_finite(c.loss))
             .order_by(p.step.desc())
             .limit(final_n)
             .subquery()

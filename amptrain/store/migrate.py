@@ -1,4 +1,4 @@
-"""Apply the Alembic migrations in ``migrations/`` programmatically.
+"""Apply the Alembic migrations in ``amptrain/migrations/`` programmatically.
 
 The schema comes only from those migrations (``amptrain db upgrade`` and the
 start-up of ``amptrain up`` call :func:`upgrade`); nothing calls ``create_all``.
@@ -56,5 +56,5 @@ def current_revision(url: str) -> str | None:
 
 
 def head_revision() -> str | None:
-    """The newest revision in ``migrations/versions``."""
+    """The newest revision in ``amptrain/migrations/versions``."""
     return ScriptDirectory.from_config(_config()).get_current_head()

@@ -1,6 +1,6 @@
 """SQLAlchemy models: the SQL database is the truth about every job.
 
-The schema itself comes only from the Alembic migrations in ``migrations/``;
+The schema itself comes only from the Alembic migrations in ``amptrain/migrations/``;
 these classes describe it for queries (and for ``alembic revision --autogenerate``).
 """
 
@@ -14,9 +14,12 @@ import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
+from amptrain.contract.metrics import STEP_METRICS, Metric
+
 # Re-exported for the recorder and the watch; the statuses are defined in amptrain.core.enums.
 from amptrain.core.enums import FINISHED_STATUSES as FINISHED_STATUSES
 from amptrain.core.enums import JobStatus
+from amptrain.store.history.layout import COUNTS, extrema
 
 # SQLite has no BIGINT autoincrement: only "INTEGER PRIMARY KEY" is the rowid alias.
 BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
@@ -124,40 +127,45 @@ class JobEvent(Base):
     source_id: Mapped[str | None] = mapped_column(sa.String(40))
 
 
-class MetricPoint(Base):
-    """One optimizer step of one attempt; columns named as
-    amptrain.contract.records.STORED_METRIC_FIELDS."""
+def _column_type(metric: Metric) -> sa.types.TypeEngine[Any]:
+    """The SQL type of a metric's column (the same for its summary extremes)."""
+    types: dict[str, sa.types.TypeEngine[Any]] = {
+        "int": sa.Integer(),
+        "float": sa.Float(precision=53),
+        "bool": sa.Boolean(),
+        "bytes": sa.BigInteger(),
+        "ints": sa.JSON(),
+    }
+    return types[metric.type]
 
-    __tablename__ = "metric_points"
-    __table_args__ = (
+
+class MetricPoint(Base):
+    """One optimizer step of one attempt: a column per field of the metric table
+    (:data:`amptrain.contract.metrics.STEP_METRICS`), read by name (``getattr``). The
+    data-parallel fields are null for one device; the memory fields are then the maximum
+    over ranks."""
+
+    __table__ = sa.Table(
+        "metric_points",
+        Base.metadata,
+        sa.Column("id", BigId, primary_key=True, autoincrement=True),
+        sa.Column("job_id", sa.ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
+        sa.Column("attempt", sa.Integer, nullable=False),
+        # The Redis stream entry id "ms-seq": the metrics cursor.
+        sa.Column("stream_ms", sa.BigInteger, nullable=False),
+        sa.Column("stream_seq", sa.BigInteger, nullable=False),
+        *(sa.Column(m.name, _column_type(m), nullable=m.name != "step") for m in STEP_METRICS),
         sa.UniqueConstraint("job_id", "attempt", "step"),
         sa.Index(None, "job_id", "stream_ms", "stream_seq"),
         sa.Index(None, "job_id", "step"),
     )
 
-    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    job_id: Mapped[str] = mapped_column(sa.ForeignKey("jobs.id", ondelete="CASCADE"))
+    id: Mapped[int]
+    job_id: Mapped[str]
     attempt: Mapped[int]
-    # The Redis stream entry id "ms-seq": the metrics cursor.
-    stream_ms: Mapped[int] = mapped_column(sa.BigInteger)
-    stream_seq: Mapped[int] = mapped_column(sa.BigInteger)
+    stream_ms: Mapped[int]
+    stream_seq: Mapped[int]
     step: Mapped[int]
-    time: Mapped[float | None] = mapped_column(sa.Float(precision=53))
-    loss: Mapped[float | None] = mapped_column(sa.Float(precision=53))
-    loss_scale: Mapped[float | None] = mapped_column(sa.Float(precision=53))
-    skipped: Mapped[bool | None]
-    grad_norm: Mapped[float | None] = mapped_column(sa.Float(precision=53))
-    lr: Mapped[float | None] = mapped_column(sa.Float(precision=53))
-    memory_allocated: Mapped[int | None] = mapped_column(sa.BigInteger)
-    memory_reserved: Mapped[int | None] = mapped_column(sa.BigInteger)
-    memory_peak: Mapped[int | None] = mapped_column(sa.BigInteger)
-    samples_per_second: Mapped[float | None] = mapped_column(sa.Float(precision=53))
-    step_time_ms: Mapped[float | None] = mapped_column(sa.Float(precision=53))
-    skipped_steps: Mapped[int | None]
-    # Data-parallel runs only (amptrain.contract.records.PARALLEL_METRIC_FIELDS); null
-    # for one device. The memory_* columns above are then the maximum over ranks.
-    world_size: Mapped[int | None]
-    memory_peak_per_rank: Mapped[list[int] | None] = mapped_column(sa.JSON)
 
 
 class ApiToken(Base):
@@ -179,10 +187,24 @@ class ApiToken(Base):
 class MetricSummary(Base):
     """The aggregates of a job's effective series (per step the newest attempt's point) over
     the aligned steps ``[idx * 2**level, (idx + 1) * 2**level)``: what a downsampled history
-    read needs per bucket without visiting the points (see :mod:`amptrain.store.history.summaries`)."""
+    read needs per bucket without visiting the points (see
+    :mod:`amptrain.store.history.summaries`). Per field the metric table marks ``extremes``:
+    the lowest and the highest finite value and the first step holding each."""
 
-    __tablename__ = "metric_summaries"
-    __table_args__ = (
+    __table__ = sa.Table(
+        "metric_summaries",
+        Base.metadata,
+        sa.Column("job_id", sa.ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True),
+        sa.Column("level", sa.Integer, primary_key=True, autoincrement=False),
+        sa.Column("idx", sa.Integer, primary_key=True, autoincrement=False),
+        *(sa.Column(c, sa.Integer, nullable=False) for c in COUNTS if c != "first_flag"),
+        sa.Column("first_flag", sa.Integer),
+        *(
+            sa.Column(c, sa.Integer() if c.endswith("_step") else _column_type(m))
+            for m in STEP_METRICS
+            if m.extremes
+            for c in extrema(m.name)
+        ),
         # Only the nodes holding flagged steps: a read keeping every flagged step finds
         # them without walking every node of the window.
         sa.Index(
@@ -195,44 +217,9 @@ class MetricSummary(Base):
         ),
     )
 
-    job_id: Mapped[str] = mapped_column(
-        sa.ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
-    )
-    level: Mapped[int] = mapped_column(primary_key=True, autoincrement=False)
-    idx: Mapped[int] = mapped_column(primary_key=True, autoincrement=False)
-    points: Mapped[int]
-    first_step: Mapped[int]
-    last_step: Mapped[int]
-    skipped: Mapped[int]
-    non_finite: Mapped[int]
-    flagged: Mapped[int]
-    first_flag: Mapped[int | None]
-    # Per field that can spike (amptrain.store.history.window.EXTREMA_FIELDS): the lowest and the
-    # highest finite value and the first step holding each.
-    loss_min: Mapped[float | None] = mapped_column(sa.Float(precision=53))
-    loss_min_step: Mapped[int | None]
-    loss_max: Mapped[float | None] = mapped_column(sa.Float(precision=53))
-    loss_max_step: Mapped[int | None]
-    grad_norm_min: Mapped[float | None] = mapped_column(sa.Float(precision=53))
-    grad_norm_min_step: Mapped[int | None]
-    grad_norm_max: Mapped[float | None] = mapped_column(sa.Float(precision=53))
-    grad_norm_max_step: Mapped[int | None]
-    loss_scale_min: Mapped[float | None] = mapped_column(sa.Float(precision=53))
-    loss_scale_min_step: Mapped[int | None]
-    loss_scale_max: Mapped[float | None] = mapped_column(sa.Float(precision=53))
-    loss_scale_max_step: Mapped[int | None]
-    samples_per_second_min: Mapped[float | None] = mapped_column(sa.Float(precision=53))
-    samples_per_second_min_step: Mapped[int | None]
-    samples_per_second_max: Mapped[float | None] = mapped_column(sa.Float(precision=53))
-    samples_per_second_max_step: Mapped[int | None]
-    step_time_ms_min: Mapped[float | None] = mapped_column(sa.Float(precision=53))
-    step_time_ms_min_step: Mapped[int | None]
-    step_time_ms_max: Mapped[float | None] = mapped_column(sa.Float(precision=53))
-    step_time_ms_max_step: Mapped[int | None]
-    memory_allocated_min: Mapped[int | None] = mapped_column(sa.BigInteger)
-    memory_allocated_min_step: Mapped[int | None]
-    memory_allocated_max: Mapped[int | None] = mapped_column(sa.BigInteger)
-    memory_allocated_max_step: Mapped[int | None]
+    job_id: Mapped[str]
+    level: Mapped[int]
+    idx: Mapped[int]
 
 
 class MetricSummaryState(Base):

@@ -16,16 +16,10 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from amptrain.contract.jsonsafe import finite
+from amptrain.contract.metrics import SUMMARY_FIELDS
 from amptrain.core.enums import FINISHED_STATUSES
 from amptrain.store.history import point_writes
-from amptrain.store.models import Job, JobEvent, MetricPoint
-
-SUMMARY_FIELDS = ("loss", "loss_scale", "skipped_steps", "memory_peak", "samples_per_second")
-"""The newest point's fields a job's ``summary`` shows."""
-FLOAT_FIELDS = frozenset(
-    c.name for c in MetricPoint.__table__.columns if isinstance(c.type, sa.Float)
-)
-"""Metric fields stored as floats (the recorder reads their stream text as floats)."""
+from amptrain.store.models import Job, JobEvent
 
 
 class Recordable(NamedTuple):

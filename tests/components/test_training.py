@@ -59,8 +59,8 @@ def test_builtin_pair_halves_its_loss(pair: str, precision: str) -> None:
 
 
 def test_a_tiny_resnet50_job_trains_on_cpu_without_torchvision() -> None:
-    """The catalog's ``resnet50`` is built from trainer_core's own ResNet-50, so a job runs
-    wherever trainer_core does; small images keep two real steps quick."""
+    """The catalog's ``resnet50`` is built from amptrain's own ResNet-50, so a job runs
+    wherever the engine does; small images keep two real steps quick."""
     spec = parse_spec(
         {
             "model": {"name": "resnet50"},

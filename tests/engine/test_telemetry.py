@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from amptrain.components.base import DataInfo
-from amptrain.contract.records import METRIC_FIELDS
+from amptrain.contract.metrics import METRIC_FIELDS
 from amptrain.contract.spec import parse_spec
 from amptrain.engine import Components, RunContext, Trainer
 

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from amptrain.cli.embedded_redis import EmbeddedRedis
-from amptrain.contract.records import METRIC_FIELDS
+from amptrain.contract.metrics import METRIC_FIELDS
 from tests.support.specs import service_job
 from tests.support.stack import Stack, wait_until
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from amptrain.contract.jsonsafe import finite
-from amptrain.contract.records import STORED_METRIC_FIELDS
+from amptrain.contract.metrics import STORED_METRIC_FIELDS
 from amptrain.core.enums import JobStatus
 from amptrain.server.live.hub import LiveEntry
 

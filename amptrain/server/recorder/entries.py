@@ -11,13 +11,13 @@ from typing import Any
 
 from amptrain.contract.cursor import Cursor
 from amptrain.contract.jsonsafe import finite
-from amptrain.contract.records import (
+from amptrain.contract.metrics import (
+    FLOAT_FIELDS,
     METRIC_FIELDS,
     PARALLEL_METRIC_FIELDS,
     STORED_METRIC_FIELDS,
 )
 from amptrain.contract.stream import decode, text
-from amptrain.store.recording import FLOAT_FIELDS
 
 log = logging.getLogger(__name__)
 

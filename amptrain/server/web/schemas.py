@@ -5,10 +5,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, create_model
 
+from amptrain.contract.metrics import BY_NAME, SUMMARY_FIELDS, python_type
 from amptrain.store.models import Job
-from amptrain.store.recording import SUMMARY_FIELDS
 
 
 class PrecisionOut(BaseModel):
@@ -25,14 +25,14 @@ class ErrorOut(BaseModel):
     message: str
 
 
-class SummaryOut(BaseModel):
-    """Latest values, from the newest recorded metric point."""
-
-    loss: float | None = None
-    loss_scale: float | None = None
-    skipped_steps: int | None = None
-    memory_peak: int | None = None
-    samples_per_second: float | None = None
+_SUMMARY: dict[str, Any] = {
+    name: (python_type(BY_NAME[name]) | None, Field(None, description=BY_NAME[name].doc))
+    for name in SUMMARY_FIELDS
+}
+SummaryOut = create_model(
+    "SummaryOut", __doc__="Latest values, from the newest recorded metric point.", **_SUMMARY
+)
+"""The metric table's ``summary`` fields (:data:`amptrain.contract.metrics.SUMMARY_FIELDS`)."""
 
 
 class JobOut(BaseModel):
@@ -52,7 +52,7 @@ class JobOut(BaseModel):
     """The worker running the current attempt (null when not running)."""
     precision: PrecisionOut
     error: ErrorOut | None
-    summary: SummaryOut
+    summary: SummaryOut  # type: ignore[valid-type]
 
     @classmethod
     def from_job(cls, job: Job) -> JobOut:
@@ -105,7 +105,7 @@ class BucketMark(BaseModel):
 
 class MetricPage(BaseModel):
     items: list[dict[str, Any]]
-    """Telemetry records (``amptrain.contract.records.STORED_METRIC_FIELDS``: ``world_size``
+    """Telemetry records (``amptrain.contract.metrics.STORED_METRIC_FIELDS``: ``world_size``
     and ``memory_peak_per_rank`` null for one device) plus ``attempt`` and ``cursor``."""
     next_cursor: str | None
     """Pass as ``after`` to get only newer points."""

@@ -30,7 +30,7 @@ from typing import Any
 import psycopg
 from sqlalchemy.orm import Session
 
-from amptrain.contract.records import STORED_METRIC_FIELDS
+from amptrain.contract.metrics import STORED_METRIC_FIELDS
 
 PG_METHODS = ("copy", "values")
 PG_DEFAULT = "copy"

@@ -15,7 +15,7 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session, aliased
 
 from amptrain.contract.cursor import Cursor
-from amptrain.contract.records import STORED_METRIC_FIELDS
+from amptrain.contract.metrics import STORED_METRIC_FIELDS
 from amptrain.store.models import MetricPoint
 
 Attempts = Literal["effective", "all"]

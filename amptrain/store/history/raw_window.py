@@ -87,7 +87,7 @@ def _chosen_steps(
         bucket,
         sa.func.min(p.step).label("first"),
         sa.func.max(p.step).label("last"),
-        sa.func.sum(sa.case((p.skipped.is_(True), 1), else_=0)).label("skipped"),
+        sa.func.sum(sa.case((p.__table__.c.skipped.is_(True), 1), else_=0)).label("skipped"),
         sa.func.sum(sa.case((non_finite_loss(p), 1), else_=0)).label("non_finite"),
         sa.func.sum(sa.case((flagged(p), 1), else_=0)).label("flagged"),
         sa.func.min(sa.case((flagged(p), p.step))).label("first_flag"),

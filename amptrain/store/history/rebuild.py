@@ -7,7 +7,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from amptrain.store.history.layout import BASE, COLUMNS, DBL_MAX, MAX_LEVEL, SUMMARY_FIELDS
+from amptrain.contract.metrics import EXTREMA_FIELDS
+from amptrain.store.history.layout import BASE, COLUMNS, DBL_MAX, MAX_LEVEL
 from amptrain.store.models import MetricSummary, MetricSummaryState
 
 
@@ -33,15 +34,15 @@ def rebuild_statements(job_filter: bool, dialect: str) -> list[str]:
     ext = ", ".join(
         f"min(CASE WHEN {finite('p.' + f, DBL_MAX)} THEN p.{f} END) AS {f}_min, "
         f"max(CASE WHEN {finite('p.' + f, DBL_MAX)} THEN p.{f} END) AS {f}_max"
-        for f in SUMMARY_FIELDS
+        for f in EXTREMA_FIELDS
     )
     insert_cols = "job_id, level, idx, " + ", ".join(COLUMNS)
     ext_out = ", ".join(
-        f"min(a.{f}_{k}), {{{f}_{k}}}" for f in SUMMARY_FIELDS for k in ("min", "max")
+        f"min(a.{f}_{k}), {{{f}_{k}}}" for f in EXTREMA_FIELDS for k in ("min", "max")
     )
     steps = {
         f"{f}_{k}": f"min(CASE WHEN e.{f} = a.{f}_{k} THEN e.step END)"
-        for f in SUMMARY_FIELDS
+        for f in EXTREMA_FIELDS
         for k in ("min", "max")
     }
     # A newer attempt at the same step. SQLite, unanalysed, would answer it from the
@@ -86,11 +87,11 @@ def rebuild_statements(job_filter: bool, dialect: str) -> list[str]:
     )
     statements = [base]
     up_ext = ", ".join(
-        f"min(c.{f}_min) AS {f}_min, max(c.{f}_max) AS {f}_max" for f in SUMMARY_FIELDS
+        f"min(c.{f}_min) AS {f}_min, max(c.{f}_max) AS {f}_max" for f in EXTREMA_FIELDS
     )
     up_steps = {
         f"{f}_{k}": f"min(CASE WHEN c.{f}_{k} = a.{f}_{k} THEN c.{f}_{k}_step END)"
-        for f in SUMMARY_FIELDS
+        for f in EXTREMA_FIELDS
         for k in ("min", "max")
     }
     for level in range(BASE, MAX_LEVEL):

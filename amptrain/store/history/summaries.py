@@ -6,7 +6,7 @@ point) over the aligned steps ``[idx * 2**level, (idx + 1) * 2**level)``, for le
 :data:`BASE` .. ``top`` (``top`` = the bit length of the job's largest step, at least
 BASE): how many points, the first and last step, how many are skipped, non-finite and
 flagged (as :func:`amptrain.store.history.window.flagged` defines them), the first flagged step, and
-per field of :data:`SUMMARY_FIELDS` the lowest and highest finite value with the first step
+per field of :data:`EXTREMA_FIELDS` the lowest and highest finite value with the first step
 holding each. Nodes without points have no row.
 
 This module holds the aggregates and reads the nodes; :mod:`amptrain.store.history.summary_writes` keeps
@@ -29,11 +29,12 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from amptrain.store.history.layout import COLUMNS, COUNTS, SUMMARY_FIELDS
+from amptrain.contract.metrics import EXTREMA_FIELDS
+from amptrain.store.history.layout import COLUMNS, COUNTS
 from amptrain.store.history.points import steps_in
 from amptrain.store.models import MetricPoint, MetricSummary
 
-_KEYS = tuple((f, f"{f}_min", f"{f}_min_step", f"{f}_max", f"{f}_max_step") for f in SUMMARY_FIELDS)
+_KEYS = tuple((f, f"{f}_min", f"{f}_min_step", f"{f}_max", f"{f}_max_step") for f in EXTREMA_FIELDS)
 """Per field its columns, spelled once: fold runs for every recorded point."""
 
 Agg = dict[str, Any]
@@ -82,7 +83,7 @@ def fold(agg: Agg, step: int, row: Mapping[str, Any]) -> None:
             agg[hi_step] = step
 
 
-def join(a: Agg | None, b: Agg | None, fields: Sequence[str] = SUMMARY_FIELDS) -> Agg:
+def join(a: Agg | None, b: Agg | None, fields: Sequence[str] = EXTREMA_FIELDS) -> Agg:
     """The aggregates of two step ranges, ``a`` wholly before ``b`` (ties: ``a``'s step),
     with the extremes of ``fields``."""
     if a is None or not a["points"]:
@@ -118,8 +119,8 @@ def effective(rows: Iterable[Any]) -> list[Any]:
 
 def raw_rows(s: Session, job_id: str, ranges: Sequence[tuple[int, int]]) -> list[Any]:
     """The effective points of the inclusive step ranges (a few steps each), in step order."""
-    p = MetricPoint
-    cols = [p.step, p.attempt, p.skipped, *(getattr(p, f) for f in SUMMARY_FIELDS)]
+    p = MetricPoint.__table__.c
+    cols = [p.step, p.attempt, p.skipped, *(p[f] for f in EXTREMA_FIELDS)]
     return effective(points_at(s, job_id, ranges, cols))
 
 
@@ -162,7 +163,7 @@ def read_nodes(
     s: Session,
     job_id: str,
     keys: Iterable[tuple[int, int]],
-    fields: Sequence[str] = SUMMARY_FIELDS,
+    fields: Sequence[str] = EXTREMA_FIELDS,
 ) -> dict[tuple[int, int], Agg]:
     """The stored nodes among ``keys`` ((level, idx)) with the extremes of ``fields``, in one
     statement (contiguous indexes as one range each)."""

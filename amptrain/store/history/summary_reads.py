@@ -119,13 +119,13 @@ def flagged_steps(s: Session, view: View, first: int, last: int, flag: Any) -> s
     """Every flagged step (``flag``: the condition on MetricPoint) of the effective series
     in ``first..last``: the base nodes holding flagged steps (a partial index holds just
     those), their points looked up by step, then the newest attempt of each hit decides."""
-    m, p = MetricSummary, MetricPoint
+    m, p = MetricSummary.__table__.c, MetricPoint
     unit = 1 << BASE
     hits = [
         r
         for r in s.execute(
             sa.select(p.step, p.attempt)
-            .select_from(m)
+            .select_from(MetricSummary)
             .join(
                 p,
                 sa.and_(

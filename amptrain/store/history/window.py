@@ -16,15 +16,11 @@ from sqlalchemy.orm import Session
 
 from amptrain.contract.cursor import Cursor
 from amptrain.contract.jsonsafe import finite
-from amptrain.contract.records import METRIC_FIELDS, STORED_METRIC_FIELDS
-from amptrain.store.history.layout import DBL_MAX, SUMMARY_FIELDS
+from amptrain.contract.metrics import EXTREMA_FIELDS, METRIC_FIELDS, STORED_METRIC_FIELDS
+from amptrain.store.history.layout import DBL_MAX
 from amptrain.store.history.points import steps_in
 from amptrain.store.models import MetricPoint
 
-EXTREMA_FIELDS = SUMMARY_FIELDS
-"""The fields whose per-bucket min and max are kept when requested. ``lr`` follows a
-smooth schedule and ``memory_reserved``/``memory_peak`` only step up, so a bucket's first
-and last points already bound them; leaving them out keeps the pass over the points cheap."""
 DEFAULT_EXTREMA = ("loss", "grad_norm")
 """Whose extremes are kept when a request names no fields."""
 

@@ -25,40 +25,22 @@ from prometheus_client import CollectorRegistry, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from amptrain.contract.metrics import STEP_METRICS, Metric
 from amptrain.core import presence
 
 log = logging.getLogger(__name__)
 
-# (metric name, slot field, help)
-_JOB_GAUGES = (
-    ("amptrain_worker_job_step", "step", "Latest optimizer step of the job."),
-    (
-        "amptrain_worker_job_samples_per_second",
-        "samples_per_second",
-        "Training throughput of the job's newest step.",
-    ),
-    (
-        "amptrain_worker_job_loss_scale",
-        "loss_scale",
-        "fp16 GradScaler loss scale of the newest step (absent for bf16/fp32).",
-    ),
-    ("amptrain_worker_job_loss", "loss", "Loss of the newest step."),
-    (
-        "amptrain_worker_job_skipped_steps",
-        "skipped_steps",
-        "Steps skipped for inf/NaN gradients in this attempt.",
-    ),
-    (
-        "amptrain_worker_job_memory_allocated_bytes",
-        "memory_allocated",
-        "Memory allocated by the job (CUDA allocator on GPU, RSS on CPU).",
-    ),
-    (
-        "amptrain_worker_job_memory_peak_bytes",
-        "memory_peak",
-        "Peak memory of the job (CUDA max allocated on GPU, peak RSS on CPU).",
-    ),
+
+def _gauge_name(m: Metric) -> str:
+    return f"amptrain_worker_job_{m.name}" + ("_bytes" if m.unit == "bytes" else "")
+
+
+_JOB_GAUGES = tuple(
+    (_gauge_name(m), m.name, f"{m.doc} (the job's newest recorded step)")
+    for m in STEP_METRICS
+    if m.type in ("int", "float", "bytes") and not m.parallel and m.name != "time"
 )
+"""(metric name, slot field, help): a gauge per numeric field of the metric table."""
 
 
 class SlotCollector(Collector):

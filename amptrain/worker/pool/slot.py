@@ -21,6 +21,7 @@ from typing import Any
 import redis
 from billiard.process import current_process
 
+from amptrain.contract.metrics import METRIC_FIELDS
 from amptrain.contract.stream import decode
 from amptrain.core import presence
 from amptrain.core.redis import Keys
@@ -28,18 +29,8 @@ from amptrain.worker.main import devices
 
 log = logging.getLogger(__name__)
 
-SLOT_FIELDS = (
-    "step",
-    "time",
-    "loss",
-    "loss_scale",
-    "skipped_steps",
-    "samples_per_second",
-    "step_time_ms",
-    "memory_allocated",
-    "memory_reserved",
-    "memory_peak",
-)
+SLOT_FIELDS = METRIC_FIELDS
+"""What a slot shows of its job's newest point: every field of a metric record."""
 _NEWEST_SCAN = 64  # entries looked at from the stream's end to find the newest metric point
 
 

@@ -11,7 +11,7 @@ import redis
 from sqlalchemy.orm import Session, sessionmaker
 
 from amptrain.cli.embedded_redis import EmbeddedRedis
-from amptrain.contract.records import STORED_METRIC_FIELDS
+from amptrain.contract.metrics import STORED_METRIC_FIELDS
 from amptrain.contract.stream import decode, encode
 from amptrain.core.redis import Keys
 from amptrain.server.live.messages import metric_out

@@ -14,7 +14,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from amptrain.cli.embedded_redis import EmbeddedRedis
 from amptrain.contract.cursor import ORIGIN, Cursor
-from amptrain.contract.records import STORED_METRIC_FIELDS, event, metric
+from amptrain.contract.metrics import STORED_METRIC_FIELDS
+from amptrain.contract.records import event, metric
 from amptrain.contract.spec import JobSpec
 from amptrain.contract.stream import decode, encode
 from amptrain.core.redis import Keys

@@ -12,7 +12,8 @@ import pytest
 import redis
 
 from amptrain.cli.embedded_redis import EmbeddedRedis
-from amptrain.contract.records import METRIC_FIELDS, metric
+from amptrain.contract.metrics import METRIC_FIELDS
+from amptrain.contract.records import metric
 from amptrain.contract.stream import encode
 from amptrain.core.redis import Keys
 from amptrain.store import jobs, tokens

@@ -13,7 +13,7 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
-from amptrain.contract.records import PARALLEL_METRIC_FIELDS, STORED_METRIC_FIELDS
+from amptrain.contract.metrics import PARALLEL_METRIC_FIELDS, STORED_METRIC_FIELDS
 from amptrain.contract.spec import JobSpec
 from amptrain.store import jobs, migrate, recording
 from amptrain.store.db import make_engine, make_session_factory

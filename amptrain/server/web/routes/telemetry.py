@@ -7,13 +7,14 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from amptrain.contract.cursor import INT64_MAX
+from amptrain.contract.metrics import EXTREMA_FIELDS
 from amptrain.server.web.deps import CurrentUser, SessionDep, parse_cursor, visible_job
 from amptrain.server.web.errors import ValidationFailed, error_responses
 from amptrain.server.web.schemas import BucketMark, EventOut, EventPage, MetricPage
 from amptrain.store.events import event_page
 from amptrain.store.history.downsample import series_window
 from amptrain.store.history.points import Attempts, metric_page
-from amptrain.store.history.window import parse_fields, select_fields
+from amptrain.store.history.window import DEFAULT_EXTREMA, parse_fields, select_fields
 
 router = APIRouter(prefix="/jobs", tags=["telemetry"], responses=error_responses(401, 404, 422))
 
@@ -48,9 +49,9 @@ def read_metrics(
             le=10_000,
             description="Return the whole run (or the ``from_step``..``to_step`` window) in at "
             "most this many points, marked ``downsampled``: per bucket of steps the first, "
-            "the last, the min and max of each requested field that can spike (loss, "
-            "grad_norm, loss_scale, samples_per_second, step_time_ms, memory_allocated; "
-            "``loss`` and ``grad_norm`` by default) and the skipped or non-finite steps "
+            "the last, the min and max of each requested field that can spike "
+            f"({', '.join(EXTREMA_FIELDS)}; "
+            f"{' and '.join(DEFAULT_EXTREMA)} by default) and the skipped or non-finite steps "
             "(all of them when they fit, else each bucket's first, counted in ``marks``). "
             "Not with ``after``.",
         ),

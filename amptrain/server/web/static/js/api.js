@@ -54,6 +54,14 @@ export async function api(path, { method = "GET", body, signal, params, auth = t
   throw err;
 }
 
+let catalogAnswer = null;
+/** `GET /catalog`, once per page load: components, limits, and the metric table (the
+ * metrics a job records and the charts that show them). */
+export function catalog() {
+  catalogAnswer ??= api("/catalog").catch((e) => { catalogAnswer = null; throw e; });
+  return catalogAnswer;
+}
+
 /** A file download that needs the Authorization header (checkpoints). */
 export async function download(path, filename) {
   const res = await fetch(path, { headers: { Authorization: `Bearer ${token.get()}` } });

@@ -12,14 +12,20 @@ const HEIGHT = 190;
 /** Whole-step tick spacings for step axes (uPlot would otherwise tick at 2.5). */
 export const STEP_INCRS = [1, 2, 5].flatMap((m) => [1, 10, 100, 1e3, 1e4, 1e5, 1e6, 1e7].map((p) => m * p)).sort((a, b) => a - b);
 
-export const CHARTS = [
-  { key: "loss", title: "Loss", fields: ["loss"], extra: ["skipped"], smooth: true, log: "toggle", marks: true },
-  { key: "loss_scale", title: "Loss scale", fields: ["loss_scale"], extra: ["skipped"], log: 2, marks: true, empty: "No loss scale: only fp16 scales the loss." },
-  { key: "grad_norm", title: "Grad norm", fields: ["grad_norm"], smooth: true, log: "toggle" },
-  { key: "lr", title: "Learning rate", fields: ["lr"], log: "toggle" },
-  { key: "memory", title: "Memory", fields: ["memory_allocated", "memory_reserved", "memory_peak"], bytes: true },
-  { key: "throughput", title: "Samples/s", fields: ["samples_per_second"], smooth: true },
-];
+/** The chart definitions, from the server's one metric table (`GET /catalog`'s `charts` and
+ * `metrics`): each chart draws the metrics whose `chart` is its key. A chart that marks
+ * skipped and non-finite steps also needs the `skipped` flag. */
+export function chartDefs({ charts, metrics }) {
+  return charts.map((c) => {
+    const mine = metrics.filter((m) => m.chart === c.key);
+    return {
+      key: c.key, title: c.title, fields: mine.map((m) => m.name),
+      extra: c.marks ? ["skipped"] : [], smooth: c.smooth, marks: c.marks,
+      log: c.log === "log2" ? 2 : c.log, empty: c.empty,
+      bytes: mine.length > 0 && mine.every((m) => m.unit === "bytes"),
+    };
+  });
+}
 
 /** The charts of one page, sharing cursor, zoom, x mode and smoothing. */
 export class ChartGroup {

@@ -1,8 +1,8 @@
 // One job: status and progress, live charts (history first, downsampled to about two
 // points per pixel, then the WebSocket from the history's cursor), the event timeline,
 // the spec and checkpoint downloads. Zooming fetches the window at full resolution.
-import { api, ApiError, download } from "../api.js";
-import { CHARTS, ChartGroup } from "../charts.js";
+import { api, ApiError, catalog, download } from "../api.js";
+import { ChartGroup, chartDefs } from "../charts.js";
 import { FINISHED, clear, fmtBytes, fmtNum, h, progressBar, statusBadge } from "../dom.js";
 import { LiveFeed } from "../live.js";
 import { Series } from "../series.js";
@@ -15,7 +15,6 @@ const POLL_MS = 2000;
 // about two of its own per pixel.
 const POINTS_PER_PIXEL = 8;
 const REFETCH_FACTOR = 8; // live points beyond 8x the history budget: downsample again
-const FIELDS = [...new Set(CHARTS.flatMap((c) => [...c.fields, ...(c.extra || [])]))];
 
 export function mount(root, { id }) {
   const started = performance.now();
@@ -27,8 +26,16 @@ export function mount(root, { id }) {
   const specEl = h("pre", { id: "spec" });
   const checkpointsEl = h("div", { id: "checkpoints", class: "small" });
   const group = new ChartGroup(`job-${id}`, { onZoom: fullResolution });
-  const series = new Series(FIELDS);
-  const charts = CHARTS.map((c) => group.add(c, series));
+  // The charts, the fields they fetch and the header's summary come from the metric table.
+  let fields, series, charts, summaryMetrics;
+  const ready = catalog().then((cat) => {
+    const defs = chartDefs(cat);
+    fields = [...new Set(defs.flatMap((c) => [...c.fields, ...c.extra]))];
+    series = new Series(fields);
+    charts = defs.map((c) => group.add(c, series));
+    chartsEl.append(...charts.map((c) => c.el));
+    summaryMetrics = cat.metrics.filter((m) => m.summary);
+  });
   let job = null;
   let feed = null;
   let stopped = false;
@@ -51,15 +58,15 @@ export function mount(root, { id }) {
       h("div", { class: "card" }, h("h2", {}, "Events"), timeline.el),
       h("div", {}, h("div", { class: "card" }, h("h2", {}, "Checkpoints"), checkpointsEl),
         h("div", { class: "card" }, h("h2", {}, "Spec"), specEl))));
-  chartsEl.append(...charts.map((c) => c.el));
 
   function budget() { return Math.min(10_000, Math.max(400, Math.round(charts[0].width * POINTS_PER_PIXEL))); }
 
   function metrics(extra = {}) {
-    return api(`${path}/metrics`, { params: { max_points: budget(), fields: [...FIELDS, "time"].join(","), ...extra } });
+    return api(`${path}/metrics`, { params: { max_points: budget(), fields: [...fields, "time"].join(","), ...extra } });
   }
 
   async function loadHistory() {
+    await ready;
     const page = await metrics();
     series.load(page.items, page.marks);
     group.rebuild();
@@ -122,12 +129,10 @@ export function mount(root, { id }) {
         h("dt", {}, "why"), h("dd", { class: "small" }, p.reason || "–"),
         h("dt", {}, "attempt"), h("dd", {}, `${job.attempt}${job.worker ? ` on ${job.worker}` : ""}`),
         h("dt", {}, "owner"), h("dd", {}, job.owner)),
-      h("dl", { class: "kv" },
-        h("dt", {}, "loss"), h("dd", {}, fmtNum(s.loss)),
-        h("dt", {}, "loss scale"), h("dd", {}, fmtNum(s.loss_scale)),
-        h("dt", {}, "skipped"), h("dd", {}, s.skipped_steps ?? "–"),
-        h("dt", {}, "peak memory"), h("dd", {}, fmtBytes(s.memory_peak)),
-        h("dt", {}, "samples/s"), h("dd", {}, fmtNum(s.samples_per_second, 3))),
+      h("dl", { class: "kv" }, summaryMetrics.flatMap((m) => [
+        h("dt", {}, m.name.replaceAll("_", " ")),
+        h("dd", { dataset: { summary: m.name } }, m.unit === "bytes" ? fmtBytes(s[m.name]) : fmtNum(s[m.name], m.unit ? 3 : 4)),
+      ])),
       job.error ? h("div", { class: "error", id: "job-error" }, `${job.error.code}: ${job.error.message}`) : null));
   }
 
@@ -173,6 +178,7 @@ export function mount(root, { id }) {
     // events and checkpoints follow.
     const history = loadHistory();
     history.catch(() => {}); // a 404 is shown by poll()
+    await ready;
     await poll();
     if (!job) return;
     specEl.textContent = JSON.stringify(job.spec, null, 2);

@@ -1,0 +1,232 @@
+"""The one table of metric definitions: every per-step field a job records, defined once.
+
+Everything that names a step metric derives from :data:`STEP_METRICS`: the engine's
+records (:mod:`amptrain.contract.records`), the stream encoding
+(:mod:`amptrain.contract.stream`), the SQL columns of ``metric_points`` and of the step
+summaries (:mod:`amptrain.store.models`), the recorder's parsing, the job summary and its
+API schema, the worker's presence and Prometheus gauges, ``GET /catalog``'s ``metrics``
+(from which the dashboard draws its charts) and both command lines' progress lines.
+
+Adding a built-in per-step field touches this table, the code that computes it (the
+engine's :class:`~amptrain.engine.telemetry.StepTelemetry`) and an Alembic migration that
+adds its column (and, with ``extremes``, its four summary columns). Nothing in the API,
+the recorder, the dashboard or the command lines changes.
+
+Torch-free and dependency-free: every process imports it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+MetricType = Literal["int", "float", "bool", "bytes", "ints"]
+"""``bytes`` is an integer count of bytes (a 64-bit column); ``ints`` a list of integers."""
+
+
+@dataclass(frozen=True)
+class Chart:
+    """One chart of a job's page: the metrics whose ``chart`` is its ``key`` share it."""
+
+    key: str
+    title: str
+    log: Literal["toggle", "log2"] | None = None
+    """``toggle``: a log-axis checkbox; ``log2``: always a base-2 log axis."""
+    smooth: bool = False
+    """Offer EMA smoothing (drawn over the raw line)."""
+    marks: bool = False
+    """Mark skipped and non-finite steps."""
+    empty: str | None = None
+    """Shown instead of an empty chart (e.g. no loss scale outside fp16)."""
+
+
+@dataclass(frozen=True)
+class Metric:
+    """One per-step field of a metric record."""
+
+    name: str
+    type: MetricType
+    doc: str
+    unit: str = ""
+    """How a value reads: ``bytes``, ``samples/s``, ``ms``, ``s`` or nothing."""
+    label: str = ""
+    """A short label for progress lines (the name when empty)."""
+    extremes: bool = False
+    """It can spike: the step summaries keep its per-bucket minimum and maximum, so a
+    downsampled history read shows the spikes (``GET /jobs/{id}/metrics?fields=``). ``lr``
+    follows a smooth schedule and ``memory_reserved``/``memory_peak`` only step up, so a
+    bucket's first and last points already bound them; leaving such fields out keeps the
+    summaries small."""
+    summary: bool = False
+    """Its newest value is in a job's ``summary`` and in the command lines' progress."""
+    chart: str | None = None
+    """The :class:`Chart` that draws it (its ``key``); None: not drawn."""
+    parallel: bool = False
+    """Only data-parallel runs (devices > 1) carry it; null for one device."""
+    optional: bool = False
+    """Null by design in some runs (e.g. the loss scale outside fp16): progress lines leave
+    it out instead of printing n/a."""
+
+    @property
+    def is_float(self) -> bool:
+        return self.type == "float"
+
+
+CHARTS: tuple[Chart, ...] = (
+    Chart("loss", "Loss", log="toggle", smooth=True, marks=True),
+    Chart(
+        "loss_scale",
+        "Loss scale",
+        log="log2",
+        marks=True,
+        empty="No loss scale: only fp16 scales the loss.",
+    ),
+    Chart("grad_norm", "Grad norm", log="toggle", smooth=True),
+    Chart("lr", "Learning rate", log="toggle"),
+    Chart("memory", "Memory"),
+    Chart("throughput", "Samples/s", smooth=True),
+)
+
+STEP_METRICS: tuple[Metric, ...] = (
+    Metric("step", "int", "Optimizer step, 1-based."),
+    Metric(
+        "time",
+        "float",
+        "Unix seconds when the step finished (host clock at flush, interpolated per step).",
+        unit="s",
+    ),
+    Metric(
+        "loss",
+        "float",
+        "Mean loss of the step's micro-batches (unscaled).",
+        extremes=True,
+        summary=True,
+        chart="loss",
+    ),
+    Metric(
+        "loss_scale",
+        "float",
+        "fp16: the GradScaler scale used for this step; null for bf16/fp32.",
+        label="scale",
+        extremes=True,
+        summary=True,
+        chart="loss_scale",
+        optional=True,
+    ),
+    Metric("skipped", "bool", "True when inf/NaN gradients made the optimizer skip the step."),
+    Metric(
+        "grad_norm",
+        "float",
+        "Global gradient norm after unscaling, before clipping; null when skipped.",
+        extremes=True,
+        chart="grad_norm",
+    ),
+    Metric("lr", "float", "Learning rate used for this step.", chart="lr"),
+    Metric(
+        "memory_allocated",
+        "bytes",
+        "CUDA allocator bytes on GPU, process RSS on CPU.",
+        unit="bytes",
+        extremes=True,
+        chart="memory",
+    ),
+    Metric(
+        "memory_reserved",
+        "bytes",
+        "CUDA reserved bytes on GPU, resident set size on CPU.",
+        unit="bytes",
+        chart="memory",
+    ),
+    Metric(
+        "memory_peak",
+        "bytes",
+        "CUDA max allocated on GPU, process peak RSS on CPU (the maximum over ranks).",
+        unit="bytes",
+        label="mem",
+        summary=True,
+        chart="memory",
+    ),
+    Metric(
+        "samples_per_second",
+        "float",
+        "Training throughput of the step (every rank's samples).",
+        unit="samples/s",
+        extremes=True,
+        summary=True,
+        chart="throughput",
+    ),
+    Metric("step_time_ms", "float", "Wall time of the step.", unit="ms", extremes=True),
+    Metric(
+        "skipped_steps",
+        "int",
+        "Skipped steps in this attempt so far, this one included.",
+        label="skipped",
+        summary=True,
+    ),
+    Metric("world_size", "int", "Number of data-parallel processes.", parallel=True),
+    Metric(
+        "memory_peak_per_rank",
+        "ints",
+        "Each rank's memory_peak, in rank order.",
+        unit="bytes",
+        parallel=True,
+    ),
+)
+
+BY_NAME: dict[str, Metric] = {m.name: m for m in STEP_METRICS}
+METRIC_FIELDS: tuple[str, ...] = tuple(m.name for m in STEP_METRICS if not m.parallel)
+"""Every metric record has exactly these keys, in this order."""
+PARALLEL_METRIC_FIELDS: tuple[str, ...] = tuple(m.name for m in STEP_METRICS if m.parallel)
+"""Present only in the records of a data-parallel run, after :data:`METRIC_FIELDS`. There
+``loss`` is the mean over ranks and the memory fields are the maximum over ranks."""
+STORED_METRIC_FIELDS: tuple[str, ...] = METRIC_FIELDS + PARALLEL_METRIC_FIELDS
+"""Every field of a metric point as stored and returned (the parallel ones null for one
+device)."""
+EXTREMA_FIELDS: tuple[str, ...] = tuple(m.name for m in STEP_METRICS if m.extremes)
+"""Fields whose per-bucket minimum and maximum the step summaries keep."""
+SUMMARY_FIELDS: tuple[str, ...] = tuple(m.name for m in STEP_METRICS if m.summary)
+"""The newest point's fields a job's ``summary`` shows."""
+FLOAT_FIELDS: frozenset[str] = frozenset(m.name for m in STEP_METRICS if m.is_float)
+
+_PY_TYPES: dict[MetricType, type] = {
+    "int": int,
+    "float": float,
+    "bool": bool,
+    "bytes": int,
+    "ints": list,
+}
+
+
+def python_type(metric: Metric) -> type:
+    """The Python type of a value (``None`` aside)."""
+    return _PY_TYPES[metric.type]
+
+
+def catalog() -> dict[str, Any]:
+    """The table as ``GET /catalog`` serves it (the dashboard draws its charts from it)."""
+    return {
+        "metrics": [asdict(m) for m in STEP_METRICS],
+        "charts": [asdict(c) for c in CHARTS],
+    }
+
+
+def show(name: str, value: Any) -> str:
+    """A value as a progress line prints it: ``"loss 0.1234"``, ``"mem 512 MiB"``."""
+    metric = BY_NAME[name]
+    label = metric.label or metric.name
+    if value is None:
+        return f"{label} n/a"
+    if metric.unit == "bytes":
+        return f"{label} {value / 2**20:.0f} MiB"
+    if metric.unit == "samples/s":
+        return f"{value:,.0f} samples/s"
+    if metric.type == "float" and math.isfinite(value):
+        return f"{label} {value:.4g}"
+    return f"{label} {value}"
+
+
+def progress_line(values: dict[str, Any]) -> str:
+    """The summary fields of a record, as both command lines show them."""
+    shown = (n for n in SUMMARY_FIELDS if values.get(n) is not None or not BY_NAME[n].optional)
+    return " · ".join(show(name, values.get(name)) for name in shown)
