@@ -8,6 +8,7 @@ explicitly in tests.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
 from pathlib import Path
@@ -16,14 +17,14 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from amptrain.contract.spec import MAX_DEVICES
+
 QUEUE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,15}$")
 """At most 16 characters: the width of ``jobs.queue``."""
 TRANSPORT_KEYS = frozenset({"unacked", "unacked_index", "unacked_mutex", "celery", "celeryev"})
 """Redis keys kombu's Redis transport uses for itself; a queue of that name would overwrite them."""
-MAX_DEVICES_PER_JOB = 8
-SHAPE_SUFFIX = re.compile(r"-x[2-8]$")
-"""How a shape queue's name ends (see :func:`shape_queue`)."""
-"""The most devices one job may ask for (``JobSpec.devices``): shape queues go up to ``-x8``."""
+SHAPE_SUFFIX = re.compile(r"-x([0-9]+)$")
+"""How a shape queue's name ends (see :func:`shape_queue`): ``-x2`` .. ``-x{MAX_DEVICES}``."""
 
 
 def shape_queue(base: str, devices: int) -> str:
@@ -132,53 +133,25 @@ class Settings(BaseSettings):
 
     _redis_derived: bool = PrivateAttr(default=False)
 
-    @field_validator("queues", "child_env_passthrough", mode="before")
+    @field_validator("queues", "child_env_passthrough", "data_protocols", mode="before")
     @classmethod
     def _split_commas(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return [part.strip() for part in value.split(",") if part.strip()]
-        return value
+        return _comma_list(value)
 
     @field_validator("queues")
     @classmethod
     def _check_queues(cls, value: list[str]) -> list[str]:
-        for name in value:
-            if not QUEUE_NAME.match(name) or name in TRANSPORT_KEYS or name.startswith("amptrain"):
-                raise ValueError(
-                    f"queue name {name!r} is not allowed: lowercase letters, digits, '.', '_', "
-                    f"'-' (at most 16) and none of {sorted(TRANSPORT_KEYS)}"
-                )
-            if SHAPE_SUFFIX.search(name):
-                # Else `amptrain up` would start a one-device worker on it, which fails
-                # every job routed there with devices_mismatch.
-                raise ValueError(
-                    f"queue name {name!r} is a shape queue, derived from its base queue: "
-                    "list the base queue and start its workers with --devices-per-job"
-                )
-        if "gpu" not in value or "cpu" not in value:
-            raise ValueError("queues must include the default queues 'gpu' and 'cpu'")
-        return value
+        return check_queues(value)
 
-    @field_validator("data_protocols", mode="before")
+    @field_validator("data_protocols")
     @classmethod
-    def _split_protocols(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            return [part.strip().lower() for part in value.split(",") if part.strip()]
-        return value
+    def _lower_protocols(cls, value: list[str]) -> list[str]:
+        return [p.lower() for p in value]
 
     @field_validator("data_roots", mode="before")
     @classmethod
     def _split_roots(cls, value: Any) -> Any:
-        if isinstance(value, str):
-            text = value.strip()
-            if text.startswith("["):
-                import json
-
-                return json.loads(text)
-            # URLs hold ':' themselves (``s3://b``, ``ftp://h:21/x``): list them with commas.
-            sep = "," if "://" in text else os.pathsep
-            return [part.strip() for part in text.split(sep) if part.strip()]
-        return value
+        return _roots(value)
 
     @model_validator(mode="after")
     def _derive_defaults(self) -> Settings:
@@ -214,7 +187,7 @@ class Settings(BaseSettings):
         16 characters of a queue name. Derived names cannot collide with kombu's own keys."""
         names = list(self.queues)
         for base in self.queues:
-            for n in range(2, MAX_DEVICES_PER_JOB + 1):
+            for n in range(2, MAX_DEVICES + 1):
                 name = shape_queue(base, n)
                 if QUEUE_NAME.match(name) and name not in names:
                     names.append(name)
@@ -238,6 +211,43 @@ class Settings(BaseSettings):
     def broker_url(self) -> str:
         """``redis_url`` spelled the way kombu wants it (unix sockets are ``redis+socket://``)."""
         return celery_broker_url(self.redis_url)
+
+
+def _comma_list(value: Any) -> Any:
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+def _roots(value: Any) -> Any:
+    if isinstance(value, str):
+        text = value.strip()
+        if text.startswith("["):
+            return json.loads(text)
+        # URLs hold ':' themselves (``s3://b``, ``ftp://h:21/x``): list them with commas.
+        sep = "," if "://" in text else os.pathsep
+        return [part.strip() for part in text.split(sep) if part.strip()]
+    return value
+
+
+def check_queues(value: list[str]) -> list[str]:
+    """The configured queues, or a ValueError naming the first one not allowed."""
+    for name in value:
+        if not QUEUE_NAME.match(name) or name in TRANSPORT_KEYS or name.startswith("amptrain"):
+            raise ValueError(
+                f"queue name {name!r} is not allowed: lowercase letters, digits, '.', '_', "
+                f"'-' (at most 16) and none of {sorted(TRANSPORT_KEYS)}"
+            )
+        if SHAPE_SUFFIX.search(name):
+            # Else `amptrain up` would start a one-device worker on it, which fails
+            # every job routed there with devices_mismatch.
+            raise ValueError(
+                f"queue name {name!r} is a shape queue, derived from its base queue: "
+                "list the base queue and start its workers with --devices-per-job"
+            )
+    if "gpu" not in value or "cpu" not in value:
+        raise ValueError("queues must include the default queues 'gpu' and 'cpu'")
+    return value
 
 
 def celery_broker_url(redis_url: str) -> str:

@@ -23,7 +23,6 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -31,15 +30,12 @@ import redis
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
-from amptrain.contract.stream import STREAM_MAXLEN, encode, text
+from amptrain.contract.stream import text
 from amptrain.core.redis import Keys
-from amptrain.server import observability
-from amptrain.server.recorder.entries import Entry, parse
 from amptrain.server.recorder.group import GROUP as GROUP
 from amptrain.server.recorder.group import ConsumerGroup, is_nogroup
 from amptrain.server.recorder.owner import Owned, Ownership
-from amptrain.store import events, recording
-from amptrain.store.history import summary_writes
+from amptrain.server.recorder.writer import BatchWriter
 from amptrain.store.models import utcnow
 
 log = logging.getLogger(__name__)
@@ -77,13 +73,14 @@ class Recorder:
         self.batch = batch  # entries per stream and read, at most
         self.per_pass = per_pass  # entries per read (so per transaction) over all streams
         self.finished_grace_s = finished_grace_s
-        self.stream_ttl_s = stream_ttl_s
-        self.insert_method = insert_method  # PostgreSQL path (point_writes.PG_METHODS)
         consumer = consumer or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.group = ConsumerGroup(redis_client, consumer, batch)
         self.ownership = Ownership(session_factory, redis_client, lock_ttl_ms / 1000)
+        self.writer = BatchWriter(
+            session_factory, redis_client, self.group, self.ownership, stream_ttl_s, insert_method
+        )
         self._refreshed_at = 0.0
-        self._relayed = 0  # events appended by the last pass, still to be read back
+        self._relayed = 0  # jobs given events by the last pass, still to be read back
         self._full = False  # the last pass filled a page of some stream: more is waiting
 
     @property
@@ -167,13 +164,15 @@ class Recorder:
         got = {job_id: len(entries) for job_id, entries in taken.items()}
         self._full = any(n >= page for n in got.values())
         if taken:
-            moved += self._record(taken)
+            moved += self.writer.record(taken)
         if tick:
             # Only a drained stream may take an event from SQL: anything appended before
             # (say, by a pass that then crashed) has been read back and stamped by now.
             drained = [j for j in self.owned if got.get(j, 0) < page]
-            pending = self._relay(drained)
-            self._sweep_finished(set(got) | pending)
+            pending = self.writer.relay(drained)
+            self._relayed = len(pending)
+            cutoff = utcnow() - timedelta(seconds=self.finished_grace_s)
+            self.writer.sweep_finished(set(got) | pending, cutoff)
         return moved
 
     def _catch_up_all(self) -> int:
@@ -193,91 +192,13 @@ class Recorder:
             entries = self.group.pending_after(key, last)
             if not entries:
                 break
-            moved += self._record({job_id: entries})
+            moved += self.writer.record({job_id: entries})
             last = text(entries[-1][0])
         return moved
-
-    # -- one batch -------------------------------------------------------------
-
-    def _record(self, taken: Mapping[str, Sequence[Entry]]) -> int:
-        """Every job's entries in ONE transaction (each job's in stream order), then XACK:
-        a crash before the acknowledgement re-delivers them, and replaying adds nothing."""
-        ends: list[str] = []
-        with self.sessions() as s:
-            batches = {job_id: parse(job_id, entries) for job_id, entries in taken.items()}
-            points = [p for batch in batches.values() for p in batch.points]
-            new = recording.insert_points(s, points, self.insert_method)
-            recording.update_progress(
-                s, {job_id: (b.points, new.get(job_id, set())) for job_id, b in batches.items()}
-            )
-            summary_writes.add_points(
-                s, {job_id: _inserted(b.points, new.get(job_id)) for job_id, b in batches.items()}
-            )
-            for job_id, batch in batches.items():
-                recording.insert_events(s, batch.events)
-                if batch.ends and recording.mark_done(s, job_id, batch.ends):
-                    ends.append(job_id)
-            lost = [job_id for job_id in taken if not self.ownership.hold(job_id)]
-            if lost:
-                # Someone else owns these jobs now: leave their entries to them, redo the rest.
-                s.rollback()
-                for job_id in lost:
-                    self.owned.pop(job_id, None)
-                rest = {j: e for j, e in taken.items() if j not in lost}
-                return self._record(rest) if rest else 0
-            s.commit()
-        observability.points_recorded(sum(map(len, new.values())), points)
-        # Tells the publishers what they may forget: everything up to here is in SQL.
-        self.group.ack(
-            {Keys.telemetry(j): [text(eid) for eid, _ in e] for j, e in taken.items()},
-            {Keys.recorded(j): text(e[-1][0]) for j, e in taken.items()},
-            self.stream_ttl_s,
-        )
-        for job_id in ends:
-            self._finish_stream(job_id)
-        return sum(map(len, taken.values()))
-
-    def _relay(self, job_ids: list[str]) -> set[str]:
-        """Append the events the API wrote to SQL about these jobs to their streams; the
-        jobs that had any (their telemetry is not complete until those are read back)."""
-        with self.sessions() as s:
-            waiting = events.unstreamed(s, job_ids)
-        self._relayed = len(waiting)
-        if not waiting:
-            return set()
-        pipe = self.redis.pipeline(transaction=False)
-        for ev in waiting:
-            item = {"kind": "event", **ev}
-            fields = encode(item, job_id=ev["job_id"], attempt=ev["attempt"])
-            pipe.xadd(Keys.telemetry(ev["job_id"]), fields, maxlen=STREAM_MAXLEN, approximate=True)  # type: ignore[arg-type]
-        pipe.execute()
-        return {ev["job_id"] for ev in waiting}
-
-    def _sweep_finished(self, busy: set[str]) -> None:
-        """Finished jobs whose ``end`` entry never came (worker died, cancelled while re-queued):
-        once nothing arrived for the grace period, their telemetry is complete."""
-        cutoff = utcnow() - timedelta(seconds=self.finished_grace_s)
-        for job_id, own in list(self.owned.items()):
-            if job_id in busy or not own.finished:
-                continue
-            if own.job.finished_at is None or own.job.finished_at > cutoff:
-                continue
-            with self.sessions.begin() as s:
-                recording.mark_swept(s, job_id)
-            self._finish_stream(job_id)
-
-    def _finish_stream(self, job_id: str) -> None:
-        self.redis.expire(Keys.telemetry(job_id), self.stream_ttl_s)
-        self.ownership.release(job_id)
 
     def _forget_all(self) -> None:
         self.group.forget()
         self.ownership.forget_progress()
-
-
-def _inserted(points: list[dict[str, Any]], keys: set[tuple[int, int]] | None) -> list[Any]:
-    """The points whose (attempt, step) the insert actually added."""
-    return [p for p in points if (p["attempt"], p["step"]) in keys] if keys else []
 
 
 def _job_of(key: str) -> str:

@@ -7,6 +7,8 @@ import socket
 
 import click
 
+from amptrain.contract.spec import MAX_DEVICES
+
 
 @click.command()
 @click.option(
@@ -22,7 +24,7 @@ import click
 @click.option(
     "--devices-per-job",
     "-K",
-    type=click.IntRange(1, 8),
+    type=click.IntRange(1, MAX_DEVICES),
     default=1,
     show_default=True,
     envvar="AMPTRAIN_WORKER_DEVICES_PER_JOB",

@@ -1,0 +1,114 @@
+"""What the recorder writes: a batch of stream entries into SQL in one transaction, then
+their acknowledgement; the API's own events relayed into the streams; the end of a job's
+telemetry.
+
+The acknowledgement comes only after the commit, so a crash re-delivers the batch, and a
+replay inserts nothing (points unique by job, attempt, step; events by stream entry id).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import redis
+from sqlalchemy.orm import Session, sessionmaker
+
+from amptrain.contract.stream import STREAM_MAXLEN, encode, text
+from amptrain.core.redis import Keys
+from amptrain.server import observability
+from amptrain.server.recorder.entries import Entry, parse
+from amptrain.server.recorder.group import ConsumerGroup
+from amptrain.server.recorder.owner import Ownership
+from amptrain.store import events, recording
+from amptrain.store.history import summary_writes
+
+
+@dataclass
+class BatchWriter:
+    """Writes for one recorder: its sessions, Redis client, consumer group and job locks."""
+
+    sessions: sessionmaker[Session]
+    redis: redis.Redis
+    group: ConsumerGroup
+    ownership: Ownership
+    stream_ttl_s: int
+    insert_method: str | None = None
+    """The PostgreSQL insert path (``point_writes.PG_METHODS``); None: the default."""
+
+    def record(self, taken: Mapping[str, Sequence[Entry]]) -> int:
+        """Every job's entries in ONE transaction (each job's in stream order), then XACK:
+        a crash before the acknowledgement re-delivers them, and replaying adds nothing."""
+        ends: list[str] = []
+        owned = self.ownership.jobs
+        with self.sessions() as s:
+            batches = {job_id: parse(job_id, entries) for job_id, entries in taken.items()}
+            points = [p for batch in batches.values() for p in batch.points]
+            new = recording.insert_points(s, points, self.insert_method)
+            recording.update_progress(
+                s, {job_id: (b.points, new.get(job_id, set())) for job_id, b in batches.items()}
+            )
+            summary_writes.add_points(
+                s, {job_id: _inserted(b.points, new.get(job_id)) for job_id, b in batches.items()}
+            )
+            for job_id, batch in batches.items():
+                recording.insert_events(s, batch.events)
+                if batch.ends and recording.mark_done(s, job_id, batch.ends):
+                    ends.append(job_id)
+            lost = [job_id for job_id in taken if not self.ownership.hold(job_id)]
+            if lost:
+                # Someone else owns these jobs now: leave their entries to them, redo the rest.
+                s.rollback()
+                for job_id in lost:
+                    owned.pop(job_id, None)
+                rest = {j: e for j, e in taken.items() if j not in lost}
+                return self.record(rest) if rest else 0
+            s.commit()
+        observability.points_recorded(sum(map(len, new.values())), points)
+        # Tells the publishers what they may forget: everything up to here is in SQL.
+        self.group.ack(
+            {Keys.telemetry(j): [text(eid) for eid, _ in e] for j, e in taken.items()},
+            {Keys.recorded(j): text(e[-1][0]) for j, e in taken.items()},
+            self.stream_ttl_s,
+        )
+        for job_id in ends:
+            self.finish_stream(job_id)
+        return sum(map(len, taken.values()))
+
+    def relay(self, job_ids: list[str]) -> set[str]:
+        """Append the events the API wrote to SQL about these jobs to their streams; the
+        jobs that had any (their telemetry is not complete until those are read back)."""
+        with self.sessions() as s:
+            waiting = events.unstreamed(s, job_ids)
+        if not waiting:
+            return set()
+        pipe = self.redis.pipeline(transaction=False)
+        for ev in waiting:
+            item = {"kind": "event", **ev}
+            fields = encode(item, job_id=ev["job_id"], attempt=ev["attempt"])
+            pipe.xadd(Keys.telemetry(ev["job_id"]), fields, maxlen=STREAM_MAXLEN, approximate=True)  # type: ignore[arg-type]
+        pipe.execute()
+        return {ev["job_id"] for ev in waiting}
+
+    def sweep_finished(self, busy: set[str], cutoff: datetime) -> None:
+        """Finished jobs whose ``end`` entry never came (worker died, cancelled while
+        re-queued): once nothing arrived since ``cutoff``, their telemetry is complete."""
+        for job_id, own in list(self.ownership.jobs.items()):
+            if job_id in busy or not own.finished:
+                continue
+            if own.job.finished_at is None or own.job.finished_at > cutoff:
+                continue
+            with self.sessions.begin() as s:
+                recording.mark_swept(s, job_id)
+            self.finish_stream(job_id)
+
+    def finish_stream(self, job_id: str) -> None:
+        self.redis.expire(Keys.telemetry(job_id), self.stream_ttl_s)
+        self.ownership.release(job_id)
+
+
+def _inserted(points: list[dict[str, Any]], keys: set[tuple[int, int]] | None) -> list[Any]:
+    """The points whose (attempt, step) the insert actually added."""
+    return [p for p in points if (p["attempt"], p["step"]) in keys] if keys else []
