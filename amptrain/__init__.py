@@ -36,4 +36,11 @@ in the test suite):
 - ``amptrain.migrations``: the Alembic revisions (``amptrain db upgrade``).
 
 The API process never imports torch or the worker: it sends ``amptrain.run_job`` by name.
+
+Adding a built-in per-step metric: a row in ``contract/metrics.py`` (name, type, unit,
+whether its extremes are summarised, which chart shows it), the code that computes it in
+``engine/telemetry.py``, and an Alembic revision adding its column (and with ``extremes``
+its four summary columns). The records, the stream, the SQL mapping, the recorder, the
+summaries, the API schemas, ``GET /catalog``, the dashboard and both command lines follow
+from the table.
 """

@@ -122,28 +122,41 @@ def _skip_gpu_tests_without_cuda(items: list[pytest.Item]) -> None:
 def _one_database_per_end_to_end_test(config: pytest.Config, items: list[pytest.Item]) -> None:
     """An end-to-end test (marked ``slow``) runs against one database, not each: with
     PostgreSQL configured, a module's end-to-end tests alternate between SQLite and
-    PostgreSQL in the order they are written, so both backends run the service end to end
-    while each test's processes start once. Every statement of the store runs on both
-    backends in the store's and the services' own tests."""
+    PostgreSQL in the order they are written (not the order they run in, which
+    pytest-randomly shuffles), so both backends run the service end to end while each
+    test's processes start once. Every statement of the store runs on both backends in the
+    store's and the services' own tests."""
     databases = _database_params()
     if len(databases) < 2:
         return
-    variants: dict[tuple[str, ...], int] = {}
+    where: dict[tuple[str, ...], tuple[str, int]] = {}
+    for item in items:
+        variant = _end_to_end_variant(item)
+        if variant is not None:
+            path, line, _ = item.location
+            where[variant] = min(where.get(variant, (path, line or 0)), (path, line or 0))
+    index = {v: i for i, v in enumerate(sorted(where, key=lambda v: (where[v], v)))}
     keep: list[pytest.Item] = []
     dropped: list[pytest.Item] = []
     for item in items:
-        params = getattr(getattr(item, "callspec", None), "params", {})
-        if item.get_closest_marker("slow") is None or "database_url" not in params:
+        variant = _end_to_end_variant(item)
+        if variant is None:
             keep.append(item)
             continue
-        variant = (
-            item.path.name,
-            item.originalname,
-            *(str(v) for k, v in sorted(params.items()) if k != "database_url"),
-        )  # type: ignore[attr-defined]
-        index = variants.setdefault(variant, len(variants))
-        chosen = databases[index % len(databases)]
-        (keep if params["database_url"] == chosen else dropped).append(item)
+        chosen = databases[index[variant] % len(databases)]
+        (keep if item.callspec.params["database_url"] == chosen else dropped).append(item)  # type: ignore[attr-defined]
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = keep
+
+
+def _end_to_end_variant(item: pytest.Item) -> tuple[str, ...] | None:
+    """A slow test's identity without its database (None for other tests)."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    if item.get_closest_marker("slow") is None or "database_url" not in params:
+        return None
+    return (
+        item.path.name,
+        item.originalname,  # type: ignore[attr-defined]
+        *(str(v) for k, v in sorted(params.items()) if k != "database_url"),
+    )
