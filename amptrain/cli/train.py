@@ -103,7 +103,8 @@ class ConsoleSink:
         self.out.flush()
         if self.last_metric is not None:
             m = self.last_metric
-            self.progress.update(self.task, completed=m["step"], stats=progress_line(m))
+            stats = progress_line(m, width=self.console.width - _FIXED_COLUMNS)
+            self.progress.update(self.task, completed=m["step"], stats=stats)
 
     def _show_event(self, item: dict[str, Any]) -> None:
         data = item["data"]
@@ -143,10 +144,14 @@ def _stop_on_signals() -> Iterator[threading.Event]:
             signal.signal(sig, old)
 
 
+_FIXED_COLUMNS = 50
+"""What the progress bar's other columns take of a line (label, bar, steps, time left)."""
+
+
 def _progress(console: Console, total: int) -> tuple[Progress, Any]:
     progress = Progress(
         TextColumn("[bold]train"),
-        BarColumn(),
+        BarColumn(bar_width=20),
         MofNCompleteColumn(),
         TimeRemainingColumn(),
         TextColumn("{task.fields[stats]}"),

@@ -119,7 +119,8 @@ async def _follow(client: Client, job: dict[str, Any], as_json: bool) -> int:
                 click.echo(json.dumps(msg))
             if msg["type"] == "metric":
                 data = msg["data"]
-                progress.update(task, completed=data["step"], stats=progress_line(data))
+                stats = progress_line(data, width=progress.console.width - _FIXED_COLUMNS)
+                progress.update(task, completed=data["step"], stats=stats)
             elif msg["type"] == "event" and not as_json:
                 progress.console.print(_event_line(msg["data"]))
             elif msg["type"] == "end":
@@ -134,10 +135,14 @@ async def _follow(client: Client, job: dict[str, Any], as_json: bool) -> int:
     return 0 if status == "succeeded" else 1
 
 
+_FIXED_COLUMNS = 70
+"""What the progress bar's other columns take of a line (name, bar, steps, times)."""
+
+
 def _progress(disable: bool) -> Progress:
     return Progress(
         TextColumn("[bold]{task.description}"),
-        BarColumn(),
+        BarColumn(bar_width=20),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         TextColumn("eta"),
