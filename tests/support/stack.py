@@ -27,8 +27,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_until(predicate: Callable[[], T], timeout: float, what: str, interval: float = 0.1) -> T:
-    """Poll ``predicate`` until it returns something truthy; fail naming ``what`` after ``timeout``."""
+def wait_until(
+    predicate: Callable[[], T | None], timeout: float, what: str, interval: float = 0.1
+) -> T:
+    """Poll ``predicate`` until it returns something truthy (None or a falsy value: not yet)
+    and return that; fail naming ``what`` after ``timeout``."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
