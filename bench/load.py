@@ -56,22 +56,10 @@ from tests.support.stack import Stack, wait_until
 class TracedStack(Stack):
     """A Stack whose API runs under tracemalloc (bench/load_traced_api.py)."""
 
-    def _spawn(self, name: str, args: list[str]) -> Any:
+    def entry(self, name: str) -> list[str]:
         if name != "api":
-            return super()._spawn(name, args)
-        import subprocess
-
-        log = open(self.root / "api.log", "ab")  # noqa: SIM115 - lives as long as the process
-        script = Path(__file__).with_name("load_traced_api.py")
-        proc = subprocess.Popen(
-            [sys.executable, str(script), *args],
-            env=self.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        self.processes[name] = proc
-        return proc
+            return super().entry(name)
+        return [sys.executable, str(Path(__file__).with_name("load_traced_api.py"))]
 
 
 # -- the database --------------------------------------------------------------------------
@@ -184,7 +172,7 @@ def main() -> None:
     try:
         stack.start_api()
         if args.recorder == "process":
-            stack._spawn("recorder", ["recorder"])
+            stack.spawn("recorder", ["recorder"])
         job_ids = [stack.submit({**SPEC, "name": "load"})["id"] for _ in range(args.jobs)]
         duration = args.minutes * 60
         attempts = claim_all(db.url, redis_server.url, job_ids, lease_s=duration + 900)
