@@ -272,10 +272,14 @@ def run(
         if kind.endswith("-final"):
             final[kind.removesuffix("-final")] = (stats, extra)
     print("== whole run ==", flush=True)
-    traced = Path(os.environ.get("AMPTRAIN_LOAD_ROOT", "")) / "tracemalloc.txt"
+    folder = Path(os.environ.get("AMPTRAIN_LOAD_ROOT", ""))
     if args.tracemalloc:
+        traced = folder / "tracemalloc.txt"
         wait_until(traced.exists, 300, "the API's tracemalloc report", interval=1.0)
         print(traced.read_text(), flush=True)
+    if args.pool_debug and (folder / "checkouts.txt").exists():
+        print("where the API's connections were taken, at each report:", flush=True)
+        print((folder / "checkouts.txt").read_text(), flush=True)
     print("  " + lag_line(published, job_ids, sql_at_stop, args.rate), flush=True)
     report("end", args, sampler, published, job_ids, final, lag=False)
     target = dict(enumerate(published[:]))
