@@ -136,6 +136,7 @@ def bare(setup: Setup, precision: str) -> dict[str, Any]:
 
     from amptrain.components import registry
     from amptrain.components.resnet import resnet50
+    from amptrain.components.synthetic import SyntheticImages
     from amptrain.engine.precision import apply_math_mode, choose_precision
 
     spec = _spec(setup, precision, setup.warmup + setup.steps)
@@ -144,6 +145,7 @@ def bare(setup: Setup, precision: str) -> dict[str, Any]:
     apply_math_mode(choice, device)
     torch.manual_seed(0)
     data = registry.build_dataset(spec.dataset, seed=0)
+    assert isinstance(data, SyntheticImages)  # the spec's synthetic-images: it has batch_on
     model = resnet50(data.info).to(device)
     if device.type == "cuda":
         model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]

@@ -123,6 +123,7 @@ def throughputs(
         ),
         seed=0,
     )
+    assert isinstance(new, SyntheticImages)
     old = OldPerSample(seed=0)
     out = {
         "old per-sample": images_per_second(lambda s: old.batch(s, old_images), old_images, 3, CPU),
@@ -161,6 +162,7 @@ def data_wait(device: torch.device, host_path: bool, steps: int, warmup: int) ->
         }
     )
     data = registry.build_dataset(spec.dataset, seed=0)
+    assert isinstance(data, SyntheticImages)
     torch.manual_seed(0)
     model = resnet50(data.info) if cuda else registry.build_model(spec.model, data.info)
     parts = Components(model, HostOnly(data) if host_path else data, registry.loss_for(data.info))

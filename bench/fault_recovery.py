@@ -131,10 +131,13 @@ def one_round(stack: Stack, fault: Callable[[Stack, str], Callable[[], bool]]) -
     wait_until(back, 180, "the job to train again")
     recovery = time.monotonic() - t0
     done = stack.wait_for_status(job["id"], "succeeded", "failed", "cancelled", timeout=300)
+
+    def every_point() -> list[dict[str, Any]] | None:
+        points = stack.all_metrics(job["id"])
+        return points if len(points) >= STEPS else None
+
     points = (
-        wait_until(
-            lambda: (p := stack.all_metrics(job["id"])) and len(p) >= STEPS and p, 30, "all points"
-        )
+        wait_until(every_point, 30, "all points")
         if done["status"] == "succeeded"
         else stack.all_metrics(job["id"])
     )

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from urllib.parse import urlsplit
 
 from websockets.client import ClientProtocol
 from websockets.frames import Frame, Opcode
@@ -85,10 +84,10 @@ class _Watcher(asyncio.Protocol):
 async def watch(url: str, token: str, on_message: OnMessage) -> None:
     """Follow ``url`` (``ws://host:port/...``) until ``on_message`` says so or the server
     closes; raises if the handshake fails."""
-    parts = urlsplit(url)
+    uri = parse_uri(url)  # port defaulted (80, 443) like any client would
     loop = asyncio.get_running_loop()
     _, watcher = await loop.create_connection(
-        lambda: _Watcher(url, token, on_message), parts.hostname, parts.port
+        lambda: _Watcher(url, token, on_message), uri.host, uri.port
     )
     await asyncio.wait_for(asyncio.shield(watcher.opened), 60)
     await watcher.closed

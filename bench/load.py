@@ -56,22 +56,10 @@ from tests.support.stack import Stack, wait_until
 class TracedStack(Stack):
     """A Stack whose API runs under tracemalloc (bench/load_traced_api.py)."""
 
-    def _spawn(self, name: str, args: list[str]) -> Any:
+    def entry(self, name: str) -> list[str]:
         if name != "api":
-            return super()._spawn(name, args)
-        import subprocess
-
-        log = open(self.root / "api.log", "ab")  # noqa: SIM115 - lives as long as the process
-        script = Path(__file__).with_name("load_traced_api.py")
-        proc = subprocess.Popen(
-            [sys.executable, str(script), *args],
-            env=self.env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        self.processes[name] = proc
-        return proc
+            return super().entry(name)
+        return [sys.executable, str(Path(__file__).with_name("load_traced_api.py"))]
 
 
 # -- the database --------------------------------------------------------------------------
@@ -184,7 +172,7 @@ def main() -> None:
     try:
         stack.start_api()
         if args.recorder == "process":
-            stack._spawn("recorder", ["recorder"])
+            stack.spawn("recorder", ["recorder"])
         job_ids = [stack.submit({**SPEC, "name": "load"})["id"] for _ in range(args.jobs)]
         duration = args.minutes * 60
         attempts = claim_all(db.url, redis_server.url, job_ids, lease_s=duration + 900)
@@ -284,10 +272,14 @@ def run(
         if kind.endswith("-final"):
             final[kind.removesuffix("-final")] = (stats, extra)
     print("== whole run ==", flush=True)
-    traced = Path(os.environ.get("AMPTRAIN_LOAD_ROOT", "")) / "tracemalloc.txt"
+    folder = Path(os.environ.get("AMPTRAIN_LOAD_ROOT", ""))
     if args.tracemalloc:
+        traced = folder / "tracemalloc.txt"
         wait_until(traced.exists, 300, "the API's tracemalloc report", interval=1.0)
         print(traced.read_text(), flush=True)
+    if args.pool_debug and (folder / "checkouts.txt").exists():
+        print("where the API's connections were taken, at each report:", flush=True)
+        print((folder / "checkouts.txt").read_text(), flush=True)
     print("  " + lag_line(published, job_ids, sql_at_stop, args.rate), flush=True)
     report("end", args, sampler, published, job_ids, final, lag=False)
     target = dict(enumerate(published[:]))

@@ -71,7 +71,7 @@ def producer_process(
 
 def watcher_process(
     base: str, token: str, job_ids: list[str], report_s: float, out: Any, stop: Any
-):
+) -> None:
     asyncio.run(_watchers(base, token, job_ids, report_s, out, stop))
 
 
@@ -216,9 +216,9 @@ def probe_process(
             ):
                 start = time.perf_counter()
                 try:
-                    r = client.get(path)
-                    ok = r.status_code == 200 and (
-                        route == "get" or len(r.json()["items"]) == min(20, len(job_ids))
+                    response = client.get(path)
+                    ok = response.status_code == 200 and (
+                        route == "get" or len(response.json()["items"]) == min(20, len(job_ids))
                     )
                 except httpx.HTTPError:
                     ok = False

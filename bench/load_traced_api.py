@@ -54,8 +54,12 @@ def _track_checkouts() -> None:
 
     import sqlalchemy as sa
 
+    import amptrain
+
+    package = str(Path(amptrain.__file__).parent) + os.sep  # amptrain's frames name the holder
+
     def checkout(_dbapi: object, record: object, _proxy: object) -> None:
-        frames = [f for f in traceback.extract_stack()[:-1] if "/api/" in f.filename]
+        frames = [f for f in traceback.extract_stack()[:-1] if f.filename.startswith(package)]
         where = " <- ".join(
             f"{Path(f.filename).name}:{f.lineno} {f.name}" for f in frames[::-1][:5]
         )

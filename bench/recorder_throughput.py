@@ -17,9 +17,11 @@ that publishes ``--points`` points over the jobs in the worker sink's entry form
   holds every job's last step - first publish); lag = that moment - the last XADD.
 * one job at 100 steps/s: how long each point takes to reach SQL (the linger).
 
-``before`` is the recorder as it was at ``--before REV`` (default :data:`BEFORE`;
-exported from git, run from a temp directory against the same schema); ``after`` is the
-working tree, on PostgreSQL once per insert method (``copy``: COPY straight into the
+``before`` is the recorder as it was at ``--before REV`` (default ``HEAD``, so ``after``
+measures the uncommitted change; ``amptrain/`` exported from git and imported from a temp
+directory by this bench's own run, so REV must have the recorder where this working tree
+has it: ``amptrain/server/recorder/``, not the layout before the one package); ``after`` is
+the working tree, on PostgreSQL once per insert method (``copy``: COPY straight into the
 table in a savepoint, a replay through a temp table and INSERT ... ON CONFLICT DO
 NOTHING RETURNING; ``values``: single-row INSERTs pipelined).
 
@@ -40,8 +42,10 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-BEFORE = "ef91558"
-"""The last commit with the per-job, SQLAlchemy-executemany recorder."""
+BEFORE = "HEAD"
+"""The default ``--before``: the last commit, against the working tree."""
+RECORDER = "amptrain/server/recorder/service.py"
+"""What bench/recorder_run.py imports from the before tree: a REV without it cannot run."""
 
 sys.path.insert(0, str(ROOT))  # bench.recorder_run
 # The before leg runs the recorder of an exported tree: its amptrain/ comes first.
@@ -52,10 +56,27 @@ from bench.recorder_run import one_run  # noqa: E402
 # -- the driver ----------------------------------------------------------------------------
 
 
+def _git(*args: str) -> subprocess.CompletedProcess[bytes]:
+    return subprocess.run(["git", "-C", str(ROOT), *args], capture_output=True)
+
+
 def _before_tree(rev: str) -> Path:
+    """``amptrain/`` at ``rev`` in a temp directory; exits naming the problem when git does
+    not know ``rev`` or its tree predates the one-package layout."""
+    found = _git("rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}")
+    if found.returncode != 0:
+        sys.exit(f"--before {rev}: not a commit in {ROOT}")
+    commit = found.stdout.decode().strip()
+    if _git("cat-file", "-e", f"{commit}:{RECORDER}").returncode != 0:
+        sys.exit(
+            f"--before {rev}: commit {commit[:10]} has no {RECORDER}: it predates the move into"
+            " one amptrain/ package, whose modules this bench's recorder_run.py imports."
+            " Pick a commit from the move on (e.g. --before HEAD); for an older recorder, run"
+            " --legs after in a checkout of that commit and here, on the same machine."
+        )
     tree = Path(tempfile.mkdtemp(prefix="amp-rt-before-", dir="/tmp"))
     archive = subprocess.run(
-        ["git", "-C", str(ROOT), "archive", rev, "amptrain"],
+        ["git", "-C", str(ROOT), "archive", commit, "amptrain"],
         check=True,
         capture_output=True,
     ).stdout
@@ -107,8 +128,16 @@ def main() -> None:
     parser.add_argument("--run", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.run:
+        import amptrain
+
+        package = Path(os.environ.get("BENCH_TREE") or ROOT) / "amptrain"
+        used = Path(amptrain.__file__).resolve().parent
+        assert used == package.resolve(), f"this leg imports {used}, not {package}"
         print(json.dumps(one_run(json.loads(args.run))), flush=True)
         return
+    # Here, not at the top: a --run of the before leg imports nothing but its own tree.
+    from amptrain.store.history.point_writes import PG_METHODS
+
     if args.quick:
         args.points, args.jobs = 40_000, 10
     dbs = [d for d in args.databases.split(",") if d != "postgresql" or args.pg]
@@ -125,21 +154,21 @@ def main() -> None:
             if "before" in legs:
                 runs.append(("before", None, tree))
             if "after" in legs:
-                methods = ["copy", "values"] if db == "postgresql" else ["executemany"]
+                methods: list[str | None] = [*PG_METHODS] if db == "postgresql" else [None]
                 runs += [("after", m, None) for m in methods]
             base = None
             for leg, method, where in runs:
                 cfg = {
                     "db": db,
                     "pg": args.pg,
-                    "method": method if db == "postgresql" else None,
+                    "method": method,
                     "points": args.points,
                     "jobs": args.jobs,
                     "batch": args.batch,
                     "profile": args.profile,
                 }
                 r = _spawn(cfg, where)
-                name = f"{db:10s} {leg:6s} {method or 'executemany':11s}"
+                name = f"{db:10s} {leg:6s} {method or 'default':11s}"
                 if r is None:
                     print(f"{name} FAILED", flush=True)
                     continue

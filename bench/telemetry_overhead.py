@@ -41,6 +41,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from amptrain.cli.embedded_redis import EmbeddedRedis
 from amptrain.components import registry
 from amptrain.components.optim import lr_factor
+from amptrain.components.synthetic import SyntheticImages
 from amptrain.contract.spec import JobSpec, parse_spec
 from amptrain.core.redis import Keys
 from amptrain.engine import RunContext, Trainer
@@ -107,6 +108,7 @@ def bare_loop(spec: JobSpec) -> Timing:
     for step in range(spec.max_steps):
         optimizer.zero_grad(set_to_none=True)
         if conv:  # built on the GPU, as the engine's data path does for this dataset
+            assert isinstance(dataset, SyntheticImages)  # the CUDA spec's dataset
             x, y = dataset.batch_on(step * spec.batch_size, spec.batch_size, device)
             x = x.contiguous(memory_format=torch.channels_last)
         else:

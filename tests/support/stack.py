@@ -27,8 +27,11 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_until(predicate: Callable[[], T], timeout: float, what: str, interval: float = 0.1) -> T:
-    """Poll ``predicate`` until it returns something truthy; fail naming ``what`` after ``timeout``."""
+def wait_until(
+    predicate: Callable[[], T | None], timeout: float, what: str, interval: float = 0.1
+) -> T:
+    """Poll ``predicate`` until it returns something truthy (None or a falsy value: not yet)
+    and return that; fail naming ``what`` after ``timeout``."""
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -80,10 +83,17 @@ class Stack:
 
         migrate.upgrade(database_url)
 
-    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
+    def entry(self, name: str) -> list[str]:
+        """What starts component ``name``, before its arguments: the ``amptrain`` command
+        (a subclass may start one component differently)."""
+        return [sys.executable, "-m", "amptrain.cli.main"]
+
+    def spawn(self, name: str, args: list[str]) -> subprocess.Popen[bytes]:
+        """Start ``amptrain <args>`` as component ``name`` (a second API, a recorder) in a
+        session of its own, so :meth:`kill` reaches its children; output to ``<name>.log``."""
         log = open(self.root / f"{name}.log", "ab")  # noqa: SIM115 - lives as long as the process
         proc = subprocess.Popen(
-            [sys.executable, "-m", "amptrain.cli.main", *args],
+            [*self.entry(name), *args],
             env=self.env,
             stdout=log,
             stderr=subprocess.STDOUT,
@@ -93,7 +103,7 @@ class Stack:
         return proc
 
     def start_api(self) -> None:
-        self._spawn("api", ["api", "--host", "127.0.0.1", "--port", str(self.port)])
+        self.spawn("api", ["api", "--host", "127.0.0.1", "--port", str(self.port)])
         wait_until(self._healthy, 30, "the API to answer /healthz")
 
     def _healthy(self) -> bool:
@@ -107,7 +117,7 @@ class Stack:
     def start_worker(self, name: str = "worker", queues: str = "gpu,cpu", *args: str) -> None:
         """Start ``amptrain worker`` (one pool process) named ``{name}@test``; ``args`` are
         more options (``--devices-per-job 2``)."""
-        self._spawn(
+        self.spawn(
             name,
             ["worker", "--queues", queues, "--concurrency", "1", "--name", f"{name}@test", *args],
         )

@@ -47,7 +47,7 @@ def test_a_recorder_process_records_for_an_api_without_one(
         feed.start()
         feed.steps(1, 300)
         port = free_port()
-        stack._spawn("recorder", ["recorder", "--metrics-port", str(port)])
+        stack.spawn("recorder", ["recorder", "--metrics-port", str(port)])
         wait_until(lambda: stack.job(job_id)["step"] == 300, 60, "300 steps recorded")
         assert [p["step"] for p in stack.all_metrics(job_id)] == list(range(1, 301))
         assert recorder_points(port) == 300  # the recorder process wrote them ...
@@ -60,7 +60,7 @@ def test_a_recorder_process_records_for_an_api_without_one(
         assert not redis.Redis.from_url(redis_server.url).exists(Keys.recorder_owner(job_id))
         feed.steps(301, 420)
         feed.finish()
-        stack._spawn("recorder", ["recorder"])
+        stack.spawn("recorder", ["recorder"])
         wait_until(lambda: stack.job(job_id)["step"] == 420, 60, "the rest recorded")
         assert [p["step"] for p in stack.all_metrics(job_id)] == list(range(1, 421))
     finally:

@@ -172,7 +172,7 @@ def test_concurrent_submissions_never_pass_the_active_jobs_limit(stack: Stack) -
 
 def test_the_write_rate_is_limited_per_user_across_api_processes(stack: Stack) -> None:
     second = free_port()
-    stack._spawn("api2", ["api", "--host", "127.0.0.1", "--port", str(second)])
+    stack.spawn("api2", ["api", "--host", "127.0.0.1", "--port", str(second)])
     wait_until(lambda: _up(second), 30, "the second API process")
     with user_client(stack, "carol") as carol, user_client(stack, "dave") as dave:
         other = httpx.Client(

@@ -88,7 +88,7 @@ async def close_of(ws: websockets.ClientConnection, timeout: float = 10) -> tupl
 
 def test_live_watchers_per_user_are_limited_across_api_processes(stack: Stack) -> None:
     second = free_port()
-    stack._spawn("api2", ["api", "--host", "127.0.0.1", "--port", str(second)])
+    stack.spawn("api2", ["api", "--host", "127.0.0.1", "--port", str(second)])
     wait_until(lambda: _up(second), 30, "the second API process")
     alice, bob = make_token(stack, "alice"), make_token(stack, "bob")
     job, bobs = submit(stack, alice), submit(stack, bob)

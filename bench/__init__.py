@@ -1,0 +1,1 @@
+"""Benchmarks: scripts that measure amptrain and print side-by-side ratios (see README, "Development")."""
