@@ -1,4 +1,5 @@
-"""Clients for the live endpoints in tests: WebSocket watchers and a raw stalled socket."""
+"""Clients for the live endpoints in tests: WebSocket watchers, an SSE reader and a raw stalled
+socket."""
 
 from __future__ import annotations
 
@@ -63,6 +64,40 @@ def steps_of(messages: list[Message]) -> list[int]:
 def last_cursor(messages: list[Message]) -> str | None:
     cursors = [m["cursor"] for m in messages if m["cursor"]]
     return cursors[-1] if cursors else None
+
+
+def read_sse(
+    stack: Stack,
+    job_id: str,
+    params: dict[str, str] | None = None,
+    headers: dict[str, str] | None = None,
+    stop_at_step: int | None = None,
+) -> tuple[list[Message], str | None]:
+    """SSE ``GET /jobs/{id}/stream``: (messages, the last ``id:`` seen) until the stream ends
+    or a message holds ``stop_at_step``. Each event is named for its message's type, and
+    every record or batch carries an ``id:``, its cursor."""
+    got: list[Message] = []
+    last_id = None
+    frame: dict[str, str] = {}
+    path = f"/jobs/{job_id}/stream"
+    with stack.client.stream("GET", path, params=params, headers=headers) as response:
+        assert response.status_code == 200, response.read()
+        assert response.headers["content-type"].startswith("text/event-stream")
+        for line in response.iter_lines():
+            if line:
+                name, _, value = line.partition(": ")
+                frame[name] = value
+                continue
+            msg = json.loads(frame["data"])
+            assert msg["type"] == frame["event"]
+            if "id" in frame or msg["type"] in ("metric", "event", "batch"):
+                assert frame["id"] == msg["cursor"]
+                last_id = frame["id"]
+            got.append(msg)
+            frame = {}
+            if stop_at_step is not None and stop_at_step in steps_of([msg]):
+                break
+    return got, last_id
 
 
 class StalledSocket:

@@ -6,41 +6,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import websockets
 from websockets.exceptions import InvalidStatus
 
-from amptrain.cli.embedded_redis import EmbeddedRedis
 from amptrain.store import tokens
 from amptrain.store.db import make_engine, make_session_factory
 from tests.support.live import StalledSocket, last_cursor, steps_of, watch, ws_url
 from tests.support.producer import Producer
-from tests.support.specs import mlp_job
 from tests.support.stack import Stack, wait_until
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def stack(database_url: str, redis_server: EmbeddedRedis, tmp_path: Path) -> Iterator[Stack]:
-    s = Stack(tmp_path, database_url, redis_server)
-    s.env["AMPTRAIN_LIVE_HEARTBEAT_SECONDS"] = "0.5"
-    s.env["AMPTRAIN_LIVE_QUEUE_SIZE"] = "512"
-    s.start_api()
-    yield s
-    s.close()
-
-
-@pytest.fixture
-def producer(stack: Stack, database_url: str, redis_server: EmbeddedRedis) -> Iterator[Producer]:
-    job = stack.submit(mlp_job(100, name="live", precision="fp32", batch_size=8))
-    p = Producer(redis_server.url, database_url, job["id"])
-    yield p
-    p.close()
 
 
 def recorded_step(stack: Stack, job_id: str) -> int:
