@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -28,14 +26,6 @@ from amptrain.store.models import MetricPoint, MetricSummary, MetricSummaryState
 
 Sessions = sessionmaker[Session]
 T0 = 1_700_000_000_000
-
-
-@pytest.fixture
-def db(database_url: str) -> Iterator[tuple[sa.Engine, Sessions]]:
-    migrate.upgrade(database_url)
-    engine = make_engine(database_url)
-    yield engine, make_session_factory(engine)
-    engine.dispose()
 
 
 def new_job(sessions: Sessions) -> str:
