@@ -1,8 +1,9 @@
-"""Clients for the live endpoints in tests: WebSocket watchers, an SSE reader and a raw stalled
-socket."""
+"""Clients for the live endpoints in tests: WebSocket watchers, an SSE reader, a raw stalled
+socket, and a run that backs one up while two others keep up."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
@@ -13,6 +14,7 @@ from typing import Any
 
 import websockets
 
+from tests.support.producer import Producer
 from tests.support.stack import Stack
 
 Message = dict[str, Any]
@@ -159,3 +161,29 @@ def parse_frames(data: bytes) -> tuple[list[Message], int | None]:
         elif opcode == 8:
             return out, struct.unpack("!H", payload[:2])[0] if len(payload) >= 2 else None
     return out, None
+
+
+def stall_one_of_three(
+    stack: Stack, producer: Producer, total: int, batch: bool = False
+) -> tuple[list[tuple[list[Message], int | None]], list[Message], int | None]:
+    """Three watchers of ``producer``'s job while it writes ``total`` steps in bursts of 100:
+    what each of the two healthy ones got (messages, close code), then what the one that
+    stalled (a :class:`StalledSocket`, drained at the end) got and its close code."""
+    producer.start()
+    stalled = StalledSocket(stack, producer.job_id, batch=batch)
+
+    async def scenario() -> list[tuple[list[Message], int | None]]:
+        healthy = [
+            asyncio.create_task(watch(stack, producer.job_id, batch=batch)) for _ in range(2)
+        ]
+        await asyncio.sleep(0.3)
+        # Loopback's kernel buffers absorb a few MB before the server's send blocks.
+        for first in range(1, total, 100):
+            producer.steps(first, first + 99)
+            await asyncio.sleep(0.02)
+        producer.finish(step=total)
+        return list(await asyncio.gather(*healthy))
+
+    healthy = asyncio.run(scenario())
+    seen, code = stalled.drain(timeout=10)
+    return healthy, seen, code

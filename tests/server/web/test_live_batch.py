@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.live import StalledSocket, read_sse, records, steps_of, watch
+from tests.support.live import read_sse, records, stall_one_of_three, steps_of, watch
 from tests.support.producer import Producer
 from tests.support.stack import Stack, wait_until
 
@@ -91,23 +91,10 @@ TOTAL = 15_000
 def test_a_stalled_batch_watcher_is_cut_off_while_others_stay_complete(
     stack: Stack, producer: Producer
 ) -> None:
-    producer.start()
-    stalled = StalledSocket(stack, producer.job_id, batch=True)
-
-    async def scenario() -> list[tuple[list[Message], int | None]]:
-        healthy = [asyncio.create_task(watch(stack, producer.job_id, batch=True)) for _ in range(2)]
-        await asyncio.sleep(0.3)
-        # Loopback's kernel buffers absorb a few MB before the server's send blocks.
-        for first in range(1, TOTAL, 100):
-            producer.steps(first, first + 99)
-            await asyncio.sleep(0.02)
-        producer.finish(step=TOTAL)
-        return list(await asyncio.gather(*healthy))
-
-    for got, code in asyncio.run(scenario()):
-        assert code == 1000 and steps_of(got) == list(range(1, TOTAL + 1))
+    healthy, seen, code = stall_one_of_three(stack, producer, TOTAL, batch=True)
+    for got, closed in healthy:
+        assert closed == 1000 and steps_of(got) == list(range(1, TOTAL + 1))
         assert_batch_frames(got)
-    seen, code = stalled.drain(timeout=10)
     assert_batch_frames(seen)
     steps = steps_of(seen)
     assert steps == list(range(1, len(steps) + 1)) and len(steps) < TOTAL

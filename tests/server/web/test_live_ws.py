@@ -14,7 +14,7 @@ from websockets.exceptions import InvalidStatus
 
 from amptrain.store import tokens
 from amptrain.store.db import make_engine, make_session_factory
-from tests.support.live import StalledSocket, last_cursor, steps_of, watch, ws_url
+from tests.support.live import last_cursor, stall_one_of_three, steps_of, watch, ws_url
 from tests.support.producer import Producer
 from tests.support.stack import Stack, wait_until
 
@@ -137,22 +137,9 @@ TOTAL = 15_000
 def test_stalled_watcher_is_cut_off_while_others_stay_complete(
     stack: Stack, producer: Producer
 ) -> None:
-    producer.start()
-    stalled = StalledSocket(stack, producer.job_id)
-
-    async def scenario() -> list[tuple[list[dict[str, Any]], int | None]]:
-        healthy = [asyncio.create_task(watch(stack, producer.job_id)) for _ in range(2)]
-        await asyncio.sleep(0.3)
-        # Loopback's kernel buffers absorb a few MB before the server's send blocks.
-        for first in range(1, TOTAL, 100):
-            producer.steps(first, first + 99)
-            await asyncio.sleep(0.02)
-        producer.finish(step=TOTAL)
-        return list(await asyncio.gather(*healthy))
-
-    for got, code in asyncio.run(scenario()):
-        assert code == 1000 and steps_of(got) == list(range(1, TOTAL + 1))
-    seen, code = stalled.drain(timeout=10)
+    healthy, seen, code = stall_one_of_three(stack, producer, TOTAL)
+    for got, closed in healthy:
+        assert closed == 1000 and steps_of(got) == list(range(1, TOTAL + 1))
     steps = steps_of(seen)
     assert steps == list(range(1, len(steps) + 1)) and len(steps) < TOTAL
     assert code in (1013, None)  # a gap frame then 1013, or cut off before it could be sent
