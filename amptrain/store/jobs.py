@@ -338,7 +338,8 @@ def insert_event(
     time: float | None = None,
 ) -> None:
     """A lifecycle event the store writes itself (no stream entry: ``source_id`` null), at
-    ``time`` or the database's now. Commits nothing."""
+    ``time`` or the database's now. Not fenced itself: write it after the guarded UPDATE
+    that made it this attempt's to say. Commits nothing."""
     s.execute(
         events_t.insert().values(
             job_id=job_id,
