@@ -78,8 +78,9 @@ class TimeLimitError(TrainingError):
 
 
 class ResumeMismatchError(TrainingError):
-    """The newest checkpoint was written by a run with another number of devices: resuming
-    it exactly would need the same number (RNG states and data shares are per device)."""
+    """The newest checkpoint cannot be resumed exactly: a run with another number of devices
+    wrote it (RNG states and data shares are per device), or it is not of the checkpoint
+    format this engine writes."""
 
     code = "resume_mismatch"
     retryable = False

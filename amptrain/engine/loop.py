@@ -40,9 +40,10 @@ from amptrain.engine.publisher import Publisher
 from amptrain.engine.telemetry import StepTelemetry
 
 CHECKPOINT_FORMAT = 2
-"""2: the schedule is ``{"applied_steps": n}`` (format 1 held a LambdaLR state; both load).
-``world_size`` (absent: 1) is the number of devices that wrote it; with more than one,
-``rng_per_rank`` holds every rank's RNG states in rank order."""
+"""What :meth:`Trainer.state_dict` writes and the only format :meth:`Trainer.load_state_dict`
+reads (another is refused as ``resume_mismatch``). The schedule is ``{"applied_steps": n}``;
+``world_size`` is the number of devices that wrote it; with more than one, ``rng_per_rank``
+holds every rank's RNG states in rank order."""
 
 
 def seed_everything(seed: int) -> None:
@@ -229,7 +230,8 @@ class Trainer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a :meth:`state_dict`; the run then continues exactly where it was."""
-        saved = int(state.get("world_size", 1))
+        _check_format(state)
+        saved = int(state["world_size"])
         if saved != self.group.world_size:
             raise ResumeMismatchError(
                 f"cannot resume: the newest checkpoint (step {state['step']}) was written by "
@@ -355,6 +357,20 @@ def _place_model(model: torch.nn.Module, device: torch.device) -> tuple[torch.nn
     if channels_last:
         model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
     return model, channels_last
+
+
+def _check_format(state: dict[str, Any]) -> None:
+    """Refuse a checkpoint this engine did not write, before reading any of it."""
+    found = state.get("format")
+    if found != CHECKPOINT_FORMAT:
+        step = state.get("step") if isinstance(state.get("step"), int) else None
+        at = f" (step {step})" if step is not None else ""
+        raise ResumeMismatchError(
+            f"cannot resume: the newest checkpoint{at} is of format {found!r} and this engine "
+            f"reads format {CHECKPOINT_FORMAT} only. Start afresh (another checkpoint "
+            "directory, or --no-resume)",
+            step=step,
+        )
 
 
 def _keep_build_options(optimizer: torch.optim.Optimizer) -> None:

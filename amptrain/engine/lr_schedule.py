@@ -45,9 +45,7 @@ class DeviceSchedule:
         return {"applied_steps": int(self.applied.item())}  # a checkpoint is a flush point
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        # Checkpoints of format 1 hold a LambdaLR state: its last_epoch counted applied steps.
-        applied = state["applied_steps"] if "applied_steps" in state else state["last_epoch"]
-        self.applied.fill_(int(applied))
+        self.applied.fill_(int(state["applied_steps"]))
         self.lr = self._look_up()
 
     def _look_up(self) -> torch.Tensor:

@@ -117,8 +117,9 @@ class Dispatcher:
         """Publish one job and mark it dispatched; False when the broker refused."""
         allowed = self.settings.routable_queues
         if queue_name not in allowed:
-            # Never hand kombu a name it would use as a Redis key of its own (a job stored
-            # before the allow-list existed, or a queue removed from the settings since).
+            # The API checked the queue against the settings of its day; an operator may
+            # have removed it since while the job waited (the sweep re-sends released jobs
+            # too). kombu would use the name as a Redis key: never hand it one unchecked.
             self._reject(job_id, f"queue {queue_name!r} is not one of {allowed}")
             return True
         try:

@@ -66,7 +66,7 @@ def create_job(
     )
     s.add(job)
     s.flush()
-    _insert_event(s, job.id, 0, "queued", None, {"queue": queue}, None)
+    insert_event(s, job.id, 0, "queued", None, {"queue": queue})
     return job
 
 
@@ -203,9 +203,7 @@ def request_cancel(s: Session, job_id: str) -> JobStatus:
     )
     attempt = _returning(s, job_id, queued)
     if attempt is not None:
-        _insert_event(
-            s, job_id, attempt, "cancelled", None, {"reason": "cancelled while queued"}, None
-        )
+        insert_event(s, job_id, attempt, "cancelled", None, {"reason": "cancelled while queued"})
         return JobStatus.CANCELLED
     active = (
         jobs_t.update()
@@ -241,7 +239,7 @@ def reject_queued(s: Session, job_id: str, code: str, message: str) -> bool:
     attempt = _returning(s, job_id, stmt)
     if attempt is None:
         return False
-    _insert_event(s, job_id, attempt, "failed", None, {"code": code, "message": message}, None)
+    insert_event(s, job_id, attempt, "failed", None, {"code": code, "message": message})
     return True
 
 
@@ -294,7 +292,7 @@ def reap_expired(
         return None
     status = JobStatus(row.status)
     event, data = _reap_event(status, err)
-    _insert_event(s, job_id, attempt, event, row.step, data, None)
+    insert_event(s, job_id, attempt, event, row.step, data)
     return status
 
 
@@ -330,15 +328,18 @@ def _returning_row(s: Session, job_id: str, stmt: sa.Executable) -> sa.Row[Any] 
     return row
 
 
-def _insert_event(
+def insert_event(
     s: Session,
     job_id: str,
     attempt: int,
     type: str,
     step: int | None,
     data: dict[str, Any] | None,
-    time: float | None,
+    time: float | None = None,
 ) -> None:
+    """A lifecycle event the store writes itself (no stream entry: ``source_id`` null), at
+    ``time`` or the database's now. Not fenced itself: write it after the guarded UPDATE
+    that made it this attempt's to say. Commits nothing."""
     s.execute(
         events_t.insert().values(
             job_id=job_id,

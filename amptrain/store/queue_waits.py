@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from amptrain.core.enums import JobStatus
-from amptrain.store.db import db_now
+from amptrain.store import jobs
 from amptrain.store.models import Job, JobEvent
 
 WAITING_FOR_QUEUE = "waiting_for_queue"
@@ -46,20 +46,10 @@ def note_waiting(s: Session, job_id: str, queue: str, served: Collection[str]) -
     )
     if said:
         return False
-    s.execute(
-        events_t.insert().values(
-            job_id=job_id,
-            attempt=attempt,
-            type=WAITING_FOR_QUEUE,
-            step=None,
-            time=db_now(),
-            data={
-                "queue": queue,
-                "message": f"no live worker takes jobs from queue {queue!r}; the job waits "
-                "until one does",
-                "served_queues": sorted(served),
-            },
-            source_id=None,
-        )
-    )
+    data = {
+        "queue": queue,
+        "message": f"no live worker takes jobs from queue {queue!r}; the job waits until one does",
+        "served_queues": sorted(served),
+    }
+    jobs.insert_event(s, job_id, attempt, WAITING_FOR_QUEUE, None, data)
     return True

@@ -131,19 +131,3 @@ def test_prefetching_changes_no_value_and_resume_stays_bitwise_exact(tmp_path: P
         straight.optimizer.state_dict()["state"][0]["momentum_buffer"],
         second.optimizer.state_dict()["state"][0]["momentum_buffer"],
     )
-
-
-def test_a_checkpoint_of_format_1_resumes_its_schedule(tmp_path: Path) -> None:
-    trainer = Trainer(image_spec(max_steps=4), RunContext(str(tmp_path)))
-    trainer.train()
-    state = trainer.state_dict()
-    applied = state["scheduler"]["applied_steps"]
-    state["scheduler"] = {
-        "last_epoch": applied,
-        "base_lrs": [0.05, 0.05],
-        "_step_count": applied + 1,
-    }
-    fresh = Trainer(image_spec(max_steps=4), RunContext(None))
-    fresh.load_state_dict(state)
-    assert torch.equal(fresh.schedule.lr, trainer.schedule.lr)
-    assert all(g["lr"] is fresh.schedule.lr and g["fused"] for g in fresh.optimizer.param_groups)

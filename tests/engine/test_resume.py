@@ -1,4 +1,5 @@
-"""Checkpoints: exact resume, atomic writes that survive SIGKILL, keep_last, newest-wins."""
+"""Checkpoints: exact resume, only of the format this engine writes, atomic writes that survive
+SIGKILL, keep_last, newest-wins."""
 
 from __future__ import annotations
 
@@ -14,10 +15,11 @@ from typing import Any
 import pytest
 import torch
 
-from amptrain.contract.errors import PreemptedError
+from amptrain.contract.errors import PreemptedError, ResumeMismatchError
 from amptrain.contract.spec import parse_spec
 from amptrain.engine import RunContext, Trainer
 from amptrain.engine.checkpoint import CheckpointStore
+from amptrain.engine.loop import CHECKPOINT_FORMAT
 
 
 def spec(precision: str, **overrides: Any) -> Any:
@@ -92,6 +94,33 @@ def test_keep_last_and_newest_wins(tmp_path: Path) -> None:
     assert (state["step"], state["samples_consumed"]) == (10, 160)
     assert (state["micro_batch"], state["grad_accum_steps"]) == (8, 2)
     assert set(state["rng"]) >= {"python", "numpy", "torch"}
+
+
+def test_only_the_checkpoint_format_this_engine_writes_resumes(tmp_path: Path) -> None:
+    trained = Trainer(spec("fp32", max_steps=4), RunContext(str(tmp_path)))
+    trained.train()
+    store = CheckpointStore(str(tmp_path), keep_last=2)
+    latest = store.latest()
+    assert latest is not None
+    state = store.load(latest)
+    assert state["format"] == CHECKPOINT_FORMAT
+    fresh = Trainer(spec("fp32", max_steps=4), RunContext(None))
+    fresh.load_state_dict(state)
+    assert torch.equal(fresh.schedule.lr, trained.schedule.lr)
+    assert all(g["lr"] is fresh.schedule.lr for g in fresh.optimizer.param_groups)
+
+    # Any other format (here one whose schedule is a LambdaLR state) is refused by name,
+    # for good, before any of it is read.
+    state["format"] = 1
+    state["scheduler"] = {"last_epoch": 4, "base_lrs": [0.05], "_step_count": 5}
+    store.save(4, state)
+    with pytest.raises(ResumeMismatchError) as refused:
+        Trainer(spec("fp32", max_steps=8), RunContext(str(tmp_path))).train()
+    assert f"is of format 1 and this engine reads format {CHECKPOINT_FORMAT} only" in (
+        refused.value.message
+    )
+    assert refused.value.step == 4 and refused.value.code == "resume_mismatch"
+    assert not refused.value.retryable
 
 
 def test_cancel_checkpoints_and_a_fresh_context_can_skip_resume(tmp_path: Path) -> None:

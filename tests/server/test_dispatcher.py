@@ -81,7 +81,8 @@ def test_a_queue_can_never_name_the_transports_own_keys(
         assert r.status_code == 422, r.text
         problem = r.json()["detail"][0]
         assert problem["field"] == "queue" and "gpu-a100" in problem["message"], problem
-    # A job stored before the allow-list existed is failed, never sent.
+    # A job whose queue the settings no longer allow (removed while it waited) is failed,
+    # never sent.
     engine = make_engine(database_url)
     with make_session_factory(engine).begin() as s:
         job_id = jobs.create_job(s, JobSpec.model_validate(mlp_job(3)), "admin", "unacked").id

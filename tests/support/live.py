@@ -1,7 +1,9 @@
-"""Clients for the live endpoints in tests: WebSocket watchers and a raw stalled socket."""
+"""Clients for the live endpoints in tests: WebSocket watchers, an SSE reader, a raw stalled
+socket, and a run that backs one up while two others keep up."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import os
@@ -12,6 +14,7 @@ from typing import Any
 
 import websockets
 
+from tests.support.producer import Producer
 from tests.support.stack import Stack
 
 Message = dict[str, Any]
@@ -63,6 +66,40 @@ def steps_of(messages: list[Message]) -> list[int]:
 def last_cursor(messages: list[Message]) -> str | None:
     cursors = [m["cursor"] for m in messages if m["cursor"]]
     return cursors[-1] if cursors else None
+
+
+def read_sse(
+    stack: Stack,
+    job_id: str,
+    params: dict[str, str] | None = None,
+    headers: dict[str, str] | None = None,
+    stop_at_step: int | None = None,
+) -> tuple[list[Message], str | None]:
+    """SSE ``GET /jobs/{id}/stream``: (messages, the last ``id:`` seen) until the stream ends
+    or a message holds ``stop_at_step``. Each event is named for its message's type, and
+    every record or batch carries an ``id:``, its cursor."""
+    got: list[Message] = []
+    last_id = None
+    frame: dict[str, str] = {}
+    path = f"/jobs/{job_id}/stream"
+    with stack.client.stream("GET", path, params=params, headers=headers) as response:
+        assert response.status_code == 200, response.read()
+        assert response.headers["content-type"].startswith("text/event-stream")
+        for line in response.iter_lines():
+            if line:
+                name, _, value = line.partition(": ")
+                frame[name] = value
+                continue
+            msg = json.loads(frame["data"])
+            assert msg["type"] == frame["event"]
+            if "id" in frame or msg["type"] in ("metric", "event", "batch"):
+                assert frame["id"] == msg["cursor"]
+                last_id = frame["id"]
+            got.append(msg)
+            frame = {}
+            if stop_at_step is not None and stop_at_step in steps_of([msg]):
+                break
+    return got, last_id
 
 
 class StalledSocket:
@@ -124,3 +161,29 @@ def parse_frames(data: bytes) -> tuple[list[Message], int | None]:
         elif opcode == 8:
             return out, struct.unpack("!H", payload[:2])[0] if len(payload) >= 2 else None
     return out, None
+
+
+def stall_one_of_three(
+    stack: Stack, producer: Producer, total: int, batch: bool = False
+) -> tuple[list[tuple[list[Message], int | None]], list[Message], int | None]:
+    """Three watchers of ``producer``'s job while it writes ``total`` steps in bursts of 100:
+    what each of the two healthy ones got (messages, close code), then what the one that
+    stalled (a :class:`StalledSocket`, drained at the end) got and its close code."""
+    producer.start()
+    stalled = StalledSocket(stack, producer.job_id, batch=batch)
+
+    async def scenario() -> list[tuple[list[Message], int | None]]:
+        healthy = [
+            asyncio.create_task(watch(stack, producer.job_id, batch=batch)) for _ in range(2)
+        ]
+        await asyncio.sleep(0.3)
+        # Loopback's kernel buffers absorb a few MB before the server's send blocks.
+        for first in range(1, total, 100):
+            producer.steps(first, first + 99)
+            await asyncio.sleep(0.02)
+        producer.finish(step=total)
+        return list(await asyncio.gather(*healthy))
+
+    healthy = asyncio.run(scenario())
+    seen, code = stalled.drain(timeout=10)
+    return healthy, seen, code

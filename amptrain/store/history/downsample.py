@@ -41,12 +41,13 @@ from amptrain.store.history.layout import BASE
 from amptrain.store.history.raw_window import raw_window
 from amptrain.store.history.window import (
     Window,
-    bucket_width,
     cursor_text,
     extrema_of,
     finish,
     flagged,
     point_row,
+    room_for_every_flagged,
+    window_width,
 )
 from amptrain.store.models import MetricPoint
 
@@ -95,8 +96,7 @@ def series_window(
         return Window([point_row(r, False, fields) for r in rows], newest)
     lo, hi = total["first_step"], total["last_step"]
     extrema = extrema_of(fields)
-    per_bucket = 3 + 2 * len(extrema)  # first, last, first flagged, each field's min and max
-    width = bucket_width(lo, hi, max(1, max_points // per_bucket))
+    width = window_width(lo, hi, max_points, extrema)
     if width < SUMMARY_WIDTH:  # a short span: the points cost less than the nodes
         return raw_window(s, job_id, max_points, fields, from_step, to_step)
     ranges = [
@@ -105,9 +105,7 @@ def series_window(
     ]
     level = (width & -width).bit_length() - 1  # width = m * 2**level, m in 4..7
     steps, marks = _choose(summary_reads.aggregates(s, view, ranges, level, extrema), extrema)
-    n_flagged = sum(m["flagged"] for m in marks)
-    if n_flagged > len(marks) and len(steps) + n_flagged - len(marks) <= max_points:
-        # Room for every flagged step, not just each bucket's first.
+    if room_for_every_flagged(steps, marks, max_points):  # not just each bucket's first
         steps |= summary_reads.flagged_steps(s, view, lo, hi, flagged(p))
     return finish(s, job_id, steps, marks, max_points, extrema, fields, newest, multi=True)
 

@@ -13,7 +13,6 @@ from sqlalchemy.orm import Session, aliased
 from amptrain.store.history.points import newest_attempt, newest_cursor
 from amptrain.store.history.window import (
     Window,
-    bucket_width,
     cursor_text,
     extrema_of,
     finish,
@@ -21,6 +20,8 @@ from amptrain.store.history.window import (
     is_finite,
     non_finite_loss,
     point_row,
+    room_for_every_flagged,
+    window_width,
 )
 from amptrain.store.models import MetricPoint
 
@@ -61,12 +62,9 @@ def raw_window(
         rows = s.scalars(sa.select(p).where(*where).order_by(p.step)).all()
         return Window([point_row(r, False, fields) for r in rows], newest)
     extrema = extrema_of(fields)
-    per_bucket = 3 + 2 * len(extrema)  # first, last, first flagged, each field's min and max
-    width = bucket_width(int(lo), int(hi), max(1, max_points // per_bucket))
+    width = window_width(int(lo), int(hi), max_points, extrema)
     steps, marks = _chosen_steps(s, job_id, where, width, extrema, multi)
-    n_flagged = sum(m["flagged"] for m in marks)
-    if n_flagged > len(marks) and len(steps) + n_flagged - len(marks) <= max_points:
-        # Room for every flagged step, not just each bucket's first.
+    if room_for_every_flagged(steps, marks, max_points):  # not just each bucket's first
         steps |= set(s.scalars(sa.select(p.step).where(*where, flagged(p))))
     return finish(s, job_id, steps, marks, max_points, extrema, fields, newest, multi=multi)
 

@@ -22,8 +22,7 @@ def rebuild(s: Session, job_id: str) -> None:
 
 def rebuild_statements(job_filter: bool, dialect: str) -> list[str]:
     """The SQL (SQLite and PostgreSQL alike) that builds every level and the state, for one
-    job (``:job_id``) or for all. amptrain/migrations/versions/0005_metric_summaries.py holds a
-    frozen copy: keep the two the same."""
+    job (``:job_id``) or for all."""
     only = " AND p.job_id = :job_id" if job_filter else ""
     only_m = " AND job_id = :job_id" if job_filter else ""
     only_c = " AND c.job_id = :job_id" if job_filter else ""

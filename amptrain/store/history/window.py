@@ -1,7 +1,8 @@
 """The pieces every downsampled read shares, whichever way it finds its buckets
 (:mod:`amptrain.store.history.downsample` from the summaries, :mod:`amptrain.store.history.raw_window` from the
 points): what a window holds, which points count as flagged, which fields a request
-keeps, the fixed ladder of bucket widths, and how the chosen steps become items."""
+keeps, the fixed ladder of bucket widths and the window's budget of points, and how the
+chosen steps become items."""
 
 from __future__ import annotations
 
@@ -94,10 +95,25 @@ def finish(
 ) -> Window:
     """The chosen steps' rows as the window's items."""
     rows = _rows_at(s, job_id, sorted(steps), multi_attempt=multi)
-    if len(rows) > max_points:  # only when max_points < per_bucket: one bucket
+    if len(rows) > max_points:  # only when a bucket holds more (see window_width)
         rows = _most_telling(rows, max_points, extrema)
     items = [point_row(r, True, fields) for r in rows]
     return Window(items, newest, marks)
+
+
+def window_width(lo: int, hi: int, max_points: int, extrema: tuple[str, ...]) -> int:
+    """The bucket width that shows steps lo..hi in at most ``max_points`` points: a bucket
+    keeps its first, last and first flagged step and where each field of ``extrema`` has
+    its minimum and maximum."""
+    per_bucket = 3 + 2 * len(extrema)
+    return bucket_width(lo, hi, max(1, max_points // per_bucket))
+
+
+def room_for_every_flagged(steps: set[int], marks: list[dict[str, int]], max_points: int) -> bool:
+    """Whether the window has room for every flagged step besides the ``steps`` chosen,
+    which hold each marked bucket's first flagged step already."""
+    n_flagged = sum(m["flagged"] for m in marks)
+    return n_flagged > len(marks) and len(steps) + n_flagged - len(marks) <= max_points
 
 
 def bucket_width(lo: int, hi: int, buckets: int) -> int:

@@ -2,11 +2,14 @@
 
 The supervisor starts ``python -m amptrain.worker.child.main`` with its launch parameters on
 stdin and a pipe for control messages (:mod:`amptrain.worker.child.protocol`): that it
-accepted the launch, the precision it chose, and how the run ended. (A warm
-spare, :mod:`amptrain.worker.child.spare`, is the same process started before its job:
-it imports torch first and reads its launch later, then runs :func:`serve`.) SIGUSR1 asks it to cancel,
-SIGUSR2 (or SIGTERM) to checkpoint and stop for a shutdown; all take effect at
-the next step boundary. SIGKILL is the supervisor's last resort.
+accepted the launch, the precision it chose, and how the run ended. (A warm spare,
+:mod:`amptrain.worker.child.spare`, is the same process started before its job: it imports
+torch first and reads its launch later, then runs :func:`serve`.) SIGUSR1 asks it to
+cancel, SIGUSR2 (or SIGTERM) to checkpoint and stop for a shutdown; all take effect at the
+next step boundary. SIGKILL is the supervisor's last resort.
+
+:func:`train` is the one way an attempt trains: each rank of a data-parallel attempt
+(:mod:`amptrain.worker.child.rank`) runs it too, with the same stop signals.
 """
 
 from __future__ import annotations
@@ -15,9 +18,10 @@ import os
 import signal
 import sys
 import traceback
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 from amptrain.contract.errors import TrainingError, classify_failure
+from amptrain.contract.records import Sink
 from amptrain.worker.child.protocol import (
     Accepted,
     ControlMessage,
@@ -27,6 +31,10 @@ from amptrain.worker.child.protocol import (
     PrecisionChosen,
     encode,
 )
+
+if TYPE_CHECKING:  # torch and Redis: only once a launch is in hand
+    from amptrain.engine.distributed import Ranks
+    from amptrain.worker.child.sink_process import ProcessSink
 
 
 class Control:
@@ -44,7 +52,7 @@ class ControlledSink:
     """Publishes telemetry to Redis; the precision decision goes to the supervisor instead,
     which records it (fenced) with the ``started`` event."""
 
-    def __init__(self, inner: Any, control: Control) -> None:
+    def __init__(self, inner: Sink, control: Control) -> None:
         self.inner = inner
         self.control = control
 
@@ -71,15 +79,25 @@ def _on_signal(signum: int, frame: object) -> None:
         _stop_request = "cancel" if signum == signal.SIGUSR1 else "preempt"
 
 
-def run(launch: Launch, control: Control, ahead: Any = None) -> int:
-    """Train ``launch``; ``ahead``: a :class:`~amptrain.worker.child.sink_process.ProcessSink` a warm
-    spare started before its launch (None: start one now)."""
+def catch_stop_signals() -> None:
+    """SIGUSR1 asks to cancel, SIGUSR2 or SIGTERM to checkpoint and stop (a shutdown, or
+    torchrun passing one on); all take effect at the next step boundary. Ctrl-C reaches
+    the whole process group, but the supervisor decides how training stops (checkpoint
+    first), so the training process ignores SIGINT."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    for signum in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM):
+        signal.signal(signum, _on_signal)
+
+
+def train(launch: Launch, sink: Sink | None, ranks: Ranks | None = None) -> Finished | Failed:
+    """Train ``launch`` until it ends or a stop signal (:func:`catch_stop_signals`) stops it;
+    how it ended. Its telemetry goes to ``sink`` (None: a rank that does not publish), which
+    is closed at the end; ``ranks``: this process's place in a data-parallel run."""
     from amptrain.contract.spec import parse_spec
     from amptrain.engine import RunContext, Trainer
-    from amptrain.worker.child.sink_process import ProcessSink
+    from amptrain.engine.cpu_probe import Bf16Probe
 
-    # Redis I/O runs in a sink process of its own: out of the training process's GIL.
-    sink = ControlledSink(_open_sink(ProcessSink, launch, ahead), control)
+    probe = launch.cpu_bf16_probe
     try:
         ctx = RunContext(
             checkpoint_dir=launch.checkpoint_dir,
@@ -87,7 +105,8 @@ def run(launch: Launch, control: Control, ahead: Any = None) -> int:
             data_roots=launch.data_roots,
             should_stop=lambda: _stop_request,
             resume=True,
-            cpu_bf16_probe=_probe(launch.cpu_bf16_probe),
+            cpu_bf16_probe=Bf16Probe.from_dict(probe) if probe else None,
+            ranks=ranks,
         )
         result = Trainer(parse_spec(launch.spec), ctx).train()
     except Exception as exc:
@@ -96,34 +115,40 @@ def run(launch: Launch, control: Control, ahead: Any = None) -> int:
             # whose text may quote data or the worker's paths.
             traceback.print_exc()
         error = classify_failure(exc)
-        control.send(
-            Failed(
-                code=error.code, message=error.message, step=error.step, retryable=error.retryable
-            )
+        return Failed(
+            code=error.code, message=error.message, step=error.step, retryable=error.retryable
         )
-        return 1
     finally:
         # The engine never closes the caller's sink: deliver what Redis has not taken yet.
-        sink.close()
-    control.send(
-        Finished(
-            final_step=result.final_step,
-            resumed_from=result.resumed_from,
-            skipped_steps=result.skipped_steps,
-            dropped_records=result.dropped_records,
-        )
+        if sink is not None:
+            sink.close()
+    return Finished(
+        final_step=result.final_step,
+        resumed_from=result.resumed_from,
+        skipped_steps=result.skipped_steps,
+        dropped_records=result.dropped_records,
     )
-    return 0
 
 
-def _open_sink(cls: Any, launch: Launch, ahead: Any) -> Any:
+def run(launch: Launch, control: Control, ahead: ProcessSink | None = None) -> int:
+    """Train ``launch``, its telemetry through a sink process (``ahead``: the one a warm
+    spare started before its launch; None: start one now); the exit status."""
+    # Redis I/O runs in a sink process of its own: out of the training process's GIL.
+    outcome = train(launch, ControlledSink(_open_sink(launch, ahead), control))
+    control.send(outcome)
+    return 0 if isinstance(outcome, Finished) else 1
+
+
+def _open_sink(launch: Launch, ahead: ProcessSink | None) -> ProcessSink:
     """This attempt's sink: the one started ahead if it still lives, else a new one."""
+    from amptrain.worker.child.sink_process import ProcessSink
+
     if ahead is not None:
         try:
             return ahead.open(launch.redis_url, launch.job_id, launch.attempt)
         except OSError:
             ahead.close(0)  # it died while the spare waited: reap it
-    return cls(launch.redis_url, launch.job_id, launch.attempt)
+    return ProcessSink(launch.redis_url, launch.job_id, launch.attempt)
 
 
 def die_with_parent() -> None:
@@ -145,16 +170,12 @@ def main() -> int:
     return serve(launch, warm=False)
 
 
-def serve(launch: Launch, *, warm: bool, sink: Any = None) -> int:
-    """Train ``launch``, reporting on its control pipe; the exit status of the process."""
-    # Ctrl-C in a terminal reaches the whole process group; the supervisor decides
-    # how training stops (checkpoint first), so the child ignores it.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGUSR1, _on_signal)
-    signal.signal(signal.SIGUSR2, _on_signal)
+def serve(launch: Launch, *, warm: bool, sink: ProcessSink | None = None) -> int:
+    """Train ``launch``, reporting on its control pipe; the exit status of the process.
+    ``sink``: the sink process a warm spare started ahead (None: start one)."""
     # SIGTERM to the whole process group (systemd, `kill` of the group) means shutdown:
     # checkpoint at the next step boundary, like a drain. SIGKILL remains the hard stop.
-    signal.signal(signal.SIGTERM, _on_signal)
+    catch_stop_signals()
     with os.fdopen(launch.control_fd, "w", encoding="utf-8") as stream:
         control = Control(stream)
         control.send(Accepted(pid=os.getpid(), warm=warm, cuda_initialized=cuda_initialized()))
@@ -165,12 +186,6 @@ def cuda_initialized() -> bool:
     """Whether this process has a CUDA context already (without importing torch to ask)."""
     torch = sys.modules.get("torch")
     return bool(torch is not None and torch.cuda.is_initialized())
-
-
-def _probe(data: dict[str, Any] | None) -> Any:
-    from amptrain.engine.cpu_probe import Bf16Probe  # torch: only in the training process
-
-    return Bf16Probe.from_dict(data) if data else None
 
 
 if __name__ == "__main__":

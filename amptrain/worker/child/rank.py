@@ -13,26 +13,20 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
-import traceback
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
-from typing import Any
 
-from amptrain.contract.errors import TrainingError, classify_failure
 from amptrain.worker.child.launcher import LAUNCHER_PID_ENV, ORPHANED, die_with
-from amptrain.worker.child.main import Control, ControlledSink, cuda_initialized
+from amptrain.worker.child.main import (
+    Control,
+    ControlledSink,
+    catch_stop_signals,
+    cuda_initialized,
+    train,
+)
 from amptrain.worker.child.protocol import Accepted, Failed, Finished, Launch, encode
 from amptrain.worker.child.run_dir import RunDir
-
-_stop_request: str | None = None
-
-
-def _on_signal(signum: int, frame: object) -> None:
-    global _stop_request
-    if _stop_request is None:  # a cancel stays a cancel when torchrun's SIGTERM follows it
-        _stop_request = "cancel" if signum == signal.SIGUSR1 else "preempt"
 
 
 def add_nccl_defaults(env: MutableMapping[str, str], defaults: Mapping[str, str]) -> None:
@@ -43,52 +37,21 @@ def add_nccl_defaults(env: MutableMapping[str, str], defaults: Mapping[str, str]
         env.setdefault(key, value)
 
 
-def train(launch: Launch, rank: int, control: Control | None) -> Finished | Failed:
-    """Train this rank's part of ``launch``; how it ended."""
-    from amptrain.contract.spec import parse_spec
-    from amptrain.engine import RunContext, Trainer
+def train_rank(launch: Launch, control: Control | None) -> Finished | Failed:
+    """Train this rank's part of ``launch``; how it ended. ``control``: rank 0's, the one
+    rank that publishes telemetry (None on the others)."""
     from amptrain.engine.distributed import NCCL_DEFAULTS, Ranks
-    from amptrain.worker.child.main import _probe
     from amptrain.worker.child.sink_process import ProcessSink
 
     add_nccl_defaults(os.environ, NCCL_DEFAULTS)
-    sink: Any = None
-    if control is not None:  # rank 0: the one that publishes
+    sink: ControlledSink | None = None
+    if control is not None:
         sink = ControlledSink(ProcessSink(launch.redis_url, launch.job_id, launch.attempt), control)
-    try:
-        ctx = RunContext(
-            checkpoint_dir=launch.checkpoint_dir,
-            sink=sink,
-            data_roots=launch.data_roots,
-            should_stop=lambda: _stop_request,
-            resume=True,
-            cpu_bf16_probe=_probe(launch.cpu_bf16_probe),
-            ranks=Ranks.from_env(os.environ),
-        )
-        result = Trainer(parse_spec(launch.spec), ctx).train()
-    except Exception as exc:
-        if not isinstance(exc, TrainingError):
-            traceback.print_exc()  # for the operator; the user sees the classified error
-        error = classify_failure(exc)
-        return Failed(
-            code=error.code, message=error.message, step=error.step, retryable=error.retryable
-        )
-    finally:
-        if sink is not None:
-            sink.close()
-    return Finished(
-        final_step=result.final_step,
-        resumed_from=result.resumed_from,
-        skipped_steps=result.skipped_steps,
-        dropped_records=result.dropped_records,
-    )
+    return train(launch, sink, Ranks.from_env(os.environ))
 
 
 def main(argv: list[str]) -> int:
-    # Ctrl-C reaches the group; the supervisor decides how training stops.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    for signum in (signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM):
-        signal.signal(signum, _on_signal)
+    catch_stop_signals()  # a cancel stays a cancel when torchrun's SIGTERM follows it
     if not die_with(int(os.environ.get(LAUNCHER_PID_ENV, "-1"))):
         return ORPHANED  # the launcher is gone: nobody would stop this rank
     run_dir = RunDir(Path(argv[0]))
@@ -100,9 +63,9 @@ def main(argv: list[str]) -> int:
         with run_dir.control.open("a", encoding="utf-8") as stream:
             control = Control(stream)
             control.send(Accepted(pid=os.getpid(), warm=False, cuda_initialized=cuda_initialized()))
-            outcome = train(launch, rank, control)
+            outcome = train_rank(launch, control)
     else:
-        outcome = train(launch, rank, None)
+        outcome = train_rank(launch, None)
     run_dir.write_atomic(run_dir.result(rank), encode(outcome))
     # A stop on request (cancel, preempt) checkpointed: not a failure for torchrun either.
     stopped = isinstance(outcome, Failed) and outcome.code in ("cancelled", "preempted")

@@ -203,8 +203,9 @@ class Supervisor:
         if isinstance(child, RankGroup):
             return child.describe()
         took = child.accepted
-        if took is None:  # a child of an older version: it did not say
-            return {"pid": child.pid}
+        # A child says Accepted before anything else, and a batch of messages is read whole
+        # before any is handled: the precision it chose never comes first.
+        assert took is not None, "the training child chose its precision before accepting"
         log.info(
             "job %s: training in %s process %d (CUDA untouched before the launch: %s)",
             claim.job_id,

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 
 import pytest
 import redis
@@ -12,7 +11,6 @@ import sqlalchemy as sa
 from prometheus_client import REGISTRY
 from sqlalchemy.orm import Session, sessionmaker
 
-from amptrain.cli.embedded_redis import EmbeddedRedis
 from amptrain.core.redis import Keys
 from amptrain.server.recorder.service import GROUP, Recorder
 from amptrain.store import jobs
@@ -28,21 +26,6 @@ from tests.server.recorder.test_recorder import (
 )
 
 Sessions = sessionmaker[Session]
-
-
-@pytest.fixture
-def r(redis_server: EmbeddedRedis) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_server.url, socket_timeout=10)
-    yield client
-    client.close()
-
-
-@pytest.fixture(params=["copy", "values"])
-def method(request: pytest.FixtureRequest, database_url: str) -> str:
-    """The PostgreSQL insert path under test (SQLite has one path: it runs once)."""
-    if database_url.startswith("sqlite") and request.param != "copy":
-        pytest.skip("SQLite has one insert path")
-    return str(request.param)
 
 
 def resumed_job(sf: Sessions) -> str:

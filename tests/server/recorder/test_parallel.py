@@ -4,13 +4,10 @@ path; a one-device run's points have them null."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import redis
 from sqlalchemy.orm import Session, sessionmaker
 
-from amptrain.cli.embedded_redis import EmbeddedRedis
 from amptrain.contract.metrics import STORED_METRIC_FIELDS
 from amptrain.contract.stream import decode, encode
 from amptrain.core.redis import Keys
@@ -20,20 +17,6 @@ from amptrain.store.history import points as metrics
 from tests.server.recorder.test_recorder import point, publish, start_job
 
 Sessions = sessionmaker[Session]
-
-
-@pytest.fixture
-def r(redis_server: EmbeddedRedis) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_server.url, socket_timeout=10)
-    yield client
-    client.close()
-
-
-@pytest.fixture(params=["copy", "values"])
-def method(request: pytest.FixtureRequest, database_url: str) -> str:
-    if database_url.startswith("sqlite") and request.param != "copy":
-        pytest.skip("SQLite has one insert path")
-    return str(request.param)
 
 
 def ddp_point(step: int) -> dict[str, object]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -12,7 +12,6 @@ import redis
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
-from amptrain.cli.embedded_redis import EmbeddedRedis
 from amptrain.contract.cursor import ORIGIN, Cursor
 from amptrain.contract.metrics import STORED_METRIC_FIELDS
 from amptrain.contract.records import event, metric
@@ -25,13 +24,6 @@ from amptrain.store.history import points as metrics
 from amptrain.store.models import Job, JobEvent, MetricPoint
 
 Sessions = sessionmaker[Session]
-
-
-@pytest.fixture
-def r(redis_server: EmbeddedRedis) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_server.url, socket_timeout=10)
-    yield client
-    client.close()
 
 
 def start_job(sf: Sessions, lease_s: float = 30) -> tuple[str, int]:

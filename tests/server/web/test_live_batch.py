@@ -6,41 +6,18 @@ message per record; a stalled batch watcher is cut off while the others stay com
 from __future__ import annotations
 
 import asyncio
-import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 
-from amptrain.cli.embedded_redis import EmbeddedRedis
-from tests.support.live import StalledSocket, records, steps_of, watch
+from tests.support.live import read_sse, records, stall_one_of_three, steps_of, watch
 from tests.support.producer import Producer
-from tests.support.specs import mlp_job
 from tests.support.stack import Stack, wait_until
 
 pytestmark = pytest.mark.slow
 
 Message = dict[str, Any]
 BATCH_MAX_ITEMS = 500  # the documented bound of one frame
-
-
-@pytest.fixture
-def stack(database_url: str, redis_server: EmbeddedRedis, tmp_path: Path) -> Iterator[Stack]:
-    s = Stack(tmp_path, database_url, redis_server)
-    s.env["AMPTRAIN_LIVE_HEARTBEAT_SECONDS"] = "0.5"
-    s.env["AMPTRAIN_LIVE_QUEUE_SIZE"] = "512"
-    s.start_api()
-    yield s
-    s.close()
-
-
-@pytest.fixture
-def producer(stack: Stack, database_url: str, redis_server: EmbeddedRedis) -> Iterator[Producer]:
-    job = stack.submit(mlp_job(100, name="live", precision="fp32", batch_size=8))
-    p = Producer(redis_server.url, database_url, job["id"])
-    yield p
-    p.close()
 
 
 def assert_batch_frames(frames: list[Message]) -> None:
@@ -114,23 +91,10 @@ TOTAL = 15_000
 def test_a_stalled_batch_watcher_is_cut_off_while_others_stay_complete(
     stack: Stack, producer: Producer
 ) -> None:
-    producer.start()
-    stalled = StalledSocket(stack, producer.job_id, batch=True)
-
-    async def scenario() -> list[tuple[list[Message], int | None]]:
-        healthy = [asyncio.create_task(watch(stack, producer.job_id, batch=True)) for _ in range(2)]
-        await asyncio.sleep(0.3)
-        # Loopback's kernel buffers absorb a few MB before the server's send blocks.
-        for first in range(1, TOTAL, 100):
-            producer.steps(first, first + 99)
-            await asyncio.sleep(0.02)
-        producer.finish(step=TOTAL)
-        return list(await asyncio.gather(*healthy))
-
-    for got, code in asyncio.run(scenario()):
-        assert code == 1000 and steps_of(got) == list(range(1, TOTAL + 1))
+    healthy, seen, code = stall_one_of_three(stack, producer, TOTAL, batch=True)
+    for got, closed in healthy:
+        assert closed == 1000 and steps_of(got) == list(range(1, TOTAL + 1))
         assert_batch_frames(got)
-    seen, code = stalled.drain(timeout=10)
     assert_batch_frames(seen)
     steps = steps_of(seen)
     assert steps == list(range(1, len(steps) + 1)) and len(steps) < TOTAL
@@ -144,38 +108,13 @@ def test_a_stalled_batch_watcher_is_cut_off_while_others_stay_complete(
     assert steps + steps_of(rest) == list(range(1, TOTAL + 1)) and code == 1000
 
 
-def read_sse(
-    stack: Stack, job_id: str, params: dict[str, str], stop_at_step: int | None = None
-) -> list[Message]:
-    """Messages until the stream ends or a frame holds ``stop_at_step``; each ``id:`` is
-    checked against the message's cursor."""
-    got: list[Message] = []
-    frame: dict[str, str] = {}
-    with stack.client.stream("GET", f"/jobs/{job_id}/stream", params=params) as response:
-        assert response.status_code == 200, response.read()
-        for line in response.iter_lines():
-            if line:
-                name, _, value = line.partition(": ")
-                frame[name] = value
-                continue
-            msg = json.loads(frame["data"])
-            assert msg["type"] == frame["event"]
-            if msg["type"] in ("metric", "event", "batch"):
-                assert frame["id"] == msg["cursor"]
-            got.append(msg)
-            frame = {}
-            if stop_at_step is not None and stop_at_step in steps_of([msg]):
-                break
-    return got
-
-
 def test_sse_batch_frames_resume_with_their_id(stack: Stack, producer: Producer) -> None:
     producer.start()
     producer.steps(1, 50)
-    first = read_sse(stack, producer.job_id, {"batch": "true"}, stop_at_step=50)
+    first, _ = read_sse(stack, producer.job_id, {"batch": "true"}, stop_at_step=50)
     producer.steps(51, 80)
     producer.finish(step=80)
-    rest = read_sse(stack, producer.job_id, {"batch": "true", "after": first[-1]["cursor"]})
+    rest, _ = read_sse(stack, producer.job_id, {"batch": "true", "after": first[-1]["cursor"]})
     assert_batch_frames(first + rest)
     assert steps_of(first) + steps_of(rest) == list(range(1, 81))
     assert rest[-1]["type"] == "end" and rest[-1]["data"]["status"] == "succeeded"

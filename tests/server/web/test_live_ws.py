@@ -6,41 +6,19 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
 import websockets
 from websockets.exceptions import InvalidStatus
 
-from amptrain.cli.embedded_redis import EmbeddedRedis
 from amptrain.store import tokens
 from amptrain.store.db import make_engine, make_session_factory
-from tests.support.live import StalledSocket, last_cursor, steps_of, watch, ws_url
+from tests.support.live import last_cursor, stall_one_of_three, steps_of, watch, ws_url
 from tests.support.producer import Producer
-from tests.support.specs import mlp_job
 from tests.support.stack import Stack, wait_until
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def stack(database_url: str, redis_server: EmbeddedRedis, tmp_path: Path) -> Iterator[Stack]:
-    s = Stack(tmp_path, database_url, redis_server)
-    s.env["AMPTRAIN_LIVE_HEARTBEAT_SECONDS"] = "0.5"
-    s.env["AMPTRAIN_LIVE_QUEUE_SIZE"] = "512"
-    s.start_api()
-    yield s
-    s.close()
-
-
-@pytest.fixture
-def producer(stack: Stack, database_url: str, redis_server: EmbeddedRedis) -> Iterator[Producer]:
-    job = stack.submit(mlp_job(100, name="live", precision="fp32", batch_size=8))
-    p = Producer(redis_server.url, database_url, job["id"])
-    yield p
-    p.close()
 
 
 def recorded_step(stack: Stack, job_id: str) -> int:
@@ -159,22 +137,9 @@ TOTAL = 15_000
 def test_stalled_watcher_is_cut_off_while_others_stay_complete(
     stack: Stack, producer: Producer
 ) -> None:
-    producer.start()
-    stalled = StalledSocket(stack, producer.job_id)
-
-    async def scenario() -> list[tuple[list[dict[str, Any]], int | None]]:
-        healthy = [asyncio.create_task(watch(stack, producer.job_id)) for _ in range(2)]
-        await asyncio.sleep(0.3)
-        # Loopback's kernel buffers absorb a few MB before the server's send blocks.
-        for first in range(1, TOTAL, 100):
-            producer.steps(first, first + 99)
-            await asyncio.sleep(0.02)
-        producer.finish(step=TOTAL)
-        return list(await asyncio.gather(*healthy))
-
-    for got, code in asyncio.run(scenario()):
-        assert code == 1000 and steps_of(got) == list(range(1, TOTAL + 1))
-    seen, code = stalled.drain(timeout=10)
+    healthy, seen, code = stall_one_of_three(stack, producer, TOTAL)
+    for got, closed in healthy:
+        assert closed == 1000 and steps_of(got) == list(range(1, TOTAL + 1))
     steps = steps_of(seen)
     assert steps == list(range(1, len(steps) + 1)) and len(steps) < TOTAL
     assert code in (1013, None)  # a gap frame then 1013, or cut off before it could be sent

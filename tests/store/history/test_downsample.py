@@ -13,22 +13,14 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
 from amptrain.contract.spec import JobSpec
-from amptrain.store import jobs, migrate
-from amptrain.store.db import make_engine, make_session_factory
+from amptrain.store import jobs
+from amptrain.store.db import make_session_factory
 from amptrain.store.history import rebuild as summary_rebuild
 from amptrain.store.history.downsample import downsample
 from amptrain.store.history.window import parse_fields
 
 COLUMNS = ("job_id", "attempt", "stream_ms", "stream_seq", "step", "time", "loss", "loss_scale")
 Row = tuple[str, int, int, int, int, float, float | None, float | None]
-
-
-@pytest.fixture
-def db(database_url: str) -> Iterator[tuple[sa.Engine, sessionmaker[Session]]]:
-    migrate.upgrade(database_url)
-    engine = make_engine(database_url)
-    yield engine, make_session_factory(engine)
-    engine.dispose()
 
 
 def new_job(sessions: sessionmaker[Session]) -> str:

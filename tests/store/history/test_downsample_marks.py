@@ -5,29 +5,18 @@ full resolution, and buckets that stay put while a run grows. Real SQLite/Postgr
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
 from amptrain.contract.spec import JobSpec
-from amptrain.store import jobs, migrate
-from amptrain.store.db import make_engine, make_session_factory
+from amptrain.store import jobs
 from amptrain.store.history import rebuild as summary_rebuild
 from amptrain.store.history.downsample import series_window
 from amptrain.store.models import MetricPoint
 
 Sessions = sessionmaker[Session]
-
-
-@pytest.fixture
-def db(database_url: str) -> Iterator[tuple[sa.Engine, Sessions]]:
-    migrate.upgrade(database_url)
-    engine = make_engine(database_url)
-    yield engine, make_session_factory(engine)
-    engine.dispose()
 
 
 def run(db: tuple[sa.Engine, Sessions], steps: int, **special: dict[int, dict[str, Any]]) -> str:

@@ -1,15 +1,13 @@
 """Metric summaries: a downsampled history read from them is the read from the points,
 whatever the batches, retries, replays and windows; the migration's backfill builds the
-same summaries as live recording. Real SQLite/PostgreSQL."""
+same summaries as live recording and as rebuilding. Real SQLite/PostgreSQL."""
 
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -28,14 +26,6 @@ from amptrain.store.models import MetricPoint, MetricSummary, MetricSummaryState
 
 Sessions = sessionmaker[Session]
 T0 = 1_700_000_000_000
-
-
-@pytest.fixture
-def db(database_url: str) -> Iterator[tuple[sa.Engine, Sessions]]:
-    migrate.upgrade(database_url)
-    engine = make_engine(database_url)
-    yield engine, make_session_factory(engine)
-    engine.dispose()
 
 
 def new_job(sessions: Sessions) -> str:
@@ -256,7 +246,9 @@ def test_points_written_without_summaries_are_never_misread(
     same_answer(sessions, other, 40)
 
 
-def test_the_migration_backfills_what_recording_builds(database_url: str) -> None:
+def test_the_migrations_backfill_builds_what_recording_and_rebuilding_build(
+    database_url: str,
+) -> None:
     migrate.upgrade(database_url, "0004")
     engine = make_engine(database_url)
     sessions = make_session_factory(engine)
@@ -273,6 +265,12 @@ def test_the_migration_backfills_what_recording_builds(database_url: str) -> Non
             conn.execute(sa.insert(MetricPoint), old_columns)
         migrate.upgrade(database_url)
         backfilled = nodes(sessions, old), nodes(sessions, retried)
+        assert len(backfilled[0]) > 100 and backfilled[1][(-1, 0)][0] == T0 + 9000 + 1399
+        # The SQL the migration kept builds what today's rebuild builds from the same points.
+        for job_id in (old, retried):
+            with sessions.begin() as s:
+                summary_rebuild.rebuild(s, job_id)
+        assert (nodes(sessions, old), nodes(sessions, retried)) == backfilled
         with sessions.begin() as s:
             s.execute(sa.delete(MetricSummary))
             s.execute(sa.delete(MetricSummaryState))
