@@ -10,43 +10,29 @@ stop requests.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Any
 
 import redis
 from sqlalchemy.orm import Session, sessionmaker
 
-from amptrain.contract.data_access import PathRefused, user_roots
-from amptrain.contract.errors import TimeLimitError
-from amptrain.contract.layout import job_checkpoint_url
 from amptrain.core import redis as amptrain_redis
 from amptrain.core.enums import JobStatus
 from amptrain.core.logs import bind, log_context
 from amptrain.core.settings import Settings
 from amptrain.store import jobs
 from amptrain.store.db import make_engine, make_session_factory
-from amptrain.worker.child.protocol import Failed, Launch, PrecisionChosen
-from amptrain.worker.main import devices
+from amptrain.worker.child.protocol import Launch, PrecisionChosen
 from amptrain.worker.pool import shape
 from amptrain.worker.pool.child_handle import ChildProcess
+from amptrain.worker.pool.claim import Claim, launch, runtime_limit
 from amptrain.worker.pool.events import LifecycleEvents
 from amptrain.worker.pool.ranks import RankGroup, devices_of, slot_gpus
 from amptrain.worker.pool.slot import JobSlot, PoolSlot
 from amptrain.worker.pool.spare import SpareKeeper
+from amptrain.worker.pool.verdict import final_state
 from amptrain.worker.pool.watch import AttemptWatch, Outcome
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Claim:
-    """The attempt this supervisor took, and what it needs of the job."""
-
-    job_id: str
-    attempt: int
-    spec: dict[str, Any]
-    max_attempts: int
-    owner: str
 
 
 class Supervisor:
@@ -105,7 +91,7 @@ class Supervisor:
     def _run(self, claim: Claim) -> None:
         self.slot.start(claim.job_id, claim.attempt)
         try:
-            child = self._child(self._launch(claim))
+            child = self._child(launch(self.settings, claim))
             watch = AttemptWatch(
                 self.settings,
                 self.sessions,
@@ -114,7 +100,7 @@ class Supervisor:
                 claim.job_id,
                 claim.attempt,
                 on_precision=lambda msg: self._started(claim, msg, child),
-                runtime_limit_s=self._runtime_limit(claim),
+                runtime_limit_s=runtime_limit(self.settings, claim),
             )
             try:
                 outcome = watch.run(child)
@@ -150,30 +136,6 @@ class Supervisor:
                 spare.proc.returncode,
             )
         return ChildProcess.cold(launch, gpu, passthrough)
-
-    def _launch(self, claim: Claim) -> Launch:
-        return Launch(
-            job_id=claim.job_id,
-            attempt=claim.attempt,
-            spec=claim.spec,
-            checkpoint_dir=job_checkpoint_url(self.settings.checkpoint_url, claim.job_id),
-            redis_url=self.settings.redis_url,
-            data_roots=self._data_roots(claim),
-            cpu_bf16_probe=devices.cpu_bf16_probe(devices.known_report()),
-        )
-
-    def _data_roots(self, claim: Claim) -> list[str]:
-        """The roots this job's owner may read (``ROOT/<owner>`` with per-user roots)."""
-        roots = [str(r) for r in self.settings.data_roots]
-        try:
-            return user_roots(roots, claim.owner, self.settings.data_roots_per_user)
-        except PathRefused:
-            log.warning("job %s: owner %r cannot have data roots", claim.job_id, claim.owner)
-            return []
-
-    def _runtime_limit(self, claim: Claim) -> float:
-        asked = claim.spec.get("max_runtime_s") or self.settings.job_runtime_default_seconds
-        return float(min(asked, self.settings.job_runtime_limit_seconds))
 
     def _started(self, claim: Claim, msg: PrecisionChosen, child: ChildProcess) -> None:
         """The child chose its precision: record it (fenced) and tell watchers it started."""
@@ -228,7 +190,7 @@ class Supervisor:
                 "job %s attempt %d lost its lease; another attempt owns it", job_id, attempt
             )
             return
-        status, error = self._final_state(claim, out)
+        status, error = final_state(claim, out, runtime_limit(self.settings, claim))
         step = (out.result.final_step if out.result else None) or (error or {}).get("step") or 0
         kind = "requeued" if status == JobStatus.QUEUED else str(status)
         data = {"error": error} if error else {}
@@ -240,38 +202,3 @@ class Supervisor:
         if done:  # the status is the fenced truth; the event only tells it
             end = None if status == JobStatus.QUEUED else status
             self.events.conclude(job_id, attempt, kind, step, data, end_status=end)
-
-    def _final_state(self, claim: Claim, out: Outcome) -> tuple[JobStatus, dict[str, Any] | None]:
-        if out.result is not None:
-            return JobStatus.SUCCEEDED, None
-        if out.stop_requested == "cancel":
-            return JobStatus.CANCELLED, None
-        if out.stop_requested == "preempt":
-            return JobStatus.QUEUED, None
-        if out.stop_requested == "timeout":
-            return JobStatus.FAILED, self._timed_out(claim, out)
-        failure = out.failure or Failed(
-            code="internal",
-            message=f"training process exited with code {out.exit_code} without a result",
-            step=None,
-            retryable=True,
-        )
-        if failure.retryable and claim.attempt < claim.max_attempts:
-            log.warning(
-                "job %s attempt %d failed (%s); re-queueing",
-                claim.job_id,
-                claim.attempt,
-                failure.code,
-            )
-            return JobStatus.QUEUED, failure.error()
-        return JobStatus.FAILED, failure.error()
-
-    def _timed_out(self, claim: Claim, out: Outcome) -> dict[str, Any]:
-        step = out.failure.step if out.failure else None
-        where = f"; checkpointed at step {step}" if step is not None else ""
-        error = TimeLimitError(
-            f"stopped after {self._runtime_limit(claim):g} s, the wall-clock limit of one "
-            f"attempt (max_runtime_s){where}",
-            step=step,
-        )
-        return error.to_dict()

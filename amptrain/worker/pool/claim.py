@@ -1,0 +1,57 @@
+"""What a supervisor took when it claimed a job, and what its training child is told: the
+launch (spec, checkpoint place, Redis, the owner's data roots) and the wall-clock limit."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from amptrain.contract.data_access import PathRefused, user_roots
+from amptrain.contract.layout import job_checkpoint_url
+from amptrain.core.settings import Settings
+from amptrain.worker.child.protocol import Launch
+from amptrain.worker.main import devices
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Claim:
+    """The attempt this supervisor took, and what it needs of the job."""
+
+    job_id: str
+    attempt: int
+    spec: dict[str, Any]
+    max_attempts: int
+    owner: str
+
+
+def launch(settings: Settings, claim: Claim) -> Launch:
+    """What the training child of this attempt is told."""
+    return Launch(
+        job_id=claim.job_id,
+        attempt=claim.attempt,
+        spec=claim.spec,
+        checkpoint_dir=job_checkpoint_url(settings.checkpoint_url, claim.job_id),
+        redis_url=settings.redis_url,
+        data_roots=data_roots(settings, claim),
+        cpu_bf16_probe=devices.cpu_bf16_probe(devices.known_report()),
+    )
+
+
+def data_roots(settings: Settings, claim: Claim) -> list[str]:
+    """The roots this job's owner may read (``ROOT/<owner>`` with per-user roots)."""
+    roots = [str(r) for r in settings.data_roots]
+    try:
+        return user_roots(roots, claim.owner, settings.data_roots_per_user)
+    except PathRefused:
+        log.warning("job %s: owner %r cannot have data roots", claim.job_id, claim.owner)
+        return []
+
+
+def runtime_limit(settings: Settings, claim: Claim) -> float:
+    """The attempt's wall-clock limit: the spec's ``max_runtime_s`` (or the default),
+    never above the service's limit."""
+    asked = claim.spec.get("max_runtime_s") or settings.job_runtime_default_seconds
+    return float(min(asked, settings.job_runtime_limit_seconds))

@@ -1,0 +1,53 @@
+"""How an attempt ended, as the job's next state: succeeded, cancelled, re-queued (a
+preemption, or a retryable failure with attempts left) or failed, with its error."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from amptrain.contract.errors import TimeLimitError
+from amptrain.core.enums import JobStatus
+from amptrain.worker.child.protocol import Failed
+from amptrain.worker.pool.claim import Claim
+from amptrain.worker.pool.watch import Outcome
+
+log = logging.getLogger(__name__)
+
+
+def final_state(
+    claim: Claim, out: Outcome, runtime_limit_s: float
+) -> tuple[JobStatus, dict[str, Any] | None]:
+    """The job's state after this attempt, and the error to record (None: none)."""
+    if out.result is not None:
+        return JobStatus.SUCCEEDED, None
+    if out.stop_requested == "cancel":
+        return JobStatus.CANCELLED, None
+    if out.stop_requested == "preempt":
+        return JobStatus.QUEUED, None
+    if out.stop_requested == "timeout":
+        return JobStatus.FAILED, timed_out(out, runtime_limit_s)
+    failure = out.failure or Failed(
+        code="internal",
+        message=f"training process exited with code {out.exit_code} without a result",
+        step=None,
+        retryable=True,
+    )
+    if failure.retryable and claim.attempt < claim.max_attempts:
+        log.warning(
+            "job %s attempt %d failed (%s); re-queueing", claim.job_id, claim.attempt, failure.code
+        )
+        return JobStatus.QUEUED, failure.error()
+    return JobStatus.FAILED, failure.error()
+
+
+def timed_out(out: Outcome, runtime_limit_s: float) -> dict[str, Any]:
+    """The ``timeout`` error of an attempt stopped at its wall-clock limit."""
+    step = out.failure.step if out.failure else None
+    where = f"; checkpointed at step {step}" if step is not None else ""
+    error = TimeLimitError(
+        f"stopped after {runtime_limit_s:g} s, the wall-clock limit of one attempt "
+        f"(max_runtime_s){where}",
+        step=step,
+    )
+    return error.to_dict()
