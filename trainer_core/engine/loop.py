@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import random
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -78,9 +79,11 @@ class Trainer:
         self.device = rank_device(resolve_device(spec.device), ctx.ranks)
         self.group = Group(ctx.ranks, self.device)
         self.group.start(spec.collective_timeout_s)
+        self._restore_math: Callable[[], None] = lambda: None
         try:
             self._build(components)
         except BaseException:
+            self._restore_math()
             self.group.close()
             raise
 
@@ -88,7 +91,8 @@ class Trainer:
         spec, ctx = self.spec, self.ctx
         # Fails before any work; on a CPU, decides by the worker's bf16 measurement.
         precision = choose_precision(spec.precision, self.device, ctx.cpu_bf16_probe)
-        apply_math_mode(precision, self.device)
+        # Process-wide switches: put back as they were when train() ends.
+        self._restore_math = apply_math_mode(precision, self.device)
         self.precision = dataclasses.replace(
             precision, device=self.group.describe(precision.device)
         )
@@ -169,6 +173,7 @@ class Trainer:
             self.feeder.close()
             self.telemetry.close(self.drain_timeout_s)
             self.group.close()
+            self._restore_math()
         return TrainResult(
             final_step=self.step,
             resumed_from=self.resumed_from,
