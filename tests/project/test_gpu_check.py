@@ -21,6 +21,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 CHECK = ROOT / "deploy" / "gpu-check.sh"
+SMOKE = ROOT / "deploy" / "gpu-smoke.sh"
 TORCH_PIN = "torch==2.13.0"  # the box's torch: the pin of the README's install command
 # The stages, in the order the check must run them (most valuable first).
 STAGES = (
@@ -91,6 +92,33 @@ def test_a_stage_without_time_left_reports_not_reached_and_the_check_fails(
     assert rows["environment"][0] == "SKIP" and "no wheelhouse" in rows["environment"][1]
     assert {rows[s][0] for s in STAGES[2:]} == {"NOT REACHED"}, rows
     assert result.returncode == 1
+
+
+@pytest.mark.slow
+def test_the_smoke_shows_the_capability_report_and_stops_at_once_when_up_dies(
+    tmp_path: Path,
+) -> None:
+    # A setting `amptrain up` refuses: it exits within a second, long before the API's
+    # 180 s start-up timeout.
+    env = {
+        **box_env(tmp_path, PYTHON=sys.executable),
+        "AMPTRAIN_SMOKE_DEVICE": "cpu",
+        "AMPTRAIN_LEASE_SECONDS": "-1",
+        "TMPDIR": str(tmp_path),
+    }
+    started = time.monotonic()
+    result = subprocess.run(
+        ["bash", str(SMOKE)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=170
+    )
+    took = time.monotonic() - started
+    out = result.stdout + result.stderr
+    assert result.returncode != 0
+    report = out.split("== capability report (python -m worker.main.devices)\n", 1)[1]
+    assert report.startswith("torch ") and '"devices": [' in report  # summary line, then JSON
+    assert "amptrain up exited while waiting for the API" in out
+    assert "amptrain up exited with status 1" in out
+    assert "lease_seconds" in out  # the tail of its log says why
+    assert took < 120, f"waited {took:.0f}s for an API whose process had died"
 
 
 def _network_cut() -> list[str]:
