@@ -318,7 +318,8 @@ class Feeder:
 
     def _copy(self, host: Batch, slot: _Slot | None) -> _Delivery:
         assert self._copy_stream is not None
-        with torch.cuda.stream(self._copy_stream):
+        # A builder thread's current device is 0 whatever this rank's is: name it.
+        with torch.cuda.device(self.device), torch.cuda.stream(self._copy_stream):
             inputs = host[0].to(self.device, non_blocking=True)
             if self.channels_last and inputs.dim() == 4:
                 inputs = inputs.contiguous(memory_format=torch.channels_last)

@@ -165,8 +165,12 @@ class StepTelemetry:
             if self._pending:
                 values = self.host.floats(self._values) if self._values else []
                 records += self._build_records(self._pending, values, snapshot(self._device), {})
-                if self._deferred:  # the device has just caught up: the next window starts here
-                    self._mark, self._mark_host = self.host.mark(), time.perf_counter()
+                if self._deferred:
+                    self._mark = self.host.mark()
+            if self._deferred and self._mark is not None:
+                # The device has just caught up: the next window starts here, and host time
+                # before its first step (a checkpoint's) is idle time, not step time.
+                self._mark_host = time.perf_counter()
         self._pending, self._values = [], []
         self._publish(records, extra)
 
