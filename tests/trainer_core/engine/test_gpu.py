@@ -187,18 +187,21 @@ def test_conv_models_run_channels_last_on_images_built_on_the_gpu() -> None:
 
 def test_tf32_switches_follow_the_precision_and_are_restored_after_the_run() -> None:
     needs("tf32")
-    before = (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision)
-    fp32 = Trainer(spec("fp32", max_steps=2), RunContext(None))
-    assert torch.backends.cuda.matmul.fp32_precision == "ieee"
-    assert torch.backends.cudnn.conv.fp32_precision == "ieee"
-    fp32.train()
-    tf32 = Trainer(spec("tf32", max_steps=2), RunContext(None))
-    assert torch.backends.cuda.matmul.fp32_precision == "tf32"
-    assert torch.backends.cudnn.conv.fp32_precision == "tf32"
-    tf32.train()
-    after = (torch.backends.cuda.matmul.fp32_precision, torch.backends.cudnn.conv.fp32_precision)
-    assert after == before
-    assert isinstance(torch.backends.cuda.matmul.allow_tf32, bool)  # readable again
+    matmul, conv = torch.backends.cuda.matmul, torch.backends.cudnn.conv
+    saved = (matmul.fp32_precision, conv.fp32_precision)
+    # PyTorch's defaults (Trainers built by earlier tests and never run leave theirs set).
+    matmul.fp32_precision, conv.fp32_precision = "none", "tf32"
+    try:
+        fp32 = Trainer(spec("fp32", max_steps=2), RunContext(None))
+        assert (matmul.fp32_precision, conv.fp32_precision) == ("ieee", "ieee")
+        fp32.train()
+        tf32 = Trainer(spec("tf32", max_steps=2), RunContext(None))
+        assert (matmul.fp32_precision, conv.fp32_precision) == ("tf32", "tf32")
+        tf32.train()
+        assert (matmul.fp32_precision, conv.fp32_precision) == ("none", "tf32")
+        assert matmul.allow_tf32 is False  # readable again (it raises while tf32 is set)
+    finally:
+        matmul.fp32_precision, conv.fp32_precision = saved
 
 
 class Hungry(torch.nn.Module):
