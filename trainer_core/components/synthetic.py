@@ -5,16 +5,16 @@ Markov chain); the job's ``seed`` fixes which samples come in which order. Each
 ``batch(start, size)`` is a pure function of both and the sample indices, and so is
 ``fill(start, inputs, targets)``, which writes the same samples into tensors the engine
 provides (reused, pinned host buffers on CUDA). ``fill`` may run in several threads at
-once, on disjoint parts of a batch: it uses NumPy for the bulk copies, which release the
-GIL and never start a thread team of their own (torch's intra-op threads, one team per
-calling thread, would oversubscribe the cores many times over).
+once, on disjoint parts of a batch: it uses NumPy for the bulk work, which releases the
+GIL and never starts a thread team of its own (torch's intra-op threads, one team per
+calling thread, would oversubscribe the cores several times over and stall training).
 """
 
 from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 import numpy as np
 import torch
@@ -200,9 +200,10 @@ class SyntheticImages:
     come from :func:`~trainer_core.components.sampling.index_draws`: a whole batch is drawn
     in a few tensor ops, and a sample is the same whatever batch it is drawn in.
 
-    :meth:`batch` and :meth:`fill` build on the host: a copy and an add per image from the
-    full patterns, kept wrap-padded by the largest shift (so a shifted pattern is a crop;
-    made on first use). :meth:`batch_on` builds on a training device without them: the
+    :meth:`batch` (torch, in the calling thread) and :meth:`fill` (NumPy, in builder threads)
+    build on the host: one add per image of a noise crop and a pattern crop, from the full
+    patterns kept wrap-padded by the largest shift (so a shifted pattern is a crop; made on
+    first use). :meth:`batch_on` builds on a training device without them: the
     patterns are computed there at each sample's shifted pixels from a few MiB of tables
     (:class:`_Tables`), gathered straight into channels_last (what tensor-core convolutions
     read), so a GPU never waits for the host and keeps no copy of the patterns (1000 classes
@@ -224,7 +225,6 @@ class SyntheticImages:
         self.seed = seed
         self.data_seed = data_seed
         self.noise = noise
-        self._alpha = float(np.float32(noise))  # the scale both paths multiply by, in fp32
         self.max_shift = (max(1, height // 8), max(1, width // 8))
         g = generator(data_seed, 0x1A6E)
         coarse = torch.randn(classes, channels, 4, 4, generator=g)
@@ -240,9 +240,11 @@ class SyntheticImages:
         )
         my, mx = self.max_shift
         field = (channels, height + 2 * my, width + 2 * mx)
-        # Many fields for small images, a few for large ones: about 16 MiB of noise.
+        # Many fields for small images, a few for large ones: about 16 MiB of noise, kept
+        # already scaled by ``noise``: an image is then one add of two crops, on either path.
         fields = max(8, min(256, 2**22 // math.prod(field)))
         self.bank = torch.randn(fields, *field, generator=generator(data_seed, 0xB4A7))
+        self.bank.mul_(noise)
         self._padded: torch.Tensor | None = None
         self._padded_lock = threading.Lock()
         self._resident: dict[torch.device, tuple[_Tables, torch.Tensor]] = {}
@@ -254,7 +256,7 @@ class SyntheticImages:
         per = max(1, 2**24 // math.prod(self.info.input_shape))  # ~64 MiB of fp32 at a time
         return list(torch.arange(self.info.num_classes).split(per))
 
-    def _host_patterns(self) -> np.ndarray:
+    def _host_patterns(self) -> torch.Tensor:
         """The full patterns, wrap-padded by the largest shift (made once, on first use)."""
         with self._padded_lock:
             if self._padded is None:
@@ -264,7 +266,7 @@ class SyntheticImages:
                 for k in self._class_chunks():
                     padded[k] = _wrap_pad(self._tables.grid(k), my, mx)
                 self._padded = padded
-            return self._padded.numpy()
+            return self._padded
 
     # -- the host path ----------------------------------------------------------------------------
 
@@ -283,28 +285,47 @@ class SyntheticImages:
         return [below(d[:, i], n) for i, n in enumerate(limits)]
 
     def batch(self, start: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The batch built in the calling thread (torch ops: intra-op threads help here)."""
         c, h, w = self.info.input_shape
         images = self._buffers.empty(size, c, h, w)
-        labels = torch.empty(size, dtype=torch.long)
-        self.fill(start, images, labels)
+        labels, crops = self._crops(start, size)
+        for j, (pattern, noise) in enumerate(crops):
+            if noise is None:
+                images[j].copy_(pattern)
+            else:
+                torch.add(noise, pattern, out=images[j])
         return images, labels
 
     def fill(self, start: int, inputs: torch.Tensor, targets: torch.Tensor) -> None:
-        """Samples ``[start, start + len(inputs))`` written into ``inputs`` (N, C, H, W) and
-        ``targets``: per image, the noise crop times the noise scale, plus the pattern crop."""
-        _, h, w = self.info.input_shape
-        labels, *offsets = self._draws(torch.arange(start, start + len(inputs)))
+        """:meth:`batch` written into ``inputs`` (N, C, H, W) and ``targets``, by NumPy (no
+        thread team per calling thread: several threads may fill parts of a batch at once).
+        The same single add per pixel, so the same bits."""
+        labels, crops = self._crops(start, len(inputs))
         targets.copy_(labels)
-        padded, bank, out = self._host_patterns(), self.bank.numpy(), inputs.numpy()
-        alpha = np.float32(self._alpha)
-        rows = zip(labels.tolist(), *(o.tolist() for o in offsets), strict=True)
-        for j, (label, oy, ox, field, ny, nx) in enumerate(rows):
-            pattern = padded[label, :, oy : oy + h, ox : ox + w]
-            if self.noise:
-                np.multiply(bank[field, :, ny : ny + h, nx : nx + w], alpha, out=out[j])
-                np.add(out[j], pattern, out=out[j])
+        out = inputs.numpy()
+        for j, (pattern, noise) in enumerate(crops):
+            if noise is None:
+                np.copyto(out[j], pattern.numpy())
             else:
-                np.copyto(out[j], pattern)
+                np.add(noise.numpy(), pattern.numpy(), out=out[j])
+
+    def _crops(
+        self, start: int, size: int
+    ) -> tuple[torch.Tensor, Iterator[tuple[torch.Tensor, torch.Tensor | None]]]:
+        """Labels of samples ``[start, start + size)`` and, per sample, its pattern crop and
+        its (scaled) noise crop (None without noise): views, nothing copied."""
+        _, h, w = self.info.input_shape
+        labels, *offsets = self._draws(torch.arange(start, start + size))
+        padded = self._host_patterns()
+        rows = zip(labels.tolist(), *(o.tolist() for o in offsets), strict=True)
+        crops = (
+            (
+                padded[label, :, oy : oy + h, ox : ox + w],
+                self.bank[field, :, ny : ny + h, nx : nx + w] if self.noise else None,
+            )
+            for label, oy, ox, field, ny, nx in rows
+        )
+        return labels, crops
 
     # -- the device path ------------------------------------------------------------------------
 
@@ -346,7 +367,7 @@ class SyntheticImages:
                 (ny[:, None] + ys)[:, :, None, None],
                 (nx[:, None] + xs)[:, None, :, None],
             ]
-            images.add_(noise.mul_(self._alpha))
+            images.add_(noise)
         return images.permute(0, 3, 1, 2), labels
 
     def _on(self, device: torch.device) -> tuple[_Tables, torch.Tensor]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -43,6 +44,19 @@ def test_batches_are_a_pure_function_of_seed_and_indices(name: str) -> None:
     assert not torch.equal(x, _dataset(name, seed=1).batch(40, 70)[0])
     assert x.shape == (70, *ds.info.input_shape)
     assert y.dtype == torch.long and int(y.min()) >= 0 and int(y.max()) < ds.info.num_classes
+
+
+@pytest.mark.parametrize("name", list(SMALL))
+def test_fill_writes_the_batch_in_parts_from_several_threads(name: str) -> None:
+    ds = _dataset(name)
+    x, y = ds.batch(40, 70)  # crosses an epoch boundary of the small pools
+    inputs, targets = torch.full_like(x, -1), torch.full_like(y, -1)
+    cuts = [(0, 13), (13, 30), (30, 70)]
+    with ThreadPoolExecutor(3) as pool:
+        parts = [pool.submit(ds.fill, 40 + a, inputs[a:b], targets[a:b]) for a, b in cuts]
+        for part in parts:
+            part.result()
+    assert torch.equal(inputs, x) and torch.equal(targets, y)  # to the bit, as batch() has it
 
 
 def test_pools_visit_every_sample_once_per_epoch_in_a_new_order() -> None:
