@@ -18,8 +18,10 @@ the warm-up (``max_memory_allocated`` over the timed steps). Goals on an H100/H2
 GPU: fp16 and bf16 >= 2.0x tf32 throughput and >= 45% less peak memory; engine/bare >= 0.97.
 
 On a CPU the same script runs small sizes (ResNet-50 at 64x64, batch 8) to check itself;
-CPU memory is the resident-set growth, each run in a fresh process. ``tf32`` runs as fp32
-there, and bf16/fp16 speed depends on the CPU (see ``amptrain.engine.cpu_probe``).
+CPU memory is the resident-set growth, each run in a fresh process (``--in-process``: all in
+this one, as on CUDA, the memory figures then meaningless: deploy/gpu-check.sh's dry run).
+``tf32`` runs as fp32 there, and bf16/fp16 speed depends on the CPU (see
+``amptrain.engine.cpu_probe``). Besides the goals it prints ``engine/bare`` per precision.
 
     python bench/amp_speedup.py                         # CUDA when available
     python bench/amp_speedup.py --device cpu --steps 3 --warmup 1 --json out.json
@@ -291,6 +293,9 @@ def main() -> None:
         "--size", type=int, default=None, help="image side, default 224 CUDA, 64 CPU"
     )
     parser.add_argument("--precisions", default=",".join(PRECISIONS))
+    parser.add_argument(
+        "--in-process", action="store_true", help="CPU: no fresh process per run (checks only)"
+    )
     parser.add_argument("--json", help="also write the results here")
     opts = parser.parse_args()
 
@@ -324,11 +329,16 @@ def main() -> None:
         results[precision] = {}
         for name, fn in (("bare", bare), ("engine", engine)):
             results[precision][name] = (
-                fn(setup, precision) if cuda else _isolated(fn, setup, precision)
+                fn(setup, precision) if cuda or opts.in_process else _isolated(fn, setup, precision)
             )
             if cuda:
                 torch.cuda.empty_cache()
     print(table(results))
+    ratios = {
+        p: r["engine"]["samples_per_second"] / r["bare"]["samples_per_second"]
+        for p, r in results.items()
+    }
+    print("engine/bare " + ", ".join(f"{p} {ratio:.2f}" for p, ratio in ratios.items()))
     checks = verdicts(results) if BASELINE in results and {"fp16", "bf16"} <= set(results) else {}
     for goal, met in checks.items():
         print(f"goal {goal}: {'MET' if met else 'NOT MET'}")

@@ -12,7 +12,12 @@
 # With 2+ visible GPUs it also starts a `--devices-per-job 2` worker and trains a `devices: 2`
 # (data-parallel, NCCL) job; with fewer that job is skipped and says so.
 #
+# If `amptrain up` exits before the API answers (a missing dependency, a port taken), the
+# script stops at once with its exit status and the tail of its log instead of waiting out
+# the start-up timeout.
+#
 # Knobs: AMPTRAIN_SMOKE_STEPS (default 300), AMPTRAIN_SMOKE_TIMEOUT seconds per job (240),
+# AMPTRAIN_SMOKE_START_TIMEOUT seconds for the API and the worker to come up (180),
 # AMPTRAIN_SMOKE_PRECISIONS (default "fp16 bf16"; deploy/gpu-check.sh adds tf32),
 # PYTHON (default: python on PATH).
 set -euo pipefail
@@ -22,6 +27,7 @@ DEVICE=${AMPTRAIN_SMOKE_DEVICE:-cuda}
 STEPS=${AMPTRAIN_SMOKE_STEPS:-300}
 JOB_TIMEOUT=${AMPTRAIN_SMOKE_TIMEOUT:-240}
 PRECISIONS=${AMPTRAIN_SMOKE_PRECISIONS:-fp16 bf16}
+START_TIMEOUT=${AMPTRAIN_SMOKE_START_TIMEOUT:-180}
 
 DATA_DIR=$(mktemp -d "${TMPDIR:-/tmp}/amp-smoke-XXXXXX")
 free_port() { "$PYTHON" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
@@ -37,7 +43,7 @@ export AMPTRAIN_WORKER_METRICS_PORT=$METRICS_PORT
 export AMPTRAIN_HEARTBEAT_SECONDS=1
 
 echo "== capability report (python -m amptrain.worker.main.devices)"
-"$PYTHON" -m amptrain.worker.main.devices
+"$PYTHON" -m amptrain.worker.main.devices || echo "capability report failed (exit $?): see above"
 
 echo "== amptrain up on 127.0.0.1:$PORT (data in $DATA_DIR)"
 "$PYTHON" -m amptrain.cli.main up --host 127.0.0.1 --port "$PORT" --data-dir "$DATA_DIR" >"$DATA_DIR/up.log" 2>&1 &
@@ -75,14 +81,16 @@ if [ "$GPUS" -ge 2 ]; then
 fi
 
 status=0
-"$PYTHON" - "$PORT" "$TOKEN" "$DEVICE" "$STEPS" "$JOB_TIMEOUT" "$METRICS_PORT" "$DATA_DIR/up.log" "$PRECISIONS" "$GPUS" <<'PY' || status=$?
+"$PYTHON" - "$PORT" "$TOKEN" "$DEVICE" "$STEPS" "$JOB_TIMEOUT" "$METRICS_PORT" "$DATA_DIR/up.log" "$PRECISIONS" "$GPUS" "$UP_PID" "$START_TIMEOUT" <<'PY' || status=$?
 import json
+import os
 import sys
 import time
 import urllib.error
 import urllib.request
 
-port, token, device, steps, job_timeout, metrics_port, up_log, precisions, gpus = sys.argv[1:]
+port, token, device, steps, job_timeout, metrics_port, up_log, precisions, gpus = sys.argv[1:10]
+up_pid, start_timeout = int(sys.argv[10]), int(sys.argv[11])
 base = f"http://127.0.0.1:{port}"
 auth = {"Authorization": f"Bearer {token}"}
 
@@ -97,6 +105,25 @@ def call(method, path, body=None, headers=auth, raw=False, timeout=30):
     return payload if raw else json.loads(payload)
 
 
+def up_alive():
+    """Whether `amptrain up` still runs (a zombie, exited but not yet reaped, does not)."""
+    try:
+        with open(f"/proc/{up_pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+    except OSError:  # no /proc: ask the kernel
+        try:
+            os.kill(up_pid, 0)
+        except ProcessLookupError:
+            return False
+        return True
+
+
+def up_log_tail():
+    return open(up_log, errors="replace").read()[-4000:]
+
+
 def wait_for(what, predicate, timeout):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -106,13 +133,14 @@ def wait_for(what, predicate, timeout):
             value = None
         if value:
             return value
+        if not up_alive():
+            sys.exit(f"amptrain up exited while waiting for {what}\n--- up.log (tail)\n{up_log_tail()}")
         time.sleep(0.5)
-    log = open(up_log, errors="replace").read()[-4000:]
-    sys.exit(f"timed out after {timeout}s waiting for {what}\n--- up.log (tail)\n{log}")
+    sys.exit(f"timed out after {timeout}s waiting for {what}\n--- up.log (tail)\n{up_log_tail()}")
 
 
-wait_for("the API", lambda: call("GET", "/healthz", headers={}), 180)
-wait_for("the worker in GET /workers", lambda: call("GET", "/workers")["items"], 180)
+wait_for("the API", lambda: call("GET", "/healthz", headers={}), start_timeout)
+wait_for("the worker in GET /workers", lambda: call("GET", "/workers")["items"], start_timeout)
 
 
 def job_spec(precision):
@@ -198,6 +226,11 @@ print(f"smoke OK: {', '.join(precisions.split())} trained through the whole stac
 PY
 
 if [ "$status" -ne 0 ]; then
+    if ! kill -0 "$UP_PID" 2>/dev/null; then
+        up_status=0
+        wait "$UP_PID" 2>/dev/null || up_status=$?
+        echo "amptrain up exited with status $up_status"
+    fi
     echo "== up.log (tail)"
     tail -n 80 "$DATA_DIR/up.log" || true
 fi

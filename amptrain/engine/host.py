@@ -1,10 +1,12 @@
 """Where device values reach the host, and a counter of the host's waits on a GPU.
 
-The engine reads device values on the host in one place only: :meth:`HostReads.floats`,
-called once per telemetry flush (plus the checkpoint, which is a flush point). Every
-other per-step value (loss, grad norm, inf flag, loss scale, learning rate, applied
-steps) stays on the device between flushes. Tests count the calls here and, with a
-dispatch mode, every ``.item()``-style read anywhere, to prove it.
+The engine reads device values on the host in one place only, :class:`HostReads`, once per
+telemetry flush (plus the checkpoint, which is a flush point): :meth:`HostReads.floats`
+reads at once (on CUDA a wait for the device), :meth:`HostReads.start` queues a copy into
+pinned host memory that a later flush reads without waiting (CUDA). Every other per-step
+value (loss, grad norm, inf flag, loss scale, learning rate, applied steps) stays on the
+device between flushes. Tests count the calls here and, with a dispatch mode, every
+``.item()``-style read anywhere, to prove it.
 
 :class:`HostWaits` counts what makes the host wait for a CUDA device: stream, event and
 device synchronizations, through PyTorch's GPU trace hooks. ``.item()``, ``.tolist()``
@@ -17,6 +19,7 @@ from __future__ import annotations
 import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
@@ -34,10 +37,40 @@ class HostReads:
         self.count += 1
         return torch.stack(list(values)).tolist()
 
+    def start(self, values: Sequence[torch.Tensor]) -> InFlight:
+        """One copy of all ``values`` (0-d CUDA tensors of one dtype) into pinned host memory,
+        queued behind the work that computes them: no wait. Read it once ``done``."""
+        self.count += 1
+        stacked = torch.stack(list(values))
+        host = torch.empty(stacked.shape, dtype=stacked.dtype, pin_memory=True)
+        host.copy_(stacked, non_blocking=True)
+        done = torch.cuda.Event(enable_timing=True)  # timed: the window's device time
+        done.record()
+        return InFlight(host, done)
+
+    def mark(self) -> torch.cuda.Event:
+        """A timed event recorded now on the current stream (where a read window starts)."""
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
     def table(self, rows: torch.Tensor) -> list[list[float]]:
         """One transfer of a 2-D tensor (devices > 1: every rank's values of one flush)."""
         self.count += 1
         return rows.tolist()
+
+
+@dataclass
+class InFlight:
+    """Values on their way to pinned host memory; ``done`` is recorded right behind the copy."""
+
+    host: torch.Tensor
+    done: torch.cuda.Event
+
+    def floats(self) -> list[float]:
+        """The values, once ``done.query()`` is True (or after ``done.synchronize()``)."""
+        values: list[float] = self.host.tolist()
+        return values
 
 
 _KINDS = ("event_synchronization", "stream_synchronization", "device_synchronization")

@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import random
 import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -63,9 +64,12 @@ class Trainer:
     drain_timeout_s: float = 10.0
     """How long :meth:`train` lets the publisher deliver queued telemetry at the end."""
     prefetch_depth: int | None = None
-    """Micro-batches a background thread prepares ahead; 0 builds each one when needed.
-    None: 2 on CUDA; 0 on a CPU, where the thread would compete with training for the same
+    """Micro-batches background threads prepare ahead; 0 builds each one when needed.
+    None: 2 on CUDA; 0 on a CPU, where the threads would compete with training for the same
     cores (measured: ~2% slower on 3.5 ms steps of a cheap dataset, bench/telemetry_overhead)."""
+    data_builders: int | None = None
+    """Threads that build one micro-batch together (datasets with ``fill``); None: the cores
+    but one, at most 4 (:func:`~amptrain.engine.data.default_builders`)."""
 
     def __init__(
         self, spec: JobSpec, ctx: RunContext, components: Components | None = None
@@ -76,9 +80,11 @@ class Trainer:
         self.device = rank_device(resolve_device(spec.device), ctx.ranks)
         self.group = Group(ctx.ranks, self.device)
         self.group.start(spec.collective_timeout_s)
+        self._restore_math: Callable[[], None] = lambda: None
         try:
             self._build(components)
         except BaseException:
+            self._restore_math()
             self.group.close()
             raise
 
@@ -86,7 +92,8 @@ class Trainer:
         spec, ctx = self.spec, self.ctx
         # Fails before any work; on a CPU, decides by the worker's bf16 measurement.
         precision = choose_precision(spec.precision, self.device, ctx.cpu_bf16_probe)
-        apply_math_mode(precision, self.device)
+        # Process-wide switches: put back as they were when train() ends.
+        self._restore_math = apply_math_mode(precision, self.device)
         self.precision = dataclasses.replace(
             precision, device=self.group.describe(precision.device)
         )
@@ -110,7 +117,13 @@ class Trainer:
             depth = 2 if self.device.type == "cuda" else 0
         end = spec.max_steps * spec.batch_size
         self.feeder = Feeder(
-            self.dataset, self.device, channels_last=self.channels_last, depth=depth, end=end
+            self.dataset,
+            self.device,
+            channels_last=self.channels_last,
+            depth=depth,
+            end=end,
+            builders=self.data_builders,
+            share=(self.group.rank, self.group.world_size, spec.batch_size),
         )
         self.amp = AmpStep(
             spec, wrapped, self.optimizer, parts.loss_fn, self.precision, self.device
@@ -161,6 +174,7 @@ class Trainer:
             self.feeder.close()
             self.telemetry.close(self.drain_timeout_s)
             self.group.close()
+            self._restore_math()
         return TrainResult(
             final_step=self.step,
             resumed_from=self.resumed_from,

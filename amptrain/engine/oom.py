@@ -8,10 +8,38 @@ from amptrain.contract.errors import OutOfMemoryError
 from amptrain.contract.spec import JobSpec
 from amptrain.engine.memory import format_bytes
 
+ALLOCATION_FAILURES = (
+    # The CPU allocator: "[enforce fail at alloc_cpu.cpp:...] ... DefaultCPUAllocator: can't
+    # allocate memory: you tried to allocate N bytes".
+    "can't allocate memory",
+    # cuBLAS creating a handle or its workspace on a full GPU (TORCH_CUDABLAS_CHECK):
+    # "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`".
+    "CUBLAS_STATUS_ALLOC_FAILED",
+    # cuDNN (AT_CUDNN_CHECK: "cuDNN error: <status>"): cuDNN 8 says CUDNN_STATUS_ALLOC_FAILED,
+    # cuDNN 9 CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED.
+    "CUDNN_STATUS_ALLOC_FAILED",
+    "CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED",
+    # cuSOLVER, cuSPARSE and cuFFT on a full GPU (linear algebra, sparse ops, torch.fft).
+    "CUSOLVER_STATUS_ALLOC_FAILED",
+    "CUSPARSE_STATUS_ALLOC_FAILED",
+    "CUFFT_ALLOC_FAILED",
+    # A CUDA runtime allocation outside PyTorch's caching allocator (C10_CUDA_CHECK of
+    # cudaErrorMemoryAllocation): "CUDA error: out of memory".
+    "CUDA error: out of memory",
+)
+"""Messages of allocation failures that reach Python as a plain RuntimeError. The caching
+allocator's own failure is a torch.OutOfMemoryError; these come from the libraries under it
+(each allocates for itself, often on the first step) and mean the same: memory ran out."""
+
 
 def is_out_of_memory(exc: BaseException) -> bool:
-    """CUDA raises torch.OutOfMemoryError; the CPU allocator a plain RuntimeError."""
-    return isinstance(exc, torch.OutOfMemoryError) or "can't allocate memory" in str(exc)
+    """Whether ``exc`` says the device (or the host) ran out of memory: a smaller micro-batch
+    may fit. CUDA's caching allocator raises torch.OutOfMemoryError; the CPU allocator and
+    the CUDA libraries a RuntimeError whose message names the failed allocation."""
+    if isinstance(exc, torch.OutOfMemoryError):
+        return True
+    message = str(exc)
+    return isinstance(exc, RuntimeError) and any(m in message for m in ALLOCATION_FAILURES)
 
 
 def smaller_micro_batch(spec: JobSpec, step: int, old: int, grad_accum: int, peak: int) -> int:

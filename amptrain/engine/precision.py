@@ -12,13 +12,17 @@ own: it returns True on V100/T4 because it counts emulation.
 matmuls and convolutions (capability >= 8.0). PyTorch's defaults mix the two (cuDNN
 convolutions TF32, matmuls IEEE), so :func:`apply_math_mode` sets both explicitly for
 every precision; with fp16/bf16 autocast the few fp32 matmuls and convolutions left
-run in TF32. ``cudnn.benchmark`` is on for CUDA jobs (their shapes are fixed).
+run in TF32. ``cudnn.benchmark`` is on for CUDA jobs (their shapes are fixed). The
+switches are process-wide: :func:`apply_math_mode` returns what puts the previous ones
+back, and the Trainer calls it when its run ends. Both read and write them through the
+``fp32_precision`` API only: once it has been used, reading the legacy
+``torch.backends.cuda.matmul.allow_tf32`` raises (2.11, 2.13) until the settings are restored.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -172,19 +176,53 @@ def _cpu_auto(amx: bool, avx512_bf16: bool, probe: Bf16Probe | None) -> tuple[Ef
     return "fp32", f"CPU has avx512_bf16 (no AMX) but {probe.describe()} < {BF16_MIN_SPEEDUP}x"
 
 
-def apply_math_mode(choice: PrecisionChoice, device: torch.device) -> None:
-    """Set TF32 and cuDNN autotuning for a CUDA job deliberately (process-wide switches)."""
+def apply_math_mode(choice: PrecisionChoice, device: torch.device) -> Callable[[], None]:
+    """Set TF32 and cuDNN autotuning for a CUDA job deliberately (process-wide switches);
+    returns what restores the settings as they were (nothing to restore for a CPU job)."""
     if device.type != "cuda":
-        return
+        return lambda: None
+    restore = _restorer()
     torch.backends.cudnn.benchmark = True  # the input shapes of a job never change
-    mode = "ieee" if choice.effective == "fp32" else "tf32"
-    if hasattr(torch.backends.cudnn, "conv"):  # the fp32_precision API (torch >= 2.9)
-        torch.backends.cuda.matmul.fp32_precision = mode
-        torch.backends.cudnn.conv.fp32_precision = mode
-        torch.backends.cudnn.rnn.fp32_precision = mode  # type: ignore[attr-defined]
-    else:
+    _set_fp32_precision("ieee" if choice.effective == "fp32" else "tf32")
+    return restore
+
+
+def _fp32_switches() -> list[Any]:
+    """The objects whose ``fp32_precision`` a job sets (torch >= 2.9), or [] before that API."""
+    if not hasattr(torch.backends.cudnn, "conv"):
+        return []
+    return [torch.backends.cuda.matmul, torch.backends.cudnn.conv, torch.backends.cudnn.rnn]
+
+
+def _set_fp32_precision(mode: str) -> None:
+    switches = _fp32_switches()
+    for switch in switches:
+        switch.fp32_precision = mode
+    if not switches:
         torch.backends.cuda.matmul.allow_tf32 = mode == "tf32"
         torch.backends.cudnn.allow_tf32 = mode == "tf32"
+
+
+def _restorer() -> Callable[[], None]:
+    """What puts the current switches back ("none" included: the inherit-the-default value)."""
+    benchmark = torch.backends.cudnn.benchmark
+    switches = _fp32_switches()
+    if switches:
+        saved = [s.fp32_precision for s in switches]
+
+        def restore() -> None:
+            torch.backends.cudnn.benchmark = benchmark
+            for switch, value in zip(switches, saved, strict=True):
+                switch.fp32_precision = value
+
+        return restore
+    legacy = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+
+    def restore_legacy() -> None:
+        torch.backends.cudnn.benchmark = benchmark
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = legacy
+
+    return restore_legacy
 
 
 _AUTOCAST_DEVICE_TYPES = ("cpu", "cuda")

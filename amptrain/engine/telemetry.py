@@ -1,12 +1,20 @@
 """Per-step records without per-step host syncs.
 
 Each step hands over its values as device tensors (references only: no kernel,
-no copy), the learning rate included. They reach the host together, in ONE
-``torch.stack(...).tolist()`` through :class:`~amptrain.engine.host.HostReads`,
-when a flush is due: every ``flush_every_steps`` steps or after
-``flush_every_ms``, whichever comes first. That is also when memory is read
-(one ``torch.cuda.memory_stats()`` call), health is checked and the batch is
-offered to the :class:`~amptrain.engine.publisher.Publisher`.
+no copy), the learning rate included. They reach the host together, through
+:class:`~amptrain.engine.host.HostReads`, when a flush is due: every
+``flush_every_steps`` steps or after ``flush_every_ms``, whichever comes first. That
+is also when memory is read (one ``torch.cuda.memory_stats()`` call), health is checked
+and the batch is offered to the :class:`~amptrain.engine.publisher.Publisher`.
+
+On a single CUDA device a due flush does not wait for the device either: it queues ONE
+copy of the window's values into pinned host memory (:meth:`HostReads.start`) and
+publishes the windows whose copies have completed, normally the previous one. Their step
+times come from the device itself (timed events between the ends of two windows). So a
+record reaches the sink one flush later than it would with a wait, and divergence is
+caught one flush later. The first flush, an explicit :meth:`StepTelemetry.flush`
+(events, checkpoints, the end of a run) and a CPU run read at once, in one
+``torch.stack(...).tolist()``, everything not yet published.
 
 With devices > 1 a flush is due only by step count (clocks differ between ranks, and
 every rank must reach the flush's one all-gather together). The all-gather carries each
@@ -18,6 +26,7 @@ health checks, so all ranks stop together; only rank 0's publisher has a sink.
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +36,7 @@ from amptrain.contract.records import event, metric
 from amptrain.contract.spec import TelemetrySpec
 from amptrain.engine.distributed import STOP_CODES, Group, stop_name
 from amptrain.engine.health import HealthMonitor
-from amptrain.engine.host import HostReads
+from amptrain.engine.host import HostReads, InFlight
 from amptrain.engine.memory import MemorySnapshot, snapshot
 from amptrain.engine.publisher import Publisher
 
@@ -42,6 +51,15 @@ class _Pending:
     ended: float  # perf_counter when its last kernel was *enqueued*
 
 
+@dataclass
+class _Window:
+    """A flush's steps whose values are being copied to pinned host memory (CUDA)."""
+
+    pending: list[_Pending]
+    copy: InFlight
+    memory: MemorySnapshot
+
+
 class StepTelemetry:
     """Collects step records on the device, flushes them to the host and the publisher."""
 
@@ -54,7 +72,10 @@ class StepTelemetry:
         *,
         with_scaler: bool,
         group: Group | None = None,
+        read_later: bool | None = None,
     ) -> None:
+        """``read_later``: due flushes queue copies and publish the completed ones instead of
+        waiting for the device (None: on a single CUDA device)."""
         self._spec = spec
         self._group = group or Group(None, device)
         self._device = device
@@ -63,6 +84,15 @@ class StepTelemetry:
         self._with_scaler = with_scaler
         self._values: list[torch.Tensor] = []  # per step: loss, grad_norm, lr[, found_inf, scale]
         self._pending: list[_Pending] = []
+        self._windows: deque[_Window] = deque()  # copies queued, not yet read (CUDA)
+        # Recorded where the last window read ended on the device: the next one's start;
+        # with the host time it was recorded at when the device had caught up (a read that
+        # waited), so host time spent before the next step (a checkpoint) is not counted.
+        self._mark: torch.cuda.Event | None = None
+        self._mark_host: float | None = None
+        if read_later is None:
+            read_later = device.type == "cuda" and not self._group.parallel
+        self._deferred = read_later
         self._wall_offset = time.time() - time.perf_counter()
         self._last_flush = time.perf_counter()
         self._flush_interval_s = spec.flush_every_ms / 1000.0
@@ -98,29 +128,75 @@ class StepTelemetry:
         # sees the job training within a step of its start; later step-count flushes stay
         # on multiples of flush_every_steps, the boundaries every rank agrees on.
         every = self._spec.flush_every_steps
-        if (
-            self.last_record is None
-            or step % every == 0
+        if self.last_record is None:
+            self.flush()
+        elif (
+            step % every == 0
             or len(self._pending) >= every
             or (not self._group.parallel and now - self._last_flush >= self._flush_interval_s)
         ):
+            self._flush_due()
+
+    def _flush_due(self) -> None:
+        """A flush the steps made due: without a wait for the device where it can be."""
+        if not self._deferred:
             self.flush()
+            return
+        self._windows.append(
+            _Window(self._pending, self.host.start(self._values), snapshot(self._device))
+        )
+        self._pending, self._values = [], []
+        self._last_flush = time.perf_counter()
+        self._publish(self._read_windows(wait=False))
 
     def event(self, type: str, step: int, **data: Any) -> None:
         """Send an event after the metrics of every step before it (forces a flush)."""
         self.flush([event(type, step, time.time(), **data)])
 
     def flush(self, extra: list[dict[str, Any]] | None = None) -> None:
-        """Bring pending values to the host, build records, check health, offer one batch.
+        """Bring every value not yet published to the host, build records, check health,
+        offer one batch.
 
         With devices > 1 this is a collective: every rank calls it at the same points."""
         if self._group.parallel:
-            records = self._build_records(*self._reduce())
-        elif self._pending:
-            values = self.host.floats(self._values) if self._values else []
-            records = self._build_records(values, snapshot(self._device), {})
+            records = self._build_records(self._pending, *self._reduce())
         else:
-            records = []
+            records = self._read_windows(wait=True)
+            if self._pending:
+                values = self.host.floats(self._values) if self._values else []
+                records += self._build_records(self._pending, values, snapshot(self._device), {})
+                if self._deferred:
+                    self._mark = self.host.mark()
+            if self._deferred and self._mark is not None:
+                # The device has just caught up: the next window starts here, and host time
+                # before its first step (a checkpoint's) is idle time, not step time.
+                self._mark_host = time.perf_counter()
+        self._pending, self._values = [], []
+        self._publish(records, extra)
+
+    def _read_windows(self, wait: bool) -> list[dict[str, Any]]:
+        """Records of the queued windows whose copies are done (all of them with ``wait``)."""
+        records: list[dict[str, Any]] = []
+        while self._windows and (wait or self._windows[0].copy.done.query()):
+            window = self._windows.popleft()
+            if wait:
+                window.copy.done.synchronize()
+            device_s = None
+            if self._mark is not None:
+                idle = (
+                    0.0 if self._mark_host is None else window.pending[0].started - self._mark_host
+                )
+                device_s = self._mark.elapsed_time(window.copy.done) / 1000.0 - max(idle, 0.0)
+            self._mark, self._mark_host = window.copy.done, None
+            records += self._build_records(
+                window.pending, window.copy.floats(), window.memory, {}, device_s
+            )
+        return records
+
+    def _publish(
+        self, records: list[dict[str, Any]], extra: list[dict[str, Any]] | None = None
+    ) -> None:
+        """Check health, offer the records (and any drop warning, and ``extra``) as one batch."""
         warnings, error = self._health.check(records)
         batch = records + warnings + (extra or [])
         dropped = self._publisher.dropped
@@ -171,15 +247,23 @@ class StepTelemetry:
         return values, top, extra
 
     def _build_records(
-        self, values: list[float], mem: MemorySnapshot, extra: dict[str, Any]
+        self,
+        pending: list[_Pending],
+        values: list[float],
+        mem: MemorySnapshot,
+        extra: dict[str, Any],
+        device_s: float | None = None,
     ) -> list[dict[str, Any]]:
-        if not self._pending:
+        """``device_s``: how long the device took for these steps, when it was timed."""
+        if not pending:
             return []
         host_done = time.perf_counter()
         width = 5 if self._with_scaler else 3
-        pending, self._pending, self._values = self._pending, [], []
         records = []
-        device_done = host_done if self._device.type == "cuda" else pending[-1].ended
+        if device_s is not None:
+            device_done = pending[0].started + max(device_s, 0.0)
+        else:
+            device_done = host_done if self._device.type == "cuda" else pending[-1].ended
         timeline = self._timeline(pending, device_done)
         for i, (p, (start, end)) in enumerate(zip(pending, timeline, strict=True)):
             loss, norm, lr, *rest = values[i * width : (i + 1) * width]
@@ -212,9 +296,10 @@ class StepTelemetry:
     def _timeline(pending: list[_Pending], device_done: float) -> list[tuple[float, float]]:
         """Per-step (start, end) times, stretched so the window ends when the device finished.
 
-        On CUDA the host only measures when kernels were enqueued; the flush's
-        sync tells when the device actually finished, so the window is scaled
-        to end there. On the CPU the two nearly coincide.
+        On CUDA the host only measures when kernels were enqueued; the device's own
+        timing of the window (or, at a flush that waits, the moment the wait ends) tells
+        when it actually finished, so the window is scaled to end there. On the CPU the
+        two nearly coincide.
         """
         origin, last = pending[0].started, pending[-1].ended
         stretch = (device_done - origin) / (last - origin) if last > origin else 1.0

@@ -3,7 +3,8 @@
 ``python -m torch.distributed.run --standalone --nproc-per-node 2 -m
 tests.engine.ddp_ranks OUT`` joins one gloo group and trains, as this rank:
 
-- ``fp32``: a 2-device fp32 job; each rank saves its final parameters;
+- ``fp32``: a 2-device fp32 job, its micro-batches built ahead as on CUDA; each rank saves
+  its final parameters and how many batches it built and found not prepared;
 - ``fp16``: a 2-device fp16 job whose rank 1 alone gets inf gradients at step
   ``OVERFLOW_STEP`` (a gradient hook, the seam ``test_amp.py`` uses); each rank saves
   its loss scale and a parameter digest at every step boundary, rank 0 its records.
@@ -60,10 +61,18 @@ def digest(model: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
+class Prefetching(Trainer):
+    prefetch_depth = 2  # what CUDA jobs get: each rank's share built ahead, at its stride
+
+
 def fp32(ranks: Ranks) -> dict[str, Any]:
-    trainer = Trainer(job("fp32", 2, 1), RunContext(None, ranks=ranks))
+    trainer = Prefetching(job("fp32", 2, 1), RunContext(None, ranks=ranks))
     trainer.train()
-    return {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    return {
+        "state": {k: v.clone() for k, v in trainer.model.state_dict().items()},
+        "built": trainer.feeder.built,
+        "misses": trainer.feeder.misses,
+    }
 
 
 def fp16(ranks: Ranks) -> dict[str, Any]:

@@ -18,7 +18,7 @@ from amptrain.components.base import DataInfo
 from amptrain.contract.errors import DivergedError, InvalidSpecError, OutOfMemoryError
 from amptrain.contract.spec import parse_spec
 from amptrain.engine import Components, RunContext, Trainer, loop
-from amptrain.engine.oom import smaller_micro_batch
+from amptrain.engine.oom import is_out_of_memory, smaller_micro_batch
 from tests.support.sinks import ListSink
 
 
@@ -158,6 +158,53 @@ def test_oom_without_auto_micro_batch_names_the_micro_batch() -> None:
         trainer.train()
     assert "micro-batch 8" in info.value.message and "peak memory" in info.value.message
     assert info.value.step == 1
+
+
+class LibraryOomNet(TinyNet):
+    """Fails like cuBLAS on a full GPU (a RuntimeError, not torch.OutOfMemoryError) above
+    ``oom_above`` samples per micro-batch."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.oom_above is not None and x.shape[0] > self.oom_above:
+            raise RuntimeError(
+                "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`"
+            )
+        return super().forward(x)
+
+
+def test_a_cublas_allocation_failure_is_an_oom_that_auto_micro_batch_shrinks_past() -> None:
+    sink = ListSink()
+    trainer = Trainer(
+        spec(batch_size=16, auto_micro_batch=True),
+        RunContext(None, sink=sink),
+        components(lambda: LibraryOomNet(oom_above=4)),
+    )
+    model = trainer.model
+    assert isinstance(model, LibraryOomNet)
+    assert trainer.train().final_step == 6
+    assert [e["data"]["new"] for e in sink.events("micro_batch")] == [8, 4]
+    assert model.samples_seen == 6 * 16
+
+
+@pytest.mark.parametrize(
+    ("message", "oom"),
+    [
+        ("CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`", True),
+        ("cuDNN error: CUDNN_STATUS_ALLOC_FAILED", True),
+        ("cuDNN error: CUDNN_STATUS_INTERNAL_ERROR_DEVICE_ALLOCATION_FAILED", True),
+        ("CUDA error: out of memory\nCUDA kernel errors might be asynchronously reported", True),
+        ("[enforce fail at alloc_cpu.cpp:117] DefaultCPUAllocator: can't allocate memory", True),
+        # Failures a smaller micro-batch does not cure stay errors.
+        ("CUDA error: CUBLAS_STATUS_EXECUTION_FAILED when calling `cublasSgemm(...)`", False),
+        ("cuDNN error: CUDNN_STATUS_NOT_SUPPORTED. This error may appear if you passed in", False),
+        ("CUDA error: an illegal memory access was encountered", False),
+    ],
+)
+def test_library_allocation_failures_are_classified_as_out_of_memory(
+    message: str, oom: bool
+) -> None:
+    assert is_out_of_memory(RuntimeError(message)) is oom
+    assert is_out_of_memory(ValueError(message)) is False  # only what torch raises
 
 
 def test_nonfinite_loss_stops_a_bf16_run_naming_the_step() -> None:

@@ -1,4 +1,5 @@
-"""The data path: batches built ahead in a background thread, exactly the samples asked for,
+"""The data path: batches built ahead in background threads (straight into reused buffers,
+in parts, for datasets that can fill), exactly the samples asked for, at the rank's stride,
 restarted where the trainer asks, and resume still bitwise exact."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from amptrain.components.base import DataInfo
 from amptrain.contract.errors import PreemptedError
 from amptrain.contract.spec import parse_spec
 from amptrain.engine import RunContext, Trainer
-from amptrain.engine.data import Feeder
+from amptrain.engine.data import Feeder, default_builders
 from tests.support.stack import wait_until
 
 CPU = torch.device("cpu")
@@ -77,6 +78,56 @@ def test_time_spent_waiting_for_data_is_measured() -> None:
         feeder.close()
 
 
+class Filled(Recorded):
+    """``Recorded`` that can also write into given tensors, as the built-in datasets do."""
+
+    def fill(self, start: int, inputs: torch.Tensor, targets: torch.Tensor) -> None:
+        x, y = Recorded.batch(self, start, len(inputs))
+        inputs.copy_(x)
+        targets.copy_(y)
+
+
+def test_a_dataset_that_fills_is_built_in_parts_into_reused_buffers() -> None:
+    data = Filled()
+    feeder = Feeder(data, CPU, depth=2, end=24 * 8, builders=3)
+    try:
+        pointers = set()
+        for start in range(0, 24 * 8, 24):
+            x, y = feeder.get(start, 24)
+            assert torch.equal(x[:, 0], torch.arange(start, start + 24.0))
+            assert torch.equal(y, torch.arange(start, start + 24) % 2)
+            pointers.add(x.data_ptr())
+            del x, y  # the loop lets go of a batch once its step is done
+        # Three parts of 8 per batch, each built from its own sample indices.
+        fills = sorted(c[1:] for c in data.calls if c[2] == 8)
+        assert fills == [(s, 8) for s in range(0, 24 * 8, 8)]
+        assert all(name.startswith("amptrain-data") for name, _, size in data.calls if size == 8)
+        assert len(pointers) <= feeder.depth + 2  # buffers reused, not one per batch
+        assert feeder.built == 8 and feeder.misses == 1
+    finally:
+        feeder.close()
+
+
+def test_with_several_devices_prefetch_follows_the_ranks_stride() -> None:
+    # Rank 1 of 2, batch_size 8, one micro-batch of 4 per step: samples 4..7, 12..15, ...
+    data = Recorded()
+    feeder = Feeder(data, CPU, depth=2, end=6 * 8, share=(1, 2, 8))
+    try:
+        for step in range(6):
+            x, _ = feeder.get(step * 8 + 4, 4)
+            assert torch.equal(x[:, 0], torch.arange(step * 8 + 4, step * 8 + 8.0))
+        assert feeder.misses == 1  # the first call; every later one was prepared ahead
+        assert sorted(c[1] for c in data.calls) == [s * 8 + 4 for s in range(6)]
+        assert feeder.built == 6  # nothing built that this rank does not use
+    finally:
+        feeder.close()
+
+
+def test_builders_leave_a_core_to_the_training_thread() -> None:
+    assert 1 <= default_builders() <= 4
+    assert Feeder(Recorded(), CPU, depth=0).builders == 1  # batch() need not be thread-safe
+
+
 def image_spec(**overrides: Any) -> Any:
     return parse_spec(
         {
@@ -98,20 +149,23 @@ def image_spec(**overrides: Any) -> Any:
 
 class Prefetching(Trainer):
     prefetch_depth = 2  # what CUDA jobs get; a CPU job builds its batches inline by default
+    data_builders = 3  # each micro-batch of 24 built in three parts, by three threads
 
 
 def test_prefetching_changes_no_value_and_resume_stays_bitwise_exact(tmp_path: Path) -> None:
-    straight = Prefetching(image_spec(), RunContext(str(tmp_path / "straight")))
+    spec = image_spec(batch_size=48)
+    straight = Prefetching(spec, RunContext(str(tmp_path / "straight")))
     result = straight.train()
-    assert straight.feeder._pool is not None  # really built ahead in a thread
+    assert straight.feeder._pool is not None and straight.feeder.fills  # built ahead, in parts
+    assert straight.feeder.misses == 1  # the whole run prepared ahead
     assert result.skipped_steps > 0  # fp16 skips: the device schedule had to hold still
-    inline = Trainer(image_spec(), RunContext(str(tmp_path / "inline")))
+    inline = Trainer(spec, RunContext(str(tmp_path / "inline")))
     inline.train()
     assert inline.feeder._pool is None
 
     ref: list[Trainer] = []
     first = Prefetching(
-        image_spec(),
+        spec,
         RunContext(
             str(tmp_path / "split"), should_stop=lambda: "preempt" if ref[0].step == 5 else None
         ),
@@ -119,7 +173,7 @@ def test_prefetching_changes_no_value_and_resume_stays_bitwise_exact(tmp_path: P
     ref.append(first)
     with pytest.raises(PreemptedError):
         first.train()
-    second = Prefetching(image_spec(), RunContext(str(tmp_path / "split")))
+    second = Prefetching(spec, RunContext(str(tmp_path / "split")))
     assert second.train().resumed_from == 5
     for other in (inline, second):
         for (name, a), b in zip(

@@ -139,7 +139,10 @@ def test_fp32_matches_one_device_and_an_overflow_on_one_rank_skips_on_both(
     assert done.returncode == 0, done.stderr
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
 
-    fp32 = [r["fp32"] for r in ranks]
+    # Each rank prefetched exactly its own 8 micro-batches, every one ready before it was asked
+    # for but the first (contiguous positions would have missed every time, building 16).
+    assert [(r["fp32"]["built"], r["fp32"]["misses"]) for r in ranks] == [(8, 1), (8, 1)]
+    fp32 = [r["fp32"]["state"] for r in ranks]
     assert all(torch.equal(fp32[0][k], fp32[1][k]) for k in fp32[0])
     single = Trainer(ddp_ranks.job("fp32", 1, 2), RunContext(None))
     single.train()

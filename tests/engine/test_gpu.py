@@ -130,19 +130,48 @@ def test_steps_between_flushes_make_the_host_wait_for_nothing(
     trainer.feeder.close()
 
 
-def test_a_host_dataset_is_prefetched_pinned_and_copied_on_a_side_stream() -> None:
+def test_a_host_dataset_is_built_into_pinned_buffers_and_copied_as_soon_as_it_is_built() -> None:
     trainer = Trainer(
         spec("bf16" if torch.cuda.get_device_capability()[0] >= 8 else "fp16"), RunContext(None)
     )
     feeder = trainer.feeder
-    assert not feeder.on_device and feeder._copy_stream is not None
+    assert not feeder.on_device and feeder.fills and feeder._copy_stream is not None
     x, y = feeder.get(0, 64)
     assert x.is_cuda and y.is_cuda
-    torch.testing.assert_close(x.cpu(), trainer.dataset.batch(0, 64)[0])
-    for _, ahead in feeder._ahead:  # let the prefetch thread finish what it queued
-        assert ahead.result(timeout=30)[0].is_pinned()
-    feeder.get(64, 64)  # the next host batch is ready: its copy is queued behind this one
-    assert feeder._staged is not None and feeder._staged.key == (128, 64)
+    expected = trainer.dataset.batch(0, 64)
+    assert torch.equal(x.cpu(), expected[0]) and torch.equal(y.cpu(), expected[1])
+    for ahead in feeder._ahead:  # nobody asked for these yet: their copies are queued anyway
+        delivery = ahead.future.result(timeout=30)
+        assert delivery.ready is not None and delivery.tensors[0].is_cuda
+    slots = feeder._buffers._slots
+    assert slots and all(slot.views()[0].is_pinned() for slot in slots)
+    trainer.feeder.close()
+
+
+def test_due_flushes_on_a_gpu_wait_for_nothing_and_publish_one_flush_later() -> None:
+    sink = ListSink()
+    trainer = Trainer(
+        spec("fp16", telemetry={"flush_every_steps": 4, "flush_every_ms": 600_000}),
+        RunContext(None, sink=sink),
+    )
+    for _ in range(4):  # warm-up; step 1 reads at once, step 4 queues its window
+        trainer.train_step()
+    trainer.telemetry.flush()
+    torch.cuda.synchronize()
+    seam = trainer.telemetry.host.count
+    with HostWaits() as waits:
+        for _ in range(12):  # three due flushes: steps 8, 12 and 16
+            trainer.train_step()
+    me = threading.current_thread().name
+    assert waits.by_thread[me] == 0, (dict(waits.by_kind), dict(waits.by_thread))
+    assert trainer.telemetry.host.count == seam + 3  # one copy queued per flush
+    trainer.telemetry.flush()
+    assert trainer.publisher.wait_delivered(30)
+    metrics = sink.metrics()
+    assert sorted(metrics) == list(range(1, 17))
+    assert all(
+        metrics[s]["step_time_ms"] > 0 and math.isfinite(metrics[s]["loss"]) for s in metrics
+    )
     trainer.feeder.close()
 
 
@@ -156,14 +185,23 @@ def test_conv_models_run_channels_last_on_images_built_on_the_gpu() -> None:
     assert torch.backends.cudnn.benchmark
 
 
-def test_tf32_switches_follow_the_precision() -> None:
+def test_tf32_switches_follow_the_precision_and_are_restored_after_the_run() -> None:
     needs("tf32")
-    Trainer(spec("fp32"), RunContext(None))
-    assert torch.backends.cuda.matmul.fp32_precision == "ieee"
-    assert torch.backends.cudnn.conv.fp32_precision == "ieee"
-    Trainer(spec("tf32"), RunContext(None))
-    assert torch.backends.cuda.matmul.fp32_precision == "tf32"
-    assert torch.backends.cudnn.conv.fp32_precision == "tf32"
+    matmul, conv = torch.backends.cuda.matmul, torch.backends.cudnn.conv
+    saved = (matmul.fp32_precision, conv.fp32_precision)
+    # PyTorch's defaults (Trainers built by earlier tests and never run leave theirs set).
+    matmul.fp32_precision, conv.fp32_precision = "none", "tf32"
+    try:
+        fp32 = Trainer(spec("fp32", max_steps=2), RunContext(None))
+        assert (matmul.fp32_precision, conv.fp32_precision) == ("ieee", "ieee")
+        fp32.train()
+        tf32 = Trainer(spec("tf32", max_steps=2), RunContext(None))
+        assert (matmul.fp32_precision, conv.fp32_precision) == ("tf32", "tf32")
+        tf32.train()
+        assert (matmul.fp32_precision, conv.fp32_precision) == ("none", "tf32")
+        assert matmul.allow_tf32 is False  # readable again (it raises while tf32 is set)
+    finally:
+        matmul.fp32_precision, conv.fp32_precision = saved
 
 
 class Hungry(torch.nn.Module):

@@ -170,6 +170,22 @@ def test_a_cuda_job_sets_tf32_and_cudnn_autotuning_deliberately(
     assert _math_flags() == (True, mode, mode, mode)
 
 
+@pytest.mark.parametrize("effective", ["fp32", "tf32", "bf16"])
+def test_the_math_mode_of_a_run_is_put_back_as_it_was(restore_math_flags, effective: str) -> None:
+    before = _math_flags()
+    legacy = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+    choice = PrecisionChoice(effective, effective, "test", "cuda")  # type: ignore[arg-type]
+    restore = apply_math_mode(choice, CUDA)
+    mode = "ieee" if effective == "fp32" else "tf32"
+    assert _math_flags() == (True, mode, mode, mode)
+    restore()
+    assert _math_flags() == before
+    # Readable again through the legacy API (it raises while the run's settings are in force).
+    assert (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32) == legacy
+    apply_math_mode(choice, torch.device("cpu"))()  # a CPU job: nothing set, nothing to restore
+    assert _math_flags() == before
+
+
 def _kl_to_uniform(logits: torch.Tensor) -> torch.Tensor:
     """KL(uniform || softmax(logits)): needs log of tiny probabilities."""
     probs = torch.softmax(logits, dim=-1)

@@ -1,11 +1,13 @@
 """Telemetry: every step once, in order, in flushes of the configured size; a slow sink never
-stalls training and its drops are counted and reported."""
+stalls training and its drops are counted and reported; where the device is read later (a
+single GPU), a due flush publishes the windows already copied and waits for none."""
 
 from __future__ import annotations
 
 import math
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -15,6 +17,11 @@ from amptrain.components.base import DataInfo
 from amptrain.contract.metrics import METRIC_FIELDS
 from amptrain.contract.spec import parse_spec
 from amptrain.engine import Components, RunContext, Trainer
+from amptrain.engine.health import HealthMonitor
+from amptrain.engine.host import HostReads, InFlight
+from amptrain.engine.publisher import Publisher
+from amptrain.engine.telemetry import StepTelemetry
+from tests.support.sinks import ListSink
 
 
 def spec(**overrides: Any) -> Any:
@@ -171,3 +178,88 @@ def test_a_checkpoint_never_gets_ahead_of_the_records_delivered_to_the_sink(tmp_
     Trainer(spec_, ctx).train()
     assert sorted(int(p.stem.split("-")[1]) for p in tmp_path.glob("step-*.pt")) == [6, 12, 18, 24]
     assert violations == []
+
+
+class DeviceClock:
+    """Stands in, on the CPU, for a timed CUDA event: done when the test says the device got
+    there; ``elapsed_time`` in ms between the moments the two were recorded."""
+
+    def __init__(self) -> None:
+        self.at, self.done = time.perf_counter(), False
+
+    def query(self) -> bool:
+        return self.done
+
+    def synchronize(self) -> None:
+        self.done = True
+
+    def elapsed_time(self, end: DeviceClock) -> float:
+        assert self.done and end.done, "elapsed_time of an event not yet reached"
+        return (end.at - self.at) * 1000.0
+
+
+class OneWindowBehind(HostReads):
+    """The reads of a device that finishes each copy by the time the next one is queued."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.queued: list[DeviceClock] = []
+
+    def start(self, values: Sequence[torch.Tensor]) -> InFlight:
+        for clock in self.queued:
+            clock.done = True
+        self.count += 1
+        clock = DeviceClock()
+        self.queued.append(clock)
+        return InFlight(torch.stack(list(values)), clock)  # type: ignore[arg-type]
+
+    def mark(self) -> Any:
+        clock = DeviceClock()
+        self.queued.append(clock)  # reached, like the copies, by the time the next is queued
+        return clock
+
+
+def test_due_flushes_read_the_previous_window_without_waiting_then_all_at_an_explicit_flush() -> (
+    None
+):
+    spec_ = spec(telemetry={"flush_every_steps": 4, "flush_every_ms": 600_000})
+    sink = ListSink()
+    publisher = Publisher(sink, spec_.telemetry.queue_size)
+    telemetry = StepTelemetry(
+        spec_.telemetry,
+        torch.device("cpu"),
+        HealthMonitor(spec_.health, "fp32"),
+        publisher,
+        with_scaler=False,
+        read_later=True,
+    )
+    reads = telemetry.host = OneWindowBehind()
+    published: dict[int, list[int]] = {}
+    for step in range(1, 11):
+        value = torch.tensor(float(step))
+        started = time.perf_counter()
+        time.sleep(0.002)  # a step of a few ms
+        telemetry.record(
+            step,
+            loss=value,
+            grad_norm=value,
+            found_inf=None,
+            scale=None,
+            lr=value / 100,
+            samples=16,
+            started=started,
+        )
+        assert publisher.wait_delivered(30)
+        published[step] = sorted(sink.metrics())
+    assert published[1] == [1]  # the first flush reads at once: a watcher sees the start
+    assert published[4] == [1]  # steps 2-4 queued, their copy not read: no wait for it
+    assert published[8] == [1, 2, 3, 4]  # read at the next due flush, once the copy was done
+    assert reads.count == 3  # the first read and two queued copies, nothing per step
+    telemetry.flush()  # explicit (an event, a checkpoint, the end): everything, in order
+    assert publisher.wait_delivered(30)
+    metrics = sink.metrics()
+    assert [r["step"] for r in sink.items if r["kind"] == "metric"] == list(range(1, 11))
+    assert [metrics[s]["loss"] for s in range(1, 11)] == [float(s) for s in range(1, 11)]
+    assert all(metrics[s]["step_time_ms"] >= 2.0 for s in range(2, 11))
+    assert reads.count == 4
+    publisher.close(5)

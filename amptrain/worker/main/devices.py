@@ -3,6 +3,7 @@
 The main process must never initialise CUDA (its pool processes are forked from
 it, and CUDA does not survive a fork), so :func:`gather` runs ``python -m amptrain.worker.child.probe`` in a short-lived
 subprocess and reads its report; only that subprocess imports torch.
+``python -m amptrain.worker.main.devices`` prints that report (deploy/gpu-smoke.sh shows it).
 """
 
 from __future__ import annotations
@@ -137,3 +138,16 @@ def _probe_text(probe: dict[str, Any] | None) -> str:
     return (
         f"{probe['speedup']:.2f}x (fp32 {probe['fp32_ms']:.2f} ms, bf16 {probe['bf16_ms']:.2f} ms)"
     )
+
+
+def main() -> int:
+    """``python -m amptrain.worker.main.devices``: this machine's capability report, as a worker takes it
+    (in a subprocess), one summary line then the JSON; exit 1 when the report failed."""
+    rep = gather()
+    print(summary(rep))
+    print(json.dumps(rep, indent=2))
+    return 1 if rep.get("error") else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
