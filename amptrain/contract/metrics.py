@@ -67,6 +67,11 @@ class Metric:
     optional: bool = False
     """Null by design in some runs (e.g. the loss scale outside fp16): progress lines leave
     it out instead of printing n/a."""
+    source: Literal["device", "scaler", "host"] = "host"
+    """Where the engine gets it: ``device``, a tensor of every step kept on the device and
+    read once per flush (the engine's device buffer holds these, in this table's order);
+    ``scaler``, the GradScaler's per-step device state, only with a scaler (fp16);
+    ``host``, computed on the host at the flush (times, memory, counters)."""
 
     @property
     def is_float(self) -> bool:
@@ -103,6 +108,7 @@ STEP_METRICS: tuple[Metric, ...] = (
         extremes=True,
         summary=True,
         chart="loss",
+        source="device",
     ),
     Metric(
         "loss_scale",
@@ -113,16 +119,23 @@ STEP_METRICS: tuple[Metric, ...] = (
         summary=True,
         chart="loss_scale",
         optional=True,
+        source="scaler",
     ),
-    Metric("skipped", "bool", "True when inf/NaN gradients made the optimizer skip the step."),
+    Metric(
+        "skipped",
+        "bool",
+        "True when inf/NaN gradients made the optimizer skip the step.",
+        source="scaler",
+    ),
     Metric(
         "grad_norm",
         "float",
         "Global gradient norm after unscaling, before clipping; null when skipped.",
         extremes=True,
         chart="grad_norm",
+        source="device",
     ),
-    Metric("lr", "float", "Learning rate used for this step.", chart="lr"),
+    Metric("lr", "float", "Learning rate used for this step.", chart="lr", source="device"),
     Metric(
         "memory_allocated",
         "bytes",
@@ -188,6 +201,16 @@ EXTREMA_FIELDS: tuple[str, ...] = tuple(m.name for m in STEP_METRICS if m.extrem
 SUMMARY_FIELDS: tuple[str, ...] = tuple(m.name for m in STEP_METRICS if m.summary)
 """The newest point's fields a job's ``summary`` shows."""
 FLOAT_FIELDS: frozenset[str] = frozenset(m.name for m in STEP_METRICS if m.is_float)
+
+
+def device_fields(with_scaler: bool) -> tuple[str, ...]:
+    """The per-step device values the engine keeps for a flush, in the table's order."""
+    return tuple(
+        m.name
+        for m in STEP_METRICS
+        if m.source == "device" or (with_scaler and m.source == "scaler")
+    )
+
 
 _PY_TYPES: dict[MetricType, type] = {
     "int": int,

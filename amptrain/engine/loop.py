@@ -208,16 +208,10 @@ class Trainer:
             self._shrink_after_oom()
         self.schedule.advance(applied.found_inf)
         self.step += 1
-        self.telemetry.record(
-            self.step,
-            loss=loss,
-            grad_norm=applied.grad_norm,
-            found_inf=applied.found_inf,
-            scale=applied.scale,
-            lr=lr,
-            samples=self.spec.batch_size,
-            started=started,
-        )
+        values = {"loss": loss, "grad_norm": applied.grad_norm, "lr": lr}
+        if applied.scale is not None and applied.found_inf is not None:  # fp16's scaler
+            values.update(skipped=applied.found_inf, loss_scale=applied.scale)
+        self.telemetry.record(self.step, values, samples=self.spec.batch_size, started=started)
 
     def state_dict(self) -> dict[str, Any]:
         """Everything exact resume needs, as tensors and plain types (weights_only-loadable).

@@ -27,11 +27,13 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from amptrain.contract.metrics import device_fields
 from amptrain.contract.records import event, metric
 from amptrain.contract.spec import TelemetrySpec
 from amptrain.engine.distributed import STOP_CODES, Group, stop_name
@@ -81,8 +83,9 @@ class StepTelemetry:
         self._device = device
         self._health = health
         self._publisher = publisher
-        self._with_scaler = with_scaler
-        self._values: list[torch.Tensor] = []  # per step: loss, grad_norm, lr[, found_inf, scale]
+        self._fields = device_fields(with_scaler)
+        """The device values of a step, in the order they sit in a flush's one tensor."""
+        self._values: list[torch.Tensor] = []  # per step, one tensor per field of _fields
         self._pending: list[_Pending] = []
         self._windows: deque[_Window] = deque()  # copies queued, not yet read (CUDA)
         # Recorded where the last window read ended on the device: the next one's start;
@@ -106,22 +109,12 @@ class StepTelemetry:
         """Devices > 1: the stop every rank agreed on at the last flush (cancel wins)."""
 
     def record(
-        self,
-        step: int,
-        *,
-        loss: torch.Tensor,
-        grad_norm: torch.Tensor,
-        found_inf: torch.Tensor | None,
-        scale: torch.Tensor | None,
-        lr: torch.Tensor,
-        samples: int,
-        started: float,
+        self, step: int, values: Mapping[str, torch.Tensor], *, samples: int, started: float
     ) -> None:
-        """Keep one step's values; flush when a flush is due (may raise DivergedError)."""
-        self._values += (loss, grad_norm, lr)
-        if self._with_scaler:
-            assert found_inf is not None and scale is not None
-            self._values += (found_inf, scale)
+        """Keep one step's device values (by metric name: ``loss``, ``grad_norm``, ``lr``,
+        and with a scaler ``skipped``, its inf flag, and ``loss_scale``); flush when a flush
+        is due (may raise DivergedError)."""
+        self._values += (values[f] for f in self._fields)
         now = time.perf_counter()
         self._pending.append(_Pending(step, samples, started, now))
         # The first step of a run (or of a resumed run) flushes at once, so a watcher
@@ -233,17 +226,17 @@ class StepTelemetry:
         and scale are equal on all ranks, the gradients having been all-reduced), the
         memory maximum over ranks, and the extra record fields."""
         mem = snapshot(self._device)
-        stop = STOP_CODES[self.stop_requested]
-        tail = torch.tensor([*mem, stop], dtype=torch.float64, device=self._device)
-        row = torch.cat([torch.stack(self._values).double(), tail]) if self._values else tail
+        tail = {**mem._asdict(), "stop": STOP_CODES[self.stop_requested]}
+        ends = torch.tensor(list(tail.values()), dtype=torch.float64, device=self._device)
+        row = torch.cat([torch.stack(self._values).double(), ends]) if self._values else ends
         rows = self.host.table(self._group.gather_rows(row))  # the collective, then the read
-        width = 5 if self._with_scaler else 3
-        values = rows[self._group.rank][:-4]
-        for i in range(0, len(values), width):
+        values = rows[self._group.rank][: -len(tail)]
+        tails = [dict(zip(tail, r[-len(tail) :], strict=True)) for r in rows]
+        for i in range(self._fields.index("loss"), len(values), len(self._fields)):
             values[i] = sum(r[i] for r in rows) / len(rows)
-        self.agreed_stop = stop_name(max(r[-1] for r in rows))
-        top = MemorySnapshot(*(int(max(r[k] for r in rows)) for k in (-4, -3, -2)))
-        extra = {"world_size": len(rows), "memory_peak_per_rank": [int(r[-2]) for r in rows]}
+        self.agreed_stop = stop_name(max(t["stop"] for t in tails))
+        top = MemorySnapshot(*(int(max(t[f] for t in tails)) for f in MemorySnapshot._fields))
+        extra = {"world_size": len(rows), "memory_peak_per_rank": [int(t["peak"]) for t in tails]}
         return values, top, extra
 
     def _build_records(
@@ -258,7 +251,7 @@ class StepTelemetry:
         if not pending:
             return []
         host_done = time.perf_counter()
-        width = 5 if self._with_scaler else 3
+        width = len(self._fields)
         records = []
         if device_s is not None:
             device_done = pending[0].started + max(device_s, 0.0)
@@ -266,19 +259,20 @@ class StepTelemetry:
             device_done = host_done if self._device.type == "cuda" else pending[-1].ended
         timeline = self._timeline(pending, device_done)
         for i, (p, (start, end)) in enumerate(zip(pending, timeline, strict=True)):
-            loss, norm, lr, *rest = values[i * width : (i + 1) * width]
-            skipped = bool(rest and rest[0] > 0)
+            device: dict[str, Any] = dict(
+                zip(self._fields, values[i * width : (i + 1) * width], strict=True)
+            )
+            skipped = device.pop("skipped", 0.0) > 0  # the scaler's inf flag
+            if skipped:
+                device["grad_norm"] = None  # not a norm: the gradients held inf/NaN
             self.skipped_steps += skipped
             step_s = max(end - start, 1e-9)
             records.append(
                 metric(
                     step=p.step,
                     time=self._wall_offset + end,
-                    loss=loss,
-                    loss_scale=rest[1] if rest else None,
                     skipped=skipped,
-                    grad_norm=None if skipped else norm,
-                    lr=lr,
+                    **device,
                     memory_allocated=mem.allocated,
                     memory_reserved=mem.reserved,
                     memory_peak=mem.peak,

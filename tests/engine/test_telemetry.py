@@ -241,11 +241,7 @@ def test_due_flushes_read_the_previous_window_without_waiting_then_all_at_an_exp
         time.sleep(0.002)  # a step of a few ms
         telemetry.record(
             step,
-            loss=value,
-            grad_norm=value,
-            found_inf=None,
-            scale=None,
-            lr=value / 100,
+            {"loss": value, "grad_norm": value, "lr": value / 100},
             samples=16,
             started=started,
         )
