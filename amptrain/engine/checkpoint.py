@@ -20,7 +20,40 @@ import numpy as np
 import torch
 from fsspec.implementations.local import LocalFileSystem
 
+from amptrain.contract.errors import ResumeMismatchError
 from amptrain.contract.layout import checkpoint_name, checkpoint_step
+
+CHECKPOINT_FORMAT = 2
+"""What :meth:`~amptrain.engine.loop.Trainer.state_dict` writes and the only format
+:meth:`~amptrain.engine.loop.Trainer.load_state_dict` reads (another is refused as
+``resume_mismatch``). The schedule is ``{"applied_steps": n}``; ``world_size`` is the number
+of devices that wrote it; with more than one, ``rng_per_rank`` holds every rank's RNG
+states in rank order."""
+
+
+def check_resumable(state: dict[str, Any], world_size: int) -> None:
+    """Refuse a checkpoint this engine did not write, or one written by another number of
+    devices, before reading any of it (``resume_mismatch``)."""
+    found = state.get("format")
+    step = state.get("step") if isinstance(state.get("step"), int) else None
+    at = f" (step {step})" if step is not None else ""
+    if found != CHECKPOINT_FORMAT:
+        raise ResumeMismatchError(
+            f"cannot resume: the newest checkpoint{at} is of format {found!r} and this engine "
+            f"reads format {CHECKPOINT_FORMAT} only. Start afresh (another checkpoint "
+            "directory, or --no-resume)",
+            step=step,
+        )
+    saved = int(state["world_size"])
+    if saved != world_size:
+        raise ResumeMismatchError(
+            f"cannot resume: the newest checkpoint{at} was written by {saved} device(s) and "
+            f"this run has {world_size}; exact resume needs the same number (RNG states and "
+            f"data shares are per device). Run with devices: {saved}, or start afresh "
+            "(another checkpoint directory, or --no-resume)",
+            step=step,
+        )
+
 
 _TMP_PREFIX = ".tmp-"
 

@@ -18,8 +18,7 @@ import torch
 from amptrain.contract.errors import PreemptedError, ResumeMismatchError
 from amptrain.contract.spec import parse_spec
 from amptrain.engine import RunContext, Trainer
-from amptrain.engine.checkpoint import CheckpointStore
-from amptrain.engine.loop import CHECKPOINT_FORMAT
+from amptrain.engine.checkpoint import CHECKPOINT_FORMAT, CheckpointStore
 
 
 def spec(precision: str, **overrides: Any) -> Any:

@@ -1,0 +1,140 @@
+"""The Trainer's checkpointed state: what exact resume needs, written atomically at step
+boundaries and read back at the start of a resumed attempt.
+
+A checkpoint holds the model, optimizer, schedule and scaler states, every RNG state, the
+step and the data position (``samples_consumed``), the micro-batch size and accumulation
+(an OOM may have halved them), the precision and the number of devices that wrote it
+(:data:`~amptrain.engine.checkpoint.CHECKPOINT_FORMAT`). Telemetry goes first: a run
+resumed from a checkpoint never re-runs the steps before it, so their records are with
+the sink before the checkpoint exists.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from amptrain.contract.spec import JobSpec
+from amptrain.engine.amp_step import AmpStep
+from amptrain.engine.checkpoint import (
+    CHECKPOINT_FORMAT,
+    CheckpointStore,
+    capture_rng,
+    check_resumable,
+    restore_rng,
+)
+from amptrain.engine.context import RunContext
+from amptrain.engine.distributed import Group
+from amptrain.engine.lr_schedule import DeviceSchedule
+from amptrain.engine.precision import PrecisionChoice
+from amptrain.engine.publisher import Publisher
+from amptrain.engine.telemetry import StepTelemetry
+
+
+class Checkpointing:
+    """``state_dict``/``load_state_dict`` and checkpoint files, mixed into the Trainer,
+    which builds every attribute below (see :class:`~amptrain.engine.parts.Parts`)."""
+
+    spec: JobSpec
+    ctx: RunContext
+    device: torch.device
+    group: Group
+    precision: PrecisionChoice
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    schedule: DeviceSchedule
+    amp: AmpStep
+    store: CheckpointStore | None
+    publisher: Publisher
+    telemetry: StepTelemetry
+    drain_timeout_s: float
+    step: int
+    micro_batch: int
+    grad_accum: int
+    resumed_from: int | None
+    _last_checkpoint_step: int | None
+
+    def state_dict(self) -> dict[str, Any]:
+        """Everything exact resume needs, as tensors and plain types (weights_only-loadable).
+
+        Devices > 1: a collective (it gathers every rank's RNG states); call it on all ranks."""
+        scaler = self.amp.scaler
+        rngs = self.group.gather_objects(capture_rng(self._rank_cuda))
+        parallel = {"rng_per_rank": rngs} if self.group.parallel else {}
+        return {
+            "format": CHECKPOINT_FORMAT,
+            "step": self.step,
+            "samples_consumed": self.samples_consumed,
+            "micro_batch": self.micro_batch,
+            "grad_accum_steps": self.grad_accum,
+            "precision": self.precision.effective,
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.schedule.state_dict(),
+            "scaler": scaler.state_dict() if scaler is not None else None,
+            "rng": rngs[0],
+            "world_size": self.group.world_size,
+            **parallel,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a :meth:`state_dict`; the run then continues exactly where it was."""
+        check_resumable(state, self.group.world_size)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        _keep_build_options(self.optimizer)
+        self.schedule.load_state_dict(state["scheduler"])
+        if self.amp.scaler is not None and state.get("scaler"):
+            self.amp.scaler.load_state_dict(state["scaler"])
+        self.step = int(state["step"])
+        self.micro_batch = int(state["micro_batch"])
+        self.grad_accum = int(state["grad_accum_steps"])
+        rng = state["rng_per_rank"][self.group.rank] if self.group.parallel else state["rng"]
+        restore_rng(rng, self._rank_cuda)
+
+    def save_checkpoint(self) -> str | None:
+        """Write a checkpoint of the current step (if this run has a checkpoint dir)."""
+        if self.store is None:
+            return None
+        # Telemetry first: a run resumed from this checkpoint never re-runs the steps
+        # before it, so their records must be with the sink before the checkpoint exists.
+        # Bounded: a stuck sink delays the checkpoint by at most drain_timeout_s.
+        self.telemetry.flush()
+        self.publisher.wait_delivered(self.drain_timeout_s)
+        state = self.state_dict()
+        path = self.store.save(self.step, state) if self.group.leader else None
+        self.group.barrier()  # no rank goes on (or stops) before the checkpoint exists
+        self._last_checkpoint_step = self.step
+        self.telemetry.event("checkpoint", self.step, path=path)
+        return path
+
+    def resume(self) -> None:
+        """Continue from the newest checkpoint, if the run resumes and has one."""
+        if not (self.ctx.resume and self.store is not None):
+            return
+        latest = self.group.leader_value(self.store.latest())
+        if latest is None:
+            return
+        self.load_state_dict(self.store.load(latest))
+        self.resumed_from = self._last_checkpoint_step = self.step
+        self.telemetry.event("resumed", self.step, from_step=self.step, path=latest)
+
+    @property
+    def samples_consumed(self) -> int:
+        """Data position: every optimizer step consumes exactly ``batch_size`` samples."""
+        return self.step * self.spec.batch_size
+
+    @property
+    def _rank_cuda(self) -> torch.device | None:
+        """The one GPU whose RNG a data-parallel rank checkpoints (None: every initialised one)."""
+        return self.device if self.group.parallel and self.device.type == "cuda" else None
+
+
+def _keep_build_options(optimizer: torch.optim.Optimizer) -> None:
+    """``load_state_dict`` copies every saved group option over the built ones; keep the
+    kernel choice (fused) this engine built, whatever an older checkpoint recorded."""
+    for group in optimizer.param_groups:
+        for key in ("fused", "foreach"):
+            if key in optimizer.defaults:
+                group[key] = optimizer.defaults[key]
