@@ -82,41 +82,62 @@ def build_parts(
     # Process-wide switches: put back as they were when train() ends (or this fails).
     restore_math = apply_math_mode(chosen, device)
     try:
-        return _build(spec, ctx, device, group, components, data, chosen, restore_math)
+        precision = dataclasses.replace(chosen, device=group.describe(chosen.device))
+        seed_everything(spec.seed)  # the same on every rank: the same dataset and model
+        made = components or _build_components(spec, ctx, device, precision.effective)
+        model, channels_last = _place_model(made.model, device)
+        wrapped = group.wrap(model)
+        if group.rank > 0:
+            # Dropout and other random ops draw differently on each rank (rank 0 keeps the
+            # single-process stream).
+            seed_everything((spec.seed + 1_000_003 * group.rank) % 2**32)
+        optimizer = _registry().build_optimizer(spec.optimizer, model.parameters(), device)
+        amp = AmpStep(spec, wrapped, optimizer, made.loss_fn, precision, device)
+        publisher = Publisher(ctx.sink if group.leader else None, spec.telemetry.queue_size)
+        return Parts(
+            precision=precision,
+            restore_math=restore_math,
+            dataset=made.dataset,
+            model=model,
+            channels_last=channels_last,
+            optimizer=optimizer,
+            schedule=_schedule(spec, optimizer),
+            feeder=_feeder(spec, device, group, made.dataset, channels_last, data),
+            amp=amp,
+            store=_store(spec, ctx, group),
+            publisher=publisher,
+            telemetry=StepTelemetry(
+                spec.telemetry,
+                device,
+                HealthMonitor(spec.health, precision.effective),
+                publisher,  # one series per job: the other ranks' publishers have no sink
+                with_scaler=amp.scaler is not None,
+                group=group,
+            ),
+        )
     except BaseException:
         restore_math()
         raise
 
 
-def _build(
+def _schedule(spec: JobSpec, optimizer: torch.optim.Optimizer) -> DeviceSchedule:
+    table = _registry().lr_table(spec.schedule, spec.optimizer.lr, spec.max_steps)
+    return DeviceSchedule(table, optimizer)
+
+
+def _feeder(
     spec: JobSpec,
-    ctx: RunContext,
     device: torch.device,
     group: Group,
-    components: Components | None,
+    dataset: Any,
+    channels_last: bool,
     data: DataOptions,
-    chosen: PrecisionChoice,
-    restore_math: Callable[[], None],
-) -> Parts:
-    precision = dataclasses.replace(chosen, device=group.describe(chosen.device))
-    seed_everything(spec.seed)  # the same on every rank: the same dataset and model
-    made = components or _build_components(spec, ctx, device, precision.effective)
-    model, channels_last = _place_model(made.model, device)
-    wrapped = group.wrap(model)
-    if group.rank > 0:
-        # Dropout and other random ops draw differently on each rank (rank 0 keeps the
-        # single-process stream).
-        seed_everything((spec.seed + 1_000_003 * group.rank) % 2**32)
-    reg = _registry()
-    optimizer = reg.build_optimizer(spec.optimizer, model.parameters(), device)
-    schedule = DeviceSchedule(
-        reg.lr_table(spec.schedule, spec.optimizer.lr, spec.max_steps), optimizer
-    )
+) -> Feeder:
     depth = data.prefetch_depth
     if depth is None:
         depth = 2 if device.type == "cuda" else 0
-    feeder = Feeder(
-        made.dataset,
+    return Feeder(
+        dataset,
         device,
         channels_last=channels_last,
         depth=depth,
@@ -124,36 +145,12 @@ def _build(
         builders=data.builders,
         share=(group.rank, group.world_size, spec.batch_size),
     )
-    amp = AmpStep(spec, wrapped, optimizer, made.loss_fn, precision, device)
-    store = (
-        CheckpointStore(ctx.checkpoint_dir, spec.checkpoint.keep_last, writer=group.leader)
-        if ctx.checkpoint_dir
-        else None
-    )
-    # One series per job: the other ranks build the same records and publish none.
-    publisher = Publisher(ctx.sink if group.leader else None, spec.telemetry.queue_size)
-    telemetry = StepTelemetry(
-        spec.telemetry,
-        device,
-        HealthMonitor(spec.health, precision.effective),
-        publisher,
-        with_scaler=amp.scaler is not None,
-        group=group,
-    )
-    return Parts(
-        precision=precision,
-        restore_math=restore_math,
-        dataset=made.dataset,
-        model=model,
-        channels_last=channels_last,
-        optimizer=optimizer,
-        schedule=schedule,
-        feeder=feeder,
-        amp=amp,
-        store=store,
-        publisher=publisher,
-        telemetry=telemetry,
-    )
+
+
+def _store(spec: JobSpec, ctx: RunContext, group: Group) -> CheckpointStore | None:
+    if not ctx.checkpoint_dir:
+        return None
+    return CheckpointStore(ctx.checkpoint_dir, spec.checkpoint.keep_last, writer=group.leader)
 
 
 def _place_model(model: torch.nn.Module, device: torch.device) -> tuple[torch.nn.Module, bool]:
