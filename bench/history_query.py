@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import math
 import os
-import sqlite3
 import statistics
 import sys
 import tempfile
@@ -41,6 +40,7 @@ from amptrain.store.history import summary_writes
 from amptrain.store.history.downsample import series_window
 from amptrain.store.history.raw_window import raw_window
 from bench.common import throwaway_pg
+from tests.support.bulk_points import bulk_insert_points
 
 COLUMNS = (
     "job_id",
@@ -80,27 +80,8 @@ def new_job(sessions: sessionmaker[Session], steps: int) -> str:
 
 
 def seed(engine: sa.Engine, job_id: str, n: int) -> None:
-    """``n`` points straight through the driver (COPY on PostgreSQL, a streamed
-    executemany on SQLite): a million rows in seconds, never all in memory."""
-    raw = engine.raw_connection()
-    try:
-        cur = raw.cursor()
-        if engine.dialect.name == "postgresql":
-            with cur.copy(f"COPY metric_points ({', '.join(COLUMNS)}) FROM STDIN") as copy:
-                for row in rows(job_id, n):
-                    copy.write_row(row)
-        else:
-            sqlite = raw.driver_connection
-            assert isinstance(sqlite, sqlite3.Connection)  # its executemany takes an iterator
-            marks = ", ".join("?" for _ in COLUMNS)
-            sql = f"INSERT INTO metric_points ({', '.join(COLUMNS)}) VALUES ({marks})"
-            sqlite.executemany(sql, rows(job_id, n))
-        raw.commit()
-        if engine.dialect.name == "postgresql":
-            cur.execute("ANALYZE metric_points")
-            raw.commit()
-    finally:
-        raw.close()
+    """``n`` points straight through the driver: a million rows in seconds."""
+    bulk_insert_points(engine, COLUMNS, rows(job_id, n))
 
 
 def timed(fn: Callable[[], Any], reads: int) -> tuple[float, float]:

@@ -18,6 +18,7 @@ from amptrain.store.db import make_session_factory
 from amptrain.store.history import rebuild as summary_rebuild
 from amptrain.store.history.downsample import downsample
 from amptrain.store.history.window import parse_fields
+from tests.support.bulk_points import bulk_insert_points
 
 COLUMNS = ("job_id", "attempt", "stream_ms", "stream_seq", "step", "time", "loss", "loss_scale")
 Row = tuple[str, int, int, int, int, float, float | None, float | None]
@@ -37,8 +38,8 @@ def new_job(sessions: sessionmaker[Session]) -> str:
 
 
 def bulk_insert(engine: sa.Engine, rows: Iterable[Row]) -> None:
-    """executemany on SQLite, COPY on PostgreSQL: the test data, not the code under test;
-    then the jobs' summaries, as the recorder would have kept them."""
+    """The test data straight through the driver (not the code under test); then the
+    jobs' summaries, as the recorder would have kept them."""
     job_ids: set[str] = set()
 
     def noting_jobs(rows: Iterable[Row]) -> Iterator[Row]:
@@ -46,25 +47,7 @@ def bulk_insert(engine: sa.Engine, rows: Iterable[Row]) -> None:
             job_ids.add(row[0])
             yield row
 
-    rows = noting_jobs(rows)
-    raw = engine.raw_connection()
-    try:
-        cur = raw.cursor()
-        if engine.dialect.name == "postgresql":
-            with cur.copy(f"COPY metric_points ({', '.join(COLUMNS)}) FROM STDIN") as copy:
-                for row in rows:
-                    copy.write_row(row)
-        else:
-            marks = ", ".join("?" for _ in COLUMNS)
-            sql = f"INSERT INTO metric_points ({', '.join(COLUMNS)}) VALUES ({marks})"
-            cur.executemany(sql, rows)  # type: ignore[arg-type]  # sqlite3 takes any iterable
-        raw.commit()
-        if engine.dialect.name == "postgresql":
-            # What autovacuum does after a bulk load; without statistics the planner guesses.
-            cur.execute("ANALYZE metric_points")
-            raw.commit()
-    finally:
-        raw.close()
+    bulk_insert_points(engine, COLUMNS, noting_jobs(rows))
     with make_session_factory(engine).begin() as s:
         for job_id in job_ids:
             summary_rebuild.rebuild(s, job_id)

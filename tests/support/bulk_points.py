@@ -1,0 +1,38 @@
+"""Metric points written straight through the database driver (COPY on PostgreSQL, a
+streamed executemany on SQLite): a million rows in seconds, never all in memory. Test and
+benchmark data, not the code under test (the recorder's own path is
+:mod:`amptrain.store.history.point_writes`)."""
+
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import sqlalchemy as sa
+
+
+def bulk_insert_points(
+    engine: sa.Engine, columns: Sequence[str], rows: Iterable[tuple[Any, ...]]
+) -> None:
+    """Insert ``rows`` (tuples in the order of ``columns``) into ``metric_points``."""
+    names = ", ".join(columns)
+    raw = engine.raw_connection()
+    try:
+        cur = raw.cursor()
+        if engine.dialect.name == "postgresql":
+            with cur.copy(f"COPY metric_points ({names}) FROM STDIN") as copy:
+                for row in rows:
+                    copy.write_row(row)
+        else:
+            sqlite = raw.driver_connection
+            assert isinstance(sqlite, sqlite3.Connection)  # its executemany takes an iterator
+            marks = ", ".join("?" for _ in columns)
+            sqlite.executemany(f"INSERT INTO metric_points ({names}) VALUES ({marks})", rows)
+        raw.commit()
+        if engine.dialect.name == "postgresql":
+            # What autovacuum does after a bulk load; without statistics the planner guesses.
+            cur.execute("ANALYZE metric_points")
+            raw.commit()
+    finally:
+        raw.close()
