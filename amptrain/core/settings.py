@@ -127,6 +127,15 @@ class Settings(BaseSettings):
     """Writes (POST, PUT, PATCH, DELETE) per token, in ``limits`` notation (``10/second``,
     ``120/minute;1000/hour``), shared by every API process through Redis; more is a 429
     with ``Retry-After``."""
+    max_connections: int = Field(default=2048, ge=16, le=1_000_000)
+    """Open connections one API process holds (WebSockets included). A connection opened
+    over the cap closes the one that has waited longest for its next request (idle or
+    half-sent), or gets 503 when every connection is busy; each is logged. The process
+    raises its open-files limit to fit, or lowers the cap (and says so) when it cannot."""
+    request_read_timeout_seconds: float = Field(default=20.0, gt=0, le=3600)
+    """A connection must deliver its whole request (headers and body) within this long of
+    opening, or of its first byte after a response; else 408 and closed (a client that
+    sends a request line and then nothing holds nothing for longer)."""
     token_recheck_seconds: float = Field(default=5.0, gt=0)
     """An open WebSocket or SSE stream re-checks its token (revoked? expired?) at its next
     message once this long has passed since the last check."""
