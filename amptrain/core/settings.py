@@ -61,10 +61,12 @@ class Settings(BaseSettings):
     """Wall-clock limit of one attempt whose spec gives no ``max_runtime_s``."""
     job_runtime_limit_seconds: int = Field(default=7 * 24 * 3600, ge=1)
     """Largest ``max_runtime_s`` a spec may ask for (more is a 422)."""
-    max_job_memory_gib: float = Field(default=256.0, gt=0)
+    max_job_memory_gib: float | None = Field(default=None, gt=0)
     """Most memory one job may need by the API's estimate from its spec (parameters,
-    gradients, optimizer state, synthetic data; more is a 422); every worker also checks
-    the fuller estimate against its own device before training."""
+    gradients, optimizer state, synthetic data; more is a 422). Unset: no limit of its own;
+    either way a spec whose host memory fits none of the live workers of its queue (by
+    what each reports a training process could get) is a 422, and every worker checks
+    its dataset and then the fuller estimate against its own memory before allocating."""
     lease_seconds: float = Field(default=30.0, gt=0)
     """A running attempt's lease; a worker that stops heartbeating loses the job after this long."""
     heartbeat_seconds: float = Field(default=5.0, gt=0)

@@ -18,7 +18,7 @@ from amptrain.contract.spec import JobSpec
 from amptrain.core.enums import JobStatus
 from amptrain.core.redis import Keys
 from amptrain.server.dispatcher import queue_for
-from amptrain.server.web.admission import service_policy
+from amptrain.server.web.admission import queue_workers, service_policy
 from amptrain.server.web.deps import (
     CurrentUser,
     ServicesDep,
@@ -77,7 +77,8 @@ def submit_job(
     original job (200); the same key with another body is a 409. A caller already holding
     ``AMPTRAIN_MAX_ACTIVE_JOBS_PER_USER`` unfinished jobs gets 429 (admins are exempt)."""
     problems = validate_components(spec)
-    problems += admission_problems(spec, user.name, service_policy(services.settings))
+    workers = queue_workers(services.redis, queue_for(spec))
+    problems += admission_problems(spec, user.name, service_policy(services.settings, workers))
     size = len(canonical_spec(spec))
     if size > services.settings.max_spec_bytes:
         problems.append(
