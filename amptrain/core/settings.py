@@ -138,6 +138,11 @@ class Settings(BaseSettings):
     """A connection must deliver its whole request (headers and body) within this long of
     opening, or of its first byte after a response; else 408 and closed (a client that
     sends a request line and then nothing holds nothing for longer)."""
+    auth_failure_rate_limit: str = "30/minute"
+    """Failed authentications (401) per client address, in ``limits`` notation, shared by
+    every API process through Redis; past it the address gets 429 with ``Retry-After``
+    for every request until its window allows again. Behind a proxy the address is the
+    one it forwards (uvicorn's ``FORWARDED_ALLOW_IPS`` names the proxies trusted)."""
     token_recheck_seconds: float = Field(default=5.0, gt=0)
     """An open WebSocket or SSE stream re-checks its token (revoked? expired?) at its next
     message once this long has passed since the last check."""
