@@ -44,6 +44,10 @@ from amptrain.store.models import Job
 router = APIRouter(prefix="/jobs", tags=["jobs"], responses=error_responses(401, 422))
 
 CANCEL_KEY_TTL_S = 7 * 24 * 3600  # outlives any grace period; the job's status is the truth
+_STATUSES = [s.value for s in JobStatus]
+STATUS_LIST = rf"^({'|'.join(_STATUSES)})(,({'|'.join(_STATUSES)}))*$"
+"""What ``GET /jobs?status=`` takes, as the schema documents it (spaces around commas are
+tolerated too)."""
 
 
 def canonical_spec(spec: JobSpec) -> bytes:
@@ -154,7 +158,12 @@ def list_jobs(
     services: ServicesDep,
     status_filter: Annotated[
         str | None,
-        Query(alias="status", max_length=200, description="One status or a comma-separated list."),
+        Query(
+            alias="status",
+            max_length=200,
+            description=f"One status or a comma-separated list of: {', '.join(_STATUSES)}.",
+            json_schema_extra={"pattern": STATUS_LIST},
+        ),
     ] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: Annotated[
@@ -168,7 +177,7 @@ def list_jobs(
     statuses = None
     if status_filter:
         statuses = [s.strip() for s in status_filter.split(",") if s.strip()]
-        known = [s.value for s in JobStatus]
+        known = _STATUSES
         bad = [s for s in statuses if s not in known]
         if bad:
             raise ValidationFailed(
