@@ -21,21 +21,30 @@ WS_MAX_SIZE = 64 * 1024
 def api(host: str, port: int, log_level: str) -> None:
     """Run the HTTP API (recorder and dispatcher included), configured by AMPTRAIN_*."""
     import uvicorn
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
     from amptrain.core.logs import configure_logging
     from amptrain.core.settings import get_settings
+    from amptrain.server.http_guard import ConnectionGuard, fit_descriptors, guarded
 
+    settings = get_settings()
     os.umask(0o077)  # the SQLite file, the admin token: readable by this user only
     # One format for our loggers and uvicorn's (log_config=None: uvicorn adds no handlers).
-    configure_logging(get_settings().log_format, component="api", level=log_level)
+    configure_logging(settings.log_format, component="api", level=log_level)
     for name in ("uvicorn.access", "uvicorn.error"):  # WebSocket handshakes log to .error
         logging.getLogger(name).addFilter(strip_query_strings)
     _tune_gc()
+    # No limit_concurrency: it counts half-open connections and refuses real clients while
+    # they last; the guard caps connections at accept and times out unfinished requests.
+    guard = ConnectionGuard(
+        fit_descriptors(settings.max_connections), settings.request_read_timeout_seconds
+    )
     uvicorn.run(
         "amptrain.server.web.app:create_app",
         factory=True,
         host=host,
         port=port,
+        http=guarded(AutoHTTPProtocol, guard),
         log_level=log_level,
         log_config=None,
         ws="websockets-sansio",

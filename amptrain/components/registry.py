@@ -17,6 +17,7 @@ from torch import nn
 
 from amptrain.components.base import DataInfo, Dataset
 from amptrain.components.losses import loss_for
+from amptrain.components.memory_budget import require_memory
 from amptrain.components.optim import build_optimizer, lr_table
 from amptrain.contract import catalog
 from amptrain.contract.catalog import Registration
@@ -77,6 +78,11 @@ def build_dataset(ref: ComponentRef, *, seed: int, data_roots: Sequence[str] = (
     """The dataset ``ref`` names, seeded; file datasets may only read under ``data_roots``."""
     reg = registration("dataset", ref.name)
     args = _checked_args("dataset", reg, ref)
+    # Before a byte is allocated: a dataset that declares its size must fit (file datasets
+    # check what their headers declare as they open the file).
+    shape = reg.footprint(args) if reg.footprint is not None else None
+    if shape is not None:
+        require_memory(shape.resident_bytes, f"the dataset {ref.name!r}")
     dataset = reg.resolve_builder()(seed=seed, data_roots=tuple(data_roots), **args)
     if not isinstance(getattr(dataset, "info", None), DataInfo) or not callable(
         getattr(dataset, "batch", None)

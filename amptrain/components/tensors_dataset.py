@@ -4,8 +4,10 @@ The file must lie under one of the data roots the caller (the worker's
 configuration, or ``amptrain train --data-root``) allows: a job spec is user input
 and must not read arbitrary files of the machine that runs it, nor make it connect
 anywhere. :mod:`amptrain.contract.data_access` checks the path as text first;
-only a location inside a root is ever opened (local files with ``open``, URLs with
-fsspec). ``.pt`` files are loaded with ``weights_only=True`` so they cannot run code.
+only a location inside a root is ever opened, and only a regular file, read within the
+memory the training process has (:mod:`amptrain.components.array_files`: headers before
+inflating, memory maps where the file allows). ``.pt`` files are loaded with
+``weights_only=True`` so they cannot run code.
 
 Errors reach the user who submitted the job, so they name the problem and the path
 as the user wrote it: never the file's content (a CSV parser's message quotes the
@@ -23,21 +25,28 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import fsspec
 import numpy as np
 import torch
 
+from amptrain.components.array_files import (
+    CSV_EXPANSION,
+    PATH_CHARS,
+    DataFile,
+    open_data_file,
+    read_all,
+    read_npz,
+    read_pt,
+)
 from amptrain.components.base import DataInfo
 from amptrain.components.synthetic import PoolDataset
 from amptrain.contract.data_access import PathRefused, check_location
-from amptrain.contract.errors import InvalidSpecError
+from amptrain.contract.errors import InvalidSpecError, TrainingError
 from amptrain.contract.text import quote
 
 log = logging.getLogger(__name__)
 
 _FIELD = "dataset.args.path"
 _SUFFIXES = (".npz", ".csv", ".pt")
-PATH_CHARS = 120  # paths are quoted longer than other values: the file name is at the end
 
 
 def check_under_roots(location: str, data_roots: Sequence[str]) -> list[str]:
@@ -47,30 +56,6 @@ def check_under_roots(location: str, data_roots: Sequence[str]) -> list[str]:
         return check_location(location, data_roots)
     except PathRefused as exc:
         raise InvalidSpecError(f"{_FIELD}: {quote(location, PATH_CHARS)}: {exc}") from None
-
-
-def _read_bytes(shown: str, candidates: list[str]) -> bytes:
-    for location in candidates:
-        try:
-            return _read_one(location)
-        except FileNotFoundError:
-            continue
-        except OSError as exc:
-            log.warning("tensors dataset: cannot read %s: %r", location, exc)
-            raise InvalidSpecError(
-                f"{_FIELD}: cannot read {quote(shown, PATH_CHARS)} ({type(exc).__name__})"
-            ) from None
-    raise InvalidSpecError(
-        f"{_FIELD}: no such file under the data roots: {quote(shown, PATH_CHARS)}"
-    )
-
-
-def _read_one(location: str) -> bytes:
-    if "://" not in location:  # checked local path: plain open, no fsspec in between
-        return Path(location).read_bytes()
-    with fsspec.open(location, "rb") as f:
-        data: bytes = f.read()
-        return data
 
 
 def _pick(arrays: dict[str, Any], key: str, arg: str) -> Any:
@@ -92,12 +77,26 @@ def _what_is_wrong(suffix: str, exc: Exception) -> str:
 
 
 def _load_arrays(
-    data: bytes, suffix: str, args: dict[str, Any]
+    f: DataFile, suffix: str, args: dict[str, Any]
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(inputs, targets) as stored; targets None when the file holds only token ids."""
+    """(inputs, targets) as stored, once the copies the dataset makes of them fit too;
+    targets None when the file holds only token ids."""
+    inputs, targets = _read_arrays(f, suffix, args)
+    if targets is None:  # token ids as int64, then inputs and targets shifted by one
+        f.require(3 * inputs.numel() * 8, "its token ids as int64 inputs and targets")
+    else:
+        stored = inputs.dtype == torch.float32 and inputs.is_contiguous()
+        copy = 0 if stored else inputs.numel() * 4
+        f.require(copy + targets.numel() * 8, "its float32 inputs and int64 labels")
+    return inputs, targets
+
+
+def _read_arrays(
+    f: DataFile, suffix: str, args: dict[str, Any]
+) -> tuple[torch.Tensor, torch.Tensor | None]:
     lm = args["task"] == "language_model"
     if suffix == ".csv":
-        text = data.decode()
+        text = read_all(f, CSV_EXPANSION).decode()
         first = text.split("\n", 1)[0]
         try:
             [float(v) for v in first.split(",")]
@@ -113,11 +112,14 @@ def _load_arrays(
         keep = [c for c in range(table.shape[1]) if c != col]
         return table[:, keep], table[:, col]
     if suffix == ".npz":
-        with np.load(io.BytesIO(data), allow_pickle=False) as z:
-            arrays: dict[str, Any] = {k: torch.from_numpy(z[k]) for k in z.files}
+        keys = {"inputs_key": args["inputs_key"]}
+        if not lm:
+            keys["targets_key"] = args["targets_key"]
+        found = read_npz(f, keys)
+        arrays: dict[str, Any] = {args[arg]: torch.from_numpy(a) for arg, a in found.items()}
     else:
         try:
-            loaded = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+            loaded = read_pt(f)
         except pickle.UnpicklingError as exc:
             if "global" not in str(exc).lower():  # "unsupported GLOBAL posix.getcwd"
                 raise  # not a refused object: a broken file, described by the caller
@@ -184,8 +186,9 @@ def build_tensors(
         "label_column": label_column,
     }
     try:
-        inputs, targets = _load_arrays(_read_bytes(path, candidates), suffix, args)
-    except InvalidSpecError:
+        with open_data_file(_FIELD, path, candidates) as f:
+            inputs, targets = _load_arrays(f, suffix, args)
+    except TrainingError:  # invalid_spec, too_large: already say what is wrong
         raise
     except Exception as exc:  # malformed files: the parser's message may quote the content
         log.warning("tensors dataset: cannot load %s as %s: %r", candidates, suffix, exc)

@@ -21,6 +21,15 @@ from amptrain.contract.text import quote
 
 
 @dataclass(frozen=True)
+class WorkerMemory:
+    """What a training process could get on one live worker (as it last measured while it
+    ran no job), and whether the worker has a GPU (then the model lives there)."""
+
+    available_bytes: int
+    gpu: bool
+
+
+@dataclass(frozen=True)
 class ServicePolicy:
     data_roots: Sequence[str] = ()
     data_protocols: Sequence[str] = ("file",)
@@ -29,6 +38,9 @@ class ServicePolicy:
     """Refuse specs whose memory lower bound (``sizing.SpecSize``) exceeds this."""
     runtime_limit_s: float | None = None
     """Largest ``max_runtime_s`` a spec may ask for."""
+    workers: Sequence[WorkerMemory] = ()
+    """The live workers of the job's queue that report their memory: a spec whose host
+    memory fits none of them is refused (none known: the worker checks before allocating)."""
 
 
 def spec_size(spec: JobSpec) -> sizing.SpecSize | None:
@@ -66,19 +78,48 @@ def admission_problems(spec: JobSpec, owner: str, policy: ServicePolicy) -> list
                 "msg": f"at most {limit:g} seconds on this service; got {spec.max_runtime_s}",
             }
         )
-    if policy.max_job_memory_bytes is not None and not catalog.validate_components(spec):
+    if (policy.max_job_memory_bytes is not None or policy.workers) and not (
+        catalog.validate_components(spec)
+    ):
         size = spec_size(spec)
-        if size is not None and size.total > policy.max_job_memory_bytes:
-            field = "model" if size.state_bytes >= size.data_bytes else "dataset"
-            problems.append(
-                {
-                    "loc": [field, "args"],
-                    "msg": f"too large: {size.describe()}, more than the "
-                    f"{sizing.format_bytes(policy.max_job_memory_bytes)} one job may use "
-                    "on this service",
-                }
-            )
+        problem = _memory_problem(spec, size, policy) if size is not None else None
+        if problem is not None:
+            problems.append(problem)
     return problems
+
+
+def _memory_problem(
+    spec: JobSpec, size: sizing.SpecSize, policy: ServicePolicy
+) -> dict[str, Any] | None:
+    field = ["model" if size.state_bytes >= size.data_bytes else "dataset", "args"]
+    limit = policy.max_job_memory_bytes
+    if limit is not None and size.total > limit:
+        return {
+            "loc": field,
+            "msg": f"too large: {size.describe()}, more than the "
+            f"{sizing.format_bytes(limit)} one job may use on this service",
+            "type": "too_large",
+        }
+    if not policy.workers:
+        return None
+    # Every data-parallel process holds the dataset; the model is in host memory on a CPU.
+    needs = {
+        gpu: spec.devices
+        * (size.data_bytes + (0 if gpu and spec.device != "cpu" else size.state_bytes))
+        for gpu in (False, True)
+    }
+    if any(needs[w.gpu] <= w.available_bytes for w in policy.workers):
+        return None
+    need = min(needs[w.gpu] for w in policy.workers)
+    most = max(w.available_bytes for w in policy.workers)
+    per = f" ({spec.devices} processes)" if spec.devices > 1 else ""
+    return {
+        "loc": field,
+        "msg": f"too large: the job needs about {sizing.format_bytes(need)} of host memory"
+        f"{per} ({size.describe()}), but the workers of its queue have at most "
+        f"{sizing.format_bytes(most)} available to a training process",
+        "type": "too_large",
+    }
 
 
 def _path_problems(spec: JobSpec, owner: str, policy: ServicePolicy) -> list[dict[str, Any]]:

@@ -81,6 +81,11 @@ BUILTIN_MODELS: tuple[Registration, ...] = (
         _DROPOUT,
         accepts=("tokens",),
         parameters=sizing.transformer_parameters,
+        rules=lambda a: (
+            []
+            if a["d_model"] % a["n_heads"] == 0
+            else [("n_heads", f"must divide d_model ({a['d_model']}); got {a['n_heads']}")]
+        ),
     ),
     _model(
         "resnet50",

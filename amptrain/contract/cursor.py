@@ -14,7 +14,8 @@ import re
 from typing import NamedTuple
 
 INT64_MAX = 2**63 - 1
-_TEXT = re.compile(r"^(\d{1,19})-(\d{1,19})$")
+_TEXT = re.compile(r"([0-9]{1,19})-([0-9]{1,19})")
+"""ASCII digits and the whole text: ``\\d`` takes any Unicode digit, ``$`` a final newline."""
 
 
 class CursorError(ValueError):
@@ -31,7 +32,7 @@ class Cursor(NamedTuple):
     def parse(cls, text: str | bytes) -> Cursor:
         """Strict: exactly ``MS-SEQ``, each part a non-negative int64 (the SQL columns' range)."""
         raw = text.decode() if isinstance(text, bytes) else text
-        match = _TEXT.match(raw)
+        match = _TEXT.fullmatch(raw)
         if not match:
             raise CursorError(f"bad cursor {raw[:40]!r}: expected 'MS-SEQ'")
         ms, seq = int(match.group(1)), int(match.group(2))

@@ -136,6 +136,10 @@ class Registration:
     like and the host memory the dataset holds; see ``amptrain.contract.sizing``."""
     parameters: Callable[[DataShape, Mapping[str, Any]], int] | None = None
     """Models, optional: ``parameters(data, args)`` -> the exact parameter count."""
+    rules: Callable[[Mapping[str, Any]], list[tuple[str, str]]] | None = None
+    """Optional: ``rules(args)`` (defaults filled in) -> ``(argument, message)`` for each
+    way the arguments do not fit one another, checked once each is fine on its own (at
+    submit for built-ins, so the worker never fails on what the API could have said)."""
 
     def available(self) -> bool:
         return all(importlib.util.find_spec(m) is not None for m in self.requires)
@@ -163,6 +167,8 @@ class Registration:
                     errors.append((a.name, problem))
             elif a.required:
                 errors.append((a.name, "required argument missing"))
+        if not errors and self.rules is not None:
+            errors = self.rules(self.with_defaults(args))
         return errors
 
     def with_defaults(self, args: Mapping[str, Any]) -> dict[str, Any]:

@@ -161,7 +161,12 @@ class HealthSpec(_Strict):
 
 
 class JobSpec(_Strict):
-    """A declarative training job. Only ``model``, ``dataset`` and ``max_steps`` are required."""
+    """A declarative training job. Only ``model``, ``dataset`` and ``max_steps`` are required.
+
+    Rules across fields (each a 422 naming the problem): ``grad_accum_steps`` x ``devices``
+    divides ``batch_size``; ``auto_micro_batch`` needs ``devices`` 1; ``queue`` is one of
+    the service's queues; a model's arguments fit one another (a ``transformer``'s
+    ``n_heads`` divides its ``d_model``) and what the dataset yields."""
 
     name: Text = Field(default="job", min_length=1, max_length=200)
     """Human-readable name shown in listings (no control or formatting characters)."""
@@ -178,10 +183,11 @@ class JobSpec(_Strict):
     (bf16 on CPUs with AMX, or with avx512_bf16 where a short probe measures it faster).
     ``fp32`` is strict IEEE; ``tf32`` is fp32 with TF32 tensor-core matmuls and convolutions."""
     batch_size: int = Field(default=64, ge=1, le=MAX_BATCH)
-    """Global batch size per optimizer step: micro-batch x ``grad_accum_steps`` x ``devices``."""
+    """Global batch size per optimizer step: micro-batch x ``grad_accum_steps`` x ``devices``,
+    so it must be divisible by ``grad_accum_steps`` x ``devices`` (a 422 otherwise)."""
     grad_accum_steps: int = Field(default=1, ge=1, le=MAX_BATCH)
-    """Micro-batches each device accumulates per optimizer step; ``devices`` x this must
-    divide ``batch_size``."""
+    """Micro-batches each device accumulates per optimizer step; this x ``devices`` must
+    divide ``batch_size`` (a 422 otherwise)."""
     devices: int = Field(default=1, ge=1, le=MAX_DEVICES)
     """Data-parallel processes, one per GPU of one machine (DDP: NCCL on CUDA, gloo on a CPU).
     Each takes its contiguous share of every global batch; the result matches one device

@@ -24,6 +24,7 @@ from typing import Any
 
 import redis
 
+from amptrain.contract.admission import WorkerMemory
 from amptrain.contract.stream import text
 from amptrain.core.redis import Keys
 
@@ -86,6 +87,23 @@ def served_queues(client: redis.Redis) -> set[str]:
         if not info.get("draining"):
             served.update(info.get("queues") or [])
     return served
+
+
+def queue_memory(client: redis.Redis, queue: str) -> list[WorkerMemory]:
+    """What a training process could get on each live worker that takes ``queue`` (workers
+    that report it; a draining worker takes nothing new)."""
+    names = [
+        text(n) for n in client.zrangebyscore(Keys.WORKERS, time.time() - FORGET_AFTER_S, "+inf")
+    ]
+    found = []
+    for raw in client.mget([Keys.worker_info(n) for n in names]) if names else []:
+        info = json.loads(raw) if raw is not None else {}
+        available = info.get("memory_available_bytes")
+        if info.get("draining") or queue not in (info.get("queues") or []) or available is None:
+            continue
+        gpu = any(d.get("type") == "cuda" for d in info.get("devices") or [])
+        found.append(WorkerMemory(int(available), gpu))
+    return found
 
 
 def read_workers(client: redis.Redis) -> list[dict[str, Any]]:

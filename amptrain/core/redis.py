@@ -69,6 +69,8 @@ class Keys:
     """redis-py Lock: the one API process that sweeps the outbox and reconciles leases."""
     RATE_LIMITS = "amptrain:limits"
     """Prefix of the ``limits`` library's per-user write-rate windows."""
+    AUTH_FAILURES = "amptrain:authfail"
+    """Prefix of the failed-authentication windows, per client address (a digest)."""
 
     @staticmethod
     def user_live(user: str) -> str:

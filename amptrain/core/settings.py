@@ -61,10 +61,12 @@ class Settings(BaseSettings):
     """Wall-clock limit of one attempt whose spec gives no ``max_runtime_s``."""
     job_runtime_limit_seconds: int = Field(default=7 * 24 * 3600, ge=1)
     """Largest ``max_runtime_s`` a spec may ask for (more is a 422)."""
-    max_job_memory_gib: float = Field(default=256.0, gt=0)
+    max_job_memory_gib: float | None = Field(default=None, gt=0)
     """Most memory one job may need by the API's estimate from its spec (parameters,
-    gradients, optimizer state, synthetic data; more is a 422); every worker also checks
-    the fuller estimate against its own device before training."""
+    gradients, optimizer state, synthetic data; more is a 422). Unset: no limit of its own;
+    either way a spec whose host memory fits none of the live workers of its queue (by
+    what each reports a training process could get) is a 422, and every worker checks
+    its dataset and then the fuller estimate against its own memory before allocating."""
     lease_seconds: float = Field(default=30.0, gt=0)
     """A running attempt's lease; a worker that stops heartbeating loses the job after this long."""
     heartbeat_seconds: float = Field(default=5.0, gt=0)
@@ -127,6 +129,20 @@ class Settings(BaseSettings):
     """Writes (POST, PUT, PATCH, DELETE) per token, in ``limits`` notation (``10/second``,
     ``120/minute;1000/hour``), shared by every API process through Redis; more is a 429
     with ``Retry-After``."""
+    max_connections: int = Field(default=2048, ge=16, le=1_000_000)
+    """Open connections one API process holds (WebSockets included). A connection opened
+    over the cap closes the one that has waited longest for its next request (idle or
+    half-sent), or gets 503 when every connection is busy; each is logged. The process
+    raises its open-files limit to fit, or lowers the cap (and says so) when it cannot."""
+    request_read_timeout_seconds: float = Field(default=20.0, gt=0, le=3600)
+    """A connection must deliver its whole request (headers and body) within this long of
+    opening, or of its first byte after a response; else 408 and closed (a client that
+    sends a request line and then nothing holds nothing for longer)."""
+    auth_failure_rate_limit: str = "30/minute"
+    """Failed authentications (401) per client address, in ``limits`` notation, shared by
+    every API process through Redis; past it the address gets 429 with ``Retry-After``
+    for every request until its window allows again. Behind a proxy the address is the
+    one it forwards (uvicorn's ``FORWARDED_ALLOW_IPS`` names the proxies trusted)."""
     token_recheck_seconds: float = Field(default=5.0, gt=0)
     """An open WebSocket or SSE stream re-checks its token (revoked? expired?) at its next
     message once this long has passed since the last check."""

@@ -10,8 +10,11 @@ compared with the device's memory; a job that cannot fit fails at once with
 ``too_large`` (not retried: another attempt would not fit either).
 
 The estimate is rough on purpose and errs low (no allocator fragmentation, no
-temporaries of the backward pass, no data), so it refuses only jobs that cannot
-fit; an estimate that fits may still run out of memory later, which is ``oom``.
+temporaries of the backward pass), so it refuses only jobs that cannot fit. On a CPU it is
+compared with what the process can still allocate once its dataset is built (the dataset
+itself was checked against the same before it was built, see
+:func:`amptrain.components.registry.build_dataset`). An estimate that fits may still run
+out of memory later, which is ``oom``.
 """
 
 from __future__ import annotations
@@ -19,13 +22,11 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
-import psutil
 import torch
 
 from amptrain.components.base import DataInfo
-from amptrain.contract import sizing
+from amptrain.contract import host_memory, sizing
 from amptrain.contract.errors import InvalidSpecError, TooLargeError
 from amptrain.contract.spec import JobSpec
 
@@ -100,17 +101,14 @@ def _activation_bytes(
 
 
 def device_memory(device: torch.device) -> int | None:
-    """Bytes the device has: a GPU's total memory, or the host's RAM (and cgroup limit)."""
+    """Bytes the job may still take on the device: a GPU's total memory, or on a CPU what
+    this process can still allocate (the dataset, built just before, is already out of it;
+    :mod:`amptrain.contract.host_memory`: cgroup limits and what other processes hold)."""
     if device.type == "cuda":
         return int(torch.cuda.get_device_properties(device).total_memory)
     if device.type != "cpu":
         return None
-    total = int(psutil.virtual_memory().total)
-    try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-    except OSError:
-        return total
-    return min(total, int(limit)) if limit.isdigit() else total
+    return host_memory.available()
 
 
 def check_fits(spec: JobSpec, info: DataInfo, device: torch.device, precision: str) -> None:
@@ -132,14 +130,16 @@ def check_fits(spec: JobSpec, info: DataInfo, device: torch.device, precision: s
     )
     if found.total <= capacity:
         return
-    where = "GPU" if device.type == "cuda" else "worker's RAM"
-    if device.type == "cpu" and spec.devices > 1:
-        where = f"worker's RAM per process ({spec.devices} processes)"
+    if device.type == "cuda":
+        where = f"the GPU has {sizing.format_bytes(capacity)}"
+    else:
+        per = f" per process ({spec.devices} processes)" if spec.devices > 1 else ""
+        where = f"the training process has {sizing.format_bytes(capacity)} available here{per}"
     raise TooLargeError(
         f"too large for this worker: the job needs about {sizing.format_bytes(found.total)} "
         f"({found.parameters:,} parameters: {sizing.format_bytes(found.state_bytes)} for "
         f"weights, gradients and {spec.optimizer.name} state; about "
         f"{sizing.format_bytes(found.activation_bytes)} of activations for a micro-batch of "
-        f"{found.micro_batch}), but the {where} has {sizing.format_bytes(capacity)}. Make the "
-        "model smaller, or the micro-batch (raise grad_accum_steps or set auto_micro_batch)"
+        f"{found.micro_batch}), but {where}. Make the model smaller, or the micro-batch "
+        "(raise grad_accum_steps or set auto_micro_batch)"
     )

@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from amptrain.contract.layout import checkpoint_name
 from amptrain.contract.spec import JobSpec
 from amptrain.engine.amp_step import AmpStep
 from amptrain.engine.checkpoint import (
@@ -106,7 +107,8 @@ class Checkpointing:
         path = self.store.save(self.step, state) if self.group.leader else None
         self.group.barrier()  # no rank goes on (or stops) before the checkpoint exists
         self._last_checkpoint_step = self.step
-        self.telemetry.event("checkpoint", self.step, path=path)
+        # Its name, not where it lies: events reach the job's owner, the path is the server's.
+        self.telemetry.event("checkpoint", self.step, name=checkpoint_name(self.step))
         return path
 
     def resume(self) -> None:
@@ -118,7 +120,9 @@ class Checkpointing:
             return
         self.load_state_dict(self.store.load(latest))
         self.resumed_from = self._last_checkpoint_step = self.step
-        self.telemetry.event("resumed", self.step, from_step=self.step, path=latest)
+        self.telemetry.event(
+            "resumed", self.step, from_step=self.step, name=checkpoint_name(self.step)
+        )
 
     @property
     def samples_consumed(self) -> int:

@@ -1,7 +1,8 @@
 """Per-user limits shared by every API process through Redis.
 
 * The write rate: the ``limits`` library's moving window (exact, one short list per
-  user) over the windows in ``AMPTRAIN_WRITE_RATE_LIMIT``.
+  user) over the windows in ``AMPTRAIN_WRITE_RATE_LIMIT``; failed authentications per
+  client address the same way (``AMPTRAIN_AUTH_FAILURE_RATE_LIMIT``).
 * Concurrent live watchers (WebSocket + SSE): a sorted set of leases per user; a
   lease lapses unless its connection refreshes it, so a crashed API process frees
   its users' slots within :data:`LiveSlots.LEASE_S`.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -42,32 +44,90 @@ class Refused:
     retry_after_s: int
 
 
-class WriteLimiter:
-    """``hit(user)`` for each write; a :class:`Refused` when the user is over a window."""
+class RateLimiter:
+    """``hit(who)`` for each counted request; a :class:`Refused` when ``who`` is over a
+    window. ``setting`` names the variable ``spec`` came from (for its error), ``prefix``
+    keeps each limit's windows apart in Redis."""
 
-    def __init__(self, spec: str, client: redis.Redis) -> None:
+    def __init__(
+        self,
+        spec: str,
+        client: redis.Redis,
+        setting: str = "AMPTRAIN_WRITE_RATE_LIMIT",
+        prefix: str = Keys.RATE_LIMITS,
+    ) -> None:
         try:
             self.items: list[RateLimitItem] = parse_many(spec)
         except ValueError:
             raise ValueError(
-                f"AMPTRAIN_WRITE_RATE_LIMIT={spec[:60]!r} is not like '120/minute' or "
-                "'10/second;1000/hour'"
+                f"{setting}={spec[:60]!r} is not like '120/minute' or '10/second;1000/hour'"
             ) from None
         storage = RedisStorage(
-            "redis://", connection_pool=client.connection_pool, key_prefix=Keys.RATE_LIMITS
+            "redis://", connection_pool=client.connection_pool, key_prefix=prefix
         )
         self.limiter = MovingWindowRateLimiter(storage)
 
-    def hit(self, user: str) -> Refused | None:
-        key = _user_key(user)
+    def hit(self, who: str, cost: int = 1) -> Refused | None:
+        """Count ``cost`` requests (a comparison of N precisions is N jobs)."""
+        key = _user_key(who)
         try:
             for item in self.items:
-                if not self.limiter.hit(item, key):
+                if not self.limiter.hit(item, key, cost=cost):
                     reset = self.limiter.get_window_stats(item, key).reset_time
                     return Refused(str(item), max(1, math.ceil(reset - time.time())))
         except redis.RedisError as exc:
-            log.warning("write rate limit not checked (Redis: %s)", type(exc).__name__)
+            log.warning("rate limit not checked (Redis: %s)", type(exc).__name__)
         return None
+
+
+class AuthFailures:
+    """Failed authentications per client address: each is logged and counted (across API
+    processes, through Redis); past ``spec`` the address is refused with 429 before its
+    token is even checked, in every process that sees it fail once more, until its window
+    allows again. Tokens are far too long to guess, so this is about load and visibility:
+    500 unknown tokens a second were all answered 401 without a word in the log."""
+
+    MAX_BLOCKED = 10_000
+    """Addresses one process remembers as blocked (the oldest are forgotten first)."""
+
+    def __init__(self, spec: str, client: redis.Redis) -> None:
+        self.limiter = RateLimiter(
+            spec, client, "AMPTRAIN_AUTH_FAILURE_RATE_LIMIT", Keys.AUTH_FAILURES
+        )
+        self.limit = ";".join(str(item) for item in self.limiter.items)
+        self._blocked: dict[str, float] = {}  # address -> monotonic time it is free again
+        self._lock = threading.Lock()
+
+    def blocked_for(self, address: str) -> int | None:
+        """Seconds ``address`` must still wait, or None."""
+        with self._lock:
+            until = self._blocked.get(address)
+            if until is None:
+                return None
+            left = until - time.monotonic()
+            if left <= 0:
+                del self._blocked[address]
+                return None
+            return max(1, math.ceil(left))
+
+    def failed(self, address: str, reason: str) -> Refused | None:
+        """Count a failure of ``address``; a :class:`Refused` once it is over the limit."""
+        refused = self.limiter.hit(address)
+        if refused is None:
+            log.warning("authentication failed from %s: %s", address, reason)
+            return None
+        with self._lock:
+            if address not in self._blocked:
+                log.warning(
+                    "authentication failures from %s passed %s: refusing it for %ds",
+                    address,
+                    refused.limit,
+                    refused.retry_after_s,
+                )
+            while len(self._blocked) >= self.MAX_BLOCKED:
+                del self._blocked[next(iter(self._blocked))]
+            self._blocked[address] = time.monotonic() + refused.retry_after_s
+        return refused
 
 
 _ACQUIRE = """

@@ -24,7 +24,7 @@ from amptrain.core import redis as core_redis
 from amptrain.core.settings import Settings
 from amptrain.server import observability
 from amptrain.server.dispatcher import Dispatcher
-from amptrain.server.limits import LiveSlots, WriteLimiter
+from amptrain.server.limits import AuthFailures, LiveSlots, RateLimiter
 from amptrain.server.live.hub import LiveHub
 from amptrain.server.recorder.process import make_recorder
 from amptrain.server.token_checks import TokenChecks
@@ -45,7 +45,8 @@ class Services:
     dispatcher: Dispatcher
     hub: LiveHub
     metrics_registry: CollectorRegistry
-    write_limiter: WriteLimiter
+    write_limiter: RateLimiter
+    auth_failures: AuthFailures
     live_slots: LiveSlots
     token_checks: TokenChecks
     stop_event: threading.Event = field(default_factory=threading.Event)
@@ -70,7 +71,8 @@ class Services:
             Dispatcher(settings, session_factory, client),
             hub,
             observability.make_registry(collector),
-            WriteLimiter(settings.write_rate_limit, client),
+            RateLimiter(settings.write_rate_limit, client),
+            AuthFailures(settings.auth_failure_rate_limit, client),
             LiveSlots(client, settings.max_live_connections_per_user),
             TokenChecks(session_factory, settings.token_recheck_seconds),
         )

@@ -16,7 +16,7 @@ from amptrain.contract.catalog import (
     REQUIRED,
     validate_components,
 )
-from amptrain.contract.spec import parse_spec
+from amptrain.contract.spec import ComponentRef, parse_spec
 
 
 def _spec(model: dict[str, Any], dataset: dict[str, Any]) -> Any:
@@ -169,3 +169,22 @@ def test_catalog_args_match_the_builder_signatures(reg: catalog.Registration) ->
         else:
             assert real[name] == default and type(real[name]) is type(default), name
     assert set(params) >= _CONTEXT_PARAMS[reg.kind]
+
+
+def test_arguments_are_checked_against_one_another() -> None:
+    """A transformer whose n_heads does not divide d_model was admitted and failed on the
+    worker (a view of the attention heads)."""
+    spec = parse_spec(
+        {
+            "model": {"name": "transformer", "args": {"d_model": 130, "n_heads": 4}},
+            "dataset": {"name": "synthetic-text"},
+            "max_steps": 1,
+        }
+    )
+    (problem,) = validate_components(spec)
+    assert problem["loc"] == ["model", "args", "n_heads"]
+    assert problem["msg"] == "must divide d_model (130); got 4"
+    fine = spec.model_copy(
+        update={"model": ComponentRef(name="transformer", args={"d_model": 128})}
+    )
+    assert validate_components(fine) == []  # n_heads 4 by default

@@ -10,7 +10,12 @@ import torch
 
 from amptrain.components import registry
 from amptrain.contract import sizing
-from amptrain.contract.admission import ServicePolicy, admission_problems, spec_size
+from amptrain.contract.admission import (
+    ServicePolicy,
+    WorkerMemory,
+    admission_problems,
+    spec_size,
+)
 from amptrain.contract.catalog import builtins
 from amptrain.contract.spec import ComponentRef, parse_spec
 
@@ -109,6 +114,23 @@ def test_a_dataset_too_large_for_the_service_names_the_dataset() -> None:
     )
     (problem,) = admission_problems(big, "alice", policy)
     assert problem["loc"] == ["dataset", "args"] and "the dataset holds about" in problem["msg"]
+
+
+def test_no_limit_of_its_own_but_what_the_workers_have() -> None:
+    """The issue's probe: 185 GiB of synthetic data was accepted on a 23.5 GiB machine,
+    because the service's limit was a fixed 256 GiB whatever the machine."""
+    huge = _spec(
+        {"name": "mlp"},
+        {"name": "synthetic-classification", "args": {"features": 16384, "num_samples": 10**6}},
+    )
+    assert admission_problems(huge, "alice", ServicePolicy()) == []  # nothing known yet
+    workers = [WorkerMemory(int(20.4 * GIB), gpu=False), WorkerMemory(int(9.5 * GIB), gpu=True)]
+    (problem,) = admission_problems(huge, "alice", ServicePolicy(workers=workers))
+    assert problem["loc"] == ["dataset", "args"] and problem["type"] == "too_large"
+    assert "needs about 185.2 GiB of host memory" in problem["msg"]  # the smaller need
+    assert "at most 20.4 GiB available" in problem["msg"]
+    fits = _spec({"name": "mlp"}, {"name": "synthetic-classification"})
+    assert admission_problems(fits, "alice", ServicePolicy(workers=workers)) == []
 
 
 def test_unknown_sizes_are_not_guessed() -> None:

@@ -3,6 +3,7 @@ allocates anything; ordinary jobs pass the check."""
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 import torch
 
 from amptrain.components.base import DataInfo
+from amptrain.contract import host_memory
 from amptrain.contract.errors import TooLargeError
 from amptrain.contract.sizing import DataShape, mlp_parameters
 from amptrain.contract.spec import parse_spec
@@ -46,12 +48,13 @@ def test_a_model_larger_than_the_device_fails_before_allocating() -> None:
     assert process.memory_info().rss - rss_before < 512 * 2**20
     error = err.value
     assert (error.code, error.retryable) == ("too_large", False)
-    total = device_memory(torch.device("cpu"))
-    assert total is not None
+    free = device_memory(torch.device("cpu"))
+    assert free is not None and free <= host_memory.total()  # type: ignore[operator]
     expected = mlp_parameters(DataShape((64,), 10, 0), {"width": 65536, "depth": 64})
     assert f"{expected:,} parameters" in error.message  # exact, counted on the meta device
-    assert "TiB" in error.message and "the worker's RAM has" in error.message
-    assert f"{total / 2**30:.1f} GiB" in error.message
+    # Both numbers: what it needs and what the training process has left.
+    assert re.search(r"needs about [0-9.]+ TiB", error.message), error.message
+    assert re.search(r"the training process has [0-9.]+ GiB available here", error.message)
 
 
 def test_activations_of_a_huge_micro_batch_count_too() -> None:
@@ -110,3 +113,15 @@ def test_on_a_gpu_the_estimate_is_checked_against_its_memory() -> None:
     assert torch.cuda.memory_allocated(device) < 2**30  # nothing large was allocated
     result = Trainer(_spec({"width": 32}, device="cuda"), RunContext(checkpoint_dir=None)).train()
     assert result.final_step == 2
+
+
+def test_on_a_cpu_what_other_processes_hold_is_not_available(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On ``amptrain up`` the API, Redis and the database share the machine: a model whose
+    ~270 MiB of state fits the machine's RAM but not the 128 MiB the training process has
+    left is refused (it was compared with the RAM)."""
+    monkeypatch.setattr(host_memory, "available", lambda root=host_memory.ROOT: 128 * 2**20)
+    with pytest.raises(TooLargeError) as err:
+        Trainer(_spec({"width": 2048, "depth": 4}), RunContext(checkpoint_dir=None))
+    assert "but the training process has 128.0 MiB available here" in err.value.message

@@ -19,6 +19,7 @@ from amptrain.contract.errors import PreemptedError, ResumeMismatchError
 from amptrain.contract.spec import parse_spec
 from amptrain.engine import RunContext, Trainer
 from amptrain.engine.checkpoint import CHECKPOINT_FORMAT, CheckpointStore
+from tests.support.sinks import ListSink
 
 
 def spec(precision: str, **overrides: Any) -> Any:
@@ -189,3 +190,16 @@ def test_fsspec_urls_work_too() -> None:
     assert store.steps() == [2, 3]
     latest = store.latest()
     assert latest is not None and torch.equal(store.load(latest)["w"], torch.full((2,), 3.0))
+
+
+def test_checkpoint_events_name_the_file_not_the_servers_path(tmp_path: Path) -> None:
+    """Events reach the job's owner: they showed the worker's absolute checkpoint path."""
+    first = ListSink()
+    Trainer(spec("fp32", max_steps=8), RunContext(str(tmp_path), sink=first)).train()
+    saved = [e["data"] for e in first.events("checkpoint")]
+    assert saved == [{"name": "step-000000004.pt"}, {"name": "step-000000008.pt"}]
+    again = ListSink()
+    Trainer(spec("fp32", max_steps=10), RunContext(str(tmp_path), sink=again)).train()
+    (resumed,) = again.events("resumed")
+    assert resumed["data"] == {"from_step": 8, "name": "step-000000008.pt"}
+    assert str(tmp_path) not in repr(first.items + again.items)

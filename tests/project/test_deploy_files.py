@@ -192,7 +192,7 @@ def test_compose_matches_the_compose_spec_schema(compose: dict[str, Any]) -> Non
 
 def test_compose_services_and_their_order(compose: dict[str, Any]) -> None:
     services = compose["services"]
-    assert set(services) == {"postgres", "redis", "migrate", "api", "worker"}
+    assert set(services) == {"postgres", "redis", "migrate", "proxy", "api", "worker"}
     assert services["migrate"]["command"] == ["db", "upgrade"]
     assert services["migrate"]["restart"] == "no"
     for name in ("api", "worker"):
@@ -221,6 +221,54 @@ def test_compose_gpu_reservation_aof_and_volumes(compose: dict[str, Any]) -> Non
     for name, service in services.items():
         image = service["image"]
         assert ":" in image and not image.endswith(":latest"), f"{name}: unpinned {image}"
+
+
+def nginx_directives(text: str) -> dict[str, list[str]]:
+    """``directive -> [arguments, ...]`` of an nginx configuration (comments dropped)."""
+    found: dict[str, list[str]] = {}
+    for statement in re.sub(r"#[^\n]*", "", text).replace("{", ";").replace("}", ";").split(";"):
+        words = statement.split()
+        if words:
+            found.setdefault(words[0], []).append(" ".join(words[1:]))
+    return found
+
+
+def test_a_proxy_is_the_only_way_in_and_bounds_each_client(compose: dict[str, Any]) -> None:
+    services = compose["services"]
+    published = {name for name, service in services.items() if service.get("ports")}
+    assert published == {"proxy"}, "only the proxy may publish a port"
+    assert services["proxy"]["depends_on"]["api"]["condition"] == "service_healthy"
+    (mount,) = services["proxy"]["volumes"]
+    source, target, mode = mount.split(":")
+    assert (DEPLOY / source).resolve() == DEPLOY / "nginx.conf"
+    assert (target, mode) == ("/etc/nginx/nginx.conf", "ro")
+    conf = nginx_directives((DEPLOY / "nginx.conf").read_text())
+    assert conf["client_header_timeout"] == ["10s"] and conf["client_body_timeout"] == ["20s"]
+    assert conf["limit_conn_zone"] == ["$binary_remote_addr zone=per_address:10m"]
+    assert conf["limit_conn"] == ["per_address 64"]
+    assert conf["limit_req"][0].startswith("zone=requests_per_address")
+    assert conf["proxy_pass"] == ["http://amptrain_api"] and "api:8000" in conf["server"]
+    # The address failed logins are throttled by comes from the proxy, never the client.
+    assert "X-Forwarded-For $remote_addr" in conf["proxy_set_header"]
+    assert services["api"]["environment"]["FORWARDED_ALLOW_IPS"] == "*"
+
+
+def test_the_ingress_bounds_each_client_and_keeps_prometheus_inside() -> None:
+    (ingress,) = k8s("Ingress", "api")
+    notes = ingress["metadata"]["annotations"]
+    assert int(notes["nginx.ingress.kubernetes.io/limit-connections"]) > 0
+    assert int(notes["nginx.ingress.kubernetes.io/limit-rps"]) > 0
+    paths = [p["path"] for rule in ingress["spec"]["rules"] for p in rule["http"]["paths"]]
+    assert "/jobs" in paths and "/ui" in paths
+    # Kubernetes matches a Prefix path element by element: /me is not a prefix of /metrics.
+    routed = [
+        p["path"]
+        for rule in ingress["spec"]["rules"]
+        for p in rule["http"]["paths"]
+        if p["path"] == "/metrics"
+        or (p["pathType"] == "Prefix" and "/metrics".startswith(p["path"].rstrip("/") + "/"))
+    ]
+    assert not routed, f"{routed} would route Prometheus' /metrics out of the cluster"
 
 
 # -- Kubernetes ------------------------------------------------------------------

@@ -16,6 +16,7 @@ from typing import Any
 from amptrain.contract.jsonsafe import finite
 from amptrain.contract.metrics import STORED_METRIC_FIELDS
 from amptrain.core.enums import JobStatus
+from amptrain.server.event_view import owner_view
 from amptrain.server.live.hub import LiveEntry
 
 
@@ -79,14 +80,16 @@ def metric_out(cursor: str, point: dict[str, Any]) -> Out:
 
 
 def event_out(cursor: str, event: dict[str, Any]) -> Out:
-    """An event message (``id`` is the SQL row id when known: the /events cursor)."""
+    """An event message (``id`` is the SQL row id when known: the /events cursor), as its
+    owner sees it: shared by every watcher, admins too (``GET /jobs/{id}/events`` has the
+    rest)."""
     data = {
         "id": event.get("id"),
         "attempt": event["attempt"],
         "type": event["type"],
         "step": event["step"],
         "time": event["time"],
-        "data": event.get("data") or {},
+        "data": owner_view(event.get("data") or {}),
     }
     return Out("event", cursor, message("event", cursor, data))
 

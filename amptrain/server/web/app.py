@@ -20,7 +20,9 @@ from amptrain.server import observability
 from amptrain.server.runtime import Services
 from amptrain.server.web.body_limit import BodyLimit
 from amptrain.server.web.errors import install_error_handlers
+from amptrain.server.web.openapi import install_service_schema
 from amptrain.server.web.routes import ROUTERS
+from amptrain.server.web.security_headers import SecurityHeaders
 
 
 def _version() -> str:
@@ -51,7 +53,9 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     install_error_handlers(app)
+    install_service_schema(app, settings)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(SecurityHeaders)  # outside BodyLimit: its 413 gets them too
     app.add_middleware(observability.RequestMetrics)
     for router in ROUTERS:
         app.include_router(router)

@@ -80,24 +80,51 @@ def get_current_user(
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Principal:
     """The caller behind ``Authorization: Bearer TOKEN``; 401 otherwise (missing, unknown,
-    expired or revoked). Writes count against the caller's rate limit (429)."""
+    expired or revoked), and 429 once its address failed too often. Writes count against
+    the caller's rate limit (429)."""
+    address = request.client.host if request.client else "unknown"
+    failures = services.auth_failures
+    wait = failures.blocked_for(address)
+    if wait is not None:
+        raise _auth_throttled(wait, failures.limit)
     token = credentials.credentials if credentials else None
     principal = authenticate(session, token)
     if principal is None:
-        raise Unauthorized(refusal(session, token))
+        reason = refusal(session, token)
+        refused = failures.failed(address, reason)
+        if refused is not None:
+            raise _auth_throttled(refused.retry_after_s, refused.limit)
+        raise Unauthorized(reason)
     release_connection(session)
     if request.method not in _READS:
-        refused = services.write_limiter.hit(principal.name)
-        if refused is not None:
-            raise TooMany(
-                {
-                    "message": f"write rate limit {refused.limit} reached; "
-                    f"retry in {refused.retry_after_s}s",
-                    "limit": refused.limit,
-                },
-                headers={"Retry-After": str(refused.retry_after_s)},
-            )
+        charge_writes(services, principal, 1)
     return principal
+
+
+def _auth_throttled(retry_after_s: int, limit: str) -> TooMany:
+    return TooMany(
+        {
+            "message": "too many failed authentications from this address; "
+            f"retry in {retry_after_s}s",
+            "limit": limit,
+        },
+        headers={"Retry-After": str(retry_after_s)},
+    )
+
+
+def charge_writes(services: Services, principal: Principal, writes: int) -> None:
+    """Count ``writes`` against the caller's write rate; 429 with ``Retry-After`` beyond it.
+    Every request counts one; a request that creates several jobs charges the rest."""
+    refused = services.write_limiter.hit(principal.name, writes)
+    if refused is not None:
+        raise TooMany(
+            {
+                "message": f"write rate limit {refused.limit} reached; "
+                f"retry in {refused.retry_after_s}s",
+                "limit": refused.limit,
+            },
+            headers={"Retry-After": str(refused.retry_after_s)},
+        )
 
 
 CurrentUser = Annotated[Principal, Depends(get_current_user)]

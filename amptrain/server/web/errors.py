@@ -82,10 +82,12 @@ class ErrorBody(BaseModel):
 
 
 def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """``responses=`` for a route: the listed statuses, documented with :class:`ErrorBody`."""
+    """``responses=`` for a route: the listed statuses, documented with :class:`ErrorBody`
+    (a route that authenticates can also answer 429: its address failed too often)."""
+    listed = set(statuses) | ({429} if 401 in statuses else set())
     return {
         status: {"model": ErrorBody, "description": _DESCRIPTIONS.get(status, "Error")}
-        for status in statuses
+        for status in sorted(listed)
     }
 
 
@@ -96,7 +98,8 @@ _DESCRIPTIONS = {
     409: "Conflicts with the resource's state",
     413: "Request body too large",
     422: "Invalid parameters or body, one entry per bad field",
-    429: "A per-user limit was reached (``Retry-After`` for the write rate)",
+    429: "A per-user limit was reached, or the caller's address failed to authenticate too "
+    "often (``Retry-After`` for the write rate and the failures)",
     503: "A backing service is unavailable",
 }
 

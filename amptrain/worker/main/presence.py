@@ -17,6 +17,7 @@ from typing import Any
 
 import redis
 
+from amptrain.contract import host_memory
 from amptrain.core import presence
 from amptrain.worker.main import devices
 
@@ -56,6 +57,7 @@ class Presence(threading.Thread):
         failing = False
         while not self.stopped.is_set():
             try:
+                self._measure_memory()
                 presence.publish_worker(self.client, self.worker, self.info, self.ttl_s)
                 if failing:
                     log.info("presence heartbeat to Redis restored")
@@ -65,6 +67,17 @@ class Presence(threading.Thread):
                     log.warning("presence heartbeat failed (%s); retrying", exc)
                 failing = True
             self.stopped.wait(self.interval_s)
+
+    def _measure_memory(self) -> None:
+        """What a training process could get here, for the API's check at submit: measured
+        while no slot runs a job (what the next job starts with: the API, Redis or a
+        database on this machine already hold theirs), else kept from the last idle beat."""
+        if "memory_available_bytes" in self.info:
+            concurrency = int(self.info.get("concurrency") or 0)
+            if presence.read_slots(self.client, self.worker, concurrency):
+                return
+        self.info["memory_available_bytes"] = host_memory.available()
+        self.info["memory_total_bytes"] = host_memory.total()
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop heartbeating and leave the list at once."""

@@ -31,6 +31,8 @@ def test_integers_past_the_columns_are_422(api_stack: Stack) -> None:
     assert fields(c.get(metrics, params={"after": f"{PAST_INT64}-0"})) == {"query.after"}
     assert fields(c.get(metrics, params={"after": f"0-{PAST_INT64}"})) == {"query.after"}
     assert fields(c.get(metrics, params={"after": "1" * 5000})) == {"query.after"}
+    for odd in ("\u0663-\u0663", "1-2\n"):  # Unicode digits, a trailing newline
+        assert fields(c.get(metrics, params={"after": odd})) == {"query.after"}
     assert fields(c.get(events, params={"after": PAST_INT64})) == {"query.after"}
     assert fields(c.get(events, params={"after": "9" * 5000})) == {"query.after"}
     for past in (2**31, PAST_INT64):  # steps are 32-bit columns

@@ -37,7 +37,9 @@ pytestmark = [
 @pytest.fixture
 def stack(database_url: str, redis_server: EmbeddedRedis, tmp_path: Path) -> Iterator[Stack]:
     stack = Stack(tmp_path, database_url, redis_server)
-    stack.env["AMPTRAIN_WRITE_RATE_LIMIT"] = "100000/minute"  # the fuzzer, not the limiter
+    # The fuzzer, not the limiters (its unauthenticated calls are failed authentications).
+    stack.env["AMPTRAIN_WRITE_RATE_LIMIT"] = "100000/minute"
+    stack.env["AMPTRAIN_AUTH_FAILURE_RATE_LIMIT"] = "100000/minute"
     stack.start_api()
     yield stack
     stack.close()

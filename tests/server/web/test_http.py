@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -93,7 +94,32 @@ def test_422_names_each_bad_field(api_stack: Stack) -> None:
     assert fields(c.get("/jobs", params={"limit": 0})) == {"query.limit"}
     assert fields(c.get("/jobs", params={"status": "sleeping"})) == {"query.status"}
     assert fields(c.get("/jobs", params={"cursor": "garbage!"})) == {"query.cursor"}
+    # A transformer whose heads do not divide its width: was a 201 that failed on the worker.
+    heads = cpu_job(
+        model={"name": "transformer", "args": {"d_model": 130, "n_heads": 4}},
+        dataset={"name": "synthetic-text"},
+    )
+    assert fields(c.post("/jobs", json=heads)) == {"model.args.n_heads"}
     assert c.get("/jobs").json()["items"] == []  # nothing was created by the bad requests
+
+
+def test_the_schema_says_what_is_accepted(api_stack: Stack) -> None:
+    """The statuses a listing filters by, this service's queues (AMPTRAIN_QUEUES of the
+    stack: gpu, cpu, gpu-a100, and their shape queues) and the batch rules."""
+    schema = api_stack.client.get("/openapi.json").json()
+    (status,) = [p for p in schema["paths"]["/jobs"]["get"]["parameters"] if p["name"] == "status"]
+    pattern = status["schema"]["pattern"]  # on the string-or-null: strings only
+    for value in ("queued", "running,succeeded", "cancelling,failed,cancelled"):
+        assert re.fullmatch(pattern, value), value
+    assert not re.fullmatch(pattern, "sleeping") and "queued, running" in status["description"]
+    spec = schema["components"]["schemas"]["JobSpec"]["properties"]
+    queues = spec["queue"]["anyOf"][0]["enum"]
+    assert {"gpu", "cpu", "gpu-a100", "gpu-x2", "cpu-x8"} <= set(queues)
+    assert "divisible by ``grad_accum_steps`` x ``devices``" in spec["batch_size"]["description"]
+    assert (
+        "n_heads`` divides its ``d_model``"
+        in schema["components"]["schemas"]["JobSpec"]["description"]
+    )
 
 
 def test_submit_read_and_idempotency(api_stack: Stack) -> None:

@@ -199,3 +199,38 @@ def _up(port: int) -> bool:
         return httpx.get(f"http://127.0.0.1:{port}/healthz").status_code == 200
     except httpx.TransportError:
         return False
+
+
+def test_a_comparison_counts_one_write_per_job_it_creates(stack: Stack) -> None:
+    # The admin: exempt from the active-jobs quota, not from the write rate.
+    spec = cpu_job()
+    body = {"spec": spec, "precisions": ["fp32", "bf16", "fp16"]}
+    for _ in range(RATE // 3):  # 10 comparisons: 30 jobs, the whole window
+        r = stack.client.post("/comparisons", json=body)
+        assert r.status_code == 201, r.text
+    r = stack.client.post("/comparisons", json=body)
+    assert r.status_code == 429, r.text  # was 201: one unit for three jobs
+    assert r.json()["detail"]["limit"] == f"{RATE} per 1 minute"
+    listed = stack.client.get("/jobs", params={"limit": 200}).json()["items"]
+    assert len(listed) == RATE
+
+
+def test_failed_authentications_are_throttled_per_address_and_logged(stack: Stack) -> None:
+    base = str(stack.client.base_url)
+    with httpx.Client(base_url=base, timeout=30) as guesser:
+        for i in range(30):  # AMPTRAIN_AUTH_FAILURE_RATE_LIMIT's default: 30/minute
+            r = guesser.get("/jobs", headers={"Authorization": f"Bearer guess-{i}"})
+            assert r.status_code == 401, r.text
+        r = guesser.get("/jobs", headers={"Authorization": "Bearer guess-30"})
+        assert r.status_code == 429, r.text  # was 401, as many as were sent
+        assert 1 <= int(r.headers["Retry-After"]) <= 60
+        assert r.json()["detail"]["limit"] == "30 per 1 minute"
+        # The address is refused before its token is checked, even a valid one ...
+        assert guesser.get("/jobs", headers=stack.client.headers).status_code == 429
+    # ... while another address is not.
+    other = httpx.HTTPTransport(local_address="127.0.0.2")
+    with httpx.Client(base_url=base, transport=other, headers=stack.client.headers) as ok:
+        assert ok.get("/jobs").status_code == 200
+    log = (stack.root / "api.log").read_text()
+    assert log.count("authentication failed from 127.0.0.1: unknown bearer token") == 30
+    assert "authentication failures from 127.0.0.1 passed 30 per 1 minute" in log

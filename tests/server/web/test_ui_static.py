@@ -66,6 +66,17 @@ def test_pages_modules_and_headers(client: Client) -> None:
     assert vendored.headers["cache-control"] == "public, max-age=31536000, immutable"
 
 
+def test_every_response_forbids_sniffing_and_framing(client: Client) -> None:
+    """Pages, the API's JSON and its errors alike (JSON lacked nosniff, the pages
+    X-Frame-Options: older browsers ignore the CSP's frame-ancestors)."""
+    too_long = client.post("/jobs", headers={"Content-Length": str(10**9)}, content=b"")
+    assert too_long.status_code == 413  # answered by the body limit, before any route
+    for r in (client.get("/ui/"), client.get("/openapi.json"), client.get("/nope"), too_long):
+        assert r.headers["x-content-type-options"] == "nosniff", r.url
+        assert r.headers["x-frame-options"] == "DENY", r.url
+        assert len(r.headers.get_list("x-content-type-options")) == 1  # the files set it too
+
+
 def test_every_module_the_page_imports_is_served(client: Client) -> None:
     """Follow the ES module graph from main.js: a missing or misnamed file would only show
     up in a browser otherwise."""

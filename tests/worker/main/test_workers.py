@@ -141,6 +141,8 @@ def test_workers_lists_a_running_worker_its_devices_and_its_job(
     cpu = next(d for d in worker["devices"] if d["type"] == "cpu")
     assert cpu["cores"] >= 1 and isinstance(cpu["amx"], bool)
     assert worker["versions"]["torch"]
+    # What a training process could get here, for the API's memory check at submit.
+    assert 0 < worker["memory_available_bytes"] <= worker["memory_total_bytes"]
 
     job = stack.submit(long_cpu_job())
     busy = wait_until(
@@ -153,6 +155,16 @@ def test_workers_lists_a_running_worker_its_devices_and_its_job(
     assert busy
     (slot,) = busy["current_jobs"]
     assert slot["job_id"] == job["id"] and slot["attempt"] == 1
+    # While it trains, the figure stays the one measured idle (the job's own memory is
+    # not what the next job would lack).
+    later = wait_until(
+        lambda: (w := listed(stack)) and w["last_heartbeat"] > busy["last_heartbeat"] and w,
+        30,
+        "another heartbeat",
+    )
+    assert (
+        later["current_jobs"] and later["memory_available_bytes"] == busy["memory_available_bytes"]
+    )
     assert slot["samples_per_second"] > 0 and slot["memory_peak"] > 0
 
     # The worker's own Prometheus endpoint shows the same work, per slot: it has no

@@ -11,7 +11,7 @@ from fastapi import APIRouter, Query, Response, status
 from pydantic import BaseModel, ConfigDict, Field
 
 from amptrain.contract.spec import JobSpec, Precision, Text
-from amptrain.server.web.deps import CurrentUser, ServicesDep, SessionDep
+from amptrain.server.web.deps import CurrentUser, ServicesDep, SessionDep, charge_writes
 from amptrain.server.web.errors import NotFound, ValidationFailed, clip, error_responses
 from amptrain.server.web.routes.jobs import submit_job
 from amptrain.store import comparisons as repo
@@ -100,6 +100,8 @@ def create_comparison(
     the comparison's report. A bad spec is a 422 naming ``spec.<field>``."""
     if len(set(body.precisions)) != len(body.precisions):
         raise ValidationFailed.one("precisions", "list each precision once")
+    # One job per precision, each a write like a POST /jobs (the request itself paid one).
+    charge_writes(services, user, len(body.precisions) - 1)
     runs = []
     for precision in body.precisions:
         spec = body.spec.model_copy(

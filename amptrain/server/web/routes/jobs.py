@@ -18,7 +18,7 @@ from amptrain.contract.spec import JobSpec
 from amptrain.core.enums import JobStatus
 from amptrain.core.redis import Keys
 from amptrain.server.dispatcher import queue_for
-from amptrain.server.web.admission import service_policy
+from amptrain.server.web.admission import queue_workers, service_policy
 from amptrain.server.web.deps import (
     CurrentUser,
     ServicesDep,
@@ -44,6 +44,10 @@ from amptrain.store.models import Job
 router = APIRouter(prefix="/jobs", tags=["jobs"], responses=error_responses(401, 422))
 
 CANCEL_KEY_TTL_S = 7 * 24 * 3600  # outlives any grace period; the job's status is the truth
+_STATUSES = [s.value for s in JobStatus]
+STATUS_LIST = rf"^({'|'.join(_STATUSES)})(,({'|'.join(_STATUSES)}))*$"
+"""What ``GET /jobs?status=`` takes, as the schema documents it (spaces around commas are
+tolerated too)."""
 
 
 def canonical_spec(spec: JobSpec) -> bytes:
@@ -77,7 +81,8 @@ def submit_job(
     original job (200); the same key with another body is a 409. A caller already holding
     ``AMPTRAIN_MAX_ACTIVE_JOBS_PER_USER`` unfinished jobs gets 429 (admins are exempt)."""
     problems = validate_components(spec)
-    problems += admission_problems(spec, user.name, service_policy(services.settings))
+    workers = queue_workers(services.redis, queue_for(spec))
+    problems += admission_problems(spec, user.name, service_policy(services.settings, workers))
     size = len(canonical_spec(spec))
     if size > services.settings.max_spec_bytes:
         problems.append(
@@ -153,7 +158,12 @@ def list_jobs(
     services: ServicesDep,
     status_filter: Annotated[
         str | None,
-        Query(alias="status", max_length=200, description="One status or a comma-separated list."),
+        Query(
+            alias="status",
+            max_length=200,
+            description=f"One status or a comma-separated list of: {', '.join(_STATUSES)}.",
+            json_schema_extra={"pattern": STATUS_LIST},
+        ),
     ] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     cursor: Annotated[
@@ -167,7 +177,7 @@ def list_jobs(
     statuses = None
     if status_filter:
         statuses = [s.strip() for s in status_filter.split(",") if s.strip()]
-        known = [s.value for s in JobStatus]
+        known = _STATUSES
         bad = [s for s in statuses if s not in known]
         if bad:
             raise ValidationFailed(

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Query
 
 from amptrain.contract.cursor import INT64_MAX
 from amptrain.contract.metrics import EXTREMA_FIELDS
+from amptrain.server.event_view import owner_view
 from amptrain.server.web.deps import CurrentUser, SessionDep, parse_cursor, visible_job
 from amptrain.server.web.errors import ValidationFailed, error_responses
 from amptrain.server.web.schemas import BucketMark, EventOut, EventPage, MetricPage
@@ -115,7 +116,10 @@ def read_events(
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
 ) -> EventPage:
     """Lifecycle events (queued, started, checkpoint, warning, resumed, succeeded, failed,
-    cancelled) after ``after``, oldest first."""
+    cancelled) after ``after``, oldest first. Which worker and processes ran the job (host
+    names, pids) is shown to admins only."""
     visible_job(session, user, job_id)
-    items = [EventOut(**e) for e in event_page(session, job_id, after, limit)]
+    found = event_page(session, job_id, after, limit)
+    view = (lambda d: d) if user.is_admin else owner_view
+    items = [EventOut(**{**e, "data": view(e.get("data") or {})}) for e in found]
     return EventPage(items=items, next_cursor=str(items[-1].id if items else after))

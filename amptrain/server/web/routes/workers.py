@@ -23,7 +23,9 @@ def list_workers(services: ServicesDep, session: SessionDep, user: CurrentUser) 
     ``concurrency``, ``devices_per_job``, ``slots`` (each pool process's ``slot``
     index and the ``gpus`` it owns, a list: empty on a CPU worker), ``devices``
     (the capability report), ``versions``, ``started_at``, ``last_heartbeat``
-    (unix seconds) and ``current_jobs`` (slot, job id, attempt, ``gpu`` and
+    (unix seconds), ``memory_available_bytes`` and ``memory_total_bytes`` (what a
+    training process could get there, measured while it ran no job; the API checks
+    submitted specs against it) and ``current_jobs`` (slot, job id, attempt, ``gpu`` and
     ``gpus``, latest step, throughput, loss scale, memory). Of a job the caller
     may not see only ``slot``, ``gpu`` and ``gpus`` are shown.
     """
