@@ -12,7 +12,6 @@ import torch.nn.functional as F
 from torch import nn
 
 from amptrain.components.base import DataInfo
-from amptrain.contract.errors import InvalidSpecError
 
 
 class MLP(nn.Module):
@@ -180,8 +179,6 @@ def build_transformer(
     mlp_ratio: int = 4,
     dropout: float = 0.0,
 ) -> nn.Module:
-    if d_model % n_heads:
-        raise InvalidSpecError(f"model.args.n_heads: {n_heads} does not divide d_model ({d_model})")
     return TinyGPT(
         info.num_classes, info.input_shape[0], d_model, n_layers, n_heads, mlp_ratio, dropout
     )

@@ -185,7 +185,7 @@ def test_loss_is_fp32_under_low_precision_autocast() -> None:
         (
             "model",
             {"name": "transformer", "args": {"d_model": 10, "n_heads": 4}},
-            "model.args.n_heads: 4 does not divide d_model (10)",
+            "model.args.n_heads: must divide d_model (10); got 4",
         ),
         (
             "model",

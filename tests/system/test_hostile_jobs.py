@@ -1,6 +1,6 @@
 """Hostile job specs against the real service (issue 11, findings 2, 3, 7, 9 and names).
 
-At submit time (the API alone, default settings) bad specs are 422s naming the field.
+At submit time (the API alone, default settings but a memory limit) bad specs are 422s naming the field.
 Behind it (API, Celery worker, training child, private redis-server) the worker refuses
 what got past an API set up more permissively, without touching the network, and every
 failure is classed so that nothing is retried in vain: a network probe, an unreadable
@@ -30,8 +30,19 @@ def _tensors(path: str, **extra: Any) -> dict[str, Any]:
     return mlp_job(5, dataset={"name": "tensors", "args": {"path": path}}, **extra)
 
 
-def test_bad_specs_are_422s_naming_the_field(api_stack: Stack, tmp_path: Path) -> None:
-    c = api_stack.client
+@pytest.fixture
+def limited_api(database_url: str, redis_server: EmbeddedRedis, tmp_path: Path) -> Iterator[Stack]:
+    """The API alone with defaults, plus an operator's limit on a job's memory (unset, only
+    the live workers' memory limits a job, and this stack has none)."""
+    stack = Stack(tmp_path, database_url, redis_server)
+    stack.env["AMPTRAIN_MAX_JOB_MEMORY_GIB"] = "256"
+    stack.start_api()
+    yield stack
+    stack.close()
+
+
+def test_bad_specs_are_422s_naming_the_field(limited_api: Stack) -> None:
+    c = limited_api.client
     listener = Listener()
     try:
         probe = c.post("/jobs", json=_tensors(f"ftp://127.0.0.1:{listener.port}/x.csv"))
@@ -55,7 +66,7 @@ def test_bad_specs_are_422s_naming_the_field(api_stack: Stack, tmp_path: Path) -
         (mlp_job(name="evil\x1b[2J"), {"name"}),
         (mlp_job(max_runtime_s=30 * 24 * 3600), {"max_runtime_s"}),  # above the default limit
         (
-            # Parameters alone: several TiB, past the default 256 GiB a job may use.
+            # Parameters alone: several TiB, past the operator's 256 GiB.
             mlp_job(model={"name": "mlp", "args": {"width": 65536, "depth": 64}}),
             {"model.args"},
         ),

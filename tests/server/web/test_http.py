@@ -92,7 +92,8 @@ def test_422_names_each_bad_field(api_stack: Stack) -> None:
     )
     assert fields(c.post("/jobs", json=unknown)) == {"model.name", "dataset.args.bogus"}
     assert fields(c.get("/jobs", params={"limit": 0})) == {"query.limit"}
-    assert fields(c.get("/jobs", params={"status": "sleeping"})) == {"query.status"}
+    for wrong in ("sleeping", "", "queued,", " queued"):  # only the documented pattern
+        assert fields(c.get("/jobs", params={"status": wrong})) == {"query.status"}, wrong
     assert fields(c.get("/jobs", params={"cursor": "garbage!"})) == {"query.cursor"}
     # A transformer whose heads do not divide its width: was a 201 that failed on the worker.
     heads = cpu_job(

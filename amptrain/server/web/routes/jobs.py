@@ -175,8 +175,8 @@ def list_jobs(
     holds up to ``limit`` jobs, fewer when their specs would exceed
     ``AMPTRAIN_MAX_PAGE_BYTES`` (follow ``next_cursor``)."""
     statuses = None
-    if status_filter:
-        statuses = [s.strip() for s in status_filter.split(",") if s.strip()]
+    if status_filter is not None:  # exactly the documented pattern: `status=` is no status
+        statuses = status_filter.split(",")
         known = _STATUSES
         bad = [s for s in statuses if s not in known]
         if bad:
