@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ from amptrain.contract.spec import parse_spec
 from amptrain.engine import RunContext, Trainer
 from amptrain.engine.checkpoint import CHECKPOINT_FORMAT, CheckpointStore
 from tests.support.sinks import ListSink
+from tests.support.stack import wait_until
 
 
 def spec(precision: str, **overrides: Any) -> Any:
@@ -139,8 +139,15 @@ def test_cancel_checkpoints_and_a_fresh_context_can_skip_resume(tmp_path: Path) 
 
 _SAVER = textwrap.dedent(
     """
-    import sys, torch
+    import os, sys, torch
     from amptrain.engine.checkpoint import CheckpointStore
+    if sys.argv[2] == "hold":  # stop before each rename until the parent says go
+        rename = os.replace
+        def held(src, dst):
+            print("renaming", flush=True)
+            sys.stdin.readline()
+            rename(src, dst)
+        os.replace = held
     store = CheckpointStore(sys.argv[1], keep_last=3)
     step = 0
     while True:
@@ -151,20 +158,46 @@ _SAVER = textwrap.dedent(
 )
 
 
+def _kill_inside_a_save(directory: Path, trial: int) -> None:
+    """Kill a saver once a save is under way: trials 0-3 the moment a temporary appears
+    (while its bytes are written or synced), the last one held just before its rename, so
+    at least one kill provably lands inside a save."""
+    hold = trial == 4
+    child = subprocess.Popen(
+        [sys.executable, "-c", _SAVER, str(directory), "hold" if hold else "run"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert child.stdin is not None and child.stdout is not None
+    completed = 0
+    while completed < 2 + trial:  # a few complete saves first
+        line = child.stdout.readline()
+        assert line, "saver died"
+        if line.strip() == "renaming":
+            child.stdin.write("\n")
+            child.stdin.flush()
+        else:
+            completed += 1
+    if hold:
+        assert child.stdout.readline().strip() == "renaming"
+    else:
+        wait_until(
+            lambda: any(n.startswith(".tmp-") for n in os.listdir(directory)),
+            30,
+            "a save to start",
+            interval=0.0005,
+        )
+    child.send_signal(signal.SIGKILL)
+    child.wait(timeout=30)
+
+
 @pytest.mark.heavy
 def test_a_checkpoint_is_never_half_written_when_the_writer_is_killed(tmp_path: Path) -> None:
     torn_writes = 0
     for trial in range(5):
         directory = tmp_path / f"trial{trial}"
-        child = subprocess.Popen(
-            [sys.executable, "-c", _SAVER, str(directory)], stdout=subprocess.PIPE, text=True
-        )
-        assert child.stdout is not None
-        for _ in range(2 + trial):  # let it complete a few saves, then kill it mid-loop
-            assert child.stdout.readline(), "saver died"
-        time.sleep(0.003 * trial)  # vary the moment of the kill within a save
-        child.send_signal(signal.SIGKILL)
-        child.wait(timeout=30)
+        _kill_inside_a_save(directory, trial)
         names = os.listdir(directory)
         torn_writes += any(n.startswith(".tmp-") for n in names)
         complete = [n for n in names if n.startswith("step-")]
