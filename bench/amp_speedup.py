@@ -138,7 +138,7 @@ def bare(setup: Setup, precision: str) -> dict[str, Any]:
 
     from amptrain.components import registry
     from amptrain.components.resnet import resnet50
-    from amptrain.components.synthetic import SyntheticImages
+    from amptrain.components.synthetic_images import SyntheticImages
     from amptrain.engine.precision import apply_math_mode, choose_precision
 
     spec = _spec(setup, precision, setup.warmup + setup.steps)

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from amptrain.components import registry
 from amptrain.components.resnet import resnet50
 from amptrain.components.sampling import generator
-from amptrain.components.synthetic import SyntheticImages
+from amptrain.components.synthetic_images import SyntheticImages
 from amptrain.contract.spec import ComponentRef, parse_spec
 from amptrain.engine import Components, RunContext, Trainer
 from amptrain.engine.data import Feeder, default_builders

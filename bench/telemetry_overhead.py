@@ -41,7 +41,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from amptrain.cli.embedded_redis import EmbeddedRedis
 from amptrain.components import registry
 from amptrain.components.optim import lr_factor
-from amptrain.components.synthetic import SyntheticImages
+from amptrain.components.synthetic_images import SyntheticImages
 from amptrain.contract.spec import JobSpec, parse_spec
 from amptrain.core.redis import Keys
 from amptrain.engine import RunContext, Trainer

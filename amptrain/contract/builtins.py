@@ -26,6 +26,7 @@ def _dataset(name: str, builder: str, description: str, *args: Arg, **kw: Any) -
 
 _M = "amptrain.components.models"
 _D = "amptrain.components.synthetic"
+_DI = "amptrain.components.synthetic_images"
 _DATA_SEED = Arg(
     "data_seed",
     0,
@@ -111,7 +112,7 @@ BUILTIN_DATASETS: tuple[Registration, ...] = (
     ),
     _dataset(
         "synthetic-images",
-        f"{_D}:build_synthetic_images",
+        f"{_DI}:build_synthetic_images",
         "Images of any size: a smooth class-specific pattern, randomly shifted, plus noise. "
         "Every sample is distinct (generated from its index).",
         Arg("channels", 3, "Image channels.", minimum=1, maximum=64),

@@ -34,30 +34,27 @@ from typing import Any
 import torch
 
 from amptrain.contract.metrics import device_fields
-from amptrain.contract.records import event, metric
+from amptrain.contract.records import event
 from amptrain.contract.spec import TelemetrySpec
 from amptrain.engine.distributed import STOP_CODES, Group, stop_name
 from amptrain.engine.health import HealthMonitor
 from amptrain.engine.host import HostReads, InFlight
 from amptrain.engine.memory import MemorySnapshot, snapshot
 from amptrain.engine.publisher import Publisher
-
-
-@dataclass
-class _Pending:
-    """Host-side facts of one step; its device values sit in ``StepTelemetry._values``."""
-
-    step: int
-    samples: int
-    started: float  # perf_counter when the step was entered
-    ended: float  # perf_counter when its last kernel was *enqueued*
+from amptrain.engine.step_records import (
+    Pending,
+    Totals,
+    dropped_warning,
+    step_records,
+    timeline,
+)
 
 
 @dataclass
 class _Window:
     """A flush's steps whose values are being copied to pinned host memory (CUDA)."""
 
-    pending: list[_Pending]
+    pending: list[Pending]
     copy: InFlight
     memory: MemorySnapshot
 
@@ -86,7 +83,7 @@ class StepTelemetry:
         self._fields = device_fields(with_scaler)
         """The device values of a step, in the order they sit in a flush's one tensor."""
         self._values: list[torch.Tensor] = []  # per step, one tensor per field of _fields
-        self._pending: list[_Pending] = []
+        self._pending: list[Pending] = []
         self._windows: deque[_Window] = deque()  # copies queued, not yet read (CUDA)
         # Recorded where the last window read ended on the device: the next one's start;
         # with the host time it was recorded at when the device had caught up (a read that
@@ -116,7 +113,7 @@ class StepTelemetry:
         is due (may raise DivergedError)."""
         self._values += (values[f] for f in self._fields)
         now = time.perf_counter()
-        self._pending.append(_Pending(step, samples, started, now))
+        self._pending.append(Pending(step, samples, started, now))
         # The first step of a run (or of a resumed run) flushes at once, so a watcher
         # sees the job training within a step of its start; later step-count flushes stay
         # on multiples of flush_every_steps, the boundaries every rank agrees on.
@@ -195,7 +192,7 @@ class StepTelemetry:
         dropped = self._publisher.dropped
         if dropped > self._dropped_reported:
             step = records[-1]["step"] if records else (self.last_record or {}).get("step", 0)
-            batch.append(self._dropped_warning(step, dropped))
+            batch.append(dropped_warning(step, dropped))
             self._dropped_reported = dropped
         self._publisher.offer(batch)
         if error is not None:
@@ -207,17 +204,7 @@ class StepTelemetry:
 
     def _drop_notice(self, dropped: int) -> list[dict[str, Any]]:
         step = (self.last_record or {}).get("step", 0)
-        return [self._dropped_warning(step, dropped)]
-
-    @staticmethod
-    def _dropped_warning(step: int, dropped: int) -> dict[str, Any]:
-        return event(
-            "warning",
-            step,
-            time.time(),
-            code="telemetry_dropped",
-            message=f"{dropped} telemetry records dropped: the sink was slower than training",
-        )
+        return [dropped_warning(step, dropped)]
 
     def _reduce(self) -> tuple[list[float], MemorySnapshot, dict[str, Any]]:
         """Devices > 1: this flush's values from every rank, in ONE all-gather and ONE host read.
@@ -241,7 +228,7 @@ class StepTelemetry:
 
     def _build_records(
         self,
-        pending: list[_Pending],
+        pending: list[Pending],
         values: list[float],
         mem: MemorySnapshot,
         extra: dict[str, Any],
@@ -251,55 +238,18 @@ class StepTelemetry:
         if not pending:
             return []
         host_done = time.perf_counter()
-        width = len(self._fields)
-        records = []
         if device_s is not None:
             device_done = pending[0].started + max(device_s, 0.0)
         else:
             device_done = host_done if self._device.type == "cuda" else pending[-1].ended
-        timeline = self._timeline(pending, device_done)
-        for i, (p, (start, end)) in enumerate(zip(pending, timeline, strict=True)):
-            device: dict[str, Any] = dict(
-                zip(self._fields, values[i * width : (i + 1) * width], strict=True)
-            )
-            skipped = device.pop("skipped", 0.0) > 0  # the scaler's inf flag
-            if skipped:
-                device["grad_norm"] = None  # not a norm: the gradients held inf/NaN
-            self.skipped_steps += skipped
-            step_s = max(end - start, 1e-9)
-            records.append(
-                metric(
-                    step=p.step,
-                    time=self._wall_offset + end,
-                    skipped=skipped,
-                    **device,
-                    memory_allocated=mem.allocated,
-                    memory_reserved=mem.reserved,
-                    memory_peak=mem.peak,
-                    samples_per_second=p.samples / step_s,
-                    step_time_ms=step_s * 1000.0,
-                    skipped_steps=self.skipped_steps,
-                    **extra,
-                )
-            )
+        records = step_records(
+            pending,
+            self._fields,
+            values,
+            timeline(pending, device_done),
+            Totals(self._wall_offset, self.skipped_steps, mem, extra),
+        )
+        self.skipped_steps = records[-1]["skipped_steps"]
         self._last_flush = host_done
         self.last_record = records[-1]
         return records
-
-    @staticmethod
-    def _timeline(pending: list[_Pending], device_done: float) -> list[tuple[float, float]]:
-        """Per-step (start, end) times, stretched so the window ends when the device finished.
-
-        On CUDA the host only measures when kernels were enqueued; the device's own
-        timing of the window (or, at a flush that waits, the moment the wait ends) tells
-        when it actually finished, so the window is scaled to end there. On the CPU the
-        two nearly coincide.
-        """
-        origin, last = pending[0].started, pending[-1].ended
-        stretch = (device_done - origin) / (last - origin) if last > origin else 1.0
-        stretch = max(stretch, 1.0)
-
-        def at(t: float) -> float:
-            return origin + (t - origin) * stretch
-
-        return [(at(p.started), at(p.ended)) for p in pending]

@@ -1,0 +1,103 @@
+"""A telemetry window's steps as records: their times on the device's clock and the values
+read back from it.
+
+:class:`~amptrain.engine.telemetry.StepTelemetry` decides when a window is read; this
+module turns what was read into the ``metric`` records of :mod:`amptrain.contract.records`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from amptrain.contract.records import event, metric
+from amptrain.engine.memory import MemorySnapshot
+
+
+@dataclass
+class Pending:
+    """Host-side facts of one step; its device values sit in ``StepTelemetry._values``."""
+
+    step: int
+    samples: int
+    started: float  # perf_counter when the step was entered
+    ended: float  # perf_counter when its last kernel was *enqueued*
+
+
+@dataclass
+class Totals:
+    """What every record of a window shares: the clock offset, the run's skipped steps so
+    far, the window's memory, and the fields a multi-device flush adds."""
+
+    wall_offset: float  # time.time() - time.perf_counter()
+    skipped_before: int
+    memory: MemorySnapshot
+    extra: dict[str, Any]
+
+
+def timeline(pending: list[Pending], device_done: float) -> list[tuple[float, float]]:
+    """Per-step (start, end) times, stretched so the window ends when the device finished.
+
+    On CUDA the host only measures when kernels were enqueued; the device's own
+    timing of the window (or, at a flush that waits, the moment the wait ends) tells
+    when it actually finished, so the window is scaled to end there. On the CPU the
+    two nearly coincide.
+    """
+    origin, last = pending[0].started, pending[-1].ended
+    stretch = (device_done - origin) / (last - origin) if last > origin else 1.0
+    stretch = max(stretch, 1.0)
+
+    def at(t: float) -> float:
+        return origin + (t - origin) * stretch
+
+    return [(at(p.started), at(p.ended)) for p in pending]
+
+
+def step_records(
+    pending: list[Pending],
+    fields: tuple[str, ...],
+    values: list[float],
+    times: list[tuple[float, float]],
+    totals: Totals,
+) -> list[dict[str, Any]]:
+    """One record per step: ``values`` holds each step's ``fields`` in order, ``times``
+    its (start, end)."""
+    width = len(fields)
+    skipped_steps = totals.skipped_before
+    mem = totals.memory
+    records = []
+    for i, (p, (start, end)) in enumerate(zip(pending, times, strict=True)):
+        device: dict[str, Any] = dict(zip(fields, values[i * width : (i + 1) * width], strict=True))
+        skipped = device.pop("skipped", 0.0) > 0  # the scaler's inf flag
+        if skipped:
+            device["grad_norm"] = None  # not a norm: the gradients held inf/NaN
+        skipped_steps += skipped
+        step_s = max(end - start, 1e-9)
+        records.append(
+            metric(
+                step=p.step,
+                time=totals.wall_offset + end,
+                skipped=skipped,
+                **device,
+                memory_allocated=mem.allocated,
+                memory_reserved=mem.reserved,
+                memory_peak=mem.peak,
+                samples_per_second=p.samples / step_s,
+                step_time_ms=step_s * 1000.0,
+                skipped_steps=skipped_steps,
+                **totals.extra,
+            )
+        )
+    return records
+
+
+def dropped_warning(step: int, dropped: int) -> dict[str, Any]:
+    """The warning a run's records carry once its publisher had to drop some."""
+    return event(
+        "warning",
+        step,
+        time.time(),
+        code="telemetry_dropped",
+        message=f"{dropped} telemetry records dropped: the sink was slower than training",
+    )
