@@ -75,3 +75,27 @@ def test_the_training_core_reads_and_writes_no_environment() -> None:
             ):
                 offenders.append(f"{path.relative_to(ROOT)}:{node.lineno} os.{node.attr}")
     assert not offenders, offenders
+
+
+MAX_FILE_LINES = 400
+MAX_CLASS_LINES = 200
+
+
+def test_files_and_classes_stay_short_enough_to_read() -> None:
+    """The package's and bench/'s modules stay under 400 lines and their classes under 200:
+    past that a file holds more than one thing (split it by what it holds)."""
+    paths = sorted([*(ROOT / "amptrain").glob("**/*.py"), *(ROOT / "bench").glob("**/*.py")])
+    assert len(paths) > 150, "the package's files were not found"
+    long = []
+    for path in paths:
+        text = path.read_text()
+        name = path.relative_to(ROOT)
+        if (lines := len(text.splitlines())) > MAX_FILE_LINES:
+            long.append(f"{name}: {lines} lines")
+        for node in ast.walk(ast.parse(text, str(path))):
+            if not isinstance(node, ast.ClassDef):
+                continue
+            size = (node.end_lineno or node.lineno) - node.lineno + 1
+            if size > MAX_CLASS_LINES:
+                long.append(f"{name}:{node.lineno} class {node.name}: {size} lines")
+    assert not long, long
