@@ -147,6 +147,7 @@ def _finish(proc: subprocess.Popen[str], timeout: float) -> str:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(600)  # the check's own budget is 480 s; about 140 s alone, 300 s loaded
 def test_the_dry_run_passes_every_stage_on_a_simulated_gpu_box(tmp_path: Path) -> None:
     cut = _network_cut()
     started = time.monotonic()
