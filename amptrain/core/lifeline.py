@@ -35,7 +35,8 @@ def die_with(parent_pid: int) -> bool:
 class DieWithSpawner:
     """A ``preexec_fn`` for :class:`subprocess.Popen`: the new process dies with the one
     that builds this object (the death signal survives ``exec``); if that one is gone
-    before the child runs, the child exits with :data:`ORPHANED` before ``exec``."""
+    before the child runs, the child exits with :data:`ORPHANED` before ``exec``. Linux
+    sends the signal when the spawning *thread* ends: spawn from the main thread."""
 
     def __init__(self) -> None:
         self.parent = os.getpid()
