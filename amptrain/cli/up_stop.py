@@ -63,8 +63,7 @@ class Stopper:
         """Stop everything; True if it stopped in order within the bound."""
         began = time.monotonic()
         orderly = False
-        signal.signal(signal.SIGINT, _stop_now)
-        signal.signal(signal.SIGTERM, _stop_now)
+        before = {sig: signal.signal(sig, _stop_now) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
             self._in_order(began + self.bound_s)
             orderly = True
@@ -73,9 +72,11 @@ class Stopper:
         except Overdue:
             say(f"not stopped within {self.bound_s:g} s: stopping everything now")
         finally:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)  # nothing interrupts the kill
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            for sig in before:
+                signal.signal(sig, signal.SIG_IGN)  # nothing interrupts the kill
             self._at_once()
+            for sig, handler in before.items():
+                signal.signal(sig, handler)
         say(f"stopped in {time.monotonic() - began:.1f} s")
         return orderly
 
