@@ -42,6 +42,7 @@ def ctrl_c(up: Up) -> float | None:
     text = up.log.read_text()
     assert "waiting for the worker: running jobs checkpoint" in text, up.tail()
     assert "waiting for Redis" in text, up.tail()
+    assert "cannot see what the recorder has recorded" not in text, up.tail()  # Redis lived on
     return DEFAULT_BOUND_S
 
 
