@@ -101,6 +101,7 @@ def test_synthetic_images_are_built_a_batch_at_a_time_the_same_on_host_and_devic
     assert abs(float(x.mean())) < 0.1 and 0.9 < float(x.std()) < 1.3
 
 
+@pytest.mark.heavy
 def test_synthetic_images_on_a_device_keep_small_tables_not_the_patterns() -> None:
     # ImageNet-sized: the full patterns of 1000 classes of 3x224x224, wrap-padded, are 900 MiB.
     ds = _dataset("synthetic-images", classes=1000, height=224, width=224)

@@ -19,6 +19,7 @@ def run(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([tool, *args[1:]], cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
+@pytest.mark.heavy  # mypy alone is a minute of CPU: scheduled first, not in the run's tail
 @pytest.mark.parametrize(
     "command",
     [
