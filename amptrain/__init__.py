@@ -10,7 +10,8 @@ in the test suite):
   checkpoint layout, limits. Imports pydantic, yaml and the standard library only.
 - ``amptrain.core`` (every server process): settings (``AMPTRAIN_*``), logging, the one
   Redis client factory and every key name (``Keys``), enums (``JobStatus``,
-  ``TaskName``), worker presence, the telemetry stream writer.
+  ``TaskName``), worker presence, the telemetry stream writer, the one parent-death helper
+  (``core.lifeline``).
 - ``amptrain.store`` (API, recorder, worker supervisor): SQLAlchemy models, migrations,
   the fenced job repository, tokens, the dispatcher's outbox queries: the only place SQL
   is written. ``store.history`` holds a job's metric history: points, step summaries and
@@ -32,7 +33,8 @@ in the test suite):
 - ``amptrain.client`` (users' machines, the ``client`` extra): the HTTP/WebSocket client
   and ``amptrain submit|watch|jobs|cancel|logs``; nothing of the server stack.
 - ``amptrain.cli`` (the ``amptrain`` command): the entry point with lazy command groups,
-  ``up``, the server commands, the embedded Redis, ``amptrain train`` (``cli.train``).
+  ``up`` and its ordered stop (``cli.up_stop``), the server commands, the embedded Redis,
+  ``amptrain train`` (``cli.train``).
 - ``amptrain.migrations``: the Alembic revisions (``amptrain db upgrade``).
 
 The API process never imports torch or the worker: it sends ``amptrain.run_job`` by name.

@@ -16,6 +16,7 @@ from pathlib import Path
 import redis
 
 from amptrain.core import redis as core_redis
+from amptrain.core.lifeline import DieWithSpawner
 
 
 def redis_server_binary() -> str:
@@ -62,7 +63,11 @@ class EmbeddedRedis:
             "--save", "",
             "--logfile", str(self.directory / "redis.log"),
         ]  # fmt: skip
-        self.process = subprocess.Popen(args, stdin=subprocess.DEVNULL)
+        # Its own session: a terminal's Ctrl-C must not stop it before what depends on it
+        # (its owner stops it last); and it dies with its owner, however that dies.
+        self.process = subprocess.Popen(
+            args, stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=DieWithSpawner()
+        )
         deadline = time.monotonic() + timeout
         client = core_redis.client(self.url, core_redis.REQUEST_TIMEOUT_S)
         while True:

@@ -2,8 +2,10 @@
 
 A private Redis (unless ``AMPTRAIN_REDIS_URL`` names one), SQLite in the data
 directory (unless ``AMPTRAIN_DATABASE_URL``), migrations, one worker and the
-API, each a child process; Ctrl-C stops them in the safe order: the API,
-then the worker (its jobs checkpoint and go back to the queue), then Redis.
+API, each a child process in a process group of its own (the terminal's Ctrl-C reaches
+only ``up``) that dies with ``up`` however ``up`` dies (a parent-death signal). Ctrl-C
+or SIGTERM stops them in order, within ``AMPTRAIN_STOP_TIMEOUT_SECONDS``; a second
+Ctrl-C stops them at once (:mod:`amptrain.cli.up_stop`).
 """
 
 from __future__ import annotations
@@ -18,28 +20,19 @@ from pathlib import Path
 import click
 
 from amptrain.cli.embedded_redis import EmbeddedRedis
+from amptrain.cli.up_stop import Stopper, say
+from amptrain.core.lifeline import DieWithSpawner
 from amptrain.core.settings import Settings
-
-STOP_TIMEOUT_S = 60.0
 
 
 def _spawn(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
     # Own process group: Ctrl-C reaches only `up`, which stops the children in order.
     return subprocess.Popen(
-        [sys.executable, "-m", "amptrain.cli.main", *args], env=env, start_new_session=True
+        [sys.executable, "-m", "amptrain.cli.main", *args],
+        env=env,
+        start_new_session=True,
+        preexec_fn=DieWithSpawner(),  # `up` has no threads: safe between fork and exec
     )
-
-
-def _stop(proc: subprocess.Popen[bytes], name: str, sig: int = signal.SIGTERM) -> None:
-    if proc.poll() is not None:
-        return
-    click.echo(f"stopping {name} ...", err=True)
-    proc.send_signal(sig)
-    try:
-        proc.wait(STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def make_private(data_dir: Path) -> None:
@@ -119,10 +112,19 @@ def up(host: str, port: int, data_dir: Path | None) -> None:
         # AMPTRAIN_RECORDER_IN_API keeps it in the API.
         env["AMPTRAIN_RECORDER_IN_API"] = "false"
         parts["recorder"] = _spawn(["recorder"], env)
-    parts["api"] = api = _spawn(["api", "--host", host, "--port", str(port)], env)
+    parts["api"] = _spawn(["api", "--host", host, "--port", str(port)], env)
     click.echo(f"amptrain is up at http://{host}:{port}/ui/  (data in {settings.data_dir})")
     if not new_token:
         click.echo(f"admin token: see {settings.admin_token_file} or AMPTRAIN_ADMIN_TOKEN")
+
+    stopper = Stopper(parts, redis_server, settings.redis_url, settings.stop_timeout_seconds)
+    crashed = _run_until_stopped(parts)
+    orderly = stopper.stop()
+    sys.exit(0 if orderly and not crashed else 1)
+
+
+def _run_until_stopped(parts: dict[str, subprocess.Popen[bytes]]) -> bool:
+    """Until Ctrl-C or SIGTERM (False) or until a part exits on its own (True)."""
 
     def _on_term(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
@@ -133,14 +135,8 @@ def up(host: str, port: int, data_dir: Path | None) -> None:
     try:
         while all(proc.poll() is None for proc in parts.values()):
             time.sleep(0.5)
-        gone = [name for name, proc in parts.items() if proc.poll() is not None]
-        click.echo(f"{', '.join(gone)} exited; shutting down", err=True)
     except KeyboardInterrupt:
-        pass
-    finally:
-        for name in ("api", "worker", "recorder"):  # the recorder takes the last entries
-            if name in parts:
-                _stop(parts[name], name)
-        if redis_server is not None:
-            redis_server.stop()
-    sys.exit(0 if api.returncode in (0, -signal.SIGTERM) else 1)
+        return False
+    gone = [name for name, proc in parts.items() if proc.poll() is not None]
+    say(f"{', '.join(gone)} exited; shutting down")
+    return True

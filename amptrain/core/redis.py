@@ -78,10 +78,20 @@ class Keys:
         when it lapses unless refreshed). Keyed by a digest: token names are free text."""
         return f"amptrain:user:{hashlib.sha256(user.encode()).hexdigest()[:32]}:live"
 
+    TELEMETRY_PATTERN = "amptrain:job:*:telemetry"
+    """Every job's stream (``SCAN MATCH``): :meth:`telemetry` with any job id."""
+
     @staticmethod
     def telemetry(job_id: str) -> str:
         """The job's stream: metric points and events, in order (see amptrain.contract.stream)."""
-        return f"amptrain:job:{_job(job_id)}:telemetry"
+        return Keys.TELEMETRY_PATTERN.replace("*", _job(job_id))
+
+    @staticmethod
+    def job_of_telemetry(key: str | bytes) -> str:
+        """The job id in a :meth:`telemetry` key."""
+        text = key.decode() if isinstance(key, bytes) else key
+        prefix, _, suffix = Keys.TELEMETRY_PATTERN.partition("*")
+        return _job(text.removeprefix(prefix).removesuffix(suffix))
 
     @staticmethod
     def recorded(job_id: str) -> str:
@@ -105,8 +115,3 @@ class Keys:
     @staticmethod
     def worker_slot(worker: str, slot: int) -> str:
         return f"amptrain:worker:{_name(worker)}:slot:{int(slot)}"
-
-    @staticmethod
-    def worker_draining(worker: str) -> str:
-        """Set on warm shutdown: the worker's supervisors checkpoint and release their jobs."""
-        return f"amptrain:worker:{_name(worker)}:draining"

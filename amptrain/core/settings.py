@@ -67,6 +67,9 @@ class Settings(BaseSettings):
     either way a spec whose host memory fits none of the live workers of its queue (by
     what each reports a training process could get) is a 422, and every worker checks
     its dataset and then the fuller estimate against its own memory before allocating."""
+    stop_timeout_seconds: float = Field(default=30.0, gt=0)
+    """How long `amptrain up` takes at most to stop in order (jobs checkpoint, their telemetry
+    is recorded); past it, or on a second Ctrl-C, it kills what is left at once."""
     lease_seconds: float = Field(default=30.0, gt=0)
     """A running attempt's lease; a worker that stops heartbeating loses the job after this long."""
     heartbeat_seconds: float = Field(default=5.0, gt=0)

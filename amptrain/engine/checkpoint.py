@@ -84,6 +84,13 @@ class CheckpointStore:
         steps = self.steps()
         return self.path(checkpoint_name(steps[-1])) if steps else None
 
+    def discard_after(self, step: int) -> list[int]:
+        """Remove the checkpoints of steps beyond ``step``; the steps removed."""
+        gone = [s for s in self.steps() if s > step]
+        for s in gone:
+            self._fs.rm(self.path(checkpoint_name(s)))
+        return gone
+
     def save(self, step: int, state: dict[str, Any]) -> str:
         """Write ``state`` atomically as the checkpoint of ``step``; prune beyond keep_last.
 

@@ -34,6 +34,10 @@ class RunContext:
     """Polled at every step boundary (keep it cheap): "cancel", "preempt" or None."""
     resume: bool = True
     """Load the newest checkpoint in ``checkpoint_dir`` when there is one."""
+    resume_at_most: int | None = None
+    """Resume from no checkpoint beyond this step, and remove those beyond it (the newest
+    step of the job's durable history: a resumed run then re-records every step after
+    it, so its series has no gap); None: the newest checkpoint."""
     cpu_bf16_probe: Bf16Probe | None = None
     """The worker's measurement of bf16 vs fp32 on this CPU, which ``precision: auto``
     uses instead of measuring again (so a worker's jobs all decide alike); None measures."""

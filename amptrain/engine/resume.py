@@ -112,9 +112,13 @@ class Checkpointing:
         return path
 
     def resume(self) -> None:
-        """Continue from the newest checkpoint, if the run resumes and has one."""
+        """Continue from the newest checkpoint (at most ``ctx.resume_at_most``), if the run
+        resumes and has one."""
         if not (self.ctx.resume and self.store is not None):
             return
+        bound = self.ctx.resume_at_most
+        if bound is not None and self.group.leader:
+            self.store.discard_after(bound)  # never resumed from, so never kept either
         latest = self.group.leader_value(self.store.latest())
         if latest is None:
             return

@@ -96,6 +96,31 @@ def test_keep_last_and_newest_wins(tmp_path: Path) -> None:
     assert set(state["rng"]) >= {"python", "numpy", "torch"}
 
 
+def test_a_resume_bound_skips_and_removes_checkpoints_beyond_the_recorded_history(
+    tmp_path: Path,
+) -> None:
+    # Checkpoints at 4 and 8 exist, but the job's history ends at step 6: resuming from 8
+    # would leave steps 7-8 unrecorded, so the run goes on from 4 and re-records 5-12.
+    ref: list[Trainer] = []
+    first = Trainer(spec("fp32"), RunContext(str(tmp_path), should_stop=stop_at(10, ref)))
+    ref.append(first)
+    with pytest.raises(PreemptedError):
+        first.train()
+    assert sorted(os.listdir(tmp_path)) == ["step-000000008.pt", "step-000000010.pt"]
+
+    sink = ListSink()
+    ctx = RunContext(str(tmp_path), sink=sink, resume_at_most=8)
+    assert Trainer(spec("fp32"), ctx).train().resumed_from == 8
+    assert sorted(sink.metrics()) == list(range(9, 13))
+
+    sink = ListSink()
+    ctx = RunContext(str(tmp_path), sink=sink, resume_at_most=7)
+    result = Trainer(spec("fp32", max_steps=14), ctx).train()
+    assert result.resumed_from is None  # nothing at or below 7 is left (keep_last 2)
+    assert sorted(sink.metrics()) == list(range(1, 15))
+    assert sorted(os.listdir(tmp_path)) == ["step-000000012.pt", "step-000000014.pt"]
+
+
 def test_only_the_checkpoint_format_this_engine_writes_resumes(tmp_path: Path) -> None:
     trained = Trainer(spec("fp32", max_steps=4), RunContext(str(tmp_path)))
     trained.train()

@@ -42,6 +42,21 @@ def wait_until(
         time.sleep(interval)
 
 
+def all_metrics(
+    client: httpx.Client, job_id: str, limit: int = 500, **params: Any
+) -> list[dict[str, Any]]:
+    """Every page of ``GET /jobs/{id}/metrics`` (by default the effective series)."""
+    items: list[dict[str, Any]] = []
+    cursor = None
+    while True:
+        query = {"limit": limit, **params, **({"after": cursor} if cursor else {})}
+        page = client.get(f"/jobs/{job_id}/metrics", params=query).json()
+        items.extend(page["items"])
+        if not page["items"] or not page.get("next_cursor"):
+            return items
+        cursor = page["next_cursor"]
+
+
 class Stack:
     """One amptrain deployment in ``root``: call :meth:`start_api` / :meth:`start_worker`."""
 
@@ -182,15 +197,7 @@ class Stack:
             time.sleep(0.2)
 
     def all_metrics(self, job_id: str, limit: int = 500, **params: Any) -> list[dict[str, Any]]:
-        items: list[dict[str, Any]] = []
-        cursor = None
-        while True:
-            query = {"limit": limit, **params, **({"after": cursor} if cursor else {})}
-            page = self.client.get(f"/jobs/{job_id}/metrics", params=query).json()
-            items.extend(page["items"])
-            if not page["items"] or not page.get("next_cursor"):
-                return items
-            cursor = page["next_cursor"]
+        return all_metrics(self.client, job_id, limit, **params)
 
     def events(self, job_id: str) -> list[dict[str, Any]]:
         return list(self.client.get(f"/jobs/{job_id}/events").json()["items"])

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 
 from tests.support.stack import free_port, wait_until
 
@@ -23,28 +24,33 @@ class Up:
     proc: subprocess.Popen[bytes]
     log: Path
     port: int
+    data_dir: Path
 
     def tail(self) -> str:
         return self.log.read_text()[-3000:]
 
     def admin_client(self, timeout: float = 30) -> httpx.Client:
-        """Waits for the start-up banner, signs in with the admin token it prints, then for
-        ``/readyz``."""
+        """Waits for the start-up banner, signs in with the admin token (printed on the first
+        start, read from its file on later ones), then waits for ``/readyz``."""
 
         def banner() -> str:
             text = self.log.read_text()
             return text if "admin token" in text else ""
 
         text = wait_until(banner, 60, "the start-up banner")
-        token = re.search(r"admin token .*: (\S+)", text)
-        assert token, text
+        printed = re.search(r"admin token \(.*: (\S+)", text)
+        token = printed[1] if printed else (self.data_dir / "admin-token").read_text().strip()
         client = httpx.Client(
             base_url=f"http://127.0.0.1:{self.port}",
-            headers={"Authorization": f"Bearer {token[1]}"},
+            headers={"Authorization": f"Bearer {token}"},
             timeout=timeout,
         )
         wait_until(lambda: ready(client), 60, "/readyz")
         return client
+
+    def descendants(self) -> list[psutil.Process]:
+        """Every process ``up`` started, and theirs, now."""
+        return psutil.Process(self.proc.pid).children(recursive=True)
 
     def stop(self) -> None:
         """Ctrl-C, as a person stops it: it must exit 0 within 90 s."""
@@ -52,18 +58,37 @@ class Up:
         assert self.proc.wait(90) == 0, self.tail()
 
 
-def start_up(tmp_path: Path, data_dir: Path, preexec_fn: Callable[[], Any] | None = None) -> Up:
-    """``amptrain up --data-dir data_dir`` on a free port, CPU only, logging to ``tmp_path/up.log``."""
+def start_up(
+    tmp_path: Path,
+    data_dir: Path,
+    preexec_fn: Callable[[], Any] | None = None,
+    settings: dict[str, str] | None = None,
+    log_name: str = "up.log",
+) -> Up:
+    """``amptrain up --data-dir data_dir`` on a free port, CPU only, logging to
+    ``tmp_path/log_name``; ``settings``: the only AMPTRAIN_* variables it gets."""
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("AMPTRAIN_")}
-    env.update(CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1")
-    log = tmp_path / "up.log"
+    env.update(CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1", **(settings or {}))
+    log = tmp_path / log_name
     with log.open("wb") as out:
         proc = subprocess.Popen(
             [sys.executable, "-m", "amptrain.cli.main", "up", "--port", str(port), "--data-dir", str(data_dir)],
             env=env, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path, preexec_fn=preexec_fn,
         )  # fmt: skip
-    return Up(proc, log, port)
+    return Up(proc, log, port, data_dir)
+
+
+def alive(processes: list[psutil.Process]) -> list[psutil.Process]:
+    """Those of ``processes`` still running (a zombie has exited)."""
+    left = []
+    for p in processes:
+        try:
+            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
+                left.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return left
 
 
 def ready(client: httpx.Client) -> bool:

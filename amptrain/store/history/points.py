@@ -96,3 +96,10 @@ def point_dict(row: MetricPoint) -> dict[str, Any]:
     out["attempt"] = row.attempt
     out["cursor"] = str(Cursor(row.stream_ms, row.stream_seq))
     return out
+
+
+def recorded_through(s: Session, job_id: str) -> int:
+    """The newest step of the job's history in SQL, by any attempt (0: none). The recorder
+    commits each attempt's points in step order, so every step up to it is recorded."""
+    p = MetricPoint
+    return int(s.scalar(sa.select(sa.func.max(p.step)).where(p.job_id == job_id)) or 0)

@@ -2,8 +2,8 @@
 
 ``python -m amptrain.worker.child.launcher SUPERVISOR_PID TORCHRUN_ARGS...`` sets a parent-death
 signal (SIGKILL) and checks that its parent is still ``SUPERVISOR_PID`` (a death signal
-set after the parent already died does nothing), then runs torchrun's ``main`` in this
-process. torchrun starts each rank in a new session, so a launcher killed with SIGKILL
+set after the parent already died does nothing: :func:`amptrain.core.lifeline.die_with`),
+then runs torchrun's ``main`` in this process. torchrun starts each rank in a new session, so a launcher killed with SIGKILL
 would leave its ranks training unsupervised: each rank ties itself to this process the
 same way (:func:`amptrain.worker.child.rank.die_with_launcher`), given its pid in
 :data:`LAUNCHER_PID_ENV`.
@@ -11,29 +11,13 @@ same way (:func:`amptrain.worker.child.rank.die_with_launcher`), given its pid i
 
 from __future__ import annotations
 
-import ctypes
 import os
-import signal
 import sys
+
+from amptrain.core.lifeline import ORPHANED, die_with
 
 LAUNCHER_PID_ENV = "AMPTRAIN_LAUNCHER_PID"
 """The launcher's pid, inherited by every rank (torchrun passes its environment on)."""
-
-ORPHANED = 75
-"""Exit status when the expected parent was already gone (nothing was started)."""
-
-_PR_SET_PDEATHSIG = 1
-
-
-def die_with(parent_pid: int) -> bool:
-    """Linux: get SIGKILL when the parent dies; False if ``parent_pid`` is already gone
-    (then the signal was set too late to ever come)."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    except (OSError, AttributeError):  # not Linux: no death signal to rely on
-        pass
-    return os.getppid() == parent_pid
 
 
 def main(argv: list[str]) -> int:

@@ -22,6 +22,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from amptrain.contract.errors import TrainingError, classify_failure
 from amptrain.contract.records import Sink
+from amptrain.core.lifeline import die_with
 from amptrain.worker.child.protocol import (
     Accepted,
     ControlMessage,
@@ -105,6 +106,7 @@ def train(launch: Launch, sink: Sink | None, ranks: Ranks | None = None) -> Fini
             data_roots=launch.data_roots,
             should_stop=lambda: _stop_request,
             resume=True,
+            resume_at_most=launch.resume_at_most,
             cpu_bf16_probe=Bf16Probe.from_dict(probe) if probe else None,
             ranks=ranks,
         )
@@ -152,16 +154,9 @@ def _open_sink(launch: Launch, ahead: ProcessSink | None) -> ProcessSink:
 
 
 def die_with_parent() -> None:
-    """Linux: if the supervisor dies (kill -9, OOM killer), the child dies too instead of
-    training on unsupervised; the job's lease then expires and another worker resumes it."""
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL(None, use_errno=True)
-        pr_set_pdeathsig = 1
-        libc.prctl(pr_set_pdeathsig, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass
+    """If the supervisor dies (kill -9, OOM killer), the child dies too instead of training
+    on unsupervised; the job's lease then expires and another worker resumes it."""
+    die_with(os.getppid())
 
 
 def main() -> int:

@@ -17,7 +17,8 @@ import sys
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
-from amptrain.worker.child.launcher import LAUNCHER_PID_ENV, ORPHANED, die_with
+from amptrain.core.lifeline import ORPHANED, die_with
+from amptrain.worker.child.launcher import LAUNCHER_PID_ENV
 from amptrain.worker.child.main import (
     Control,
     ControlledSink,

@@ -21,14 +21,11 @@ from celery.signals import setup_logging, worker_ready, worker_shutdown, worker_
 
 from amptrain.core import redis as amptrain_redis
 from amptrain.core.logs import configure_logging
-from amptrain.core.redis import Keys
 from amptrain.core.settings import Settings, get_settings
-from amptrain.worker.main import devices, metrics
+from amptrain.worker.main import devices, drain, metrics
 from amptrain.worker.main.presence import Presence
 
 log = logging.getLogger(__name__)
-
-DRAIN_TTL_S = 3600
 
 
 @dataclass(frozen=True)
@@ -68,16 +65,11 @@ class WorkerLifecycle:
         return amptrain_redis.client(self.settings.redis_url, amptrain_redis.WORKER_TIMEOUT_S)
 
     def on_ready(self, sender: Any = None, **_: Any) -> None:
-        """Clear a drain flag left by an earlier run, then announce this worker and serve
-        its metrics."""
+        """Announce this worker and serve its metrics."""
         hostname = getattr(sender, "hostname", None)
         if not hostname:
             return
         client = self._redis()
-        try:
-            client.delete(Keys.worker_draining(hostname))
-        except redis.RedisError:
-            log.warning("could not clear the drain flag of %s", hostname)
         info = {
             "queues": self.options.queues,
             "concurrency": self.options.concurrency,
@@ -109,15 +101,14 @@ class WorkerLifecycle:
         Celery's warm shutdown then waits for the supervisors, which return as soon
         as their child has checkpointed.
         """
-        if not sender:
-            return
-        try:
-            self._redis().set(Keys.worker_draining(sender), "1", ex=DRAIN_TTL_S)
-            if self.presence is not None:
-                self.presence.info["draining"] = True
-            log.info("worker %s draining: running jobs will checkpoint and be re-queued", sender)
-        except redis.RedisError:
-            log.error("could not flag %s as draining; running jobs finish as usual", sender)
+        if self.presence is not None:
+            self.presence.info["draining"] = True  # the dispatcher sends it nothing new
+        told = drain.tell_pool_processes()
+        log.info(
+            "worker %s draining: %d pool processes checkpoint their jobs and re-queue them",
+            sender,
+            told,
+        )
 
     def on_shutdown(self, **_: Any) -> None:
         if self.presence is not None:

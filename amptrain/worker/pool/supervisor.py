@@ -27,6 +27,7 @@ from amptrain.worker.pool.child_handle import ChildProcess
 from amptrain.worker.pool.claim import Claim, launch, runtime_limit
 from amptrain.worker.pool.events import LifecycleEvents
 from amptrain.worker.pool.ranks import RankGroup, devices_of, slot_gpus
+from amptrain.worker.pool.resume_bound import resume_bound
 from amptrain.worker.pool.slot import JobSlot, PoolSlot
 from amptrain.worker.pool.spare import SpareKeeper
 from amptrain.worker.pool.verdict import final_state
@@ -91,7 +92,7 @@ class Supervisor:
     def _run(self, claim: Claim) -> None:
         self.slot.start(claim.job_id, claim.attempt)
         try:
-            child = self._child(launch(self.settings, claim))
+            child = self._child(launch(self.settings, claim, self._resume_bound(claim)))
             watch = AttemptWatch(
                 self.settings,
                 self.sessions,
@@ -111,6 +112,14 @@ class Supervisor:
             self.slot.clear()
             if self.spares is not None:
                 self.spares.refill()  # if "started" never came (a failed attempt)
+
+    def _resume_bound(self, claim: Claim) -> int | None:
+        """A first attempt has no checkpoint to resume from; a later one none beyond the
+        job's recorded history (waiting at most a third of the lease, unrenewed meanwhile)."""
+        if claim.attempt == 1:
+            return None
+        wait_s = self.settings.lease_seconds / 3
+        return resume_bound(self.sessions, self.redis, claim.job_id, wait_s)
 
     def _child(self, launch: Launch) -> ChildProcess:
         """The process that trains this attempt: the warm spare when one takes the launch,

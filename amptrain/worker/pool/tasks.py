@@ -10,6 +10,7 @@ keeps one database engine and Redis client for all of them.
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any
 
 import redis
@@ -19,9 +20,10 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from amptrain.core import redis as amptrain_redis
 from amptrain.core.enums import TaskName
+from amptrain.core.lifeline import die_with
 from amptrain.core.settings import get_settings
 from amptrain.store.db import make_engine, make_session_factory
-from amptrain.worker.main import devices
+from amptrain.worker.main import devices, drain
 from amptrain.worker.main.celery_app import app
 from amptrain.worker.pool.slot import PoolSlot
 from amptrain.worker.pool.spare import SpareKeeper
@@ -37,6 +39,10 @@ _shared: tuple[sessionmaker[Session], redis.Redis] | None = None
 @worker_process_init.connect
 def _take_slot(**_: Any) -> None:
     global _pool_slot, _spares
+    # A worker main process that is killed (SIGKILL, `amptrain up` gone) takes its pool
+    # processes with it, and they their training children: nothing trains unsupervised.
+    die_with(os.getppid())
+    drain.listen()
     _pool_slot = PoolSlot.of_this_process(devices.visible_gpus(), devices.devices_per_job())
     settings = get_settings()
     # A data-parallel slot launches its ranks through torchrun: a spare would sit unused.

@@ -25,6 +25,7 @@ from amptrain.core.redis import Keys
 from amptrain.core.settings import Settings
 from amptrain.store import jobs
 from amptrain.worker.child.protocol import ControlMessage, Failed, Finished, PrecisionChosen
+from amptrain.worker.main import drain
 from amptrain.worker.pool.child_handle import ChildProcess
 from amptrain.worker.pool.slot import JobSlot
 
@@ -153,15 +154,13 @@ class AttemptWatch:
             return "cancel"  # seen by the heartbeat even if the Redis cancel key was lost
         if self.deadline is not None and time.monotonic() >= self.deadline:
             return "timeout"
+        if drain.draining():
+            return "preempt"
         try:
-            cancel, draining = self.redis.mget(
-                Keys.cancel(self.job_id), Keys.worker_draining(self.slot.worker)
-            )
+            cancel = self.redis.get(Keys.cancel(self.job_id))
         except redis.RedisError:
             return None  # a Redis blip: training goes on, the heartbeat still sees cancels
-        if cancel:
-            return "cancel"
-        return "preempt" if draining else None
+        return "cancel" if cancel else None
 
     def _ask_to_stop(self, child: ChildProcess, wanted: StopRequest) -> None:
         """The child stops at its next step boundary: SIGUSR1 checkpoints and ends the run
