@@ -12,12 +12,18 @@ engine's :class:`~amptrain.engine.telemetry.StepTelemetry`) and an Alembic migra
 adds its column (and, with ``extremes``, its four summary columns). Nothing in the API,
 the recorder, the dashboard or the command lines changes.
 
+Evaluation metrics (:data:`EVAL_METRICS`, and those plugins register) are the same
+:class:`Metric`, recorded as *named series*: an ``eval`` record carries a name -> value
+mapping (:func:`amptrain.contract.records.evaluation`), stored one row per value, so a
+new evaluation metric needs no migration and no code in the API.
+
 Torch-free and dependency-free: every process imports it.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
@@ -72,6 +78,10 @@ class Metric:
     read once per flush (the engine's device buffer holds these, in this table's order);
     ``scaler``, the GradScaler's per-step device state, only with a scaler (fp16);
     ``host``, computed on the host at the flush (times, memory, counters)."""
+
+    better: Literal["higher", "lower"] | None = None
+    """Evaluation metrics: which way is an improvement (the accuracy verdict and the
+    dashboard use it); None for step fields."""
 
     @property
     def is_float(self) -> bool:
@@ -187,6 +197,74 @@ STEP_METRICS: tuple[Metric, ...] = (
     ),
 )
 
+Task = Literal["classification", "language_model"]
+
+EVAL_METRICS: tuple[Metric, ...] = (
+    Metric(
+        "eval_loss",
+        "float",
+        "Mean loss over the evaluated held-out samples (the job's loss function).",
+        label="eval loss",
+        summary=True,
+        better="lower",
+    ),
+    Metric(
+        "accuracy",
+        "float",
+        "Classification: fraction of held-out samples whose top class is the label (0-1).",
+        label="acc",
+        summary=True,
+        better="higher",
+    ),
+    Metric(
+        "top5_accuracy",
+        "float",
+        "Classification with more than 5 classes: fraction whose label is in the top 5.",
+        label="top5",
+        better="higher",
+    ),
+    Metric(
+        "perplexity",
+        "float",
+        "Language model: exp(eval_loss), the mean per-token perplexity.",
+        label="ppl",
+        summary=True,
+        better="lower",
+    ),
+    Metric(
+        "token_accuracy",
+        "float",
+        "Language model: fraction of held-out tokens predicted exactly (argmax).",
+        label="tok acc",
+        better="higher",
+    ),
+)
+"""The built-in evaluation metrics; which a job computes depends on its dataset's task
+(:data:`EVAL_METRICS_BY_TASK`) and its ``eval.metrics``."""
+
+EVAL_METRICS_BY_TASK: dict[Task, tuple[str, ...]] = {
+    "classification": ("eval_loss", "accuracy", "top5_accuracy"),
+    "language_model": ("eval_loss", "perplexity", "token_accuracy"),
+}
+"""Built-in metrics per task (``top5_accuracy`` only with more than 5 classes)."""
+
+SERIES_NAME = re.compile(r"[a-z][a-z0-9_]{0,47}")
+"""What a named series (an evaluation metric, built-in or a plugin's) may be called."""
+
+
+def check_series_name(name: str) -> str:
+    """``name`` if it can name a series, else ValueError saying why: lowercase letters,
+    digits and ``_``, starting with a letter, at most 48 characters, and not a step field."""
+    if not isinstance(name, str) or not SERIES_NAME.fullmatch(name):
+        raise ValueError(
+            f"metric name {name!r}: use lowercase letters, digits and _, starting with a "
+            "letter, at most 48 characters"
+        )
+    if name in BY_NAME:
+        raise ValueError(f"metric name {name!r} is a per-step field; choose another")
+    return name
+
+
 BY_NAME: dict[str, Metric] = {m.name: m for m in STEP_METRICS}
 METRIC_FIELDS: tuple[str, ...] = tuple(m.name for m in STEP_METRICS if not m.parallel)
 """Every metric record has exactly these keys, in this order."""
@@ -226,11 +304,15 @@ def python_type(metric: Metric) -> type:
     return _PY_TYPES[metric.type]
 
 
+EVAL_BY_NAME: dict[str, Metric] = {m.name: m for m in EVAL_METRICS}
+
+
 def catalog() -> dict[str, Any]:
     """The table as ``GET /catalog`` serves it (the dashboard draws its charts from it)."""
     return {
         "metrics": [asdict(m) for m in STEP_METRICS],
         "charts": [asdict(c) for c in CHARTS],
+        "eval_metrics": [asdict(m) for m in EVAL_METRICS],
     }
 
 

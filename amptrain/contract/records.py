@@ -1,15 +1,16 @@
 """The telemetry contract shared by the engine, the worker, the API and clients.
 
-Torch-free. A *record* is one optimizer step; an *event* is a lifecycle or
-health notice. Both are plain dicts so that every hop (queue, Redis stream,
-SQL row, JSON response) carries the same names.
+Torch-free. A *metric* record is one optimizer step; an *eval* record is one evaluation
+on the held-out split (named values, see :data:`~amptrain.contract.metrics.EVAL_METRICS`);
+an *event* is a lifecycle or health notice. All are plain dicts so that every hop (queue,
+Redis stream, SQL row, JSON response) carries the same names.
 """
 
 from __future__ import annotations
 
 from typing import Any, Protocol
 
-from amptrain.contract.metrics import METRIC_FIELDS, PARALLEL_METRIC_FIELDS
+from amptrain.contract.metrics import METRIC_FIELDS, PARALLEL_METRIC_FIELDS, check_series_name
 
 # Event types the engine emits itself; the worker adds lifecycle events
 # (queued, started, resumed, succeeded, failed, cancelled) with the same shape.
@@ -28,6 +29,15 @@ def metric(**values: Any) -> dict[str, Any]:
     return record
 
 
+def evaluation(step: int, time: float, values: dict[str, float | None]) -> dict[str, Any]:
+    """An eval record: the held-out metrics of the model as it is after optimizer step
+    ``step`` (``values``: metric name -> value; null when not finite), measured at unix
+    ``time``. Names follow :func:`~amptrain.contract.metrics.check_series_name`."""
+    for name in values:
+        check_series_name(name)
+    return {"kind": "eval", "step": step, "time": time, "values": dict(values)}
+
+
 def event(type: str, step: int, time: float, **data: Any) -> dict[str, Any]:
     """An event record: ``type``, the step it happened at, unix time and free-form details."""
     return {"kind": "event", "type": type, "step": step, "time": time, "data": data}
@@ -36,7 +46,7 @@ def event(type: str, step: int, time: float, **data: Any) -> dict[str, Any]:
 class Sink(Protocol):
     """Where telemetry goes. Called from a background thread, never the training thread.
 
-    ``write`` receives a batch of records (metrics and events, in order). It may
+    ``write`` receives a batch of records (metrics, evals and events, in order). It may
     block or raise; the engine's publisher counts what it could not deliver.
     """
 

@@ -5,8 +5,10 @@ FastAPI- and torch-free: the worker imports it. One stream per job
 2.5x smaller than one JSON blob per entry, as measured). Metric values are
 JSON scalars so ``null`` and booleans survive the round trip.
 
-Three kinds of entry: ``metric`` (one optimizer step), ``event`` and ``end``
-(the attempt's supervisor has finished the job: the stream is complete).
+Four kinds of entry: ``metric`` (one optimizer step), ``eval`` (one evaluation on the
+held-out split: ``step``, ``time`` and ``values``, a JSON object of named values),
+``event`` and ``end`` (the attempt's supervisor has finished the job: the stream is
+complete).
 
 How an event gets its ONE cursor (:mod:`amptrain.contract.cursor`)
 --------------------------------------------------------------
@@ -64,6 +66,12 @@ def encode(item: dict[str, Any], *, job_id: str, attempt: int) -> dict[str, str]
         # A data-parallel run's extra fields (a list among them); absent for one device,
         # which keeps its entries as small as before.
         fields.update({f: json.dumps(item[f]) for f in PARALLEL_METRIC_FIELDS if f in item})
+    elif item["kind"] == "eval":
+        fields.update(
+            step=str(int(item["step"])),
+            time=_json_scalar(item.get("time")),
+            values=json.dumps(item["values"]),
+        )
     else:
         fields.update(
             type=str(item["type"]),
@@ -85,6 +93,12 @@ def decode(fields: dict[Any, Any]) -> dict[str, Any]:
     elif f["kind"] == "metric":
         out.update({name: json.loads(f[name]) for name in METRIC_FIELDS if name in f})
         out.update({name: json.loads(f[name]) for name in PARALLEL_METRIC_FIELDS if name in f})
+    elif f["kind"] == "eval":
+        out.update(
+            step=int(f["step"]),
+            time=json.loads(f.get("time", "null")),
+            values=json.loads(f["values"]),
+        )
     else:
         out.update(
             type=f["type"],
