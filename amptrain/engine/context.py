@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,10 +34,15 @@ class RunContext:
     """Polled at every step boundary (keep it cheap): "cancel", "preempt" or None."""
     resume: bool = True
     """Load the newest checkpoint in ``checkpoint_dir`` when there is one."""
-    resume_at_most: int | None = None
-    """Resume from no checkpoint beyond this step, and remove those beyond it (the newest
-    step of the job's durable history: a resumed run then re-records every step after
-    it, so its series has no gap); None: the newest checkpoint."""
+    attempt: int = 1
+    """Which attempt of its job this run is; every checkpoint records the attempt that
+    wrote it (its *lineage*: the attempt whose telemetry covers its steps)."""
+    recorded: Mapping[int, int] | None = None
+    """Per attempt, the newest step of its telemetry in the job's durable history. The run
+    resumes from the newest checkpoint whose writing attempt has recorded through its step,
+    and removes the checkpoints after that one (abandoned or unrecorded lineages): it then
+    re-records every step after it, so the job's series has no gap. None: the newest
+    checkpoint, whatever was recorded (a run outside the service)."""
     cpu_bf16_probe: Bf16Probe | None = None
     """The worker's measurement of bf16 vs fp32 on this CPU, which ``precision: auto``
     uses instead of measuring again (so a worker's jobs all decide alike); None measures."""

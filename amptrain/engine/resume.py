@@ -76,6 +76,7 @@ class Checkpointing:
             "scaler": scaler.state_dict() if scaler is not None else None,
             "rng": rngs[0],
             "world_size": self.group.world_size,
+            "attempt": self.ctx.attempt,
             **parallel,
         }
 
@@ -112,21 +113,36 @@ class Checkpointing:
         return path
 
     def resume(self) -> None:
-        """Continue from the newest checkpoint (at most ``ctx.resume_at_most``), if the run
-        resumes and has one."""
+        """Continue from the newest checkpoint whose lineage is recorded (see
+        ``ctx.recorded``), if the run resumes and has one."""
         if not (self.ctx.resume and self.store is not None):
             return
-        bound = self.ctx.resume_at_most
-        if bound is not None and self.group.leader:
-            self.store.discard_after(bound)  # never resumed from, so never kept either
-        latest = self.group.leader_value(self.store.latest())
-        if latest is None:
+        chosen, state = self._resumable() if self.group.leader else (None, None)
+        path = self.group.leader_value(chosen)
+        if path is None:
             return
-        self.load_state_dict(self.store.load(latest))
+        self.load_state_dict(state if state is not None else self.store.load(path))
         self.resumed_from = self._last_checkpoint_step = self.step
         self.telemetry.event(
             "resumed", self.step, from_step=self.step, name=checkpoint_name(self.step)
         )
+
+    def _resumable(self) -> tuple[str | None, dict[str, Any] | None]:
+        """The leader's choice: the newest checkpoint, or under ``ctx.recorded`` the newest
+        one its writing attempt recorded through (with its state, read to learn that), the
+        checkpoints after it removed: never resumed from, so never kept either."""
+        assert self.store is not None
+        recorded = self.ctx.recorded
+        if recorded is None:
+            return self.store.latest(), None
+        for step in reversed(self.store.steps()):
+            path = self.store.path(checkpoint_name(step))
+            state = self.store.load(path)
+            if step <= recorded.get(int(state.get("attempt", 0)), 0):
+                self.store.discard_after(step)
+                return path, state
+        self.store.discard_after(0)
+        return None, None
 
     @property
     def samples_consumed(self) -> int:

@@ -96,29 +96,38 @@ def test_keep_last_and_newest_wins(tmp_path: Path) -> None:
     assert set(state["rng"]) >= {"python", "numpy", "torch"}
 
 
-def test_a_resume_bound_skips_and_removes_checkpoints_beyond_the_recorded_history(
+def test_a_resumed_run_starts_only_where_the_checkpoints_writer_recorded_through(
     tmp_path: Path,
 ) -> None:
-    # Checkpoints at 4 and 8 exist, but the job's history ends at step 6: resuming from 8
-    # would leave steps 7-8 unrecorded, so the run goes on from 4 and re-records 5-12.
-    ref: list[Trainer] = []
-    first = Trainer(spec("fp32"), RunContext(str(tmp_path), should_stop=stop_at(10, ref)))
-    ref.append(first)
-    with pytest.raises(PreemptedError):
-        first.train()
-    assert sorted(os.listdir(tmp_path)) == ["step-000000008.pt", "step-000000010.pt"]
+    def stopped(attempt: int, at: int, recorded: dict[int, int] | None) -> Trainer:
+        ref: list[Trainer] = []
+        ctx = RunContext(str(tmp_path), attempt=attempt, recorded=recorded)
+        ctx.should_stop = stop_at(at, ref)
+        ref.append(Trainer(spec("fp32", max_steps=20), ctx))
+        with pytest.raises(PreemptedError):
+            ref[0].train()
+        return ref[0]
 
-    sink = ListSink()
-    ctx = RunContext(str(tmp_path), sink=sink, resume_at_most=8)
-    assert Trainer(spec("fp32"), ctx).train().resumed_from == 8
-    assert sorted(sink.metrics()) == list(range(9, 13))
+    # Attempt 1 checkpoints at 4, 8 and 10; its history reached SQL up to step 9 only, so
+    # attempt 2 resumes from 8 (not 10, which it removes). It stops at 14 with its
+    # checkpoints at 12 and 14 (keep_last 2), none of its history recorded.
+    assert stopped(1, 10, None).resumed_from is None
+    assert stopped(2, 14, {1: 9}).resumed_from == 8
+    # So attempt 3 trusts neither and starts afresh; it stops at 6 (checkpoints 4 and 6).
+    assert stopped(3, 6, {1: 9}).resumed_from is None
+    assert sorted(os.listdir(tmp_path)) == ["step-000000004.pt", "step-000000006.pt"]
 
+    # Attempt 3 recorded through 4. Attempt 1's history reaches 9, but it says nothing of
+    # attempt 3's checkpoint at 6 (the newest step of *any* attempt would accept it and
+    # leave steps 5-6 of this lineage unrecorded): the run resumes from 4 and re-records
+    # every later step.
     sink = ListSink()
-    ctx = RunContext(str(tmp_path), sink=sink, resume_at_most=7)
-    result = Trainer(spec("fp32", max_steps=14), ctx).train()
-    assert result.resumed_from is None  # nothing at or below 7 is left (keep_last 2)
-    assert sorted(sink.metrics()) == list(range(1, 15))
-    assert sorted(os.listdir(tmp_path)) == ["step-000000012.pt", "step-000000014.pt"]
+    ctx = RunContext(str(tmp_path), sink=sink, attempt=4, recorded={1: 9, 3: 4})
+    assert Trainer(spec("fp32", max_steps=20), ctx).train().resumed_from == 4
+    assert sorted(sink.metrics()) == list(range(5, 21))
+    assert sorted(os.listdir(tmp_path)) == ["step-000000016.pt", "step-000000020.pt"]
+    state = CheckpointStore(str(tmp_path), keep_last=2).load(str(tmp_path / "step-000000020.pt"))
+    assert state["attempt"] == 4
 
 
 def test_only_the_checkpoint_format_this_engine_writes_resumes(tmp_path: Path) -> None:

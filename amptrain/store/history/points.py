@@ -98,8 +98,12 @@ def point_dict(row: MetricPoint) -> dict[str, Any]:
     return out
 
 
-def recorded_through(s: Session, job_id: str) -> int:
-    """The newest step of the job's history in SQL, by any attempt (0: none). The recorder
-    commits each attempt's points in step order, so every step up to it is recorded."""
+def recorded_through(s: Session, job_id: str) -> dict[int, int]:
+    """Per attempt, the newest step of its points in SQL. An attempt's records reach the
+    stream in step order and the recorder commits in stream order, so every step of the
+    attempt up to it (from the checkpoint it resumed from) is recorded."""
     p = MetricPoint
-    return int(s.scalar(sa.select(sa.func.max(p.step)).where(p.job_id == job_id)) or 0)
+    rows = s.execute(
+        sa.select(p.attempt, sa.func.max(p.step)).where(p.job_id == job_id).group_by(p.attempt)
+    )
+    return {int(attempt): int(step) for attempt, step in rows}

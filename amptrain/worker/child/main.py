@@ -106,7 +106,8 @@ def train(launch: Launch, sink: Sink | None, ranks: Ranks | None = None) -> Fini
             data_roots=launch.data_roots,
             should_stop=lambda: _stop_request,
             resume=True,
-            resume_at_most=launch.resume_at_most,
+            attempt=launch.attempt,
+            recorded=launch.recorded,
             cpu_bf16_probe=Bf16Probe.from_dict(probe) if probe else None,
             ranks=ranks,
         )

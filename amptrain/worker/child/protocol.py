@@ -32,9 +32,10 @@ class Launch(_Message):
     checkpoint_dir: str
     redis_url: str
     data_roots: list[str] = Field(default_factory=list)
-    resume_at_most: int | None = None
-    """The newest step of the job's history in SQL: the attempt resumes from no checkpoint
-    beyond it (see :attr:`amptrain.engine.context.RunContext.resume_at_most`)."""
+    recorded: dict[int, int] | None = None
+    """Per attempt, the newest step of its history in SQL: the attempt resumes only from a
+    checkpoint its writer recorded through (see
+    :attr:`amptrain.engine.context.RunContext.recorded`); None on a first attempt."""
     control_fd: int = -1
     """The write end of the control pipe, inherited by the child."""
     cpu_bf16_probe: dict[str, Any] | None = None

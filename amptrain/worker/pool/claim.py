@@ -27,8 +27,8 @@ class Claim:
     owner: str
 
 
-def launch(settings: Settings, claim: Claim, resume_at_most: int | None = None) -> Launch:
-    """What the training child of this attempt is told; ``resume_at_most``: see
+def launch(settings: Settings, claim: Claim, recorded: dict[int, int] | None = None) -> Launch:
+    """What the training child of this attempt is told; ``recorded``: see
     :mod:`amptrain.worker.pool.resume_bound`."""
     return Launch(
         job_id=claim.job_id,
@@ -37,7 +37,7 @@ def launch(settings: Settings, claim: Claim, resume_at_most: int | None = None) 
         checkpoint_dir=job_checkpoint_url(settings.checkpoint_url, claim.job_id),
         redis_url=settings.redis_url,
         data_roots=data_roots(settings, claim),
-        resume_at_most=resume_at_most,
+        recorded=recorded,
         cpu_bf16_probe=devices.cpu_bf16_probe(devices.known_report()),
     )
 

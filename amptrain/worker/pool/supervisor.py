@@ -113,9 +113,10 @@ class Supervisor:
             if self.spares is not None:
                 self.spares.refill()  # if "started" never came (a failed attempt)
 
-    def _resume_bound(self, claim: Claim) -> int | None:
-        """A first attempt has no checkpoint to resume from; a later one none beyond the
-        job's recorded history (waiting at most a third of the lease, unrenewed meanwhile)."""
+    def _resume_bound(self, claim: Claim) -> dict[int, int] | None:
+        """A first attempt has no checkpoint to resume from; a later one resumes only within
+        the job's recorded history (waiting at most a third of the lease, unrenewed
+        meanwhile, for the recorder to catch up)."""
         if claim.attempt == 1:
             return None
         wait_s = self.settings.lease_seconds / 3
