@@ -14,6 +14,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 import anyio
 from fastapi import FastAPI
+from fastapi_offline import FastAPIOffline
 
 from amptrain.core.settings import Settings, get_settings
 from amptrain.server import observability
@@ -23,6 +24,10 @@ from amptrain.server.web.errors import install_error_handlers
 from amptrain.server.web.openapi import install_service_schema
 from amptrain.server.web.routes import ROUTERS
 from amptrain.server.web.security_headers import SecurityHeaders
+
+
+DOCS_ASSETS = "/docs/assets"
+"""Where the API reference pages' scripts and styles are served from."""
 
 
 def _version() -> str:
@@ -46,7 +51,10 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         finally:
             await services.aclose()
 
-    app = FastAPI(
+    # /docs and /redoc with their scripts and styles served from the fastapi-offline
+    # package, not a CDN: the README sends users there, often from a machine offline.
+    app = FastAPIOffline(
+        static_url=DOCS_ASSETS,
         title="amptrain",
         version=_version(),
         summary="Declarative PyTorch training jobs with automatic mixed precision.",

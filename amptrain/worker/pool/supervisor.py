@@ -201,7 +201,7 @@ class Supervisor:
             )
             return
         status, error = final_state(claim, out, runtime_limit(self.settings, claim))
-        step = (out.result.final_step if out.result else None) or (error or {}).get("step") or 0
+        step = _end_step(out, error)
         kind = "requeued" if status == JobStatus.QUEUED else str(status)
         data = {"error": error} if error else {}
         with self.sessions.begin() as s:
@@ -212,3 +212,14 @@ class Supervisor:
         if done:  # the status is the fenced truth; the event only tells it
             end = None if status == JobStatus.QUEUED else status
             self.events.conclude(job_id, attempt, kind, step, data, end_status=end)
+
+
+def _end_step(out: Outcome, error: dict[str, Any] | None) -> int:
+    """The step the attempt ended at, as its concluding event records it: the result's,
+    the error's, or the step a stop request (cancel, preempt) stopped the child at."""
+    if out.result is not None:
+        return out.result.final_step
+    for step in ((error or {}).get("step"), out.failure.step if out.failure else None):
+        if step is not None:
+            return int(step)
+    return 0

@@ -111,3 +111,20 @@ def test_vendored_uplot_is_the_npm_file_with_its_licence() -> None:
     assert hashlib.sha256(body.encode()).hexdigest() == claimed.group(1)
     assert body.startswith("/*! https://github.com/leeoniya/uPlot (v1.6.32) */")
     assert "MIT License" in (STATIC_DIR / "vendor" / "uPlot-LICENSE.txt").read_text()
+
+
+@pytest.mark.parametrize("page", ["/docs", "/redoc"])
+def test_the_api_reference_loads_nothing_from_outside(client: Client, page: str) -> None:
+    # Offline (a laptop on a train, an air-gapped cluster) the pages must still render:
+    # every script, style and icon they name is served by this server.
+    html = client.get(page)
+    assert html.status_code == 200 and html.headers["content-type"].startswith("text/html")
+    assets = re.findall(r"""(?:src|href)\s*=\s*["']([^"']+)["']""", html.text)
+    scripts = [a for a in assets if a.endswith(".js")]
+    assert scripts, html.text
+    for url in assets:
+        assert url.startswith("/"), f"{page} loads {url} from elsewhere"
+        got = client.get(url)
+        assert got.status_code == 200 and got.content, url
+    openapi = re.findall(r"""(?:url|spec-url)\s*[:=]\s*["']([^"']+)["']""", html.text)
+    assert openapi and all(client.get(u).status_code == 200 for u in openapi), html.text

@@ -194,6 +194,14 @@ def test_workers_lists_a_running_worker_its_devices_and_its_job(
 
     assert stack.client.post(f"/jobs/{job['id']}/cancel").status_code == 202
     stack.wait_for_status(job["id"], "cancelled", timeout=30)
+    # The cancel is recorded at the step the job stopped at, the step the job shows (the
+    # event comes after that step's point in the stream, so both are recorded by now).
+    event = wait_until(
+        lambda: next((e for e in stack.events(job["id"]) if e["type"] == "cancelled"), None),
+        30,
+        "the cancelled event",
+    )
+    assert event["step"] == stack.job(job["id"])["step"] > 0
     wait_until(lambda: (listed(stack) or {}).get("current_jobs") == [], 30, "the slot to clear")
     assert worker_metrics(port)[("amptrain_worker_busy_slots", "")] == 0
 
