@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
@@ -29,6 +28,7 @@ from rich.progress import (
 )
 from rich.table import Table
 
+from amptrain.client.event_lines import collapsed, event_line
 from amptrain.client.http import ApiError, Client, resolve_config
 from amptrain.contract.metrics import progress_line
 from amptrain.contract.spec import load_spec_file
@@ -90,16 +90,34 @@ def submit(
 @click.command()
 @click.argument("job_id")
 @click.option("--json", "as_json", is_flag=True, help="Print every message as one JSON line.")
+@click.option(
+    "--from-start",
+    is_flag=True,
+    help="Replay the job's whole history first [default: start at its newest point].",
+)
 @connection_options
-def watch(job_id: str, as_json: bool, url: str | None, token: str | None) -> None:
-    """Follow a job live: progress, loss, loss scale, skipped steps, memory, samples/s."""
-    sys.exit(_watch(make_client(url, token), job_id, as_json))
+def watch(job_id: str, as_json: bool, from_start: bool, url: str | None, token: str | None) -> None:
+    """Follow a job live: progress, loss, loss scale, skipped steps, memory, samples/s.
+    JOB_ID may be a unique prefix of the id."""
+    client = make_client(url, token)
+    sys.exit(_watch(client, _resolved(client, job_id), as_json, from_start))
 
 
-def _watch(client: Client, job_id: str, as_json: bool) -> int:
+def _resolved(client: Client, ref: str) -> str:
+    """The whole id of the job ``ref`` names (an id or a unique prefix of one)."""
+    try:
+        return client.resolve(ref)
+    except ApiError as exc:
+        fail(exc)
+
+
+def _watch(client: Client, job_id: str, as_json: bool, from_start: bool = True) -> int:
     try:
         job = client.job(job_id)
-        return asyncio.run(_follow(client, job, as_json))
+        # A watch joins a running job where it is now: replaying 60,000 steps first showed
+        # nothing current and a meaningless ETA.
+        after = None if from_start else client.newest_cursor(job_id)
+        return asyncio.run(_follow(client, job, as_json, after))
     except ApiError as exc:
         fail(exc)
     except KeyboardInterrupt:
@@ -107,22 +125,26 @@ def _watch(client: Client, job_id: str, as_json: bool) -> int:
     return 130
 
 
-async def _follow(client: Client, job: dict[str, Any], as_json: bool) -> int:
+async def _follow(
+    client: Client, job: dict[str, Any], as_json: bool, after: str | None = None
+) -> int:
     def reconnecting(cursor: str | None, reason: str) -> None:
         console.print(f"[dim]{reason}; resuming after {cursor}[/]")
 
     status = "unknown"
     with _progress(disable=as_json) as progress:
-        task = progress.add_task(job["name"], total=job["max_steps"], stats="waiting…")
-        async for msg in client.watch(job["id"], on_reconnect=reconnecting):
+        name = _short(job["name"])
+        room = _stats_room(progress.console.width, name, job["max_steps"])
+        task = progress.add_task(name, total=job["max_steps"], completed=job["step"], stats="…")
+        async for msg in client.watch(job["id"], after=after, on_reconnect=reconnecting):
             if as_json:
                 click.echo(json.dumps(msg))
             if msg["type"] == "metric":
                 data = msg["data"]
-                stats = progress_line(data, width=progress.console.width - _FIXED_COLUMNS)
+                stats = progress_line(data, width=room)
                 progress.update(task, completed=data["step"], stats=stats)
             elif msg["type"] == "event" and not as_json:
-                progress.console.print(_event_line(msg["data"]))
+                progress.console.print(event_line(msg["data"], progress.console.width))
             elif msg["type"] == "end":
                 status = msg["data"]["status"]
                 if status == "succeeded":
@@ -135,14 +157,34 @@ async def _follow(client: Client, job: dict[str, Any], as_json: bool) -> int:
     return 0 if status == "succeeded" else 1
 
 
-_FIXED_COLUMNS = 70
-"""What the progress bar's other columns take of a line (name, bar, steps, times)."""
+UNCUT_WIDTH = 10_000
+"""Output width when it is not a terminal: a table takes only what its cells need."""
+
+NAME_WIDTH = 16
+"""A longer job name is cut (with …) so that step/total, elapsed and ETA always fit."""
+_TIMES = len(" 0:00:00 eta 0:00:00 ")
+
+
+def _bar_width(width: int) -> int:
+    return 10 if width < 100 else 20
+
+
+def _stats_room(width: int, name: str, max_steps: int) -> int:
+    """What a line of ``width`` leaves for the metric fields once the columns that must
+    stay (name, bar, step/total, elapsed, ETA) have theirs; the fields then drop from
+    the end (lowest priority first) until they fit."""
+    steps = 2 * len(str(max_steps)) + 1
+    return width - len(name) - 1 - _bar_width(width) - 1 - steps - _TIMES
+
+
+def _short(name: str) -> str:
+    return name if len(name) <= NAME_WIDTH else name[: NAME_WIDTH - 1] + "…"
 
 
 def _progress(disable: bool) -> Progress:
     return Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(bar_width=20),
+        TextColumn("{task.description}", style="bold", markup=False),
+        BarColumn(bar_width=_bar_width(console.width)),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         TextColumn("eta"),
@@ -157,23 +199,25 @@ def _num(value: Any) -> str:
     return "n/a" if value is None else f"{value:.4g}"
 
 
-def _event_line(ev: dict[str, Any]) -> str:
-    stamp = time.strftime("%H:%M:%S", time.localtime(ev.get("time") or time.time()))
-    details = json.dumps(ev.get("data") or {}, separators=(",", ":"))
-    step = "" if ev.get("step") is None else f" step {ev['step']}"
-    return f"[dim]{stamp}[/] [cyan]{ev['type']}[/]{step} {details if details != '{}' else ''}"
-
-
 @click.command()
 @click.option("--status", help="Only jobs in these states (comma-separated).")
-@click.option("--limit", default=50, show_default=True)
+@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 200))
+@click.option("--json", "as_json", is_flag=True, help="Print the jobs as one JSON array.")
 @connection_options
-def jobs(status: str | None, limit: int, url: str | None, token: str | None) -> None:
-    """List jobs, newest first."""
+def jobs(status: str | None, limit: int, as_json: bool, url: str | None, token: str | None) -> None:
+    """List jobs, newest first (ids whole when the output is not a terminal)."""
     try:
         items = make_client(url, token).jobs(status, limit)
     except ApiError as exc:
         fail(exc)
+    if as_json:
+        click.echo(json.dumps(items, indent=2))
+        return
+    out = Console()
+    # Piped or redirected, nothing is cut: a script reads whole ids. At a terminal a
+    # narrow table may shorten them; any unique prefix is accepted back.
+    if not out.is_terminal:
+        out = Console(width=UNCUT_WIDTH)
     table = Table("id", "name", "status", "step", "precision", "loss", "created")
     for j in items:
         table.add_row(
@@ -185,16 +229,18 @@ def jobs(status: str | None, limit: int, url: str | None, token: str | None) -> 
             _num(j["summary"]["loss"]),
             j["created_at"][:19],
         )
-    Console().print(table)
+    out.print(table)
 
 
 @click.command()
 @click.argument("job_id")
 @connection_options
 def cancel(job_id: str, url: str | None, token: str | None) -> None:
-    """Cancel a job (a running one stops at its next step boundary)."""
+    """Cancel a job (a running one stops at its next step boundary). JOB_ID may be a
+    unique prefix of the id."""
+    client = make_client(url, token)
     try:
-        job = make_client(url, token).cancel(job_id)
+        job = client.cancel(_resolved(client, job_id))
     except ApiError as exc:
         fail(exc)
     click.echo(f"{job['id']} {job['status']}")
@@ -202,13 +248,23 @@ def cancel(job_id: str, url: str | None, token: str | None) -> None:
 
 @click.command()
 @click.argument("job_id")
+@click.option(
+    "--json", "as_json", is_flag=True, help="Print every event whole, one JSON line each."
+)
 @connection_options
-def logs(job_id: str, url: str | None, token: str | None) -> None:
-    """Print a job's lifecycle events (queued, started, checkpoint, warning, ...)."""
+def logs(job_id: str, as_json: bool, url: str | None, token: str | None) -> None:
+    """Print a job's lifecycle events (queued, started, checkpoint, warning, ...), one line
+    each, runs of checkpoints as one. JOB_ID may be a unique prefix of the id."""
+    client = make_client(url, token)
     try:
-        events = make_client(url, token).events(job_id)
+        events = client.events(_resolved(client, job_id))
     except ApiError as exc:
         fail(exc)
+    if as_json:
+        for ev in events:
+            click.echo(json.dumps(ev))
+        return
     out = Console(highlight=False)
-    for ev in events:
-        out.print(_event_line(ev))
+    width = out.width if out.is_terminal else None
+    for ev in collapsed(events):
+        out.print(event_line(ev, width), soft_wrap=True)

@@ -31,6 +31,8 @@ import httpx
 import websockets
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
+from amptrain.contract.job_ids import JOB_ID, JOB_ID_PREFIX
+
 DEFAULT_URL = "http://127.0.0.1:8000"
 
 
@@ -67,6 +69,10 @@ def _saved_admin_token() -> str | None:
         return (data_dir / "admin-token").read_text().strip() or None
     except OSError:
         return None
+
+
+AMBIGUOUS_SHOWN = 5
+"""How many of the ids an ambiguous prefix matches an error lists."""
 
 
 class ApiError(Exception):
@@ -108,9 +114,38 @@ class Client:
     def job(self, job_id: str) -> dict[str, Any]:
         return dict(self._call("GET", f"/jobs/{job_id}"))
 
-    def jobs(self, status: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
+    def jobs(
+        self, status: str | None = None, limit: int = 50, id_prefix: str | None = None
+    ) -> list[dict[str, Any]]:
         params: dict[str, Any] = {"limit": limit, **({"status": status} if status else {})}
+        if id_prefix is not None:
+            params["id_prefix"] = id_prefix
         return list(self._call("GET", "/jobs", params=params)["items"])
+
+    def resolve(self, ref: str) -> str:
+        """The whole id of the job ``ref`` names: the id itself, or a unique prefix of one
+        (``j_6ef6d2``, as a narrow ``amptrain jobs`` shows it). Raises ApiError
+        ``not_found`` when none matches, ``ambiguous`` when several do."""
+        if JOB_ID.fullmatch(ref):
+            return ref
+        if not JOB_ID_PREFIX.fullmatch(ref):
+            raise ApiError(404, "not_found", f"{ref[:40]!r} is not a job id (j_ and hex digits)")
+        found = [j["id"] for j in self.jobs(limit=AMBIGUOUS_SHOWN + 1, id_prefix=ref)]
+        if len(found) == 1:
+            return found[0]
+        if not found:
+            raise ApiError(404, "not_found", f"no job of yours has an id starting {ref}")
+        more = ", ..." if len(found) > AMBIGUOUS_SHOWN else ""
+        shown = ", ".join(found[:AMBIGUOUS_SHOWN])
+        raise ApiError(409, "ambiguous", f"{ref} starts several job ids: {shown}{more}")
+
+    def newest_cursor(self, job_id: str) -> str | None:
+        """The cursor of the job's newest recorded point (None before the first): where a
+        watch of a running job starts by default."""
+        page = self._call(
+            "GET", f"/jobs/{job_id}/metrics", params={"max_points": 1, "fields": "step"}
+        )
+        return page.get("next_cursor")
 
     def cancel(self, job_id: str) -> dict[str, Any]:
         return dict(self._call("POST", f"/jobs/{job_id}/cancel"))

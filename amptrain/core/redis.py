@@ -15,6 +15,8 @@ import re
 import redis
 import redis.asyncio as aioredis
 
+from amptrain.contract.job_ids import JOB_ID
+
 REQUEST_TIMEOUT_S = 2.0
 """Request-path calls (cancel flag, readiness, presence reads) fail fast, never hang a request."""
 BLOCKING_READ_TIMEOUT_S = 15.0
@@ -22,7 +24,6 @@ BLOCKING_READ_TIMEOUT_S = 15.0
 WORKER_TIMEOUT_S = 5.0
 """Supervisor, presence and the training child's sink: short, they retry on their own."""
 
-_JOB_ID = re.compile(r"^j_[0-9a-f]{32}$")
 _NAME = re.compile(r"^[A-Za-z0-9_.@:\-]{1,200}$")
 
 
@@ -49,7 +50,7 @@ def async_pool(url: str, max_connections: int, timeout: float) -> aioredis.Block
 
 
 def _job(job_id: str) -> str:
-    if not _JOB_ID.match(job_id):
+    if not JOB_ID.fullmatch(job_id):
         raise ValueError(f"not a job id: {job_id[:40]!r}")
     return job_id
 

@@ -24,10 +24,14 @@ def page_of_jobs(
     statuses: Collection[str] | None,
     after: PageKey | None,
     limit: int,
+    id_prefix: str | None = None,
 ) -> tuple[list[Job], bool]:
     """Up to ``limit`` jobs, newest first, below ``after``; and whether more follow.
-    ``owner`` None means everyone's jobs; ``statuses`` None means every status."""
+    ``owner`` None means everyone's jobs; ``statuses`` None means every status;
+    ``id_prefix``: only the jobs whose id starts with it."""
     query = sa.select(Job)
+    if id_prefix is not None:
+        query = query.where(Job.id.startswith(id_prefix, autoescape=True))  # "_" is literal
     if owner is not None:
         query = query.where(Job.owner == owner)
     if statuses:

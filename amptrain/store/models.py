@@ -6,7 +6,6 @@ these classes describe it for queries (and for ``alembic revision --autogenerate
 
 from __future__ import annotations
 
-import uuid
 from datetime import UTC, datetime
 from typing import Any
 
@@ -14,6 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
+from amptrain.contract.job_ids import new_job_id
 from amptrain.contract.metrics import STEP_METRICS, Metric
 
 # Re-exported for the recorder and the watch; the statuses are defined in amptrain.core.enums.
@@ -46,10 +46,6 @@ class UTCDateTime(TypeDecorator[datetime]):
 
 def utcnow() -> datetime:
     return datetime.now(UTC)
-
-
-def new_job_id() -> str:
-    return "j_" + uuid.uuid4().hex
 
 
 class Base(DeclarativeBase):

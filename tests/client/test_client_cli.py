@@ -5,6 +5,7 @@ the URL and token come from."""
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import subprocess
 import sys
@@ -51,7 +52,7 @@ def test_submit_watch_exits_zero_and_the_other_commands_work(
     assert api_stack.job(job_id)["status"] == "succeeded"
 
     listed = amptrain(api_stack, "jobs")
-    assert listed.returncode == 0 and job_id[:10] in listed.stdout
+    assert listed.returncode == 0 and job_id in listed.stdout  # piped: whole ids
     logs = amptrain(api_stack, "logs", job_id)
     assert logs.returncode == 0
     assert [w for w in ("queued", "started", "succeeded") if w in logs.stdout] == [
@@ -59,11 +60,42 @@ def test_submit_watch_exits_zero_and_the_other_commands_work(
         "started",
         "succeeded",
     ]
-    again = amptrain(api_stack, "watch", job_id, "--json")
+    # One short line per event: no JSON, no server paths.
+    assert "{" not in logs.stdout and "/" not in logs.stdout, logs.stdout
+    again = amptrain(api_stack, "watch", job_id, "--json", "--from-start")
     assert again.returncode == 0
     assert again.stdout.count('"type": "metric"') == 20
+    # By default a watch starts at the newest point: of a finished job, only its end.
+    now = amptrain(api_stack, "watch", job_id, "--json")
+    assert now.returncode == 0 and '"type": "metric"' not in now.stdout
+    assert '"type": "end"' in now.stdout
     finished = amptrain(api_stack, "cancel", job_id)
     assert finished.returncode == 2 and "already succeeded" in finished.stderr
+
+
+def test_ids_are_whole_when_piped_and_any_unique_prefix_names_a_job(api_stack: Stack) -> None:
+    # Submit until two ids share their first digit (17 at most: there are 16 digits).
+    ids: list[str] = []
+    while len({i[:3] for i in ids}) == len(ids):
+        ids.append(api_stack.submit(service_job(max_steps=5))["id"])
+    shared = ids[-1][:3]
+    listed = json.loads(amptrain(api_stack, "jobs", "--json").stdout)
+    assert {j["id"] for j in listed} == set(ids)
+    plain = amptrain(api_stack, "jobs").stdout
+    assert all(i in plain for i in ids), plain
+
+    one = next(i for i in ids if not i.startswith(shared))
+    unique = next(one[:n] for n in range(3, 35) if sum(i.startswith(one[:n]) for i in ids) == 1)
+    logs = amptrain(api_stack, "logs", unique)
+    assert logs.returncode == 0 and "queued" in logs.stdout, logs.stderr
+    several = amptrain(api_stack, "cancel", shared)
+    assert several.returncode == 2 and "starts several job ids" in several.stderr
+    assert all(api_stack.job(i)["status"] == "queued" for i in ids)  # nothing was cancelled
+    assert amptrain(api_stack, "cancel", unique).returncode == 0
+    assert api_stack.job(one)["status"] == "cancelled"
+    for wrong in ("j_0000000", "job-1"):
+        missing = amptrain(api_stack, "logs", wrong)
+        assert missing.returncode == 2 and "not_found" in missing.stderr, missing.stderr
 
 
 def test_watch_of_a_failing_spec_or_job_exits_non_zero(api_stack: Stack, tmp_path: Path) -> None:

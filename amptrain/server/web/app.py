@@ -25,7 +25,6 @@ from amptrain.server.web.openapi import install_service_schema
 from amptrain.server.web.routes import ROUTERS
 from amptrain.server.web.security_headers import SecurityHeaders
 
-
 DOCS_ASSETS = "/docs/assets"
 """Where the API reference pages' scripts and styles are served from."""
 

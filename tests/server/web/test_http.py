@@ -95,6 +95,8 @@ def test_422_names_each_bad_field(api_stack: Stack) -> None:
     for wrong in ("sleeping", "", "queued,", " queued"):  # only the documented pattern
         assert fields(c.get("/jobs", params={"status": wrong})) == {"query.status"}, wrong
     assert fields(c.get("/jobs", params={"cursor": "garbage!"})) == {"query.cursor"}
+    for wrong in ("j_", "j_G", "j_%", "x" * 40):  # a prefix is j_ and hex digits
+        assert fields(c.get("/jobs", params={"id_prefix": wrong})) == {"query.id_prefix"}
     # A transformer whose heads do not divide its width: was a 201 that failed on the worker.
     heads = cpu_job(
         model={"name": "transformer", "args": {"d_model": 130, "n_heads": 4}},

@@ -14,6 +14,7 @@ from sqlalchemy.exc import IntegrityError
 
 from amptrain.contract.admission import admission_problems
 from amptrain.contract.catalog import validate_components
+from amptrain.contract.job_ids import JOB_ID_PREFIX
 from amptrain.contract.spec import JobSpec
 from amptrain.core.enums import JobStatus
 from amptrain.core.redis import Keys
@@ -170,6 +171,14 @@ def list_jobs(
         str | None,
         Query(max_length=200, description="``next_cursor`` of the previous page."),
     ] = None,
+    id_prefix: Annotated[
+        str | None,
+        Query(
+            pattern=f"^{JOB_ID_PREFIX.pattern}$",
+            description="Only jobs whose id starts with this (how the CLI resolves a "
+            "shortened id: one match, or several to choose from).",
+        ),
+    ] = None,
 ) -> JobPage:
     """Jobs the caller may see, newest first, paged by an opaque keyset cursor. A page
     holds up to ``limit`` jobs, fewer when their specs would exceed
@@ -196,6 +205,7 @@ def list_jobs(
         statuses=statuses,
         after=decode_cursor(cursor) if cursor else None,
         limit=limit,
+        id_prefix=id_prefix,
     )
     release_connection(session)  # before FastAPI's response-validation hop
     kept = _within_budget(items, services.settings.max_page_bytes)

@@ -1,0 +1,116 @@
+"""Events as a person reads them: one short line each, runs of checkpoints as one line.
+
+``logs`` and ``watch`` print these instead of raw JSON (which wrapped at 80 columns and
+showed server paths); ``--json`` still gives every event whole.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+Event = dict[str, Any]
+CHECKPOINTS_SHOWN = 3
+"""Steps a collapsed run of checkpoints names at each end."""
+
+
+def _error(data: dict[str, Any]) -> str:
+    nested = data.get("error")
+    error: dict[str, Any] = nested if isinstance(nested, dict) else data
+    message = error.get("message") or error.get("reason") or ""
+    code = error.get("code")
+    return f"{code}: {message}" if code and message else str(message or code or "")
+
+
+def _started(data: dict[str, Any]) -> str:
+    precision = data.get("precision") or {}
+    chosen = precision.get("effective") if isinstance(precision, dict) else None
+    parts = [f"attempt {data['attempt']}" if data.get("attempt") else ""]
+    parts += [f"on {data['worker']}" if data.get("worker") else ""]
+    parts += [f"({chosen})" if chosen else ""]
+    return " ".join(p for p in parts if p)
+
+
+def _precision(data: dict[str, Any]) -> str:
+    chosen, reason = data.get("effective"), data.get("reason")
+    return f"{chosen}" + (f": {reason}" if reason else "") if chosen else ""
+
+
+def _micro_batch(data: dict[str, Any]) -> str:
+    return f"{data.get('old')} -> {data.get('new')} ({data.get('reason', '')})"
+
+
+def _resumed(data: dict[str, Any]) -> str:
+    return f"from step {data['from_step']}" if data.get("from_step") is not None else ""
+
+
+_DETAIL: dict[str, Callable[[dict[str, Any]], str]] = {
+    "started": _started,
+    "resumed": _resumed,
+    "precision": _precision,
+    "micro_batch": _micro_batch,
+    "failed": _error,
+    "requeued": _error,
+    "cancelled": _error,
+    "warning": lambda d: str(d.get("message") or ""),
+    "queued": lambda d: f"on queue {d['queue']}" if d.get("queue") else "",
+    "checkpoint": lambda d: "",
+    "checkpoints": lambda d: str(d.get("message") or ""),
+}
+
+
+def _generic(data: dict[str, Any]) -> str:
+    """Scalar details as ``key=value``; nested ones and anything path-like left out."""
+    shown = [
+        f"{k}={v}"
+        for k, v in data.items()
+        if isinstance(v, str | int | float | bool) and "path" not in k and "/" not in str(v)
+    ]
+    return " ".join(shown)
+
+
+def event_line(ev: Event, width: int | None = None) -> str:
+    """``HH:MM:SS type step N detail``, cut to ``width`` characters (rich markup aside)."""
+    stamp = time.strftime("%H:%M:%S", time.localtime(ev.get("time") or time.time()))
+    data = ev.get("data") or {}
+    detail = _DETAIL.get(ev["type"], _generic)(data)
+    step = "" if not ev.get("step") else f" step {ev['step']}"
+    plain = f"{stamp} {ev['type']}{step}"
+    if detail and width is not None:
+        room = width - len(plain) - 1
+        detail = detail if len(detail) <= room else detail[: max(room - 1, 0)] + "…"
+    tail = f" {_escape(detail)}" if detail else ""
+    return f"[dim]{stamp}[/] [cyan]{ev['type']}[/]{step}{tail}"
+
+
+def collapsed(events: Iterable[Event]) -> Iterator[Event]:
+    """``events`` with each run of consecutive checkpoints as one ``checkpoints`` event
+    (its ``data.steps`` the run's steps): 130 checkpoint lines said nothing 3 would not."""
+    run: list[Event] = []
+    for ev in events:
+        if ev["type"] == "checkpoint":
+            run.append(ev)
+            continue
+        yield from _flush(run)
+        run = []
+        yield ev
+    yield from _flush(run)
+
+
+def _flush(run: list[Event]) -> Iterator[Event]:
+    if len(run) <= 1:
+        yield from run
+        return
+    steps = [ev["step"] for ev in run]
+    if len(steps) > 2 * CHECKPOINTS_SHOWN:
+        named = [*steps[:CHECKPOINTS_SHOWN], "…", *steps[-CHECKPOINTS_SHOWN:]]
+    else:
+        named = steps
+    text = f"{len(run)} checkpoints at steps {', '.join(map(str, named))}"
+    yield {**run[-1], "type": "checkpoints", "step": None, "data": {"message": text}}
+
+
+def _escape(text: str) -> str:
+    """Rich markup is ours: a ``[`` in a message (a user's job name) stays literal."""
+    return text.replace("[", "\\[")
