@@ -23,6 +23,7 @@ from amptrain.cli.embedded_redis import EmbeddedRedis
 from amptrain.cli.up_stop import Stopper, say
 from amptrain.core.lifeline import DieWithSpawner
 from amptrain.core.settings import Settings
+from amptrain.worker.main.cli import MAX_CONCURRENCY
 
 
 def _spawn(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -87,7 +88,26 @@ def _prepare(settings: Settings) -> bool:
     default=None,
     help="[default: $AMPTRAIN_DATA_DIR or ./.amptrain]",
 )
-def up(host: str, port: int, data_dir: Path | None) -> None:
+@click.option(
+    "--slots",
+    type=click.IntRange(1, MAX_CONCURRENCY),
+    default=None,
+    help="Jobs the worker trains at once [default: one per visible GPU, else 1].",
+)
+@click.option(
+    "--worker-metrics-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="The worker's Prometheus port, 0 for none [default: $AMPTRAIN_WORKER_METRICS_PORT "
+    "or 9808].",
+)
+def up(
+    host: str,
+    port: int,
+    data_dir: Path | None,
+    slots: int | None,
+    worker_metrics_port: int | None,
+) -> None:
     """Run everything on this machine: Redis, database, one worker, the recorder, the API."""
     settings = up_settings(data_dir)
     make_private(settings.data_dir)
@@ -102,10 +122,13 @@ def up(host: str, port: int, data_dir: Path | None) -> None:
         raise
 
     env = child_env(settings)
-    parts = {
-        # One machine, one worker: it serves every queue a job may name here.
-        "worker": _spawn(["worker", "--queues", ",".join(settings.queues)], env),
-    }
+    worker = ["worker", "--queues", ",".join(settings.queues)]
+    if slots is not None:
+        worker += ["--concurrency", str(slots)]
+    if worker_metrics_port is not None:
+        worker += ["--metrics-port", str(worker_metrics_port)]
+    # One machine, one worker: it serves every queue a job may name here.
+    parts = {"worker": _spawn(worker, env)}
     if "AMPTRAIN_RECORDER_IN_API" not in os.environ:
         # The recorder in a process of its own: on a busy machine the API then answers
         # about twice as fast (bench/load.py --recorder process). An operator's

@@ -4,20 +4,31 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import httpx
 import pytest
 
 from tests.support.cpu_verdict import expected_cpu_auto
-from tests.support.stack import wait_until
+from tests.support.specs import mlp_job
+from tests.support.stack import free_port, wait_until
 from tests.support.up import finished_job, start_up
 
 pytestmark = pytest.mark.slow
 
 
 def test_up_runs_a_job_and_stops_cleanly(tmp_path: Path) -> None:
-    up = start_up(tmp_path, tmp_path / "data")
+    metrics_port = free_port()
+    args = ("--slots", "2", "--worker-metrics-port", str(metrics_port))
+    up = start_up(tmp_path, tmp_path / "data", args=args)
     try:
         client = up.admin_client()
         assert (tmp_path / "data" / "admin-token").stat().st_mode & 0o777 == 0o600
+        # Two slots: a short job finishes while a long one holds the other.
+        long = client.post("/jobs", json=mlp_job(name="long", max_steps=200_000)).json()
+        wait_until(
+            lambda: client.get(f"/jobs/{long['id']}").json()["step"] > 0,
+            60,
+            "the long job to train",
+        )
         job = client.post(
             "/jobs",
             json={
@@ -28,6 +39,10 @@ def test_up_runs_a_job_and_stops_cleanly(tmp_path: Path) -> None:
         ).json()
         done = finished_job(client, job["id"], 120)
         assert done["status"] == "succeeded", up.tail()
+        assert client.get(f"/jobs/{long['id']}").json()["status"] == "running"
+        scraped = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics").text
+        assert "amptrain_worker_busy_slots" in scraped  # on the port asked for
+        assert client.post(f"/jobs/{long['id']}/cancel").status_code == 202
         # Recorded into SQL by the recorder process `up` runs beside the API.
         wait_until(
             lambda: len(client.get(f"/jobs/{job['id']}/metrics").json()["items"]) == 5,

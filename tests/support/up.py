@@ -64,6 +64,7 @@ def start_up(
     preexec_fn: Callable[[], Any] | None = None,
     settings: dict[str, str] | None = None,
     log_name: str = "up.log",
+    args: tuple[str, ...] = (),
 ) -> Up:
     """``amptrain up --data-dir data_dir`` on a free port, CPU only, logging to
     ``tmp_path/log_name``; ``settings``: the only AMPTRAIN_* variables it gets."""
@@ -73,7 +74,7 @@ def start_up(
     log = tmp_path / log_name
     with log.open("wb") as out:
         proc = subprocess.Popen(
-            [sys.executable, "-m", "amptrain.cli.main", "up", "--port", str(port), "--data-dir", str(data_dir)],
+            [sys.executable, "-m", "amptrain.cli.main", "up", "--port", str(port), "--data-dir", str(data_dir), *args],
             env=env, stdout=out, stderr=subprocess.STDOUT, cwd=tmp_path, preexec_fn=preexec_fn,
         )  # fmt: skip
     return Up(proc, log, port, data_dir)

@@ -9,6 +9,9 @@ import click
 
 from amptrain.contract.spec import MAX_DEVICES
 
+MAX_CONCURRENCY = 64
+"""Most jobs one worker trains at once (each in a pool process and a child of its own)."""
+
 
 @click.command()
 @click.option(
@@ -17,7 +20,7 @@ from amptrain.contract.spec import MAX_DEVICES
 @click.option(
     "--concurrency",
     "-c",
-    type=int,
+    type=click.IntRange(1, MAX_CONCURRENCY),
     default=None,
     help="Jobs at once [default: visible GPUs / devices per job, at least 1].",
 )
