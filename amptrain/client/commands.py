@@ -83,6 +83,8 @@ def submit(
     except ApiError as exc:
         fail(exc)
     click.echo(job["id"])
+    if job.get("notice"):
+        console.print(f"[yellow]note[/] {job['notice']}")
     if follow:
         sys.exit(_watch(client, job["id"], as_json=False))
 

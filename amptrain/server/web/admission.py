@@ -31,11 +31,23 @@ def service_policy(settings: Settings, workers: Sequence[WorkerMemory] = ()) -> 
     )
 
 
-def queue_workers(client: redis.Redis, queue: str) -> list[WorkerMemory]:
-    """The memory of ``queue``'s live workers; none when Redis does not answer (the
-    workers check again before they allocate: a Redis outage must not refuse jobs)."""
+def queue_workers(client: redis.Redis, queue: str) -> list[WorkerMemory] | None:
+    """The memory of ``queue``'s live workers; None when Redis does not answer (then
+    nothing is known of them: the workers check again before they allocate, and a Redis
+    outage must not refuse jobs)."""
     try:
         return presence.queue_memory(client, queue)
     except redis.RedisError as exc:
         log.warning("workers' memory not checked at submit (Redis: %s)", type(exc).__name__)
-        return []
+        return None
+
+
+def no_worker_notice(queue: str, workers: Sequence[WorkerMemory] | None) -> str | None:
+    """What a submitter should know when no live worker takes jobs of ``queue`` (the job
+    is queued all the same and starts once one does); None when one does, or unknown."""
+    if workers is None or workers:
+        return None
+    return (
+        f"no live worker takes jobs of queue {queue} now: the job waits until one starts "
+        f"(a worker started with -Q and --devices-per-job to match)"
+    )

@@ -53,6 +53,9 @@ class JobOut(BaseModel):
     precision: PrecisionOut
     error: ErrorOut | None
     summary: SummaryOut  # type: ignore[valid-type]
+    notice: str | None = None
+    """Only in the answer to a submit: why the job may wait (no live worker takes jobs of
+    its queue now); null otherwise."""
 
     @classmethod
     def from_job(cls, job: Job) -> JobOut:

@@ -134,11 +134,13 @@ def test_submit_read_and_idempotency(api_stack: Stack) -> None:
     assert job["attempt"] == 0 and job["step"] == 0 and job["max_steps"] == 5
     assert job["precision"] == {"requested": "auto", "effective": None, "reason": None}
     assert job["error"] is None
+    # No worker runs beside this API: the submitter is told the job will wait, and why.
+    assert "no live worker takes jobs of queue cpu" in job["notice"]
     assert job["summary"] == dict.fromkeys(
         ["loss", "loss_scale", "skipped_steps", "memory_peak", "samples_per_second"]
     )
     assert job["spec"]["model"] == {"name": "mlp", "args": {}}
-    assert c.get(f"/jobs/{job['id']}").json() == job
+    assert c.get(f"/jobs/{job['id']}").json() == {**job, "notice": None}  # the submit's only
 
     again = c.post("/jobs", json=cpu_job(), headers={"Idempotency-Key": "k1"})
     assert again.status_code == 200 and again.json()["id"] == job["id"]

@@ -145,6 +145,7 @@ def test_workers_lists_a_running_worker_its_devices_and_its_job(
     assert 0 < worker["memory_available_bytes"] <= worker["memory_total_bytes"]
 
     job = stack.submit(long_cpu_job())
+    assert job["notice"] is None  # this worker takes the job's queue
     busy = wait_until(
         lambda: (
             (w := listed(stack)) and w["current_jobs"] and w["current_jobs"][0].get("step") and w

@@ -19,7 +19,7 @@ from amptrain.contract.spec import JobSpec
 from amptrain.core.enums import JobStatus
 from amptrain.core.redis import Keys
 from amptrain.server.dispatcher import queue_for
-from amptrain.server.web.admission import queue_workers, service_policy
+from amptrain.server.web.admission import no_worker_notice, queue_workers, service_policy
 from amptrain.server.web.deps import (
     CurrentUser,
     ServicesDep,
@@ -83,7 +83,8 @@ def submit_job(
     ``AMPTRAIN_MAX_ACTIVE_JOBS_PER_USER`` unfinished jobs gets 429 (admins are exempt)."""
     problems = validate_components(spec)
     workers = queue_workers(services.redis, queue_for(spec))
-    problems += admission_problems(spec, user.name, service_policy(services.settings, workers))
+    policy = service_policy(services.settings, workers or ())
+    problems += admission_problems(spec, user.name, policy)
     size = len(canonical_spec(spec))
     if size > services.settings.max_spec_bytes:
         problems.append(
@@ -128,7 +129,7 @@ def submit_job(
         return _replay(existing, digest, response)
     job_id, queue_name, dispatcher = job.id, job.queue, services.dispatcher
     after_commit(session, lambda: dispatcher.submit(job_id, queue_name))
-    return JobOut.from_job(job)
+    return JobOut.from_job(job).model_copy(update={"notice": no_worker_notice(job.queue, workers)})
 
 
 def _check_active_jobs(session: SessionDep, owner: str, limit: int) -> None:
