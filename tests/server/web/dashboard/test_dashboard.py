@@ -154,6 +154,8 @@ def test_nan_and_skipped_steps_are_marked_live(page: Page, stack: Stack) -> None
         page.reload()
         expect(page.locator("[data-chart=loss]")).to_have_attribute("data-non-finite", "1")
         expect(page.locator("[data-chart=loss_scale]")).to_have_attribute("data-skipped", "1")
+        # The scale exactly, as the power of two it is (rounded to 4 digits it read 32770).
+        expect(page.locator("[data-summary=loss_scale]")).to_have_text("2^15")
         # Wall-time axis, log scale and no smoothing redraw the same points and marks.
         page.select_option("#x-mode", "time")
         page.locator("[data-chart=loss] header input[type=checkbox]").check()

@@ -1,7 +1,7 @@
 // A job's charts on uPlot: synced cursor and zoom, log axes, smoothing with the raw line
 // still drawn, NaN/Inf and skipped-step marks, x as step or wall time. Zooming asks the
 // owner (onZoom) to fetch the window at full resolution; live updates keep zoom and cursor.
-import { fmtBytes, fmtNum, fmtTime, h } from "./dom.js";
+import { fmtBytes, fmtNum, fmtPow2, fmtTime, h } from "./dom.js";
 import { smooth } from "./series.js";
 
 const uPlot = window.uPlot;
@@ -144,7 +144,7 @@ class Chart {
 
   tick(v) {
     if (this.def.bytes) return fmtBytes(v);
-    if (this.def.log === 2 && v > 0 && Number.isInteger(Math.log2(v))) return `2^${Math.log2(v)}`;
+    if (this.def.log === 2) return fmtPow2(v);
     return fmtNum(v, 3);
   }
 
@@ -153,7 +153,7 @@ class Chart {
   build() {
     if (this.plot) this.plot.destroy();
     const time = this.group.xMode === "time";
-    const value = this.def.bytes ? (u, v) => fmtBytes(v) : (u, v) => fmtNum(v);
+    const value = this.def.bytes ? (u, v) => fmtBytes(v) : this.def.log === 2 ? (u, v) => fmtPow2(v) : (u, v) => fmtNum(v);
     const series = [{ label: time ? "time" : "step", value: time ? (u, v) => (v == null ? "–" : fmtTime(v)) : (u, v) => v ?? "–" }];
     this.def.fields.forEach((f, i) => {
       const color = COLORS[i % COLORS.length];

@@ -34,7 +34,15 @@ export function fmtNum(v, digits = 4) {
   if (!Number.isFinite(v)) return String(v);
   const a = Math.abs(v);
   if (a !== 0 && (a < 1e-3 || a >= 1e6)) return v.toExponential(2);
+  // A whole number is shown whole: rounding 65536 to 4 digits read "65540".
+  if (Number.isInteger(v)) return String(v);
   return Number(v.toPrecision(digits)).toString();
+}
+
+// A value on a base-2 scale (the fp16 loss scale): powers of two as 2^k, exactly.
+export function fmtPow2(v) {
+  if (typeof v === "number" && v > 0 && Number.isInteger(Math.log2(v))) return `2^${Math.log2(v)}`;
+  return fmtNum(v);
 }
 
 export function fmtBytes(v) {

@@ -3,7 +3,7 @@
 // the spec and checkpoint downloads. Zooming fetches the window at full resolution.
 import { api, ApiError, catalog, download } from "../api.js";
 import { ChartGroup, chartDefs } from "../charts.js";
-import { FINISHED, clear, fmtBytes, fmtNum, h, progressBar, statusBadge } from "../dom.js";
+import { FINISHED, clear, fmtBytes, fmtNum, fmtPow2, h, progressBar, statusBadge } from "../dom.js";
 import { LiveFeed } from "../live.js";
 import { Series } from "../series.js";
 import { Timeline } from "../timeline.js";
@@ -34,7 +34,8 @@ export function mount(root, { id }) {
     series = new Series(fields);
     charts = defs.map((c) => group.add(c, series));
     chartsEl.append(...charts.map((c) => c.el));
-    summaryMetrics = cat.metrics.filter((m) => m.summary);
+    const log2 = new Set(cat.charts.filter((c) => c.log === "log2").map((c) => c.key));
+    summaryMetrics = cat.metrics.filter((m) => m.summary).map((m) => ({ ...m, pow2: log2.has(m.chart) }));
   });
   let job = null;
   let feed = null;
@@ -131,7 +132,7 @@ export function mount(root, { id }) {
         h("dt", {}, "owner"), h("dd", {}, job.owner)),
       h("dl", { class: "kv" }, summaryMetrics.flatMap((m) => [
         h("dt", {}, m.name.replaceAll("_", " ")),
-        h("dd", { dataset: { summary: m.name } }, m.unit === "bytes" ? fmtBytes(s[m.name]) : fmtNum(s[m.name], m.unit ? 3 : 4)),
+        h("dd", { dataset: { summary: m.name } }, m.unit === "bytes" ? fmtBytes(s[m.name]) : m.pow2 ? fmtPow2(s[m.name]) : fmtNum(s[m.name], m.unit ? 3 : 4)),
       ])),
       job.error ? h("div", { class: "error", id: "job-error" }, `${job.error.code}: ${job.error.message}`) : null));
   }
