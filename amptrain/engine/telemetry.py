@@ -188,6 +188,11 @@ class StepTelemetry:
     ) -> None:
         """Check health, offer the records (and any drop warning, and ``extra``) as one batch."""
         warnings, error = self._health.check(records)
+        if error is not None and error.step is not None:
+            # The run ends at the step it diverged: the steps after it in this flush trained
+            # from a diverged state, and the job, its error, its events and its charts all
+            # name one step (they said 33 beside 40/1000).
+            records = [r for r in records if r["step"] <= error.step]
         batch = records + warnings + (extra or [])
         dropped = self._publisher.dropped
         if dropped > self._dropped_reported:

@@ -23,6 +23,8 @@ class PrecisionOut(BaseModel):
 class ErrorOut(BaseModel):
     code: str
     message: str
+    step: int | None = None
+    """The step it happened at (the last step of the job's history); null when none."""
 
 
 _SUMMARY: dict[str, Any] = {
@@ -79,7 +81,7 @@ class JobOut(BaseModel):
                 reason=job.precision_reason,
             ),
             error=(
-                ErrorOut(code=job.error_code, message=job.error_message or "")
+                ErrorOut(code=job.error_code, message=job.error_message or "", step=job.error_step)
                 if job.error_code
                 else None
             ),
