@@ -18,7 +18,7 @@ import pytest
 from amptrain.cli.up_stop import AT_ONCE_WAIT_S
 from amptrain.core.settings import Settings
 from tests.support.specs import service_job
-from tests.support.stack import all_metrics, wait_until
+from tests.support.stack import recorded_history, wait_until
 from tests.support.up import Up, alive, finished_job, start_up
 
 pytestmark = pytest.mark.slow
@@ -84,11 +84,7 @@ def test_no_stop_of_up_leaves_a_gap_or_a_process(tmp_path: Path) -> None:
         done = finished_job(client, job_id, 240)
         assert done["status"] == "succeeded", (done["error"], up.tail())
         assert done["attempt"] > len(STOPS)
-        steps = wait_until(
-            lambda: len(s := [p["step"] for p in all_metrics(client, job_id)]) >= STEPS and s,
-            30,
-            "the whole history",
-        )
+        steps = [p["step"] for p in recorded_history(client, job_id, STEPS)]
         assert steps == list(range(1, STEPS + 1))  # every step, once, in order
     finally:
         up.stop()

@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import httpx
 
 from amptrain.cli.embedded_redis import EmbeddedRedis
+from amptrain.core.enums import FINISHED_STATUSES as FINISHED
 
 T = TypeVar("T")
 
@@ -55,6 +56,22 @@ def all_metrics(
         if not page["items"] or not page.get("next_cursor"):
             return items
         cursor = page["next_cursor"]
+
+
+def recorded_history(client: httpx.Client, job_id: str, count: int) -> list[dict[str, Any]]:
+    """The effective series of an ended job once the recorder has all of it: the event of
+    its final status ends the job's stream, after every point (at least ``count``)."""
+    status = client.get(f"/jobs/{job_id}").json()["status"]
+    assert status in FINISHED, f"{job_id} is {status}: its history is not complete yet"
+
+    def ended() -> bool:
+        events = client.get(f"/jobs/{job_id}/events", params={"limit": 1000}).json()["items"]
+        return any(e["type"] == status for e in events)
+
+    wait_until(ended, 60, f"the {status} event of {job_id} in its history")
+    points = all_metrics(client, job_id)
+    assert len(points) >= count, (len(points), count)
+    return points
 
 
 class Stack:
@@ -201,6 +218,10 @@ class Stack:
 
     def events(self, job_id: str) -> list[dict[str, Any]]:
         return list(self.client.get(f"/jobs/{job_id}/events").json()["items"])
+
+    def recorded_history(self, job_id: str, count: int) -> list[dict[str, Any]]:
+        """See :func:`recorded_history`."""
+        return recorded_history(self.client, job_id, count)
 
     def close(self) -> None:
         for name, proc in reversed(list(self.processes.items())):

@@ -28,12 +28,12 @@ def stack(database_url: str, redis_server: EmbeddedRedis, tmp_path: Path) -> Ite
 
 
 def wait_for_points(stack: Stack, job_id: str, count: int) -> list[dict[str, Any]]:
-    """The recorder persists asynchronously: wait until every point has reached SQL."""
-    return wait_until(
-        lambda: (pts := stack.all_metrics(job_id)) and len(pts) >= count and pts,
-        30,
-        f"{count} metric points of {job_id}",
-    )
+    """The effective series of an ended job, once the recorder has committed all of it (at
+    least ``count`` points). The job's status is SQL's at once, its history follows: wait
+    for the event that ends its stream, which comes after every point. (Counting points
+    was not enough: while a resumed attempt's points were still arriving, an older
+    attempt's stood in for them, out of cursor order.)"""
+    return stack.recorded_history(job_id, count)
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16", "fp16"])
