@@ -127,7 +127,10 @@ def test_fifty_watchers_see_the_same_complete_sequence(stack: Stack, producer: P
     results = asyncio.run(scenario())
     assert len(results) == 50
     data = [[(m["type"], m["cursor"]) for m in got if m["type"] != "heartbeat"] for got in results]
-    assert all(d == data[0] for d in data)
+    for i, d in enumerate(data):
+        at = next((k for k, (a, b) in enumerate(zip(d, data[0], strict=False)) if a != b), None)
+        where = min(len(d), len(data[0])) if at is None else at
+        assert d == data[0], (i, len(d), len(data[0]), d[where - 2 : where + 3], data[0][where - 2 : where + 3])
     assert steps_of(results[0]) == list(range(1, 101))
 
 
