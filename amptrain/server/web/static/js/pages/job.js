@@ -4,6 +4,7 @@
 import { api, ApiError, catalog, download } from "../api.js";
 import { ChartGroup, chartDefs } from "../charts.js";
 import { FINISHED, clear, fmtBytes, fmtNum, h, progressBar, statusBadge } from "../dom.js";
+import { EvalCharts } from "../evals.js";
 import { LiveFeed } from "../live.js";
 import { Series } from "../series.js";
 import { Timeline } from "../timeline.js";
@@ -27,7 +28,8 @@ export function mount(root, { id }) {
   const checkpointsEl = h("div", { id: "checkpoints", class: "small" });
   const group = new ChartGroup(`job-${id}`, { onZoom: fullResolution });
   // The charts, the fields they fetch and the header's summary come from the metric table.
-  let fields, series, charts, summaryMetrics;
+  let fields, series, charts, summaryMetrics, evals;
+  const evalsSlot = h("div", {});
   const ready = catalog().then((cat) => {
     const defs = chartDefs(cat);
     fields = [...new Set(defs.flatMap((c) => [...c.fields, ...c.extra]))];
@@ -35,6 +37,8 @@ export function mount(root, { id }) {
     charts = defs.map((c) => group.add(c, series));
     chartsEl.append(...charts.map((c) => c.el));
     summaryMetrics = cat.metrics.filter((m) => m.summary);
+    evals = new EvalCharts(cat.eval_metrics || []);
+    evalsSlot.append(evals.el);
   });
   let job = null;
   let feed = null;
@@ -54,6 +58,7 @@ export function mount(root, { id }) {
       h("button", { type: "button", onclick: () => group.resetZoom() }, "Reset zoom"),
       h("span", { class: "muted small" }, "drag to zoom, double-click to reset"), liveState),
     chartsEl,
+    evalsSlot,
     h("div", { class: "grid2", style: "margin-top:14px" },
       h("div", { class: "card" }, h("h2", {}, "Events"), timeline.el),
       h("div", {}, h("div", { class: "card" }, h("h2", {}, "Checkpoints"), checkpointsEl),
@@ -133,6 +138,9 @@ export function mount(root, { id }) {
         h("dt", {}, m.name.replaceAll("_", " ")),
         h("dd", { dataset: { summary: m.name } }, m.unit === "bytes" ? fmtBytes(s[m.name]) : fmtNum(s[m.name], m.unit ? 3 : 4)),
       ])),
+      s.eval ? h("dl", { class: "kv", id: "eval-summary" }, h("dt", {}, "evaluated"), h("dd", {}, `step ${s.eval.step}`),
+        ...Object.entries(s.eval.values).flatMap(([name, v]) => [
+          h("dt", {}, name.replaceAll("_", " ")), h("dd", { dataset: { evalSummary: name } }, fmtNum(v, 4))])) : null,
       job.error ? h("div", { class: "error", id: "job-error" }, `${job.error.code}: ${job.error.message}`) : null));
   }
 
@@ -166,6 +174,16 @@ export function mount(root, { id }) {
     }
   }
 
+  async function loadEvals() {
+    let after;
+    for (;;) {
+      const page = await api(`${path}/evals`, { params: { limit: 1000, ...(after ? { after } : {}) } });
+      page.items.forEach((e) => evals.add(e));
+      if (page.items.length < 1000) return;
+      after = page.next_cursor;
+    }
+  }
+
   async function loadCheckpoints() {
     const list = await api(`${path}/checkpoints`);
     clear(checkpointsEl, list.items.length ? list.items.map((c) => h("div", {},
@@ -183,10 +201,11 @@ export function mount(root, { id }) {
     if (!job) return;
     specEl.textContent = JSON.stringify(job.spec, null, 2);
     const cursor = await history;
-    await Promise.all([loadEvents(), loadCheckpoints().catch(() => {})]);
+    await Promise.all([loadEvents(), loadEvals(), loadCheckpoints().catch(() => {})]);
     if (stopped) return;
     feed = new LiveFeed(id, cursor, {
       onMetric,
+      onEval: (e) => evals.add(e),
       onEvent: (ev) => { if (timeline.add(ev) && ev.type === "checkpoint") loadCheckpoints().catch(() => {}); },
       onEnd: () => poll(),
       onState: (s) => { liveState.textContent = s; liveState.dataset.state = s; },
@@ -201,5 +220,6 @@ export function mount(root, { id }) {
     clearTimeout(pollTimer);
     feed?.stop();
     group.destroy();
+    evals?.destroy();
   };
 }
