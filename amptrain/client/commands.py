@@ -10,6 +10,7 @@ or refused.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import sys
 from collections.abc import Callable
@@ -28,7 +29,13 @@ from rich.progress import (
 )
 from rich.table import Table
 
-from amptrain.client.event_lines import collapsed, event_line
+from amptrain.client.event_lines import (
+    collapsed,
+    eval_headline,
+    eval_line,
+    event_line,
+    with_headline,
+)
 from amptrain.client.http import ApiError, Client, resolve_config
 from amptrain.contract.metrics import progress_line
 from amptrain.contract.spec import load_spec_file
@@ -138,13 +145,22 @@ async def _follow(
         name = _short(job["name"])
         room = _stats_room(progress.console.width, name, job["max_steps"])
         task = progress.add_task(name, total=job["max_steps"], completed=job["step"], stats="…")
+        point: dict[str, Any] | None = None
+        headline = None  # the newest evaluation's accuracy (or loss), kept in view
         async for msg in client.watch(job["id"], after=after, on_reconnect=reconnecting):
             if as_json:
                 click.echo(json.dumps(msg))
             if msg["type"] == "metric":
-                data = msg["data"]
-                stats = progress_line(data, width=room)
-                progress.update(task, completed=data["step"], stats=stats)
+                point = msg["data"]
+                stats = with_headline(functools.partial(progress_line, point), headline, room)
+                progress.update(task, completed=point["step"], stats=stats)
+            elif msg["type"] == "eval":
+                headline = eval_headline(msg["data"]["values"])
+                if point is not None:
+                    stats = with_headline(functools.partial(progress_line, point), headline, room)
+                    progress.update(task, stats=stats)
+                if not as_json:
+                    progress.console.print(eval_line(msg["data"], progress.console.width))
             elif msg["type"] == "event" and not as_json:
                 progress.console.print(event_line(msg["data"], progress.console.width))
             elif msg["type"] == "end":

@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from amptrain.contract.metrics import EVAL_METRICS, show
+
 Event = dict[str, Any]
 CHECKPOINTS_SHOWN = 3
 """Steps a collapsed run of checkpoints names at each end."""
@@ -82,6 +84,44 @@ def event_line(ev: Event, width: int | None = None) -> str:
         detail = detail if len(detail) <= room else detail[: max(room - 1, 0)] + "…"
     tail = f" {_escape(detail)}" if detail else ""
     return f"[dim]{stamp}[/] [cyan]{ev['type']}[/]{step}{tail}"
+
+
+def eval_names(values: dict[str, Any]) -> list[str]:
+    """The order an evaluation's values are shown in: the built-in metrics where higher is
+    better (the accuracies) first, then the other built-in ones, then a plugin's by name."""
+    known = [m.name for m in EVAL_METRICS if m.better == "higher"]
+    known += [m.name for m in EVAL_METRICS if m.better != "higher"]
+    return [n for n in known if n in values] + sorted(set(values) - set(known))
+
+
+def eval_line(data: dict[str, Any], width: int | None = None) -> str:
+    """``eval step N · acc 0.93 · eval loss 0.21``: the last values are left out until the
+    line fits ``width`` (the first always stays)."""
+    values = data.get("values") or {}
+    parts = [f"eval step {data.get('step')}", *(show(n, values[n]) for n in eval_names(values))]
+    while width is not None and len(parts) > 2 and len(" · ".join(parts)) > width:
+        parts.pop()
+    return _escape(" · ".join(parts))
+
+
+def eval_headline(values: dict[str, Any]) -> str | None:
+    """The one evaluation value a progress line keeps in view (accuracy, else the first
+    shown): ``"acc 0.93"``; None when the evaluation holds no value."""
+    shown = [n for n in eval_names(values) if values[n] is not None]
+    return show(shown[0], values[shown[0]]) if shown else None
+
+
+def with_headline(stats: Callable[[int], str], headline: str | None, room: int) -> str:
+    """A progress line's metric fields (``stats(width)``) with the newest evaluation's
+    headline at the end, if both fit ``room``: the step fields give way first."""
+    tail = f" · {_escape(headline)}" if headline else ""
+    if not tail or room - len(tail) < MIN_STATS:
+        return stats(room)
+    return stats(room - len(tail)) + tail
+
+
+MIN_STATS = 12
+"""Room the step fields keep before the evaluation headline is left out."""
 
 
 def collapsed(events: Iterable[Event]) -> Iterator[Event]:

@@ -307,6 +307,12 @@ def python_type(metric: Metric) -> type:
 EVAL_BY_NAME: dict[str, Metric] = {m.name: m for m in EVAL_METRICS}
 
 
+def eval_metric(name: str) -> Metric:
+    """The definition of an evaluation metric: a built-in one, or for a name a plugin
+    added, a plain float labelled by its name (never rejected)."""
+    return EVAL_BY_NAME.get(name) or Metric(name, "float", f"Evaluation metric {name}.")
+
+
 def catalog() -> dict[str, Any]:
     """The table as ``GET /catalog`` serves it (the dashboard draws its charts from it)."""
     return {
@@ -317,8 +323,9 @@ def catalog() -> dict[str, Any]:
 
 
 def show(name: str, value: Any) -> str:
-    """A value as a progress line prints it: ``"loss 0.1234"``, ``"mem 512 MiB"``."""
-    metric = BY_NAME[name]
+    """A value as a progress line prints it: ``"loss 0.1234"``, ``"mem 512 MiB"``,
+    ``"acc 0.93"`` (a step field or an evaluation metric)."""
+    metric = BY_NAME.get(name) or eval_metric(name)
     label = metric.label or metric.name
     if value is None:
         return f"{label} n/a"

@@ -14,7 +14,9 @@ The report's numbers, per job:
   recorded steps (at least 1, at most :data:`FINAL_MAX_STEPS`), so one noisy batch does
   not decide the accuracy verdict;
 - ratios of those against the baseline run (requested ``fp32``; else the first run that
-  actually trained in fp32), and the loss curves aligned by step.
+  actually trained in fp32), and the loss curves aligned by step;
+- the final evaluation, its difference from the baseline's and the accuracy verdict
+  (:mod:`amptrain.store.accuracy`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
+from amptrain.store import accuracy
 from amptrain.store.history.downsample import downsample
 from amptrain.store.history.window import is_finite
 from amptrain.store.models import Base, Job, MetricPoint, UTCDateTime, utcnow
@@ -79,8 +82,13 @@ def newest(s: Session, owner: str | None, limit: int) -> list[Comparison]:
     )
 
 
-def report(s: Session, comparison: Comparison) -> dict[str, Any]:
-    """Each run's status and numbers, the ratios against the baseline and the loss curves."""
+def report(
+    s: Session, comparison: Comparison, tolerance: dict[str, float] | None = None
+) -> dict[str, Any]:
+    """Each run's status and numbers, the ratios against the baseline, the final
+    evaluations with the accuracy verdict (:mod:`amptrain.store.accuracy`; ``tolerance``
+    defaults to :data:`~amptrain.store.accuracy.DEFAULT_TOLERANCE`) and the loss curves."""
+    tolerance = {**accuracy.DEFAULT_TOLERANCE, **(tolerance or {})}
     job_ids = [r["job_id"] for r in comparison.runs]
     jobs = {j.id: j for j in s.scalars(sa.select(Job).where(Job.id.in_(job_ids)))}
     runs = [
@@ -94,12 +102,16 @@ def report(s: Session, comparison: Comparison) -> dict[str, Any]:
             key: _ratio(run[key], base[key]) if base is not None else None
             for key in ("throughput", "peak_memory", "final_loss")
         }
+        run["eval_diff"] = accuracy.differences(run, base)
+    for run in runs:
+        run["verdict"] = accuracy.verdict(run, base, tolerance)
     return {
         "id": comparison.id,
         "name": comparison.name,
         "created_at": comparison.created_at,
         "spec": comparison.spec,
         "baseline": base["precision"] if base is not None else None,
+        "tolerance": tolerance,
         "runs": runs,
         "loss_curves": _aligned_curves(s, runs),
     }
@@ -145,6 +157,7 @@ def _run_numbers(s: Session, precision: str, job: Job) -> dict[str, Any]:
         if job.error_code
         else None,
         **{k: float(v) if k != "peak_memory" and v is not None else v for k, v in numbers.items()},
+        **accuracy.final_eval(job.eval_summary),
     }
 
 

@@ -11,6 +11,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.sql.compiler import SQLCompiler
@@ -66,6 +67,16 @@ def _sqlite_on_connect(dbapi_connection: Any, _record: Any) -> None:
 def make_session_factory(engine: sa.Engine) -> sessionmaker[Session]:
     """Sessions that keep loaded objects usable after commit (the API serializes them then)."""
     return sessionmaker(engine, expire_on_commit=False)
+
+
+def dialect_insert(s: Session, model: Any) -> Any:
+    """``INSERT`` of the session's dialect, which has ``on_conflict_do_nothing``."""
+    dialect = s.get_bind().dialect.name
+    if dialect == "postgresql":
+        return postgresql.insert(model)
+    if dialect == "sqlite":
+        return sqlite.insert(model)
+    raise RuntimeError(f"unsupported database: {dialect}")
 
 
 def database_now(s: Session) -> float:

@@ -99,6 +99,9 @@ class Job(Base):
     dispatched_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     cancel_requested_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     telemetry_done: Mapped[bool] = mapped_column(default=False)
+    eval_summary: Mapped[dict[str, Any] | None] = mapped_column(sa.JSON)
+    """The newest evaluation, ``{"step", "attempt", "values"}`` (shown as ``summary.eval``):
+    its own column so the recorder's per-batch ``summary`` update never overwrites it."""
 
 
 class JobEvent(Base):
@@ -162,6 +165,31 @@ class MetricPoint(Base):
     stream_ms: Mapped[int]
     stream_seq: Mapped[int]
     step: Mapped[int]
+
+
+class MetricValue(Base):
+    """One named value of one evaluation (an ``eval`` record, see
+    :mod:`amptrain.contract.records`): long format, so a new metric name (a plugin's) needs
+    no migration. ``value`` is null when it was not finite. Unique per (job, attempt, step,
+    name): a replayed or re-sent entry inserts nothing and keeps its first cursor."""
+
+    __tablename__ = "metric_values"
+    __table_args__ = (
+        sa.UniqueConstraint("job_id", "attempt", "step", "name"),
+        sa.Index(None, "job_id", "stream_ms", "stream_seq"),
+        sa.Index(None, "job_id", "name", "step"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(sa.ForeignKey("jobs.id", ondelete="CASCADE"))
+    attempt: Mapped[int]
+    step: Mapped[int]
+    name: Mapped[str] = mapped_column(sa.String(48))
+    value: Mapped[float | None] = mapped_column(sa.Float(precision=53))
+    time: Mapped[float] = mapped_column(sa.Float(precision=53))
+    # The Redis stream entry id "ms-seq" of the eval record: the evals cursor.
+    stream_ms: Mapped[int] = mapped_column(sa.BigInteger)
+    stream_seq: Mapped[int] = mapped_column(sa.BigInteger)
 
 
 class ApiToken(Base):

@@ -12,12 +12,12 @@ from datetime import datetime
 from typing import Any, NamedTuple
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from amptrain.contract.jsonsafe import finite
 from amptrain.contract.metrics import SUMMARY_FIELDS
 from amptrain.core.enums import FINISHED_STATUSES
+from amptrain.store.db import dialect_insert
 from amptrain.store.history import point_writes
 from amptrain.store.models import Job, JobEvent
 
@@ -42,15 +42,6 @@ def jobs_to_record(s: Session) -> list[Recordable]:
     return [Recordable(*r) for r in rows]
 
 
-def _insert(s: Session, model: type[Any]) -> Any:
-    dialect = s.get_bind().dialect.name
-    if dialect == "postgresql":
-        return postgresql.insert(model)
-    if dialect == "sqlite":
-        return sqlite.insert(model)
-    raise RuntimeError(f"unsupported database: {dialect}")
-
-
 def insert_points(
     s: Session, rows: list[dict[str, Any]], method: str | None = None
 ) -> dict[str, set[tuple[int, int]]]:
@@ -69,7 +60,9 @@ def insert_events(s: Session, rows: list[dict[str, Any]]) -> None:
     gets its cursor instead of a second row. Replays change nothing."""
     new = _not_yet_recorded(s, [r for r in rows if r.get("id") is None])
     if new:
-        stmt = _insert(s, JobEvent).values([{k: v for k, v in r.items() if k != "id"} for r in new])
+        stmt = dialect_insert(s, JobEvent).values(
+            [{k: v for k, v in r.items() if k != "id"} for r in new]
+        )
         s.execute(stmt.on_conflict_do_nothing(index_elements=["job_id", "source_id"]))
     for r in rows:
         if r.get("id") is not None:

@@ -127,6 +127,7 @@ def test_watch_resumes_across_an_api_restart(
                 # The server dies under the watcher; more steps arrive while it is away.
                 await asyncio.to_thread(api_stack.kill, "api", signal.SIGKILL)
                 producer.steps(51, 80)
+                producer.evals(80)
                 await asyncio.to_thread(api_stack.start_api)
                 producer.steps(81, 100)
                 producer.finish(step=100)
@@ -135,11 +136,13 @@ def test_watch_resumes_across_an_api_restart(
     try:
         producer.start()
         producer.steps(1, 50)
+        producer.evals(50)
         got = asyncio.run(follow())
     finally:
         producer.close()
         client.close()
     assert [m["data"]["step"] for m in got if m["type"] == "metric"] == list(range(1, 101))
+    assert [m["data"]["step"] for m in got if m["type"] == "eval"] == [50, 80]
     assert got[-1]["type"] == "end" and got[-1]["data"]["status"] == "succeeded"
     assert reconnects and reconnects[0] is not None
     wait_until(lambda: api_stack.job(job["id"])["step"] == 100, 30, "all steps recorded")

@@ -21,6 +21,7 @@ TABLES = {
     "comparisons",
     "metric_summaries",
     "metric_summary_state",
+    "metric_values",
 }
 
 

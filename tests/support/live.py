@@ -92,7 +92,7 @@ def read_sse(
                 continue
             msg = json.loads(frame["data"])
             assert msg["type"] == frame["event"]
-            if "id" in frame or msg["type"] in ("metric", "event", "batch"):
+            if "id" in frame or msg["type"] in ("metric", "eval", "event", "batch"):
                 assert frame["id"] == msg["cursor"]
                 last_id = frame["id"]
             got.append(msg)

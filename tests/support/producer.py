@@ -1,5 +1,5 @@
 """A stand-in for a worker that tests and benchmarks drive step by step: it claims a job
-in SQL like the supervisor, publishes metric records through the worker's own RedisSink
+in SQL like the supervisor, publishes metric and eval records through the worker's own RedisSink
 (the training child's publisher), and tells the job's lifecycle the way the supervisor
 does (fenced SQL status, then the event and the ``end`` entry through
 ``amptrain.worker.pool.events``)."""
@@ -11,7 +11,7 @@ from typing import Any
 
 import redis
 
-from amptrain.contract.records import metric
+from amptrain.contract.records import evaluation, metric
 from amptrain.store import jobs
 from amptrain.store.db import make_engine, make_session_factory
 from amptrain.worker.child.sink import RedisSink
@@ -50,6 +50,19 @@ class Producer:
             for i in range(first, last + 1)
         ]
         self.sink.write(records)
+        assert self.sink.flush(), "Redis refused the records"
+
+    def evals(self, *steps: int, **values: float | None) -> None:
+        """Publish one eval record per step (the engine evaluating after those steps), with
+        ``values`` (default eval_loss 1/step and accuracy 1 - 1/step), like one flush."""
+        assert self.sink is not None
+        now = time.time()
+        self.sink.write(
+            [
+                evaluation(s, now, values or {"eval_loss": 1.0 / s, "accuracy": 1.0 - 1.0 / s})
+                for s in steps
+            ]
+        )
         assert self.sink.flush(), "Redis refused the records"
 
     def record(self, step: int, **values: Any) -> None:

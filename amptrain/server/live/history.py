@@ -2,14 +2,15 @@
 
 The recorder commits each job's stream in order, so SQL holds a prefix of the
 stream (plus the ``0-{id}`` events of the job before its first claim). A history
-read fixes its end first -- the newest recorded point, then the events, whichever
-is newest -- and returns everything up to it: nothing recorded meanwhile can fall
+read fixes its end first -- the newest recorded point, then the evaluations and events,
+whichever is newest -- and returns everything up to it: nothing recorded meanwhile can fall
 between two pages.
 """
 
 from __future__ import annotations
 
 import functools
+from collections import deque
 from collections.abc import AsyncIterator, Callable
 from typing import Any, TypeVar
 
@@ -20,11 +21,12 @@ from amptrain.contract.cursor import Cursor
 from amptrain.server.live.messages import JobState
 from amptrain.store import events, jobs
 from amptrain.store.history import points as metrics
+from amptrain.store.history import values
 
 T = TypeVar("T")
 
 Record = tuple[Cursor, str, dict[str, Any]]
-"""(cursor, ``"metric"`` or ``"event"``, the point or event as the store gives it)."""
+"""(cursor, ``"metric"``, ``"eval"`` or ``"event"``, the record as the store gives it)."""
 
 
 class History:
@@ -37,7 +39,8 @@ class History:
         return await self._db(self._job_state)
 
     async def after(self, cursor: Cursor) -> AsyncIterator[Record]:
-        """Every recorded point and event beyond ``cursor``, in cursor order."""
+        """Every recorded point, evaluation and event beyond ``cursor``, in cursor order (the
+        evaluations and events, few next to the points, are read whole and merged in)."""
         upto, pending = await self._db(functools.partial(self._events_and_end, after=cursor))
         if upto is None:
             return
@@ -48,14 +51,13 @@ class History:
             for item in items:
                 pos = Cursor.of_entry(item["cursor"])
                 while pending and pending[0][0] < pos:
-                    at, ev = pending.pop(0)
-                    yield at, "event", ev
+                    yield pending.popleft()
                 yield pos, "metric", item
                 after = pos
             if len(items) < self.page:
                 break
-        for at, ev in pending:
-            yield at, "event", ev
+        for record in pending:
+            yield record
 
     # -- in a worker thread -------------------------------------------------------------
 
@@ -75,14 +77,24 @@ class History:
         )
         return JobState(job.status, job.attempt, job.telemetry_done, error, job.step or 0)
 
-    def _events_and_end(
-        self, s: Session, after: Cursor
-    ) -> tuple[Cursor | None, list[tuple[Cursor, dict[str, Any]]]]:
-        # The newest point first: every event before it was committed before it.
+    def _events_and_end(self, s: Session, after: Cursor) -> tuple[Cursor | None, deque[Record]]:
+        # The newest point first: every evaluation and event before it was committed
+        # before it. The evaluations are read up to the newest one at that moment too.
         newest = metrics.newest_cursor(s, self.job_id)
-        found = events.events_after(s, self.job_id, after)
+        upto = values.newest_cursor(s, self.job_id)
+        found: list[Record] = [
+            (c, "event", e) for c, e in events.events_after(s, self.job_id, after)
+        ]
+        position: Cursor | None = after
+        while upto is not None:
+            page, _ = values.eval_page(s, self.job_id, position, self.page, "all", upto)
+            found += [(Cursor.parse(e["cursor"]), "eval", e) for e in page]
+            if len(page) < self.page:
+                break
+            position = found[-1][0]
+        found.sort(key=lambda r: r[0])
         ends = [c for c in (newest, found[-1][0] if found else None) if c is not None]
-        return (max(ends) if ends else None), found
+        return (max(ends) if ends else None), deque(found)
 
     def _points(self, s: Session, after: Cursor, upto: Cursor) -> list[dict[str, Any]]:
         items, _ = metrics.metric_page(s, self.job_id, after, self.page, "all", upto)

@@ -1,6 +1,9 @@
 """The messages a watcher receives: JSON ``{"type", "cursor", "data"}`` (see :mod:`amptrain.server.live.watch`).
 
-A watcher that opted in to batch frames gets its ``metric`` and ``event`` messages
+``eval`` messages carry one evaluation: ``{"attempt", "step", "time", "values"}``, as
+``GET /jobs/{id}/evals`` items show it (less the cursor, which the message carries).
+
+A watcher that opted in to batch frames gets its ``metric``, ``eval`` and ``event`` messages
 grouped: ``{"type": "batch", "cursor": CURSOR, "items": [MESSAGE, ...]}``, the items
 being exactly the single messages, in order, and ``cursor`` the last item's cursor
 (resume from it). ``end``, ``heartbeat`` and ``gap`` are still sent on their own.
@@ -29,7 +32,7 @@ class Out:
     text: str
 
 
-RECORD_TYPES = frozenset({"metric", "event"})
+RECORD_TYPES = frozenset({"metric", "eval", "event"})
 """The message types a batch frame groups."""
 BATCH_MAX_ITEMS = 500
 BATCH_MAX_CHARS = 256 * 1024
@@ -79,6 +82,21 @@ def metric_out(cursor: str, point: dict[str, Any]) -> Out:
     return Out("metric", cursor, message("metric", cursor, data))
 
 
+def eval_out(cursor: str, evaluation: dict[str, Any]) -> Out:
+    """An eval message from a recorded evaluation or a stream record."""
+    data = {k: evaluation[k] for k in ("attempt", "step", "time", "values")}
+    return Out("eval", cursor, message("eval", cursor, data))
+
+
+def record_out(kind: str, cursor: str, record: dict[str, Any]) -> Out:
+    """The message for a ``metric``, ``eval`` or ``event`` record."""
+    if kind == "metric":
+        return metric_out(cursor, record)
+    if kind == "eval":
+        return eval_out(cursor, record)
+    return event_out(cursor, record)
+
+
 def event_out(cursor: str, event: dict[str, Any]) -> Out:
     """An event message (``id`` is the SQL row id when known: the /events cursor), as its
     owner sees it: shared by every watcher, admins too (``GET /jobs/{id}/events`` has the
@@ -97,10 +115,7 @@ def event_out(cursor: str, event: dict[str, Any]) -> Out:
 def entry_out(entry: LiveEntry) -> Out:
     """The message for a stream entry, encoded once and shared by every watcher."""
     if entry.message is None:
-        cursor = str(entry.pos)
-        item = entry.item
-        made = metric_out(cursor, item) if item["kind"] == "metric" else event_out(cursor, item)
-        entry.message = made
+        entry.message = record_out(entry.item["kind"], str(entry.pos), entry.item)
     message: Out = entry.message
     return message
 
@@ -120,7 +135,7 @@ def heartbeat_out(cursor: str | None) -> Out:
 
 
 def batch_out(items: list[Out]) -> Out:
-    """One batch frame holding ``items`` (metric and event messages, already encoded)."""
+    """One batch frame holding ``items`` (record messages, already encoded)."""
     cursor = items[-1].cursor
     body = ",".join([o.text for o in items])
     return Out(

@@ -1,7 +1,7 @@
 """One watcher's message sequence: SQL history after a cursor, then the live stream tail,
 with no gap and no duplicate at the seam. Shared by the WebSocket and SSE routes.
 
-Messages are JSON ``{"type", "cursor", "data"}`` with type ``metric``, ``event``,
+Messages are JSON ``{"type", "cursor", "data"}`` with type ``metric``, ``eval``, ``event``,
 ``end``, ``heartbeat`` or ``gap`` (:mod:`amptrain.server.live.messages`). A watcher that
 asks for batch frames gets its metric and event messages grouped into ``batch`` frames
 instead, one per delivery round: 1,000 watchers cost one socket write each per round,
@@ -9,7 +9,7 @@ not one per record, and watchers at the same position share one encoded frame.
 
 Cursor scheme (one cursor, the one ``GET /jobs/{id}/metrics`` uses):
 
-- Every metric and event message carries its :class:`~amptrain.contract.cursor.Cursor`: the
+- Every metric, eval and event message carries its :class:`~amptrain.contract.cursor.Cursor`: the
   stream entry id it was appended with, which SQL keeps with the recorded row, or
   ``0-{id}`` for the events of a job before its first claim (how each event gets its
   one cursor: :mod:`amptrain.contract.stream`). History and the live tail therefore
@@ -51,10 +51,9 @@ from amptrain.server.live.messages import (
     batch_frames,
     end_out,
     entry_out,
-    event_out,
     gap_out,
     heartbeat_out,
-    metric_out,
+    record_out,
 )
 
 END_WAIT_S = 10.0
@@ -146,7 +145,7 @@ class Watch:
         async for pos, kind, record in self.history.after(self.last):
             self.last = pos
             if self._is_new(kind, record):
-                outs.append((metric_out if kind == "metric" else event_out)(str(pos), record))
+                outs.append(record_out(kind, str(pos), record))
                 if len(outs) >= self.page:
                     yield Round(outs)
                     outs = []
@@ -211,6 +210,13 @@ class Watch:
         """A watcher never gets a record twice, nor a point at or before one it already has:
         a record the worker re-sent after Redis lost data (an event keeps the time it was
         made), or a straggler of an attempt that lost its lease. SQL drops the same ones."""
+        if kind == "eval":
+            # A re-sent evaluation (new entry id) keeps its attempt and step; SQL keeps one.
+            key: tuple[Any, ...] = ("eval", record["attempt"], record["step"])
+            if key in self._events_sent:
+                return False
+            self._events_sent.add(key)
+            return True
         if kind != "metric":
             key = (record["attempt"], record["type"], record["step"], record["time"])
             if key in self._events_sent:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -16,6 +17,7 @@ from amptrain.contract.metrics import (
     METRIC_FIELDS,
     PARALLEL_METRIC_FIELDS,
     STORED_METRIC_FIELDS,
+    check_series_name,
 )
 from amptrain.contract.stream import decode, text
 
@@ -28,9 +30,11 @@ Entry = tuple[Any, list[Any] | None]
 
 @dataclass
 class Batch:
-    """Points and events to insert, and the attempts whose ``end`` entry came."""
+    """Points, eval values and events to insert, and the attempts whose ``end`` entry came."""
 
     points: list[dict[str, Any]] = field(default_factory=list)
+    values: list[dict[str, Any]] = field(default_factory=list)
+    """One row per named value of each eval entry (``metric_values``)."""
     events: list[dict[str, Any]] = field(default_factory=list)
     ends: list[int] = field(default_factory=list)
 
@@ -48,6 +52,9 @@ def parse(job_id: str, entries: Iterable[Entry]) -> Batch:
                     batch.points.append(row)
                 continue
             item = decode(_pairs(flat))
+            if item["kind"] == "eval":
+                batch.values.extend(_value_rows(job_id, entry_id, item))
+                continue
         except (KeyError, ValueError, IndexError):
             log.error("job %s: undecodable stream entry %s dropped", job_id, entry_id)
             continue
@@ -134,6 +141,43 @@ def _parallel(name: str, value: str) -> tuple[str, Any]:
         return name, parsed if type(parsed) is int else None
     ok = isinstance(parsed, list) and all(type(v) is int for v in parsed)
     return name, json.dumps(parsed) if ok else None
+
+
+def _value_rows(job_id: str, entry_id: str, item: dict[str, Any]) -> list[dict[str, Any]]:
+    """The rows of an eval entry: a value that is not a finite number is stored as null; an
+    entry with no integer step, or a name that cannot name a series, is dropped whole (the
+    engine's records never have one: :func:`amptrain.contract.records.evaluation`)."""
+    step, values = item["step"], item["values"]
+    # Steps are 32-bit columns: a larger one would fail the whole batch's insert.
+    if type(step) is not int or not 0 <= step < 2**31 or not isinstance(values, dict):
+        raise ValueError("eval entry without a step in 0..2^31-1 and a values object")
+    for name in values:
+        check_series_name(name)  # ValueError: the entry is logged and dropped
+    ms, seq = Cursor.of_entry(entry_id)
+    at = item["time"] if isinstance(item["time"], int | float) else time.time()
+    return [
+        {
+            "job_id": job_id,
+            "attempt": item["attempt"],
+            "step": step,
+            "name": name,
+            "value": _number(value),
+            "time": float(at),
+            "stream_ms": ms,
+            "stream_seq": seq,
+        }
+        for name, value in values.items()
+    ]
+
+
+def _number(value: Any) -> float | None:
+    if type(value) not in (int, float):  # bool is not a measurement
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond a double
+        return None
+    return number if math.isfinite(number) else None
 
 
 def _event_row(job_id: str, entry_id: str, item: dict[str, Any]) -> dict[str, Any]:

@@ -3,7 +3,8 @@ their acknowledgement; the API's own events relayed into the streams; the end of
 telemetry.
 
 The acknowledgement comes only after the commit, so a crash re-delivers the batch, and a
-replay inserts nothing (points unique by job, attempt, step; events by stream entry id).
+replay inserts nothing (points unique by job, attempt, step; eval values by job,
+attempt, step, name; events by stream entry id).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from amptrain.server.recorder.entries import Entry, parse
 from amptrain.server.recorder.group import ConsumerGroup
 from amptrain.server.recorder.owner import Ownership
 from amptrain.store import events, recording
-from amptrain.store.history import summary_writes
+from amptrain.store.history import summary_writes, value_writes
 
 
 @dataclass
@@ -53,6 +54,9 @@ class BatchWriter:
             summary_writes.add_points(
                 s, {job_id: _inserted(b.points, new.get(job_id)) for job_id, b in batches.items()}
             )
+            # Eval values in the same transaction as the points: acknowledged only with them.
+            evaluated = value_writes.insert(s, [v for b in batches.values() for v in b.values])
+            value_writes.refresh_summary(s, evaluated)
             for job_id, batch in batches.items():
                 recording.insert_events(s, batch.events)
                 if batch.ends and recording.mark_done(s, job_id, batch.ends):

@@ -31,8 +31,27 @@ _SUMMARY: dict[str, Any] = {
     name: (python_type(BY_NAME[name]) | None, Field(None, description=BY_NAME[name].doc))
     for name in SUMMARY_FIELDS
 }
+
+
+class EvalSummaryOut(BaseModel):
+    """The job's newest evaluation: the newest attempt that evaluated, at its highest step
+    (when the job has finished, its final held-out metrics)."""
+
+    step: int
+    attempt: int
+    values: dict[str, float | None]
+    """Metric name (``GET /catalog``'s ``eval_metrics``, or a plugin's) -> value; null when
+    it was not finite."""
+
+
+_SUMMARY["eval"] = (
+    EvalSummaryOut | None,
+    Field(None, description="The newest evaluation; null before the first."),
+)
 SummaryOut = create_model(
-    "SummaryOut", __doc__="Latest values, from the newest recorded metric point.", **_SUMMARY
+    "SummaryOut",
+    __doc__="Latest values, from the newest recorded metric point and evaluation.",
+    **_SUMMARY,
 )
 """The metric table's ``summary`` fields (:data:`amptrain.contract.metrics.SUMMARY_FIELDS`)."""
 
@@ -85,7 +104,9 @@ class JobOut(BaseModel):
                 if job.error_code
                 else None
             ),
-            summary=SummaryOut(**{k: summary.get(k) for k in SUMMARY_FIELDS}),
+            summary=SummaryOut(
+                **{k: summary.get(k) for k in SUMMARY_FIELDS}, eval=job.eval_summary
+            ),
         )
 
 
@@ -117,6 +138,26 @@ class MetricPage(BaseModel):
     marks: list[BucketMark] = Field(default_factory=list)
     """Only with ``max_points``: the buckets holding skipped or non-finite steps and how
     many (each bucket's first such step is always among ``items``; all are when they fit)."""
+
+
+class EvalOut(BaseModel):
+    """One evaluation on the held-out split, as its eval record arrived."""
+
+    step: int
+    """The optimizer step the evaluated model is at."""
+    attempt: int
+    time: float
+    """Unix seconds."""
+    cursor: str
+    values: dict[str, float | None]
+    """Metric name -> value (null when not finite). ``effective``: only the names no newer
+    attempt re-evaluated at this step."""
+
+
+class EvalPage(BaseModel):
+    items: list[EvalOut]
+    next_cursor: str | None
+    """Pass as ``after`` to get only newer evaluations."""
 
 
 class EventOut(BaseModel):

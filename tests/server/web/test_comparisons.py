@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.server.web.ab_runs import RUNS, STEPS, play, spec
+from tests.server.web.ab_runs import EVALS, RUNS, STEPS, play, spec
 from tests.server.web.test_http import user_client
 from tests.support.stack import Stack, wait_until
 
@@ -27,8 +27,9 @@ def test_a_b_report_from_recorded_points(api_stack: Stack) -> None:
         assert job["name"] == f"ab [{precision}]"
         assert run["throughput"] is None and run["ratios"]["throughput"] is None
 
+    assert {r["verdict"]["kept_accuracy"] for r in runs.values()} == {True, None}
     for precision, values in RUNS.items():
-        play(api_stack, runs[precision]["job_id"], values)
+        play(api_stack, runs[precision]["job_id"], values, EVALS[precision])
 
     def finished() -> dict[str, Any] | None:
         r = c.get(f"/comparisons/{report['id']}").json()
@@ -52,6 +53,29 @@ def test_a_b_report_from_recorded_points(api_stack: Stack) -> None:
     assert set(curves["loss"]) == {"fp32", "bf16", "fp16"}
     assert curves["loss"]["bf16"][-1] == pytest.approx(0.51)
     assert all(len(v) == STEPS for v in curves["loss"].values())
+    # The accuracy verdict, from each run's final evaluation against fp32's.
+    assert final["tolerance"] == {"accuracy_points": 0.5, "eval_loss_relative": 0.02}
+    assert runs["bf16"]["eval_step"] == STEPS and runs["bf16"]["eval"] == EVALS["bf16"]
+    assert runs["bf16"]["eval_diff"] == {
+        "accuracy_points": pytest.approx(-0.2),
+        "eval_loss_relative": pytest.approx(0.01),
+    }
+    assert runs["fp32"]["verdict"]["kept_accuracy"] is True
+    assert runs["bf16"]["verdict"]["kept_accuracy"] is True
+    fp16 = runs["fp16"]["verdict"]
+    assert fp16["kept_accuracy"] is False and len(fp16["reasons"]) == 2
+    assert "-1.50 points" in fp16["reasons"][0] and "beyond" in fp16["reasons"][0]
+    loose = {"accuracy_points": 2, "eval_loss_relative": 0.2}
+    relaxed = c.get(f"/comparisons/{report['id']}", params=loose).json()
+    assert [r["verdict"]["kept_accuracy"] for r in relaxed["runs"]] == [True, True, True]
+    bad = c.get(
+        f"/comparisons/{report['id']}", params={"accuracy_points": -1, "eval_loss_relative": 11}
+    )
+    assert bad.status_code == 422
+    assert {p["field"] for p in bad.json()["detail"]} == {
+        "query.accuracy_points",
+        "query.eval_loss_relative",
+    }
     listed = c.get("/comparisons").json()["items"]
     assert [x["id"] for x in listed] == [report["id"]]
 

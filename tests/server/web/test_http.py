@@ -13,8 +13,9 @@ import pytest
 import redis
 
 from amptrain.cli.embedded_redis import EmbeddedRedis
+from amptrain.contract.cursor import Cursor
 from amptrain.contract.metrics import METRIC_FIELDS
-from amptrain.contract.records import metric
+from amptrain.contract.records import evaluation, metric
 from amptrain.contract.stream import encode
 from amptrain.core.redis import Keys
 from amptrain.store import jobs, tokens
@@ -137,7 +138,7 @@ def test_submit_read_and_idempotency(api_stack: Stack) -> None:
     # No worker runs beside this API: the submitter is told the job will wait, and why.
     assert "no live worker takes jobs of queue cpu" in job["notice"]
     assert job["summary"] == dict.fromkeys(
-        ["loss", "loss_scale", "skipped_steps", "memory_peak", "samples_per_second"]
+        ["loss", "loss_scale", "skipped_steps", "memory_peak", "samples_per_second", "eval"]
     )
     assert job["spec"]["model"] == {"name": "mlp", "args": {}}
     assert c.get(f"/jobs/{job['id']}").json() == {**job, "notice": None}  # the submit's only
@@ -249,6 +250,10 @@ def test_metrics_page_through_recorded_points_once(
         )
         fields_ = encode(record, job_id=job["id"], attempt=1)
         client.xadd(Keys.telemetry(job["id"]), dict(fields_))  # type: ignore[arg-type]
+        if step % 10 == 0:  # an evaluation every 10 steps, between the points
+            ev = evaluation(step, 1000.0 + step, {"eval_loss": 1.0 / step, "accuracy": 0.09 * step})
+            fields_ = encode(ev, job_id=job["id"], attempt=1)
+            client.xadd(Keys.telemetry(job["id"]), dict(fields_))  # type: ignore[arg-type]
 
     def all_points() -> list[dict[str, Any]]:
         pts = api_stack.all_metrics(job["id"], limit=7)
@@ -266,3 +271,25 @@ def test_metrics_page_through_recorded_points_once(
         lambda: (j := c.get(f"/jobs/{job['id']}").json())["step"] == 25 and j, 10, "step"
     )
     assert current["summary"]["loss"] == pytest.approx(1.0 / 25)
+    assert current["summary"]["eval"] == {
+        "step": 20,
+        "attempt": 1,
+        "values": {"accuracy": pytest.approx(1.8), "eval_loss": 0.05},
+    }
+
+    # The evaluations, one per page, by the same cursor (between the points' cursors).
+    first = c.get(f"/jobs/{job['id']}/evals", params={"limit": 1}).json()
+    second = c.get(f"/jobs/{job['id']}/evals", params={"after": first["next_cursor"]}).json()
+    assert [(e["step"], e["values"]["eval_loss"]) for e in first["items"] + second["items"]] == [
+        (10, 0.1),
+        (20, 0.05),
+    ]
+    at = Cursor.parse(first["items"][0]["cursor"])
+    assert Cursor.parse(points[9]["cursor"]) < at < Cursor.parse(points[10]["cursor"])
+    assert second["next_cursor"] == second["items"][-1]["cursor"]
+    bad = {"after": "1-x", "limit": 0, "attempts": "some"}
+    assert fields(c.get(f"/jobs/{job['id']}/evals", params=bad)) == {
+        "query.limit",
+        "query.attempts",
+    }
+    assert fields(c.get(f"/jobs/{job['id']}/evals", params={"after": "1-x"})) == {"query.after"}

@@ -20,9 +20,13 @@ def test_sse_resumes_with_last_event_id(stack: Stack, producer: Producer) -> Non
     first, last_id = read_sse(stack, producer.job_id, stop_at_step=30)
     assert steps_of(first) == list(range(1, 31)) and last_id == first[-1]["cursor"]
     producer.steps(51, 80)
+    producer.evals(80, accuracy=0.9)
     producer.finish(step=80)
     rest, _ = read_sse(stack, producer.job_id, headers={"Last-Event-ID": str(last_id)})
     assert steps_of(rest) == list(range(31, 81))
+    # An evaluation comes as its own event type with its cursor as id (read_sse checks it).
+    (ev,) = [m for m in rest if m["type"] == "eval"]
+    assert ev["data"]["step"] == 80 and ev["data"]["values"] == {"accuracy": 0.9}
     assert rest[-1]["type"] == "end" and rest[-1]["data"]["status"] == "succeeded"
     events = [m["data"]["type"] for m in first + rest if m["type"] == "event"]
     # No worker serves this stack's queues: the dispatcher's waiting_for_queue note may come.

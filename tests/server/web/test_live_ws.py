@@ -29,8 +29,10 @@ def test_reconnect_with_last_cursor_sees_every_step_once(stack: Stack, producer:
     job_id = producer.job_id
     producer.start()
     producer.steps(1, 30)
+    producer.evals(30)
     wait_until(lambda: recorded_step(stack, job_id) == 30, 30, "steps 1-30 in SQL")
     producer.steps(31, 50)  # maybe not yet in SQL when the watcher connects: the seam
+    producer.evals(50)
 
     async def scenario() -> tuple[list[dict[str, Any]], list[dict[str, Any]], int | None]:
         first, code = await watch(
@@ -39,14 +41,17 @@ def test_reconnect_with_last_cursor_sees_every_step_once(stack: Stack, producer:
         assert code is None
         # While nobody watches: more steps, some recorded, some only in the stream.
         producer.steps(41, 70)
+        producer.evals(70)
         await asyncio.to_thread(
             wait_until, lambda: recorded_step(stack, job_id) >= 70, 30, "70 steps"
         )
         producer.steps(71, 90)
+        producer.evals(90)
 
         async def finish_later() -> None:
             await asyncio.sleep(0.3)
             producer.steps(91, 100)
+            producer.evals(100)
             producer.finish(step=100)
 
         task = asyncio.create_task(finish_later())
@@ -61,12 +66,21 @@ def test_reconnect_with_last_cursor_sees_every_step_once(stack: Stack, producer:
     assert second[-1]["type"] == "end" and second[-1]["data"]["status"] == "succeeded"
     events = [m["data"]["type"] for m in first + second if m["type"] == "event"]
     assert [e for e in events if e != "waiting_for_queue"] == ["queued", "started", "succeeded"]
-    cursors = [m["cursor"] for m in first + second if m["type"] in ("metric", "event")]
+    cursors = [m["cursor"] for m in first + second if m["type"] in ("metric", "eval", "event")]
     assert len(set(cursors)) == len(cursors)
     # The same cursor GET /metrics uses: every point's cursor matches.
     points = stack.all_metrics(job_id)
     by_step = {m["data"]["step"]: m["cursor"] for m in first + second if m["type"] == "metric"}
     assert {p["step"]: p["cursor"] for p in points} == by_step
+    # Each evaluation once, in place (from history, at the seam and live), at the cursor
+    # GET /evals gives it (the one of step 50 follows step 50: the second watch has it).
+    evals = [m for m in first + second if m["type"] == "eval"]
+    assert [m["data"]["step"] for m in evals] == [30, 50, 70, 90, 100]
+    assert [m["data"]["step"] for m in first if m["type"] == "eval"] == [30]
+    page = stack.client.get(f"/jobs/{job_id}/evals").json()["items"]
+    assert [(m["cursor"], m["data"]["values"]) for m in evals] == [
+        (e["cursor"], e["values"]) for e in page
+    ]
 
 
 def test_finished_job_sends_history_then_end(stack: Stack, producer: Producer) -> None:
@@ -226,7 +240,9 @@ def test_a_live_watcher_never_gets_a_step_twice_when_the_worker_re_sends(
                 if got[-1]["type"] == "metric" and got[-1]["data"]["step"] == 10:
                     break
             # What the worker's sink does after Redis lost the tail of its stream.
+            producer.evals(10)
             producer.steps(5, 10)
+            producer.evals(10)
             producer.steps(11, 20)
             producer.finish(step=20)
             got += [json.loads(raw) async for raw in ws]
@@ -234,6 +250,7 @@ def test_a_live_watcher_never_gets_a_step_twice_when_the_worker_re_sends(
 
     got = asyncio.run(scenario())
     assert steps_of(got) == list(range(1, 21))
+    assert [m["data"]["step"] for m in got if m["type"] == "eval"] == [10]
     assert got[-1]["type"] == "end"
 
 

@@ -1,6 +1,7 @@
 """Precision A/B comparisons: ``POST /comparisons`` trains one spec once per precision;
 ``GET /comparisons/{id}`` reports throughput, peak memory and final loss of each run, their
-ratios against the fp32 run, and the loss curves aligned by step."""
+ratios against the fp32 run, the final evaluations and whether each arm kept fp32's
+accuracy, and the loss curves aligned by step."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from amptrain.server.web.deps import CurrentUser, ServicesDep, SessionDep, charg
 from amptrain.server.web.errors import NotFound, ValidationFailed, clip, error_responses
 from amptrain.server.web.routes.jobs import submit_job
 from amptrain.store import comparisons as repo
+from amptrain.store.accuracy import DEFAULT_TOLERANCE
 
 router = APIRouter(prefix="/comparisons", tags=["comparisons"], responses=error_responses(401, 422))
 
@@ -39,6 +41,27 @@ class Ratios(BaseModel):
     """Final loss over the baseline's (near 1: as accurate)."""
 
 
+class EvalDiff(BaseModel):
+    accuracy_points: float | None
+    """Final accuracy minus the baseline's, in percentage points (negative: worse)."""
+    eval_loss_relative: float | None
+    """Final eval loss over the baseline's, minus 1 (positive: worse)."""
+
+
+class Verdict(BaseModel):
+    kept_accuracy: bool | None
+    """Every comparable eval metric within the tolerance; null until both this run and the
+    baseline have succeeded and evaluated (or no metric is comparable)."""
+    reasons: list[str]
+
+
+class Tolerance(BaseModel):
+    accuracy_points: float
+    """The most accuracy an arm may lose, in percentage points."""
+    eval_loss_relative: float
+    """The most an arm's eval loss may exceed the baseline's, relative (0.02: 2%)."""
+
+
 class ComparisonRun(BaseModel):
     precision: str
     job_id: str
@@ -55,6 +78,12 @@ class ComparisonRun(BaseModel):
     final_loss: float | None
     """Mean finite loss of the last 10% of the steps (1 to 100 steps)."""
     ratios: Ratios
+    eval_step: int | None
+    """The step of the run's final (newest) evaluation; null before the first."""
+    eval: dict[str, float | None] | None
+    """Its values by metric name (``accuracy``, ``eval_loss``, ...)."""
+    eval_diff: EvalDiff
+    verdict: Verdict
 
 
 class LossCurves(BaseModel):
@@ -71,6 +100,8 @@ class ComparisonOut(BaseModel):
     spec: dict[str, Any]
     baseline: str | None
     """The precision the ratios are against (fp32), or null when no run trained in fp32."""
+    tolerance: Tolerance
+    """What the accuracy verdicts allow (``GET`` may set it)."""
     runs: list[ComparisonRun]
     loss_curves: LossCurves
 
@@ -142,12 +173,26 @@ def list_comparisons(
 
 
 @router.get("/{comparison_id}", response_model=ComparisonOut, responses=error_responses(404))
-def read_comparison(comparison_id: str, session: SessionDep, user: CurrentUser) -> ComparisonOut:
-    """Each run's status and numbers now, the ratios against the baseline and the curves."""
+def read_comparison(
+    comparison_id: str,
+    session: SessionDep,
+    user: CurrentUser,
+    accuracy_points: Annotated[
+        float,
+        Query(ge=0, le=100, description="The most accuracy an arm may lose, in points."),
+    ] = DEFAULT_TOLERANCE["accuracy_points"],
+    eval_loss_relative: Annotated[
+        float,
+        Query(ge=0, le=10, description="The most an arm's eval loss may exceed fp32's (0.02: 2%)."),
+    ] = DEFAULT_TOLERANCE["eval_loss_relative"],
+) -> ComparisonOut:
+    """Each run's status and numbers now, the ratios against the baseline, the final
+    evaluations with the accuracy verdict per arm, and the curves."""
     row = repo.get(session, comparison_id)
     if row is None or not user.can_see(row):
         raise NotFound(f"no comparison {clip(comparison_id)}")
-    return ComparisonOut.model_validate(repo.report(session, row))
+    tolerance = {"accuracy_points": accuracy_points, "eval_loss_relative": eval_loss_relative}
+    return ComparisonOut.model_validate(repo.report(session, row, tolerance))
 
 
 def _run_name(name: str, precision: str) -> str:

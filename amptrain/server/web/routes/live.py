@@ -220,7 +220,11 @@ async def _until_disconnect(ws: WebSocket) -> None:
 
 
 def sse_frame(out: Out) -> str:
-    head = f"id: {out.cursor}\n" if out.type in ("metric", "event", "batch") and out.cursor else ""
+    head = (
+        f"id: {out.cursor}\n"
+        if out.type in ("metric", "eval", "event", "batch") and out.cursor
+        else ""
+    )
     return f"{head}event: {out.type}\ndata: {out.text}\n\n"
 
 

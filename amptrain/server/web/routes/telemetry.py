@@ -1,4 +1,5 @@
-"""A job's history: metric points (cursor = stream entry id) and lifecycle events (cursor = id)."""
+"""A job's history: metric points and evaluations (cursor = stream entry id) and lifecycle
+events (cursor = id)."""
 
 from __future__ import annotations
 
@@ -11,10 +12,18 @@ from amptrain.contract.metrics import EXTREMA_FIELDS
 from amptrain.server.event_view import owner_view
 from amptrain.server.web.deps import CurrentUser, SessionDep, parse_cursor, visible_job
 from amptrain.server.web.errors import ValidationFailed, error_responses
-from amptrain.server.web.schemas import BucketMark, EventOut, EventPage, MetricPage
+from amptrain.server.web.schemas import (
+    BucketMark,
+    EvalOut,
+    EvalPage,
+    EventOut,
+    EventPage,
+    MetricPage,
+)
 from amptrain.store.events import event_page
 from amptrain.store.history.downsample import series_window
 from amptrain.store.history.points import Attempts, metric_page
+from amptrain.store.history.values import eval_page
 from amptrain.store.history.window import DEFAULT_EXTREMA, parse_fields, select_fields
 
 router = APIRouter(prefix="/jobs", tags=["telemetry"], responses=error_responses(401, 404, 422))
@@ -103,6 +112,33 @@ def read_metrics(
     cursor = parse_cursor(after, "query.after")
     items, next_cursor = metric_page(session, job_id, after=cursor, limit=limit, attempts=attempts)
     return MetricPage(items=[select_fields(i, wanted) for i in items], next_cursor=next_cursor)
+
+
+@router.get("/{job_id}/evals", response_model=EvalPage)
+def read_evals(
+    job_id: str,
+    session: SessionDep,
+    user: CurrentUser,
+    after: Annotated[
+        str | None, Query(max_length=48, description="``next_cursor`` of the previous page.")
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=10_000, description="Evaluations per page.")] = 1000,
+    attempts: Annotated[
+        Attempts,
+        Query(
+            description="``effective``: per step and name only the newest attempt's value; "
+            "``all``: every attempt's."
+        ),
+    ] = "effective",
+) -> EvalPage:
+    """Evaluations on the held-out split after ``after`` in recording order, by the same
+    cursor as the metric points and events (``next_cursor`` passed back returns only newer
+    ones, never repeating or skipping one). Each item is one evaluation with all its named
+    values; a new metric name needs no new parameter."""
+    visible_job(session, user, job_id)
+    cursor = parse_cursor(after, "query.after")
+    items, next_cursor = eval_page(session, job_id, after=cursor, limit=limit, attempts=attempts)
+    return EvalPage(items=[EvalOut(**i) for i in items], next_cursor=next_cursor)
 
 
 @router.get("/{job_id}/events", response_model=EventPage)

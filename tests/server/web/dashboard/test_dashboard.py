@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import pytest
+import redis
 
 try:
     from playwright.sync_api import Locator, Page, expect
@@ -22,9 +23,10 @@ except ImportError:  # outside CI a missing playwright skips, like a missing bro
         raise
     pytest.skip("playwright is not installed (pip install -e '.[dev]')", allow_module_level=True)
 
+from amptrain.core import presence
 from amptrain.store.db import make_engine, make_session_factory
 from amptrain.store.history import rebuild as summary_rebuild
-from tests.server.web.ab_runs import RUNS, play, spec
+from tests.server.web.ab_runs import EVALS, RUNS, play, spec
 from tests.server.web.dashboard.conftest import Console, new_token, screenshot, sign_in
 from tests.support.producer import Producer
 from tests.support.stack import Stack, wait_until
@@ -134,16 +136,22 @@ def test_nan_and_skipped_steps_are_marked_live(page: Page, stack: Stack) -> None
         feed.start()
         for step in range(1, 41):
             feed.record(step, loss=1.0 / step, loss_scale=65536.0, skipped=False, grad_norm=1.0)
+        feed.evals(20, 40)  # history: evaluated twice before the page opens
         sign_in(page, stack.token)
         page.goto(f"/ui/#/jobs/{job['id']}")
         expect(page.locator("[data-chart=loss]")).to_have_attribute("data-points", "40")
+        accuracy = page.locator("[data-eval-chart=accuracy]")
+        expect(accuracy).to_have_attribute("data-points", "2")
+        expect(page.locator("[data-eval-chart]")).to_have_count(2)  # accuracy, eval loss
         expect(page.locator("[data-chart=loss]")).to_have_attribute("data-non-finite", "0")
         # An overflow: NaN loss, the step skipped, the scale halved; then training goes on.
         feed.record(41, loss=math.nan, loss_scale=65536.0, skipped=True, grad_norm=None)
         for step in range(42, 61):
             feed.record(step, loss=1.0 / step, loss_scale=32768.0, skipped=False, grad_norm=1.0)
+        feed.evals(60)  # live
         loss = page.locator("[data-chart=loss]")
         expect(loss).to_have_attribute("data-points", "60")
+        expect(accuracy).to_have_attribute("data-points", "3")
         expect(loss).to_have_attribute("data-non-finite", "1")
         expect(page.locator("[data-marks-for=loss]")).to_contain_text(
             "1 NaN/Inf loss step (step 41)"
@@ -157,6 +165,9 @@ def test_nan_and_skipped_steps_are_marked_live(page: Page, stack: Stack) -> None
         expect(page.locator("[data-chart=loss_scale]")).to_have_attribute("data-skipped", "1")
         # The scale exactly, as the power of two it is (rounded to 4 digits it read 32770).
         expect(page.locator("[data-summary=loss_scale]")).to_have_text("2^15")
+        expect(accuracy).to_have_attribute("data-points", "3")
+        # The header shows the newest evaluation (summary.eval, kept by the recorder).
+        expect(page.locator("[data-eval-summary=accuracy]")).to_have_text(f"{1 - 1 / 60:.4g}")
         # Wall-time axis, log scale and no smoothing redraw the same points and marks.
         page.select_option("#x-mode", "time")
         page.locator("[data-chart=loss] header input[type=checkbox]").check()
@@ -175,9 +186,17 @@ def test_comparison_shows_the_ratio_table(page: Page, stack: Stack) -> None:
     assert made.status_code == 201, made.text
     comparison = made.json()
     for run in comparison["runs"]:
-        play(stack, run["job_id"], RUNS[run["precision"]])
+        play(stack, run["job_id"], RUNS[run["precision"]], EVALS[run["precision"]])
+    # A CUDA worker of compute capability 8.0 is live: the A/B form offers tf32 too.
+    worker = {"queues": ["gpu"], "devices": [{"type": "cuda", "compute_capability": "8.0"}]}
+    client = redis.Redis.from_url(stack.env["AMPTRAIN_REDIS_URL"])
+    presence.publish_worker(client, "a100@host", worker, ttl_s=600)
+    client.close()
     sign_in(page, stack.token)
     page.goto("/ui/#/compare")
+    arms = page.locator("#ab-form .ab-precision")
+    expect(arms).to_have_count(4)
+    expect(page.locator("#ab-form .ab-precision[value=tf32]")).to_be_checked()
     page.click(f"#comparisons a[href='#/compare/{comparison['id']}']")
     table = page.locator("#ratio-table")
 
@@ -190,6 +209,14 @@ def test_comparison_shows_the_ratio_table(page: Page, stack: Stack) -> None:
     expect(ratio("bf16", "peak_memory")).to_have_text(f"0.50{TIMES}")
     expect(ratio("fp16", "final_loss")).to_have_text(f"1.10{TIMES}")
     expect(ratio("fp32", "throughput")).to_have_text(f"1.00{TIMES}")
+    # The accuracy verdict: bf16 kept fp32's accuracy, fp16 lost 1.5 points.
+    row = table.locator("tr[data-precision=bf16]")
+    expect(row.locator("[data-eval=final]")).to_have_text("92.80%")
+    expect(row.locator("[data-verdict]")).to_have_attribute("data-verdict", "true")
+    lost = table.locator("tr[data-precision=fp16] [data-verdict]")
+    expect(lost).to_have_text("lost")
+    expect(lost).to_have_attribute("title", re.compile(r"accuracy -1\.50 points"))
+    expect(table.locator("tr[data-precision=fp16] [data-eval=points]")).to_have_text("-1.50")
     expect(page.locator("#comparison-curves canvas")).to_have_count(1)
 
 

@@ -8,10 +8,10 @@ import { openJobSocket } from "./api.js";
 const BACKOFF_MS = [250, 500, 1000, 2000, 5000];
 
 export class LiveFeed {
-  constructor(jobId, after, { onMetric, onEvent, onEnd, onState }) {
+  constructor(jobId, after, { onMetric, onEval, onEvent, onEnd, onState }) {
     this.jobId = jobId;
     this.cursor = after;
-    this.handlers = { onMetric, onEvent, onEnd, onState };
+    this.handlers = { onMetric, onEval, onEvent, onEnd, onState };
     this.ws = null;
     this.failures = 0;
     this.stopped = false;
@@ -44,6 +44,9 @@ export class LiveFeed {
     } else if (msg.type === "metric") {
       this.cursor = msg.cursor;
       this.handlers.onMetric?.(msg.data);
+    } else if (msg.type === "eval") {
+      this.cursor = msg.cursor;
+      this.handlers.onEval?.(msg.data);
     } else if (msg.type === "event") {
       this.cursor = msg.cursor;
       this.handlers.onEvent?.(msg.data);

@@ -60,8 +60,12 @@ function overview(root, preselected) {
     clear(listEl, comparisons.length ? h("ul", {}, comparisons.map((c) => h("li", {},
       h("a", { href: `#/compare/${encodeURIComponent(c.id)}` }, c.name), h("span", { class: "muted small" }, ` ${c.runs.map((r) => r.precision).join(" / ")} · ${fmtAge(c.created_at)}`))))
       : h("span", { class: "muted" }, "None yet."));
-    const catalog = await api("/catalog");
-    const precisions = h("fieldset", {}, h("legend", {}, "Precisions"), ["fp32", "bf16", "fp16"].map((p) =>
+    const [catalog, workers] = await Promise.all([api("/catalog"), api("/workers").catch(() => ({ items: [] }))]);
+    // TF32 (fp32 with tensor-core matmuls) is an arm worth measuring only where it exists:
+    // a CUDA device of compute capability 8.0 or newer among the live workers.
+    const tf32 = workers.items.some((w) => (w.devices || []).some((d) => d.type === "cuda" && parseFloat(d.compute_capability) >= 8));
+    const arms = tf32 ? ["fp32", "tf32", "bf16", "fp16"] : ["fp32", "bf16", "fp16"];
+    const precisions = h("fieldset", {}, h("legend", {}, "Precisions"), arms.map((p) =>
       h("label", { style: "margin-right:12px" }, h("input", { type: "checkbox", value: p, checked: true, class: "ab-precision" }), ` ${p}`)));
     abSlot.append(specForm(catalog, {
       submitLabel: "Run comparison",
@@ -90,6 +94,21 @@ function ratioCell(value, kind) {
   return h("td", { class: `num ratio ${good ? "good" : bad ? "bad" : ""}`, dataset: { ratio: kind } }, `${value.toFixed(2)}×`);
 }
 
+/** Accuracy against the baseline: the final accuracy (or eval loss) and the verdict, its
+ * reasons in the tooltip. */
+function accuracyCells(r) {
+  const acc = r.eval?.accuracy;
+  const shown = acc !== undefined && acc !== null ? `${(acc * 100).toFixed(2)}%` : fmtNum(r.eval?.eval_loss, 4);
+  const points = r.eval_diff.accuracy_points;
+  const kept = r.verdict.kept_accuracy;
+  const word = kept === true ? "kept" : kept === false ? "lost" : "–";
+  return [
+    h("td", { class: "num", dataset: { eval: "final" } }, r.eval ? shown : "–"),
+    h("td", { class: "num", dataset: { eval: "points" } }, points === null ? "–" : `${points >= 0 ? "+" : ""}${points.toFixed(2)}`),
+    h("td", { class: `ratio ${kept === true ? "good" : kept === false ? "bad" : "muted"}`, dataset: { verdict: String(kept) }, title: r.verdict.reasons.join("; ") }, word),
+  ];
+}
+
 function report(root, id) {
   const head = h("div", { class: "card", id: "comparison" }, h("span", { class: "muted" }, "Loading…"));
   const plotEl = h("div", { id: "comparison-curves" });
@@ -104,7 +123,7 @@ function report(root, id) {
     clear(head, h("h1", {}, c.name), h("p", { class: "small muted" },
       base ? `Ratios against the ${base} run. Throughput: mean samples/s after the first 10% of steps; final loss: mean of the last 10% of steps.` : "No fp32 run: no ratios."),
     h("table", { id: "ratio-table" },
-      h("thead", {}, h("tr", {}, ["Precision", "Job", "Status", "Trained in", "Samples/s", `× ${base || "base"}`, "Peak memory", `× ${base || "base"}`, "Final loss", `× ${base || "base"}`]
+      h("thead", {}, h("tr", {}, ["Precision", "Job", "Status", "Trained in", "Samples/s", `× ${base || "base"}`, "Peak memory", `× ${base || "base"}`, "Final loss", `× ${base || "base"}`, "Accuracy", "Δ points", "Accuracy kept"]
         .map((t, i) => h("th", { class: i >= 4 ? "num" : "" }, t)))),
       h("tbody", {}, c.runs.map((r) => h("tr", { dataset: { precision: r.precision } },
         h("td", {}, h("strong", {}, r.precision)),
@@ -113,7 +132,9 @@ function report(root, id) {
         h("td", {}, r.effective_precision || "–"),
         h("td", { class: "num" }, fmtNum(r.throughput, 4)), ratioCell(r.ratios.throughput, "throughput"),
         h("td", { class: "num" }, fmtBytes(r.peak_memory)), ratioCell(r.ratios.peak_memory, "peak_memory"),
-        h("td", { class: "num" }, fmtNum(r.final_loss, 4)), ratioCell(r.ratios.final_loss, "final_loss"))))));
+        h("td", { class: "num" }, fmtNum(r.final_loss, 4)), ratioCell(r.ratios.final_loss, "final_loss"),
+        ...accuracyCells(r))))),
+    h("p", { class: "small muted" }, `Accuracy kept: at most ${c.tolerance.accuracy_points} points of accuracy lost and ${(c.tolerance.eval_loss_relative * 100).toFixed(1)}% more eval loss than ${base || "the baseline"}, on the final evaluation.`));
     const names = Object.keys(c.loss_curves.loss);
     const data = [c.loss_curves.step, ...names.map((n) => c.loss_curves.loss[n])];
     const series = [{ label: "step" }, ...names.map((n, i) => ({ label: n, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true, value: (u, v) => fmtNum(v) }))];

@@ -4,6 +4,7 @@
 import { api, ApiError, catalog, download } from "../api.js";
 import { ChartGroup, chartDefs } from "../charts.js";
 import { FINISHED, clear, fmtBytes, fmtNum, fmtPow2, h, progressBar, statusBadge } from "../dom.js";
+import { EvalCharts } from "../evals.js";
 import { LiveFeed } from "../live.js";
 import { Series } from "../series.js";
 import { Timeline } from "../timeline.js";
@@ -27,7 +28,8 @@ export function mount(root, { id }) {
   const checkpointsEl = h("div", { id: "checkpoints", class: "small" });
   const group = new ChartGroup(`job-${id}`, { onZoom: fullResolution });
   // The charts, the fields they fetch and the header's summary come from the metric table.
-  let fields, series, charts, summaryMetrics;
+  let fields, series, charts, summaryMetrics, evals;
+  const evalsSlot = h("div", {});
   const ready = catalog().then((cat) => {
     const defs = chartDefs(cat);
     fields = [...new Set(defs.flatMap((c) => [...c.fields, ...c.extra]))];
@@ -36,6 +38,8 @@ export function mount(root, { id }) {
     chartsEl.append(...charts.map((c) => c.el));
     const log2 = new Set(cat.charts.filter((c) => c.log === "log2").map((c) => c.key));
     summaryMetrics = cat.metrics.filter((m) => m.summary).map((m) => ({ ...m, pow2: log2.has(m.chart) }));
+    evals = new EvalCharts(cat.eval_metrics || []);
+    evalsSlot.append(evals.el);
   });
   let job = null;
   let feed = null;
@@ -55,6 +59,7 @@ export function mount(root, { id }) {
       h("button", { type: "button", onclick: () => group.resetZoom() }, "Reset zoom"),
       h("span", { class: "muted small" }, "drag to zoom, double-click to reset"), liveState),
     chartsEl,
+    evalsSlot,
     h("div", { class: "grid2", style: "margin-top:14px" },
       h("div", { class: "card" }, h("h2", {}, "Events"), timeline.el),
       h("div", {}, h("div", { class: "card" }, h("h2", {}, "Checkpoints"), checkpointsEl),
@@ -134,6 +139,9 @@ export function mount(root, { id }) {
         h("dt", {}, m.name.replaceAll("_", " ")),
         h("dd", { dataset: { summary: m.name } }, m.unit === "bytes" ? fmtBytes(s[m.name]) : m.pow2 ? fmtPow2(s[m.name]) : fmtNum(s[m.name], m.unit ? 3 : 4)),
       ])),
+      s.eval ? h("dl", { class: "kv", id: "eval-summary" }, h("dt", {}, "evaluated"), h("dd", {}, `step ${s.eval.step}`),
+        ...Object.entries(s.eval.values).flatMap(([name, v]) => [
+          h("dt", {}, name.replaceAll("_", " ")), h("dd", { dataset: { evalSummary: name } }, fmtNum(v, 4))])) : null,
       job.error ? h("div", { class: "error", id: "job-error" }, `${job.error.code}: ${job.error.message}`) : null));
   }
 
@@ -167,6 +175,16 @@ export function mount(root, { id }) {
     }
   }
 
+  async function loadEvals() {
+    let after;
+    for (;;) {
+      const page = await api(`${path}/evals`, { params: { limit: 1000, ...(after ? { after } : {}) } });
+      page.items.forEach((e) => evals.add(e));
+      if (page.items.length < 1000) return;
+      after = page.next_cursor;
+    }
+  }
+
   async function loadCheckpoints() {
     const list = await api(`${path}/checkpoints`);
     clear(checkpointsEl, list.items.length ? list.items.map((c) => h("div", {},
@@ -184,10 +202,11 @@ export function mount(root, { id }) {
     if (!job) return;
     specEl.textContent = JSON.stringify(job.spec, null, 2);
     const cursor = await history;
-    await Promise.all([loadEvents(), loadCheckpoints().catch(() => {})]);
+    await Promise.all([loadEvents(), loadEvals(), loadCheckpoints().catch(() => {})]);
     if (stopped) return;
     feed = new LiveFeed(id, cursor, {
       onMetric,
+      onEval: (e) => evals.add(e),
       onEvent: (ev) => { if (timeline.add(ev) && ev.type === "checkpoint") loadCheckpoints().catch(() => {}); },
       onEnd: () => poll(),
       onState: (s) => { liveState.textContent = s; liveState.dataset.state = s; },
@@ -202,5 +221,6 @@ export function mount(root, { id }) {
     clearTimeout(pollTimer);
     feed?.stop();
     group.destroy();
+    evals?.destroy();
   };
 }

@@ -1,0 +1,52 @@
+// Evaluation charts: one small chart per metric name of GET /jobs/{id}/evals (a plugin's
+// names too: the series are named, not a fixed set), fed by history and live eval messages.
+import { fmtNum, h } from "./dom.js";
+import { STEP_INCRS } from "./charts.js";
+
+const uPlot = window.uPlot;
+
+export class EvalCharts {
+  /** ``defs``: GET /catalog's eval_metrics (labels and which way is better). */
+  constructor(defs) {
+    this.defs = Object.fromEntries(defs.map((m) => [m.name, m]));
+    this.order = defs.map((m) => m.name);
+    this.el = h("div", { class: "charts", id: "eval-charts" });
+    this.charts = new Map(); // name -> {el, steps, values, plot}
+  }
+
+  /** One evaluation ({step, values}); the same step again (history then live) replaces it. */
+  add(item) {
+    for (const [name, value] of Object.entries(item.values)) {
+      const c = this.charts.get(name) || this.#chart(name);
+      const at = c.steps.findIndex((s) => s >= item.step);
+      if (at === -1) { c.steps.push(item.step); c.values.push(value); }
+      else if (c.steps[at] === item.step) c.values[at] = value;
+      else { c.steps.splice(at, 0, item.step); c.values.splice(at, 0, value); }
+      c.el.dataset.points = String(c.steps.length);
+      c.plot.setData([c.steps, c.values]);
+    }
+  }
+
+  #chart(name) {
+    const def = this.defs[name] || {};
+    const label = def.label || name;
+    const hint = def.better ? ` (${def.better} is better)` : "";
+    const plotEl = h("div", {});
+    const el = h("div", { class: "card chart", dataset: { evalChart: name, points: "0" } },
+      h("header", {}, h("strong", {}, `eval: ${name.replaceAll("_", " ")}`), h("span", { class: "muted small" }, hint)), plotEl);
+    // Built-in metrics in the catalog's order, then a plugin's by name.
+    const rank = (n) => (this.order.includes(n) ? this.order.indexOf(n) : this.order.length);
+    const after = [...this.charts.keys()].find((n) => rank(n) > rank(name) || (rank(n) === rank(name) && n > name));
+    this.el.insertBefore(el, after ? this.charts.get(after).el : null);
+    const plot = new uPlot({ width: this.el.clientWidth || 600, height: 180, scales: { x: { time: false } },
+      series: [{ label: "step" }, { label, stroke: "#2b8a3e", width: 1.5, spanGaps: true, points: { show: true }, value: (u, v) => fmtNum(v, 4) }],
+      axes: [{ incrs: STEP_INCRS }, { size: 64, values: (u, vs) => vs.map((v) => fmtNum(v, 3)) }] }, [[], []], plotEl);
+    const c = { el, steps: [], values: [], plot };
+    this.charts.set(name, c);
+    return c;
+  }
+
+  destroy() {
+    for (const c of this.charts.values()) c.plot.destroy();
+  }
+}

@@ -1,0 +1,75 @@
+"""The accuracy verdict of a precision comparison: did each arm keep the fp32 baseline's
+held-out quality, within a tolerance?
+
+Per run the final evaluation is the job's newest (``jobs.eval_summary``: for a finished
+job, its last). Against the baseline's: ``accuracy_points``, the difference in accuracy
+in percentage points (negative: worse), and ``eval_loss_relative``, the relative
+difference in eval loss (positive: worse). An arm keeps the accuracy when every
+comparable metric is within the tolerance (:data:`DEFAULT_TOLERANCE`, or the request's);
+the verdict waits (null) until both runs have succeeded and evaluated.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+DEFAULT_TOLERANCE = {"accuracy_points": 0.5, "eval_loss_relative": 0.02}
+"""An arm may lose at most half a point of accuracy and have at most 2% more eval loss."""
+
+
+def final_eval(eval_summary: dict[str, Any] | None) -> dict[str, Any]:
+    """A run's final evaluation as the report shows it: ``eval_step`` and ``eval``."""
+    if not eval_summary:
+        return {"eval_step": None, "eval": None}
+    return {"eval_step": eval_summary.get("step"), "eval": dict(eval_summary.get("values") or {})}
+
+
+def differences(run: dict[str, Any], base: dict[str, Any] | None) -> dict[str, float | None]:
+    """``accuracy_points`` and ``eval_loss_relative`` of ``run`` against ``base``."""
+    mine, theirs = run.get("eval") or {}, (base or {}).get("eval") or {}
+    acc, base_acc = mine.get("accuracy"), theirs.get("accuracy")
+    loss, base_loss = mine.get("eval_loss"), theirs.get("eval_loss")
+    return {
+        "accuracy_points": (acc - base_acc) * 100
+        if acc is not None and base_acc is not None
+        else None,
+        "eval_loss_relative": (loss - base_loss) / abs(base_loss)
+        if loss is not None and base_loss
+        else None,
+    }
+
+
+def verdict(
+    run: dict[str, Any], base: dict[str, Any] | None, tolerance: dict[str, float]
+) -> dict[str, Any]:
+    """``{"kept_accuracy": true | false | null, "reasons": [...]}`` for one arm."""
+    if base is None:
+        return {"kept_accuracy": None, "reasons": ["no fp32 baseline to compare with"]}
+    if run is base:
+        return {"kept_accuracy": True, "reasons": ["the fp32 baseline"]}
+    waiting = [
+        f"{r['precision']} has not {'succeeded' if r['status'] != 'succeeded' else 'evaluated'}"
+        for r in (run, base)
+        if r["status"] != "succeeded" or not r.get("eval")
+    ]
+    if waiting:
+        return {"kept_accuracy": None, "reasons": waiting}
+    diff = run["eval_diff"]
+    reasons, kept = [], True
+    points, allowed = diff["accuracy_points"], tolerance["accuracy_points"]
+    if points is not None:
+        ok = -points <= allowed
+        kept &= ok
+        reasons.append(
+            f"accuracy {points:+.2f} points vs fp32 ({'within' if ok else 'beyond'} -{allowed:g})"
+        )
+    relative, allowed = diff["eval_loss_relative"], tolerance["eval_loss_relative"]
+    if relative is not None:
+        ok = relative <= allowed
+        kept &= ok
+        reasons.append(
+            f"eval loss {relative:+.1%} vs fp32 ({'within' if ok else 'beyond'} +{allowed:.1%})"
+        )
+    if not reasons:
+        return {"kept_accuracy": None, "reasons": ["no accuracy or eval loss in both runs"]}
+    return {"kept_accuracy": kept, "reasons": reasons}

@@ -1,0 +1,96 @@
+"""Reading the recorded evaluations (``metric_values``): cursor pages of the eval series.
+
+An item is one eval record as it arrived: ``step``, ``attempt``, ``time``, ``cursor`` (its
+stream entry id, the same :class:`~amptrain.contract.cursor.Cursor` as the metric points
+and events) and ``values`` (name -> value, null when not finite). A page holds whole
+records: it is cut by records, never between two names of one record.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session, aliased
+
+from amptrain.contract.cursor import Cursor
+from amptrain.store.history.points import Attempts
+from amptrain.store.models import MetricValue
+
+
+def eval_page(
+    s: Session,
+    job_id: str,
+    after: Cursor | str | None = None,
+    limit: int = 1000,
+    attempts: Attempts = "effective",
+    upto: Cursor | None = None,
+) -> tuple[list[dict[str, Any]], str | None]:
+    """Up to ``limit`` eval records after ``after`` (and up to ``upto``, inclusive) in
+    recording order. ``effective`` keeps, per step and name, only the newest attempt's
+    value (a record whose every value was re-evaluated by a newer attempt disappears);
+    ``all`` keeps every attempt's. ``next_cursor`` as for the metric points: the last
+    item's cursor, else ``after``; :class:`~amptrain.contract.cursor.CursorError` on a
+    bad cursor text."""
+    v = MetricValue
+    where = [v.job_id == job_id]
+    pos = sa.tuple_(v.stream_ms, v.stream_seq)
+    if after is not None:
+        after = after if isinstance(after, Cursor) else Cursor.parse(after)
+        where.append(pos > sa.tuple_(*after))
+    if upto is not None:
+        where.append(pos <= sa.tuple_(*upto))
+    if attempts == "effective":
+        newer = aliased(MetricValue)
+        where.append(
+            ~sa.exists().where(
+                newer.job_id == v.job_id,
+                newer.name == v.name,
+                newer.step == v.step,
+                newer.attempt > v.attempt,
+            )
+        )
+    elif attempts != "all":
+        raise ValueError(f"attempts must be 'effective' or 'all', not {attempts!r}")
+    # The page's last record first, then every row up to it: whole records only.
+    cursors = (
+        sa.select(v.stream_ms, v.stream_seq)
+        .where(*where)
+        .group_by(v.stream_ms, v.stream_seq)
+        .order_by(v.stream_ms, v.stream_seq)
+        .limit(limit)
+        .subquery()
+    )
+    last = s.execute(
+        sa.select(cursors.c.stream_ms, cursors.c.stream_seq)
+        .order_by(cursors.c.stream_ms.desc(), cursors.c.stream_seq.desc())
+        .limit(1)
+    ).first()
+    if last is None:
+        return [], None if after is None else str(after)
+    rows = s.execute(
+        sa.select(v.stream_ms, v.stream_seq, v.attempt, v.step, v.time, v.name, v.value)
+        .where(*where, pos <= sa.tuple_(last[0], last[1]))
+        .order_by(v.stream_ms, v.stream_seq, v.id)
+    ).all()
+    items: list[dict[str, Any]] = []
+    for ms, seq, attempt, step, time, name, value in rows:
+        cursor = str(Cursor(ms, seq))
+        if not items or items[-1]["cursor"] != cursor:
+            items.append(
+                {"step": step, "attempt": attempt, "time": time, "cursor": cursor, "values": {}}
+            )
+        items[-1]["values"][name] = value
+    return items, items[-1]["cursor"]
+
+
+def newest_cursor(s: Session, job_id: str) -> Cursor | None:
+    """The cursor of the job's most recently recorded eval record (None before the first)."""
+    v = MetricValue
+    row = s.execute(
+        sa.select(v.stream_ms, v.stream_seq)
+        .where(v.job_id == job_id)
+        .order_by(v.stream_ms.desc(), v.stream_seq.desc())
+        .limit(1)
+    ).first()
+    return Cursor(row[0], row[1]) if row else None
