@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from amptrain.components.base import DataInfo
+from amptrain.components.held_out import IndexRange
 from amptrain.components.sampling import BufferPool, below, generator, index_draws
 
 Taps = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
@@ -245,6 +246,10 @@ class SyntheticImages:
             else:
                 torch.add(noise, pattern, out=images[j])
         return images, labels
+
+    def held_out(self) -> IndexRange:
+        """Stream indices from ``HELD_OUT_START`` on: the same generator, never trained on."""
+        return IndexRange(self)
 
     def fill(self, start: int, inputs: torch.Tensor, targets: torch.Tensor) -> None:
         """:meth:`batch` written into ``inputs`` (N, C, H, W) and ``targets``, by NumPy (no

@@ -38,6 +38,8 @@ from amptrain.components.array_files import (
     read_pt,
 )
 from amptrain.components.base import DataInfo
+from amptrain.components.held_out import HeldOutPool
+from amptrain.components.sampling import generator
 from amptrain.components.synthetic import PoolDataset
 from amptrain.contract.data_access import PathRefused, check_location
 from amptrain.contract.errors import InvalidSpecError, TrainingError
@@ -46,16 +48,18 @@ from amptrain.contract.text import quote
 log = logging.getLogger(__name__)
 
 _FIELD = "dataset.args.path"
+_VAL_FIELD = "dataset.args.val_path"
+_SPLIT_KEY = 0x5E1D0  # keys the val_fraction draw: the split depends on the file alone
 _SUFFIXES = (".npz", ".csv", ".pt")
 
 
-def check_under_roots(location: str, data_roots: Sequence[str]) -> list[str]:
+def check_under_roots(location: str, data_roots: Sequence[str], field: str = _FIELD) -> list[str]:
     """Where ``location`` may be opened, in order, after checking it against ``data_roots``
     (several candidates only for a relative path, one under each local root)."""
     try:
         return check_location(location, data_roots)
     except PathRefused as exc:
-        raise InvalidSpecError(f"{_FIELD}: {quote(location, PATH_CHARS)}: {exc}") from None
+        raise InvalidSpecError(f"{field}: {quote(location, PATH_CHARS)}: {exc}") from None
 
 
 def _pick(arrays: dict[str, Any], key: str, arg: str) -> Any:
@@ -143,17 +147,17 @@ def _read_arrays(
     return inputs, torch.as_tensor(_pick(arrays, args["targets_key"], "targets_key"))
 
 
-def _as_ids(values: torch.Tensor, what: str) -> torch.Tensor:
+def _as_ids(values: torch.Tensor, what: str, field: str) -> torch.Tensor:
     if values.is_floating_point() and not torch.equal(values, values.round()):
-        raise InvalidSpecError(f"{_FIELD}: {what} must be whole numbers")
+        raise InvalidSpecError(f"{field}: {what} must be whole numbers")
     ids = values.long()
     if ids.numel() and int(ids.min()) < 0:
-        raise InvalidSpecError(f"{_FIELD}: {what} must be >= 0")
+        raise InvalidSpecError(f"{field}: {what} must be >= 0")
     return ids
 
 
-def _count(ids: torch.Tensor, given: int, what: str) -> int:
-    largest = int(ids.max()) + 1 if ids.numel() else 1
+def _count(biggest: int, given: int, what: str) -> int:
+    largest = biggest + 1
     if given and largest > given:
         raise InvalidSpecError(
             f"dataset.args.num_classes: {given} but the file has {what} up to {largest - 1}"
@@ -171,49 +175,97 @@ def build_tensors(
     targets_key: str = "y",
     label_column: int = -1,
     num_classes: int = 0,
+    val_path: str = "",
+    val_fraction: float = 0.0,
 ) -> PoolDataset:
-    """Load the file into memory and serve it in a seeded order, reshuffled every epoch."""
-    candidates = check_under_roots(path, data_roots)
-    suffix = Path(posixpath.basename(candidates[0])).suffix.lower()
-    if suffix not in _SUFFIXES:
-        raise InvalidSpecError(
-            f"{_FIELD}: unsupported file type {quote(suffix or '(none)')}; use .npz, .csv or .pt"
-        )
+    """Load the file into memory and serve it in a seeded order, reshuffled every epoch.
+
+    The held-out split is ``val_path`` (read like ``path``, checked against the same roots)
+    or ``val_fraction`` of the file's rows, drawn by a fixed seed (so every job over the
+    file evaluates on the same rows, whatever its own seed) and left out of training."""
+    if val_path and val_fraction:
+        raise InvalidSpecError("dataset.args.val_fraction: give val_path or val_fraction, not both")
     args = {
         "task": task,
         "inputs_key": inputs_key,
         "targets_key": targets_key,
         "label_column": label_column,
     }
+    inputs, targets = _load(_FIELD, path, data_roots, args)
+    held: tuple[torch.Tensor, torch.Tensor] | None = None
+    if val_path:
+        held = _load(_VAL_FIELD, val_path, data_roots, args)
+        if held[0].shape[1:] != inputs.shape[1:]:
+            raise InvalidSpecError(
+                f"{_VAL_FIELD}: samples of shape {tuple(held[0].shape[1:])}, "
+                f"but {tuple(inputs.shape[1:])} in path"
+            )
+    elif val_fraction:
+        held_rows, train_rows = split_rows(len(inputs), val_fraction)
+        held = (inputs[held_rows], targets[held_rows])
+        inputs, targets = inputs[train_rows], targets[train_rows]
+    # Both splits count towards the classes, so a label only the held-out rows have fits.
+    largest = max(int(targets.max()), int(held[1].max()) if held else 0)
+    if task == "language_model":
+        size = _count(largest, num_classes, "token ids")
+        info = DataInfo("language_model", (inputs.shape[1] - 1,), size)
+        held_pool = HeldOutPool(info, *_shifted(held[0])) if held else None
+        return PoolDataset(info, *_shifted(inputs), seed, held_pool)
+    info = DataInfo(
+        "classification", tuple(inputs.shape[1:]), _count(largest, num_classes, "labels")
+    )
+    pool = HeldOutPool(info, held[0].float().contiguous(), held[1]) if held else None
+    return PoolDataset(info, inputs.float().contiguous(), targets, seed, pool)
+
+
+def split_rows(n: int, fraction: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(held-out rows, training rows) of ``n``, both sorted: ``round(fraction * n)`` rows (at
+    least one, and one left to train on) drawn by a seed fixed for the dataset."""
+    held = min(n - 1, max(1, round(fraction * n)))
+    if held < 1:
+        raise InvalidSpecError(
+            f"dataset.args.val_fraction: the file has {n} row; nothing to hold out"
+        )
+    perm = torch.randperm(n, generator=generator(_SPLIT_KEY, n))
+    return perm[:held].sort().values, perm[held:].sort().values
+
+
+def _shifted(tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+
+def _load(
+    field: str, path: str, data_roots: Sequence[str], args: dict[str, Any]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(inputs, labels) of one file, checked; for a language model (token ids, token ids)."""
+    candidates = check_under_roots(path, data_roots, field)
+    suffix = Path(posixpath.basename(candidates[0])).suffix.lower()
+    if suffix not in _SUFFIXES:
+        raise InvalidSpecError(
+            f"{field}: unsupported file type {quote(suffix or '(none)')}; use .npz, .csv or .pt"
+        )
     try:
-        with open_data_file(_FIELD, path, candidates) as f:
+        with open_data_file(field, path, candidates) as f:
             inputs, targets = _load_arrays(f, suffix, args)
     except TrainingError:  # invalid_spec, too_large: already say what is wrong
         raise
     except Exception as exc:  # malformed files: the parser's message may quote the content
         log.warning("tensors dataset: cannot load %s as %s: %r", candidates, suffix, exc)
         raise InvalidSpecError(
-            f"{_FIELD}: cannot load {quote(path, PATH_CHARS)} as {suffix}: {_what_is_wrong(suffix, exc)}"
+            f"{field}: cannot load {quote(path, PATH_CHARS)} as {suffix}: {_what_is_wrong(suffix, exc)}"
         ) from None
     if len(inputs) == 0:
-        raise InvalidSpecError(f"{_FIELD}: the file holds no samples")
-    if task == "language_model":
+        raise InvalidSpecError(f"{field}: the file holds no samples")
+    if args["task"] == "language_model":
         if inputs.dim() != 2 or inputs.shape[1] < 2:
             raise InvalidSpecError(
-                f"{_FIELD}: token ids must have shape (samples, seq_len + 1); got {tuple(inputs.shape)}"
+                f"{field}: token ids must have shape (samples, seq_len + 1); got {tuple(inputs.shape)}"
             )
-        tokens = _as_ids(inputs, "token ids")
-        info = DataInfo(
-            "language_model", (tokens.shape[1] - 1,), _count(tokens, num_classes, "token ids")
-        )
-        return PoolDataset(info, tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous(), seed)
+        tokens = _as_ids(inputs, "token ids", field)
+        return tokens, tokens
     assert targets is not None
     if targets.dim() != 1 or len(targets) != len(inputs):
         raise InvalidSpecError(
-            f"{_FIELD}: labels must be one per sample; got shape {tuple(targets.shape)} for {len(inputs)} inputs"
+            f"{field}: labels must be one per sample; got shape {tuple(targets.shape)} for {len(inputs)} inputs"
         )
-    labels = _as_ids(targets, "labels")
-    info = DataInfo(
-        "classification", tuple(inputs.shape[1:]), _count(labels, num_classes, "labels")
-    )
-    return PoolDataset(info, inputs.float().contiguous(), labels, seed)
+    return inputs, _as_ids(targets, "labels", field)

@@ -123,12 +123,16 @@ def _memory_problem(
 
 
 def _path_problems(spec: JobSpec, owner: str, policy: ServicePolicy) -> list[dict[str, Any]]:
-    path = spec.dataset.args.get("path")
-    if spec.dataset.name != "tensors" or not isinstance(path, str):
+    if spec.dataset.name != "tensors":
         return []
-    try:
-        roots = user_roots(policy.data_roots, owner, policy.data_roots_per_user)
-        check_location(path, roots, policy.data_protocols, resolve=False)
-    except PathRefused as exc:
-        return [{"loc": ["dataset", "args", "path"], "msg": f"{quote(path, 120)}: {exc}"}]
-    return []
+    problems = []
+    for arg in ("path", "val_path"):  # the held-out file is checked exactly like the data
+        path = spec.dataset.args.get(arg)
+        if not isinstance(path, str) or not path:
+            continue
+        try:
+            roots = user_roots(policy.data_roots, owner, policy.data_roots_per_user)
+            check_location(path, roots, policy.data_protocols, resolve=False)
+        except PathRefused as exc:
+            problems.append({"loc": ["dataset", "args", arg], "msg": f"{quote(path, 120)}: {exc}"})
+    return problems

@@ -192,6 +192,21 @@ BUILTIN_DATASETS: tuple[Registration, ...] = (
             minimum=0,
             maximum=10_000_000,
         ),
+        Arg(
+            "val_path",
+            "",
+            "Held-out file (same format and keys as path, checked against the same data "
+            "roots); empty = none, or val_fraction.",
+            type="str",
+        ),
+        Arg(
+            "val_fraction",
+            0.0,
+            "Fraction of path's rows held out for evaluation, drawn by a seed fixed per "
+            "file and left out of training; 0 = none (or val_path).",
+            minimum=0,
+            maximum=0.5,
+        ),
     ),
 )
 

@@ -60,9 +60,17 @@ def format_bytes(n: float) -> str:
 # -- built-in datasets -----------------------------------------------------------------
 
 
+def held_out_size(num_samples: int) -> int:
+    """Held-out samples a synthetic pool of ``num_samples`` adds after its training rows
+    (one eighth, at least one): the one definition for the datasets and their footprints."""
+    return max(1, num_samples // 8)
+
+
 def classification_footprint(args: Mapping[str, Any]) -> DataShape:
-    """Gaussian pool + teacher: x (n, f), w1 (f, 2f), w2 (2f, c) and ``x @ w1`` on the way."""
+    """Gaussian pool + teacher: x (n, f), w1 (f, 2f), w2 (2f, c) and ``x @ w1`` on the way
+    (n counting the held-out rows)."""
     n, f, c = args["num_samples"], args["features"], args["classes"]
+    n += held_out_size(n)
     floats = n * f + 2 * f * f + 2 * f * c + 2 * n * f + n * c
     return DataShape((f,), c, floats * FLOAT + n * LONG)
 
@@ -81,6 +89,7 @@ def text_footprint(args: Mapping[str, Any]) -> DataShape:
     """Markov chain (vocab x vocab), the token pool (n, seq_len + 1) and its shifted copies,
     and the (n, vocab) rows drawn from at every position while walking the chain."""
     v, n, t = args["vocab_size"], args["num_samples"], args["seq_len"]
+    n += held_out_size(n)
     total = (v * v + n * v) * FLOAT + (3 * n * (t + 1)) * LONG
     return DataShape((t,), v, total)
 

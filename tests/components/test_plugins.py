@@ -15,9 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 from amptrain.components import registry
 from amptrain.components.base import DataInfo
+from amptrain.components.held_out import held_out_of
 from amptrain.contract import catalog
 from amptrain.contract.errors import InvalidSpecError
 from amptrain.contract.spec import ComponentRef, parse_spec
@@ -70,6 +72,15 @@ def test_catalog_lists_plugins_without_importing_them(plugin: Path) -> None:
     )
     assert catalog.validate_components(spec) == []
     assert not any(m.startswith("amptrain_example_plugin") for m in sys.modules)
+
+
+def test_example_plugin_dataset_offers_a_held_out_split(plugin: Path) -> None:
+    blobs = registry.build_dataset(ComponentRef(name="example-blobs"), seed=0)
+    held = held_out_of(blobs)
+    train = {r.numpy().tobytes() for r in blobs.batch(0, 256)[0]}
+    assert not {r.numpy().tobytes() for r in held.batch(0, 64)[0]} & train
+    again = held_out_of(registry.build_dataset(ComponentRef(name="example-blobs"), seed=0))
+    assert torch.equal(again.batch(0, 8)[0], held.batch(0, 8)[0])
 
 
 def test_without_the_plugin_its_names_are_unknown() -> None:

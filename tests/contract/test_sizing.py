@@ -127,7 +127,7 @@ def test_no_limit_of_its_own_but_what_the_workers_have() -> None:
     workers = [WorkerMemory(int(20.4 * GIB), gpu=False), WorkerMemory(int(9.5 * GIB), gpu=True)]
     (problem,) = admission_problems(huge, "alice", ServicePolicy(workers=workers))
     assert problem["loc"] == ["dataset", "args"] and problem["type"] == "too_large"
-    assert "needs about 185.2 GiB of host memory" in problem["msg"]  # the smaller need
+    assert "needs about 208.0 GiB of host memory" in problem["msg"]  # the smaller need
     assert "at most 20.4 GiB available" in problem["msg"]
     fits = _spec({"name": "mlp"}, {"name": "synthetic-classification"})
     assert admission_problems(fits, "alice", ServicePolicy(workers=workers)) == []

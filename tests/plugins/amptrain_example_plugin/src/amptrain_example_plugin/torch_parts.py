@@ -19,6 +19,9 @@ def build_logreg(info: DataInfo, bias: bool = True) -> nn.Module:
     return nn.Sequential(nn.Flatten(), nn.Linear(features, info.num_classes, bias=bias))
 
 
+TRAIN_KEY, HELD_OUT_KEY = 0, 1
+
+
 class Blobs:
     """``batch(start, size)`` must depend only on the seed and the sample indices: here every
     sample comes from a generator keyed by (seed, index)."""
@@ -28,16 +31,24 @@ class Blobs:
         self.seed = seed
         self.spread = spread
         self.centres = torch.randn(classes, features, generator=generator(1234)) * 2
+        self.key = TRAIN_KEY
 
     def batch(self, start: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
         xs, ys = [], []
         for index in range(start, start + size):
-            g = generator(self.seed, index)
+            g = generator(self.seed, index, self.key)
             label = int(torch.randint(self.info.num_classes, (1,), generator=g))
             noise = torch.randn(self.info.input_shape, generator=g)
             xs.append(self.centres[label] + self.spread * noise)
             ys.append(label)
         return torch.stack(xs), torch.tensor(ys)
+
+    def held_out(self) -> Blobs:
+        """Optional: the held-out split. Here the same blobs under another generator key,
+        so no held-out sample is ever one of the training stream's."""
+        held = Blobs(self.seed, self.info.input_shape[0], self.info.num_classes, self.spread)
+        held.key = HELD_OUT_KEY
+        return held
 
 
 def build_blobs(
