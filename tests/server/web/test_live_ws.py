@@ -144,7 +144,13 @@ def test_fifty_watchers_see_the_same_complete_sequence(stack: Stack, producer: P
     for i, d in enumerate(data):
         at = next((k for k, (a, b) in enumerate(zip(d, data[0], strict=False)) if a != b), None)
         where = min(len(d), len(data[0])) if at is None else at
-        assert d == data[0], (i, len(d), len(data[0]), d[where - 2 : where + 3], data[0][where - 2 : where + 3])
+        assert d == data[0], (
+            i,
+            len(d),
+            len(data[0]),
+            d[where - 2 : where + 3],
+            data[0][where - 2 : where + 3],
+        )
     assert steps_of(results[0]) == list(range(1, 101))
 
 
