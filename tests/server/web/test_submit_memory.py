@@ -15,7 +15,8 @@ from tests.support.specs import mlp_job
 from tests.support.stack import Stack
 
 GiB = 2**30
-# The probe: 185 GiB of synthetic data (features 16384, a million samples).
+# The probe: 185 GiB of synthetic data (features 16384, a million samples), 208 GiB
+# with its held-out eighth.
 HUGE = {
     "name": "synthetic-classification",
     "args": {"features": 16384, "num_samples": 1_000_000},
@@ -46,7 +47,7 @@ def test_a_dataset_larger_than_every_worker_is_refused_at_submit(api_stack: Stac
     assert r.status_code == 422, r.text
     (problem,) = r.json()["detail"]
     assert problem["field"] == "dataset.args" and problem["type"] == "too_large"
-    assert "the job needs about 185." in problem["message"]
+    assert "the job needs about 208." in problem["message"]
     assert "at most 20.4 GiB available to a training process" in problem["message"]
     assert stack.client.post("/jobs", json=mlp_job()).status_code == 201  # small ones pass
 
