@@ -14,7 +14,7 @@ import torch
 
 from amptrain.components import registry
 from amptrain.components.held_out import held_out_of
-from amptrain.contract.errors import PreemptedError
+from amptrain.contract.errors import InvalidSpecError, PreemptedError
 from amptrain.contract.spec import parse_spec
 from amptrain.engine import RunContext, Trainer
 from amptrain.engine.checkpoint import CheckpointStore
@@ -143,6 +143,22 @@ def digits_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     x = (digits.data / 16.0).astype(np.float32)  # pixel values 0..16
     np.savez(root / "digits.npz", x=x, y=digits.target.astype(np.int64))
     return root
+
+
+def test_eval_enabled_without_a_held_out_split_is_refused(
+    tmp_path: Path, digits_root: Path
+) -> None:
+    # tensors without val_path or val_fraction has no held-out split to evaluate on.
+    job = spec(
+        dataset={"name": "tensors", "args": {"path": "digits.npz"}},
+        eval={"enabled": True},
+    )
+    with pytest.raises(InvalidSpecError, match=r"eval\.enabled"):
+        Trainer(job, RunContext(str(tmp_path), data_roots=[str(digits_root)]))
+    # Left at null, the same job trains without evaluating.
+    job = spec(dataset={"name": "tensors", "args": {"path": "digits.npz"}}, max_steps=1)
+    ctx = RunContext(str(tmp_path / "b"), data_roots=[str(digits_root)])
+    assert Trainer(job, ctx).train().eval is None
 
 
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
