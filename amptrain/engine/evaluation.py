@@ -24,7 +24,7 @@ import torch
 
 from amptrain.components.held_out import held_out_of
 from amptrain.contract.errors import InvalidSpecError
-from amptrain.contract.metrics import EVAL_METRICS_BY_TASK
+from amptrain.contract.metrics import EVAL_METRICS_BY_TASK, Task
 from amptrain.contract.spec import JobSpec
 from amptrain.engine.amp_step import AmpStep
 from amptrain.engine.distributed import Group
@@ -34,9 +34,9 @@ TOP_K = 5
 """``top5_accuracy``: the label among the top this-many classes (only with more classes)."""
 
 
-def task_metrics(task: str, num_classes: int) -> tuple[str, ...]:
+def task_metrics(task: Task, num_classes: int) -> tuple[str, ...]:
     """The built-in metrics a task gives (``top5_accuracy`` only with more than 5 classes)."""
-    names = EVAL_METRICS_BY_TASK[task]  # type: ignore[index]
+    names = EVAL_METRICS_BY_TASK[task]
     return tuple(n for n in names if n != "top5_accuracy" or num_classes > TOP_K)
 
 
@@ -60,17 +60,17 @@ class Evaluator:
         self.group = group
         self.channels_last = channels_last
         info = held_out.info
-        self.task = info.task
-        self.num_classes = info.num_classes
         available = task_metrics(info.task, info.num_classes)
         wanted = spec.eval.metrics
         # A requested name the task cannot give (e.g. perplexity for a classifier) is left out.
         self.metrics = available if wanted is None else tuple(n for n in available if n in wanted)
-        self.batch_size = spec.batch_size
         self.rows = spec.eval.batches * spec.batch_size
         if hasattr(held_out, "__len__"):  # finite: never read past its end
             self.rows = min(self.rows, len(held_out))
-        self.batches = -(-self.rows // self.batch_size)  # the last one may be partial
+        # Read and run in micro-batches: the forward then needs no more memory than the
+        # training forward the fit check accounted for, whatever grad_accum_steps is.
+        self.chunk = spec.micro_batch_size
+        self.chunks = -(-self.rows // self.chunk)  # the last one may be partial
         self.every_steps, self.at_end = spec.eval.every_steps, spec.eval.at_end
         self.last_step: int | None = None
         """The step of the latest evaluation (the end one is skipped when it is this)."""
@@ -109,10 +109,10 @@ class Evaluator:
 
     def _sums(self) -> torch.Tensor:
         sums = torch.zeros(4, dtype=torch.float64, device=self.device)
-        # Rank r takes batches r, r + world, ...: the ranks together cover each batch once.
-        for b in range(self.group.rank, self.batches, self.group.world_size):
-            start = b * self.batch_size
-            size = min(self.batch_size, self.rows - start)
+        # Rank r takes chunks r, r + world, ...: the ranks together cover each row once.
+        for c in range(self.group.rank, self.chunks, self.group.world_size):
+            start = c * self.chunk
+            size = min(self.chunk, self.rows - start)
             inputs, targets = self.held_out.batch(start, size)
             inputs = inputs.to(self.device, non_blocking=True)
             targets = targets.to(self.device, non_blocking=True)

@@ -51,7 +51,7 @@ def job(precision: str, devices: int, grad_accum_steps: int) -> Any:
             "loss_scale": {"init_scale": 1024, "growth_interval": 1000},
             "telemetry": {"flush_every_steps": 2},
             "collective_timeout_s": 60,
-            # 3 batches on 2 ranks: an uneven share (rank 0 takes two) whose sums must add up.
+            # 48 held-out rows in 6 micro-batches, 3 per rank: the sums must add up to one device's.
             "eval": {"every_steps": 4, "batches": 3},
         }
     )
