@@ -4,6 +4,7 @@ independent evaluation of the final checkpoint finds."""
 
 from __future__ import annotations
 
+import random
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ from amptrain.components import registry
 from amptrain.components.held_out import held_out_of
 from amptrain.contract.errors import InvalidSpecError, PreemptedError
 from amptrain.contract.spec import parse_spec
-from amptrain.engine import RunContext, Trainer
+from amptrain.engine import Components, RunContext, Trainer
 from amptrain.engine.checkpoint import CheckpointStore
 from amptrain.engine.evaluation import task_metrics
 from tests.support.sinks import ListSink
@@ -104,6 +105,49 @@ def test_evaluation_does_not_change_training(tmp_path: Path) -> None:
     assert off.train().eval is None
     _same_weights(on.model, off.model)
     assert on.model.training  # back in train mode
+
+
+class _DrawingHeldOut:
+    """A held-out split whose reads draw from every global generator (a plugin may)."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.info = inner, inner.info
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+    def batch(self, start: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        torch.rand(1), random.random(), np.random.rand()
+        return self.inner.batch(start, size)
+
+
+class _Drawing:
+    def __init__(self, inner: Any) -> None:
+        self.inner, self.info = inner, inner.info
+
+    def batch(self, start: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.inner.batch(start, size)
+
+    def held_out(self) -> _DrawingHeldOut:
+        return _DrawingHeldOut(held_out_of(self.inner))
+
+
+def test_a_held_out_split_drawing_random_numbers_does_not_change_training(
+    tmp_path: Path,
+) -> None:
+    def parts(job: Any) -> Components:
+        torch.manual_seed(job.seed)
+        data = registry.build_dataset(job.dataset, seed=job.seed)
+        model = registry.build_model(job.model, data.info)
+        return Components(model=model, dataset=_Drawing(data), loss_fn=registry.loss_for(data.info))
+
+    trained = []
+    for i, enabled in enumerate((True, False)):
+        job = spec(eval={"enabled": enabled, "every_steps": 2, "batches": 2})
+        trainer = Trainer(job, RunContext(str(tmp_path / str(i))), parts(job))
+        trainer.train()
+        trained.append(trainer.model)
+    _same_weights(*trained)  # dropout drew the same masks: the generators were put back
 
 
 def test_resume_is_bitwise_exact_with_eval_on(tmp_path: Path) -> None:
