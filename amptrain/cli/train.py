@@ -98,6 +98,8 @@ class ConsoleSink:
             self.out.write(json.dumps(item, separators=(",", ":")) + "\n")
             if item["kind"] == "event":
                 self._show_event(item)
+            elif item["kind"] == "eval":
+                self.console.print(eval_line(item), markup=False)
             else:
                 self.last_metric = item
         self.out.flush()
@@ -124,6 +126,15 @@ class ConsoleSink:
 
     def close(self) -> None:
         self.out.flush()
+
+
+def eval_line(item: dict[str, Any]) -> str:
+    """``eval step 40: eval_loss 0.4121, accuracy 0.9120`` (null: a value that was not finite)."""
+    shown = ", ".join(
+        f"{name} {'null' if value is None else f'{value:.4f}'}"
+        for name, value in item["values"].items()
+    )
+    return f"eval step {item['step']}: {shown}"
 
 
 @contextmanager

@@ -22,6 +22,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from amptrain.contract.metrics import EVAL_METRICS
 from amptrain.contract.text import check_text, control_character, finite, quote
 
 Precision = Literal["auto", "fp32", "tf32", "fp16", "bf16"]
@@ -160,6 +161,35 @@ class HealthSpec(_Strict):
     """fp16: stop as diverged when the loss scale falls below this floor."""
 
 
+def _known_eval_metrics(names: list[str] | None) -> list[str] | None:
+    if names is None:
+        return None
+    known = {m.name for m in EVAL_METRICS}
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise ValueError(f"unknown evaluation metrics {unknown}; known: {sorted(known)}")
+    return names
+
+
+class EvalSpec(_Strict):
+    """Evaluation on the dataset's held-out split (never trained on)."""
+
+    enabled: bool | None = None
+    """Evaluate at all; null: on when the dataset has a held-out split."""
+    every_steps: int = Field(default=0, ge=0, le=MAX_STEPS)
+    """Evaluate after every this many optimizer steps; 0: only at the end (``at_end``)."""
+    batches: int = Field(default=20, ge=1, le=10_000)
+    """Batches of ``batch_size`` samples per evaluation (fewer when the split is smaller)."""
+    at_end: bool = True
+    """Evaluate after the last step (once, even when ``every_steps`` divides it too)."""
+    metrics: Annotated[
+        list[str] | None, AfterValidator(_known_eval_metrics), Field(max_length=64)
+    ] = None
+    """Metrics to emit (see ``GET /catalog``'s ``eval_metrics``); null: the task's built-ins
+    (classification: eval_loss, accuracy, top5_accuracy with more than 5 classes; language
+    model: eval_loss, perplexity, token_accuracy). A name the task cannot give is left out."""
+
+
 class JobSpec(_Strict):
     """A declarative training job. Only ``model``, ``dataset`` and ``max_steps`` are required.
 
@@ -226,6 +256,8 @@ class JobSpec(_Strict):
     """How often to checkpoint and how many to keep."""
     health: HealthSpec = Field(default_factory=HealthSpec)
     """Thresholds for warnings and divergence."""
+    eval: EvalSpec = Field(default_factory=EvalSpec)
+    """Evaluation on the held-out split: when, how much, which metrics."""
 
     @model_validator(mode="after")
     def _accumulation_divides_batch(self) -> JobSpec:

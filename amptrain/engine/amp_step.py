@@ -69,11 +69,7 @@ class AmpStep:
         no_sync = getattr(self.model, "no_sync", None)
         sync_ctx = no_sync() if (no_sync is not None and not last) else contextlib.nullcontext()
         with sync_ctx:
-            with torch.autocast(
-                self.device.type,
-                dtype=self.autocast_dtype or torch.get_autocast_dtype(self.device.type),
-                enabled=self.autocast_dtype is not None,
-            ):
+            with self.autocast():
                 logits = self.model(inputs)
                 with fp32_island():
                     loss = self.loss_fn(logits.float(), targets)
@@ -82,6 +78,15 @@ class AmpStep:
                 scaled = self.scaler.scale(scaled)
             scaled.backward()
         return loss.detach()
+
+    def autocast(self) -> torch.autocast:
+        """The job's autocast context (disabled for fp32/tf32): the training forward and the
+        evaluation forward both run under it, so evaluation measures the model as trained."""
+        return torch.autocast(
+            self.device.type,
+            dtype=self.autocast_dtype or torch.get_autocast_dtype(self.device.type),
+            enabled=self.autocast_dtype is not None,
+        )
 
     def apply(self) -> Applied:
         """Unscale once, clip, step, update; the optimizer skips the step on inf/NaN gradients."""

@@ -72,3 +72,5 @@ class TrainResult:
     last_record: dict[str, Any] | None
     rank: int = 0
     world_size: int = 1
+    eval: dict[str, float | None] | None = None
+    """The latest evaluation's values (the end one when ``eval.at_end``); None: none ran."""

@@ -125,6 +125,12 @@ class Group:
         dist.all_gather(rows, row)
         return torch.stack(rows)
 
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """``tensor`` summed over every rank, in place (itself when there is one process)."""
+        if self.parallel:
+            dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return tensor
+
     def gather_objects(self, obj: Any) -> list[Any]:
         """Every rank's picklable ``obj``, in rank order."""
         if not self.parallel:

@@ -20,6 +20,7 @@ import time
 
 import torch
 
+from amptrain.contract import records
 from amptrain.contract.errors import CancelledError, PreemptedError
 from amptrain.contract.spec import JobSpec
 from amptrain.engine.context import Components, RunContext, TrainResult
@@ -65,6 +66,7 @@ class Trainer(Checkpointing):
         self.channels_last, self.feeder, self.amp = parts.channels_last, parts.feeder, parts.amp
         self.optimizer, self.schedule, self.store = parts.optimizer, parts.schedule, parts.store
         self.publisher, self.telemetry = parts.publisher, parts.telemetry
+        self.evaluator = parts.evaluator
         self.step = 0
         self.micro_batch = spec.micro_batch_size
         self.grad_accum = spec.grad_accum_steps
@@ -81,8 +83,10 @@ class Trainer(Checkpointing):
             while self.step < self.spec.max_steps:
                 self._poll_stop()
                 self.train_step()
+                self._evaluate_if_due(final=False)
                 if self.step % self.spec.checkpoint.every_steps == 0:
                     self.save_checkpoint()
+            self._evaluate_if_due(final=True)
             if self._last_checkpoint_step != self.step:
                 self.save_checkpoint()
             self.telemetry.flush()
@@ -105,6 +109,7 @@ class Trainer(Checkpointing):
             last_record=self.telemetry.last_record,
             rank=self.group.rank,
             world_size=self.group.world_size,
+            eval=self.evaluator.last_values if self.evaluator else None,
         )
 
     def train_step(self) -> None:
@@ -167,6 +172,13 @@ class Trainer(Checkpointing):
             grad_accum_steps=self.grad_accum,
             reason=f"out of memory at micro-batch {old} (peak {format_bytes(peak)})",
         )
+
+    def _evaluate_if_due(self, *, final: bool) -> None:
+        if self.evaluator is None or not self.evaluator.due(self.step, final=final):
+            return
+        values = self.evaluator.run(self.step)
+        # Through the flush: the sink gets it after the metrics of every step up to this one.
+        self.telemetry.flush([records.evaluation(self.step, time.time(), values)])
 
     def _flush_quietly(self) -> None:
         # Deliver the records of the steps that did finish before the failure.

@@ -25,6 +25,7 @@ from amptrain.engine.checkpoint import CheckpointStore
 from amptrain.engine.context import Components, RunContext
 from amptrain.engine.data import Feeder
 from amptrain.engine.distributed import Group
+from amptrain.engine.evaluation import Evaluator, build_evaluator
 from amptrain.engine.fit_check import check_fits
 from amptrain.engine.health import HealthMonitor
 from amptrain.engine.lr_schedule import DeviceSchedule
@@ -48,6 +49,7 @@ class Parts:
     store: CheckpointStore | None
     publisher: Publisher
     telemetry: StepTelemetry
+    evaluator: Evaluator | None
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,7 @@ def build_parts(
             seed_everything((spec.seed + 1_000_003 * group.rank) % 2**32)
         optimizer = _registry().build_optimizer(spec.optimizer, model.parameters(), device)
         amp = AmpStep(spec, wrapped, optimizer, made.loss_fn, precision, device)
+        evaluator = build_evaluator(spec, made.dataset, model, amp, device, group, channels_last)
         publisher = Publisher(ctx.sink if group.leader else None, spec.telemetry.queue_size)
         return Parts(
             precision=precision,
@@ -114,6 +117,7 @@ def build_parts(
                 with_scaler=amp.scaler is not None,
                 group=group,
             ),
+            evaluator=evaluator,
         )
     except BaseException:
         restore_math()

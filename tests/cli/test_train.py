@@ -61,6 +61,12 @@ def test_trains_and_writes_every_record_as_json_lines(tmp_path: Path) -> None:
     assert precision["data"]["effective"] == "fp16"
     assert "12/12" in done.stderr and "done: 12 steps, fp16" in done.stderr
     assert done.stdout == ""
+    # The synthetic pool has a held-out split, so the run evaluates once at the end.
+    (evaluated,) = [r for r in records if r["kind"] == "eval"]
+    assert evaluated["step"] == 12
+    assert list(evaluated["values"]) == ["eval_loss", "accuracy", "top5_accuracy"]  # 10 classes
+    shown = f"eval step 12: eval_loss {evaluated['values']['eval_loss']:.4f}, accuracy"
+    assert shown in done.stderr
 
 
 def test_records_go_to_stdout_by_default(tmp_path: Path) -> None:

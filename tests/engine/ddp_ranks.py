@@ -4,7 +4,8 @@
 tests.engine.ddp_ranks OUT`` joins one gloo group and trains, as this rank:
 
 - ``fp32``: a 2-device fp32 job, its micro-batches built ahead as on CUDA; each rank saves
-  its final parameters and how many batches it built and found not prepared;
+  its final parameters, its final evaluation and how many batches it built and found not
+  prepared;
 - ``fp16``: a 2-device fp16 job whose rank 1 alone gets inf gradients at step
   ``OVERFLOW_STEP`` (a gradient hook, the seam ``test_amp.py`` uses); each rank saves
   its loss scale and a parameter digest at every step boundary, rank 0 its records.
@@ -50,6 +51,8 @@ def job(precision: str, devices: int, grad_accum_steps: int) -> Any:
             "loss_scale": {"init_scale": 1024, "growth_interval": 1000},
             "telemetry": {"flush_every_steps": 2},
             "collective_timeout_s": 60,
+            # 48 held-out rows in 6 micro-batches, 3 per rank: the sums must add up to one device's.
+            "eval": {"every_steps": 4, "batches": 3},
         }
     )
 
@@ -67,8 +70,9 @@ class Prefetching(Trainer):
 
 def fp32(ranks: Ranks) -> dict[str, Any]:
     trainer = Prefetching(job("fp32", 2, 1), RunContext(None, ranks=ranks))
-    trainer.train()
+    result = trainer.train()
     return {
+        "eval": result.eval,
         "state": {k: v.clone() for k, v in trainer.model.state_dict().items()},
         "built": trainer.feeder.built,
         "misses": trainer.feeder.misses,

@@ -145,9 +145,14 @@ def test_fp32_matches_one_device_and_an_overflow_on_one_rank_skips_on_both(
     fp32 = [r["fp32"]["state"] for r in ranks]
     assert all(torch.equal(fp32[0][k], fp32[1][k]) for k in fp32[0])
     single = Trainer(ddp_ranks.job("fp32", 1, 2), RunContext(None))
-    single.train()
+    evaluated = single.train().eval
     for name, value in single.model.state_dict().items():
         torch.testing.assert_close(fp32[0][name], value, rtol=0, atol=1e-5)
+    # Every rank has the all-reduced evaluation, the one device's over the same samples.
+    assert ranks[0]["fp32"]["eval"] == ranks[1]["fp32"]["eval"]
+    assert evaluated is not None and ranks[0]["fp32"]["eval"].keys() == evaluated.keys()
+    for name, value in evaluated.items():
+        assert ranks[0]["fp32"]["eval"][name] == pytest.approx(value, abs=1e-4), name
 
     fp16 = [r["fp16"] for r in ranks]
     assert fp16[0]["seen"] == fp16[1]["seen"]  # same scale and same weights at every step

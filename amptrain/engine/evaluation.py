@@ -1,0 +1,168 @@
+"""Evaluation on the dataset's held-out split (``spec.eval``).
+
+The :class:`Evaluator` reads the held-out split from its start each time (the same samples
+at every evaluation, so the series is comparable step to step), in eval mode, without
+gradients, under the job's autocast. It touches neither the training data position nor
+any global random number generator, so a run with evaluation on trains bitwise like one
+with it off, and resumes exactly.
+
+Sums (loss x count, correct, top-5 correct, count) stay device tensors and are read once
+at the end of an evaluation; with ``devices`` > 1 each rank evaluates its share of the
+batches and the sums are all-reduced, so every rank has the same values.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+
+from amptrain.components.held_out import held_out_of
+from amptrain.contract.errors import InvalidSpecError
+from amptrain.contract.metrics import EVAL_METRICS_BY_TASK, Task
+from amptrain.contract.spec import JobSpec
+from amptrain.engine.amp_step import AmpStep
+from amptrain.engine.distributed import Group
+from amptrain.engine.precision import fp32_island
+
+TOP_K = 5
+"""``top5_accuracy``: the label among the top this-many classes (only with more classes)."""
+
+
+def task_metrics(task: Task, num_classes: int) -> tuple[str, ...]:
+    """The built-in metrics a task gives (``top5_accuracy`` only with more than 5 classes)."""
+    names = EVAL_METRICS_BY_TASK[task]
+    return tuple(n for n in names if n != "top5_accuracy" or num_classes > TOP_K)
+
+
+class Evaluator:
+    """Measures the model on ``held_out`` (see :mod:`amptrain.components.held_out`)."""
+
+    def __init__(
+        self,
+        spec: JobSpec,
+        model: torch.nn.Module,
+        amp: AmpStep,
+        held_out: Any,
+        device: torch.device,
+        group: Group,
+        channels_last: bool = False,
+    ) -> None:
+        self.model = model  # the unwrapped module: no DDP hooks or buffer broadcasts
+        self.amp = amp
+        self.held_out = held_out
+        self.device = device
+        self.group = group
+        self.channels_last = channels_last
+        info = held_out.info
+        available = task_metrics(info.task, info.num_classes)
+        wanted = spec.eval.metrics
+        # A requested name the task cannot give (e.g. perplexity for a classifier) is left out.
+        self.metrics = available if wanted is None else tuple(n for n in available if n in wanted)
+        self.rows = spec.eval.batches * spec.batch_size
+        if hasattr(held_out, "__len__"):  # finite: never read past its end
+            self.rows = min(self.rows, len(held_out))
+        # Read and run in micro-batches: the forward then needs no more memory than the
+        # training forward the fit check accounted for, whatever grad_accum_steps is.
+        self.chunk = spec.micro_batch_size
+        self.chunks = -(-self.rows // self.chunk)  # the last one may be partial
+        self.every_steps, self.at_end = spec.eval.every_steps, spec.eval.at_end
+        self.last_step: int | None = None
+        """The step of the latest evaluation (the end one is skipped when it is this)."""
+        self.last_values: dict[str, float | None] | None = None
+
+    def due(self, step: int, *, final: bool) -> bool:
+        """Whether to evaluate after optimizer step ``step`` (``final``: the run's last)."""
+        if step == self.last_step:
+            return False
+        if final:
+            return self.at_end
+        return self.every_steps > 0 and step % self.every_steps == 0
+
+    def run(self, step: int) -> dict[str, float | None]:
+        """The metrics of the model as it is after ``step`` (None where not finite)."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            with _rng_untouched(self.device), torch.no_grad():
+                sums = self._sums()
+        finally:
+            self.model.train(was_training)
+        self.group.all_reduce_sum(sums)
+        loss_sum, correct, top5, count = sums.tolist()  # the one host read of an evaluation
+        loss = loss_sum / count
+        values = {
+            "eval_loss": loss,
+            "accuracy": correct / count,
+            "top5_accuracy": top5 / count,
+            "token_accuracy": correct / count,
+            "perplexity": math.exp(loss) if loss < 700 else math.inf,
+        }
+        result = {n: (values[n] if math.isfinite(values[n]) else None) for n in self.metrics}
+        self.last_step, self.last_values = step, result
+        return result
+
+    def _sums(self) -> torch.Tensor:
+        sums = torch.zeros(4, dtype=torch.float64, device=self.device)
+        # Rank r takes chunks r, r + world, ...: the ranks together cover each row once.
+        for c in range(self.group.rank, self.chunks, self.group.world_size):
+            start = c * self.chunk
+            size = min(self.chunk, self.rows - start)
+            inputs, targets = self.held_out.batch(start, size)
+            inputs = inputs.to(self.device, non_blocking=True)
+            targets = targets.to(self.device, non_blocking=True)
+            if self.channels_last and inputs.dim() == 4:
+                inputs = inputs.contiguous(memory_format=torch.channels_last)
+            with self.amp.autocast():
+                logits = self.model(inputs)
+                with fp32_island():
+                    loss = self.amp.loss_fn(logits.float(), targets)
+            count = targets.numel()  # samples, or tokens for a language model
+            sums[0] += loss.double() * count
+            sums[1] += (logits.argmax(-1) == targets).sum()
+            if "top5_accuracy" in self.metrics:
+                top = logits.topk(TOP_K, dim=-1).indices
+                sums[2] += (top == targets.unsqueeze(-1)).any(-1).sum()
+            sums[3] += count
+        return sums
+
+
+@contextlib.contextmanager
+def _rng_untouched(device: torch.device) -> Iterator[None]:
+    """Puts the torch (CPU and this CUDA device), python and numpy generators back as they
+    were: a held-out path that draws from them must not shift training's random stream."""
+    python, numpy = random.getstate(), np.random.get_state()
+    try:
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            yield
+    finally:
+        random.setstate(python)
+        np.random.set_state(numpy)
+
+
+def build_evaluator(
+    spec: JobSpec,
+    dataset: Any,
+    model: torch.nn.Module,
+    amp: AmpStep,
+    device: torch.device,
+    group: Group,
+    channels_last: bool,
+) -> Evaluator | None:
+    """The run's evaluator; None when ``eval.enabled`` is false, or null and the dataset
+    has no held-out split. InvalidSpecError when it is true and there is none to evaluate on."""
+    if spec.eval.enabled is False:
+        return None
+    held_out = held_out_of(dataset)
+    if held_out is None:
+        if spec.eval.enabled:
+            raise InvalidSpecError(
+                f"eval.enabled is true but dataset {spec.dataset.name!r} has no held-out split"
+            )
+        return None
+    return Evaluator(spec, model, amp, held_out, device, group, channels_last)
