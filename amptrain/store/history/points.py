@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session, aliased
 
 from amptrain.contract.cursor import Cursor
 from amptrain.contract.metrics import STORED_METRIC_FIELDS
-from amptrain.store.models import MetricPoint
+from amptrain.store.models import MetricPoint, MetricValue
 
 Attempts = Literal["effective", "all"]
 IN_CHUNK = 2000
@@ -77,13 +77,15 @@ def newest_attempt(p: Any) -> sa.ColumnElement[bool]:
     )
 
 
-def newest_cursor(s: Session, job_id: str) -> Cursor | None:
-    """The cursor of the job's most recently recorded point (None before the first)."""
-    p = MetricPoint
+def newest_cursor(
+    s: Session, job_id: str, table: type[MetricPoint] | type[MetricValue] = MetricPoint
+) -> Cursor | None:
+    """The cursor of the job's most recently recorded row of ``table`` (a point, or an
+    evaluation's value; None before the first)."""
     row = s.execute(
-        sa.select(p.stream_ms, p.stream_seq)
-        .where(p.job_id == job_id)
-        .order_by(p.stream_ms.desc(), p.stream_seq.desc())
+        sa.select(table.stream_ms, table.stream_seq)
+        .where(table.job_id == job_id)
+        .order_by(table.stream_ms.desc(), table.stream_seq.desc())
         .limit(1)
     ).first()
     return Cursor(row[0], row[1]) if row else None

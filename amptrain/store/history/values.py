@@ -14,6 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session, aliased
 
 from amptrain.contract.cursor import Cursor
+from amptrain.store.history import points
 from amptrain.store.history.points import Attempts
 from amptrain.store.models import MetricValue
 
@@ -86,11 +87,4 @@ def eval_page(
 
 def newest_cursor(s: Session, job_id: str) -> Cursor | None:
     """The cursor of the job's most recently recorded eval record (None before the first)."""
-    v = MetricValue
-    row = s.execute(
-        sa.select(v.stream_ms, v.stream_seq)
-        .where(v.job_id == job_id)
-        .order_by(v.stream_ms.desc(), v.stream_seq.desc())
-        .limit(1)
-    ).first()
-    return Cursor(row[0], row[1]) if row else None
+    return points.newest_cursor(s, job_id, MetricValue)
