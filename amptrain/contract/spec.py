@@ -182,9 +182,11 @@ class EvalSpec(_Strict):
     """Batches of ``batch_size`` samples per evaluation (fewer when the split is smaller)."""
     at_end: bool = True
     """Evaluate after the last step (once, even when ``every_steps`` divides it too)."""
-    metrics: Annotated[
-        list[str] | None, AfterValidator(_known_eval_metrics), Field(max_length=64)
-    ] = None
+    # The bound on the list, not on the union: the stored spec says `"metrics": null`,
+    # which the worker parses again.
+    metrics: (
+        Annotated[list[str], AfterValidator(_known_eval_metrics), Field(max_length=64)] | None
+    ) = None
     """Metrics to emit (see ``GET /catalog``'s ``eval_metrics``); null: the task's built-ins
     (classification: eval_loss, accuracy, top5_accuracy with more than 5 classes; language
     model: eval_loss, perplexity, token_accuracy). A name the task cannot give is left out."""

@@ -52,3 +52,12 @@ def test_a_list_or_broken_yaml_is_refused_naming_the_file(
     with pytest.raises(ValueError) as info:
         load_spec_file(path)
     assert str(path) in str(info.value)
+
+
+@pytest.mark.parametrize("example", ["mlp.yaml", "transformer.json", "cnn-fp16.yaml"])
+def test_a_stored_spec_parses_again_as_the_worker_reads_it(example: str) -> None:
+    # The API stores model_dump(mode="json"), nulls included; the worker parses that.
+    root = Path(__file__).resolve().parents[2] / "amptrain" / "examples"
+    spec = parse_spec(load_spec_file(root / example))
+    stored = json.loads(json.dumps(spec.model_dump(mode="json")))
+    assert parse_spec(stored) == spec
