@@ -2,7 +2,8 @@
 
 Names resolve to :class:`amptrain.contract.catalog.Registration` objects: the
 built-ins declared in the catalog, then installed plugins (entry-point groups
-``amptrain.models`` and ``amptrain.datasets``; see
+``amptrain.models``, ``amptrain.datasets`` and, for evaluation metrics,
+``amptrain.metrics``; see
 ``amptrain/components/README.md``). Every problem with the spec raises
 :class:`InvalidSpecError` naming the field, e.g.
 ``model.args.widht: unexpected argument; allowed: depth, dropout, width``.
@@ -11,7 +12,7 @@ built-ins declared in the catalog, then installed plugins (entry-point groups
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Literal
+from typing import Any, Literal
 
 from torch import nn
 
@@ -20,7 +21,7 @@ from amptrain.components.losses import loss_for
 from amptrain.components.memory_budget import require_memory
 from amptrain.components.optim import build_optimizer, lr_table
 from amptrain.contract import catalog
-from amptrain.contract.catalog import Registration
+from amptrain.contract.catalog import MetricRegistration, Registration
 from amptrain.contract.errors import InvalidSpecError
 from amptrain.contract.spec import ComponentRef
 
@@ -32,27 +33,39 @@ __all__ = [
     "build_optimizer",
     "loss_for",
     "lr_table",
+    "metric_registration",
     "registration",
 ]
 
 
-def _load_plugin(kind: Kind, name: str) -> Registration:
+def _load_plugin(kind: catalog.PluginKind, name: str) -> Any:
+    field = "eval.metrics" if kind == "metric" else f"{kind}.name"
     ep = catalog.plugin_entry_points(kind)[name]
     try:
         reg = ep.load()
     except Exception as exc:  # a broken plugin is reported, not crashed on
         raise InvalidSpecError(
-            f"{kind}.name: plugin {name!r} ({ep.value}) failed to load: {exc!r}"
+            f"{field}: plugin {name!r} ({ep.value}) failed to load: {exc!r}"
         ) from exc
-    if not isinstance(reg, Registration) or reg.kind != kind:
+    expected = MetricRegistration if kind == "metric" else Registration
+    if not isinstance(reg, expected) or getattr(reg, "kind", kind) != kind:
         raise InvalidSpecError(
-            f"{kind}.name: plugin entry point {name!r} ({ep.value}) must point at a "
-            f"amptrain.contract.catalog.Registration of kind {kind!r}, not {reg!r}"
+            f"{field}: plugin entry point {name!r} ({ep.value}) must point at a "
+            f"amptrain.contract.catalog.{expected.__name__}"
+            f"{'' if kind == 'metric' else f' of kind {kind!r}'}, not {reg!r}"
         )
     if reg.name != name:
         raise InvalidSpecError(
-            f"{kind}.name: plugin entry point {name!r} points at a registration named {reg.name!r}"
+            f"{field}: plugin entry point {name!r} points at a registration named {reg.name!r}"
         )
+    return reg
+
+
+def metric_registration(name: str) -> MetricRegistration:
+    """The installed plugin metric ``name`` (built-in metrics need no registration)."""
+    if name not in catalog.plugin_entry_points("metric"):
+        raise InvalidSpecError(f"eval.metrics: no installed plugin registers metric {name!r}")
+    reg: MetricRegistration = _load_plugin("metric", name)
     return reg
 
 

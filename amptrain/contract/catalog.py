@@ -9,8 +9,9 @@ catalog, validation and construction cannot disagree about names or arguments.
 Plugins
 -------
 Other packages add components through entry points in the groups
-``amptrain.models`` and ``amptrain.datasets``. Each entry point names a
-:class:`Registration` object; keep the module it lives in torch-free and point
+``amptrain.models`` and ``amptrain.datasets``, and evaluation metrics through
+``amptrain.metrics``. Each entry point names a :class:`Registration` object (a
+:class:`~amptrain.contract.registration.MetricRegistration` for a metric); keep the module it lives in torch-free and point
 ``builder`` at the torch code with a ``"module:attribute"`` string, so loading the
 registration stays cheap. The catalog lists plugins by entry-point name without
 importing them; the registry loads them when a job uses one. See
@@ -34,9 +35,11 @@ from amptrain.contract.builtins import (
 from amptrain.contract.limits import spec_limits
 from amptrain.contract.registration import (
     DATASET_GROUP,
+    METRIC_GROUP,
     MODEL_GROUP,
     REQUIRED,
     Arg,
+    MetricRegistration,
     Registration,
 )
 from amptrain.contract.spec import ComponentRef, JobSpec, OptimizerSpec, ScheduleSpec
@@ -48,12 +51,25 @@ def builtins(kind: Literal["model", "dataset"]) -> dict[str, Registration]:
     return {r.name: r for r in regs if r.available()}
 
 
-def plugin_entry_points(kind: Literal["model", "dataset"]) -> dict[str, EntryPoint]:
+PluginKind = Literal["model", "dataset", "metric"]
+_GROUPS: dict[PluginKind, str] = {
+    "model": MODEL_GROUP,
+    "dataset": DATASET_GROUP,
+    "metric": METRIC_GROUP,
+}
+
+
+def _builtin_names(kind: PluginKind) -> set[str]:
+    if kind == "metric":
+        return set(metrics.EVAL_BY_NAME)
+    return {r.name for r in (BUILTIN_MODELS if kind == "model" else BUILTIN_DATASETS)}
+
+
+def plugin_entry_points(kind: PluginKind) -> dict[str, EntryPoint]:
     """Installed plugin entry points of ``kind`` by name; built-in names cannot be overridden."""
-    group = MODEL_GROUP if kind == "model" else DATASET_GROUP
-    taken = {r.name for r in (BUILTIN_MODELS if kind == "model" else BUILTIN_DATASETS)}
+    taken = _builtin_names(kind)
     found: dict[str, EntryPoint] = {}
-    for ep in entry_points(group=group):
+    for ep in entry_points(group=_GROUPS[kind]):
         if ep.name not in taken:
             found.setdefault(ep.name, ep)
     return found
@@ -94,6 +110,12 @@ def catalog() -> dict[str, Any]:
             out[name] = {"name": name, "source": "plugin", "entry_point": ep.value, "args": None}
         return out
 
+    plugin_metrics = [
+        {"name": name, "source": "plugin", "entry_point": ep.value}
+        for name, ep in plugin_entry_points("metric").items()
+    ]
+    listed = metrics.catalog()
+    listed["eval_metrics"] += plugin_metrics
     return {
         "models": section("model"),
         "datasets": section("dataset"),
@@ -118,7 +140,7 @@ def catalog() -> dict[str, Any]:
         },
         "precisions": {name: {"name": name, "description": d} for name, d in PRECISIONS.items()},
         "limits": spec_limits(),
-        **metrics.catalog(),
+        **listed,
     }
 
 
@@ -198,9 +220,11 @@ __all__ = [
     "BUILTIN_DATASETS",
     "BUILTIN_MODELS",
     "DATASET_GROUP",
+    "METRIC_GROUP",
     "MODEL_GROUP",
     "REQUIRED",
     "Arg",
+    "MetricRegistration",
     "Registration",
     "catalog",
     "validate_components",

@@ -248,17 +248,20 @@ EVAL_METRICS_BY_TASK: dict[Task, tuple[str, ...]] = {
 }
 """Built-in metrics per task (``top5_accuracy`` only with more than 5 classes)."""
 
-SERIES_NAME = re.compile(r"[a-z][a-z0-9_]{0,47}")
+SERIES_NAME_MAX = 48
+"""The longest name of a named series."""
+SERIES_NAME = re.compile(rf"[a-z][a-z0-9_]{{0,{SERIES_NAME_MAX - 1}}}")
 """What a named series (an evaluation metric, built-in or a plugin's) may be called."""
 
 
 def check_series_name(name: str) -> str:
     """``name`` if it can name a series, else ValueError saying why: lowercase letters,
-    digits and ``_``, starting with a letter, at most 48 characters, and not a step field."""
+    digits and ``_``, starting with a letter, at most :data:`SERIES_NAME_MAX` characters,
+    and not a step field."""
     if not isinstance(name, str) or not SERIES_NAME.fullmatch(name):
         raise ValueError(
             f"metric name {name!r}: use lowercase letters, digits and _, starting with a "
-            "letter, at most 48 characters"
+            f"letter, at most {SERIES_NAME_MAX} characters"
         )
     if name in BY_NAME:
         raise ValueError(f"metric name {name!r} is a per-step field; choose another")

@@ -13,11 +13,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from amptrain.contract.metrics import EVAL_BY_NAME, Task, check_series_name
 from amptrain.contract.sizing import DataShape
 from amptrain.contract.text import control_character, finite, quote
 
 MODEL_GROUP = "amptrain.models"
 DATASET_GROUP = "amptrain.datasets"
+METRIC_GROUP = "amptrain.metrics"
 
 ArgType = Literal["int", "float", "bool", "str"]
 # What a dataset yields per sample, and so what a model can consume.
@@ -104,6 +106,17 @@ class Arg:
         }
 
 
+def _resolve(ref: str | Callable[..., Any]) -> Callable[..., Any]:
+    """A callable, or the one a lazy ``"module:attribute"`` reference names (imported now)."""
+    if callable(ref):
+        return ref
+    module, _, attr = ref.partition(":")
+    target: Any = importlib.import_module(module)
+    for part in attr.split("."):
+        target = getattr(target, part)
+    return target
+
+
 def _num(bound: float) -> str:
     return str(int(bound)) if float(bound).is_integer() else str(bound)
 
@@ -145,13 +158,7 @@ class Registration:
         return all(importlib.util.find_spec(m) is not None for m in self.requires)
 
     def resolve_builder(self) -> Callable[..., Any]:
-        if callable(self.builder):
-            return self.builder
-        module, _, attr = self.builder.partition(":")
-        target: Any = importlib.import_module(module)
-        for part in attr.split("."):
-            target = getattr(target, part)
-        return target
+        return _resolve(self.builder)
 
     def arg_errors(self, args: Mapping[str, Any]) -> list[tuple[str, str]]:
         """(argument, message) for every problem with ``args``; empty when they are fine."""
@@ -187,3 +194,34 @@ class Registration:
         else:
             out["provides"] = self.provides
         return out
+
+
+@dataclass(frozen=True)
+class MetricRegistration:
+    """An evaluation metric a team defines, computed on the held-out split beside the
+    built-in ones when a job lists its name in ``eval.metrics``.
+
+    Its value is the mean over the evaluated held-out samples (tokens, for a language
+    model) of what ``compute(logits, targets)`` returns per sample: ``compute`` is a
+    callable or a lazy ``"module:attribute"`` reference to one, called without gradients
+    with fp32 logits (``[N, classes]``, or ``[N, T, vocabulary]``) and the targets
+    (``[N]`` or ``[N, T]``); it returns a tensor of the targets' shape. The engine sums it
+    on the device, so a metric costs no host read of its own.
+    """
+
+    name: str
+    """The series name (lowercase letters, digits and ``_``; not a built-in's)."""
+    compute: str | Callable[..., Any]
+    description: str
+    better: Literal["higher", "lower"]
+    """Which way is an improvement."""
+    tasks: tuple[Task, ...] = ("classification", "language_model")
+    """The dataset tasks it applies to; a job of another task leaves it out."""
+
+    def __post_init__(self) -> None:
+        check_series_name(self.name)
+        if self.name in EVAL_BY_NAME:
+            raise ValueError(f"metric name {self.name!r} is a built-in evaluation metric")
+
+    def resolve_compute(self) -> Callable[..., Any]:
+        return _resolve(self.compute)

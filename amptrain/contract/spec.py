@@ -22,7 +22,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from amptrain.contract.metrics import EVAL_METRICS
+from amptrain.contract.metrics import EVAL_METRICS, SERIES_NAME_MAX
 from amptrain.contract.text import check_text, control_character, finite, quote
 
 Precision = Literal["auto", "fp32", "tf32", "fp16", "bf16"]
@@ -164,7 +164,13 @@ class HealthSpec(_Strict):
 def _known_eval_metrics(names: list[str] | None) -> list[str] | None:
     if names is None:
         return None
+    # Imported here: the catalog imports this module (and reads installed plugin metadata
+    # only when a spec names metrics, not for every spec).
+    from amptrain.contract.catalog import plugin_entry_points
+
     known = {m.name for m in EVAL_METRICS}
+    if any(n not in known for n in names):
+        known |= set(plugin_entry_points("metric"))
     unknown = [n for n in names if n not in known]
     if unknown:
         raise ValueError(f"unknown evaluation metrics {unknown}; known: {sorted(known)}")
@@ -185,11 +191,18 @@ class EvalSpec(_Strict):
     # The bound on the list, not on the union: the stored spec says `"metrics": null`,
     # which the worker parses again.
     metrics: (
-        Annotated[list[str], AfterValidator(_known_eval_metrics), Field(max_length=64)] | None
+        Annotated[
+            list[Annotated[str, Field(max_length=SERIES_NAME_MAX)]],
+            AfterValidator(_known_eval_metrics),
+            Field(max_length=64),
+        ]
+        | None
     ) = None
-    """Metrics to emit (see ``GET /catalog``'s ``eval_metrics``); null: the task's built-ins
-    (classification: eval_loss, accuracy, top5_accuracy with more than 5 classes; language
-    model: eval_loss, perplexity, token_accuracy). A name the task cannot give is left out."""
+    """Metrics to emit (see ``GET /catalog``'s ``eval_metrics``): built-in ones and those
+    installed plugins register (entry-point group ``amptrain.metrics``); null: the task's
+    built-ins (classification: eval_loss, accuracy, top5_accuracy with more than 5 classes;
+    language model: eval_loss, perplexity, token_accuracy). A name the task cannot give is
+    left out."""
 
 
 class JobSpec(_Strict):

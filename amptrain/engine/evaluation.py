@@ -6,8 +6,8 @@ gradients, under the job's autocast. It touches neither the training data positi
 any global random number generator, so a run with evaluation on trains bitwise like one
 with it off, and resumes exactly.
 
-Sums (loss x count, correct, top-5 correct, count) stay device tensors and are read once
-at the end of an evaluation; with ``devices`` > 1 each rank evaluates its share of the
+Sums (loss x count, correct, top-5 correct, count, and one per plugin metric a job
+chose) stay device tensors and are read once at the end of an evaluation; with ``devices`` > 1 each rank evaluates its share of the
 batches and the sums are all-reduced, so every rank has the same values.
 """
 
@@ -16,20 +16,24 @@ from __future__ import annotations
 import contextlib
 import math
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
 import torch
 
 from amptrain.components.held_out import held_out_of
+from amptrain.components.registry import metric_registration
 from amptrain.contract.errors import InvalidSpecError
-from amptrain.contract.metrics import EVAL_METRICS_BY_TASK, Task
+from amptrain.contract.metrics import EVAL_BY_NAME, EVAL_METRICS_BY_TASK, Task
 from amptrain.contract.spec import JobSpec
 from amptrain.engine.amp_step import AmpStep
 from amptrain.engine.distributed import Group
 from amptrain.engine.precision import fp32_island
 
+BUILTIN_SUMS = 4
+"""The device sums every evaluation keeps (loss x count, correct, top-5 correct, count);
+each plugin metric adds one."""
 TOP_K = 5
 """``top5_accuracy``: the label among the top this-many classes (only with more classes)."""
 
@@ -64,6 +68,7 @@ class Evaluator:
         wanted = spec.eval.metrics
         # A requested name the task cannot give (e.g. perplexity for a classifier) is left out.
         self.metrics = available if wanted is None else tuple(n for n in available if n in wanted)
+        self.custom = _plugin_metrics(wanted or [], info.task)
         self.rows = spec.eval.batches * spec.batch_size
         if hasattr(held_out, "__len__"):  # finite: never read past its end
             self.rows = min(self.rows, len(held_out))
@@ -94,7 +99,7 @@ class Evaluator:
         finally:
             self.model.train(was_training)
         self.group.all_reduce_sum(sums)
-        loss_sum, correct, top5, count = sums.tolist()  # the one host read of an evaluation
+        loss_sum, correct, top5, count, *custom = sums.tolist()  # an evaluation's one host read
         loss = loss_sum / count
         values = {
             "eval_loss": loss,
@@ -103,12 +108,16 @@ class Evaluator:
             "token_accuracy": correct / count,
             "perplexity": math.exp(loss) if loss < 700 else math.inf,
         }
-        result = {n: (values[n] if math.isfinite(values[n]) else None) for n in self.metrics}
+        values.update(
+            {name: total / count for (name, _), total in zip(self.custom, custom, strict=True)}
+        )
+        names = [*self.metrics, *(name for name, _ in self.custom)]
+        result = {n: (values[n] if math.isfinite(values[n]) else None) for n in names}
         self.last_step, self.last_values = step, result
         return result
 
     def _sums(self) -> torch.Tensor:
-        sums = torch.zeros(4, dtype=torch.float64, device=self.device)
+        sums = torch.zeros(BUILTIN_SUMS + len(self.custom), dtype=torch.float64, device=self.device)
         # Rank r takes chunks r, r + world, ...: the ranks together cover each row once.
         for c in range(self.group.rank, self.chunks, self.group.world_size):
             start = c * self.chunk
@@ -129,7 +138,35 @@ class Evaluator:
                 top = logits.topk(TOP_K, dim=-1).indices
                 sums[2] += (top == targets.unsqueeze(-1)).any(-1).sum()
             sums[3] += count
+            for i, (name, compute) in enumerate(self.custom, start=BUILTIN_SUMS):
+                sums[i] += _per_sample(name, compute, logits.float(), targets).sum()
         return sums
+
+
+def _plugin_metrics(names: list[str], task: Task) -> list[tuple[str, Callable[..., Any]]]:
+    """The plugin metrics among ``names`` that apply to ``task``, with their functions."""
+    chosen = []
+    for name in dict.fromkeys(names):  # each once, in the spec's order
+        if name in EVAL_BY_NAME:
+            continue
+        reg = metric_registration(name)
+        if task in reg.tasks:
+            chosen.append((name, reg.resolve_compute()))
+    return chosen
+
+
+def _per_sample(
+    name: str, compute: Callable[..., Any], logits: torch.Tensor, targets: torch.Tensor
+) -> torch.Tensor:
+    """A plugin metric's per-sample values, as float64 (shapes are host metadata: no sync)."""
+    values = compute(logits, targets)
+    if not isinstance(values, torch.Tensor) or values.shape != targets.shape:
+        got = tuple(values.shape) if isinstance(values, torch.Tensor) else type(values).__name__
+        raise InvalidSpecError(
+            f"eval.metrics: metric {name!r} returned {got}; it must return one value per "
+            f"sample, a tensor of the targets' shape {tuple(targets.shape)}"
+        )
+    return values.double()
 
 
 @contextlib.contextmanager

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -117,12 +118,15 @@ def test_plugins_are_found_through_entry_points(tmp_path: Path) -> None:
         "max_steps": 2,
         "model": {"name": "logreg"},
         "dataset": {"name": "example-blobs"},
+        "eval": {"metrics": ["accuracy", "brier_score"]},
     }
     path = _write(tmp_path / "spec.json", spec)
     assert amptrain(str(path)).returncode == 2
     pythonpath = os.pathsep.join(str(p) for p in example_plugin_site(tmp_path / "site"))
     done = amptrain(str(path), env={"PYTHONPATH": pythonpath})
     assert done.returncode == 0, done.stderr
+    # The plugin's metric is evaluated at the end beside the built-in one, and printed.
+    assert re.search(r"eval step 2: accuracy [0-9.]+, brier_score [0-9.]+", done.stderr)
 
 
 def test_ctrl_c_stops_cleanly_with_a_checkpoint_and_a_rerun_resumes(tmp_path: Path) -> None:

@@ -14,6 +14,7 @@ import tomllib
 from pathlib import Path
 from typing import Any
 
+import pydantic
 import pytest
 import torch
 
@@ -21,9 +22,12 @@ from amptrain.components import registry
 from amptrain.components.base import DataInfo
 from amptrain.components.held_out import held_out_of
 from amptrain.contract import catalog
+from amptrain.contract.catalog import MetricRegistration
 from amptrain.contract.errors import InvalidSpecError
 from amptrain.contract.spec import ComponentRef, parse_spec
 from amptrain.engine import RunContext, Trainer
+from amptrain.engine.checkpoint import CheckpointStore
+from tests.support.sinks import ListSink
 
 PLUGIN = Path(__file__).resolve().parents[1] / "plugins" / "amptrain_example_plugin"
 PLUGIN_SRC = PLUGIN / "src"
@@ -149,3 +153,95 @@ def test_broken_and_clashing_plugins_are_reported_or_ignored(plugin: Path, tmp_p
     ]:
         with pytest.raises(InvalidSpecError, match=message):
             registry.build_model(ComponentRef(name=name), info)
+
+
+def blobs_spec(**overrides: Any) -> Any:
+    return parse_spec(
+        {
+            "model": {"name": "logreg"},
+            "dataset": {"name": "example-blobs", "args": {"classes": 4, "spread": 0.5}},
+            "max_steps": 30,
+            "batch_size": 32,
+            "optimizer": {"lr": 0.05},
+            "device": "cpu",
+            "precision": "fp32",
+            "eval": {"every_steps": 10, "batches": 4, "metrics": ["accuracy", "brier_score"]},
+            **overrides,
+        }
+    )
+
+
+def test_a_team_metric_is_evaluated_beside_the_built_ins(plugin: Path, tmp_path: Path) -> None:
+    sink = ListSink()
+    ctx = RunContext(str(tmp_path / "ckpt"), sink=sink)
+    result = Trainer(blobs_spec(checkpoint={"every_steps": 30}), ctx).train()
+    found = [r for r in sink.items if r["kind"] == "eval"]
+    assert [(r["step"], list(r["values"])) for r in found] == [
+        (step, ["accuracy", "brier_score"]) for step in (10, 20, 30)
+    ]
+    briers = [r["values"]["brier_score"] for r in found]
+    assert briers[-1] < briers[0]  # training improved it, as it does the accuracy
+    assert result.eval == found[-1]["values"]
+
+    # Independently: the plugin's formula over the same held-out rows, final checkpoint.
+    state = CheckpointStore(str(tmp_path / "ckpt"), keep_last=1, writer=False)
+    latest = state.latest()
+    assert latest is not None
+    job = blobs_spec()
+    data = registry.build_dataset(job.dataset, seed=job.seed)
+    model = registry.build_model(job.model, data.info)
+    model.load_state_dict(state.load(latest)["model"])
+    inputs, targets = held_out_of(data).batch(0, 4 * 32)
+    with torch.no_grad():
+        p = model(inputs).softmax(-1)
+    expected = (p - torch.eye(4)[targets]).pow(2).sum(-1).double().mean().item()
+    assert result.eval["brier_score"] == pytest.approx(expected, rel=1e-6)
+
+
+def test_metric_names_come_from_installed_plugins(plugin: Path) -> None:
+    listed = {m["name"]: m for m in catalog.catalog()["eval_metrics"]}
+    assert listed["brier_score"] == {
+        "name": "brier_score",
+        "source": "plugin",
+        "entry_point": "amptrain_example_plugin.registrations:BRIER",
+    }
+    assert listed["accuracy"]["better"] == "higher"  # the built-ins keep their definitions
+    assert not any(m.startswith("amptrain_example_plugin") for m in sys.modules)
+    with pytest.raises(pydantic.ValidationError, match=r"f1_score.*known: .*'brier_score'"):
+        blobs_spec(eval={"metrics": ["brier_score", "f1_score"]})
+
+
+def test_without_the_plugin_its_metric_is_unknown() -> None:
+    with pytest.raises(pydantic.ValidationError, match=r"eval.metrics[\s\S]*'brier_score'"):
+        blobs_spec()
+
+
+def test_a_metric_registration_takes_only_a_free_series_name() -> None:
+    for taken in ("loss", "accuracy", "Brier", "x" * 49):
+        with pytest.raises(ValueError, match="metric name"):
+            MetricRegistration(name=taken, compute=len, description="d", better="lower")
+
+
+def test_broken_metric_plugins_fail_the_job_saying_why(plugin: Path, tmp_path: Path) -> None:
+    (plugin / "odd_metrics.py").write_text(
+        "from amptrain.contract.catalog import MetricRegistration\n"
+        "TOTAL = MetricRegistration(name='batch_total', compute=lambda logits, targets: "
+        "logits.sum(), description='not per sample', better='lower')\n"
+    )
+    write_dist_info(
+        plugin,
+        "odd-metrics",
+        {
+            "amptrain.metrics": {
+                "batch_total": "odd_metrics:TOTAL",
+                "not_a_metric": "amptrain_example_plugin.registrations:LOGREG",
+            }
+        },
+    )
+    for name, message in [
+        ("batch_total", r"^eval.metrics: metric 'batch_total' returned \(\); it must return one"),
+        ("not_a_metric", r"^eval.metrics: plugin entry point 'not_a_metric' .*MetricRegistration"),
+    ]:
+        job = blobs_spec(max_steps=2, eval={"metrics": [name]})
+        with pytest.raises(InvalidSpecError, match=message):
+            Trainer(job, RunContext(str(tmp_path / name))).train()

@@ -1,7 +1,7 @@
 """What the entry points point at. Torch-free, so loading a registration is cheap;
 the builders live in ``torch_parts`` and are imported only when a job uses them."""
 
-from amptrain.contract.catalog import Arg, Registration
+from amptrain.contract.catalog import Arg, MetricRegistration, Registration
 
 LOGREG = Registration(
     name="logreg",
@@ -23,4 +23,12 @@ BLOBS = Registration(
         Arg("spread", 0.3, "Standard deviation of each blob.", minimum=0),
     ),
     provides="vectors",
+)
+
+BRIER = MetricRegistration(
+    name="brier_score",
+    compute="amptrain_example_plugin.torch_parts:brier_score",
+    description="Brier score: squared distance of the predicted distribution from the label.",
+    better="lower",
+    tasks=("classification",),
 )

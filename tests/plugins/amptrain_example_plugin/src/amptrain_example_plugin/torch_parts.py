@@ -61,3 +61,11 @@ def build_blobs(
 ) -> Blobs:
     """Dataset builders get the job seed and the allowed data roots plus their arguments."""
     return Blobs(seed, features, classes, spread)
+
+
+def brier_score(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Metric functions get fp32 logits and the targets and return one value per sample:
+    here the squared distance between the predicted distribution and the one-hot label."""
+    probabilities = logits.softmax(-1)
+    one_hot = nn.functional.one_hot(targets, probabilities.shape[-1]).to(probabilities.dtype)
+    return (probabilities - one_hot).pow(2).sum(-1)
