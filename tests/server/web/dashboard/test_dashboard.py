@@ -218,6 +218,15 @@ def test_comparison_shows_the_ratio_table(page: Page, stack: Stack) -> None:
     expect(lost).to_have_attribute("title", re.compile(r"accuracy -1\.50 points"))
     expect(table.locator("tr[data-precision=fp16] [data-eval=points]")).to_have_text("-1.50")
     expect(page.locator("#comparison-curves canvas")).to_have_count(1)
+    # The held-out curves side by side: a chart per eval metric, a line per precision, with
+    # each arm's mid-run and final evaluation.
+    for name in EVALS["fp32"]:
+        chart = page.locator(f"#comparison-evals [data-eval-curve={name}]")
+        expect(chart.locator("canvas")).to_have_count(1)
+        expect(chart).to_have_attribute("data-series", "3")
+        legend = chart.locator(".u-legend .u-series")
+        expect(legend).to_have_count(4)  # the step and the three precisions
+        expect(legend.nth(3)).to_contain_text("fp16")
 
 
 def test_another_users_jobs_never_show(page: Page, stack: Stack, console: Console) -> None:

@@ -1,5 +1,6 @@
 // Compare runs: overlay the loss curves of any jobs, or run a precision A/B comparison
-// (POST /comparisons: one spec, one job per precision) and read its ratio table.
+// (POST /comparisons: one spec, one job per precision) and read its ratio table, the
+// accuracy verdict and the held-out curves of every arm side by side.
 import { api, ApiError } from "../api.js";
 import { FINISHED, clear, fmtAge, fmtBytes, fmtNum, h, statusBadge } from "../dom.js";
 import { STEP_INCRS } from "../charts.js";
@@ -14,10 +15,10 @@ export function mount(root, args) {
 }
 
 /** Overlaid loss curves: rows of [step, ...] joined on the step axis by uPlot.join. */
-function overlayChart(el, names, curves) {
+function overlayChart(el, names, curves, { height = 260, points = false } = {}) {
   const data = curves.length ? uPlot.join(curves) : [[]];
-  const series = [{ label: "step" }, ...names.map((n, i) => ({ label: n, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true, value: (u, v) => fmtNum(v) }))];
-  return new uPlot({ width: el.clientWidth || 800, height: 260, series, scales: { x: { time: false } },
+  const series = [{ label: "step" }, ...names.map((n, i) => ({ label: n, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true, points: { show: points }, value: (u, v) => fmtNum(v) }))];
+  return new uPlot({ width: el.clientWidth || 800, height, series, scales: { x: { time: false } },
     axes: [{ incrs: STEP_INCRS }, { size: 64, values: (u, vs) => vs.map((v) => fmtNum(v, 3)) }], cursor: { drag: { x: true, y: false } } }, data, el);
 }
 
@@ -34,7 +35,7 @@ function overview(root, preselected) {
       h("div", { class: "card" }, h("h2", {}, "Jobs"), picks)),
     h("div", { class: "grid2" },
       h("div", { class: "card" }, h("h2", {}, "Precision A/B"),
-        h("p", { class: "small muted" }, "Train one spec once per precision and compare throughput, peak memory and final loss against fp32."), abSlot),
+        h("p", { class: "small muted" }, "Train one spec once per precision and compare throughput, peak memory, final loss and held-out accuracy against fp32."), abSlot),
       h("div", { class: "card" }, h("h2", {}, "Comparisons"), listEl)));
 
   async function drawOverlay() {
@@ -112,11 +113,39 @@ function accuracyCells(r) {
 function report(root, id) {
   const head = h("div", { class: "card", id: "comparison" }, h("span", { class: "muted" }, "Loading…"));
   const plotEl = h("div", { id: "comparison-curves" });
+  const evalEl = h("div", { class: "charts", id: "comparison-evals" }, h("p", { class: "muted small" }, "No evaluation yet."));
   root.append(h("div", { class: "small", style: "margin-bottom:6px" }, h("a", { href: "#/compare" }, "← Compare")), head,
-    h("div", { class: "card" }, h("h2", {}, "Loss by step"), plotEl));
+    h("div", { class: "card" }, h("h2", {}, "Loss by step"), plotEl),
+    h("div", { class: "card" }, h("h2", {}, "Held-out evaluation by step"),
+      h("p", { class: "small muted" }, "Every arm evaluated on the same held-out samples, one line per precision."), evalEl));
   let plot = null;
+  let evalPlots = [];
+  let evalKey = "";
   let timer = null;
   let stopped = false;
+
+  /** One chart per eval metric, each arm's series side by side; redrawn when a run evaluated again. */
+  async function drawEvals(c) {
+    const key = c.runs.map((r) => `${r.job_id}:${r.eval_step}`).join(",");
+    if (key === evalKey || !c.runs.some((r) => r.eval_step !== null)) return;
+    evalKey = key;
+    const pages = await Promise.all(c.runs.map((r) => api(`/jobs/${encodeURIComponent(r.job_id)}/evals`, { params: { limit: 10000 } })));
+    if (stopped) return;
+    const names = [...new Set(pages.flatMap((p) => p.items.flatMap((i) => Object.keys(i.values))))];
+    evalPlots.forEach((p) => p.destroy());
+    evalPlots = [];
+    evalEl.replaceChildren();
+    for (const name of names) {
+      const curves = pages.map((p) => {
+        const items = p.items.filter((i) => name in i.values);
+        return [items.map((i) => i.step), items.map((i) => i.values[name])];
+      });
+      const el = h("div", { class: "card chart", dataset: { evalCurve: name, series: String(c.runs.length) } },
+        h("header", {}, h("strong", {}, `eval: ${name.replaceAll("_", " ")}`)));
+      evalEl.append(el);
+      evalPlots.push(overlayChart(el, c.runs.map((r) => r.precision), curves, { height: 200, points: true }));
+    }
+  }
 
   function render(c) {
     const base = c.baseline;
@@ -151,6 +180,7 @@ function report(root, id) {
       const c = await api(`/comparisons/${encodeURIComponent(id)}`);
       if (stopped) return;
       render(c);
+      await drawEvals(c);
       const text = JSON.stringify(c.runs);
       const settled = c.runs.every((r) => FINISHED.has(r.status)) && text === last;
       last = text;
@@ -160,5 +190,5 @@ function report(root, id) {
     }
   }
   poll();
-  return () => { stopped = true; clearTimeout(timer); plot?.destroy(); };
+  return () => { stopped = true; clearTimeout(timer); plot?.destroy(); evalPlots.forEach((p) => p.destroy()); };
 }
