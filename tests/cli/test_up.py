@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import httpx
 import pytest
 
+from tests.components.test_plugins import example_plugin_site
 from tests.support.cpu_verdict import expected_cpu_auto
 from tests.support.specs import mlp_job
 from tests.support.stack import free_port, wait_until
@@ -18,7 +20,9 @@ pytestmark = pytest.mark.slow
 def test_up_runs_a_job_and_stops_cleanly(tmp_path: Path) -> None:
     metrics_port = free_port()
     args = ("--slots", "2", "--worker-metrics-port", str(metrics_port))
-    up = start_up(tmp_path, tmp_path / "data", args=args)
+    # The example plugin is installed (as pip would leave it): its metric is one a team defines.
+    plugin = os.pathsep.join(str(p) for p in example_plugin_site(tmp_path / "site"))
+    up = start_up(tmp_path, tmp_path / "data", args=args, settings={"PYTHONPATH": plugin})
     try:
         client = up.admin_client()
         assert (tmp_path / "data" / "admin-token").stat().st_mode & 0o777 == 0o600
@@ -35,10 +39,21 @@ def test_up_runs_a_job_and_stops_cleanly(tmp_path: Path) -> None:
                 "model": {"name": "mlp"},
                 "dataset": {"name": "synthetic-classification"},
                 "max_steps": 5,
+                "eval": {"metrics": ["accuracy", "brier_score"]},
             },
         ).json()
         done = finished_job(client, job["id"], 120)
         assert done["status"] == "succeeded", up.tail()
+        # Evaluated once at the end on the held-out split, the plugin's metric beside accuracy.
+        wait_until(
+            lambda: client.get(f"/jobs/{job['id']}/evals").json()["items"],
+            60,
+            "the job's final evaluation in its history",
+        )
+        (final,) = client.get(f"/jobs/{job['id']}/evals").json()["items"]
+        assert final["step"] == 5 and set(final["values"]) == {"accuracy", "brier_score"}
+        summary = client.get(f"/jobs/{job['id']}").json()["summary"]["eval"]
+        assert summary["values"] == final["values"]
         assert client.get(f"/jobs/{long['id']}").json()["status"] == "running"
         scraped = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics").text
         assert "amptrain_worker_busy_slots" in scraped  # on the port asked for
