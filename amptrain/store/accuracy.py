@@ -67,8 +67,11 @@ def verdict(
     if relative is not None:
         ok = relative <= allowed
         kept &= ok
+        # Three significant digits, not one decimal: real arms differ by hundredths of a
+        # percent, and "+0.0% (beyond +0.0%)" read as a contradiction.
         reasons.append(
-            f"eval loss {relative:+.1%} vs fp32 ({'within' if ok else 'beyond'} +{allowed:.1%})"
+            f"eval loss {relative * 100:+.3g}% vs fp32 "
+            f"({'within' if ok else 'beyond'} +{allowed * 100:.3g}%)"
         )
     if not reasons:
         return {"kept_accuracy": None, "reasons": ["no accuracy or eval loss in both runs"]}

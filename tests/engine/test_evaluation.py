@@ -20,6 +20,7 @@ from amptrain.contract.spec import parse_spec
 from amptrain.engine import Components, RunContext, Trainer
 from amptrain.engine.checkpoint import CheckpointStore
 from amptrain.engine.evaluation import task_metrics
+from tests.support.digits import write_digits
 from tests.support.sinks import ListSink
 
 
@@ -181,12 +182,7 @@ def test_unknown_eval_metric_is_refused() -> None:
 
 @pytest.fixture(scope="module")
 def digits_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    datasets = pytest.importorskip("sklearn.datasets")
-    digits = datasets.load_digits()  # bundled with scikit-learn: 1,797 8x8 images, 10 classes
-    root = tmp_path_factory.mktemp("data")
-    x = (digits.data / 16.0).astype(np.float32)  # pixel values 0..16
-    np.savez(root / "digits.npz", x=x, y=digits.target.astype(np.int64))
-    return root
+    return write_digits(tmp_path_factory.mktemp("data"))
 
 
 def test_eval_enabled_without_a_held_out_split_is_refused(

@@ -7,9 +7,15 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+import redis
 
+from amptrain.contract.admission import WorkerMemory
+from amptrain.contract.spec import JobSpec
+from amptrain.core import presence
+from amptrain.server.web.routes.comparisons import MAX_RUNS, _wants_tf32
 from tests.server.web.ab_runs import EVALS, RUNS, STEPS, play, spec
 from tests.server.web.test_http import user_client
+from tests.server.web.test_submit_memory import announce
 from tests.support.stack import Stack, wait_until
 
 
@@ -122,3 +128,53 @@ def test_only_the_owner_sees_a_comparison(api_stack: Stack) -> None:
     # The admin sees everyone's.
     assert api_stack.client.get(f"/comparisons/{cid}").status_code == 200
     assert api_stack.client.get("/comparisons/c_nope").status_code == 404
+
+
+def test_a_tf32_run_is_added_on_gpu_workers(api_stack: Stack) -> None:
+    c = api_stack.client
+
+    def arms(precisions: list[str], **overrides: Any) -> tuple[list[str], str | None]:
+        body = {"spec": spec(**{"device": "auto", **overrides}), "precisions": precisions}
+        r = c.post("/comparisons", json=body)
+        assert r.status_code == 201, r.text
+        return [run["precision"] for run in r.json()["runs"]], r.json()["notice"]
+
+    # No live worker of the queue, then a CPU-only one: the runs asked for, no notice.
+    assert arms(["fp32", "bf16"]) == (["fp32", "bf16"], None)
+    announce(api_stack, "cpu@test", available=16, queues=["gpu-a100"], gpu=False)
+    assert arms(["fp32", "bf16"]) == (["fp32", "bf16"], None)
+
+    # GPU workers only (the worker's own presence record): tf32, the fair speed baseline.
+    with redis.Redis.from_url(api_stack.env["AMPTRAIN_REDIS_URL"]) as client:
+        presence.remove_worker(client, "cpu@test")
+    announce(api_stack, "a100@test", available=16, queues=["gpu-a100"], gpu=True)
+    r = c.post("/comparisons", json={"spec": spec(device="auto"), "precisions": ["fp32", "bf16"]})
+    assert r.status_code == 201, r.text
+    made = r.json()
+    assert [run["precision"] for run in made["runs"]] == ["fp32", "bf16", "tf32"]
+    assert "added a tf32 run" in made["notice"] and "gpu-a100" in made["notice"]
+    tf32 = api_stack.job(made["runs"][2]["job_id"])
+    assert tf32["spec"]["precision"] == "tf32" and tf32["name"] == "ab [tf32]"
+    read = c.get(f"/comparisons/{made['id']}").json()
+    assert [run["precision"] for run in read["runs"]] == ["fp32", "bf16", "tf32"]
+    assert read["notice"] is None and read["baseline"] == "fp32"
+
+    # Nothing added when tf32 is asked already, without fp32, with no room left (the
+    # request's own limit), or for a job that trains on the CPU.
+    assert arms(["bf16", "tf32", "fp32"]) == (["bf16", "tf32", "fp32"], None)
+    assert arms(["bf16", "fp16"]) == (["bf16", "fp16"], None)
+    full = ["fp32", "bf16", "fp16", "auto"][:MAX_RUNS]
+    assert arms(full) == (full, None)
+    assert arms(["fp32", "bf16"], device="cpu") == (["fp32", "bf16"], None)
+
+    # A CPU worker among them may take any run: then tf32 could not be what it says.
+    announce(api_stack, "cpu@test", available=16, queues=["gpu-a100"], gpu=False)
+    assert arms(["fp32", "bf16"]) == (["fp32", "bf16"], None)
+
+
+def test_no_tf32_run_when_the_workers_are_unknown() -> None:
+    # Redis did not answer (queue_workers gave None): nothing is known, nothing is added.
+    job = JobSpec.model_validate(spec(device="auto"))
+    assert _wants_tf32(job, ["fp32", "bf16"], None) is False
+    assert _wants_tf32(job, ["fp32", "bf16"], []) is False
+    assert _wants_tf32(job, ["fp32", "bf16"], [WorkerMemory(2**30, gpu=True)]) is True

@@ -1,4 +1,5 @@
-"""Precision A/B comparisons: ``POST /comparisons`` trains one spec once per precision;
+"""Precision A/B comparisons: ``POST /comparisons`` trains one spec once per precision (and
+once in tf32 too when the queue's workers are CUDA and fp32 was asked without it);
 ``GET /comparisons/{id}`` reports throughput, peak memory and final loss of each run, their
 ratios against the fp32 run, the final evaluations and whether each arm kept fp32's
 accuracy, and the loss curves aligned by step."""
@@ -11,7 +12,10 @@ from typing import Annotated, Any, cast
 from fastapi import APIRouter, Query, Response, status
 from pydantic import BaseModel, ConfigDict, Field
 
+from amptrain.contract.admission import WorkerMemory
 from amptrain.contract.spec import JobSpec, Precision, Text
+from amptrain.server.dispatcher import queue_for
+from amptrain.server.web.admission import queue_workers
 from amptrain.server.web.deps import CurrentUser, ServicesDep, SessionDep, charge_writes
 from amptrain.server.web.errors import NotFound, ValidationFailed, clip, error_responses
 from amptrain.server.web.routes.jobs import submit_job
@@ -20,14 +24,18 @@ from amptrain.store.accuracy import DEFAULT_TOLERANCE
 
 router = APIRouter(prefix="/comparisons", tags=["comparisons"], responses=error_responses(401, 422))
 
+MAX_RUNS = 4
+"""The most precisions one comparison trains (tf32 added by the service included)."""
+
 
 class ComparisonIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     spec: JobSpec
     """The job every run trains; its ``precision`` is replaced by each of ``precisions``."""
-    precisions: list[Precision] = Field(min_length=2, max_length=4)
-    """Distinct precisions, one job each, e.g. ``["fp32", "bf16", "fp16"]``."""
+    precisions: list[Precision] = Field(min_length=2, max_length=MAX_RUNS)
+    """Distinct precisions, one job each, e.g. ``["fp32", "bf16", "fp16"]``; on GPU workers
+    the service may add ``tf32`` (see ``POST /comparisons``)."""
     name: Text | None = Field(default=None, min_length=1, max_length=200)
     """Defaults to the spec's name. No control or bidi-formatting characters, as job names."""
 
@@ -104,6 +112,9 @@ class ComparisonOut(BaseModel):
     """What the accuracy verdicts allow (``GET`` may set it)."""
     runs: list[ComparisonRun]
     loss_curves: LossCurves
+    notice: str | None = None
+    """Only in the answer to ``POST``: what the service changed in the request (a ``tf32``
+    run it added); null otherwise."""
 
 
 class ComparisonSummary(BaseModel):
@@ -128,13 +139,32 @@ def create_comparison(
     body: ComparisonIn, session: SessionDep, user: CurrentUser, services: ServicesDep
 ) -> ComparisonOut:
     """Submit ``spec`` once per precision (each an ordinary job of the caller's) and return
-    the comparison's report. A bad spec is a 422 naming ``spec.<field>``."""
+    the comparison's report. A bad spec is a 422 naming ``spec.<field>``.
+
+    On GPUs strict fp32 is not what users get: PyTorch runs cuDNN convolutions in TF32 by
+    default, and strict fp32 matmuls on a recent GPU are several times slower than TF32,
+    so a speed-up against fp32 alone proves little. When every live worker of the spec's
+    queue has a GPU, the spec does not ask for the CPU, ``fp32`` is among ``precisions``,
+    ``tf32`` is not and there is room for one more run, a ``tf32`` run is added (last)
+    and ``notice`` says so. It is an ordinary job like the others (it counts against the
+    caller's write rate and active jobs); on a GPU below compute capability 8.0 it trains
+    in IEEE fp32 and says why. Without live GPU workers (or when Redis does not answer)
+    the runs are the ones asked for."""
     if len(set(body.precisions)) != len(body.precisions):
         raise ValidationFailed.one("precisions", "list each precision once")
+    precisions: list[str] = list(body.precisions)
+    notice = None
+    if _wants_tf32(body.spec, precisions, queue_workers(services.redis, queue_for(body.spec))):
+        precisions.append("tf32")
+        notice = (
+            f"added a tf32 run: the workers of queue {queue_for(body.spec)} have GPUs, where "
+            "TF32 (PyTorch's default for convolutions) is the fair speed baseline; fp32 stays "
+            "the baseline of the ratios and the accuracy verdict"
+        )
     # One job per precision, each a write like a POST /jobs (the request itself paid one).
-    charge_writes(services, user, len(body.precisions) - 1)
+    charge_writes(services, user, len(precisions) - 1)
     runs = []
-    for precision in body.precisions:
+    for precision in precisions:
         spec = body.spec.model_copy(
             update={"precision": precision, "name": _run_name(body.spec.name, precision)}
         )
@@ -153,7 +183,20 @@ def create_comparison(
         body.spec.model_dump(mode="json"),
         runs,
     )
-    return ComparisonOut.model_validate(repo.report(session, row))
+    report = ComparisonOut.model_validate(repo.report(session, row))
+    return report.model_copy(update={"notice": notice})
+
+
+def _wants_tf32(spec: JobSpec, precisions: list[str], workers: list[WorkerMemory] | None) -> bool:
+    """Whether the service adds a tf32 run (see :func:`create_comparison`)."""
+    if not workers or not all(w.gpu for w in workers):
+        return False  # none live, a CPU among them, or unknown (Redis did not answer)
+    return (
+        spec.device != "cpu"
+        and "fp32" in precisions
+        and "tf32" not in precisions
+        and len(precisions) < MAX_RUNS
+    )
 
 
 @router.get("", response_model=ComparisonList)

@@ -1,0 +1,30 @@
+"""The verdict's reasons read as the numbers they judge, however small the difference."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from amptrain.store import accuracy
+
+
+def arm(precision: str, accuracy_value: float, eval_loss: float) -> dict[str, Any]:
+    return {
+        "precision": precision,
+        "status": "succeeded",
+        "eval": {"accuracy": accuracy_value, "eval_loss": eval_loss},
+    }
+
+
+def test_a_tiny_eval_loss_difference_is_not_printed_as_zero() -> None:
+    base = arm("fp32", 0.9638, 0.125914)
+    fp16 = arm("fp16", 0.9638, 0.125946)  # 0.025% more eval loss
+    fp16["eval_diff"] = accuracy.differences(fp16, base)
+    strict = accuracy.verdict(fp16, base, {"accuracy_points": 0, "eval_loss_relative": 0})
+    assert strict["kept_accuracy"] is False
+    assert strict["reasons"][1] == "eval loss +0.0254% vs fp32 (beyond +0%)"
+    default = accuracy.verdict(fp16, base, accuracy.DEFAULT_TOLERANCE)
+    assert default["kept_accuracy"] is True
+    assert default["reasons"] == [
+        "accuracy +0.00 points vs fp32 (within -0.5)",
+        "eval loss +0.0254% vs fp32 (within +2%)",
+    ]

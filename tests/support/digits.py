@@ -1,0 +1,23 @@
+"""Real data without a download: scikit-learn's bundled handwritten digits (1,797 8x8
+images, 10 classes) written as a ``tensors`` dataset file, for the engine's and the
+service's accuracy tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+DIGITS_FILE = "digits.npz"
+
+
+def write_digits(root: Path) -> Path:
+    """Write ``root/digits.npz`` (``x``: float32 pixels scaled to 0..1, ``y``: int64 labels)
+    and return ``root``; skips the test where scikit-learn is not installed."""
+    datasets = pytest.importorskip("sklearn.datasets")
+    digits = datasets.load_digits()
+    root.mkdir(parents=True, exist_ok=True)
+    x = (digits.data / 16.0).astype(np.float32)  # pixel values 0..16
+    np.savez(root / DIGITS_FILE, x=x, y=digits.target.astype(np.int64))
+    return root
