@@ -166,6 +166,12 @@ def test_a_tf32_run_is_added_on_gpu_workers(api_stack: Stack) -> None:
     full = ["fp32", "bf16", "fp16", "auto"][:MAX_RUNS]
     assert arms(full) == (full, None)
     assert arms(["fp32", "bf16"], device="cpu") == (["fp32", "bf16"], None)
+    # Nor when the request lists its arms exactly (the dashboard's form offers tf32 itself).
+    optout = {"spec": spec(device="auto"), "precisions": ["fp32", "bf16"], "add_tf32": False}
+    assert [r["precision"] for r in c.post("/comparisons", json=optout).json()["runs"]] == [
+        "fp32",
+        "bf16",
+    ]
 
     # A CPU worker among them may take any run: then tf32 could not be what it says.
     announce(api_stack, "cpu@test", available=16, queues=["gpu-a100"], gpu=False)

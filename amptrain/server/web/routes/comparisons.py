@@ -38,6 +38,9 @@ class ComparisonIn(BaseModel):
     the service may add ``tf32`` (see ``POST /comparisons``)."""
     name: Text | None = Field(default=None, min_length=1, max_length=200)
     """Defaults to the spec's name. No control or bidi-formatting characters, as job names."""
+    add_tf32: bool = True
+    """On GPU workers, add a ``tf32`` run when ``fp32`` is asked without it (see
+    ``POST /comparisons``); false: exactly the precisions listed."""
 
 
 class Ratios(BaseModel):
@@ -148,13 +151,14 @@ def create_comparison(
     ``tf32`` is not and there is room for one more run, a ``tf32`` run is added (last)
     and ``notice`` says so. It is an ordinary job like the others (it counts against the
     caller's write rate and active jobs); on a GPU below compute capability 8.0 it trains
-    in IEEE fp32 and says why. Without live GPU workers (or when Redis does not answer)
-    the runs are the ones asked for."""
+    in IEEE fp32 and says why. Without live GPU workers (or when Redis does not answer),
+    or with ``add_tf32`` false, the runs are the ones asked for."""
     if len(set(body.precisions)) != len(body.precisions):
         raise ValidationFailed.one("precisions", "list each precision once")
     precisions: list[str] = list(body.precisions)
     notice = None
-    if _wants_tf32(body.spec, precisions, queue_workers(services.redis, queue_for(body.spec))):
+    workers = queue_workers(services.redis, queue_for(body.spec)) if body.add_tf32 else None
+    if _wants_tf32(body.spec, precisions, workers):
         precisions.append("tf32")
         notice = (
             f"added a tf32 run: the workers of queue {queue_for(body.spec)} have GPUs, where "

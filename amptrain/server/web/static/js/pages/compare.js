@@ -75,7 +75,7 @@ function overview(root, preselected) {
       onSubmit: async (spec) => {
         const chosen = [...precisions.querySelectorAll("input:checked")].map((i) => i.value);
         try {
-          const c = await api("/comparisons", { method: "POST", body: { spec, precisions: chosen } });
+          const c = await api("/comparisons", { method: "POST", body: { spec, precisions: chosen, add_tf32: false } }); // the form lists tf32 itself
           location.hash = `#/compare/${encodeURIComponent(c.id)}`;
         } catch (e) {
           if (e instanceof ApiError && Array.isArray(e.detail)) e.detail = e.detail.map((p) => ({ ...p, field: p.field.replace(/^spec\./, "") }));
