@@ -28,11 +28,16 @@ STEPS = 240
 DRAINED_STEPS = 1200
 
 
+EVAL_EVERY = 40
+
+
 def long_job(steps: int = STEPS, **extra: Any) -> dict[str, Any]:
+    # Evaluated on the held-out split as it trains: the eval series must survive too.
     return service_job(
         max_steps=steps,
         checkpoint={"every_steps": 40, "keep_last": 10},
         telemetry={"flush_every_steps": 10, "flush_every_ms": 100},
+        eval={"every_steps": EVAL_EVERY, "batches": 2},
         **extra,
     )
 
@@ -68,8 +73,12 @@ def final_weights(stack: Stack, job_id: str) -> dict[str, torch.Tensor]:
 
 
 def assert_complete_series(stack: Stack, job_id: str, steps: int = STEPS) -> list[dict[str, Any]]:
+    """Every step's point and every evaluation, once each (the newest attempt's)."""
     points = wait_for_points(stack, job_id, steps)
     assert [p["step"] for p in points] == list(range(1, steps + 1))
+    evals = stack.client.get(f"/jobs/{job_id}/evals").json()["items"]
+    assert [e["step"] for e in evals] == list(range(EVAL_EVERY, steps + 1, EVAL_EVERY))
+    assert all(set(e["values"]) >= {"eval_loss", "accuracy"} for e in evals), evals
     return points
 
 
