@@ -93,6 +93,22 @@ def test_without_the_plugin_its_names_are_unknown() -> None:
     assert errors[0]["loc"] == ["model", "name"] and "unknown model 'logreg'" in errors[0]["msg"]
 
 
+def blobs_spec(**overrides: Any) -> Any:
+    return parse_spec(
+        {
+            "model": {"name": "logreg"},
+            "dataset": {"name": "example-blobs", "args": {"classes": 4, "spread": 0.5}},
+            "max_steps": 30,
+            "batch_size": 32,
+            "optimizer": {"lr": 0.05},
+            "device": "cpu",
+            "precision": "fp32",
+            "eval": {"every_steps": 10, "batches": 4, "metrics": ["accuracy", "brier_score"]},
+            **overrides,
+        }
+    )
+
+
 def test_plugin_components_build_check_args_and_train(plugin: Path) -> None:
     with pytest.raises(
         InvalidSpecError,
@@ -104,16 +120,10 @@ def test_plugin_components_build_check_args_and_train(plugin: Path) -> None:
             ComponentRef(name="logreg", args={"bias": 1}),
             DataInfo("classification", (2,), 3),
         )
-    spec = parse_spec(
-        {
-            "model": {"name": "logreg", "args": {"bias": False}},
-            "dataset": {"name": "example-blobs", "args": {"classes": 4, "spread": 0.2}},
-            "max_steps": 40,
-            "batch_size": 32,
-            "optimizer": {"lr": 0.05},
-            "device": "cpu",
-            "precision": "fp32",
-        }
+    spec = blobs_spec(
+        model={"name": "logreg", "args": {"bias": False}},
+        dataset={"name": "example-blobs", "args": {"classes": 4, "spread": 0.2}},
+        max_steps=40,
     )
     items: list[dict[str, Any]] = []
     sink = type(
@@ -153,22 +163,6 @@ def test_broken_and_clashing_plugins_are_reported_or_ignored(plugin: Path, tmp_p
     ]:
         with pytest.raises(InvalidSpecError, match=message):
             registry.build_model(ComponentRef(name=name), info)
-
-
-def blobs_spec(**overrides: Any) -> Any:
-    return parse_spec(
-        {
-            "model": {"name": "logreg"},
-            "dataset": {"name": "example-blobs", "args": {"classes": 4, "spread": 0.5}},
-            "max_steps": 30,
-            "batch_size": 32,
-            "optimizer": {"lr": 0.05},
-            "device": "cpu",
-            "precision": "fp32",
-            "eval": {"every_steps": 10, "batches": 4, "metrics": ["accuracy", "brier_score"]},
-            **overrides,
-        }
-    )
 
 
 def test_a_team_metric_is_evaluated_beside_the_built_ins(plugin: Path, tmp_path: Path) -> None:
