@@ -46,6 +46,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from amptrain.contract.catalog import validate_components, validate_refs
 from amptrain.contract.errors import TrainingError
 from amptrain.contract.metrics import progress_line
+from amptrain.contract.progress import ProgressView
 from amptrain.contract.spec import ComponentRef, JobSpec, load_spec_file, parse_spec
 
 EXIT_FAILED = 1
@@ -92,6 +93,7 @@ class ConsoleSink:
         self.task = task
         self.console = console
         self.last_metric: dict[str, Any] | None = None
+        self.view = ProgressView()  # smoothed loss, steady-state samples/s
 
     def write(self, items: list[dict[str, Any]]) -> None:
         for item in items:
@@ -101,7 +103,7 @@ class ConsoleSink:
             elif item["kind"] == "eval":
                 self.console.print(eval_line(item), markup=False)
             else:
-                self.last_metric = item
+                self.last_metric = self.view.add(item)
         self.out.flush()
         if self.last_metric is not None:
             m = self.last_metric

@@ -38,6 +38,7 @@ from amptrain.client.event_lines import (
 )
 from amptrain.client.http import ApiError, Client, resolve_config
 from amptrain.contract.metrics import progress_line
+from amptrain.contract.progress import ProgressView
 from amptrain.contract.spec import load_spec_file
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -146,12 +147,13 @@ async def _follow(
         room = _stats_room(progress.console.width, name, job["max_steps"])
         task = progress.add_task(name, total=job["max_steps"], completed=job["step"], stats="…")
         point: dict[str, Any] | None = None
+        view = ProgressView()  # smoothed loss, steady-state samples/s
         headline = None  # the newest evaluation's accuracy (or loss), kept in view
         async for msg in client.watch(job["id"], after=after, on_reconnect=reconnecting):
             if as_json:
                 click.echo(json.dumps(msg))
             if msg["type"] == "metric":
-                point = msg["data"]
+                point = view.add(msg["data"])
                 stats = with_headline(functools.partial(progress_line, point), headline, room)
                 progress.update(task, completed=point["step"], stats=stats)
             elif msg["type"] == "eval":
