@@ -23,16 +23,18 @@ IN_CHUNK = 2000
 """Steps per ``IN (...)`` on SQLite: bound parameters far below its limit of 32766."""
 
 
-def steps_in(s: Session, steps: Sequence[int]) -> Iterator[sa.ColumnElement[bool]]:
-    """Conditions that together select the points at ``steps``: on PostgreSQL one
-    ``step = ANY(array)`` (one parameter, so psycopg prepares the statement once; an
-    ``IN`` of hundreds of placeholders is parsed anew every time), else ``IN`` chunks."""
-    p = MetricPoint
+def steps_in(
+    s: Session, steps: Sequence[int], column: Any = MetricPoint.step
+) -> Iterator[sa.ColumnElement[bool]]:
+    """Conditions that together select the rows at ``steps`` (of ``column``: the points' by
+    default): on PostgreSQL one ``step = ANY(array)`` (one parameter, so psycopg prepares the
+    statement once; an ``IN`` of hundreds of placeholders is parsed anew every time), else
+    ``IN`` chunks."""
     if s.get_bind().dialect.name == "postgresql":
-        yield p.step == sa.any_(sa.bindparam("steps", list(steps), postgresql.ARRAY(sa.Integer)))
+        yield column == sa.any_(sa.bindparam("steps", list(steps), postgresql.ARRAY(sa.Integer)))
         return
     for i in range(0, len(steps), IN_CHUNK):
-        yield p.step.in_(steps[i : i + IN_CHUNK])
+        yield column.in_(steps[i : i + IN_CHUNK])
 
 
 def metric_page(

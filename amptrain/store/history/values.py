@@ -8,6 +8,7 @@ records: it is cut by records, never between two names of one record.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -42,15 +43,7 @@ def eval_page(
     if upto is not None:
         where.append(pos <= sa.tuple_(*upto))
     if attempts == "effective":
-        newer = aliased(MetricValue)
-        where.append(
-            ~sa.exists().where(
-                newer.job_id == v.job_id,
-                newer.name == v.name,
-                newer.step == v.step,
-                newer.attempt > v.attempt,
-            )
-        )
+        where.append(effective_value(v))
     elif attempts != "all":
         raise ValueError(f"attempts must be 'effective' or 'all', not {attempts!r}")
     # The page's last record first, then every row up to it: whole records only.
@@ -74,6 +67,25 @@ def eval_page(
         .where(*where, pos <= sa.tuple_(last[0], last[1]))
         .order_by(v.stream_ms, v.stream_seq, v.id)
     ).all()
+    items = eval_items(rows)
+    return items, items[-1]["cursor"]
+
+
+def effective_value(v: Any) -> sa.ColumnElement[bool]:
+    """True for the value of ``v`` (MetricValue or an alias) that no newer attempt has
+    re-evaluated: per step and name, the newest attempt's."""
+    newer = aliased(MetricValue)
+    return ~sa.exists().where(
+        newer.job_id == v.job_id,
+        newer.name == v.name,
+        newer.step == v.step,
+        newer.attempt > v.attempt,
+    )
+
+
+def eval_items(rows: Iterable[Sequence[Any]]) -> list[dict[str, Any]]:
+    """Value rows ``(stream_ms, stream_seq, attempt, step, time, name, value)``, each
+    record's together, as one item per eval record."""
     items: list[dict[str, Any]] = []
     for ms, seq, attempt, step, time, name, value in rows:
         cursor = str(Cursor(ms, seq))
@@ -82,7 +94,7 @@ def eval_page(
                 {"step": step, "attempt": attempt, "time": time, "cursor": cursor, "values": {}}
             )
         items[-1]["values"][name] = value
-    return items, items[-1]["cursor"]
+    return items
 
 
 def newest_cursor(s: Session, job_id: str) -> Cursor | None:
