@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from amptrain.store.history import value_writes
 from amptrain.store.history.eval_window import eval_window
+from amptrain.store.history.points import Page
 from amptrain.store.history.values import eval_page
 from amptrain.store.history.window import width_for
 from tests.store.history.test_downsample import new_job
@@ -58,7 +59,7 @@ def test_downsampled_evals_keep_each_buckets_extremes(
     _, sessions = db
     job_id = seed(sessions)
     with sessions() as s:
-        series, _ = eval_page(s, job_id, limit=10_000)  # the effective series
+        series, _ = eval_page(s, job_id, Page(limit=10_000))  # the effective series
         assert len(series) == 300 and [e["step"] for e in series] == list(range(10, 3_001, 10))
         for max_points in (1, 7, 40, 299):
             window = eval_window(s, job_id, max_points)

@@ -12,7 +12,12 @@ from amptrain.contract.metrics import EXTREMA_FIELDS
 from amptrain.server.event_view import owner_view
 from amptrain.server.web.deps import CurrentUser, SessionDep, parse_cursor, visible_job
 from amptrain.server.web.errors import ValidationFailed, error_responses
-from amptrain.server.web.params import MAX_POINTS, FromStep, ToStep
+from amptrain.server.web.params import (
+    MAX_POINTS,
+    CursorParams,
+    FromStep,
+    ToStep,
+)
 from amptrain.server.web.schemas import (
     BucketMark,
     EvalOut,
@@ -24,7 +29,7 @@ from amptrain.server.web.schemas import (
 from amptrain.store.events import event_page
 from amptrain.store.history.downsample import series_window
 from amptrain.store.history.eval_window import eval_window
-from amptrain.store.history.points import Attempts, metric_page
+from amptrain.store.history.points import Page, metric_page
 from amptrain.store.history.values import eval_page
 from amptrain.store.history.window import DEFAULT_EXTREMA, parse_fields, select_fields
 
@@ -55,16 +60,7 @@ def read_metrics(
     job_id: str,
     session: SessionDep,
     user: CurrentUser,
-    after: Annotated[
-        str | None, Query(max_length=48, description="``next_cursor`` of the previous page.")
-    ] = None,
-    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
-    attempts: Annotated[
-        Attempts,
-        Query(
-            description="``effective``: per step only the newest attempt's point; ``all``: every attempt."
-        ),
-    ] = "effective",
+    query: CursorParams,
     max_points: Annotated[
         int | None, Query(ge=1, le=MAX_POINTS, description=METRICS_WINDOW)
     ] = None,
@@ -83,12 +79,12 @@ def read_metrics(
         wanted = parse_fields(fields)
     except ValueError as exc:
         raise ValidationFailed.one("query.fields", str(exc)) from None
-    if (budget := window_budget(max_points, after, from_step, to_step)) is not None:
+    if (budget := window_budget(max_points, query.after, from_step, to_step)) is not None:
         window = series_window(session, job_id, budget, wanted, from_step, to_step)
         marks = [BucketMark(**m) for m in window.marks]
         return MetricPage(items=window.items, next_cursor=window.next_cursor, marks=marks)
-    cursor = parse_cursor(after, "query.after")
-    items, next_cursor = metric_page(session, job_id, after=cursor, limit=limit, attempts=attempts)
+    cursor = parse_cursor(query.after, "query.after")
+    items, next_cursor = metric_page(session, job_id, Page(cursor, query.limit, query.attempts))
     return MetricPage(items=[select_fields(i, wanted) for i in items], next_cursor=next_cursor)
 
 
@@ -117,17 +113,7 @@ def read_evals(
     job_id: str,
     session: SessionDep,
     user: CurrentUser,
-    after: Annotated[
-        str | None, Query(max_length=48, description="``next_cursor`` of the previous page.")
-    ] = None,
-    limit: Annotated[int, Query(ge=1, le=10_000, description="Evaluations per page.")] = 1000,
-    attempts: Annotated[
-        Attempts,
-        Query(
-            description="``effective``: per step and name only the newest attempt's value; "
-            "``all``: every attempt's."
-        ),
-    ] = "effective",
+    query: CursorParams,
     max_points: Annotated[int | None, Query(ge=1, le=MAX_POINTS, description=EVALS_WINDOW)] = None,
     from_step: FromStep = None,
     to_step: ToStep = None,
@@ -138,11 +124,11 @@ def read_evals(
     values; a new metric name needs no new parameter. With ``max_points``: the whole run
     downsampled in the database, in step order, ``next_cursor`` = the newest evaluation's."""
     visible_job(session, user, job_id)
-    if (budget := window_budget(max_points, after, from_step, to_step)) is not None:
+    if (budget := window_budget(max_points, query.after, from_step, to_step)) is not None:
         window = eval_window(session, job_id, budget, from_step, to_step)
         return EvalPage(items=[EvalOut(**i) for i in window.items], next_cursor=window.next_cursor)
-    cursor = parse_cursor(after, "query.after")
-    items, next_cursor = eval_page(session, job_id, after=cursor, limit=limit, attempts=attempts)
+    cursor = parse_cursor(query.after, "query.after")
+    items, next_cursor = eval_page(session, job_id, Page(cursor, query.limit, query.attempts))
     return EvalPage(items=[EvalOut(**i) for i in items], next_cursor=next_cursor)
 
 
