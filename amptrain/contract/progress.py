@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import Any
+from typing import Any, TypeGuard
 
 STEADY_WINDOW = 100
 """Steps the steady-state samples/s is measured over."""
@@ -52,5 +52,5 @@ class ProgressView:
         return shown
 
 
-def _finite(value: Any) -> bool:
+def _finite(value: Any) -> TypeGuard[float]:
     return isinstance(value, int | float) and math.isfinite(value)

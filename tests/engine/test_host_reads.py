@@ -62,7 +62,7 @@ def host_reads(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     monkeypatch.undo()
 
 
-def spec(precision: str, optimizer: str) -> Any:
+def spec(precision: str, optimizer: str, **overrides: Any) -> Any:
     return parse_spec(
         {
             "model": {"name": "mlp", "args": {"width": 32}},
@@ -79,6 +79,7 @@ def spec(precision: str, optimizer: str) -> Any:
             # happen in the window.
             "loss_scale": {"init_scale": 2.0**20, "growth_interval": 2},
             "telemetry": {"flush_every_steps": 6, "flush_every_ms": 600_000},
+            **overrides,
         }
     )
 
@@ -128,3 +129,32 @@ def test_the_counter_sees_the_read_a_plain_optimizer_makes(monkeypatch: pytest.M
         scaler.step(opt)
         scaler.update()
     assert "aten._local_scalar_dense.default" in reads
+
+
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_an_evaluation_costs_its_one_read_and_steps_between_read_nothing(
+    monkeypatch: pytest.MonkeyPatch, precision: str
+) -> None:
+    # Evaluations every 4 steps, flushes every 6: steps 4, 8 and 16 evaluate (the evaluation
+    # record forces a flush of their pending steps), 6 and 18 flush, 12 does both (its
+    # evaluation's flush finds nothing pending), the rest do neither.
+    job = spec(precision, "adamw", eval={"every_steps": 4, "batches": 3})
+    trainer = Trainer(job, RunContext(None, sink=ListSink()))
+    assert trainer.evaluator is not None, "the synthetic dataset's held-out split is gone"
+    trainer.train_step()  # warm-up: lazy optimizer state, the run's first flush
+    per_step: dict[int, tuple[list[str], int, bool]] = {}
+    with host_reads(monkeypatch) as reads:
+        for _ in range(2, 19):
+            before, seam = len(reads), trainer.telemetry.host.count
+            trainer.train_step()
+            trainer._evaluate_if_due(final=False)  # what train() does after each step
+            flushes = trainer.telemetry.host.count - seam
+            evaluated = trainer.evaluator.last_step == trainer.step
+            per_step[trainer.step] = (reads[before:], flushes, evaluated)
+    assert [s for s, (_, _, e) in per_step.items() if e] == [4, 8, 12, 16]
+    assert [s for s, (_, n, _) in per_step.items() if n] == [4, 6, 8, 12, 16, 18]
+    for step, (read, flushes, evaluated) in per_step.items():
+        # One transfer per flush, one .tolist() per evaluation, and nothing else: an .item()
+        # (or bool(), float(), ...) anywhere in the step or the evaluation shows up here.
+        assert read == ["tolist"] * (flushes + evaluated), (step, read)
+    assert len(reads) == sum(n + e for _, n, e in per_step.values()) == 10

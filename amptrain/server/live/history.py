@@ -87,7 +87,9 @@ class History:
         ]
         position: Cursor | None = after
         while upto is not None:
-            page, _ = values.eval_page(s, self.job_id, position, self.page, "all", upto)
+            page, _ = values.eval_page(
+                s, self.job_id, metrics.Page(position, self.page, "all", upto)
+            )
             found += [(Cursor.parse(e["cursor"]), "eval", e) for e in page]
             if len(page) < self.page:
                 break
@@ -97,5 +99,5 @@ class History:
         return (max(ends) if ends else None), deque(found)
 
     def _points(self, s: Session, after: Cursor, upto: Cursor) -> list[dict[str, Any]]:
-        items, _ = metrics.metric_page(s, self.job_id, after, self.page, "all", upto)
+        items, _ = metrics.metric_page(s, self.job_id, metrics.Page(after, self.page, "all", upto))
         return items

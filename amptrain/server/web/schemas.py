@@ -152,6 +152,8 @@ class EvalOut(BaseModel):
     values: dict[str, float | None]
     """Metric name -> value (null when not finite). ``effective``: only the names no newer
     attempt re-evaluated at this step."""
+    downsampled: bool | None = None
+    """Only with ``max_points``: false when the window holds every evaluation."""
 
 
 class EvalPage(BaseModel):

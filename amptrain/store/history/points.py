@@ -8,6 +8,7 @@ order, so paging by ``(stream_ms, stream_seq)`` never repeats or skips a point.
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import sqlalchemy as sa
@@ -23,49 +24,78 @@ IN_CHUNK = 2000
 """Steps per ``IN (...)`` on SQLite: bound parameters far below its limit of 32766."""
 
 
-def steps_in(s: Session, steps: Sequence[int]) -> Iterator[sa.ColumnElement[bool]]:
-    """Conditions that together select the points at ``steps``: on PostgreSQL one
-    ``step = ANY(array)`` (one parameter, so psycopg prepares the statement once; an
-    ``IN`` of hundreds of placeholders is parsed anew every time), else ``IN`` chunks."""
-    p = MetricPoint
+def steps_in(
+    s: Session, steps: Sequence[int], column: Any = MetricPoint.step
+) -> Iterator[sa.ColumnElement[bool]]:
+    """Conditions that together select the rows at ``steps`` (of ``column``: the points' by
+    default): on PostgreSQL one ``step = ANY(array)`` (one parameter, so psycopg prepares the
+    statement once; an ``IN`` of hundreds of placeholders is parsed anew every time), else
+    ``IN`` chunks."""
     if s.get_bind().dialect.name == "postgresql":
-        yield p.step == sa.any_(sa.bindparam("steps", list(steps), postgresql.ARRAY(sa.Integer)))
+        yield column == sa.any_(sa.bindparam("steps", list(steps), postgresql.ARRAY(sa.Integer)))
         return
     for i in range(0, len(steps), IN_CHUNK):
-        yield p.step.in_(steps[i : i + IN_CHUNK])
+        yield column.in_(steps[i : i + IN_CHUNK])
+
+
+@dataclass(frozen=True)
+class Page:
+    """Which part of a job's series a cursor page reads (the points' and the evaluations'
+    alike): after ``after`` (a Cursor or its text; :class:`~amptrain.contract.cursor.CursorError`,
+    a ValueError, on a bad one), up to ``upto`` (inclusive), at most ``limit`` items, of the
+    ``effective`` series (per step the newest attempt's) or of ``all`` attempts."""
+
+    after: Cursor | str | None = None
+    limit: int = 1000
+    attempts: Attempts = "effective"
+    upto: Cursor | None = None
+    start: Cursor | None = field(init=False, repr=False, compare=False)
+    """``after`` parsed."""
+
+    def __post_init__(self) -> None:
+        after = Cursor.parse(self.after) if isinstance(self.after, str) else self.after
+        object.__setattr__(self, "start", after)
+        if self.attempts not in ("effective", "all"):
+            raise ValueError(f"attempts must be 'effective' or 'all', not {self.attempts!r}")
+
+    @property
+    def effective(self) -> bool:
+        return self.attempts == "effective"
+
+    def bounds(self, table: type[MetricPoint] | type[MetricValue]) -> list[sa.ColumnElement[bool]]:
+        """The conditions on ``table``'s cursor columns that keep the page's stretch."""
+        pos = sa.tuple_(table.stream_ms, table.stream_seq)
+        where = []
+        if self.start is not None:
+            where.append(pos > sa.tuple_(*self.start))
+        if self.upto is not None:
+            where.append(pos <= sa.tuple_(*self.upto))
+        return where
+
+    def next_cursor(self, items: Sequence[dict[str, Any]]) -> str | None:
+        """The last item's cursor, or ``after`` when the page is empty, so a client polling a
+        running job keeps passing it back."""
+        return items[-1]["cursor"] if items else None if self.start is None else str(self.start)
+
+
+FIRST = Page()
+"""The series from its start, 1000 items, effective."""
 
 
 def metric_page(
-    s: Session,
-    job_id: str,
-    after: Cursor | str | None = None,
-    limit: int = 1000,
-    attempts: Attempts = "effective",
-    upto: Cursor | None = None,
+    s: Session, job_id: str, page: Page = FIRST
 ) -> tuple[list[dict[str, Any]], str | None]:
-    """Points after ``after`` in recording order, as dicts of STORED_METRIC_FIELDS + ``attempt`` +
-    ``cursor``. ``effective`` keeps, for each step, only the newest attempt's point (the
-    series after a resume); ``all`` returns every attempt's points. ``upto`` bounds the
-    page (inclusive).
-
-    ``next_cursor`` is the last item's cursor, or ``after`` when the page is empty, so a
-    client polling a running job keeps passing it back. Raises
-    :class:`~amptrain.contract.cursor.CursorError` (a ValueError) on a bad cursor text.
-    """
+    """The points of ``page`` in recording order, as dicts of STORED_METRIC_FIELDS +
+    ``attempt`` + ``cursor``; ``effective`` keeps, for each step, only the newest attempt's
+    point (the series after a resume), ``all`` every attempt's. And ``next_cursor``
+    (:meth:`Page.next_cursor`)."""
     p = MetricPoint
-    query = sa.select(p).where(p.job_id == job_id)
-    if after is not None:
-        after = after if isinstance(after, Cursor) else Cursor.parse(after)
-        query = query.where(sa.tuple_(p.stream_ms, p.stream_seq) > sa.tuple_(*after))
-    if upto is not None:
-        query = query.where(sa.tuple_(p.stream_ms, p.stream_seq) <= sa.tuple_(*upto))
-    if attempts == "effective":
+    query = sa.select(p).where(p.job_id == job_id, *page.bounds(p))
+    if page.effective:
         query = query.where(newest_attempt(p))
-    elif attempts != "all":
-        raise ValueError(f"attempts must be 'effective' or 'all', not {attempts!r}")
-    rows = s.scalars(query.order_by(p.stream_ms, p.stream_seq).limit(limit)).all()
+    rows = s.scalars(query.order_by(p.stream_ms, p.stream_seq).limit(page.limit)).all()
     items = [point_dict(r) for r in rows]
-    return items, (items[-1]["cursor"] if items else None if after is None else str(after))
+    return items, page.next_cursor(items)
 
 
 def newest_attempt(p: Any) -> sa.ColumnElement[bool]:

@@ -8,6 +8,7 @@ records: it is cut by records, never between two names of one record.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import sqlalchemy as sa
@@ -15,51 +16,28 @@ from sqlalchemy.orm import Session, aliased
 
 from amptrain.contract.cursor import Cursor
 from amptrain.store.history import points
-from amptrain.store.history.points import Attempts
+from amptrain.store.history.points import FIRST, Page
 from amptrain.store.models import MetricValue
 
 
 def eval_page(
-    s: Session,
-    job_id: str,
-    after: Cursor | str | None = None,
-    limit: int = 1000,
-    attempts: Attempts = "effective",
-    upto: Cursor | None = None,
+    s: Session, job_id: str, page: Page = FIRST
 ) -> tuple[list[dict[str, Any]], str | None]:
-    """Up to ``limit`` eval records after ``after`` (and up to ``upto``, inclusive) in
-    recording order. ``effective`` keeps, per step and name, only the newest attempt's
-    value (a record whose every value was re-evaluated by a newer attempt disappears);
-    ``all`` keeps every attempt's. ``next_cursor`` as for the metric points: the last
-    item's cursor, else ``after``; :class:`~amptrain.contract.cursor.CursorError` on a
-    bad cursor text."""
+    """The eval records of ``page`` (whole records: up to ``limit`` of them) in recording
+    order. ``effective`` keeps, per step and name, only the newest attempt's value (a record
+    whose every value was re-evaluated by a newer attempt disappears); ``all`` keeps every
+    attempt's. ``next_cursor`` as for the metric points (:meth:`Page.next_cursor`)."""
     v = MetricValue
-    where = [v.job_id == job_id]
-    pos = sa.tuple_(v.stream_ms, v.stream_seq)
-    if after is not None:
-        after = after if isinstance(after, Cursor) else Cursor.parse(after)
-        where.append(pos > sa.tuple_(*after))
-    if upto is not None:
-        where.append(pos <= sa.tuple_(*upto))
-    if attempts == "effective":
-        newer = aliased(MetricValue)
-        where.append(
-            ~sa.exists().where(
-                newer.job_id == v.job_id,
-                newer.name == v.name,
-                newer.step == v.step,
-                newer.attempt > v.attempt,
-            )
-        )
-    elif attempts != "all":
-        raise ValueError(f"attempts must be 'effective' or 'all', not {attempts!r}")
+    where = [v.job_id == job_id, *page.bounds(v)]
+    if page.effective:
+        where.append(effective_value(v))
     # The page's last record first, then every row up to it: whole records only.
     cursors = (
         sa.select(v.stream_ms, v.stream_seq)
         .where(*where)
         .group_by(v.stream_ms, v.stream_seq)
         .order_by(v.stream_ms, v.stream_seq)
-        .limit(limit)
+        .limit(page.limit)
         .subquery()
     )
     last = s.execute(
@@ -68,12 +46,31 @@ def eval_page(
         .limit(1)
     ).first()
     if last is None:
-        return [], None if after is None else str(after)
+        return [], page.next_cursor([])
     rows = s.execute(
         sa.select(v.stream_ms, v.stream_seq, v.attempt, v.step, v.time, v.name, v.value)
-        .where(*where, pos <= sa.tuple_(last[0], last[1]))
+        .where(*where, sa.tuple_(v.stream_ms, v.stream_seq) <= sa.tuple_(last[0], last[1]))
         .order_by(v.stream_ms, v.stream_seq, v.id)
     ).all()
+    items = eval_items(rows)
+    return items, page.next_cursor(items)
+
+
+def effective_value(v: Any) -> sa.ColumnElement[bool]:
+    """True for the value of ``v`` (MetricValue or an alias) that no newer attempt has
+    re-evaluated: per step and name, the newest attempt's."""
+    newer = aliased(MetricValue)
+    return ~sa.exists().where(
+        newer.job_id == v.job_id,
+        newer.name == v.name,
+        newer.step == v.step,
+        newer.attempt > v.attempt,
+    )
+
+
+def eval_items(rows: Iterable[Sequence[Any]]) -> list[dict[str, Any]]:
+    """Value rows ``(stream_ms, stream_seq, attempt, step, time, name, value)``, each
+    record's together, as one item per eval record."""
     items: list[dict[str, Any]] = []
     for ms, seq, attempt, step, time, name, value in rows:
         cursor = str(Cursor(ms, seq))
@@ -82,7 +79,7 @@ def eval_page(
                 {"step": step, "attempt": attempt, "time": time, "cursor": cursor, "values": {}}
             )
         items[-1]["values"][name] = value
-    return items, items[-1]["cursor"]
+    return items
 
 
 def newest_cursor(s: Session, job_id: str) -> Cursor | None:

@@ -105,7 +105,13 @@ def window_width(lo: int, hi: int, max_points: int, extrema: tuple[str, ...]) ->
     """The bucket width that shows steps lo..hi in at most ``max_points`` points: a bucket
     keeps its first, last and first flagged step and where each field of ``extrema`` has
     its minimum and maximum."""
-    per_bucket = 3 + 2 * len(extrema)
+    return width_for(lo, hi, max_points, 3 + 2 * len(extrema))
+
+
+def width_for(lo: int, hi: int, max_points: int, per_bucket: int) -> int:
+    """The bucket width that shows steps lo..hi in at most ``max_points`` items when each
+    bucket keeps at most ``per_bucket`` of them (the step metrics': :func:`window_width`;
+    the evaluations': :mod:`amptrain.store.history.eval_window`)."""
     return bucket_width(lo, hi, max(1, max_points // per_bucket))
 
 

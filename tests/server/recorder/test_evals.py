@@ -11,6 +11,7 @@ from amptrain.contract.records import evaluation
 from amptrain.core.redis import Keys
 from amptrain.server.recorder.service import GROUP, Recorder
 from amptrain.store import jobs
+from amptrain.store.history.points import Page
 from amptrain.store.history.values import eval_page
 from amptrain.store.models import MetricValue
 from tests.server.recorder.test_recorder import (
@@ -91,11 +92,11 @@ def test_eval_series_effective_after_a_resume_and_odd_values(sf: Sessions, r: re
     rec.drain_once()
 
     with sf() as s:
-        eff, cursor = eval_page(s, job_id, limit=100)
-        every, _ = eval_page(s, job_id, limit=100, attempts="all")
+        eff, cursor = eval_page(s, job_id, Page(limit=100))
+        every, _ = eval_page(s, job_id, Page(limit=100, attempts="all"))
         pages, after = [], None
         for _ in range(10):
-            page, after = eval_page(s, job_id, after=after, limit=1)
+            page, after = eval_page(s, job_id, Page(after, limit=1))
             if not page:
                 break
             pages += page

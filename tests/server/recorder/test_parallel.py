@@ -39,8 +39,8 @@ def test_parallel_fields_round_trip_through_the_recorder(
 
     assert Recorder(None, sf, r, insert_method=method).drain_once() == 10
     with sf() as s:
-        got, _ = metrics.metric_page(s, ddp, limit=100)
-        plain, _ = metrics.metric_page(s, single, limit=100)
+        got, _ = metrics.metric_page(s, ddp, metrics.Page(limit=100))
+        plain, _ = metrics.metric_page(s, single, metrics.Page(limit=100))
     assert [p["step"] for p in got] == [1, 2, 3, 4, 5, 6, 7]
     for p in got[:5] + got[6:]:
         assert p["world_size"] == 2

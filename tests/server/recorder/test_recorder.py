@@ -145,15 +145,15 @@ def test_metric_page_cursor_returns_each_point_once(sf: Sessions, r: redis.Redis
     cursor = None
     with sf() as s:
         for _ in range(10):
-            items, cursor = metrics.metric_page(s, job_id, after=cursor, limit=7)
+            items, cursor = metrics.metric_page(s, job_id, metrics.Page(cursor, limit=7))
             seen += [i["step"] for i in items]
             if not items:
                 break
-        first, _ = metrics.metric_page(s, job_id, limit=1)
+        first, _ = metrics.metric_page(s, job_id, metrics.Page(limit=1))
         assert set(first[0]) == {*STORED_METRIC_FIELDS, "attempt", "cursor"}
         assert first[0]["attempt"] == attempt
         with pytest.raises(ValueError):
-            metrics.metric_page(s, job_id, after="garbage", limit=5)
+            metrics.metric_page(s, job_id, metrics.Page("garbage", limit=5))
     assert seen == list(range(1, 24))
     assert cursor is not None  # an empty page hands back the cursor it was given
 
@@ -283,8 +283,8 @@ def test_effective_series_after_a_resume(sf: Sessions, r: redis.Redis) -> None:
     publish(r, job_id, 1, [point(11, loss=7.0)])  # a straggler from the fenced attempt
     rec.drain_once()
     with sf() as s:
-        eff, _ = metrics.metric_page(s, job_id, limit=100)
-        every, _ = metrics.metric_page(s, job_id, limit=100, attempts="all")
+        eff, _ = metrics.metric_page(s, job_id, metrics.Page(limit=100))
+        every, _ = metrics.metric_page(s, job_id, metrics.Page(limit=100, attempts="all"))
     assert [(i["step"], i["attempt"]) for i in eff] == [(i, 1) for i in range(1, 6)] + [
         (i, 2) for i in range(6, 13)
     ]

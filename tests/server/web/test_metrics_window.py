@@ -1,6 +1,7 @@
-"""GET /jobs/{id}/metrics with max_points, from_step/to_step and marks, over real HTTP on
-SQLite and PostgreSQL, with points recorded by the real recorder; and the parameters as
-the OpenAPI schema documents them."""
+"""GET /jobs/{id}/metrics with max_points, from_step/to_step and marks, and GET
+/jobs/{id}/evals with max_points and from_step/to_step, over real HTTP on SQLite and
+PostgreSQL, with points and evaluations recorded by the real recorder; and the parameters
+as the OpenAPI schema documents them."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from amptrain.contract.records import evaluation
 from amptrain.core.settings import Settings
 from amptrain.server.web.app import create_app
 from tests.server.web.ab_runs import spec
@@ -48,6 +50,14 @@ def recorded(stack: Stack, steps: int, nan_at: int) -> str:
     return str(job["id"])
 
 
+def refused(c: Any, url: str, params: dict[str, Any]) -> str:
+    """The one field a 422 names."""
+    r = c.get(url, params=params)
+    assert r.status_code == 422, r.text
+    (p,) = r.json()["detail"]
+    return str(p["field"])
+
+
 def test_window_marks_and_validation(api_stack: Stack) -> None:
     c = api_stack.client
     job_id = recorded(api_stack, 2_000, nan_at=1_234)
@@ -76,15 +86,61 @@ def test_window_marks_and_validation(api_stack: Stack) -> None:
     assert zoom["next_cursor"] == whole["next_cursor"]
 
     def problem(params: dict[str, Any]) -> str:
-        r = c.get(url, params=params)
-        assert r.status_code == 422, r.text
-        (p,) = r.json()["detail"]
-        return str(p["field"])
+        return refused(c, url, params)
 
     assert problem({"max_points": 10, "from_step": 9, "to_step": 3}) == "query.to_step"
     assert problem({"from_step": 3}) == "query.from_step"
     assert problem({"to_step": 3}) == "query.to_step"
     assert problem({"max_points": 10, "from_step": -1}) == "query.from_step"
+
+
+def test_eval_window_keeps_the_spike_and_validates_like_metrics(api_stack: Stack) -> None:
+    c = api_stack.client
+    job = api_stack.submit(spec(name="evals", max_steps=2_000))
+    feed = Producer(
+        api_stack.env["AMPTRAIN_REDIS_URL"], api_stack.env["AMPTRAIN_DATABASE_URL"], job["id"]
+    )
+    spike = 730
+    try:
+        feed.start()
+        feed.sink.write(  # type: ignore[union-attr]
+            [
+                evaluation(
+                    step,
+                    1000.0 + step,
+                    {"eval_loss": 1 / step, "accuracy": 0.99 if step == spike else step / 4000},
+                )
+                for step in range(10, 2_001, 10)
+            ]
+        )
+        assert feed.sink is not None and feed.sink.flush()
+    finally:
+        feed.close()
+    url = f"/jobs/{job['id']}/evals"
+
+    def full() -> list[dict[str, Any]]:
+        items: list[dict[str, Any]] = c.get(url, params={"limit": 10_000}).json()["items"]
+        return items if len(items) == 200 else []
+
+    series = wait_until(full, 30, "200 evaluations recorded")
+    coarse = c.get(url, params={"max_points": 30}).json()
+    assert 2 < len(coarse["items"]) <= 30 and all(e["downsampled"] for e in coarse["items"])
+    steps = [e["step"] for e in coarse["items"]]
+    assert {10, spike, 2_000} <= set(steps) and steps == sorted(steps)
+    assert coarse["next_cursor"] == series[-1]["cursor"]
+    whole = c.get(url, params={"max_points": 200}).json()["items"]
+    assert whole == [{**e, "downsampled": False} for e in series]
+    zoom = c.get(url, params={"max_points": 100, "from_step": 500, "to_step": 800}).json()
+    assert [e["step"] for e in zoom["items"]] == list(range(500, 801, 10))
+    assert "downsampled" not in series[0]  # cursor pages stay as they were
+
+    def problem(params: dict[str, Any]) -> str:
+        return refused(c, url, params)
+
+    assert problem({"max_points": 10, "from_step": 9, "to_step": 3}) == "query.to_step"
+    assert problem({"max_points": 10, "after": series[0]["cursor"]}) == "query.after"
+    assert problem({"from_step": 3}) == "query.from_step"
+    assert problem({"max_points": 0}) == "query.max_points"
 
 
 def test_openapi_documents_the_window(tmp_path: Path) -> None:
@@ -95,6 +151,9 @@ def test_openapi_documents_the_window(tmp_path: Path) -> None:
     assert {"max_points", "fields", "from_step", "to_step"} <= set(params)
     assert "full resolution" in params["from_step"]["description"]
     assert "grad_norm" in params["max_points"]["description"]
+    evals = {p["name"]: p for p in schema["paths"]["/jobs/{job_id}/evals"]["get"]["parameters"]}
+    assert {"max_points", "from_step", "to_step", "after", "limit", "attempts"} <= set(evals)
+    assert "min and its max" in evals["max_points"]["description"]
     page = schema["components"]["schemas"]["MetricPage"]
     assert "marks" in page["properties"]
     assert {"from_step", "to_step", "skipped", "non_finite"} <= set(

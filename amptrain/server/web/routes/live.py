@@ -51,6 +51,7 @@ from amptrain.server.web.auth import Principal, authenticate, bearer_token
 from amptrain.server.web.deps import CurrentUser, ServicesDep, SessionDep, parse_cursor, visible_job
 from amptrain.server.web.errors import TooMany, error_responses
 from amptrain.server.web.live_session import CLOSE_TOKEN, CLOSE_TOO_MANY, LiveSession, closed
+from amptrain.server.web.params import AfterCursor
 from amptrain.store.jobs import get_job
 
 log = logging.getLogger(__name__)
@@ -282,9 +283,7 @@ def watch_sse(
     session: SessionDep,
     user: CurrentUser,
     services: ServicesDep,
-    after: Annotated[
-        str | None, Query(max_length=48, description="Resume after this cursor.")
-    ] = None,
+    after: AfterCursor = None,
     last_event_id: Annotated[str | None, Header(alias="Last-Event-ID", max_length=48)] = None,
     batch: Annotated[bool, Query(description=BATCH_DOC)] = False,
 ) -> StreamingResponse:

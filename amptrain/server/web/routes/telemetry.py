@@ -12,6 +12,12 @@ from amptrain.contract.metrics import EXTREMA_FIELDS
 from amptrain.server.event_view import owner_view
 from amptrain.server.web.deps import CurrentUser, SessionDep, parse_cursor, visible_job
 from amptrain.server.web.errors import ValidationFailed, error_responses
+from amptrain.server.web.params import (
+    MAX_POINTS,
+    CursorParams,
+    FromStep,
+    ToStep,
+)
 from amptrain.server.web.schemas import (
     BucketMark,
     EvalOut,
@@ -22,14 +28,26 @@ from amptrain.server.web.schemas import (
 )
 from amptrain.store.events import event_page
 from amptrain.store.history.downsample import series_window
-from amptrain.store.history.points import Attempts, metric_page
+from amptrain.store.history.eval_window import eval_window
+from amptrain.store.history.points import Page, metric_page
 from amptrain.store.history.values import eval_page
 from amptrain.store.history.window import DEFAULT_EXTREMA, parse_fields, select_fields
 
 router = APIRouter(prefix="/jobs", tags=["telemetry"], responses=error_responses(401, 404, 422))
 
-STEP_MAX = 2**31 - 1
-"""Steps are 32-bit columns (PostgreSQL casts a bound step to int4: larger is an error)."""
+METRICS_WINDOW = (
+    "Return the whole run (or the ``from_step``..``to_step`` window) in at most this many "
+    "points, marked ``downsampled``: per bucket of steps the first, the last, the min and max "
+    f"of each requested field that can spike ({', '.join(EXTREMA_FIELDS)}; "
+    f"{' and '.join(DEFAULT_EXTREMA)} by default) and the skipped or non-finite steps (all of "
+    "them when they fit, else each bucket's first, counted in ``marks``). Not with ``after``."
+)
+EVALS_WINDOW = (
+    "Return the whole run (or the ``from_step``..``to_step`` window) in at most this many "
+    "evaluations, marked ``downsampled``, by the rules of ``/metrics``: per bucket of steps "
+    "the first and the last evaluation and, for each metric name, the evaluations holding "
+    "its min and its max. The effective series, in step order. Not with ``after``."
+)
 
 
 # Unset fields stay out: ``marks`` belongs to max_points answers only.
@@ -42,47 +60,12 @@ def read_metrics(
     job_id: str,
     session: SessionDep,
     user: CurrentUser,
-    after: Annotated[
-        str | None, Query(max_length=48, description="``next_cursor`` of the previous page.")
-    ] = None,
-    limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
-    attempts: Annotated[
-        Attempts,
-        Query(
-            description="``effective``: per step only the newest attempt's point; ``all``: every attempt."
-        ),
-    ] = "effective",
+    query: CursorParams,
     max_points: Annotated[
-        int | None,
-        Query(
-            ge=1,
-            le=10_000,
-            description="Return the whole run (or the ``from_step``..``to_step`` window) in at "
-            "most this many points, marked ``downsampled``: per bucket of steps the first, "
-            "the last, the min and max of each requested field that can spike "
-            f"({', '.join(EXTREMA_FIELDS)}; "
-            f"{' and '.join(DEFAULT_EXTREMA)} by default) and the skipped or non-finite steps "
-            "(all of them when they fit, else each bucket's first, counted in ``marks``). "
-            "Not with ``after``.",
-        ),
+        int | None, Query(ge=1, le=MAX_POINTS, description=METRICS_WINDOW)
     ] = None,
-    from_step: Annotated[
-        int | None,
-        Query(
-            ge=0,
-            le=STEP_MAX,
-            description="With ``max_points``: only steps from this one on (a zoomed chart's "
-            "window; at full resolution when it holds at most ``max_points`` points).",
-        ),
-    ] = None,
-    to_step: Annotated[
-        int | None,
-        Query(
-            ge=0,
-            le=STEP_MAX,
-            description="With ``max_points``: only steps up to this one (inclusive).",
-        ),
-    ] = None,
+    from_step: FromStep = None,
+    to_step: ToStep = None,
     fields: Annotated[
         str | None,
         Query(max_length=500, description="Comma-separated metric fields to return (default all)."),
@@ -96,48 +79,56 @@ def read_metrics(
         wanted = parse_fields(fields)
     except ValueError as exc:
         raise ValidationFailed.one("query.fields", str(exc)) from None
+    if (budget := window_budget(max_points, query.after, from_step, to_step)) is not None:
+        window = series_window(session, job_id, budget, wanted, from_step, to_step)
+        marks = [BucketMark(**m) for m in window.marks]
+        return MetricPage(items=window.items, next_cursor=window.next_cursor, marks=marks)
+    cursor = parse_cursor(query.after, "query.after")
+    items, next_cursor = metric_page(session, job_id, Page(cursor, query.limit, query.attempts))
+    return MetricPage(items=[select_fields(i, wanted) for i in items], next_cursor=next_cursor)
+
+
+def window_budget(
+    max_points: int | None, after: str | None, from_step: int | None, to_step: int | None
+) -> int | None:
+    """``max_points`` when a request asks for a downsampled window, else None;
+    ValidationFailed when its parameters do not go together."""
     if max_points is not None:
         if after is not None:
             raise ValidationFailed.one("query.after", "max_points covers the whole run: drop after")
         if from_step is not None and to_step is not None and to_step < from_step:
             raise ValidationFailed.one("query.to_step", "to_step must not be below from_step")
-        window = series_window(session, job_id, max_points, wanted, from_step, to_step)
-        marks = [BucketMark(**m) for m in window.marks]
-        return MetricPage(items=window.items, next_cursor=window.next_cursor, marks=marks)
+        return max_points
     if from_step is not None or to_step is not None:
         field = "query.from_step" if from_step is not None else "query.to_step"
         raise ValidationFailed.one(
             field, "a step window needs max_points (pages follow the cursor instead)"
         )
-    cursor = parse_cursor(after, "query.after")
-    items, next_cursor = metric_page(session, job_id, after=cursor, limit=limit, attempts=attempts)
-    return MetricPage(items=[select_fields(i, wanted) for i in items], next_cursor=next_cursor)
+    return None
 
 
-@router.get("/{job_id}/evals", response_model=EvalPage)
+# Unset fields stay out: ``downsampled`` belongs to max_points answers only.
+@router.get("/{job_id}/evals", response_model=EvalPage, response_model_exclude_unset=True)
 def read_evals(
     job_id: str,
     session: SessionDep,
     user: CurrentUser,
-    after: Annotated[
-        str | None, Query(max_length=48, description="``next_cursor`` of the previous page.")
-    ] = None,
-    limit: Annotated[int, Query(ge=1, le=10_000, description="Evaluations per page.")] = 1000,
-    attempts: Annotated[
-        Attempts,
-        Query(
-            description="``effective``: per step and name only the newest attempt's value; "
-            "``all``: every attempt's."
-        ),
-    ] = "effective",
+    query: CursorParams,
+    max_points: Annotated[int | None, Query(ge=1, le=MAX_POINTS, description=EVALS_WINDOW)] = None,
+    from_step: FromStep = None,
+    to_step: ToStep = None,
 ) -> EvalPage:
     """Evaluations on the held-out split after ``after`` in recording order, by the same
     cursor as the metric points and events (``next_cursor`` passed back returns only newer
     ones, never repeating or skipping one). Each item is one evaluation with all its named
-    values; a new metric name needs no new parameter."""
+    values; a new metric name needs no new parameter. With ``max_points``: the whole run
+    downsampled in the database, in step order, ``next_cursor`` = the newest evaluation's."""
     visible_job(session, user, job_id)
-    cursor = parse_cursor(after, "query.after")
-    items, next_cursor = eval_page(session, job_id, after=cursor, limit=limit, attempts=attempts)
+    if (budget := window_budget(max_points, query.after, from_step, to_step)) is not None:
+        window = eval_window(session, job_id, budget, from_step, to_step)
+        return EvalPage(items=[EvalOut(**i) for i in window.items], next_cursor=window.next_cursor)
+    cursor = parse_cursor(query.after, "query.after")
+    items, next_cursor = eval_page(session, job_id, Page(cursor, query.limit, query.attempts))
     return EvalPage(items=[EvalOut(**i) for i in items], next_cursor=next_cursor)
 
 

@@ -176,13 +176,10 @@ export function mount(root, { id }) {
   }
 
   async function loadEvals() {
-    let after;
-    for (;;) {
-      const page = await api(`${path}/evals`, { params: { limit: 1000, ...(after ? { after } : {}) } });
-      page.items.forEach((e) => evals.add(e));
-      if (page.items.length < 1000) return;
-      after = page.next_cursor;
-    }
+    // Downsampled in the database like the step charts (each bucket's first, last and every
+    // name's min and max), whole when the run's evaluations fit the charts' budget.
+    const page = await api(`${path}/evals`, { params: { max_points: budget() } });
+    page.items.forEach((e) => evals.add(e));
   }
 
   async function loadCheckpoints() {

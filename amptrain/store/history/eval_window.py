@@ -1,0 +1,155 @@
+"""A job's evaluations in at most ``max_points``: the eval series downsampled in the
+database by the rules of the step metrics (:mod:`amptrain.store.history.window`).
+
+The steps from ``from_step`` to ``to_step`` fall into aligned buckets of one width of the
+fixed ladder (:func:`~amptrain.store.history.window.width_for`, the one series_window
+uses); per bucket the first and the last evaluation are kept and, for each metric name,
+the evaluation holding its minimum and the one holding its maximum (a spike in accuracy or
+eval loss survives any zoom). A window that holds at most ``max_points`` evaluations comes
+back whole. Always the effective series (per step and name, the newest attempt's value).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session, aliased
+
+from amptrain.store.history.points import steps_in
+from amptrain.store.history.values import effective_value, eval_items, newest_cursor
+from amptrain.store.history.window import cursor_text, is_finite, width_for
+from amptrain.store.models import MetricValue
+
+
+@dataclass
+class EvalWindow:
+    items: list[dict[str, Any]]
+    """Evaluations in step order, as ``eval_page`` gives them, each with ``downsampled``."""
+    next_cursor: str | None
+    """The newest recorded evaluation's cursor (of the whole run): follow it from there."""
+
+
+def eval_window(
+    s: Session,
+    job_id: str,
+    max_points: int,
+    from_step: int | None = None,
+    to_step: int | None = None,
+) -> EvalWindow:
+    """At most ``max_points`` evaluations of steps ``from_step..to_step`` (default: all)."""
+    if max_points < 1:
+        raise ValueError("max_points must be at least 1")
+    v = MetricValue
+    where = [v.job_id == job_id, effective_value(v)]
+    if from_step is not None:
+        where.append(v.step >= from_step)
+    if to_step is not None:
+        where.append(v.step <= to_step)
+    newest = cursor_text(newest_cursor(s, job_id))
+    records = sa.select(v.stream_ms).where(*where).group_by(v.stream_ms, v.stream_seq).subquery()
+    count = s.scalar(sa.select(sa.func.count()).select_from(records)) or 0
+    if count <= max_points:
+        return EvalWindow(_items(s, where, downsampled=False), newest)
+    lo, hi = s.execute(sa.select(sa.func.min(v.step), sa.func.max(v.step)).where(*where)).one()
+    names = list(s.scalars(sa.select(v.name).where(*where).distinct()))
+    width = width_for(int(lo), int(hi), max_points, 2 + 2 * len(names))
+    steps = _chosen_steps(s, job_id, where, width)
+    items: list[dict[str, Any]] = []
+    for in_steps in steps_in(s, sorted(steps), v.step):
+        items += _items(s, [*where, in_steps], downsampled=True)
+    if len(items) > max_points:  # a budget below one bucket's share, or re-evaluated steps
+        items = _most_telling(items, max_points)
+    return EvalWindow(sorted(items, key=_position), newest)
+
+
+def _chosen_steps(
+    s: Session, job_id: str, where: Sequence[sa.ColumnElement[bool]], width: int
+) -> set[int]:
+    """Per bucket: its first and last step and, per name, where its min and max are."""
+    v = MetricValue
+    bucket = (v.step // width).label("bucket")
+    value = sa.case((is_finite(v.value), v.value))
+    agg = (
+        sa.select(
+            bucket,
+            v.name,
+            sa.func.min(v.step).label("first"),
+            sa.func.max(v.step).label("last"),
+            sa.func.min(value).label("low"),
+            sa.func.max(value).label("high"),
+        )
+        .where(*where)
+        .group_by(bucket, v.name)
+        .subquery()
+    )
+    q = aliased(MetricValue)
+    query = (
+        sa.select(
+            sa.func.min(agg.c.first),
+            sa.func.min(agg.c.last),
+            sa.func.min(sa.case((q.value == agg.c.low, q.step))),
+            sa.func.min(sa.case((q.value == agg.c.high, q.step))),
+        )
+        .select_from(agg)
+        .join(
+            q,
+            sa.and_(
+                q.job_id == job_id,
+                q.name == agg.c.name,
+                q.step.between(agg.c.first, agg.c.last),
+                effective_value(q),
+            ),
+        )
+        .group_by(agg.c.bucket, agg.c.name)
+    )
+    chosen: set[int] = set()
+    firsts: dict[int, int] = {}
+    lasts: dict[int, int] = {}
+    for first, last, low, high in s.execute(query):
+        b = int(first) // width
+        firsts[b] = min(firsts.get(b, int(first)), int(first))
+        lasts[b] = max(lasts.get(b, int(last)), int(last))
+        chosen.update(int(x) for x in (low, high) if x is not None)
+    return chosen | set(firsts.values()) | set(lasts.values())
+
+
+def _items(
+    s: Session, where: Sequence[sa.ColumnElement[bool]], *, downsampled: bool
+) -> list[dict[str, Any]]:
+    v = MetricValue
+    rows = s.execute(
+        sa.select(v.stream_ms, v.stream_seq, v.attempt, v.step, v.time, v.name, v.value)
+        .where(*where)
+        .order_by(v.step, v.stream_ms, v.stream_seq, v.id)
+    ).all()
+    items = eval_items(rows)
+    for item in items:
+        item["downsampled"] = downsampled
+    return items
+
+
+def _position(item: dict[str, Any]) -> tuple[int, int, int]:
+    ms, seq = item["cursor"].split("-")
+    return item["step"], int(ms), int(seq)
+
+
+def _most_telling(items: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
+    """For a budget smaller than one bucket's evaluations: each name's highest value first,
+    then each name's lowest, the last and the first evaluation (as for the step metrics)."""
+    names = sorted({name for item in items for name in item["values"]})
+    highs: list[int] = []
+    lows: list[int] = []
+    for name in names:
+        ranked = sorted(
+            (item["values"][name], k)
+            for k, item in enumerate(items)
+            if item["values"].get(name) is not None
+        )
+        if ranked:
+            highs.append(ranked[-1][1])
+            lows.append(ranked[0][1])
+    picked = list(dict.fromkeys([*highs, *lows, len(items) - 1, 0]))
+    return [items[k] for k in picked[:n]]
