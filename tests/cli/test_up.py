@@ -75,6 +75,8 @@ def test_up_runs_a_job_and_stops_cleanly(tmp_path: Path) -> None:
         precision = done["precision"]
         assert precision["effective"] == expected_measured(precision), precision
         assert "measured over" in precision["reason"], precision
+        # Kept by the worker beyond the attempt's process: the next such job takes it as is.
+        assert (tmp_path / "data" / "auto-precision.json").exists()
     finally:
         up.stop()
     # Nothing left behind: the API, worker and Redis children are gone.
