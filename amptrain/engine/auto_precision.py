@@ -81,10 +81,10 @@ class Measurement:
         return self.baseline_ms / self.candidate_ms
 
     def describe(self) -> str:
-        """E.g. ``bf16 0.54x fp32 measured over 5 steps in 0.9 s: fp32``."""
+        """E.g. ``bf16 0.54x fp32 measured over 5 steps in 0.91 s: fp32``."""
         text = (
             f"{self.candidate} {self.ratio:.2f}x {self.baseline} measured over {self.steps} "
-            f"steps in {self.seconds:.1f} s"
+            f"steps in {self.seconds:.2f} s"
         )
         if not self.candidate_finite:
             text += f" ({self.candidate} loss not finite)"

@@ -16,7 +16,7 @@ from amptrain.engine.cpu_probe import BF16_MIN_SPEEDUP
 
 MEASURED = re.compile(
     r"^(?P<candidate>bf16|fp16) (?P<ratio>\d+\.\d+)x (?P<baseline>fp32|tf32) measured over "
-    r"(?P<steps>\d+) steps in (?P<seconds>\d+\.\d) s(?P<note> \([^)]*\))?: (?P<effective>\w+)"
+    r"(?P<steps>\d+) steps in (?P<seconds>\d+\.\d+) s(?P<note> \([^)]*\))?: (?P<effective>\w+)"
 )
 
 
