@@ -231,6 +231,11 @@ def decide(
             torch.cuda.empty_cache()
         reason = f"{rule.reason} (the measurement could not run: {type(exc).__name__})"
         return PrecisionChoice(rule.requested, rule.effective, reason, rule.device)
+    finally:
+        if device.type == "cuda":
+            # The copy is gone: the job's memory_peak (allocated_bytes.all.peak) and the
+            # OOM messages that quote it must show training's peak, not the probe's.
+            torch.cuda.reset_peak_memory_stats(device)
     with contextlib.suppress(Exception):  # a cache that cannot be written costs a re-measure
         cache[key] = found.to_dict()
     return _choice(rule, found.to_dict(), None)
