@@ -227,14 +227,14 @@ def decide(
     try:
         found = measure(model, loss_fn, batch, device, pair, steps=steps, budget_s=budget_s)
     except Exception as exc:  # an OOM, a model that cannot be copied: the rule decides
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
         reason = f"{rule.reason} (the measurement could not run: {type(exc).__name__})"
         return PrecisionChoice(rule.requested, rule.effective, reason, rule.device)
     finally:
         if device.type == "cuda":
-            # The copy is gone: the job's memory_peak (allocated_bytes.all.peak) and the
-            # OOM messages that quote it must show training's peak, not the probe's.
+            # Here the copy and a failed probe's frames are gone: hand their blocks back,
+            # and let the job's memory_peak (allocated_bytes.all.peak) and the OOM messages
+            # that quote it show training's peak, not the probe's.
+            torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats(device)
     with contextlib.suppress(Exception):  # a cache that cannot be written costs a re-measure
         cache[key] = found.to_dict()
