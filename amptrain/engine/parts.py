@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from amptrain.contract.errors import InvalidSpecError
+from amptrain.contract.errors import InvalidSpecError, TooLargeError
 from amptrain.contract.spec import JobSpec
 from amptrain.engine import auto_precision
 from amptrain.engine.amp_step import AmpStep
@@ -170,6 +170,7 @@ def _decide_auto(
         recorded = _recorded_precision(peek, rule, device)
         if recorded is None:
             recorded = _measured(spec, ctx, device, rule, made, model, channels_last)
+            recorded = _fitting(spec, device, rule, recorded, made)
         decided = recorded.to_dict()
     decided = group.leader_value(decided)
     assert decided is not None
@@ -203,6 +204,27 @@ def _measured(
         model_ref=spec.model.model_dump(mode="json"),
         cache=ctx.precision_cache,
     )
+
+
+def _fitting(
+    spec: JobSpec,
+    device: torch.device,
+    rule: PrecisionChoice,
+    measured: PrecisionChoice,
+    made: Components,
+) -> PrecisionChoice:
+    """The measured choice, unless it is the baseline and, unlike the rule's low precision
+    (which the fit check passed), would not fit the device: a measurement must not turn a
+    job that fits into one that cannot (fp32 keeps twice bf16's activations)."""
+    info = getattr(made.dataset, "info", None)
+    if measured.effective == rule.effective or info is None:
+        return measured
+    try:
+        check_fits(spec, info, device, measured.effective)
+    except TooLargeError:
+        reason = f"{measured.reason}; but {measured.effective} would not fit: {rule.effective}"
+        return dataclasses.replace(measured, effective=rule.effective, reason=reason)
+    return measured
 
 
 def _recorded_precision(

@@ -208,3 +208,28 @@ def test_a_non_finite_low_precision_loss_loses_whatever_its_speed() -> None:
     assert not found.candidate_finite and found.effective == "fp32"
     assert "(bf16 loss not finite): fp32" in found.describe()
     assert torch.all(model.weight == torch.tensor(3.4e38))  # the real model untouched
+
+
+def test_a_measured_baseline_that_would_not_fit_keeps_the_rules_low_precision(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The fit check passed for the rule's bf16 (here: an AMX CPU, pretended); the probe
+    measured fp32 faster, but fp32 would not fit, so the job keeps bf16 and says why."""
+    from amptrain.contract.errors import TooLargeError
+    from amptrain.engine import parts, precision
+    from amptrain.engine.cpu_probe import CpuFeatures
+
+    monkeypatch.setattr(
+        precision, "cpu_features", lambda: CpuFeatures(amx=True, avx512_bf16=True, isa="AVX512")
+    )
+    monkeypatch.setattr(auto_precision, "measure", forced("fp32"))
+
+    def check_fits(spec: Any, info: Any, device: Any, effective: str) -> None:
+        if effective == "fp32":
+            raise TooLargeError("too large for this worker")
+
+    monkeypatch.setattr(parts, "check_fits", check_fits)
+    trainer = Trainer(small(max_steps=1), RunContext(checkpoint_dir=None))
+    assert trainer.precision.effective == "bf16"
+    assert trainer.precision.reason.endswith("; but fp32 would not fit: bf16")
+    assert "bf16 0.50x fp32 measured" in trainer.precision.reason
