@@ -223,8 +223,10 @@ SCHEDULES: dict[str, str] = {
     "constant": "Linear warm-up, then constant.",
 }
 PRECISIONS: dict[str, str] = {
-    "auto": "bf16 on CUDA capability >= 8.0, fp16 + loss scaling on 7.x, fp32 below; on a CPU bf16 "
-    "with AMX, or with avx512_bf16 when a short probe measures it >= 1.2x fp32, else fp32.",
+    "auto": "Measures the job's model for a few steps (about 2 s): bf16 vs tf32 on CUDA "
+    ">= 8.0, fp16 vs fp32 on 7.x, bf16 vs fp32 on a CPU; the low precision when >= 1.1x "
+    "faster with a finite loss. Unmeasurable: bf16 on CUDA >= 8.0, fp16 + loss scaling on "
+    "7.x, fp32 below; on a CPU bf16 with AMX (or avx512_bf16 measured >= 1.2x), else fp32.",
     "fp32": "Strict IEEE fp32 (TF32 off for matmuls and convolutions).",
     "tf32": "fp32 with TF32 tensor-core matmuls and convolutions (CUDA capability >= 8.0; "
     "IEEE fp32 elsewhere).",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -46,6 +46,9 @@ class RunContext:
     cpu_bf16_probe: Bf16Probe | None = None
     """The worker's measurement of bf16 vs fp32 on this CPU, which ``precision: auto``
     uses instead of measuring again (so a worker's jobs all decide alike); None measures."""
+    precision_cache: MutableMapping[str, dict[str, Any]] | None = None
+    """Where ``precision: auto`` keeps its measured decisions per model, shapes and device
+    (the worker: a file that outlives its one-attempt processes); None: this process's dict."""
     ranks: Ranks | None = None
     """This process's place in a data-parallel run (``Ranks.from_env`` under torchrun); None:
     a single process. A stop request on any rank stops every rank at the same flush."""

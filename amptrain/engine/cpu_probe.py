@@ -7,6 +7,9 @@ AMX decides by :func:`measure_bf16`: a few training steps of a small CNN in fp32
 bf16 autocast, interleaved, median of each (about 0.3 s, at most ~0.5 s
 after warm-up).
 
+This is the capability rule's probe: a job's ``auto`` measures its own model
+(:mod:`amptrain.engine.auto_precision`) and falls back to this rule only when it cannot.
+
 Who measures: the worker's capability report (``amptrain.worker.child.probe``, shown in
 ``GET /workers``), once when the worker starts; the worker hands that measurement to
 every job it runs (``RunContext.cpu_bf16_probe``), so all its jobs decide ``auto`` the

@@ -67,6 +67,7 @@ class Trainer(Checkpointing):
         self.optimizer, self.schedule, self.store = parts.optimizer, parts.schedule, parts.store
         self.publisher, self.telemetry = parts.publisher, parts.telemetry
         self.evaluator = parts.evaluator
+        self._peeked = parts.resume_peek
         self.step = 0
         self.micro_batch = spec.micro_batch_size
         self.grad_accum = spec.grad_accum_steps

@@ -19,7 +19,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from amptrain.contract.errors import InvalidSpecError, TooLargeError
 from amptrain.contract.spec import JobSpec
+from amptrain.engine import auto_precision
 from amptrain.engine.amp_step import AmpStep
 from amptrain.engine.checkpoint import CheckpointStore
 from amptrain.engine.context import Components, RunContext
@@ -29,8 +31,14 @@ from amptrain.engine.evaluation import Evaluator, build_evaluator
 from amptrain.engine.fit_check import check_fits
 from amptrain.engine.health import HealthMonitor
 from amptrain.engine.lr_schedule import DeviceSchedule
-from amptrain.engine.precision import PrecisionChoice, apply_math_mode, choose_precision
+from amptrain.engine.precision import (
+    AUTOCAST_DTYPES,
+    PrecisionChoice,
+    apply_math_mode,
+    choose_precision,
+)
 from amptrain.engine.publisher import Publisher
+from amptrain.engine.resume import find_resumable
 from amptrain.engine.telemetry import StepTelemetry
 
 
@@ -50,6 +58,9 @@ class Parts:
     publisher: Publisher
     telemetry: StepTelemetry
     evaluator: Evaluator | None
+    resume_peek: tuple[str | None, dict[str, Any] | None] | None = None
+    """The checkpoint the run will resume from and its state, when ``auto`` read it early
+    (for its precision): the resume then takes it instead of reading it again."""
 
 
 @dataclass(frozen=True)
@@ -79,7 +90,8 @@ def build_parts(
     data: DataOptions,
 ) -> Parts:
     """Everything a run needs; on failure the math switches are put back first."""
-    # Fails before any work; on a CPU, decides by the worker's bf16 measurement.
+    # Fails before any work. For ``auto`` this is the capability rule: what the fit check
+    # assumes, and the fallback when the job's model cannot be measured (below).
     chosen = choose_precision(spec.precision, device, ctx.cpu_bf16_probe)
     # Process-wide switches: put back as they were when train() ends (or this fails).
     restore_math = apply_math_mode(chosen, device)
@@ -88,6 +100,16 @@ def build_parts(
         seed_everything(spec.seed)  # the same on every rank: the same dataset and model
         made = components or _build_components(spec, ctx, device, precision.effective)
         model, channels_last = _place_model(made.model, device)
+        store = _store(spec, ctx, group)
+        peek: tuple[str | None, dict[str, Any] | None] | None = None
+        if spec.precision == "auto":
+            decided, peek = _decide_auto(
+                spec, ctx, device, group, store, precision, made, model, channels_last
+            )
+            if decided.effective != precision.effective:
+                restore_math()
+                restore_math = apply_math_mode(decided, device)
+            precision = decided
         wrapped = group.wrap(model)
         if group.rank > 0:
             # Dropout and other random ops draw differently on each rank (rank 0 keeps the
@@ -107,7 +129,7 @@ def build_parts(
             schedule=_schedule(spec, optimizer),
             feeder=_feeder(spec, device, group, made.dataset, channels_last, data),
             amp=amp,
-            store=_store(spec, ctx, group),
+            store=store,
             publisher=publisher,
             telemetry=StepTelemetry(
                 spec.telemetry,
@@ -118,10 +140,113 @@ def build_parts(
                 group=group,
             ),
             evaluator=evaluator,
+            resume_peek=peek,
         )
     except BaseException:
         restore_math()
         raise
+
+
+def _decide_auto(
+    spec: JobSpec,
+    ctx: RunContext,
+    device: torch.device,
+    group: Group,
+    store: CheckpointStore | None,
+    rule: PrecisionChoice,
+    made: Components,
+    model: torch.nn.Module,
+    channels_last: bool,
+) -> tuple[PrecisionChoice, tuple[str | None, dict[str, Any] | None] | None]:
+    """``auto``'s precision for this attempt, decided by the leader for every rank: the one
+    its resume checkpoint recorded (a new measurement could come out the other way, and
+    exact resume needs the same precision), else the job's model measured
+    (:mod:`~amptrain.engine.auto_precision`). Also the checkpoint read, for the resume."""
+    decided: dict[str, Any] | None = None
+    peek: tuple[str | None, dict[str, Any] | None] | None = None
+    if group.leader:
+        if ctx.resume and store is not None:
+            peek = find_resumable(store, ctx.recorded, load=True)
+        recorded = _recorded_precision(peek, rule, device)
+        if recorded is None:
+            recorded = _measured(spec, ctx, device, rule, made, model, channels_last)
+            recorded = _fitting(spec, device, rule, recorded, made)
+        decided = recorded.to_dict()
+    decided = group.leader_value(decided)
+    assert decided is not None
+    return dataclasses.replace(PrecisionChoice(**decided), device=rule.device), peek
+
+
+def _measured(
+    spec: JobSpec,
+    ctx: RunContext,
+    device: torch.device,
+    rule: PrecisionChoice,
+    made: Components,
+    model: torch.nn.Module,
+    channels_last: bool,
+) -> PrecisionChoice:
+    """The job's model measured on the dataset's first micro-batch (samples are pure
+    functions of their index: reading it moves no data position); the rule if none comes."""
+    try:
+        micro = made.dataset.batch(0, spec.micro_batch_size)
+    except Exception as exc:  # a dataset without ``batch`` (an injected one): the rule
+        reason = f"{rule.reason} (the measurement could not run: {type(exc).__name__})"
+        return dataclasses.replace(rule, reason=reason)
+    if channels_last and micro[0].dim() == 4:  # as the feeder delivers it
+        micro = (micro[0].to(memory_format=torch.channels_last), micro[1])
+    return auto_precision.decide(
+        rule,
+        model,
+        made.loss_fn,
+        micro,
+        device,
+        model_ref=spec.model.model_dump(mode="json"),
+        cache=ctx.precision_cache,
+    )
+
+
+def _fitting(
+    spec: JobSpec,
+    device: torch.device,
+    rule: PrecisionChoice,
+    measured: PrecisionChoice,
+    made: Components,
+) -> PrecisionChoice:
+    """The measured choice, unless it is the baseline and, unlike the rule's low precision
+    (which the fit check passed), would not fit the device: a measurement must not turn a
+    job that fits into one that cannot (fp32 keeps twice bf16's activations)."""
+    info = getattr(made.dataset, "info", None)
+    if measured.effective == rule.effective or info is None:
+        return measured
+    try:
+        check_fits(spec, info, device, measured.effective)
+    except TooLargeError:
+        reason = f"{measured.reason}; but {measured.effective} would not fit: {rule.effective}"
+        return dataclasses.replace(measured, effective=rule.effective, reason=reason)
+    return measured
+
+
+def _recorded_precision(
+    peek: tuple[str | None, dict[str, Any] | None] | None,
+    rule: PrecisionChoice,
+    device: torch.device,
+) -> PrecisionChoice | None:
+    """The precision the checkpoint to resume from trained in, if it is one this device runs."""
+    if peek is None or peek[1] is None:
+        return None
+    state = peek[1]
+    effective = state.get("precision")
+    if effective not in AUTOCAST_DTYPES:
+        return None
+    try:
+        choose_precision(str(effective), device)  # bf16 written on a GPU that has it, ...
+    except InvalidSpecError:
+        return None  # ... resumed on one that has not: measure what this device runs
+    before = state.get("precision_reason")
+    reason = f"recorded by the checkpoint resumed from (step {state.get('step')})"
+    reason += f": {before}" if before else ""
+    return PrecisionChoice(rule.requested, effective, reason, rule.device)
 
 
 def _schedule(spec: JobSpec, optimizer: torch.optim.Optimizer) -> DeviceSchedule:

@@ -1,6 +1,9 @@
 """Which precision a job runs in, why, and the math-mode switches that go with it.
 
-The policy: ``auto`` picks bf16 on CUDA devices of compute capability >= 8.0
+``auto`` is decided by measuring the job's own model
+(:mod:`amptrain.engine.auto_precision`, called once the model is built); what this module
+decides for it is the capability rule, the fallback when the model cannot be measured
+(and what a worker's report shows). The rule: ``auto`` picks bf16 on CUDA devices of compute capability >= 8.0
 (native bf16 tensor cores), fp16 + GradScaler on 7.x (fp16 tensor cores but no
 bf16), fp32 below 7.0. On a CPU it picks bf16 with AMX, bf16 with ``avx512_bf16``
 only when a short measurement shows it at least 1.2x faster than fp32
@@ -63,6 +66,9 @@ class PrecisionChoice:
     effective: Effective
     reason: str
     device: str
+    measurement: dict[str, Any] | None = None
+    """``auto`` decided by measuring the job's model: the step times, ratio, steps and
+    seconds it took (:mod:`amptrain.engine.auto_precision`); None: decided by rule."""
 
     @property
     def autocast_dtype(self) -> torch.dtype | None:
@@ -75,7 +81,10 @@ class PrecisionChoice:
         return self.effective == "fp16"
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        if data["measurement"] is None:  # a rule's choice: the event keeps its old shape
+            del data["measurement"]
+        return data
 
 
 def resolve_device(kind: str) -> torch.device:

@@ -11,6 +11,7 @@ the sink before the checkpoint exists.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -55,6 +56,7 @@ class Checkpointing:
     grad_accum: int
     resumed_from: int | None
     _last_checkpoint_step: int | None
+    _peeked: tuple[str | None, dict[str, Any] | None] | None
 
     def state_dict(self) -> dict[str, Any]:
         """Everything exact resume needs, as tensors and plain types (weights_only-loadable).
@@ -70,6 +72,8 @@ class Checkpointing:
             "micro_batch": self.micro_batch,
             "grad_accum_steps": self.grad_accum,
             "precision": self.precision.effective,
+            # Why: a resumed ``auto`` attempt takes this precision instead of measuring anew.
+            "precision_reason": self.precision.reason,
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.schedule.state_dict(),
@@ -132,17 +136,14 @@ class Checkpointing:
         one its writing attempt recorded through (with its state, read to learn that), the
         checkpoints after it removed: never resumed from, so never kept either."""
         assert self.store is not None
-        recorded = self.ctx.recorded
-        if recorded is None:
-            return self.store.latest(), None
-        for step in reversed(self.store.steps()):
-            path = self.store.path(checkpoint_name(step))
-            state = self.store.load(path)
-            if step <= recorded.get(int(state.get("attempt", 0)), 0):
-                self.store.discard_after(step)
-                return path, state
-        self.store.discard_after(0)
-        return None, None
+        found = self._peeked
+        self._peeked = None  # build_parts found it already (to read its precision)
+        if found is None:
+            found = find_resumable(self.store, self.ctx.recorded, load=False)
+        if self.ctx.recorded is not None:
+            state = found[1]
+            self.store.discard_after(int(state["step"]) if state is not None else 0)
+        return found
 
     @property
     def samples_consumed(self) -> int:
@@ -153,6 +154,24 @@ class Checkpointing:
     def _rank_cuda(self) -> torch.device | None:
         """The one GPU whose RNG a data-parallel rank checkpoints (None: every initialised one)."""
         return self.device if self.group.parallel and self.device.type == "cuda" else None
+
+
+def find_resumable(
+    store: CheckpointStore, recorded: Mapping[int, int] | None, *, load: bool
+) -> tuple[str | None, dict[str, Any] | None]:
+    """The checkpoint a resume takes (removing nothing): the newest, or under ``recorded``
+    (see :attr:`~amptrain.engine.context.RunContext.recorded`) the newest one its writing
+    attempt recorded through; its path and state (``load`` False with ``recorded`` None:
+    the path only, the state unread), or (None, None) when there is none."""
+    if recorded is None:
+        path = store.latest()
+        return path, store.load(path) if (load and path is not None) else None
+    for step in reversed(store.steps()):
+        path = store.path(checkpoint_name(step))
+        state = store.load(path)
+        if step <= recorded.get(int(state.get("attempt", 0)), 0):
+            return path, state
+    return None, None
 
 
 def _keep_build_options(optimizer: torch.optim.Optimizer) -> None:

@@ -97,6 +97,7 @@ def train(launch: Launch, sink: Sink | None, ranks: Ranks | None = None) -> Fini
     from amptrain.contract.spec import parse_spec
     from amptrain.engine import RunContext, Trainer
     from amptrain.engine.cpu_probe import Bf16Probe
+    from amptrain.worker.child.precision_cache import FileCache
 
     probe = launch.cpu_bf16_probe
     try:
@@ -109,6 +110,7 @@ def train(launch: Launch, sink: Sink | None, ranks: Ranks | None = None) -> Fini
             attempt=launch.attempt,
             recorded=launch.recorded,
             cpu_bf16_probe=Bf16Probe.from_dict(probe) if probe else None,
+            precision_cache=FileCache(launch.precision_cache) if launch.precision_cache else None,
             ranks=ranks,
         )
         result = Trainer(parse_spec(launch.spec), ctx).train()

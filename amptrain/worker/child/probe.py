@@ -4,8 +4,10 @@ Runs as ``python -m amptrain.worker.child.probe`` (started by :mod:`amptrain.wor
 and prints the report as JSON. It imports torch and may initialise CUDA, which
 is why it is a process of its own.
 
-Each device says what ``precision: auto`` picks on it and why, using the
-engine's own policy (:func:`amptrain.engine.precision.choose_precision`). The
+Each device says what ``precision: auto``'s capability rule picks on it and why, using the
+engine's own policy (:func:`amptrain.engine.precision.choose_precision`): the fallback of
+a job whose model cannot be measured (jobs measure their own model first,
+:mod:`amptrain.engine.auto_precision`). The
 CPU entry carries the flags that policy reads (``amx``, ``avx512_bf16``) and the
 short bf16-vs-fp32 measurement it relies on when only ``avx512_bf16`` is present
 (``bf16_probe``, see :mod:`amptrain.engine.cpu_probe`). A training child on

@@ -41,6 +41,9 @@ class Launch(_Message):
     cpu_bf16_probe: dict[str, Any] | None = None
     """The worker's bf16-vs-fp32 measurement on its CPU (from its capability report), so
     ``precision: auto`` decides the same for every job here; None: the child measures."""
+    precision_cache: str | None = None
+    """The worker's file of ``precision: auto`` decisions per model, shapes and device
+    (:mod:`amptrain.worker.child.precision_cache`); None: the child's own, forgotten after."""
 
 
 class Accepted(_Message):
@@ -63,6 +66,8 @@ class PrecisionChosen(_Message):
     effective: str
     reason: str
     device: str | None = None
+    measurement: dict[str, Any] | None = None
+    """``auto`` by measurement: what the probe timed and how long it took (None: a rule)."""
 
     @property
     def reason_on_device(self) -> str:
@@ -71,7 +76,8 @@ class PrecisionChosen(_Message):
 
     def event_data(self) -> dict[str, Any]:
         """As shown in the ``started`` event."""
-        return self.model_dump(exclude={"type"})
+        exclude = {"type"} if self.measurement is not None else {"type", "measurement"}
+        return self.model_dump(exclude=exclude)
 
 
 class Finished(_Message):

@@ -15,6 +15,10 @@ from amptrain.worker.main import devices
 
 log = logging.getLogger(__name__)
 
+PRECISION_CACHE = "auto-precision.json"
+"""In the worker's data directory: ``precision: auto`` decisions that outlive each attempt's
+process (:mod:`amptrain.worker.child.precision_cache`)."""
+
 
 @dataclass(frozen=True)
 class Claim:
@@ -39,6 +43,7 @@ def launch(settings: Settings, claim: Claim, recorded: dict[int, int] | None = N
         data_roots=data_roots(settings, claim),
         recorded=recorded,
         cpu_bf16_probe=devices.cpu_bf16_probe(devices.known_report()),
+        precision_cache=str(settings.data_dir / PRECISION_CACHE),
     )
 
 
