@@ -77,7 +77,9 @@ def assert_complete_series(stack: Stack, job_id: str, steps: int = STEPS) -> lis
     points = wait_for_points(stack, job_id, steps)
     assert [p["step"] for p in points] == list(range(1, steps + 1))
     evals = stack.client.get(f"/jobs/{job_id}/evals").json()["items"]
-    assert [e["step"] for e in evals] == list(range(EVAL_EVERY, steps + 1, EVAL_EVERY))
+    every = stack.job(job_id)["spec"]["eval"]["every_steps"]
+    due = [step for step in range(1, steps + 1) if (every and step % every == 0) or step == steps]
+    assert [e["step"] for e in evals] == due  # every every_steps, and at the end
     assert all(set(e["values"]) >= {"eval_loss", "accuracy"} for e in evals), evals
     return points
 
