@@ -7,6 +7,13 @@ but the last when the model is DDP-wrapped) -> on the last micro-batch
 
 The GradScaler exists only for fp16. Nothing here reads a device value on the
 host: the grad norm, the inf flag and the scale come back as device tensors.
+
+Overflow attribution (fp16): the per-parameter gradient norms come from ONE fused
+``torch._foreach_norm`` after ``unscale_``; the global norm (for clipping and the
+``grad_norm`` metric) is the norm of those norms, so it costs nothing extra. From them
+the device also computes which parameter is the first whose gradient is non-finite *in
+backward order* (:class:`Overflow`), still without a host read: telemetry reads it with
+the step's other values at the next flush, and names it only for a skipped step.
 """
 
 from __future__ import annotations
@@ -23,6 +30,26 @@ from amptrain.engine.precision import PrecisionChoice, fp32_island
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+@dataclass(frozen=True)
+class Overflow:
+    """Device-side attribution of a step's non-finite gradients (fp16 only).
+
+    ``index`` (0-d float): position in ``names`` of the first parameter whose gradient
+    norm is inf/NaN in backward order, -1 when all are finite. Backward order is taken
+    as the reverse of registration order (``model.parameters()``): autograd produces
+    the gradients of later layers first for the usual sequential model, and an inf born
+    in one layer propagates to the layers before it, so the highest registered index
+    with a non-finite norm is where the overflow started. (Models whose forward runs
+    modules out of their registration order get the proxy's answer, not autograd's.)
+    ``norm`` (0-d float): that parameter's norm (inf or NaN; meaningless at -1).
+    """
+
+    index: torch.Tensor
+    norm: torch.Tensor
+    names: tuple[str, ...]
+    """Module paths (``blocks.3.attn.proj.weight``) of the parameters ``index`` counts."""
+
+
 @dataclass
 class Applied:
     """Device-side outcome of an optimizer step."""
@@ -30,6 +57,7 @@ class Applied:
     grad_norm: torch.Tensor  # after unscaling, before clipping
     found_inf: torch.Tensor | None  # fp16: 1.0 when the step was skipped
     scale: torch.Tensor | None  # fp16: the scale this step used
+    overflow: Overflow | None = None  # fp16: which parameter overflowed first
 
 
 class AmpStep:
@@ -60,7 +88,12 @@ class AmpStep:
                 backoff_factor=ls.backoff_factor,
                 growth_interval=ls.growth_interval,
             )
-        self._params = [p for p in model.parameters() if p.requires_grad]
+        # DDP wraps the model as ``module``: name parameters as the user's model does.
+        named = getattr(model, "module", model).named_parameters()
+        trainable = [(n, p) for n, p in named if p.requires_grad]
+        self._params = [p for _, p in trainable]
+        self._names = tuple(n for n, _ in trainable)
+        self._positions: torch.Tensor | None = None  # 0..P-1 on the device, made once
 
     def forward_backward(
         self, inputs: torch.Tensor, targets: torch.Tensor, accum: int, *, last: bool
@@ -93,16 +126,17 @@ class AmpStep:
         scaler = self.scaler
         if scaler is not None:
             scaler.unscale_(self.optimizer)
-        grad_norm = self._grad_norm()
+        grad_norm, norms, names = self._grad_norm()
         if scaler is None:
             self.optimizer.step()
             return Applied(grad_norm, None, None)
+        overflow = self._attribute(norms, names)
         found_inf = _found_inf(scaler, self.optimizer)
         # update() rewrites the scale tensor in place: keep the value this step used.
         scale = scaler._scale.clone()  # type: ignore[union-attr]
         scaler.step(self.optimizer)
         scaler.update()
-        return Applied(grad_norm, found_inf, scale)
+        return Applied(grad_norm, found_inf, scale, overflow)
 
     def abandon(self) -> None:
         """Forget a step that failed part-way (an OOM) so it can be run again from the start.
@@ -116,13 +150,42 @@ class AmpStep:
         if self.scaler is not None:
             self.scaler._per_optimizer_states.pop(id(self.optimizer), None)
 
-    def _grad_norm(self) -> torch.Tensor:
-        # Stays on the device: clip_grad_norm_ multiplies by a clamped coefficient
-        # instead of branching on the norm in Python.
+    def _grad_norm(self) -> tuple[torch.Tensor, torch.Tensor | None, tuple[str, ...]]:
+        """The global norm, each parameter's norm (one fused call) and their names.
+
+        Everything stays on the device: clipping multiplies by a clamped coefficient
+        instead of branching on the norm in Python."""
+        present = [
+            (n, p.grad)
+            for n, p in zip(self._names, self._params, strict=True)
+            if p.grad is not None
+        ]
+        if not present:
+            return torch.zeros((), device=self.device), None, ()
+        grads = [g for _, g in present]
+        names = self._names if len(present) == len(self._names) else tuple(n for n, _ in present)
+        norms = torch.stack(torch._foreach_norm(grads)).float()
+        # The same value get_total_norm computes (it too takes the norm of the per-tensor
+        # norms), without a second pass over the gradients.
+        total = torch.linalg.vector_norm(norms)
         if self.clip_norm is not None:
-            return torch.nn.utils.clip_grad_norm_(self._params, self.clip_norm)
-        grads = [p.grad for p in self._params if p.grad is not None]
-        return torch.nn.utils.get_total_norm(grads)
+            torch.nn.utils.clip_grads_with_norm_(self._params, self.clip_norm, total)
+        return total, norms, names
+
+    def _attribute(self, norms: torch.Tensor | None, names: tuple[str, ...]) -> Overflow | None:
+        """Which parameter overflowed first, as device tensors (a handful of tiny kernels,
+        no host read)."""
+        if norms is None:
+            return None
+        count = norms.numel()
+        if self._positions is None or self._positions.numel() != count:
+            self._positions = torch.arange(count, device=norms.device, dtype=torch.float32)
+        bad = ~torch.isfinite(norms)
+        # The highest registered position with a non-finite norm: the first in backward order.
+        index = torch.where(bad, self._positions, -1.0).amax()
+        # index_select, not ``norms[index]``: indexing with a 0-d tensor reads it on the host.
+        norm = norms.index_select(0, index.clamp(min=0).long().view(1)).squeeze(0)
+        return Overflow(index, norm, names)
 
 
 def _found_inf(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> torch.Tensor:

@@ -7,12 +7,18 @@ module turns what was read into the ``metric`` records of :mod:`amptrain.contrac
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from amptrain.contract.records import event, metric
 from amptrain.engine.memory import MemorySnapshot
+
+ATTRIBUTION_SLOTS: tuple[str, ...] = ("overflow_index", "overflow_norm")
+"""With a scaler, each step's device values end with these two (not metric fields): the
+:class:`~amptrain.engine.amp_step.Overflow` of the step, read with the rest at the flush
+and turned into a :class:`Skip` for a skipped step only."""
 
 
 @dataclass
@@ -23,6 +29,20 @@ class Pending:
     samples: int
     started: float  # perf_counter when the step was entered
     ended: float  # perf_counter when its last kernel was *enqueued*
+    names: tuple[str, ...] = ()
+    """The parameters ``overflow_index`` counts (fp16); shared, not copied, per step."""
+
+
+@dataclass(frozen=True)
+class Skip:
+    """A skipped step's overflow attribution, as read at the flush."""
+
+    step: int
+    param: str | None
+    """The first parameter in backward order whose gradient norm was inf/NaN; None when
+    every norm was finite (the scaler saw the non-finite value elsewhere)."""
+    norm: str | None
+    """``"inf"`` or ``"nan"``: that parameter's gradient norm."""
 
 
 @dataclass
@@ -60,18 +80,22 @@ def step_records(
     values: list[float],
     times: list[tuple[float, float]],
     totals: Totals,
-) -> list[dict[str, Any]]:
-    """One record per step: ``values`` holds each step's ``fields`` in order, ``times``
-    its (start, end)."""
+) -> tuple[list[dict[str, Any]], list[Skip]]:
+    """One record per step: ``values`` holds each step's ``fields`` in order (metric fields,
+    then any :data:`ATTRIBUTION_SLOTS`), ``times`` its (start, end). Also the attribution of
+    each skipped step."""
     width = len(fields)
     skipped_steps = totals.skipped_before
     mem = totals.memory
     records = []
+    skips = []
     for i, (p, (start, end)) in enumerate(zip(pending, times, strict=True)):
         device: dict[str, Any] = dict(zip(fields, values[i * width : (i + 1) * width], strict=True))
+        index, norm = (device.pop(slot, None) for slot in ATTRIBUTION_SLOTS)
         skipped = device.pop("skipped", 0.0) > 0  # the scaler's inf flag
         if skipped:
             device["grad_norm"] = None  # not a norm: the gradients held inf/NaN
+            skips.append(_skip(p, index, norm))
         skipped_steps += skipped
         step_s = max(end - start, 1e-9)
         records.append(
@@ -89,7 +113,14 @@ def step_records(
                 **totals.extra,
             )
         )
-    return records
+    return records, skips
+
+
+def _skip(p: Pending, index: float | None, norm: float | None) -> Skip:
+    if index is None or index < 0 or int(index) >= len(p.names):
+        return Skip(p.step, None, None)
+    kind = "nan" if norm is None or math.isnan(norm) else "inf"
+    return Skip(p.step, p.names[int(index)], kind)
 
 
 def dropped_warning(step: int, dropped: int) -> dict[str, Any]:

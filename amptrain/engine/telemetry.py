@@ -36,6 +36,8 @@ import torch
 from amptrain.contract.metrics import device_fields
 from amptrain.contract.records import event
 from amptrain.contract.spec import TelemetrySpec
+from amptrain.engine.amp_step import Overflow
+from amptrain.engine.attribution import Attribution
 from amptrain.engine.distributed import STOP_CODES, Group, stop_name
 from amptrain.engine.health import HealthMonitor
 from amptrain.engine.host import HostReads, InFlight
@@ -80,8 +82,9 @@ class StepTelemetry:
         self._device = device
         self._health = health
         self._publisher = publisher
-        self._fields = device_fields(with_scaler)
-        """The device values of a step, in the order they sit in a flush's one tensor."""
+        self.attribution = Attribution(with_scaler)
+        self._fields = device_fields(with_scaler) + self.attribution.slots
+        """A step's device values (fp16: attribution last), in a flush's one tensor's order."""
         self._values: list[torch.Tensor] = []  # per step, one tensor per field of _fields
         self._pending: list[Pending] = []
         self._windows: deque[_Window] = deque()  # copies queued, not yet read (CUDA)
@@ -106,14 +109,21 @@ class StepTelemetry:
         """Devices > 1: the stop every rank agreed on at the last flush (cancel wins)."""
 
     def record(
-        self, step: int, values: Mapping[str, torch.Tensor], *, samples: int, started: float
+        self,
+        step: int,
+        values: Mapping[str, torch.Tensor],
+        *,
+        samples: int,
+        started: float,
+        overflow: Overflow | None = None,
     ) -> None:
         """Keep one step's device values (by metric name: ``loss``, ``grad_norm``, ``lr``,
-        and with a scaler ``skipped``, its inf flag, and ``loss_scale``); flush when a flush
-        is due (may raise DivergedError)."""
+        and with a scaler ``skipped``, its inf flag, ``loss_scale``, and ``overflow``, read
+        with the rest at the flush); flush when one is due (may raise DivergedError)."""
+        values, names = self.attribution.add(values, overflow)
         self._values += (values[f] for f in self._fields)
         now = time.perf_counter()
-        self._pending.append(Pending(step, samples, started, now))
+        self._pending.append(Pending(step, samples, started, now, names))
         # The first step of a run (or of a resumed run) flushes at once, so a watcher
         # sees the job training within a step of its start; later step-count flushes stay
         # on multiples of flush_every_steps, the boundaries every rank agrees on.
@@ -187,12 +197,15 @@ class StepTelemetry:
         self, records: list[dict[str, Any]], extra: list[dict[str, Any]] | None = None
     ) -> None:
         """Check health, offer the records (and any drop warning, and ``extra``) as one batch."""
-        warnings, error = self._health.check(records)
+        skips = self.attribution.take([r["step"] for r in records])
+        warnings, error = self._health.check(records, skips)
         if error is not None and error.step is not None:
             # The run ends at the step it diverged: the steps after it in this flush trained
             # from a diverged state, and the job, its error, its events and its charts all
             # name one step (they said 33 beside 40/1000).
             records = [r for r in records if r["step"] <= error.step]
+            skips = {k: v for k, v in skips.items() if k <= error.step}
+        self.attribution.published(skips)
         batch = records + warnings + (extra or [])
         dropped = self._publisher.dropped
         if dropped > self._dropped_reported:
@@ -212,23 +225,11 @@ class StepTelemetry:
         return [dropped_warning(step, dropped)]
 
     def _reduce(self) -> tuple[list[float], MemorySnapshot, dict[str, Any]]:
-        """Devices > 1: this flush's values from every rank, in ONE all-gather and ONE host read.
-
-        Returns the per-step values (the loss averaged over ranks; grad norm, lr, inf flag
-        and scale are equal on all ranks, the gradients having been all-reduced), the
-        memory maximum over ranks, and the extra record fields."""
+        """Devices > 1: this flush's values from every rank (see :func:`_reduce_ranks`)."""
         mem = snapshot(self._device)
-        tail = {**mem._asdict(), "stop": STOP_CODES[self.stop_requested]}
-        ends = torch.tensor(list(tail.values()), dtype=torch.float64, device=self._device)
-        row = torch.cat([torch.stack(self._values).double(), ends]) if self._values else ends
-        rows = self.host.table(self._group.gather_rows(row))  # the collective, then the read
-        values = rows[self._group.rank][: -len(tail)]
-        tails = [dict(zip(tail, r[-len(tail) :], strict=True)) for r in rows]
-        for i in range(self._fields.index("loss"), len(values), len(self._fields)):
-            values[i] = sum(r[i] for r in rows) / len(rows)
-        self.agreed_stop = stop_name(max(t["stop"] for t in tails))
-        top = MemorySnapshot(*(int(max(t[f] for t in tails)) for f in MemorySnapshot._fields))
-        extra = {"world_size": len(rows), "memory_peak_per_rank": [int(t["peak"]) for t in tails]}
+        values, top, extra, self.agreed_stop = _reduce_ranks(
+            self._group, self.host, self._values, self._fields, mem, self.stop_requested
+        )
         return values, top, extra
 
     def _build_records(
@@ -247,14 +248,43 @@ class StepTelemetry:
             device_done = pending[0].started + max(device_s, 0.0)
         else:
             device_done = host_done if self._device.type == "cuda" else pending[-1].ended
-        records = step_records(
+        records, skips = step_records(
             pending,
             self._fields,
             values,
             timeline(pending, device_done),
             Totals(self._wall_offset, self.skipped_steps, mem, extra),
         )
+        self.attribution.read(skips)
         self.skipped_steps = records[-1]["skipped_steps"]
         self._last_flush = host_done
         self.last_record = records[-1]
         return records
+
+
+def _reduce_ranks(
+    group: Group,
+    host: HostReads,
+    step_values: list[torch.Tensor],
+    fields: tuple[str, ...],
+    mem: MemorySnapshot,
+    stop_requested: str | None,
+) -> tuple[list[float], MemorySnapshot, dict[str, Any], str | None]:
+    """A flush's values from every rank, in ONE all-gather and ONE host read.
+
+    Returns the per-step values (the loss averaged over ranks; grad norm, lr, inf flag,
+    scale and overflow attribution are equal on all ranks, the gradients having been
+    all-reduced), the memory maximum over ranks, the extra record fields, and the stop
+    every rank agreed on."""
+    tail = {**mem._asdict(), "stop": STOP_CODES[stop_requested]}
+    ends = torch.tensor(list(tail.values()), dtype=torch.float64, device=group.device)
+    row = torch.cat([torch.stack(step_values).double(), ends]) if step_values else ends
+    rows = host.table(group.gather_rows(row))  # the collective, then the read
+    values = rows[group.rank][: -len(tail)]
+    tails = [dict(zip(tail, r[-len(tail) :], strict=True)) for r in rows]
+    for i in range(fields.index("loss"), len(values), len(fields)):
+        values[i] = sum(r[i] for r in rows) / len(rows)
+    agreed = stop_name(max(t["stop"] for t in tails))
+    top = MemorySnapshot(*(int(max(t[f] for t in tails)) for f in MemorySnapshot._fields))
+    extra = {"world_size": len(rows), "memory_peak_per_rank": [int(t["peak"]) for t in tails]}
+    return values, top, extra, agreed
