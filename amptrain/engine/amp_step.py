@@ -10,10 +10,11 @@ host: the grad norm, the inf flag and the scale come back as device tensors.
 
 Overflow attribution (fp16): the per-parameter gradient norms come from ONE fused
 ``torch._foreach_norm`` after ``unscale_``; the global norm (for clipping and the
-``grad_norm`` metric) is the norm of those norms, so it costs nothing extra. From them
-the device also computes which parameter is the first whose gradient is non-finite *in
-backward order* (:class:`Overflow`), still without a host read: telemetry reads it with
-the step's other values at the next flush, and names it only for a skipped step.
+``grad_norm`` metric) is the norm of those norms, so it costs nothing extra. The step
+keeps the norms on the device (:class:`Overflow`); at the next flush telemetry finds,
+for the whole window at once, each step's first non-finite parameter in backward order
+and reads it with the other values in the flush's one read; it names it only for the
+skipped steps.
 """
 
 from __future__ import annotations
@@ -32,22 +33,19 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 @dataclass(frozen=True)
 class Overflow:
-    """Device-side attribution of a step's non-finite gradients (fp16 only).
+    """What a step keeps for overflow attribution (fp16 only): references, no kernel.
 
-    ``index`` (0-d float): position in ``names`` of the first parameter whose gradient
-    norm is inf/NaN in backward order, -1 when all are finite. Backward order is taken
-    as the reverse of registration order (``model.parameters()``): autograd produces
-    the gradients of later layers first for the usual sequential model, and an inf born
-    in one layer propagates to the layers before it, so the highest registered index
-    with a non-finite norm is where the overflow started. (Models whose forward runs
-    modules out of their registration order get the proxy's answer, not autograd's.)
-    ``norm`` (0-d float): that parameter's norm (inf or NaN; meaningless at -1).
+    Telemetry turns a flush's worth of these into each step's first non-finite parameter
+    in backward order, on the device, in a few kernels for the whole window
+    (:func:`~amptrain.engine.attribution.first_nonfinite`).
     """
 
-    index: torch.Tensor
-    norm: torch.Tensor
+    norms: torch.Tensor
+    """Each parameter's gradient norm after unscaling (1-D, on the device): the same
+    tensor the global norm was computed from."""
     names: tuple[str, ...]
-    """Module paths (``blocks.3.attn.proj.weight``) of the parameters ``index`` counts."""
+    """Module paths (``blocks.3.attn.proj.weight``) of the parameters, in registration
+    order (``model.parameters()``)."""
 
 
 @dataclass
@@ -93,7 +91,6 @@ class AmpStep:
         trainable = [(n, p) for n, p in named if p.requires_grad]
         self._params = [p for _, p in trainable]
         self._names = tuple(n for n, _ in trainable)
-        self._positions: torch.Tensor | None = None  # 0..P-1 on the device, made once
 
     def forward_backward(
         self, inputs: torch.Tensor, targets: torch.Tensor, accum: int, *, last: bool
@@ -130,7 +127,7 @@ class AmpStep:
         if scaler is None:
             self.optimizer.step()
             return Applied(grad_norm, None, None)
-        overflow = self._attribute(norms, names)
+        overflow = None if norms is None else Overflow(norms, names)
         found_inf = _found_inf(scaler, self.optimizer)
         # update() rewrites the scale tensor in place: keep the value this step used.
         scale = scaler._scale.clone()  # type: ignore[union-attr]
@@ -171,21 +168,6 @@ class AmpStep:
         if self.clip_norm is not None:
             torch.nn.utils.clip_grads_with_norm_(self._params, self.clip_norm, total)
         return total, norms, names
-
-    def _attribute(self, norms: torch.Tensor | None, names: tuple[str, ...]) -> Overflow | None:
-        """Which parameter overflowed first, as device tensors (a handful of tiny kernels,
-        no host read)."""
-        if norms is None:
-            return None
-        count = norms.numel()
-        if self._positions is None or self._positions.numel() != count:
-            self._positions = torch.arange(count, device=norms.device, dtype=torch.float32)
-        bad = ~torch.isfinite(norms)
-        # The highest registered position with a non-finite norm: the first in backward order.
-        index = torch.where(bad, self._positions, -1.0).amax()
-        # index_select, not ``norms[index]``: indexing with a 0-d tensor reads it on the host.
-        norm = norms.index_select(0, index.clamp(min=0).long().view(1)).squeeze(0)
-        return Overflow(index, norm, names)
 
 
 def _found_inf(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> torch.Tensor:

@@ -15,10 +15,11 @@ from typing import Any
 from amptrain.contract.records import event, metric
 from amptrain.engine.memory import MemorySnapshot
 
-ATTRIBUTION_SLOTS: tuple[str, ...] = ("overflow_index", "overflow_norm")
-"""With a scaler, each step's device values end with these two (not metric fields): the
-:class:`~amptrain.engine.amp_step.Overflow` of the step, read with the rest at the flush
-and turned into a :class:`Skip` for a skipped step only."""
+ATTRIBUTION_SLOTS: tuple[str, ...] = ("overflow",)
+"""With a scaler, each step's device values end with this (not a metric field): its
+first non-finite parameter in backward order as ``2 * index + isnan`` (-1: none; see
+:func:`~amptrain.engine.attribution.first_nonfinite`), read with the rest at the flush and
+turned into a :class:`Skip` for a skipped step only."""
 
 
 @dataclass
@@ -91,11 +92,11 @@ def step_records(
     skips = []
     for i, (p, (start, end)) in enumerate(zip(pending, times, strict=True)):
         device: dict[str, Any] = dict(zip(fields, values[i * width : (i + 1) * width], strict=True))
-        index, norm = (device.pop(slot, None) for slot in ATTRIBUTION_SLOTS)
+        code = device.pop(ATTRIBUTION_SLOTS[0], None)
         skipped = device.pop("skipped", 0.0) > 0  # the scaler's inf flag
         if skipped:
             device["grad_norm"] = None  # not a norm: the gradients held inf/NaN
-            skips.append(_skip(p, index, norm))
+            skips.append(_skip(p, code))
         skipped_steps += skipped
         step_s = max(end - start, 1e-9)
         records.append(
@@ -116,11 +117,13 @@ def step_records(
     return records, skips
 
 
-def _skip(p: Pending, index: float | None, norm: float | None) -> Skip:
-    if index is None or index < 0 or int(index) >= len(p.names):
+def _skip(p: Pending, code: float | None) -> Skip:
+    if code is None or not math.isfinite(code) or code < 0:
         return Skip(p.step, None, None)
-    kind = "nan" if norm is None or math.isnan(norm) else "inf"
-    return Skip(p.step, p.names[int(index)], kind)
+    index, nan = divmod(int(code), 2)
+    if index >= len(p.names):
+        return Skip(p.step, None, None)
+    return Skip(p.step, p.names[index], "nan" if nan else "inf")
 
 
 def dropped_warning(step: int, dropped: int) -> dict[str, Any]:

@@ -83,9 +83,10 @@ class StepTelemetry:
         self._health = health
         self._publisher = publisher
         self.attribution = Attribution(with_scaler)
-        self._fields = device_fields(with_scaler) + self.attribution.slots
-        """A step's device values (fp16: attribution last), in a flush's one tensor's order."""
-        self._values: list[torch.Tensor] = []  # per step, one tensor per field of _fields
+        self._metric_fields = device_fields(with_scaler)  # what a step hands over, in order
+        self._fields = self._metric_fields + self.attribution.slots
+        """A step's values as read (fp16: the attribution code last), in the read's order."""
+        self._values: list[torch.Tensor] = []  # per step, one per field of _metric_fields
         self._pending: list[Pending] = []
         self._windows: deque[_Window] = deque()  # copies queued, not yet read (CUDA)
         # Recorded where the last window read ended on the device: the next one's start;
@@ -120,8 +121,8 @@ class StepTelemetry:
         """Keep one step's device values (by metric name: ``loss``, ``grad_norm``, ``lr``,
         and with a scaler ``skipped``, its inf flag, ``loss_scale``, and ``overflow``, read
         with the rest at the flush); flush when one is due (may raise DivergedError)."""
-        values, names = self.attribution.add(values, overflow)
-        self._values += (values[f] for f in self._fields)
+        names = self.attribution.keep(overflow, values["loss"])
+        self._values += (values[f] for f in self._metric_fields)
         now = time.perf_counter()
         self._pending.append(Pending(step, samples, started, now, names))
         # The first step of a run (or of a resumed run) flushes at once, so a watcher
@@ -143,7 +144,11 @@ class StepTelemetry:
             self.flush()
             return
         self._windows.append(
-            _Window(self._pending, self.host.start(self._values), snapshot(self._device))
+            _Window(
+                self._pending,
+                self.host.start(self.attribution.interleave(self._values)),
+                snapshot(self._device),
+            )
         )
         self._pending, self._values = [], []
         self._last_flush = time.perf_counter()
@@ -159,11 +164,12 @@ class StepTelemetry:
 
         With devices > 1 this is a collective: every rank calls it at the same points."""
         if self._group.parallel:
-            records = self._build_records(self._pending, *self._reduce())
+            records = self._build_records(self._pending, *_reduce_ranks(self))
         else:
             records = self._read_windows(wait=True)
             if self._pending:
-                values = self.host.floats(self._values) if self._values else []
+                read = self.attribution.interleave(self._values)
+                values = self.host.floats(read) if read else []
                 records += self._build_records(self._pending, values, snapshot(self._device), {})
                 if self._deferred:
                     self._mark = self.host.mark()
@@ -224,14 +230,6 @@ class StepTelemetry:
         step = (self.last_record or {}).get("step", 0)
         return [dropped_warning(step, dropped)]
 
-    def _reduce(self) -> tuple[list[float], MemorySnapshot, dict[str, Any]]:
-        """Devices > 1: this flush's values from every rank (see :func:`_reduce_ranks`)."""
-        mem = snapshot(self._device)
-        values, top, extra, self.agreed_stop = _reduce_ranks(
-            self._group, self.host, self._values, self._fields, mem, self.stop_requested
-        )
-        return values, top, extra
-
     def _build_records(
         self,
         pending: list[Pending],
@@ -262,29 +260,24 @@ class StepTelemetry:
         return records
 
 
-def _reduce_ranks(
-    group: Group,
-    host: HostReads,
-    step_values: list[torch.Tensor],
-    fields: tuple[str, ...],
-    mem: MemorySnapshot,
-    stop_requested: str | None,
-) -> tuple[list[float], MemorySnapshot, dict[str, Any], str | None]:
-    """A flush's values from every rank, in ONE all-gather and ONE host read.
+def _reduce_ranks(tel: StepTelemetry) -> tuple[list[float], MemorySnapshot, dict[str, Any]]:
+    """Devices > 1: ``tel``'s flush values from every rank, in ONE all-gather and ONE host
+    read; sets ``tel.agreed_stop`` to the stop every rank agreed on.
 
     Returns the per-step values (the loss averaged over ranks; grad norm, lr, inf flag,
     scale and overflow attribution are equal on all ranks, the gradients having been
-    all-reduced), the memory maximum over ranks, the extra record fields, and the stop
-    every rank agreed on."""
-    tail = {**mem._asdict(), "stop": STOP_CODES[stop_requested]}
-    ends = torch.tensor(list(tail.values()), dtype=torch.float64, device=group.device)
+    all-reduced), the memory maximum over ranks, and the extra record fields."""
+    mem = snapshot(tel._device)
+    step_values = tel.attribution.interleave(tel._values)
+    tail = {**mem._asdict(), "stop": STOP_CODES[tel.stop_requested]}
+    ends = torch.tensor(list(tail.values()), dtype=torch.float64, device=tel._device)
     row = torch.cat([torch.stack(step_values).double(), ends]) if step_values else ends
-    rows = host.table(group.gather_rows(row))  # the collective, then the read
-    values = rows[group.rank][: -len(tail)]
+    rows = tel.host.table(tel._group.gather_rows(row))  # the collective, then the read
+    values = rows[tel._group.rank][: -len(tail)]
     tails = [dict(zip(tail, r[-len(tail) :], strict=True)) for r in rows]
-    for i in range(fields.index("loss"), len(values), len(fields)):
+    for i in range(tel._fields.index("loss"), len(values), len(tel._fields)):
         values[i] = sum(r[i] for r in rows) / len(rows)
-    agreed = stop_name(max(t["stop"] for t in tails))
+    tel.agreed_stop = stop_name(max(t["stop"] for t in tails))
     top = MemorySnapshot(*(int(max(t[f] for t in tails)) for f in MemorySnapshot._fields))
     extra = {"world_size": len(rows), "memory_peak_per_rank": [int(t["peak"]) for t in tails]}
-    return values, top, extra, agreed
+    return values, top, extra

@@ -12,6 +12,7 @@ from torch import nn
 
 from amptrain.contract.records import OVERFLOW_WARNING
 from amptrain.engine import RunContext, Trainer
+from amptrain.engine.attribution import first_nonfinite
 from tests.engine.test_amp import components, spec
 from tests.support.sinks import ListSink
 
@@ -92,3 +93,12 @@ def test_bf16_and_fp32_runs_have_no_attribution() -> None:
         spec(precision="bf16", max_steps=2), RunContext(None, sink=ListSink()), components(Blocks)
     ).train()
     assert result.overflow_counts == {} and result.skipped_steps == 0
+
+
+def test_the_window_codes_name_the_last_registered_non_finite_norm() -> None:
+    inf, nan = math.inf, math.nan
+    same = [torch.tensor(v) for v in ([1.0, inf, 2.0], [nan, 1.0, inf], [1.0, 2.0, 3.0])]
+    assert [c.item() for c in first_nonfinite(same)] == [2.0, 4.0, -1.0]  # 2*i + isnan
+    # Steps whose parameters differ (one had no gradient) are coded one by one.
+    mixed = [torch.tensor([1.0, nan]), torch.tensor([inf, 1.0, 1.0])]
+    assert [c.item() for c in first_nonfinite(mixed)] == [3.0, 0.0]
