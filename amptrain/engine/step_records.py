@@ -31,7 +31,7 @@ class Pending:
     started: float  # perf_counter when the step was entered
     ended: float  # perf_counter when its last kernel was *enqueued*
     names: tuple[str, ...] = ()
-    """The parameters ``overflow_index`` counts (fp16); shared, not copied, per step."""
+    """The parameters the ``overflow`` code indexes (fp16); shared, not copied, per step."""
 
 
 @dataclass(frozen=True)
