@@ -16,6 +16,13 @@ from amptrain.contract.metrics import METRIC_FIELDS, PARALLEL_METRIC_FIELDS, che
 # (queued, started, resumed, succeeded, failed, cancelled) with the same shape.
 ENGINE_EVENTS: tuple[str, ...] = ("checkpoint", "warning", "precision", "micro_batch")
 
+OVERFLOW_WARNING = "gradient_overflow"
+"""The ``code`` of the ``warning`` event of each skipped fp16 step. Its data names
+``param``, the first parameter (module path, ``blocks.3.attn.proj.weight``) whose gradient
+was non-finite in backward order (null when none was), and ``norm``, ``"inf"`` or
+``"nan"``. A job's per-parameter overflow counts (``summary.overflow_counts``) count
+these events, one per step."""
+
 
 def metric(**values: Any) -> dict[str, Any]:
     """A metric record with every field of the metric table present (missing ones null)

@@ -7,6 +7,14 @@ but the last when the model is DDP-wrapped) -> on the last micro-batch
 
 The GradScaler exists only for fp16. Nothing here reads a device value on the
 host: the grad norm, the inf flag and the scale come back as device tensors.
+
+Overflow attribution (fp16): the per-parameter gradient norms come from ONE fused
+``torch._foreach_norm`` after ``unscale_``; the global norm (for clipping and the
+``grad_norm`` metric) is the norm of those norms, so it costs nothing extra. The step
+keeps the norms on the device (:class:`Overflow`); at the next flush telemetry finds,
+for the whole window at once, each step's first non-finite parameter in backward order
+and reads it with the other values in the flush's one read; it names it only for the
+skipped steps.
 """
 
 from __future__ import annotations
@@ -23,6 +31,23 @@ from amptrain.engine.precision import PrecisionChoice, fp32_island
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+@dataclass(frozen=True)
+class Overflow:
+    """What a step keeps for overflow attribution (fp16 only): references, no kernel.
+
+    Telemetry turns a flush's worth of these into each step's first non-finite parameter
+    in backward order, on the device, in a few kernels for the whole window
+    (:func:`~amptrain.engine.attribution.first_nonfinite`).
+    """
+
+    norms: torch.Tensor
+    """Each parameter's gradient norm after unscaling (1-D, on the device): the same
+    tensor the global norm was computed from."""
+    names: tuple[str, ...]
+    """Module paths (``blocks.3.attn.proj.weight``) of the parameters, in registration
+    order (``model.parameters()``)."""
+
+
 @dataclass
 class Applied:
     """Device-side outcome of an optimizer step."""
@@ -30,6 +55,7 @@ class Applied:
     grad_norm: torch.Tensor  # after unscaling, before clipping
     found_inf: torch.Tensor | None  # fp16: 1.0 when the step was skipped
     scale: torch.Tensor | None  # fp16: the scale this step used
+    overflow: Overflow | None = None  # fp16: which parameter overflowed first
 
 
 class AmpStep:
@@ -60,7 +86,11 @@ class AmpStep:
                 backoff_factor=ls.backoff_factor,
                 growth_interval=ls.growth_interval,
             )
-        self._params = [p for p in model.parameters() if p.requires_grad]
+        # DDP wraps the model as ``module``: name parameters as the user's model does.
+        named = getattr(model, "module", model).named_parameters()
+        trainable = [(n, p) for n, p in named if p.requires_grad]
+        self._params = [p for _, p in trainable]
+        self._names = tuple(n for n, _ in trainable)
 
     def forward_backward(
         self, inputs: torch.Tensor, targets: torch.Tensor, accum: int, *, last: bool
@@ -93,16 +123,17 @@ class AmpStep:
         scaler = self.scaler
         if scaler is not None:
             scaler.unscale_(self.optimizer)
-        grad_norm = self._grad_norm()
+        grad_norm, norms, names = self._grad_norm()
         if scaler is None:
             self.optimizer.step()
             return Applied(grad_norm, None, None)
+        overflow = None if norms is None else Overflow(norms, names)
         found_inf = _found_inf(scaler, self.optimizer)
         # update() rewrites the scale tensor in place: keep the value this step used.
         scale = scaler._scale.clone()  # type: ignore[union-attr]
         scaler.step(self.optimizer)
         scaler.update()
-        return Applied(grad_norm, found_inf, scale)
+        return Applied(grad_norm, found_inf, scale, overflow)
 
     def abandon(self) -> None:
         """Forget a step that failed part-way (an OOM) so it can be run again from the start.
@@ -116,13 +147,27 @@ class AmpStep:
         if self.scaler is not None:
             self.scaler._per_optimizer_states.pop(id(self.optimizer), None)
 
-    def _grad_norm(self) -> torch.Tensor:
-        # Stays on the device: clip_grad_norm_ multiplies by a clamped coefficient
-        # instead of branching on the norm in Python.
+    def _grad_norm(self) -> tuple[torch.Tensor, torch.Tensor | None, tuple[str, ...]]:
+        """The global norm, each parameter's norm (one fused call) and their names.
+
+        Everything stays on the device: clipping multiplies by a clamped coefficient
+        instead of branching on the norm in Python."""
+        present = [
+            (n, p.grad)
+            for n, p in zip(self._names, self._params, strict=True)
+            if p.grad is not None
+        ]
+        if not present:
+            return torch.zeros((), device=self.device), None, ()
+        grads = [g for _, g in present]
+        names = self._names if len(present) == len(self._names) else tuple(n for n, _ in present)
+        norms = torch.stack(torch._foreach_norm(grads)).float()
+        # The same value get_total_norm computes (it too takes the norm of the per-tensor
+        # norms), without a second pass over the gradients.
+        total = torch.linalg.vector_norm(norms)
         if self.clip_norm is not None:
-            return torch.nn.utils.clip_grad_norm_(self._params, self.clip_norm)
-        grads = [p.grad for p in self._params if p.grad is not None]
-        return torch.nn.utils.get_total_norm(grads)
+            torch.nn.utils.clip_grads_with_norm_(self._params, self.clip_norm, total)
+        return total, norms, names
 
 
 def _found_inf(scaler: torch.amp.GradScaler, optimizer: torch.optim.Optimizer) -> torch.Tensor:

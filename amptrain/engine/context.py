@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -77,3 +77,6 @@ class TrainResult:
     world_size: int = 1
     eval: dict[str, float | None] | None = None
     """The latest evaluation's values (the end one when ``eval.at_end``); None: none ran."""
+    overflow_counts: dict[str, int] = field(default_factory=dict)
+    """fp16: per parameter (module path), the skipped steps of this run whose first
+    non-finite gradient in backward order was its; most frequent first."""

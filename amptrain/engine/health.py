@@ -9,11 +9,13 @@ numerics, only when a warning is sent or a diverged run is stopped.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from typing import Any
 
 from amptrain.contract.errors import DivergedError
-from amptrain.contract.records import event
+from amptrain.contract.records import OVERFLOW_WARNING, event
 from amptrain.contract.spec import HealthSpec
+from amptrain.engine.step_records import Skip
 
 
 class HealthMonitor:
@@ -28,11 +30,15 @@ class HealthMonitor:
         self._low_scale_warned = False
 
     def check(
-        self, records: list[dict[str, Any]]
+        self, records: list[dict[str, Any]], skips: Mapping[int, Skip] | None = None
     ) -> tuple[list[dict[str, Any]], DivergedError | None]:
-        """Warning events for ``records`` (in order), and the divergence error if any."""
+        """Warning events for ``records`` (in order), and the divergence error if any.
+        ``skips``: the overflow attribution of the skipped steps, by step."""
         events: list[dict[str, Any]] = []
         for rec in records:
+            skip = (skips or {}).get(rec["step"])
+            if skip is not None:
+                events.append(self._overflow_warning(rec, skip))
             error = self._check_one(rec, events)
             if error is not None:
                 return events, error
@@ -102,6 +108,25 @@ class HealthMonitor:
             f"consecutive steps ({self._precision}). Lower the learning rate, enable or tighten "
             "grad_clip_norm, or check the data for NaN/inf values.",
             step=step,
+        )
+
+    @classmethod
+    def _overflow_warning(cls, rec: dict[str, Any], skip: Skip) -> dict[str, Any]:
+        if skip.param is None:
+            where = "no parameter's gradient norm was inf/NaN"
+        else:
+            where = (
+                f"the first non-finite gradient in backward order was {skip.param} ({skip.norm})"
+            )
+        message = f"step {skip.step} skipped for inf/NaN gradients: {where}"
+        return event(
+            "warning",
+            rec["step"],
+            rec["time"],
+            code=OVERFLOW_WARNING,
+            message=message,
+            param=skip.param,
+            norm=skip.norm,
         )
 
     @staticmethod

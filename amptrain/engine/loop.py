@@ -106,6 +106,7 @@ class Trainer(Checkpointing):
             resumed_from=self.resumed_from,
             precision=self.precision,
             skipped_steps=self.telemetry.skipped_steps,
+            overflow_counts=dict(self.telemetry.attribution.counts.most_common()),
             dropped_records=self.publisher.dropped,
             last_record=self.telemetry.last_record,
             rank=self.group.rank,
@@ -138,7 +139,13 @@ class Trainer(Checkpointing):
         values = {"loss": loss, "grad_norm": applied.grad_norm, "lr": lr}
         if applied.scale is not None and applied.found_inf is not None:  # fp16's scaler
             values.update(skipped=applied.found_inf, loss_scale=applied.scale)
-        self.telemetry.record(self.step, values, samples=self.spec.batch_size, started=started)
+        self.telemetry.record(
+            self.step,
+            values,
+            samples=self.spec.batch_size,
+            started=started,
+            overflow=applied.overflow,
+        )
 
     # -- internals ----------------------------------------------------------------------------
 

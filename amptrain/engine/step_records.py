@@ -7,12 +7,19 @@ module turns what was read into the ``metric`` records of :mod:`amptrain.contrac
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from typing import Any
 
 from amptrain.contract.records import event, metric
 from amptrain.engine.memory import MemorySnapshot
+
+ATTRIBUTION_SLOTS: tuple[str, ...] = ("overflow",)
+"""With a scaler, each step's device values end with this (not a metric field): its
+first non-finite parameter in backward order as ``2 * index + isnan`` (-1: none; see
+:func:`~amptrain.engine.attribution.first_nonfinite`), read with the rest at the flush and
+turned into a :class:`Skip` for a skipped step only."""
 
 
 @dataclass
@@ -23,6 +30,20 @@ class Pending:
     samples: int
     started: float  # perf_counter when the step was entered
     ended: float  # perf_counter when its last kernel was *enqueued*
+    names: tuple[str, ...] = ()
+    """The parameters the ``overflow`` code indexes (fp16); shared, not copied, per step."""
+
+
+@dataclass(frozen=True)
+class Skip:
+    """A skipped step's overflow attribution, as read at the flush."""
+
+    step: int
+    param: str | None
+    """The first parameter in backward order whose gradient norm was inf/NaN; None when
+    every norm was finite (the scaler saw the non-finite value elsewhere)."""
+    norm: str | None
+    """``"inf"`` or ``"nan"``: that parameter's gradient norm."""
 
 
 @dataclass
@@ -60,18 +81,22 @@ def step_records(
     values: list[float],
     times: list[tuple[float, float]],
     totals: Totals,
-) -> list[dict[str, Any]]:
-    """One record per step: ``values`` holds each step's ``fields`` in order, ``times``
-    its (start, end)."""
+) -> tuple[list[dict[str, Any]], list[Skip]]:
+    """One record per step: ``values`` holds each step's ``fields`` in order (metric fields,
+    then any :data:`ATTRIBUTION_SLOTS`), ``times`` its (start, end). Also the attribution of
+    each skipped step."""
     width = len(fields)
     skipped_steps = totals.skipped_before
     mem = totals.memory
     records = []
+    skips = []
     for i, (p, (start, end)) in enumerate(zip(pending, times, strict=True)):
         device: dict[str, Any] = dict(zip(fields, values[i * width : (i + 1) * width], strict=True))
+        code = device.pop(ATTRIBUTION_SLOTS[0], None)
         skipped = device.pop("skipped", 0.0) > 0  # the scaler's inf flag
         if skipped:
             device["grad_norm"] = None  # not a norm: the gradients held inf/NaN
+            skips.append(_skip(p, code))
         skipped_steps += skipped
         step_s = max(end - start, 1e-9)
         records.append(
@@ -89,7 +114,16 @@ def step_records(
                 **totals.extra,
             )
         )
-    return records
+    return records, skips
+
+
+def _skip(p: Pending, code: float | None) -> Skip:
+    if code is None or not math.isfinite(code) or code < 0:
+        return Skip(p.step, None, None)
+    index, nan = divmod(int(code), 2)
+    if index >= len(p.names):
+        return Skip(p.step, None, None)
+    return Skip(p.step, p.names[index], "nan" if nan else "inf")
 
 
 def dropped_warning(step: int, dropped: int) -> dict[str, Any]:

@@ -36,6 +36,8 @@ import torch
 from amptrain.contract.metrics import device_fields
 from amptrain.contract.records import event
 from amptrain.contract.spec import TelemetrySpec
+from amptrain.engine.amp_step import Overflow
+from amptrain.engine.attribution import Attribution
 from amptrain.engine.distributed import STOP_CODES, Group, stop_name
 from amptrain.engine.health import HealthMonitor
 from amptrain.engine.host import HostReads, InFlight
@@ -80,9 +82,11 @@ class StepTelemetry:
         self._device = device
         self._health = health
         self._publisher = publisher
-        self._fields = device_fields(with_scaler)
-        """The device values of a step, in the order they sit in a flush's one tensor."""
-        self._values: list[torch.Tensor] = []  # per step, one tensor per field of _fields
+        self.attribution = Attribution(with_scaler)
+        self._metric_fields = device_fields(with_scaler)  # what a step hands over, in order
+        self._fields = self._metric_fields + self.attribution.slots
+        """A step's values as read (fp16: the attribution code last), in the read's order."""
+        self._values: list[torch.Tensor] = []  # per step, one per field of _metric_fields
         self._pending: list[Pending] = []
         self._windows: deque[_Window] = deque()  # copies queued, not yet read (CUDA)
         # Recorded where the last window read ended on the device: the next one's start;
@@ -106,14 +110,21 @@ class StepTelemetry:
         """Devices > 1: the stop every rank agreed on at the last flush (cancel wins)."""
 
     def record(
-        self, step: int, values: Mapping[str, torch.Tensor], *, samples: int, started: float
+        self,
+        step: int,
+        values: Mapping[str, torch.Tensor],
+        *,
+        samples: int,
+        started: float,
+        overflow: Overflow | None = None,
     ) -> None:
         """Keep one step's device values (by metric name: ``loss``, ``grad_norm``, ``lr``,
-        and with a scaler ``skipped``, its inf flag, and ``loss_scale``); flush when a flush
-        is due (may raise DivergedError)."""
-        self._values += (values[f] for f in self._fields)
+        and with a scaler ``skipped``, its inf flag, ``loss_scale``, and ``overflow``, read
+        with the rest at the flush); flush when one is due (may raise DivergedError)."""
+        names = self.attribution.keep(overflow, values["loss"])
+        self._values += (values[f] for f in self._metric_fields)
         now = time.perf_counter()
-        self._pending.append(Pending(step, samples, started, now))
+        self._pending.append(Pending(step, samples, started, now, names))
         # The first step of a run (or of a resumed run) flushes at once, so a watcher
         # sees the job training within a step of its start; later step-count flushes stay
         # on multiples of flush_every_steps, the boundaries every rank agrees on.
@@ -133,7 +144,11 @@ class StepTelemetry:
             self.flush()
             return
         self._windows.append(
-            _Window(self._pending, self.host.start(self._values), snapshot(self._device))
+            _Window(
+                self._pending,
+                self.host.start(self.attribution.interleave(self._values)),
+                snapshot(self._device),
+            )
         )
         self._pending, self._values = [], []
         self._last_flush = time.perf_counter()
@@ -149,11 +164,12 @@ class StepTelemetry:
 
         With devices > 1 this is a collective: every rank calls it at the same points."""
         if self._group.parallel:
-            records = self._build_records(self._pending, *self._reduce())
+            records = self._build_records(self._pending, *_reduce_ranks(self))
         else:
             records = self._read_windows(wait=True)
             if self._pending:
-                values = self.host.floats(self._values) if self._values else []
+                read = self.attribution.interleave(self._values)
+                values = self.host.floats(read) if read else []
                 records += self._build_records(self._pending, values, snapshot(self._device), {})
                 if self._deferred:
                     self._mark = self.host.mark()
@@ -187,12 +203,15 @@ class StepTelemetry:
         self, records: list[dict[str, Any]], extra: list[dict[str, Any]] | None = None
     ) -> None:
         """Check health, offer the records (and any drop warning, and ``extra``) as one batch."""
-        warnings, error = self._health.check(records)
+        skips = self.attribution.take([r["step"] for r in records])
+        warnings, error = self._health.check(records, skips)
         if error is not None and error.step is not None:
             # The run ends at the step it diverged: the steps after it in this flush trained
             # from a diverged state, and the job, its error, its events and its charts all
             # name one step (they said 33 beside 40/1000).
             records = [r for r in records if r["step"] <= error.step]
+            skips = {k: v for k, v in skips.items() if k <= error.step}
+        self.attribution.published(skips)
         batch = records + warnings + (extra or [])
         dropped = self._publisher.dropped
         if dropped > self._dropped_reported:
@@ -211,26 +230,6 @@ class StepTelemetry:
         step = (self.last_record or {}).get("step", 0)
         return [dropped_warning(step, dropped)]
 
-    def _reduce(self) -> tuple[list[float], MemorySnapshot, dict[str, Any]]:
-        """Devices > 1: this flush's values from every rank, in ONE all-gather and ONE host read.
-
-        Returns the per-step values (the loss averaged over ranks; grad norm, lr, inf flag
-        and scale are equal on all ranks, the gradients having been all-reduced), the
-        memory maximum over ranks, and the extra record fields."""
-        mem = snapshot(self._device)
-        tail = {**mem._asdict(), "stop": STOP_CODES[self.stop_requested]}
-        ends = torch.tensor(list(tail.values()), dtype=torch.float64, device=self._device)
-        row = torch.cat([torch.stack(self._values).double(), ends]) if self._values else ends
-        rows = self.host.table(self._group.gather_rows(row))  # the collective, then the read
-        values = rows[self._group.rank][: -len(tail)]
-        tails = [dict(zip(tail, r[-len(tail) :], strict=True)) for r in rows]
-        for i in range(self._fields.index("loss"), len(values), len(self._fields)):
-            values[i] = sum(r[i] for r in rows) / len(rows)
-        self.agreed_stop = stop_name(max(t["stop"] for t in tails))
-        top = MemorySnapshot(*(int(max(t[f] for t in tails)) for f in MemorySnapshot._fields))
-        extra = {"world_size": len(rows), "memory_peak_per_rank": [int(t["peak"]) for t in tails]}
-        return values, top, extra
-
     def _build_records(
         self,
         pending: list[Pending],
@@ -247,14 +246,38 @@ class StepTelemetry:
             device_done = pending[0].started + max(device_s, 0.0)
         else:
             device_done = host_done if self._device.type == "cuda" else pending[-1].ended
-        records = step_records(
+        records, skips = step_records(
             pending,
             self._fields,
             values,
             timeline(pending, device_done),
             Totals(self._wall_offset, self.skipped_steps, mem, extra),
         )
+        self.attribution.read(skips)
         self.skipped_steps = records[-1]["skipped_steps"]
         self._last_flush = host_done
         self.last_record = records[-1]
         return records
+
+
+def _reduce_ranks(tel: StepTelemetry) -> tuple[list[float], MemorySnapshot, dict[str, Any]]:
+    """Devices > 1: ``tel``'s flush values from every rank, in ONE all-gather and ONE host
+    read; sets ``tel.agreed_stop`` to the stop every rank agreed on.
+
+    Returns the per-step values (the loss averaged over ranks; grad norm, lr, inf flag,
+    scale and overflow attribution are equal on all ranks, the gradients having been
+    all-reduced), the memory maximum over ranks, and the extra record fields."""
+    mem = snapshot(tel._device)
+    step_values = tel.attribution.interleave(tel._values)
+    tail = {**mem._asdict(), "stop": STOP_CODES[tel.stop_requested]}
+    ends = torch.tensor(list(tail.values()), dtype=torch.float64, device=tel._device)
+    row = torch.cat([torch.stack(step_values).double(), ends]) if step_values else ends
+    rows = tel.host.table(tel._group.gather_rows(row))  # the collective, then the read
+    values = rows[tel._group.rank][: -len(tail)]
+    tails = [dict(zip(tail, r[-len(tail) :], strict=True)) for r in rows]
+    for i in range(tel._fields.index("loss"), len(values), len(tel._fields)):
+        values[i] = sum(r[i] for r in rows) / len(rows)
+    tel.agreed_stop = stop_name(max(t["stop"] for t in tails))
+    top = MemorySnapshot(*(int(max(t[f] for t in tails)) for f in MemorySnapshot._fields))
+    extra = {"world_size": len(rows), "memory_peak_per_rank": [int(t["peak"]) for t in tails]}
+    return values, top, extra

@@ -102,6 +102,10 @@ class Job(Base):
     eval_summary: Mapped[dict[str, Any] | None] = mapped_column(sa.JSON)
     """The newest evaluation, ``{"step", "attempt", "values"}`` (shown as ``summary.eval``):
     its own column so the recorder's per-batch ``summary`` update never overwrites it."""
+    overflow_counts: Mapped[dict[str, int] | None] = mapped_column(sa.JSON)
+    """Per parameter (module path), the skipped fp16 steps it overflowed first in, most
+    first (shown as ``summary.overflow_counts``); counted from the job's
+    ``gradient_overflow`` warnings by :func:`amptrain.store.recording.refresh_overflow_counts`."""
 
 
 class JobEvent(Base):

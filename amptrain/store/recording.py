@@ -7,6 +7,7 @@ replayed stream entry inserts nothing and so changes nothing.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Mapping
 from datetime import datetime
 from typing import Any, NamedTuple
@@ -16,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from amptrain.contract.jsonsafe import finite
 from amptrain.contract.metrics import SUMMARY_FIELDS
+from amptrain.contract.records import OVERFLOW_WARNING
 from amptrain.core.enums import FINISHED_STATUSES
 from amptrain.store.db import dialect_insert
 from amptrain.store.history import point_writes
@@ -76,6 +78,40 @@ def insert_events(s: Session, rows: list[dict[str, Any]]) -> None:
                 .values(source_id=r["source_id"])
                 .execution_options(synchronize_session=False)
             )
+
+
+def overflow_jobs(rows: list[dict[str, Any]]) -> set[str]:
+    """The jobs among event rows about to be inserted that have a ``gradient_overflow``."""
+    return {r["job_id"] for r in rows if _is_overflow(r["type"], r.get("data"))}
+
+
+def refresh_overflow_counts(s: Session, job_ids: set[str]) -> None:
+    """Recount each job's ``overflow_counts`` from its recorded ``gradient_overflow``
+    warnings: one per step, the newest attempt's (a resumed attempt re-runs the steps after
+    its checkpoint), counted by the parameter it names. Recomputed from SQL like
+    ``eval_summary``, so a replayed or re-sent entry cannot count twice."""
+    e = JobEvent
+    for job_id in sorted(job_ids):
+        per_step: dict[int, tuple[int, str]] = {}
+        rows = s.execute(
+            sa.select(e.step, e.attempt, e.data).where(e.job_id == job_id, e.type == "warning")
+        )
+        for step, attempt, data in rows:
+            if step is None or not _is_overflow("warning", data) or not data.get("param"):
+                continue
+            if step not in per_step or attempt >= per_step[step][0]:
+                per_step[step] = (attempt, data["param"])
+        counts = Counter(param for _, param in per_step.values())
+        s.execute(
+            sa.update(Job)
+            .where(Job.id == job_id)
+            .values(overflow_counts=dict(counts.most_common()))
+            .execution_options(synchronize_session=False)
+        )
+
+
+def _is_overflow(type_: str, data: Any) -> bool:
+    return type_ == "warning" and isinstance(data, dict) and data.get("code") == OVERFLOW_WARNING
 
 
 def _not_yet_recorded(s: Session, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -337,7 +337,9 @@ def test_cached_memory_is_released_after_the_failed_steps_activations_are_gone(
         seen.append((handling, any(ref() is not None for ref in activations)))
 
     monkeypatch.setattr(loop, "release_cached", release)
-    Trainer(spec(batch_size=16, auto_micro_batch=True), RunContext(None), components(Big)).train()
+    # An explicit precision: auto's probe would run the copy's forward (and fail) first.
+    job = spec(batch_size=16, auto_micro_batch=True, precision="fp32")
+    Trainer(job, RunContext(None), components(Big)).train()
     assert len(activations) == 2  # 16 -> 8 -> 4
     assert seen == [(False, False), (False, False)]  # no exception in flight, activations freed
 

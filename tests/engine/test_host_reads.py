@@ -9,6 +9,7 @@ each such read is a host wait that stops the host from running ahead of the devi
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,6 +19,7 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from amptrain.contract.records import OVERFLOW_WARNING
 from amptrain.contract.spec import parse_spec
 from amptrain.engine import RunContext, Trainer
 from tests.support.sinks import ListSink
@@ -62,7 +64,7 @@ def host_reads(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     monkeypatch.undo()
 
 
-def spec(precision: str, optimizer: str, **overrides: Any) -> Any:
+def spec(precision: str, optimizer: str, init_scale: float = 2.0**20, **overrides: Any) -> Any:
     return parse_spec(
         {
             "model": {"name": "mlp", "args": {"width": 32}},
@@ -77,7 +79,7 @@ def spec(precision: str, optimizer: str, **overrides: Any) -> Any:
             # fp16: a scale that overflows at first and grows back after 2 clean steps, so
             # skipped steps (here 1, 2 and 4) and the schedule holding still through them
             # happen in the window.
-            "loss_scale": {"init_scale": 2.0**20, "growth_interval": 2},
+            "loss_scale": {"init_scale": init_scale, "growth_interval": 2},
             "telemetry": {"flush_every_steps": 6, "flush_every_ms": 600_000},
             **overrides,
         }
@@ -158,3 +160,31 @@ def test_an_evaluation_costs_its_one_read_and_steps_between_read_nothing(
         # (or bool(), float(), ...) anywhere in the step or the evaluation shows up here.
         assert read == ["tolist"] * (flushes + evaluated), (step, read)
     assert len(reads) == sum(n + e for _, n, e in per_step.values()) == 10
+
+
+def test_a_skipped_steps_attribution_is_read_only_at_the_flush(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    sink = ListSink()
+    # A scale that never overflows on its own: only the injected step 3 is skipped.
+    trainer = Trainer(spec("fp16", "adamw", init_scale=256.0), RunContext(None, sink=sink))
+    trainer.train_step()
+    trainer.telemetry.flush()
+    weight = next(p for n, p in trainer.model.named_parameters() if n.endswith("weight"))
+    name = next(n for n, p in trainer.model.named_parameters() if p is weight)
+    weight.register_hook(lambda g: torch.full_like(g, math.inf) if trainer.step + 1 == 3 else g)
+    seam = trainer.telemetry.host.count
+    with host_reads(monkeypatch) as reads:
+        for _ in range(4):  # steps 2..5, step 3 overflows
+            trainer.train_step()
+        between_flushes, seam_between = list(reads), trainer.telemetry.host.count - seam
+        assert trainer.telemetry.attribution.counts == {}  # not known before the flush
+        trainer.train_step()  # step 6 flushes steps 2..6
+    assert between_flushes == [] and seam_between == 0
+    # The attribution came in the flush's one read, with the step's other values.
+    assert trainer.telemetry.host.count == seam + 1 and reads == ["tolist"]
+    assert trainer.telemetry.attribution.counts == {name: 1}
+    assert trainer.publisher.wait_delivered(30)
+    assert [s for s, m in sink.metrics().items() if m["skipped"]] == [3]
+    warnings = [e for e in sink.events("warning") if e["data"]["code"] == OVERFLOW_WARNING]
+    assert [(w["step"], w["data"]["param"]) for w in warnings] == [(3, name)]

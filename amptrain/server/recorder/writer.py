@@ -57,10 +57,13 @@ class BatchWriter:
             # Eval values in the same transaction as the points: acknowledged only with them.
             evaluated = value_writes.insert(s, [v for b in batches.values() for v in b.values])
             value_writes.refresh_summary(s, evaluated)
+            overflowed: set[str] = set()
             for job_id, batch in batches.items():
                 recording.insert_events(s, batch.events)
+                overflowed |= recording.overflow_jobs(batch.events)
                 if batch.ends and recording.mark_done(s, job_id, batch.ends):
                     ends.append(job_id)
+            recording.refresh_overflow_counts(s, overflowed)
             lost = [job_id for job_id in taken if not self.ownership.hold(job_id)]
             if lost:
                 # Someone else owns these jobs now: leave their entries to them, redo the rest.

@@ -48,6 +48,16 @@ _SUMMARY["eval"] = (
     EvalSummaryOut | None,
     Field(None, description="The newest evaluation; null before the first."),
 )
+_SUMMARY["overflow_counts"] = (
+    dict[str, int],
+    Field(
+        default_factory=dict,
+        description=(
+            "fp16: per parameter (module path), the skipped steps whose first non-finite "
+            "gradient in backward order was its, most first; empty when none overflowed."
+        ),
+    ),
+)
 SummaryOut = create_model(
     "SummaryOut",
     __doc__="Latest values, from the newest recorded metric point and evaluation.",
@@ -105,7 +115,9 @@ class JobOut(BaseModel):
                 else None
             ),
             summary=SummaryOut(
-                **{k: summary.get(k) for k in SUMMARY_FIELDS}, eval=job.eval_summary
+                **{k: summary.get(k) for k in SUMMARY_FIELDS},
+                eval=job.eval_summary,
+                overflow_counts=job.overflow_counts or {},
             ),
         )
 

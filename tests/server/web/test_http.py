@@ -137,9 +137,12 @@ def test_submit_read_and_idempotency(api_stack: Stack) -> None:
     assert job["error"] is None
     # No worker runs beside this API: the submitter is told the job will wait, and why.
     assert "no live worker takes jobs of queue cpu" in job["notice"]
-    assert job["summary"] == dict.fromkeys(
-        ["loss", "loss_scale", "skipped_steps", "memory_peak", "samples_per_second", "eval"]
-    )
+    assert job["summary"] == {
+        **dict.fromkeys(
+            ["loss", "loss_scale", "skipped_steps", "memory_peak", "samples_per_second", "eval"]
+        ),
+        "overflow_counts": {},
+    }
     assert job["spec"]["model"] == {"name": "mlp", "args": {}}
     assert c.get(f"/jobs/{job['id']}").json() == {**job, "notice": None}  # the submit's only
 

@@ -23,6 +23,7 @@ except ImportError:  # outside CI a missing playwright skips, like a missing bro
         raise
     pytest.skip("playwright is not installed (pip install -e '.[dev]')", allow_module_level=True)
 
+from amptrain.contract.records import OVERFLOW_WARNING
 from amptrain.core import presence
 from amptrain.store.db import make_engine, make_session_factory
 from amptrain.store.history import rebuild as summary_rebuild
@@ -146,6 +147,9 @@ def test_nan_and_skipped_steps_are_marked_live(page: Page, stack: Stack) -> None
         expect(page.locator("[data-chart=loss]")).to_have_attribute("data-non-finite", "0")
         # An overflow: NaN loss, the step skipped, the scale halved; then training goes on.
         feed.record(41, loss=math.nan, loss_scale=65536.0, skipped=True, grad_norm=None)
+        feed.engine_event(
+            "warning", 41, code=OVERFLOW_WARNING, message="step 41 skipped", param="fc2.weight"
+        )
         for step in range(42, 61):
             feed.record(step, loss=1.0 / step, loss_scale=32768.0, skipped=False, grad_norm=1.0)
         feed.evals(60)  # live
@@ -165,6 +169,10 @@ def test_nan_and_skipped_steps_are_marked_live(page: Page, stack: Stack) -> None
         expect(page.locator("[data-chart=loss_scale]")).to_have_attribute("data-skipped", "1")
         # The scale exactly, as the power of two it is (rounded to 4 digits it read 32770).
         expect(page.locator("[data-summary=loss_scale]")).to_have_text("2^15")
+        # Beside the loss scale: the parameter that overflowed first (summary.overflow_counts).
+        expect(page.locator("[data-chart=loss_scale] [data-offender='fc2.weight']")).to_have_text(
+            f"fc2.weight {TIMES} 1"
+        )
         expect(accuracy).to_have_attribute("data-points", "3")
         # The header shows the newest evaluation (summary.eval, kept by the recorder).
         expect(page.locator("[data-eval-summary=accuracy]")).to_have_text(f"{1 - 1 / 60:.4g}")

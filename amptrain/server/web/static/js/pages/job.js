@@ -6,6 +6,7 @@ import { ChartGroup, chartDefs } from "../charts.js";
 import { FINISHED, clear, fmtBytes, fmtNum, fmtPow2, h, progressBar, statusBadge } from "../dom.js";
 import { EvalCharts } from "../evals.js";
 import { LiveFeed } from "../live.js";
+import { showOffenders } from "../offenders.js";
 import { Series } from "../series.js";
 import { Timeline } from "../timeline.js";
 
@@ -30,12 +31,15 @@ export function mount(root, { id }) {
   // The charts, the fields they fetch and the header's summary come from the metric table.
   let fields, series, charts, summaryMetrics, evals;
   const evalsSlot = h("div", {});
+  const offendersEl = h("div", { class: "offenders small", id: "overflow-offenders" });
   const ready = catalog().then((cat) => {
     const defs = chartDefs(cat);
     fields = [...new Set(defs.flatMap((c) => [...c.fields, ...c.extra]))];
     series = new Series(fields);
     charts = defs.map((c) => group.add(c, series));
     chartsEl.append(...charts.map((c) => c.el));
+    // Beside the loss scale: which parameters made the skipped steps overflow.
+    charts.find((c) => c.def.key === "loss_scale")?.el.append(offendersEl);
     const log2 = new Set(cat.charts.filter((c) => c.log === "log2").map((c) => c.key));
     summaryMetrics = cat.metrics.filter((m) => m.summary).map((m) => ({ ...m, pow2: log2.has(m.chart) }));
     evals = new EvalCharts(cat.eval_metrics || []);
@@ -151,6 +155,7 @@ export function mount(root, { id }) {
       job = await api(path);
       if (stopped) return;
       renderHead();
+      showOffenders(offendersEl, job.summary?.overflow_counts);
     } catch (e) {
       if (e instanceof ApiError && e.status === 404) {
         clear(head, h("div", { class: "error", id: "not-found" }, `No job ${id} (or it is not yours).`));
