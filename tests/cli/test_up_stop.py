@@ -23,7 +23,10 @@ from tests.support.up import Up, alive, finished_job, start_up
 
 pytestmark = pytest.mark.slow
 
-STEPS = 900  # a stop and the next start each cost some steps: the job must outlast three
+# A stop and the next start each cost some steps, and an attempt trains on until the test
+# sees its checkpoint recorded (a quiet CI machine ran 600 steps of attempt 3 meanwhile,
+# and 900 ended the job inside the third stop): the job must outlast three by far.
+STEPS = 3000
 DEFAULT_BOUND_S: float = Settings.model_fields["stop_timeout_seconds"].default
 SHORT_BOUND_S = 5.0  # where the orderly stop cannot finish: no need to wait out the default
 SETTINGS = {
