@@ -78,13 +78,16 @@ class History:
         return JobState(job.status, job.attempt, job.telemetry_done, error, job.step or 0)
 
     def _events_and_end(self, s: Session, after: Cursor) -> tuple[Cursor | None, deque[Record]]:
-        # The newest point first: every evaluation and event before it was committed
-        # before it. The evaluations are read up to the newest one at that moment too.
-        newest = metrics.newest_cursor(s, self.job_id)
-        upto = values.newest_cursor(s, self.job_id)
+        # The end first: the newest point, evaluation and (read after them) event. The
+        # recorder commits each job's stream in order, a batch at a time, so all up to the
+        # newest of them was committed when it was seen, and the reads that follow (each
+        # statement sees what was committed before it) find it all, whatever lands meanwhile.
+        newest = [metrics.newest_cursor(s, self.job_id), values.newest_cursor(s, self.job_id)]
         found: list[Record] = [
             (c, "event", e) for c, e in events.events_after(s, self.job_id, after)
         ]
+        ends = [c for c in (*newest, found[-1][0] if found else None) if c is not None]
+        upto = max(ends) if ends else None
         position: Cursor | None = after
         while upto is not None:
             page, _ = values.eval_page(
@@ -95,8 +98,7 @@ class History:
                 break
             position = found[-1][0]
         found.sort(key=lambda r: r[0])
-        ends = [c for c in (newest, found[-1][0] if found else None) if c is not None]
-        return (max(ends) if ends else None), deque(found)
+        return upto, deque(found)
 
     def _points(self, s: Session, after: Cursor, upto: Cursor) -> list[dict[str, Any]]:
         items, _ = metrics.metric_page(s, self.job_id, metrics.Page(after, self.page, "all", upto))

@@ -7,7 +7,7 @@ nothing. Rows go in the order given (the recorder passes each job's points in
 stream order), so row ids follow the stream.
 
 * PostgreSQL ``copy`` (default): COPY straight into ``metric_points`` inside a
-  savepoint; if a row is already there (a replay: rare), the savepoint is rolled back
+  savepoint of the session's transaction; if a row is already there (a replay: rare), the savepoint is rolled back
   and the rows go through a session-local temp table and one
   ``INSERT ... SELECT ... ON CONFLICT DO NOTHING RETURNING`` instead.
 * PostgreSQL ``values``: one prepared single-row INSERT sent for every row in
@@ -67,11 +67,11 @@ def insert(s: Session, rows: list[dict[str, Any]], method: str | None = None) ->
     if not rows:
         return set()
     dialect = s.get_bind().dialect.name
-    conn = s.connection().connection.driver_connection
+    conn = _driver(s)
     if dialect == "postgresql":
         method = method or PG_DEFAULT
         if method == "copy":
-            return _pg_copy(conn, rows)
+            return _pg_copy(s, rows)
         if method == "values":
             return _pg_values(conn, rows)
         raise ValueError(f"unknown PostgreSQL insert method {method!r} (one of {PG_METHODS})")
@@ -80,18 +80,28 @@ def insert(s: Session, rows: list[dict[str, Any]], method: str | None = None) ->
     raise RuntimeError(f"unsupported database: {dialect}")
 
 
-def _pg_copy(conn: Any, rows: list[dict[str, Any]]) -> Inserted:
+def _driver(s: Session) -> Any:
+    """The session's psycopg / sqlite3 connection, in the session's transaction."""
+    return s.connection().connection.driver_connection
+
+
+def _pg_copy(s: Session, rows: list[dict[str, Any]]) -> Inserted:
     try:
+        # SQLAlchemy's savepoint, not psycopg's conn.transaction(): when the COPY is the
+        # transaction's first statement, psycopg's would be a transaction of its own and
+        # commit the points at once, before the batch's events and progress (watchers saw
+        # points without the event recorded before them) and beyond the batch's rollback.
         with (
-            conn.transaction(),  # a savepoint: the caller's transaction stays usable
-            conn.cursor() as cur,
+            s.begin_nested(),
+            # Asked for inside the savepoint: its first use is what emits the SAVEPOINT.
+            _driver(s).cursor() as cur,
             cur.copy(f"COPY metric_points ({_COLS}) FROM STDIN") as copy,
         ):
             for r in rows:
                 copy.write_row(_row(r))
         return {(r["job_id"], r["attempt"], r["step"]) for r in rows}
     except psycopg.errors.UniqueViolation:
-        return _pg_copy_new_only(conn, rows)
+        return _pg_copy_new_only(_driver(s), rows)
 
 
 def _pg_copy_new_only(conn: Any, rows: list[dict[str, Any]]) -> Inserted:
