@@ -1,7 +1,8 @@
 """``amptrain up``: the whole service on one machine, with no setup.
 
 A private Redis (unless ``AMPTRAIN_REDIS_URL`` names one), SQLite in the data
-directory (unless ``AMPTRAIN_DATABASE_URL``), migrations, one worker and the
+directory (unless ``AMPTRAIN_DATABASE_URL``), migrations, one worker (and one per
+multi-device job shape a waiting job needs, :mod:`amptrain.cli.up_shapes`), the recorder and the
 API, each a child process in a process group of its own (the terminal's Ctrl-C reaches
 only ``up``) that dies with ``up`` however ``up`` dies (a parent-death signal). Ctrl-C
 or SIGTERM stops them in order, within ``AMPTRAIN_STOP_TIMEOUT_SECONDS``; a second
@@ -15,15 +16,19 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import click
 
 from amptrain.cli.embedded_redis import EmbeddedRedis
-from amptrain.cli.up_stop import Stopper, say
+from amptrain.cli.up_shapes import ShapeWorkers
+from amptrain.cli.up_stop import WORKER_PART, Stopper, say
 from amptrain.core.lifeline import DieWithSpawner
 from amptrain.core.settings import Settings
+from amptrain.store.db import make_engine, make_session_factory
 from amptrain.worker.main.cli import MAX_CONCURRENCY
+from amptrain.worker.main.devices import visible_gpus
 
 
 def _spawn(args: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
@@ -69,7 +74,6 @@ def _prepare(settings: Settings) -> bool:
     """Migrate the database and make sure an admin token exists (printed if new)."""
     from amptrain.server.runtime import ensure_admin_token
     from amptrain.store import migrate
-    from amptrain.store.db import make_engine, make_session_factory
 
     migrate.upgrade(settings.database_url)
     engine = make_engine(settings.database_url)
@@ -127,8 +131,9 @@ def up(
         worker += ["--concurrency", str(slots)]
     if worker_metrics_port is not None:
         worker += ["--metrics-port", str(worker_metrics_port)]
-    # One machine, one worker: it serves every queue a job may name here.
-    parts = {"worker": _spawn(worker, env)}
+    # One machine, one worker for one-device jobs: it serves every queue a job may name
+    # here; the workers of multi-device jobs start when such a job waits (ShapeWorkers).
+    parts = {WORKER_PART: _spawn(worker, env)}
     if "AMPTRAIN_RECORDER_IN_API" not in os.environ:
         # The recorder in a process of its own: on a busy machine the API then answers
         # about twice as fast (bench/load.py --recorder process). An operator's
@@ -141,13 +146,25 @@ def up(
         click.echo(f"admin token: see {settings.admin_token_file} or AMPTRAIN_ADMIN_TOKEN")
 
     stopper = Stopper(parts, redis_server, settings.redis_url, settings.stop_timeout_seconds)
-    crashed = _run_until_stopped(parts)
+    engine = make_engine(settings.database_url)
+    shapes = ShapeWorkers(
+        make_session_factory(engine),
+        tuple(settings.queues),
+        lambda args: _spawn(args, env),
+        parts,
+        gpus=lambda: len(visible_gpus()),
+    )
+    try:
+        crashed = _run_until_stopped(parts, shapes.poll)
+    finally:
+        engine.dispose()
     orderly = stopper.stop()
     sys.exit(0 if orderly and not crashed else 1)
 
 
-def _run_until_stopped(parts: dict[str, subprocess.Popen[bytes]]) -> bool:
-    """Until Ctrl-C or SIGTERM (False) or until a part exits on its own (True)."""
+def _run_until_stopped(parts: dict[str, subprocess.Popen[bytes]], tick: Callable[[], None]) -> bool:
+    """Until Ctrl-C or SIGTERM (False) or until a part exits on its own (True); ``tick``
+    runs between the looks at the parts."""
 
     def _on_term(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
@@ -156,7 +173,8 @@ def _run_until_stopped(parts: dict[str, subprocess.Popen[bytes]]) -> bool:
     signal.signal(signal.SIGTERM, _on_term)
     signal.signal(signal.SIGINT, _on_term)
     try:
-        while all(proc.poll() is None for proc in parts.values()):
+        while all(proc.poll() is None for proc in list(parts.values())):
+            tick()
             time.sleep(0.5)
     except KeyboardInterrupt:
         return False

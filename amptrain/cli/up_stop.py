@@ -32,6 +32,9 @@ from amptrain.core import redis as core_redis
 from amptrain.core.redis import Keys
 
 POLL_S = 0.1
+WORKER_PART = "worker"
+"""The part name of ``up``'s one-device worker; a shape worker's is ``worker cpu-x2``
+(:mod:`amptrain.cli.up_shapes`). Every worker part drains first."""
 AT_ONCE_WAIT_S = 5.0
 """How long a stop at once waits for each process it killed or Redis it terminated."""
 
@@ -82,9 +85,11 @@ class Stopper:
 
     def _in_order(self, deadline: float) -> None:
         say("press Ctrl-C again to stop at once")
+        workers = [n for n in self.parts if n.startswith(WORKER_PART)]
         self._end(
-            ["worker"],
-            "the worker: running jobs checkpoint at their next step and go back to the queue",
+            workers,
+            f"the worker{'s' if len(workers) > 1 else ''}: running jobs checkpoint at their "
+            "next step and go back to the queue",
             deadline,
         )
         self._wait_recorded(deadline)

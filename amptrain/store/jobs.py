@@ -81,6 +81,12 @@ def get_job(s: Session, job_id: str) -> Job | None:
     return s.get(Job, job_id)
 
 
+def queued_queues(s: Session) -> list[str]:
+    """The queues queued jobs wait on now, each once."""
+    c = jobs_t.c
+    return list(s.scalars(sa.select(c.queue).where(c.status == JobStatus.QUEUED).distinct()))
+
+
 def claim(s: Session, job_id: str, worker: str, lease_s: float) -> int | None:
     """Take the job: queued, or active with an expired lease (and attempts left), becomes
     running (a pending cancel stays ``cancelling``) with ``attempt + 1``. Returns the new

@@ -235,3 +235,12 @@ def test_reap_expired_explains_its_decision_with_one_event(sf: sessionmaker[Sess
             sa.select(JobEvent.data).where(JobEvent.job_id == exhausted, JobEvent.type == "failed")
         ).one()
         assert failed == jobs.WORKER_LOST
+
+
+def test_queued_queues_names_each_waiting_queue_once(sf: sessionmaker[Session]) -> None:
+    with sf.begin() as s:
+        a, _, c = (jobs.create_job(s, spec(), "alice", q).id for q in ("cpu-x2", "cpu-x2", "gpu"))
+        assert jobs.claim(s, c, "w", 60) == 1  # running: no longer waits
+        assert sorted(jobs.queued_queues(s)) == ["cpu-x2"]
+        assert jobs.claim(s, a, "w", 60) == 1
+        assert jobs.queued_queues(s) == ["cpu-x2"]  # the other one still waits
