@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from amptrain.cli.up_stop import WORKER_PART, say
 from amptrain.contract.spec import MAX_DEVICES
-from amptrain.core.settings import SHAPE_SUFFIX
+from amptrain.core.settings import parse_shape_queue
 from amptrain.store import jobs
 
 log = logging.getLogger(__name__)
@@ -38,11 +38,8 @@ POLL_S = 2.0
 
 def shape_of(queue: str, served: tuple[str, ...]) -> tuple[str, int] | None:
     """``(base, N)`` for a shape queue of a queue ``up`` serves (``cpu-x2`` -> ``("cpu", 2)``)."""
-    m = SHAPE_SUFFIX.search(queue)
-    if m is None:
-        return None
-    base, n = queue[: m.start()], int(m[1])
-    return (base, n) if base in served and 2 <= n <= MAX_DEVICES else None
+    shape = parse_shape_queue(queue)
+    return shape if shape is not None and shape[0] in served and shape[1] <= MAX_DEVICES else None
 
 
 def why_not(base: str, n: int, cpus: int, gpus: Callable[[], int]) -> str | None:

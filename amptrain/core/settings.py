@@ -33,6 +33,16 @@ def shape_queue(base: str, devices: int) -> str:
     return base if devices == 1 else f"{base}-x{devices}"
 
 
+def parse_shape_queue(queue: str) -> tuple[str, int] | None:
+    """The inverse of :func:`shape_queue` for a shape queue: ``gpu-x2`` -> ``("gpu", 2)``;
+    None for any name :func:`shape_queue` does not make (``gpu``, ``gpu-x02``, ``gpu-x1``)."""
+    m = SHAPE_SUFFIX.search(queue)
+    if m is None:
+        return None
+    base, devices = queue[: m.start()], int(m[1])
+    return (base, devices) if devices > 1 and shape_queue(base, devices) == queue else None
+
+
 class Settings(BaseSettings):
     """Service settings. Paths left unset derive from ``data_dir``."""
 

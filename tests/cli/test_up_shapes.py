@@ -23,6 +23,16 @@ def test_shape_queues_of_the_served_queues() -> None:
     assert shape_of("tpu-x2", SERVED) is None  # a queue up does not serve
     assert shape_of("cpu-x9", SERVED) is None  # beyond MAX_DEVICES
     assert shape_of("cpu-x1", SERVED) is None
+    # Names no shape queue has: not a worker of a made-up queue.
+    for hostile in (
+        "cpu-x02",
+        "-x2",
+        "cpu-x2-x2",
+        "cpu;rm-x2",
+        "cpu-x2\n",
+        "cpu-x99999999999999999999",
+    ):
+        assert shape_of(hostile, SERVED) is None, hostile
 
 
 def test_what_the_machine_can_run() -> None:

@@ -7,9 +7,9 @@ nothing. Rows go in the order given (the recorder passes each job's points in
 stream order), so row ids follow the stream.
 
 * PostgreSQL ``copy`` (default): COPY straight into ``metric_points`` inside a
-  savepoint of the session's transaction; if a row is already there (a replay: rare), the savepoint is rolled back
-  and the rows go through a session-local temp table and one
-  ``INSERT ... SELECT ... ON CONFLICT DO NOTHING RETURNING`` instead.
+  savepoint of the session's transaction; if a row is already there (a replay: rare),
+  the savepoint is rolled back and the rows go through a session-local temp table and
+  one ``INSERT ... SELECT ... ON CONFLICT DO NOTHING RETURNING`` instead.
 * PostgreSQL ``values``: one prepared single-row INSERT sent for every row in
   psycopg's pipeline mode (``executemany(returning=True)``).
 * SQLite: multi-row ``INSERT ... VALUES`` pages with RETURNING through one cached
