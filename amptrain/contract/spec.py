@@ -148,8 +148,52 @@ class CheckpointSpec(_Strict):
     """Checkpoints kept; older ones are deleted after a newer one is safely written."""
 
 
+MAX_SPIKE_WINDOW = 10_000
+"""Largest ``health.spike.window``: the window is a device buffer the step reduces every step."""
+
+
+class SpikeSpec(_Strict):
+    """A loss (or gradient-norm) spike rule, checked on the device every step with no host
+    read: a value more than ``z`` standard deviations above the mean of the last ``window``
+    values is a spike. A spike never enters the window (nor does a non-finite value)."""
+
+    metric: Literal["loss", "grad_norm"] = "loss"
+    """The per-step value checked: the step's mean loss, or its global gradient norm (after
+    unscaling, before clipping)."""
+    window: int = Field(default=100, ge=8, le=MAX_SPIKE_WINDOW)
+    """Rolling window: the last this many accepted values give the mean and the standard
+    deviation (population: divided by the count)."""
+    z: float = Field(default=6.0, gt=0, le=1000)
+    """A spike: the value exceeds the window's mean by more than this many standard
+    deviations."""
+    warmup_steps: int = Field(default=20, ge=2, le=MAX_SPIKE_WINDOW)
+    """No check until the window holds this many values (at most ``window``)."""
+    action: Literal["warn", "skip", "rollback"] = "warn"
+    """``warn``: a ``loss_spike`` warning event. ``skip``: the spiking step's optimizer
+    update is not applied (on the device, as an fp16 overflow step is skipped; it is recorded
+    as ``skipped`` and the schedule holds still), plus the warning. ``rollback``: the run goes
+    back to its newest healthy checkpoint at or before the spiking step and continues with the
+    data after that step, the steps in between discarded (a ``rollback`` event); needs
+    checkpoints (the service always has them)."""
+    max_rollbacks: int = Field(default=3, ge=1, le=100)
+    """``rollback``: the job fails (diverged, naming the step) at the spike that would need
+    more rollbacks than this, so a persistent spike cannot loop forever."""
+
+    @model_validator(mode="after")
+    def _warmup_fits_window(self) -> SpikeSpec:
+        if self.warmup_steps > self.window:
+            raise ValueError(
+                f"warmup_steps ({self.warmup_steps}) must be at most window ({self.window}): "
+                "the window never holds more values than its size"
+            )
+        return self
+
+
 class HealthSpec(_Strict):
     """The checks a careful AMP user runs by hand."""
+
+    spike: SpikeSpec | None = None
+    """Loss-spike detection (see its fields); null: off, costing nothing."""
 
     warn_loss_scale_below: float = Field(default=128.0, gt=0, le=2.0**32)
     """Warn ("frequent gradient overflow") when the fp16 loss scale falls below this."""
@@ -290,6 +334,12 @@ class JobSpec(_Strict):
                 f"batch_size ({self.batch_size}) must be divisible by devices x grad_accum_steps "
                 f"({self.devices} x {self.grad_accum_steps} = {share}): every device takes an "
                 "equal share of micro-batches"
+            )
+        if self.devices > 1 and self.health.spike is not None:
+            raise ValueError(
+                f"health.spike needs devices 1 (got devices {self.devices}): each process "
+                "sees its own share's loss, and agreeing on a spike before the optimizer "
+                "step would cost a collective every step"
             )
         if self.devices > 1 and self.auto_micro_batch:
             raise ValueError(

@@ -15,6 +15,15 @@ keeps the norms on the device (:class:`Overflow`); at the next flush telemetry f
 for the whole window at once, each step's first non-finite parameter in backward order
 and reads it with the other values in the flush's one read; it names it only for the
 skipped steps.
+
+Loss spikes (``health.spike``): after the global norm and before the optimizer step the
+step's loss or norm goes through the device-side :class:`~amptrain.engine.spikes.
+SpikeCheck`. With ``action: skip`` a spike withholds the update the way GradScaler withholds
+an overflow step: the fused optimizer reads ``optimizer.found_inf`` (1.0: return before
+touching a parameter, and its step counts are put back). With fp16 the flag handed over is
+the larger of the scaler's own inf flag and the spike flag, while ``scaler.update()`` still
+reads the scaler's flag alone: a spike does not back the loss scale off (its gradients were
+finite), and it counts as a clean step towards the scale's growth.
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ import torch
 
 from amptrain.contract.spec import JobSpec
 from amptrain.engine.precision import PrecisionChoice, fp32_island
+from amptrain.engine.spikes import SpikeCheck, SpikeFlag
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -56,6 +66,10 @@ class Applied:
     found_inf: torch.Tensor | None  # fp16: 1.0 when the step was skipped
     scale: torch.Tensor | None  # fp16: the scale this step used
     overflow: Overflow | None = None  # fp16: which parameter overflowed first
+    spike: SpikeFlag | None = None  # health.spike: the step's spike check
+    withheld: torch.Tensor | None = None
+    """1.0 when the update was not applied for any reason (an overflow or a skipped spike):
+    what the schedule advances by; None when nothing can withhold it."""
 
 
 class AmpStep:
@@ -69,8 +83,10 @@ class AmpStep:
         loss_fn: LossFn,
         precision: PrecisionChoice,
         device: torch.device,
+        spike: SpikeCheck | None = None,
     ) -> None:
         self.model = model
+        self.spike = spike
         self.optimizer = optimizer
         self.loss_fn = loss_fn
         self.device = device
@@ -118,22 +134,52 @@ class AmpStep:
             enabled=self.autocast_dtype is not None,
         )
 
-    def apply(self) -> Applied:
-        """Unscale once, clip, step, update; the optimizer skips the step on inf/NaN gradients."""
+    def apply(self, loss: torch.Tensor) -> Applied:
+        """Unscale once, clip, check for a spike, step, update; the optimizer skips the step
+        on inf/NaN gradients (and, with ``spike.action: skip``, on a spike). ``loss``: the
+        step's mean loss (device tensor)."""
         scaler = self.scaler
         if scaler is not None:
             scaler.unscale_(self.optimizer)
         grad_norm, norms, names = self._grad_norm()
+        flag = None
+        if self.spike is not None:
+            flag = self.spike.check(loss if self.spike.spec.metric == "loss" else grad_norm)
+        held = (
+            flag.spike
+            if (flag is not None and self.spike is not None and self.spike.skips)
+            else None
+        )
         if scaler is None:
-            self.optimizer.step()
-            return Applied(grad_norm, None, None)
+            self._step(held)
+            return Applied(grad_norm, None, None, spike=flag, withheld=held)
         overflow = None if norms is None else Overflow(norms, names)
         found_inf = _found_inf(scaler, self.optimizer)
         # update() rewrites the scale tensor in place: keep the value this step used.
         scale = scaler._scale.clone()  # type: ignore[union-attr]
-        scaler.step(self.optimizer)
-        scaler.update()
-        return Applied(grad_norm, found_inf, scale, overflow)
+        if held is None:
+            scaler.step(self.optimizer)
+        else:
+            # What scaler.step does for a fused optimizer after unscale_ (hand it found_inf),
+            # with the spike folded in; max, not sum: the kernels skip on exactly 1.0 and
+            # subtract the flag from their step counts.
+            held = torch.maximum(found_inf, held.to(found_inf.device))
+            self._step(held)
+        scaler.update()  # reads the scaler's own flags: a spike leaves the scale alone
+        return Applied(
+            grad_norm, found_inf, scale, overflow, flag, found_inf if held is None else held
+        )
+
+    def _step(self, withheld: torch.Tensor | None) -> None:
+        """The optimizer step; a fused one returns early on ``withheld`` 1.0 (no host read)."""
+        if withheld is None:
+            self.optimizer.step()
+            return
+        self.optimizer.found_inf = withheld  # type: ignore[attr-defined]
+        try:
+            self.optimizer.step()
+        finally:
+            del self.optimizer.found_inf  # type: ignore[attr-defined]
 
     def abandon(self) -> None:
         """Forget a step that failed part-way (an OOM) so it can be run again from the start.

@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from amptrain.contract.errors import DivergedError
-from amptrain.contract.records import OVERFLOW_WARNING, event
+from amptrain.contract.records import OVERFLOW_WARNING, SPIKE_WARNING, event
 from amptrain.contract.spec import HealthSpec
-from amptrain.engine.step_records import Skip
+from amptrain.engine.step_records import Skip, Spike
 
 
 class HealthMonitor:
@@ -30,23 +30,33 @@ class HealthMonitor:
         self._low_scale_warned = False
 
     def check(
-        self, records: list[dict[str, Any]], skips: Mapping[int, Skip] | None = None
+        self,
+        records: list[dict[str, Any]],
+        skips: Mapping[int, Skip] | None = None,
+        spikes: Mapping[int, Spike] | None = None,
     ) -> tuple[list[dict[str, Any]], DivergedError | None]:
         """Warning events for ``records`` (in order), and the divergence error if any.
-        ``skips``: the overflow attribution of the skipped steps, by step."""
+        ``skips``: the overflow attribution of the skipped steps, by step; ``spikes``: the
+        steps the spike check flagged, by step."""
         events: list[dict[str, Any]] = []
         for rec in records:
             skip = (skips or {}).get(rec["step"])
             if skip is not None:
                 events.append(self._overflow_warning(rec, skip))
-            error = self._check_one(rec, events)
+            spike = (spikes or {}).get(rec["step"])
+            if spike is not None:
+                events.append(self._spike_warning(rec, spike))
+            error = self._check_one(rec, events, overflowed=spike is None or skip is not None)
             if error is not None:
                 return events, error
         return events, None
 
-    def _check_one(self, rec: dict[str, Any], events: list[dict[str, Any]]) -> DivergedError | None:
+    def _check_one(
+        self, rec: dict[str, Any], events: list[dict[str, Any]], *, overflowed: bool = True
+    ) -> DivergedError | None:
         step = rec["step"]
-        if rec["skipped"]:
+        # A spike withheld by ``spike.action: skip`` is skipped too, but not for inf/NaN.
+        if rec["skipped"] and overflowed:
             self._consecutive_skips += 1
             if self._consecutive_skips == self._spec.warn_consecutive_skips:
                 events.append(
@@ -127,6 +137,29 @@ class HealthMonitor:
             message=message,
             param=skip.param,
             norm=skip.norm,
+        )
+
+    def _spike_warning(self, rec: dict[str, Any], spike: Spike) -> dict[str, Any]:
+        rule = self._spec.spike
+        assert rule is not None  # spikes are only found with the check on
+        done = {"warn": "", "skip": "; its update was skipped", "rollback": "; rolling back"}
+        message = (
+            f"{rule.metric} spike at step {spike.step}: {spike.value:.6g} is more than "
+            f"{rule.z:g} standard deviations above the mean of the last {rule.window} steps "
+            f"({spike.mean:.6g} ± {spike.std:.6g}){done[rule.action]}"
+        )
+        return event(
+            "warning",
+            rec["step"],
+            rec["time"],
+            code=SPIKE_WARNING,
+            message=message,
+            metric=rule.metric,
+            value=spike.value,
+            mean=spike.mean,
+            std=spike.std,
+            z=rule.z,
+            action=rule.action,
         )
 
     @staticmethod

@@ -127,14 +127,14 @@ class Trainer(Checkpointing):
             try:
                 loss = self._accumulate()
                 lr = self.schedule.lr
-                applied = self.amp.apply()
+                applied = self.amp.apply(loss)
                 break
             except (torch.OutOfMemoryError, RuntimeError) as exc:
                 if not is_out_of_memory(exc):
                     raise
             # Outside the except block: the exception and its frames are released by now.
             self._shrink_after_oom()
-        self.schedule.advance(applied.found_inf)
+        self.schedule.advance(applied.withheld)
         self.step += 1
         values = {"loss": loss, "grad_norm": applied.grad_norm, "lr": lr}
         if applied.scale is not None and applied.found_inf is not None:  # fp16's scaler
@@ -145,6 +145,7 @@ class Trainer(Checkpointing):
             samples=self.spec.batch_size,
             started=started,
             overflow=applied.overflow,
+            spike=applied.spike,
         )
 
     # -- internals ----------------------------------------------------------------------------

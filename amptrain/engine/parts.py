@@ -39,6 +39,7 @@ from amptrain.engine.precision import (
 )
 from amptrain.engine.publisher import Publisher
 from amptrain.engine.resume import find_resumable
+from amptrain.engine.spikes import SpikeCheck
 from amptrain.engine.telemetry import StepTelemetry
 
 
@@ -116,7 +117,15 @@ def build_parts(
             # single-process stream).
             seed_everything((spec.seed + 1_000_003 * group.rank) % 2**32)
         optimizer = _registry().build_optimizer(spec.optimizer, model.parameters(), device)
-        amp = AmpStep(spec, wrapped, optimizer, made.loss_fn, precision, device)
+        rule = spec.health.spike
+        spike = SpikeCheck(rule, device) if rule is not None else None
+        if rule is not None and rule.action == "rollback":
+            # Telemetry finds the spike to roll back to (StepTelemetry.rollback); the Trainer
+            # does not act on it yet, so the run is refused rather than left half-done.
+            raise InvalidSpecError(
+                "health.spike.action 'rollback' is not available yet; use 'skip' or 'warn'"
+            )
+        amp = AmpStep(spec, wrapped, optimizer, made.loss_fn, precision, device, spike)
         evaluator = build_evaluator(spec, made.dataset, model, amp, device, group, channels_last)
         publisher = Publisher(ctx.sink if group.leader else None, spec.telemetry.queue_size)
         return Parts(
@@ -138,6 +147,7 @@ def build_parts(
                 publisher,  # one series per job: the other ranks' publishers have no sink
                 with_scaler=amp.scaler is not None,
                 group=group,
+                spike=rule,
             ),
             evaluator=evaluator,
             resume_peek=peek,

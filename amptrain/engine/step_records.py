@@ -46,6 +46,18 @@ class Skip:
     """``"inf"`` or ``"nan"``: that parameter's gradient norm."""
 
 
+@dataclass(frozen=True)
+class Spike:
+    """A step the spike check flagged, as read at the flush."""
+
+    step: int
+    value: float
+    """The checked value (the loss or the gradient norm)."""
+    mean: float
+    std: float
+    """The window's mean and standard deviation it was compared with."""
+
+
 @dataclass
 class Totals:
     """What every record of a window shares: the clock offset, the run's skipped steps so
@@ -55,6 +67,11 @@ class Totals:
     skipped_before: int
     memory: MemorySnapshot
     extra: dict[str, Any]
+    spike_metric: str | None = None
+    """``health.spike.metric`` when the check is on: each step's values then hold the
+    :data:`~amptrain.engine.spikes.SPIKE_SLOTS`."""
+    spike_skips: bool = False
+    """``health.spike.action`` is ``skip``: a spike's step is recorded as skipped."""
 
 
 def timeline(pending: list[Pending], device_done: float) -> list[tuple[float, float]]:
@@ -81,15 +98,16 @@ def step_records(
     values: list[float],
     times: list[tuple[float, float]],
     totals: Totals,
-) -> tuple[list[dict[str, Any]], list[Skip]]:
+) -> tuple[list[dict[str, Any]], list[Skip], list[Spike]]:
     """One record per step: ``values`` holds each step's ``fields`` in order (metric fields,
-    then any :data:`ATTRIBUTION_SLOTS`), ``times`` its (start, end). Also the attribution of
-    each skipped step."""
+    then any spike slots, then any :data:`ATTRIBUTION_SLOTS`), ``times`` its (start, end).
+    Also the attribution of each skipped step, and the spikes."""
     width = len(fields)
     skipped_steps = totals.skipped_before
     mem = totals.memory
     records = []
     skips = []
+    spikes = []
     for i, (p, (start, end)) in enumerate(zip(pending, times, strict=True)):
         device: dict[str, Any] = dict(zip(fields, values[i * width : (i + 1) * width], strict=True))
         code = device.pop(ATTRIBUTION_SLOTS[0], None)
@@ -97,6 +115,10 @@ def step_records(
         if skipped:
             device["grad_norm"] = None  # not a norm: the gradients held inf/NaN
             skips.append(_skip(p, code))
+        spike = _spike(p, device, totals.spike_metric)
+        if spike is not None:
+            spikes.append(spike)
+            skipped = skipped or totals.spike_skips  # its update was withheld too
         skipped_steps += skipped
         step_s = max(end - start, 1e-9)
         records.append(
@@ -114,7 +136,17 @@ def step_records(
                 **totals.extra,
             )
         )
-    return records, skips
+    return records, skips, spikes
+
+
+def _spike(p: Pending, device: dict[str, Any], metric: str | None) -> Spike | None:
+    """Pops the spike slots from a step's values; the spike they flag, if any."""
+    if metric is None:
+        return None
+    flag, mean, std = device.pop("spike"), device.pop("spike_mean"), device.pop("spike_std")
+    if not flag > 0:
+        return None
+    return Spike(p.step, device[metric], mean, std)
 
 
 def _skip(p: Pending, code: float | None) -> Skip:

@@ -35,7 +35,7 @@ import torch
 
 from amptrain.contract.metrics import device_fields
 from amptrain.contract.records import event
-from amptrain.contract.spec import TelemetrySpec
+from amptrain.contract.spec import SpikeSpec, TelemetrySpec
 from amptrain.engine.amp_step import Overflow
 from amptrain.engine.attribution import Attribution
 from amptrain.engine.distributed import STOP_CODES, Group, stop_name
@@ -43,8 +43,10 @@ from amptrain.engine.health import HealthMonitor
 from amptrain.engine.host import HostReads, InFlight
 from amptrain.engine.memory import MemorySnapshot, snapshot
 from amptrain.engine.publisher import Publisher
+from amptrain.engine.spikes import SPIKE_SLOTS, SpikeFlag
 from amptrain.engine.step_records import (
     Pending,
+    Spike,
     Totals,
     dropped_warning,
     step_records,
@@ -74,9 +76,11 @@ class StepTelemetry:
         with_scaler: bool,
         group: Group | None = None,
         read_later: bool | None = None,
+        spike: SpikeSpec | None = None,
     ) -> None:
         """``read_later``: due flushes queue copies and publish the completed ones instead of
-        waiting for the device (None: on a single CUDA device)."""
+        waiting for the device (None: on a single CUDA device). ``spike``: the spike rule
+        whose flags the steps hand over (``health.spike``)."""
         self._spec = spec
         self._group = group or Group(None, device)
         self._device = device
@@ -84,8 +88,14 @@ class StepTelemetry:
         self._publisher = publisher
         self.attribution = Attribution(with_scaler)
         self._metric_fields = device_fields(with_scaler)  # what a step hands over, in order
-        self._fields = self._metric_fields + self.attribution.slots
-        """A step's values as read (fp16: the attribution code last), in the read's order."""
+        self._spike = spike
+        self._fields = self._metric_fields + (SPIKE_SLOTS if spike else ()) + self.attribution.slots
+        """A step's values as read (then any spike slots; fp16: the attribution code last), in
+        the read's order."""
+        self._spikes: dict[int, Spike] = {}  # read, not yet published
+        self.rollback: Spike | None = None
+        """``spike.action: rollback``: the first spike published and not yet rolled back;
+        nothing after its step is published until the Trainer has (:meth:`rolled_back`)."""
         self._values: list[torch.Tensor] = []  # per step, one per field of _metric_fields
         self._pending: list[Pending] = []
         self._windows: deque[_Window] = deque()  # copies queued, not yet read (CUDA)
@@ -117,12 +127,17 @@ class StepTelemetry:
         samples: int,
         started: float,
         overflow: Overflow | None = None,
+        spike: SpikeFlag | None = None,
     ) -> None:
         """Keep one step's device values (by metric name: ``loss``, ``grad_norm``, ``lr``,
         and with a scaler ``skipped``, its inf flag, ``loss_scale``, and ``overflow``, read
-        with the rest at the flush); flush when one is due (may raise DivergedError)."""
+        with the rest at the flush, and ``spike``, the step's spike check when it is on); flush
+        when one is due (may raise DivergedError)."""
         names = self.attribution.keep(overflow, values["loss"])
         self._values += (values[f] for f in self._metric_fields)
+        if self._spike is not None:
+            assert spike is not None
+            self._values += spike.values()
         now = time.perf_counter()
         self._pending.append(Pending(step, samples, started, now, names))
         # The first step of a run (or of a resumed run) flushes at once, so a watcher
@@ -204,7 +219,21 @@ class StepTelemetry:
     ) -> None:
         """Check health, offer the records (and any drop warning, and ``extra``) as one batch."""
         skips = self.attribution.take([r["step"] for r in records])
-        warnings, error = self._health.check(records, skips)
+        spikes = {r["step"]: s for r in records if (s := self._spikes.pop(r["step"], None))}
+        rolls = self._spike is not None and self._spike.action == "rollback"
+        if rolls and spikes and self.rollback is None:
+            self.rollback = spikes[min(spikes)]
+        if self.rollback is not None:
+            # The steps after the spike trained from the spiked state: never shown (the run
+            # goes back before the spike, and its step numbers continue after it).
+            k = self.rollback.step
+            records = [r for r in records if r["step"] <= k]
+            extra = [r for r in extra or [] if r["step"] <= k]
+            skips = {s: v for s, v in skips.items() if s <= k}
+            spikes = {s: v for s, v in spikes.items() if s <= k}
+            if records:  # the count the run goes on from: none of the discarded steps'
+                self.skipped_steps = records[-1]["skipped_steps"]
+        warnings, error = self._health.check(records, skips, spikes)
         if error is not None and error.step is not None:
             # The run ends at the step it diverged: the steps after it in this flush trained
             # from a diverged state, and the job, its error, its events and its charts all
@@ -221,6 +250,15 @@ class StepTelemetry:
         self._publisher.offer(batch)
         if error is not None:
             raise error
+
+    def rolled_back(self) -> None:
+        """The Trainer went back to a checkpoint before :attr:`rollback`'s step: forget every
+        step not yet published (all after that step) and the spike."""
+        self._pending, self._values, self._spikes = [], [], {}
+        self._windows.clear()
+        self.attribution.forget()
+        self.rollback = None
+        self.last_record = None  # the next step flushes at once, as a resumed run's first does
 
     def close(self, timeout: float) -> None:
         """Deliver what is queued (up to ``timeout`` s); report drops in a final warning."""
@@ -246,14 +284,23 @@ class StepTelemetry:
             device_done = pending[0].started + max(device_s, 0.0)
         else:
             device_done = host_done if self._device.type == "cuda" else pending[-1].ended
-        records, skips = step_records(
+        spike = self._spike
+        records, skips, spikes = step_records(
             pending,
             self._fields,
             values,
             timeline(pending, device_done),
-            Totals(self._wall_offset, self.skipped_steps, mem, extra),
+            Totals(
+                self._wall_offset,
+                self.skipped_steps,
+                mem,
+                extra,
+                spike.metric if spike else None,
+                spike is not None and spike.action == "skip",
+            ),
         )
         self.attribution.read(skips)
+        self._spikes.update((s.step, s) for s in spikes)
         self.skipped_steps = records[-1]["skipped_steps"]
         self._last_flush = host_done
         self.last_record = records[-1]

@@ -1,0 +1,140 @@
+"""Loss spikes (``health.spike``): found on the device with no host read, then warned about
+or skipped like an fp16 overflow step."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pydantic
+import pytest
+import torch
+import torch.nn.functional as F
+
+from amptrain.contract.errors import InvalidSpecError
+from amptrain.contract.records import SPIKE_WARNING
+from amptrain.contract.spec import parse_spec
+from amptrain.engine import Components, RunContext, Trainer
+from tests.engine.test_amp import TinyData, TinyNet
+from tests.engine.test_host_reads import host_reads
+from tests.support.sinks import ListSink
+
+K = 30  # the step whose batch spikes
+
+
+class SpikyData(TinyData):
+    """TinyData with step ``K``'s batch (batch size 8) scaled by 1e3."""
+
+    def batch(self, start: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x, y = super().batch(start, size)
+        return (x * 1e3 if start // 8 == K - 1 else x), y
+
+
+def spec(spike: dict[str, Any] | None, **overrides: Any) -> Any:
+    health = {"health": {"spike": {"window": 16, "warmup_steps": 8, **spike}}} if spike else {}
+    return parse_spec(
+        {
+            "model": {"name": "mlp"},
+            "dataset": {"name": "synthetic-classification"},
+            "max_steps": 40,
+            "batch_size": 8,
+            "device": "cpu",
+            "grad_clip_norm": None,
+            "telemetry": {"flush_every_steps": 10, "flush_every_ms": 600_000},
+            **health,
+            **overrides,
+        }
+    )
+
+
+def trainer(job: Any, sink: ListSink) -> Trainer:
+    torch.manual_seed(0)
+    return Trainer(
+        job, RunContext(None, sink=sink), Components(TinyNet(), SpikyData(), F.cross_entropy)
+    )
+
+
+def weights(t: Trainer) -> list[torch.Tensor]:
+    return [p.detach().clone() for p in t.model.parameters()]
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "sgd"])
+def test_skip_leaves_the_weights_of_a_run_that_never_applied_that_batch(optimizer: str) -> None:
+    sink = ListSink()
+    skipping = trainer(spec({"action": "skip"}, optimizer={"name": optimizer}), sink)
+    skipping.train()
+    # The reference, by hand: no spike check; at step K the optimizer step and the schedule's
+    # advance are simply not called.
+    ref = trainer(spec(None, optimizer={"name": optimizer}), ListSink())
+    step, advance = ref.optimizer.step, ref.schedule.advance
+    ref.optimizer.step = lambda *a, **k: None if ref.step + 1 == K else step(*a, **k)  # type: ignore[method-assign]
+    ref.schedule.advance = lambda f: None if ref.step + 1 == K else advance(f)  # type: ignore[method-assign]
+    ref.train()
+    for a, b in zip(weights(skipping), weights(ref), strict=True):
+        assert torch.equal(a, b)
+    # And the check did change something: without it the batch's update is applied.
+    plain = trainer(spec(None, optimizer={"name": optimizer}), ListSink())
+    plain.train()
+    assert not all(torch.equal(a, b) for a, b in zip(weights(plain), weights(ref), strict=True))
+    assert skipping.publisher.wait_delivered(30)
+    metrics = sink.metrics()
+    assert [s for s, m in metrics.items() if m["skipped"]] == [K]
+    assert metrics[K + 1]["lr"] == metrics[K]["lr"]  # the schedule held still
+    warnings = [e for e in sink.events("warning") if e["data"]["code"] == SPIKE_WARNING]
+    assert [(w["step"], w["data"]["action"]) for w in warnings] == [(K, "skip")]
+    assert warnings[0]["data"]["value"] == pytest.approx(metrics[K]["loss"])
+
+
+def test_warn_only_warns() -> None:
+    sink = ListSink()
+    warned = trainer(spec({"action": "warn"}), sink)
+    warned.train()
+    plain = trainer(spec(None), ListSink())
+    plain.train()
+    for a, b in zip(weights(warned), weights(plain), strict=True):
+        assert torch.equal(a, b)
+    assert warned.publisher.wait_delivered(30)
+    assert not any(m["skipped"] for m in sink.metrics().values())
+    warnings = [e for e in sink.events("warning") if e["data"]["code"] == SPIKE_WARNING]
+    assert [w["step"] for w in warnings] == [K]
+    data = warnings[0]["data"]
+    assert data["value"] - data["mean"] > data["z"] * data["std"]
+
+
+def test_fp16_skip_keeps_the_loss_scale() -> None:
+    sink = ListSink()
+    # A scale that never overflows this model: only the spike withholds an update.
+    t = trainer(spec({"action": "skip"}, precision="fp16", loss_scale={"init_scale": 1.0}), sink)
+    t.train()
+    assert t.publisher.wait_delivered(30)
+    metrics = sink.metrics()
+    assert [s for s, m in metrics.items() if m["skipped"]] == [K]
+    assert metrics[K + 1]["loss_scale"] == metrics[K]["loss_scale"]  # not backed off
+    assert metrics[K + 1]["lr"] == metrics[K]["lr"]
+
+
+def test_the_check_reads_nothing_between_flushes(monkeypatch: pytest.MonkeyPatch) -> None:
+    t = trainer(spec({"action": "skip", "metric": "grad_norm"}), ListSink())
+    t.train_step()
+    t.telemetry.flush()
+    seam = t.telemetry.host.count
+    with host_reads(monkeypatch) as reads:
+        for _ in range(8):  # steps 2..9: the next flush is due at step 10
+            t.train_step()
+        between, seam_between = list(reads), t.telemetry.host.count - seam
+        t.train_step()
+    assert between == [] and seam_between == 0
+    assert t.telemetry.host.count == seam + 1 and reads == ["tolist"]
+
+
+def test_rollback_is_refused_until_it_is_built() -> None:
+    with pytest.raises(InvalidSpecError, match="rollback"):
+        trainer(spec({"action": "rollback"}), ListSink())
+
+
+def test_the_rule_is_bounded_and_errors_name_the_field() -> None:
+    with pytest.raises(pydantic.ValidationError, match="warmup_steps"):
+        spec({"window": 8, "warmup_steps": 9})
+    with pytest.raises(pydantic.ValidationError, match="window"):
+        spec({"window": 4})
+    with pytest.raises(pydantic.ValidationError, match="devices 1"):
+        spec({"action": "warn"}, devices=2)
