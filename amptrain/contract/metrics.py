@@ -134,7 +134,10 @@ STEP_METRICS: tuple[Metric, ...] = (
     Metric(
         "skipped",
         "bool",
-        "True when inf/NaN gradients made the optimizer skip the step.",
+        (
+            "True when the optimizer skipped the step: inf/NaN gradients, or a loss spike "
+            "with health.spike.action skip (its warning event says which)."
+        ),
         source="scaler",
     ),
     Metric(
