@@ -14,16 +14,7 @@ from amptrain.contract.metrics import METRIC_FIELDS, PARALLEL_METRIC_FIELDS, che
 
 # Event types the engine emits itself; the worker adds lifecycle events
 # (queued, started, resumed, succeeded, failed, cancelled) with the same shape.
-ENGINE_EVENTS: tuple[str, ...] = (
-    "checkpoint",
-    "warning",
-    "precision",
-    "micro_batch",
-    "rollback",
-)
-"""``rollback`` (``health.spike.action: rollback``): data ``spike_step``, ``to_step`` (the
-checkpoint's step, whose state the run continues from), ``checkpoint`` (its name) and
-``skipped_samples`` (the data the discarded steps had used, never trained on again)."""
+ENGINE_EVENTS: tuple[str, ...] = ("checkpoint", "warning", "precision", "micro_batch")
 
 SPIKE_WARNING = "loss_spike"
 """The ``code`` of the ``warning`` event of each step the spike check flagged

@@ -168,16 +168,10 @@ class SpikeSpec(_Strict):
     deviations."""
     warmup_steps: int = Field(default=20, ge=2, le=MAX_SPIKE_WINDOW)
     """No check until the window holds this many values (at most ``window``)."""
-    action: Literal["warn", "skip", "rollback"] = "warn"
+    action: Literal["warn", "skip"] = "warn"
     """``warn``: a ``loss_spike`` warning event. ``skip``: the spiking step's optimizer
     update is not applied (on the device, as an fp16 overflow step is skipped; it is recorded
-    as ``skipped`` and the schedule holds still), plus the warning. ``rollback``: the run goes
-    back to its newest healthy checkpoint at or before the spiking step and continues with the
-    data after that step, the steps in between discarded (a ``rollback`` event); needs
-    checkpoints (the service always has them)."""
-    max_rollbacks: int = Field(default=3, ge=1, le=100)
-    """``rollback``: the job fails (diverged, naming the step) at the spike that would need
-    more rollbacks than this, so a persistent spike cannot loop forever."""
+    as ``skipped`` and the schedule holds still), plus the warning."""
 
     @model_validator(mode="after")
     def _warmup_fits_window(self) -> SpikeSpec:

@@ -81,11 +81,6 @@ class Attribution:
             out.append(code)
         return out
 
-    def forget(self) -> None:
-        """Drop the norms and the read attribution of steps never to be published (a
-        rollback discarded them)."""
-        self._norms, self._read = [], {}
-
     def read(self, skips: list[Skip]) -> None:
         """Keep the attribution of skipped steps just read, until they are published."""
         self._read.update((s.step, s) for s in skips)

@@ -142,7 +142,7 @@ class HealthMonitor:
     def _spike_warning(self, rec: dict[str, Any], spike: Spike) -> dict[str, Any]:
         rule = self._spec.spike
         assert rule is not None  # spikes are only found with the check on
-        done = {"warn": "", "skip": "; its update was skipped", "rollback": "; rolling back"}
+        done = {"warn": "", "skip": "; its update was skipped"}
         message = (
             f"{rule.metric} spike at step {spike.step}: {spike.value:.6g} is more than "
             f"{rule.z:g} standard deviations above the mean of the last {rule.window} steps "

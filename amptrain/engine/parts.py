@@ -119,12 +119,6 @@ def build_parts(
         optimizer = _registry().build_optimizer(spec.optimizer, model.parameters(), device)
         rule = spec.health.spike
         spike = SpikeCheck(rule, device) if rule is not None else None
-        if rule is not None and rule.action == "rollback":
-            # Telemetry finds the spike to roll back to (StepTelemetry.rollback); the Trainer
-            # does not act on it yet, so the run is refused rather than left half-done.
-            raise InvalidSpecError(
-                "health.spike.action 'rollback' is not available yet; use 'skip' or 'warn'"
-            )
         amp = AmpStep(spec, wrapped, optimizer, made.loss_fn, precision, device, spike)
         evaluator = build_evaluator(spec, made.dataset, model, amp, device, group, channels_last)
         publisher = Publisher(ctx.sink if group.leader else None, spec.telemetry.queue_size)

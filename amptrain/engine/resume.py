@@ -78,6 +78,8 @@ class Checkpointing:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.schedule.state_dict(),
             "scaler": scaler.state_dict() if scaler is not None else None,
+            # health.spike's window: a resumed run judges the next step as the first did.
+            "spike": self.amp.spike.state_dict() if self.amp.spike is not None else None,
             "rng": rngs[0],
             "world_size": self.group.world_size,
             "attempt": self.ctx.attempt,
@@ -93,6 +95,8 @@ class Checkpointing:
         self.schedule.load_state_dict(state["scheduler"])
         if self.amp.scaler is not None and state.get("scaler"):
             self.amp.scaler.load_state_dict(state["scaler"])
+        if self.amp.spike is not None and state.get("spike"):
+            self.amp.spike.load_state_dict(state["spike"])
         self.step = int(state["step"])
         self.micro_batch = int(state["micro_batch"])
         self.grad_accum = int(state["grad_accum_steps"])

@@ -93,9 +93,6 @@ class StepTelemetry:
         """A step's values as read (then any spike slots; fp16: the attribution code last), in
         the read's order."""
         self._spikes: dict[int, Spike] = {}  # read, not yet published
-        self.rollback: Spike | None = None
-        """``spike.action: rollback``: the first spike published and not yet rolled back;
-        nothing after its step is published until the Trainer has (:meth:`rolled_back`)."""
         self._values: list[torch.Tensor] = []  # per step, one per field of _metric_fields
         self._pending: list[Pending] = []
         self._windows: deque[_Window] = deque()  # copies queued, not yet read (CUDA)
@@ -220,19 +217,6 @@ class StepTelemetry:
         """Check health, offer the records (and any drop warning, and ``extra``) as one batch."""
         skips = self.attribution.take([r["step"] for r in records])
         spikes = {r["step"]: s for r in records if (s := self._spikes.pop(r["step"], None))}
-        rolls = self._spike is not None and self._spike.action == "rollback"
-        if rolls and spikes and self.rollback is None:
-            self.rollback = spikes[min(spikes)]
-        if self.rollback is not None:
-            # The steps after the spike trained from the spiked state: never shown (the run
-            # goes back before the spike, and its step numbers continue after it).
-            k = self.rollback.step
-            records = [r for r in records if r["step"] <= k]
-            extra = [r for r in extra or [] if r["step"] <= k]
-            skips = {s: v for s, v in skips.items() if s <= k}
-            spikes = {s: v for s, v in spikes.items() if s <= k}
-            if records:  # the count the run goes on from: none of the discarded steps'
-                self.skipped_steps = records[-1]["skipped_steps"]
         warnings, error = self._health.check(records, skips, spikes)
         if error is not None and error.step is not None:
             # The run ends at the step it diverged: the steps after it in this flush trained
@@ -250,15 +234,6 @@ class StepTelemetry:
         self._publisher.offer(batch)
         if error is not None:
             raise error
-
-    def rolled_back(self) -> None:
-        """The Trainer went back to a checkpoint before :attr:`rollback`'s step: forget every
-        step not yet published (all after that step) and the spike."""
-        self._pending, self._values, self._spikes = [], [], {}
-        self._windows.clear()
-        self.attribution.forget()
-        self.rollback = None
-        self.last_record = None  # the next step flushes at once, as a resumed run's first does
 
     def close(self, timeout: float) -> None:
         """Deliver what is queued (up to ``timeout`` s); report drops in a final warning."""

@@ -3,6 +3,7 @@ or skipped like an fp16 overflow step."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pydantic
@@ -10,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from amptrain.contract.errors import InvalidSpecError
+from amptrain.contract.errors import PreemptedError
 from amptrain.contract.records import SPIKE_WARNING
 from amptrain.contract.spec import parse_spec
 from amptrain.engine import Components, RunContext, Trainer
@@ -46,11 +47,10 @@ def spec(spike: dict[str, Any] | None, **overrides: Any) -> Any:
     )
 
 
-def trainer(job: Any, sink: ListSink) -> Trainer:
+def trainer(job: Any, sink: ListSink, ctx: RunContext | None = None) -> Trainer:
     torch.manual_seed(0)
-    return Trainer(
-        job, RunContext(None, sink=sink), Components(TinyNet(), SpikyData(), F.cross_entropy)
-    )
+    ctx = ctx or RunContext(None, sink=sink)
+    return Trainer(job, ctx, Components(TinyNet(), SpikyData(), F.cross_entropy))
 
 
 def weights(t: Trainer) -> list[torch.Tensor]:
@@ -126,9 +126,9 @@ def test_the_check_reads_nothing_between_flushes(monkeypatch: pytest.MonkeyPatch
     assert t.telemetry.host.count == seam + 1 and reads == ["tolist"]
 
 
-def test_rollback_is_refused_until_it_is_built() -> None:
-    with pytest.raises(InvalidSpecError, match="rollback"):
-        trainer(spec({"action": "rollback"}), ListSink())
+def test_rollback_is_refused_at_submit_until_it_is_built() -> None:
+    with pytest.raises(pydantic.ValidationError, match="action"):
+        spec({"action": "rollback"})
 
 
 def test_the_rule_is_bounded_and_errors_name_the_field() -> None:
@@ -138,3 +138,24 @@ def test_the_rule_is_bounded_and_errors_name_the_field() -> None:
         spec({"window": 4})
     with pytest.raises(pydantic.ValidationError, match="devices 1"):
         spec({"action": "warn"}, devices=2)
+
+
+def test_a_resumed_run_keeps_the_window_and_skips_the_same_step(tmp_path: Path) -> None:
+    """Preempted at step 25 (the window already warm), resumed: step K is judged against the
+    same window, so the run ends bitwise where an uninterrupted one does."""
+    job = spec({"action": "skip"}, checkpoint={"every_steps": 1000})
+    straight = trainer(job, ListSink())
+    straight.train()
+    ref: list[Trainer] = []
+    stop = lambda: "preempt" if ref and ref[0].step == 25 else None  # noqa: E731
+    first = trainer(job, ListSink(), RunContext(str(tmp_path), should_stop=stop))
+    ref.append(first)
+    with pytest.raises(PreemptedError):
+        first.train()
+    sink = ListSink()
+    second = trainer(job, sink, RunContext(str(tmp_path), sink=sink))
+    assert second.train().resumed_from == 25
+    for a, b in zip(weights(straight), weights(second), strict=True):
+        assert torch.equal(a, b)
+    assert second.publisher.wait_delivered(30)
+    assert [s for s, m in sink.metrics().items() if m["skipped"]] == [K]
