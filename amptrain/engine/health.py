@@ -129,15 +129,7 @@ class HealthMonitor:
                 f"the first non-finite gradient in backward order was {skip.param} ({skip.norm})"
             )
         message = f"step {skip.step} skipped for inf/NaN gradients: {where}"
-        return event(
-            "warning",
-            rec["step"],
-            rec["time"],
-            code=OVERFLOW_WARNING,
-            message=message,
-            param=skip.param,
-            norm=skip.norm,
-        )
+        return cls._warning(rec, OVERFLOW_WARNING, message, param=skip.param, norm=skip.norm)
 
     def _spike_warning(self, rec: dict[str, Any], spike: Spike) -> dict[str, Any]:
         rule = self._spec.spike
@@ -148,12 +140,10 @@ class HealthMonitor:
             f"{rule.z:g} standard deviations above the mean of the last {rule.window} steps "
             f"({spike.mean:.6g} ± {spike.std:.6g}){done[rule.action]}"
         )
-        return event(
-            "warning",
-            rec["step"],
-            rec["time"],
-            code=SPIKE_WARNING,
-            message=message,
+        return self._warning(
+            rec,
+            SPIKE_WARNING,
+            message,
             metric=rule.metric,
             value=spike.value,
             mean=spike.mean,
@@ -163,5 +153,5 @@ class HealthMonitor:
         )
 
     @staticmethod
-    def _warning(rec: dict[str, Any], code: str, message: str) -> dict[str, Any]:
-        return event("warning", rec["step"], rec["time"], code=code, message=message)
+    def _warning(rec: dict[str, Any], code: str, message: str, **data: Any) -> dict[str, Any]:
+        return event("warning", rec["step"], rec["time"], code=code, message=message, **data)
