@@ -10,8 +10,9 @@ every step's record arrived. Prints the time ratio engine / bare, in wall time a
 this process's CPU time (all threads, the publisher's included: less sensitive to other
 load on a shared machine, blind to redis-server's and the sink process's CPU, which is
 printed on its own). Also runs, in the same alternation, the engine with the in-process
-RedisSink on its publisher thread (the path before the sink process, for comparison) and
-the engine without a sink, to tell the engine's own cost from the sink's.
+RedisSink on its publisher thread (the path before the sink process, for comparison), the
+engine without a sink, to tell the engine's own cost from the sink's, and the engine with the
+loss-spike check on (``health.spike``, :data:`SPIKE_RULE`).
 
 CPU (default): an MLP on synthetic vectors, steps of a few milliseconds; goal <= 1.03.
 CUDA (``--device cuda``): a CNN on 3x64x64 synthetic images that both sides build on the
@@ -42,7 +43,7 @@ from amptrain.cli.embedded_redis import EmbeddedRedis
 from amptrain.components import registry
 from amptrain.components.optim import lr_factor
 from amptrain.components.synthetic_images import SyntheticImages
-from amptrain.contract.spec import JobSpec, parse_spec
+from amptrain.contract.spec import JobSpec, SpikeSpec, parse_spec
 from amptrain.core.redis import Keys
 from amptrain.engine import RunContext, Trainer
 from amptrain.engine.precision import AUTOCAST_DTYPES, apply_math_mode, choose_precision
@@ -51,6 +52,15 @@ from amptrain.worker.child.sink_process import ProcessSink
 
 Timing = tuple[float, float]  # (wall seconds, CPU seconds of this process, all its threads)
 GOALS = {"cpu": 1.03, "cuda": 1.01}
+VARIANTS = {
+    "engine": "engine+redis (sink process)",
+    "in_process": "engine+redis (in-process sink, before)",
+    "no_sink": "engine, no sink",
+    "spike": "engine+redis, health.spike on (grad_norm, skip)",
+}
+"""The engine runs held against the bare loop, by name, with how the summary labels them."""
+SPIKE_RULE = SpikeSpec(metric="grad_norm", action="skip", window=100, warmup_steps=20)
+"""The ``spike`` variant's rule: the costlier metric (the norm), the action that acts."""
 
 
 def _clock(device: torch.device) -> Timing:
@@ -192,7 +202,7 @@ def summarise(times: dict[str, list[Timing]], goal: float) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for kind, i in (("wall", 0), ("cpu", 1)):
         base = [t[i] for t in times["bare"]]
-        for name in ("engine", "in_process", "no_sink"):
+        for name in VARIANTS:
             values = [t[i] for t in times[name]]
             ratios = [e / b for e, b in zip(values, base, strict=True)]
             out[f"{kind}_{name}"] = {
@@ -237,18 +247,22 @@ def main() -> None:
     try:
         bare_loop(spec.model_copy(update={"max_steps": 20}))  # warm-up both paths
         engine_run(spec.model_copy(update={"max_steps": 20}), server.url)
-        times: dict[str, list[Timing]] = {"bare": [], "engine": [], "in_process": [], "no_sink": []}
+        spiky = spec.model_copy(
+            update={"health": spec.health.model_copy(update={"spike": SPIKE_RULE})}
+        )
         runs: dict[str, Any] = {
             "bare": lambda: bare_loop(spec),
             "engine": lambda: engine_run(spec, server.url),
             "in_process": lambda: engine_run(spec, server.url, in_process=True),
             "no_sink": lambda: engine_no_sink(spec),
+            "spike": lambda: engine_run(spiky, server.url),
         }
+        times: dict[str, list[Timing]] = {name: [] for name in runs}
         start_cpu = sink_start_cpu(server.url)
         SINK_CPU.clear()
         load = os.getloadavg()
         for i in range(args.pairs):
-            order = ["bare", "engine", "in_process", "no_sink"]
+            order = list(runs)
             for name in order if i % 2 == 0 else order[::-1]:
                 times[name].append(runs[name]())
     finally:
@@ -268,11 +282,7 @@ def main() -> None:
         print(f"{name:>10} wall s: " + " ".join(f"{t[0]:.3f}" for t in timings))
     result = summarise(times, goal)
     for kind in ("wall", "cpu"):
-        for name, label in (
-            ("engine", "engine+redis (sink process)"),
-            ("in_process", "engine+redis (in-process sink, before)"),
-            ("no_sink", "engine, no sink"),
-        ):
+        for name, label in VARIANTS.items():
             r = result[f"{kind}_{name}"]
             print(
                 f"{'process CPU' if kind == 'cpu' else kind:>11} ratio {label}/bare: median "
