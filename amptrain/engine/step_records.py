@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from amptrain.contract.records import event, metric
+from amptrain.contract.spec import SpikeSpec
 from amptrain.engine.memory import MemorySnapshot
 
 ATTRIBUTION_SLOTS: tuple[str, ...] = ("overflow",)
@@ -67,11 +68,10 @@ class Totals:
     skipped_before: int
     memory: MemorySnapshot
     extra: dict[str, Any]
-    spike_metric: str | None = None
-    """``health.spike.metric`` when the check is on: each step's values then hold the
-    :data:`~amptrain.engine.spikes.SPIKE_SLOTS`."""
-    spike_skips: bool = False
-    """``health.spike.action`` is ``skip``: a spike's step is recorded as skipped."""
+    spike: SpikeSpec | None = None
+    """``health.spike`` when the check is on: each step's values then hold the
+    :data:`~amptrain.engine.spikes.SPIKE_SLOTS`, and with ``action: skip`` a spike's step is
+    recorded as skipped."""
 
 
 def timeline(pending: list[Pending], device_done: float) -> list[tuple[float, float]]:
@@ -115,10 +115,11 @@ def step_records(
         if skipped:
             device["grad_norm"] = None  # not a norm: the gradients held inf/NaN
             skips.append(_skip(p, code))
-        spike = _spike(p, device, totals.spike_metric)
+        spike = _spike(p, device, totals.spike.metric if totals.spike else None)
         if spike is not None:
             spikes.append(spike)
-            skipped = skipped or totals.spike_skips  # its update was withheld too
+            # With skip, its update was withheld too.
+            skipped = skipped or (totals.spike is not None and totals.spike.action == "skip")
         skipped_steps += skipped
         step_s = max(end - start, 1e-9)
         records.append(

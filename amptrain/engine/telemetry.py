@@ -79,8 +79,7 @@ class StepTelemetry:
         spike: SpikeSpec | None = None,
     ) -> None:
         """``read_later``: due flushes queue copies and publish the completed ones instead of
-        waiting for the device (None: on a single CUDA device). ``spike``: the spike rule
-        whose flags the steps hand over (``health.spike``)."""
+        waiting for the device (None: on a single CUDA device). ``spike``: ``health.spike``."""
         self._spec = spec
         self._group = group or Group(None, device)
         self._device = device
@@ -89,9 +88,8 @@ class StepTelemetry:
         self.attribution = Attribution(with_scaler)
         self._metric_fields = device_fields(with_scaler)  # what a step hands over, in order
         self._spike = spike
+        # A step's values as read: metrics, any spike slots, fp16's attribution code last.
         self._fields = self._metric_fields + (SPIKE_SLOTS if spike else ()) + self.attribution.slots
-        """A step's values as read (then any spike slots; fp16: the attribution code last), in
-        the read's order."""
         self._spikes: dict[int, Spike] = {}  # read, not yet published
         self._values: list[torch.Tensor] = []  # per step, one per field of _metric_fields
         self._pending: list[Pending] = []
@@ -132,8 +130,7 @@ class StepTelemetry:
         when one is due (may raise DivergedError)."""
         names = self.attribution.keep(overflow, values["loss"])
         self._values += (values[f] for f in self._metric_fields)
-        if self._spike is not None:
-            assert spike is not None
+        if spike is not None:  # given exactly when the check is on
             self._values += spike.values()
         now = time.perf_counter()
         self._pending.append(Pending(step, samples, started, now, names))
@@ -199,12 +196,7 @@ class StepTelemetry:
             window = self._windows.popleft()
             if wait:
                 window.copy.done.synchronize()
-            device_s = None
-            if self._mark is not None:
-                idle = (
-                    0.0 if self._mark_host is None else window.pending[0].started - self._mark_host
-                )
-                device_s = self._mark.elapsed_time(window.copy.done) / 1000.0 - max(idle, 0.0)
+            device_s = _device_seconds(self._mark, self._mark_host, window)
             self._mark, self._mark_host = window.copy.done, None
             records += self._build_records(
                 window.pending, window.copy.floats(), window.memory, {}, device_s
@@ -259,20 +251,9 @@ class StepTelemetry:
             device_done = pending[0].started + max(device_s, 0.0)
         else:
             device_done = host_done if self._device.type == "cuda" else pending[-1].ended
-        spike = self._spike
+        totals = Totals(self._wall_offset, self.skipped_steps, mem, extra, self._spike)
         records, skips, spikes = step_records(
-            pending,
-            self._fields,
-            values,
-            timeline(pending, device_done),
-            Totals(
-                self._wall_offset,
-                self.skipped_steps,
-                mem,
-                extra,
-                spike.metric if spike else None,
-                spike is not None and spike.action == "skip",
-            ),
+            pending, self._fields, values, timeline(pending, device_done), totals
         )
         self.attribution.read(skips)
         self._spikes.update((s.step, s) for s in spikes)
@@ -280,6 +261,17 @@ class StepTelemetry:
         self._last_flush = host_done
         self.last_record = records[-1]
         return records
+
+
+def _device_seconds(
+    mark: torch.cuda.Event | None, mark_host: float | None, window: _Window
+) -> float | None:
+    """The device's time for ``window`` since ``mark`` (where the previous read ended), less
+    the host's idle time before its first step (None: no mark yet)."""
+    if mark is None:
+        return None
+    idle = 0.0 if mark_host is None else window.pending[0].started - mark_host
+    return mark.elapsed_time(window.copy.done) / 1000.0 - max(idle, 0.0)
 
 
 def _reduce_ranks(tel: StepTelemetry) -> tuple[list[float], MemorySnapshot, dict[str, Any]]:
