@@ -189,6 +189,7 @@ def test_smoothing_reads_one_point_per_bucket_and_says_so(
     with page.expect_response(lambda r: "max_points=" in r.url and "/metrics" in r.url) as history:
         page.goto(f"/ui/#/jobs/{job_id}")
     expect(page.locator("#charts")).to_have_attribute("data-ready", "1")
+    shot(page, "charts-smoothing", tmp_path)
     seen = page.evaluate(LEGEND_AT_JS, ["grad_norm", [0.3 + i / 500 for i in range(100)]])
     raw = [float(v[1]) for v in seen]
     smoothed = [float(v[2]) for v in seen]
@@ -203,7 +204,6 @@ def test_smoothing_reads_one_point_per_bucket_and_says_so(
     every = int((note.text_content() or "").split()[5])
     assert every == sorted(b - a for a, b in itertools.pairwise(ends))[len(ends) // 2]
     assert note.get_attribute("title"), "the note says why"
-    shot(page, "charts-smoothing", tmp_path)
 
 
 def test_a_diverged_runs_grad_norm_is_drawn_and_marked(
@@ -221,13 +221,13 @@ def test_a_diverged_runs_grad_norm_is_drawn_and_marked(
     open_job(page, stack, job["id"])
     chart = page.locator("[data-chart=grad_norm]")
     expect(chart).to_have_attribute("data-points", str(len(history)))
+    shot(page, "charts-diverged", tmp_path)
     bad = len(history) - len(finite)
     expect(chart).to_have_attribute("data-non-finite", str(bad))
     expect(page.locator("[data-marks-for=grad_norm]")).to_contain_text(
         f"{bad} non-finite grad norm step{'s' if bad > 1 else ''} from step {finite[-1] + 1}"
     )
     assert page.evaluate(BLUE_PIXELS_JS, "grad_norm") > 20  # the finite part is drawn
-    shot(page, "charts-diverged", tmp_path)
 
 
 def test_the_marks_list_names_the_steps_in_view(page: Page, stack: Stack, tmp_path: Path) -> None:
@@ -247,9 +247,12 @@ def test_the_marks_list_names_the_steps_in_view(page: Page, stack: Stack, tmp_pa
     page.mouse.down()
     page.mouse.move(box["x"] + box["width"] * 0.9, y, steps=4)
     page.mouse.up()
+    page.wait_for_function(
+        "() => document.querySelector('[data-chart=loss] .u-select').offsetWidth === 0"
+    )
+    shot(page, "charts-marks-zoomed", tmp_path)
     expect(marks).to_contain_text(re.compile(r"40 skipped steps \(\d+ in view: step 2[89]0, "))
     listed = [int(s) for s in (marks.get_attribute("data-listed") or "").split(",")]
     assert listed and all(270 <= s <= 370 for s in listed), listed
-    shot(page, "charts-marks-zoomed", tmp_path)
     page.dblclick("[data-chart=loss] .u-over")
     expect(marks).to_contain_text("40 skipped steps (step 10, 20, 30, 40, 50, …)")
