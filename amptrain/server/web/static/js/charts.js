@@ -157,6 +157,8 @@ class Chart {
     return {
       ticks: { show: false },
       splits: (u, _i, min, max) => {
+        // No value drawn (a loss scale outside fp16): no labels for a range that means nothing.
+        if (u.data.slice(1).every((ys) => ys.every((y) => y == null))) return (this.yTicks = []);
         const px = u.bbox.height ? u.bbox.height / (devicePixelRatio || 1) : HEIGHT - 50;
         this.yTicks = ticks(min, max, { log: this.log ? (this.def.log === 2 ? 2 : 10) : null, bytes: this.def.bytes, px });
         return this.yTicks;
