@@ -256,3 +256,47 @@ def test_the_marks_list_names_the_steps_in_view(page: Page, stack: Stack, tmp_pa
     assert listed and all(270 <= s <= 370 for s in listed), listed
     page.dblclick("[data-chart=loss] .u-over")
     expect(marks).to_contain_text("40 skipped steps (step 10, 20, 30, 40, 50, …)")
+
+
+def test_the_timeline_filters_collapses_dates_and_marks_the_charts(
+    page: Page, stack: Stack, tmp_path: Path
+) -> None:
+    """Thirty checkpoints read as one line; a filter per event type; each line dated; the
+    warning and the micro-batch change marked on the charts at their steps."""
+    job = stack.submit(spec(name="events", max_steps=400))
+    feed = Producer(stack.env["AMPTRAIN_REDIS_URL"], stack.env["AMPTRAIN_DATABASE_URL"], job["id"])
+    try:
+        feed.start()
+        feed.steps(1, 320)
+        feed.engine_event("micro_batch", 5, micro_batch=8, memory=64 * MIB)
+        for step in range(10, 301, 10):
+            feed.engine_event("checkpoint", step, name=f"step-{step:08d}.pt")
+        feed.engine_event("warning", 305, code="loss_spike", message="loss spiked at step 305")
+        assert feed.sink is not None and feed.sink.flush()
+        feed.finish("succeeded", 320)
+    finally:
+        feed.close()
+    open_job(page, stack, job["id"])
+    checkpoints = page.locator("#timeline [data-type=checkpoint]")
+    expect(checkpoints).to_have_count(1)
+    expect(checkpoints).to_have_attribute("data-count", "30")
+    expect(checkpoints).to_contain_text("30 checkpoints saved, steps 10\N{EN DASH}300")
+    # Dated: the events' day as this browser writes it, on every line.
+    day = page.evaluate(
+        "(t) => new Date(t * 1000).toLocaleString([], {month: 'short', day: 'numeric'})",
+        stack.events(job["id"])[-1]["time"],
+    )
+    for when in page.locator("#timeline li .t").all_text_contents():
+        assert day in when, (day, when)
+    # Marked on every chart at their steps, with what happened.
+    loss = page.locator("[data-chart=loss]")
+    warning = loss.locator(".event-mark[data-type=warning][data-step='305'] i")
+    expect(warning).to_have_attribute("title", re.compile("step 305: Warning at step 305"))
+    expect(loss.locator(".event-mark[data-type=micro_batch][data-step='5']")).to_have_count(1)
+    expect(page.locator(".event-mark[data-type=warning]")).to_have_count(6)
+    shot(page, "charts-events", tmp_path)
+    page.locator("#timeline-filters [data-filter=checkpoint]").uncheck()
+    expect(checkpoints).to_be_hidden()
+    expect(page.locator("#timeline [data-type=warning]")).to_be_visible()
+    page.locator("#timeline-filters [data-filter=checkpoint]").check()
+    expect(checkpoints).to_be_visible()

@@ -4,7 +4,7 @@
 // at full resolution; live updates keep zoom and cursor.
 import { YLabels, labels, ticks } from "./axes.js";
 import { fmtBytes, fmtNum, fmtPow2, fmtTime, h } from "./dom.js";
-import { describeMarks, drawMarks } from "./marks.js";
+import { EventMarks, describeMarks, drawMarks } from "./marks.js";
 import { smoothSeries } from "./series.js";
 
 const uPlot = window.uPlot;
@@ -40,6 +40,7 @@ export class ChartGroup {
     this.xMode = "step";
     this.smoothing = 0.8;
     this.zoom = null; // {min, max} in x units, null when showing everything
+    this.events = []; // [{step, type, text}] marked on every chart (the timeline's)
     this.propagating = false;
     this.pending = false;
     this.zoomTimer = null;
@@ -74,6 +75,12 @@ export class ChartGroup {
   setSmoothing(weight) {
     this.smoothing = weight;
     this.rebuild();
+  }
+
+  /** Mark these events on every chart. */
+  setEvents(events) {
+    this.events = events;
+    for (const c of this.charts) c.plot?.redraw(false);
   }
 
   resetZoom() {
@@ -112,6 +119,7 @@ class Chart {
     this.updating = false;
     this.plotEl = h("div", { class: "plot" });
     this.yLabels = new YLabels(this.plotEl);
+    this.eventMarks = new EventMarks(this.plotEl);
     this.yTicks = [];
     this.marksEl = h("div", { class: "marks", dataset: { marksFor: def.key } });
     const logBox = def.log === "toggle"
@@ -207,7 +215,11 @@ class Chart {
       cursor: { sync: { key: this.group.syncKey }, drag: { x: true, y: false } },
       hooks: {
         setScale: [(u, key) => { if (key === "x") { this.group.scaleChanged(this, u.scales.x.min, u.scales.x.max); this.describe(); } }],
-        draw: [(u) => { this.yLabels.place(u); drawMarks(this, u); }],
+        draw: [(u) => {
+          this.yLabels.place(u);
+          drawMarks(this, u);
+          this.eventMarks.place(u, this.group.events, (s) => (time ? this.series.stepToTime(s) : s));
+        }],
       },
     };
     this.updating = true;

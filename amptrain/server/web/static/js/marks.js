@@ -84,3 +84,26 @@ function inView(steps, view) {
   const list = shown.length > LISTED ? `${shown.slice(0, LISTED).join(", ")}, …` : shown.join(", ");
   return view ? ` (${shown.length} in view: step ${list})` : ` (step ${list})`;
 }
+
+/** The timeline's course-changing events (warnings, resumes, micro-batch changes…) as
+ * dashed lines over one chart's plot, each with a hover glyph naming the event. */
+export class EventMarks {
+  constructor(plotEl) {
+    this.el = h("div", { class: "event-marks" });
+    plotEl.append(this.el);
+  }
+
+  /** Draw hook: `events` [{step, type, text}] at their x (`toX` maps a step to an x value). */
+  place(u, events, toX) {
+    const over = u.over;
+    const shown = [];
+    for (const ev of events) {
+      const x = u.valToPos(toX(ev.step), "x");
+      if (!(x >= 0 && x <= over.offsetWidth)) continue;
+      shown.push(h("span", { class: `event-mark ${ev.type}`, dataset: { type: ev.type, step: String(ev.step) },
+        style: `left:${over.offsetLeft + x}px;top:${over.offsetTop}px;height:${over.offsetHeight}px` },
+      h("i", { title: `step ${ev.step}: ${ev.text}` }, "◆")));
+    }
+    this.el.replaceChildren(...shown);
+  }
+}
