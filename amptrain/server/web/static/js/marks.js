@@ -8,12 +8,16 @@ const SKIPPED = "#dd8a00";
 const LISTED = 5;
 
 /** Steps flagged on `chart` (non-finite in its watched field, or skipped), as
- * [index, {nonFinite, skipped}] into its series. */
+ * [index, {nonFinite, skipped}] into its series. A series that never holds a number (a
+ * run that does not report grad norms) has nothing non-finite, only nothing reported. */
 export function flagged(chart) {
   if (!chart.def.marks) return [];
   const out = [];
+  const watched = chart.series.cols[chart.def.watch];
+  const reported = chart.def.watch === "loss" || Boolean(watched?.some((v) => v !== null));
   for (let i = 0; i < chart.series.length; i++) {
     const f = chart.series.flagsAt(i, chart.def.watch);
+    if (!reported) f.nonFinite = false;
     if (f.nonFinite || f.skipped) out.push([i, f]);
   }
   return out;

@@ -92,7 +92,8 @@ export class Timeline {
     li.dataset.steps = steps;
     li.dataset.count = String(list.length);
     li.title = `steps ${list.join(", ")}`;
-    li.querySelector(".t").textContent = `${fmtDateTime(Number(li.dataset.first))} – ${fmtDateTime(ev.time)}`;
+    const [from, to] = [fmtDateTime(Number(li.dataset.first)), fmtDateTime(ev.time)];
+    li.querySelector(".t").textContent = from === to ? from : `${from} – ${to}`;
     li.querySelector(".what").textContent = `${list.length} checkpoints saved, steps ${list[0]}–${ev.step}`;
   }
 
