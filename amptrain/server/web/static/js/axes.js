@@ -86,6 +86,39 @@ function close(v, shown, digits) {
   return Math.abs(v - shown) <= Math.abs(v) * 10 ** -Math.max(digits, 3) * 5 + Number.EPSILON;
 }
 
+/** uPlot options for `chart`'s y axis: ticks chosen for the plot's height (`fallbackPx`
+ * before uPlot knows it), labels measured (YLabels) to size the axis. */
+export function yAxis(chart, fallbackPx) {
+  const { def } = chart;
+  const kind = { bytes: def.bytes, pow2: def.log === 2 };
+  let values = [];
+  return {
+    ticks: { show: false },
+    splits: (u, _i, min, max) => {
+      // Nothing drawn (a loss scale outside fp16): no labels for a range that means nothing.
+      if (u.data.slice(1).every((ys) => ys.every((y) => y == null))) return (values = []);
+      const px = u.bbox.height ? u.bbox.height / (devicePixelRatio || 1) : fallbackPx;
+      values = ticks(min, max, { log: chart.log ? (def.log === 2 ? 2 : 10) : null, bytes: def.bytes, px });
+      return values;
+    },
+    values: (u, splits) => splits.map(() => ""), // the labels are DOM (YLabels)
+    size: () => chart.yLabels.set(values, labels(values, kind)),
+  };
+}
+
+/** A log scale over the data's own range (uPlot's snaps to whole powers, squashing it). */
+export function logScale(base) {
+  return {
+    distr: 3, log: base,
+    range: (u, min, max) => {
+      if (!(min > 0 && max > 0)) return [1, base];
+      if (min === max) return [min / base, max * base];
+      const pad = (max / min) ** 0.05;
+      return [min / pad, max * pad];
+    },
+  };
+}
+
 /** The y axis labels of one chart, as spans over its plot (the plot element is their
  * positioned parent); uPlot draws the ticks and grid lines at the same values. */
 export class YLabels {

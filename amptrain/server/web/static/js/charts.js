@@ -2,7 +2,7 @@
 // still drawn, NaN/Inf and skipped-step marks (marks.js), y axes sized to their labels
 // (axes.js), x as step or wall time. Zooming asks the owner (onZoom) to fetch the window
 // at full resolution; live updates keep zoom and cursor.
-import { YLabels, labels, ticks } from "./axes.js";
+import { YLabels, logScale, yAxis } from "./axes.js";
 import { fmtBytes, fmtNum, fmtPow2, fmtTime, h } from "./dom.js";
 import { EventMarks, describeMarks, drawMarks } from "./marks.js";
 import { smoothSeries } from "./series.js";
@@ -159,38 +159,6 @@ class Chart {
 
   smoothed() { return Boolean(this.def.smooth) && this.group.smoothing > 0; }
 
-  /** The y axis: ticks chosen for the plot's height, labels measured to size it. */
-  yAxis() {
-    const kind = { bytes: this.def.bytes, pow2: this.def.log === 2 };
-    return {
-      ticks: { show: false },
-      splits: (u, _i, min, max) => {
-        // No value drawn (a loss scale outside fp16): no labels for a range that means nothing.
-        if (u.data.slice(1).every((ys) => ys.every((y) => y == null))) return (this.yTicks = []);
-        const px = u.bbox.height ? u.bbox.height / (devicePixelRatio || 1) : HEIGHT - 50;
-        this.yTicks = ticks(min, max, { log: this.log ? (this.def.log === 2 ? 2 : 10) : null, bytes: this.def.bytes, px });
-        return this.yTicks;
-      },
-      values: (u, splits) => splits.map(() => ""), // drawn as DOM labels (axes.js)
-      size: () => this.yLabels.set(this.yTicks, labels(this.yTicks, kind)),
-    };
-  }
-
-  /** A log axis over the data's own range (uPlot's snaps to whole powers, squashing it). */
-  yScale() {
-    if (!this.log) return {};
-    const base = this.def.log === 2 ? 2 : 10;
-    return {
-      distr: 3, log: base,
-      range: (u, min, max) => {
-        if (!(min > 0 && max > 0)) return [1, base];
-        if (min === max) return [min / base, max * base];
-        const pad = (max / min) ** 0.05;
-        return [min / pad, max * pad];
-      },
-    };
-  }
-
   build() {
     if (this.plot) this.plot.destroy();
     const time = this.group.xMode === "time";
@@ -210,8 +178,8 @@ class Chart {
     });
     const opts = {
       width: this.width, height: HEIGHT, series, legend: { live: true },
-      scales: { x: { time }, y: this.yScale() },
-      axes: [time ? { space: 60 } : { space: 60, incrs: STEP_INCRS }, this.yAxis()],
+      scales: { x: { time }, y: this.log ? logScale(this.def.log === 2 ? 2 : 10) : {} },
+      axes: [time ? { space: 60 } : { space: 60, incrs: STEP_INCRS }, yAxis(this, HEIGHT - 50)],
       cursor: { sync: { key: this.group.syncKey }, drag: { x: true, y: false } },
       hooks: {
         setScale: [(u, key) => { if (key === "x") { this.group.scaleChanged(this, u.scales.x.min, u.scales.x.max); this.describe(); } }],

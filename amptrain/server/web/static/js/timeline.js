@@ -32,6 +32,7 @@ export function describe(ev) {
   const d = ev.data || {};
   switch (ev.type) {
     case "queued": return `Queued${d.queue ? ` on ${d.queue}` : ""}`;
+    case "waiting_for_queue": return `Waiting: ${d.message || `no live worker takes jobs from queue ${d.queue}`}`;
     case "started": return `Attempt ${d.attempt ?? ev.attempt} started${d.worker ? ` on ${d.worker}` : ""} in ${precisionWords(d.precision)}`;
     case "precision": return `Trains in ${precisionWords(d)}`;
     case "resumed": return `Resumed from the checkpoint at step ${d.from_step ?? ev.step}`;
