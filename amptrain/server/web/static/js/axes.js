@@ -87,8 +87,9 @@ function close(v, shown, digits) {
 }
 
 /** uPlot options for `chart`'s y axis: ticks chosen for the plot's height (`fallbackPx`
- * before uPlot knows it), labels measured (YLabels) to size the axis. */
-export function yAxis(chart, fallbackPx) {
+ * before uPlot knows it), labels measured (YLabels) to size the axis, at least `minPx`
+ * wide (room for half of the first x label, which uPlot centres on its tick). */
+export function yAxis(chart, fallbackPx, minPx = 0) {
   const { def } = chart;
   const kind = { bytes: def.bytes, pow2: def.log === 2 };
   let values = [];
@@ -102,7 +103,7 @@ export function yAxis(chart, fallbackPx) {
       return values;
     },
     values: (u, splits) => splits.map(() => ""), // the labels are DOM (YLabels)
-    size: () => chart.yLabels.set(values, labels(values, kind)),
+    size: () => Math.max(minPx, chart.yLabels.set(values, labels(values, kind))),
   };
 }
 

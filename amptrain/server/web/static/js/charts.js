@@ -10,6 +10,7 @@ import { smoothSeries } from "./series.js";
 const uPlot = window.uPlot;
 const COLORS = ["#2f6fde", "#d9480f", "#2b8a3e", "#862e9c", "#e67700"];
 const HEIGHT = 190;
+const TIME_LABEL_HALF = 48; // half of "12:51pm 12/3/26" at 11 px: the first time label is whole
 /** Whole-step tick spacings for step axes (uPlot would otherwise tick at 2.5). */
 export const STEP_INCRS = [1, 2, 5].flatMap((m) => [1, 10, 100, 1e3, 1e4, 1e5, 1e6, 1e7].map((p) => m * p)).sort((a, b) => a - b);
 
@@ -179,7 +180,7 @@ class Chart {
     const opts = {
       width: this.width, height: HEIGHT, series, legend: { live: true },
       scales: { x: { time }, y: this.log ? logScale(this.def.log === 2 ? 2 : 10) : {} },
-      axes: [time ? { space: 60 } : { space: 60, incrs: STEP_INCRS }, yAxis(this, HEIGHT - 50)],
+      axes: [time ? { space: 60 } : { space: 60, incrs: STEP_INCRS }, yAxis(this, HEIGHT - 50, time ? TIME_LABEL_HALF : 0)],
       cursor: { sync: { key: this.group.syncKey }, drag: { x: true, y: false } },
       hooks: {
         setScale: [(u, key) => { if (key === "x") { this.group.scaleChanged(this, u.scales.x.min, u.scales.x.max); this.describe(); } }],
