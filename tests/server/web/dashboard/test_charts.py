@@ -143,6 +143,7 @@ def test_y_axes_read_whole_and_never_repeat_a_label(
     assert max(float(t.split()[0]) for t in read["memory"]) >= 330, read["memory"]
     # The loss scale's base-2 axis: exact powers, spread out.
     assert all(t.startswith("2^") for t in read["loss_scale"]), read["loss_scale"]
+    assert "2^16" in read["loss_scale"], read["loss_scale"]  # where fp16 starts is named
     for key in ("loss", "grad_norm", "lr"):
         page.locator(f"[data-chart={key}] header input[type=checkbox]").check()
     expect(page.locator("[data-chart=lr] .y-labels span").first).to_be_visible()

@@ -6,6 +6,7 @@
 const LABEL_PX = 24;
 const GAP_PX = 6; // between a label and the plot
 const UNITS = ["B", "KiB", "MiB", "GiB", "TiB"];
+const STRIDES = [1, 2, 3, 4, 5, 10, 20, 50, 100]; // powers between labelled ones, plus one
 
 /** Tick values for [min, max]: `log` is null, 10 or 2; `px` the plot's height. */
 export function ticks(min, max, { log = null, bytes = false, px = 150 } = {}) {
@@ -32,9 +33,10 @@ function logTicks(min, max, base, most) {
   const e1 = Math.floor(lg(max) + 1e-9);
   const n = e1 - e0 + 1;
   if (n >= 3 || (n === 2 && base === 2)) {
-    const stride = Math.ceil(n / most);
+    const stride = STRIDES.find((k) => Math.ceil(n / k) <= most) ?? Math.ceil(n / most);
     const out = [];
-    for (let e = Math.ceil(e0 / stride) * stride; e <= e1; e += stride) out.push(clean(base ** e));
+    // Counted down from the highest power, so the top of the data (a loss scale's 2^16) is named.
+    for (let e = e1 - Math.floor((e1 - e0) / stride) * stride; e <= e1; e += stride) out.push(base === 2 ? 2 ** e : clean(10 ** e)); // 2^e is exact
     if (out.length >= 2) return out;
   }
   if (base === 10) {
