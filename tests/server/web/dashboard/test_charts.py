@@ -39,8 +39,8 @@ SHOTS = os.environ.get("AMPTRAIN_SHOTS_DIR")
 """Where to copy the screenshots too (the before/after notes), when set."""
 
 # Every y label of a chart: its text and box, the chart's box and the plot area's.
-Y_LABELS_JS = """(key) => {
-  const chart = document.querySelector(`[data-chart=${key}]`);
+Y_LABELS_JS = """(selector) => {
+  const chart = document.querySelector(selector);
   const box = (el) => { const r = el.getBoundingClientRect(); return [r.left, r.top, r.right, r.bottom]; };
   return {
     chart: box(chart), plot: box(chart.querySelector('.u-over')),
@@ -112,15 +112,17 @@ def open_job(page: Page, stack: Stack, job_id: str) -> None:
     expect(page.locator("#charts")).to_have_attribute("data-ready", "1")
 
 
-def assert_readable_y_axis(page: Page, key: str) -> list[str]:
-    """The y labels of chart ``key``: at least two, none alike, each whole inside the chart,
-    left of the plot area, and none overlapping the next."""
-    seen = page.evaluate(Y_LABELS_JS, key)
+def assert_readable_y_axis(page: Page, key: str, selector: str = "") -> list[str]:
+    """The y labels of chart ``key`` (or the chart at ``selector``): at least two, none
+    alike, each whole inside the chart, left of the plot area (itself inside the chart),
+    none overlapping the next."""
+    seen = page.evaluate(Y_LABELS_JS, selector or f"[data-chart={key}]")
     texts = [label["text"] for label in seen["labels"]]
     assert len(texts) >= 2, (key, texts)
     assert len(set(texts)) == len(texts), (key, texts)
-    cl, ct, _, cb = seen["chart"]
-    pl = seen["plot"][0]
+    cl, ct, cr, cb = seen["chart"]
+    pl, pr = seen["plot"][0], seen["plot"][2]
+    assert pr <= cr, (key, "the plot spills out of its chart", seen)
     for label in seen["labels"]:
         left, top, right, bottom = label["box"]
         assert cl <= left and right <= pl and ct <= top and bottom <= cb, (key, label, seen)
@@ -269,6 +271,7 @@ def test_the_timeline_filters_collapses_dates_and_marks_the_charts(
     try:
         feed.start()
         feed.steps(1, 320)
+        feed.evals(100, 200, 300)  # accuracy 0.99, 0.995, 0.9967: ticks 0.0005 apart
         feed.engine_event("micro_batch", 5, micro_batch=8, memory=64 * MIB)
         for step in range(10, 301, 10):
             feed.engine_event("checkpoint", step, name=f"step-{step:08d}.pt")
@@ -297,6 +300,9 @@ def test_the_timeline_filters_collapses_dates_and_marks_the_charts(
     expect(warning).to_have_attribute("title", re.compile("step 305: Warning at step 305"))
     expect(loss.locator(".event-mark[data-type=micro_batch][data-step='5']")).to_have_count(1)
     expect(page.locator(".event-mark[data-type=warning]")).to_have_count(6)
+    # The evaluation charts' axes read as the step charts' do.
+    expect(page.locator("[data-eval-chart=accuracy]")).to_have_attribute("data-points", "3")
+    assert_readable_y_axis(page, "accuracy", "[data-eval-chart=accuracy]")
     # This run reports no grad norms: nothing there is non-finite, only not reported.
     expect(page.locator("[data-chart=grad_norm]")).to_have_attribute("data-non-finite", "0")
     page.locator("#timeline-filters [data-filter=checkpoint]").uncheck()
