@@ -26,6 +26,9 @@ from amptrain.contract.metrics import EVAL_METRICS, SERIES_NAME_MAX
 from amptrain.contract.text import check_text, control_character, finite, quote
 
 Precision = Literal["auto", "fp32", "tf32", "fp16", "bf16"]
+Fallback = Literal["none", "auto", "bf16", "fp32"]
+"""Where an unhealthy fp16 run goes (``health.fallback``); ``auto``: bf16 where the device
+has it, else fp32."""
 DeviceKind = Literal["auto", "cpu", "cuda"]
 
 MAX_STEPS = 10_000_000
@@ -194,9 +197,25 @@ class HealthSpec(_Strict):
     warn_consecutive_skips: int = Field(default=5, ge=1, le=MAX_STEPS)
     """Warn when this many consecutive optimizer steps were skipped for inf/NaN gradients."""
     diverge_nonfinite_steps: int = Field(default=3, ge=1, le=MAX_STEPS)
-    """bf16/fp32: stop as diverged after this many consecutive steps with a non-finite loss."""
+    """Stop as diverged after this many consecutive steps with a non-finite loss (fp16: a
+    trigger of ``fallback``; fp16 without a fallback fails on the loss scale instead)."""
     diverge_loss_scale_floor: float = Field(default=2.0**-14, gt=0, le=2.0**32)
-    """fp16: stop as diverged when the loss scale falls below this floor."""
+    """fp16: unhealthy when the loss scale falls below this floor (for
+    ``loss_scale_floor_steps`` steps): a trigger of ``fallback``, or the job fails."""
+    loss_scale_floor_steps: int = Field(default=1, ge=1, le=MAX_STEPS)
+    """fp16: how many consecutive steps the loss scale must stay below
+    ``diverge_loss_scale_floor`` to count as unhealthy."""
+    max_consecutive_skips: int | None = Field(default=None, ge=1, le=MAX_STEPS)
+    """fp16: more than this many consecutive steps skipped for inf/NaN gradients count as
+    unhealthy (a trigger of ``fallback``, or the job fails); null: no such trigger."""
+    fallback: Fallback | None = None
+    """What an unhealthy fp16 run does (the triggers: the loss scale below its floor, too many
+    consecutive skipped steps, a non-finite loss): ``none`` fails the job naming the step;
+    ``bf16``, ``fp32`` or ``auto`` (bf16 where the device has it, else fp32) ends the attempt
+    and resumes the job, in that precision, from the newest checkpoint written while
+    training was healthy (from the start when there is none), without counting a failed
+    attempt. Null: ``auto`` when ``precision: auto`` chose fp16, ``none`` for an explicit
+    ``precision: fp16``. Only ever from fp16: other precisions have no such trigger."""
 
 
 def _known_eval_metrics(names: list[str] | None) -> list[str] | None:
@@ -334,6 +353,11 @@ class JobSpec(_Strict):
                 f"health.spike needs devices 1 (got devices {self.devices}): each process "
                 "sees its own share's loss, and agreeing on a spike before the optimizer "
                 "step would cost a collective every step"
+            )
+        if self.health.fallback not in (None, "none") and self.precision not in ("fp16", "auto"):
+            raise ValueError(
+                f"health.fallback {self.health.fallback!r} needs precision fp16 or auto (got "
+                f"{self.precision!r}): a fallback only ever leaves fp16"
             )
         if self.devices > 1 and self.auto_micro_batch:
             raise ValueError(
