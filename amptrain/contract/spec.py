@@ -27,8 +27,6 @@ from amptrain.contract.text import check_text, control_character, finite, quote
 
 Precision = Literal["auto", "fp32", "tf32", "fp16", "bf16"]
 Fallback = Literal["none", "auto", "bf16", "fp32"]
-"""Where an unhealthy fp16 run goes (``health.fallback``); ``auto``: bf16 where the device
-has it, else fp32."""
 DeviceKind = Literal["auto", "cpu", "cuda"]
 
 MAX_STEPS = 10_000_000
@@ -197,25 +195,22 @@ class HealthSpec(_Strict):
     warn_consecutive_skips: int = Field(default=5, ge=1, le=MAX_STEPS)
     """Warn when this many consecutive optimizer steps were skipped for inf/NaN gradients."""
     diverge_nonfinite_steps: int = Field(default=3, ge=1, le=MAX_STEPS)
-    """Stop as diverged after this many consecutive steps with a non-finite loss (fp16: a
-    trigger of ``fallback``; fp16 without a fallback fails on the loss scale instead)."""
+    """Stop as diverged after this many consecutive steps with a non-finite loss (fp16: only
+    as a ``fallback`` trigger; without one, fp16 fails on the loss scale instead)."""
     diverge_loss_scale_floor: float = Field(default=2.0**-14, gt=0, le=2.0**32)
-    """fp16: unhealthy when the loss scale falls below this floor (for
-    ``loss_scale_floor_steps`` steps): a trigger of ``fallback``, or the job fails."""
+    """fp16: unhealthy (``fallback``, or the job fails) when the loss scale stays below this
+    floor for ``loss_scale_floor_steps`` consecutive steps."""
     loss_scale_floor_steps: int = Field(default=1, ge=1, le=MAX_STEPS)
-    """fp16: how many consecutive steps the loss scale must stay below
-    ``diverge_loss_scale_floor`` to count as unhealthy."""
+    """fp16: see ``diverge_loss_scale_floor``."""
     max_consecutive_skips: int | None = Field(default=None, ge=1, le=MAX_STEPS)
-    """fp16: more than this many consecutive steps skipped for inf/NaN gradients count as
-    unhealthy (a trigger of ``fallback``, or the job fails); null: no such trigger."""
+    """fp16: unhealthy after more than this many consecutive steps skipped for inf/NaN
+    gradients; null: no such trigger."""
     fallback: Fallback | None = None
-    """What an unhealthy fp16 run does (the triggers: the loss scale below its floor, too many
-    consecutive skipped steps, a non-finite loss): ``none`` fails the job naming the step;
-    ``bf16``, ``fp32`` or ``auto`` (bf16 where the device has it, else fp32) ends the attempt
-    and resumes the job, in that precision, from the newest checkpoint written while
-    training was healthy (from the start when there is none), without counting a failed
-    attempt. Null: ``auto`` when ``precision: auto`` chose fp16, ``none`` for an explicit
-    ``precision: fp16``. Only ever from fp16: other precisions have no such trigger."""
+    """What an unhealthy fp16 run does: ``none`` fails naming the step; ``bf16``, ``fp32``
+    or ``auto`` (bf16 where the device has it, else fp32) ends the attempt, and the job
+    resumes in that precision from its newest checkpoint written while healthy (from the
+    start without one), not counted as a failed attempt. Null: ``auto`` when
+    ``precision: auto`` chose fp16, ``none`` for an explicit fp16."""
 
 
 def _known_eval_metrics(names: list[str] | None) -> list[str] | None:

@@ -84,7 +84,7 @@ class Job(Base):
     max_steps: Mapped[int]
     attempt: Mapped[int] = mapped_column(default=0)
     max_attempts: Mapped[int] = mapped_column(default=3)
-    fallbacks: Mapped[int] = mapped_column(default=0, server_default="0")
+    fallbacks: Mapped[int] = mapped_column(server_default="0")
     """Precision fallbacks so far (``health.fallback``): each one adds an attempt to the
     retry budget, ``max_attempts + fallbacks``, since a fallback is no failed attempt."""
     precision_override: Mapped[str | None] = mapped_column(sa.String(8))

@@ -20,6 +20,17 @@ class PrecisionOut(BaseModel):
     """Why ``auto`` (or a fallback) chose ``effective``."""
 
 
+class PrecisionSegmentOut(BaseModel):
+    """From ``from_step`` on (until the next entry), the job trained in ``precision``."""
+
+    from_step: int
+    precision: str | None
+    attempt: int
+    """The attempt that began it."""
+    reason: str | None
+    """Why: the precision policy's reason, or the ``precision_fallback`` that led here."""
+
+
 class ErrorOut(BaseModel):
     code: str
     message: str
@@ -84,6 +95,9 @@ class JobOut(BaseModel):
     precision: PrecisionOut
     error: ErrorOut | None
     summary: SummaryOut  # type: ignore[valid-type]
+    precision_history: list[PrecisionSegmentOut] | None = None
+    """Only in ``GET /jobs/{id}``: each precision the job trained in and from which step
+    (more than one entry after a ``health.fallback``); null elsewhere."""
     notice: str | None = None
     """Only in the answer to a submit: why the job may wait (no live worker takes jobs of
     its queue now); null otherwise."""
