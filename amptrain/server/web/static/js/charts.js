@@ -2,6 +2,7 @@
 // still drawn, NaN/Inf and skipped-step marks, x as step or wall time. Zooming asks the
 // owner (onZoom) to fetch the window at full resolution; live updates keep zoom and cursor.
 import { fmtBytes, fmtNum, fmtPow2, fmtTime, h } from "./dom.js";
+import { drawSpans } from "./segments.js";
 import { smooth } from "./series.js";
 
 const uPlot = window.uPlot;
@@ -39,6 +40,15 @@ export class ChartGroup {
     this.propagating = false;
     this.pending = false;
     this.zoomTimer = null;
+    this.spans = []; // the job's precisions over its steps (segments.js)
+  }
+
+  /** Mark the steps of each precision (after a fallback) on every chart. */
+  setSpans(spans) {
+    const key = JSON.stringify(spans);
+    if (key === JSON.stringify(this.spans)) return;
+    this.spans = spans;
+    this.refresh();
   }
 
   add(def, series) {
@@ -126,6 +136,8 @@ class Chart {
   /** The x values of the data, in the group's x mode. */
   xs() { return this.group.xMode === "time" ? this.series.time : this.series.step; }
 
+  stepToX(step) { return this.group.xMode === "time" ? this.series.stepToTime(step) : step; }
+
   dataRange() {
     const xs = this.xs();
     return xs.length ? [xs[0], xs[xs.length - 1]] : [0, 0];
@@ -173,6 +185,7 @@ class Chart {
       cursor: { sync: { key: this.group.syncKey }, drag: { x: true, y: false } },
       hooks: {
         setScale: [(u, key) => { if (key === "x") this.group.scaleChanged(this, u.scales.x.min, u.scales.x.max); }],
+        drawClear: [(u) => drawSpans(u, this.group.spans, (step) => this.stepToX(step))],
         draw: [(u) => this.drawMarks(u)],
       },
     };
@@ -244,6 +257,7 @@ class Chart {
   /** The mark counts in words under the chart, and data-* for tests and tooling. */
   describe() {
     this.el.dataset.points = String(this.series.length);
+    this.el.dataset.precisions = this.group.spans.map((s) => `${s.precision}@${s.from}`).join(" ");
     const empty = this.series.length > 0 && this.def.fields.every((f) => this.series.cols[f].every((v) => v === null));
     if (empty && this.def.empty) {
       this.marksEl.replaceChildren(h("span", { class: "muted" }, this.def.empty));

@@ -7,6 +7,7 @@ import { FINISHED, clear, fmtBytes, fmtNum, fmtPow2, h, progressBar, statusBadge
 import { EvalCharts } from "../evals.js";
 import { LiveFeed } from "../live.js";
 import { showOffenders } from "../offenders.js";
+import { describeSpans, precisionSpans } from "../segments.js";
 import { Series } from "../series.js";
 import { Timeline } from "../timeline.js";
 
@@ -126,6 +127,8 @@ export function mount(root, { id }) {
   function renderHead() {
     const p = job.precision || {};
     const s = job.summary || {};
+    const spans = precisionSpans(job.precision_history);
+    group.setSpans(spans);
     const cancellable = !FINISHED.has(job.status) && job.status !== "cancelling";
     clear(head, h("div", { class: "job-head" },
       h("div", {}, h("h1", { id: "job-name" }, job.name), h("div", { class: "small muted mono" }, job.id),
@@ -137,6 +140,8 @@ export function mount(root, { id }) {
       h("dl", { class: "kv" },
         h("dt", {}, "precision"), h("dd", { id: "precision", title: p.reason || "" }, p.effective ? `${p.effective} (asked ${p.requested})` : `${p.requested} (not started)`),
         h("dt", {}, "why"), h("dd", { class: "small" }, p.reason || "–"),
+        spans.length ? h("dt", {}, "precisions") : null,
+        spans.length ? h("dd", { id: "precision-history", class: "small" }, describeSpans(spans)) : null,
         h("dt", {}, "attempt"), h("dd", {}, `${job.attempt}${job.worker ? ` on ${job.worker}` : ""}`),
         h("dt", {}, "owner"), h("dd", {}, job.owner)),
       h("dl", { class: "kv" }, summaryMetrics.flatMap((m) => [
