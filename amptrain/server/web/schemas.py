@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import BaseModel, Field, create_model
 
 from amptrain.contract.metrics import BY_NAME, SUMMARY_FIELDS, python_type
+from amptrain.contract.progress import STEADY_RATE_DOC
 from amptrain.store.models import Job
 
 
@@ -42,6 +43,7 @@ _SUMMARY: dict[str, Any] = {
     name: (python_type(BY_NAME[name]) | None, Field(None, description=BY_NAME[name].doc))
     for name in SUMMARY_FIELDS
 }
+_SUMMARY["samples_per_second"] = (float | None, Field(None, description=STEADY_RATE_DOC))
 
 
 class EvalSummaryOut(BaseModel):
