@@ -178,23 +178,19 @@ def steady_rate(s: Session, job_id: str, attempt: int) -> float | None:
     over its last STEADY_WINDOW steps with a finite rate and a positive step time, their
     samples over their seconds; None without such a step."""
     p = MetricPoint
+    c = MetricPoint.__table__.c  # the metric columns (named by the metric table)
+    rate, ms = c.samples_per_second, c.step_time_ms
     last = (
-        sa.select(p.samples_per_second.label("rate"), p.step_time_ms.label("ms"))
-        .where(
-            p.job_id == job_id,
-            p.attempt == attempt,
-            is_finite(p.samples_per_second),
-            is_finite(p.step_time_ms),
-            p.step_time_ms > 0,
-        )
+        sa.select(rate.label("rate"), ms.label("ms"))
+        .where(p.job_id == job_id, p.attempt == attempt, is_finite(rate), is_finite(ms), ms > 0)
         .order_by(p.step.desc())
         .limit(STEADY_WINDOW)
         .subquery()
     )
-    samples, ms = s.execute(
+    samples, seconds = s.execute(
         sa.select(sa.func.sum(last.c.rate * last.c.ms), sa.func.sum(last.c.ms))
     ).one()
-    return float(samples / ms) if ms else None
+    return float(samples / seconds) if seconds else None
 
 
 def mark_done(s: Session, job_id: str, end_attempts: list[int]) -> bool:
