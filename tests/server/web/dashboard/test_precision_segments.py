@@ -63,3 +63,24 @@ def test_the_steps_of_each_precision_are_marked_after_a_fallback(
         )
     expect(page.locator("[data-chart=loss]")).to_have_attribute("data-points", str(STEPS))
     screenshot(page, "job-precision-fallback", tmp_path)
+
+
+def test_the_header_takes_an_attempts_precision_from_the_live_stream(
+    page: Page, stack: Stack
+) -> None:
+    job = stack.submit(spec(name="live-head", max_steps=STEPS, precision="fp16"))
+    sign_in(page, stack.token)
+    page.goto(f"/ui/#/jobs/{job['id']}")
+    expect(page.locator("#precision")).to_have_text("fp16 (not started)")
+    expect(page.locator("#live-state")).to_have_attribute("data-state", "live")
+    feed = Producer(stack.env["AMPTRAIN_REDIS_URL"], stack.env["AMPTRAIN_DATABASE_URL"], job["id"])
+    try:
+        # This stand-in worker never writes the precision into SQL, so only the stream's
+        # ``started`` event can tell the header (which polled "not started" beside drawn steps).
+        feed.start("fp16")
+        feed.steps(1, 5)
+        expect(page.locator("#precision")).to_have_text("fp16 (asked fp16)")
+        expect(page.locator("[data-chart=loss]")).to_have_attribute("data-points", "5")
+        feed.finish("succeeded", 5)
+    finally:
+        feed.close()
