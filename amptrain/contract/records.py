@@ -12,9 +12,23 @@ from typing import Any, Protocol
 
 from amptrain.contract.metrics import METRIC_FIELDS, PARALLEL_METRIC_FIELDS, check_series_name
 
+PRECISION_FALLBACK = "precision_fallback"
+"""The event of an attempt that fp16 left (``health.fallback``). Its data: ``trigger``
+(``loss_scale_floor``, ``consecutive_skips`` or ``nonfinite_loss``), ``trigger_step``,
+``from`` and ``to`` (precisions), ``resume_from`` (the step of the healthy checkpoint the
+next attempt resumes from, 0: the start), ``checkpoint`` (its name, null: none), ``param``
+(the first non-finite gradient's parameter of the last skipped step, when known) and
+``message``."""
+
 # Event types the engine emits itself; the worker adds lifecycle events
 # (queued, started, resumed, succeeded, failed, cancelled) with the same shape.
-ENGINE_EVENTS: tuple[str, ...] = ("checkpoint", "warning", "precision", "micro_batch")
+ENGINE_EVENTS: tuple[str, ...] = (
+    "checkpoint",
+    "warning",
+    "precision",
+    "micro_batch",
+    PRECISION_FALLBACK,
+)
 
 SPIKE_WARNING = "loss_spike"
 """The ``code`` of the ``warning`` event of each step the spike check flagged

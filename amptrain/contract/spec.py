@@ -26,6 +26,7 @@ from amptrain.contract.metrics import EVAL_METRICS, SERIES_NAME_MAX
 from amptrain.contract.text import check_text, control_character, finite, quote
 
 Precision = Literal["auto", "fp32", "tf32", "fp16", "bf16"]
+Fallback = Literal["none", "auto", "bf16", "fp32"]
 DeviceKind = Literal["auto", "cpu", "cuda"]
 
 MAX_STEPS = 10_000_000
@@ -194,9 +195,22 @@ class HealthSpec(_Strict):
     warn_consecutive_skips: int = Field(default=5, ge=1, le=MAX_STEPS)
     """Warn when this many consecutive optimizer steps were skipped for inf/NaN gradients."""
     diverge_nonfinite_steps: int = Field(default=3, ge=1, le=MAX_STEPS)
-    """bf16/fp32: stop as diverged after this many consecutive steps with a non-finite loss."""
+    """Stop as diverged after this many consecutive steps with a non-finite loss (fp16: only
+    as a ``fallback`` trigger; without one, fp16 fails on the loss scale instead)."""
     diverge_loss_scale_floor: float = Field(default=2.0**-14, gt=0, le=2.0**32)
-    """fp16: stop as diverged when the loss scale falls below this floor."""
+    """fp16: unhealthy (``fallback``, or the job fails) when the loss scale stays below this
+    floor for ``loss_scale_floor_steps`` consecutive steps."""
+    loss_scale_floor_steps: int = Field(default=1, ge=1, le=MAX_STEPS)
+    """fp16: see ``diverge_loss_scale_floor``."""
+    max_consecutive_skips: int | None = Field(default=None, ge=1, le=MAX_STEPS)
+    """fp16: unhealthy after more than this many consecutive steps skipped for inf/NaN
+    gradients; null: no such trigger."""
+    fallback: Fallback | None = None
+    """What an unhealthy fp16 run does: ``none`` fails naming the step; ``bf16``, ``fp32``
+    or ``auto`` (bf16 where the device has it, else fp32) ends the attempt, and the job
+    resumes in that precision from its newest checkpoint written while healthy (from the
+    start without one), not counted as a failed attempt. Null: ``auto`` when
+    ``precision: auto`` chose fp16, ``none`` for an explicit fp16."""
 
 
 def _known_eval_metrics(names: list[str] | None) -> list[str] | None:
@@ -334,6 +348,11 @@ class JobSpec(_Strict):
                 f"health.spike needs devices 1 (got devices {self.devices}): each process "
                 "sees its own share's loss, and agreeing on a spike before the optimizer "
                 "step would cost a collective every step"
+            )
+        if self.health.fallback not in (None, "none") and self.precision not in ("fp16", "auto"):
+            raise ValueError(
+                f"health.fallback {self.health.fallback!r} needs precision fp16 or auto (got "
+                f"{self.precision!r}): a fallback only ever leaves fp16"
             )
         if self.devices > 1 and self.auto_micro_batch:
             raise ValueError(

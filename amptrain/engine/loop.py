@@ -21,10 +21,12 @@ import time
 import torch
 
 from amptrain.contract import records
-from amptrain.contract.errors import CancelledError, PreemptedError
+from amptrain.contract.errors import CancelledError, PrecisionFallbackError, PreemptedError
+from amptrain.contract.records import PRECISION_FALLBACK
 from amptrain.contract.spec import JobSpec
 from amptrain.engine.context import Components, RunContext, TrainResult
 from amptrain.engine.distributed import Group, check_launch, rank_device
+from amptrain.engine.fallback import leave_fp16
 from amptrain.engine.memory import format_bytes, release_cached, snapshot
 from amptrain.engine.oom import is_out_of_memory, smaller_micro_batch
 from amptrain.engine.parts import DataOptions, build_parts
@@ -65,7 +67,7 @@ class Trainer(Checkpointing):
         self.precision, self.dataset, self.model = parts.precision, parts.dataset, parts.model
         self.channels_last, self.feeder, self.amp = parts.channels_last, parts.feeder, parts.amp
         self.optimizer, self.schedule, self.store = parts.optimizer, parts.schedule, parts.store
-        self.publisher, self.telemetry = parts.publisher, parts.telemetry
+        self.publisher, self.telemetry, self.health = parts.publisher, parts.telemetry, parts.health
         self.evaluator = parts.evaluator
         self._peeked = parts.resume_peek
         self.step = 0
@@ -73,6 +75,7 @@ class Trainer(Checkpointing):
         self.grad_accum = spec.grad_accum_steps
         self.resumed_from: int | None = None
         self._last_checkpoint_step: int | None = None
+        self._healthy_step: int | None = None
 
     # -- public -----------------------------------------------------------------------------
 
@@ -91,7 +94,9 @@ class Trainer(Checkpointing):
             if self._last_checkpoint_step != self.step:
                 self.save_checkpoint()
             self.telemetry.flush()
-        except BaseException:
+        except BaseException as exc:
+            if isinstance(exc, PrecisionFallbackError):
+                self._leave_fp16(exc)
             if not self.group.parallel:
                 # Devices > 1: a flush is a collective the other ranks may never join.
                 self._flush_quietly()
@@ -188,6 +193,13 @@ class Trainer(Checkpointing):
         values = self.evaluator.run(self.step)
         # Through the flush: the sink gets it after the metrics of every step up to this one.
         self.telemetry.flush([records.evaluation(self.step, time.time(), values)])
+
+    def _leave_fp16(self, error: PrecisionFallbackError) -> None:
+        """The attempt ends for a precision fallback: keep the newest healthy checkpoint as
+        the newest (the next attempt resumes from it) and say so in an event."""
+        data = leave_fp16(self.store if self.group.leader else None, error)
+        self.group.barrier()  # no rank's next attempt starts before the checkpoints are gone
+        self.telemetry.event(PRECISION_FALLBACK, error.step or self.step, **data)
 
     def _flush_quietly(self) -> None:
         # Deliver the records of the steps that did finish before the failure.

@@ -28,6 +28,7 @@ from amptrain.engine.checkpoint import (
 )
 from amptrain.engine.context import RunContext
 from amptrain.engine.distributed import Group
+from amptrain.engine.health import HealthMonitor
 from amptrain.engine.lr_schedule import DeviceSchedule
 from amptrain.engine.precision import PrecisionChoice
 from amptrain.engine.publisher import Publisher
@@ -50,12 +51,15 @@ class Checkpointing:
     store: CheckpointStore | None
     publisher: Publisher
     telemetry: StepTelemetry
+    health: HealthMonitor
     drain_timeout_s: float
     step: int
     micro_batch: int
     grad_accum: int
     resumed_from: int | None
     _last_checkpoint_step: int | None
+    _healthy_step: int | None
+    """The newest healthy checkpoint this run wrote or resumed from (pruning keeps it)."""
     _peeked: tuple[str | None, dict[str, Any] | None] | None
 
     def state_dict(self) -> dict[str, Any]:
@@ -83,6 +87,9 @@ class Checkpointing:
             "rng": rngs[0],
             "world_size": self.group.world_size,
             "attempt": self.ctx.attempt,
+            # No trigger of health.fallback building (the flush before a save checked every
+            # step): a precision fallback resumes only from such a checkpoint.
+            "healthy": self.health.healthy,
             **parallel,
         }
 
@@ -113,7 +120,10 @@ class Checkpointing:
         self.telemetry.flush()
         self.publisher.wait_delivered(self.drain_timeout_s)
         state = self.state_dict()
-        path = self.store.save(self.step, state) if self.group.leader else None
+        if state["healthy"]:
+            self._healthy_step = self.step
+        keep = self._healthy_step
+        path = self.store.save(self.step, state, keep) if self.group.leader else None
         self.group.barrier()  # no rank goes on (or stops) before the checkpoint exists
         self._last_checkpoint_step = self.step
         # Its name, not where it lies: events reach the job's owner, the path is the server's.
@@ -129,8 +139,11 @@ class Checkpointing:
         path = self.group.leader_value(chosen)
         if path is None:
             return
-        self.load_state_dict(state if state is not None else self.store.load(path))
+        state = state if state is not None else self.store.load(path)
+        self.load_state_dict(state)
         self.resumed_from = self._last_checkpoint_step = self.step
+        if state.get("healthy", False):
+            self._healthy_step = self.step
         self.telemetry.event(
             "resumed", self.step, from_step=self.step, name=checkpoint_name(self.step)
         )

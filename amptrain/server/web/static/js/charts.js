@@ -5,6 +5,7 @@
 import { YLabels, logScale, yAxis } from "./axes.js";
 import { fmtBytes, fmtNum, fmtPow2, fmtTime, h } from "./dom.js";
 import { EventMarks, describeMarks, drawMarks } from "./marks.js";
+import { drawSpans } from "./segments.js";
 import { smoothSeries } from "./series.js";
 
 const uPlot = window.uPlot;
@@ -45,6 +46,15 @@ export class ChartGroup {
     this.propagating = false;
     this.pending = false;
     this.zoomTimer = null;
+    this.spans = []; // the job's precisions over its steps (segments.js)
+  }
+
+  /** Mark the steps of each precision (after a fallback) on every chart. */
+  setSpans(spans) {
+    const key = JSON.stringify(spans);
+    if (key === JSON.stringify(this.spans)) return;
+    this.spans = spans;
+    this.refresh();
   }
 
   add(def, series) {
@@ -142,6 +152,8 @@ class Chart {
   /** The x values of the data, in the group's x mode. */
   xs() { return this.group.xMode === "time" ? this.series.time : this.series.step; }
 
+  stepToX(step) { return this.group.xMode === "time" ? this.series.stepToTime(step) : step; }
+
   dataRange() {
     const xs = this.xs();
     return xs.length ? [xs[0], xs[xs.length - 1]] : [0, 0];
@@ -184,10 +196,11 @@ class Chart {
       cursor: { sync: { key: this.group.syncKey }, drag: { x: true, y: false } },
       hooks: {
         setScale: [(u, key) => { if (key === "x") { this.group.scaleChanged(this, u.scales.x.min, u.scales.x.max); this.describe(); } }],
+        drawClear: [(u) => drawSpans(u, this.group.spans, (step) => this.stepToX(step))],
         draw: [(u) => {
           this.yLabels.place(u);
           drawMarks(this, u);
-          this.eventMarks.place(u, this.group.events, (s) => (time ? this.series.stepToTime(s) : s));
+          this.eventMarks.place(u, this.group.events, (step) => this.stepToX(step));
         }],
       },
     };
@@ -229,6 +242,7 @@ class Chart {
   /** The counts and smoothing in words, and data-* for tests and tooling. */
   describe() {
     this.el.dataset.points = String(this.series.length);
+    this.el.dataset.precisions = this.group.spans.map((s) => `${s.precision}@${s.from}`).join(" ");
     if (this.smoothNote) {
       const every = this.series.bucketSpacing();
       this.smoothNote.textContent = this.smoothed() ? (every > 1 ? `smoothed over 1 point per ${every} steps` : "smoothed over every step") : "";

@@ -4,7 +4,7 @@
 import { fmtBytes, fmtDateTime, h } from "./dom.js";
 
 /** Marked on the charts: what changed a run's course (checkpoints are too many to mark). */
-const CHARTED = new Set(["warning", "resumed", "requeued", "micro_batch", "failed", "cancelled"]);
+const CHARTED = new Set(["warning", "resumed", "requeued", "micro_batch", "precision_fallback", "failed", "cancelled"]);
 
 const ERRORS = {
   oom: "ran out of device memory",
@@ -32,6 +32,7 @@ export function describe(ev) {
   const d = ev.data || {};
   switch (ev.type) {
     case "queued": return `Queued${d.queue ? ` on ${d.queue}` : ""}`;
+    case "precision_fallback": return `Precision fell back from ${d.from} to ${d.to} at step ${ev.step}${d.message ? `: ${d.message}` : ""}`;
     case "waiting_for_queue": return `Waiting: ${d.message || `no live worker takes jobs from queue ${d.queue}`}`;
     case "started": return `Attempt ${d.attempt ?? ev.attempt} started${d.worker ? ` on ${d.worker}` : ""} in ${precisionWords(d.precision)}`;
     case "precision": return `Trains in ${precisionWords(d)}`;

@@ -4,6 +4,7 @@
 import { api, ApiError } from "../api.js";
 import { FINISHED, clear, fmtAge, fmtBytes, fmtNum, h, statusBadge } from "../dom.js";
 import { STEP_INCRS } from "../charts.js";
+import { describeSpans, precisionSpans } from "../segments.js";
 import { specForm } from "../spec_form.js";
 
 const uPlot = window.uPlot;
@@ -158,7 +159,8 @@ function report(root, id) {
         h("td", {}, h("strong", {}, r.precision)),
         h("td", {}, h("a", { href: `#/jobs/${encodeURIComponent(r.job_id)}` }, r.name)),
         h("td", {}, statusBadge(r.status), h("span", { class: "small muted" }, ` ${r.step}/${r.max_steps}`)),
-        h("td", {}, r.effective_precision || "–"),
+        h("td", { title: describeSpans(precisionSpans(r.precision_history)) }, r.effective_precision || "–",
+          precisionSpans(r.precision_history).length ? h("span", { class: "small muted" }, ` (${r.precision_history.map((x) => x.precision).join(" → ")})`) : null),
         h("td", { class: "num" }, fmtNum(r.throughput, 4)), ratioCell(r.ratios.throughput, "throughput"),
         h("td", { class: "num" }, fmtBytes(r.peak_memory)), ratioCell(r.ratios.peak_memory, "peak_memory"),
         h("td", { class: "num" }, fmtNum(r.final_loss, 4)), ratioCell(r.ratios.final_loss, "final_loss"),

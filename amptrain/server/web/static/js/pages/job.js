@@ -7,6 +7,7 @@ import { FINISHED, clear, fmtBytes, fmtNum, fmtPow2, h, progressBar, statusBadge
 import { EvalCharts } from "../evals.js";
 import { LiveFeed } from "../live.js";
 import { showOffenders } from "../offenders.js";
+import { describeSpans, precisionSpans } from "../segments.js";
 import { Series } from "../series.js";
 import { Timeline } from "../timeline.js";
 
@@ -123,13 +124,35 @@ export function mount(root, { id }) {
     }
   }
 
+  // What the live stream said since the last poll: an attempt's ``started`` event names its
+  // precision before the header's next poll of the job (which showed "not started" beside
+  // drawn steps).
+  let liveStart = null;
+
+  function onLifecycle(ev) {
+    if (ev.type !== "started" || !job) return;
+    const attempt = ev.data?.attempt || 0;
+    if (liveStart && attempt < liveStart.attempt) return;
+    liveStart = { attempt, precision: ev.data?.precision || {} };
+    renderHead();
+  }
+
+  function headPrecision() {
+    const polled = job.precision || {};
+    if (!liveStart || (polled.effective && job.attempt >= liveStart.attempt)) return polled;
+    return { ...polled, ...liveStart.precision };
+  }
+
   function renderHead() {
-    const p = job.precision || {};
+    const p = headPrecision();
     const s = job.summary || {};
-    const cancellable = !FINISHED.has(job.status) && job.status !== "cancelling";
+    const spans = precisionSpans(job.precision_history);
+    group.setSpans(spans);
+    const status = liveStart && liveStart.attempt > job.attempt ? "running" : job.status;
+    const cancellable = !FINISHED.has(status) && status !== "cancelling";
     clear(head, h("div", { class: "job-head" },
       h("div", {}, h("h1", { id: "job-name" }, job.name), h("div", { class: "small muted mono" }, job.id),
-        h("div", { style: "margin-top:6px" }, statusBadge(job.status), " ",
+        h("div", { style: "margin-top:6px" }, statusBadge(status), " ",
           cancellable ? h("button", { class: "danger", onclick: cancel }, "Cancel") : null, " ",
           h("a", { href: `#/compare?jobs=${encodeURIComponent(job.id)}`, class: "small" }, "compare…"))),
       h("div", {}, h("div", { class: "big", id: "step", dataset: { step: String(job.step) } }, `step ${job.step} / ${job.max_steps}`),
@@ -137,7 +160,9 @@ export function mount(root, { id }) {
       h("dl", { class: "kv" },
         h("dt", {}, "precision"), h("dd", { id: "precision", title: p.reason || "" }, p.effective ? `${p.effective} (asked ${p.requested})` : `${p.requested} (not started)`),
         h("dt", {}, "why"), h("dd", { class: "small" }, p.reason || "–"),
-        h("dt", {}, "attempt"), h("dd", {}, `${job.attempt}${job.worker ? ` on ${job.worker}` : ""}`),
+        spans.length ? h("dt", {}, "precisions") : null,
+        spans.length ? h("dd", { id: "precision-history", class: "small" }, describeSpans(spans)) : null,
+        h("dt", {}, "attempt"), h("dd", {}, `${Math.max(job.attempt, liveStart?.attempt || 0)}${job.worker ? ` on ${job.worker}` : ""}`),
         h("dt", {}, "owner"), h("dd", {}, job.owner)),
       h("dl", { class: "kv" }, summaryMetrics.flatMap((m) => [
         h("dt", {}, m.name.replaceAll("_", " ")),
@@ -174,7 +199,7 @@ export function mount(root, { id }) {
     let after = 0;
     for (;;) {
       const page = await api(`${path}/events`, { params: { after, limit: 1000 } });
-      page.items.forEach((ev) => timeline.add(ev));
+      page.items.forEach((ev) => { timeline.add(ev); onLifecycle(ev); });
       if (page.items.length < 1000) return;
       after = page.next_cursor;
     }
@@ -209,7 +234,10 @@ export function mount(root, { id }) {
     feed = new LiveFeed(id, cursor, {
       onMetric,
       onEval: (e) => evals.add(e),
-      onEvent: (ev) => { if (timeline.add(ev) && ev.type === "checkpoint") loadCheckpoints().catch(() => {}); },
+      onEvent: (ev) => {
+        onLifecycle(ev);
+        if (timeline.add(ev) && ev.type === "checkpoint") loadCheckpoints().catch(() => {});
+      },
       onEnd: () => poll(),
       onState: (s) => { liveState.textContent = s; liveState.dataset.state = s; },
     });
