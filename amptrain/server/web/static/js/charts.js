@@ -35,9 +35,11 @@ export function chartDefs({ charts, metrics }) {
 
 /** The charts of one page, sharing cursor, zoom, x mode and smoothing. */
 export class ChartGroup {
-  constructor(syncKey, { onZoom }) {
+  constructor(syncKey, { onZoom, onView = () => {} }) {
     this.syncKey = syncKey;
     this.onZoom = onZoom;
+    this.onView = onView; // the view (x mode, smoothing, zoom, log axes) changed: e.g. into the URL
+    this.logKeys = new Set(); // charts with a log toggle that are on log now
     this.charts = [];
     this.xMode = "step";
     this.smoothing = 0.8;
@@ -81,11 +83,43 @@ export class ChartGroup {
     this.xMode = mode;
     this.zoom = null;
     this.rebuild();
+    this.onView();
   }
 
   setSmoothing(weight) {
     this.smoothing = weight;
     this.rebuild();
+    this.onView();
+  }
+
+  /** The view as URL parameters: ``x``, ``smooth``, ``from``/``to`` (the zoom, in x units)
+   * and ``log`` (the chart keys on a log axis); defaults left out. */
+  viewState() {
+    return {
+      x: this.xMode === "step" ? null : this.xMode,
+      smooth: this.smoothing === 0.8 ? null : this.smoothing,
+      from: this.zoom ? +this.zoom.min.toPrecision(12) : null,
+      to: this.zoom ? +this.zoom.max.toPrecision(12) : null,
+      log: [...this.logKeys].sort().join(",") || null,
+    };
+  }
+
+  /** Take a view from URL parameters (before the charts are built); bad values are ignored. */
+  applyView(params) {
+    if (params.get("x") === "time") this.xMode = "time";
+    const smooth = Number(params.get("smooth"));
+    if (params.has("smooth") && smooth >= 0 && smooth <= 0.99) this.smoothing = smooth;
+    const [min, max] = [Number(params.get("from")), Number(params.get("to"))];
+    if (params.has("from") && params.has("to") && Number.isFinite(min) && Number.isFinite(max) && min < max) this.zoom = { min, max };
+    for (const key of (params.get("log") || "").split(",")) if (key) this.logKeys.add(key);
+  }
+
+  setLog(chart, on) {
+    if (on) this.logKeys.add(chart.def.key);
+    else this.logKeys.delete(chart.def.key);
+    chart.log = on;
+    chart.build();
+    this.onView();
   }
 
   /** Mark these events on every chart. */
@@ -97,6 +131,7 @@ export class ChartGroup {
   resetZoom() {
     this.zoom = null;
     for (const c of this.charts) c.update(true);
+    this.onView();
   }
 
   /** A chart's x scale changed (drag to zoom, double click to reset): apply to the others. */
@@ -112,6 +147,7 @@ export class ChartGroup {
     }
     clearTimeout(this.zoomTimer);
     if (this.zoom) this.zoomTimer = setTimeout(() => this.onZoom(this.zoom, source), 150);
+    this.onView();
   }
 
   destroy() {
@@ -125,7 +161,7 @@ class Chart {
     this.def = def;
     this.series = series;
     this.group = group;
-    this.log = def.log === 2;
+    this.log = def.log === 2 || (def.log === "toggle" && group.logKeys.has(def.key));
     this.plot = null;
     this.updating = false;
     this.plotEl = h("div", { class: "plot" });
@@ -134,7 +170,7 @@ class Chart {
     this.yTicks = [];
     this.marksEl = h("div", { class: "marks", dataset: { marksFor: def.key } });
     const logBox = def.log === "toggle"
-      ? h("label", { class: "small muted" }, h("input", { type: "checkbox", onchange: (e) => { this.log = e.target.checked; this.build(); } }), " log")
+      ? h("label", { class: "small muted" }, h("input", { type: "checkbox", checked: this.log, onchange: (e) => group.setLog(this, e.target.checked) }), " log")
       : def.log === 2 ? h("span", { class: "small muted" }, "log2") : null;
     this.smoothNote = def.smooth ? h("span", { class: "small muted smooth-note" }) : null;
     this.el = h("section", { class: "chart", dataset: { chart: def.key, points: "0", marks: "0" } },

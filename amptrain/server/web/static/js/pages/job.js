@@ -10,6 +10,7 @@ import { showOffenders } from "../offenders.js";
 import { describeSpans, precisionSpans } from "../segments.js";
 import { Series } from "../series.js";
 import { Timeline } from "../timeline.js";
+import { readState, writeState } from "../urlstate.js";
 
 const POLL_MS = 2000;
 // One history request serves every chart (one pass over the points in the database, not
@@ -28,7 +29,9 @@ export function mount(root, { id }) {
   const timeline = new Timeline({ onMarks: (events) => group.setEvents(events) });
   const specEl = h("pre", { id: "spec" });
   const checkpointsEl = h("div", { id: "checkpoints", class: "small" });
-  const group = new ChartGroup(`job-${id}`, { onZoom: fullResolution });
+  // The view (x mode, smoothing, zoom, log axes) is in the link: it opens as its sender saw it.
+  const group = new ChartGroup(`job-${id}`, { onZoom: fullResolution, onView: () => writeState(group.viewState()) });
+  group.applyView(readState());
   // The charts, the fields they fetch and the header's summary come from the metric table.
   let fields, series, charts, summaryMetrics, evals;
   const evalsSlot = h("div", {});
@@ -54,6 +57,7 @@ export function mount(root, { id }) {
 
   const xMode = h("select", { id: "x-mode", onchange: () => group.setXMode(xMode.value) },
     h("option", { value: "step" }, "x: step"), h("option", { value: "time" }, "x: wall time"));
+  xMode.value = group.xMode;
   const smoothing = h("input", { type: "range", id: "smoothing", min: "0", max: "0.99", step: "0.01", value: String(group.smoothing),
     oninput: () => { smoothValue.textContent = smoothing.value; group.setSmoothing(Number(smoothing.value)); } });
   const smoothValue = h("span", { class: "mono" }, smoothing.value);
@@ -86,6 +90,8 @@ export function mount(root, { id }) {
     root.dataset.drawnMs = String(Math.round(performance.now() - started));
     root.dataset.drawnAt = String(Math.round(performance.now()));
     chartsEl.dataset.ready = "1";
+    // A zoom the link asked for: that window at full resolution, as a drag would fetch it.
+    if (group.zoom) fullResolution(group.zoom, charts[0]).catch(() => {});
     return page.next_cursor;
   }
 
