@@ -95,6 +95,10 @@ def test_the_metric_picker_switches_what_is_drawn_and_the_link_keeps_it(
     expect(overlay).to_have_attribute("data-field", "samples_per_second")
     expect(page).to_have_url(re.compile(r"metric=samples_per_second"))
     expect(page.locator("#overlay-log")).to_be_disabled()  # as on the job page
+    page.select_option("#overlay-x", "time")  # throughput over elapsed time
+    expect(overlay).to_have_attribute("data-x", "time")
+    expect(page).to_have_url(re.compile(r"x=time"))
+    page.select_option("#overlay-x", "step")
     page.select_option("#overlay-metric", "eval:accuracy")
     expect(overlay).to_have_attribute("data-field", "accuracy")
     expect(overlay).to_have_attribute("data-points", "2,2,2,2")  # mid-run and final
@@ -164,7 +168,6 @@ def test_the_job_picker_filters_as_one_types(
 ) -> None:
     open_compare(page, stack, runs, "seed-1")
     shown = page.locator("#pick-jobs label:visible")
-    expect(shown).to_have_count(4)
     page.fill("#pick-search", "bf16")
     expect(shown).to_have_count(1)
     expect(shown.first).to_contain_text("bf16-run")
@@ -176,4 +179,43 @@ def test_the_job_picker_filters_as_one_types(
     expect(page.locator("#overlay")).to_have_attribute("data-series", "seed-1,seed-3")
     page.fill("#pick-search", "seed fp32")
     expect(shown).to_have_count(3)
-    expect(page.locator("#pick-count")).to_have_text("3 of 4 jobs shown")
+    expect(page.locator("#pick-count")).to_have_text(re.compile(r"^3 of \d+\+? jobs shown$"))
+
+
+def test_the_picker_pages_through_the_job_list(
+    page: Page, stack: Stack, runs: dict[str, dict[str, Any]]
+) -> None:
+    for i in range(100):  # newer than the played runs: a first page of 100 holds none of them
+        stack.submit(spec(name=f"filler-{i}"))
+    open_compare(page, stack, runs, "seed-2")
+    # A link names a job beyond the first page: it is read by id, picked and drawn.
+    expect(page.locator("#overlay")).to_have_attribute("data-series", "seed-2")
+    expect(page.locator("#pick-more")).to_be_visible()
+    shown = page.locator("#pick-jobs label:visible")
+    page.fill("#pick-search", "seed-3")  # on the second page: the search reads on
+    expect(shown).to_have_count(1)
+    expect(shown.first).to_contain_text("seed-3")
+    expect(page.locator("#pick-more")).to_be_hidden()  # that was the last page
+    page.reload()
+    page.click("#pick-more")
+    expect(page.locator("#pick-more")).to_be_hidden()
+    expect(page.locator("#pick-jobs label")).to_have_count(104)
+
+
+def test_smoothing_reads_one_point_per_bucket(page: Page, stack: Stack) -> None:
+    """A downsampled answer keeps each bucket's first, last, min and max; where items say
+    which is the bucket's last, the smoothed line is drawn through those only."""
+    sign_in(page, stack.token)
+    drawn = page.evaluate(
+        """async () => {
+        const { linePoints } = await import("/ui/js/overlay_data.js");
+        const items = [1, 2, 3, 4, 5, 6, 7, 8].map((step) => ({
+            step, loss: step % 2 ? 10 : 0, downsampled: true, bucket_last: step % 4 === 0 }));
+        return { even: linePoints(items, "loss", { weight: 0.5 }),
+            raw: linePoints(items, "loss"),
+            old: linePoints(items.map(({ bucket_last, ...i }) => i), "loss", { weight: 0.5 }) };
+    }"""
+    )
+    assert drawn["even"] == [[4, 8], [0, 0]]
+    assert drawn["raw"][0] == [1, 2, 3, 4, 5, 6, 7, 8]  # unsmoothed: every point kept
+    assert len(drawn["old"][0]) == 8  # a server without bucket_last: every point smoothed

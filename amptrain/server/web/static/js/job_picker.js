@@ -18,6 +18,7 @@ export class JobPicker {
     this.jobs = new Map(); // id -> job
     this.rows = new Map(); // id -> label
     this.cursor = null;
+    this.loaded = false; // the first page was read
     this.search = h("input", { type: "search", id: "pick-search", placeholder: "Filter by name, id, precision…", oninput: () => this.filter(true) });
     this.list = h("div", { class: "pick", id: "pick-jobs" }, h("span", { class: "muted" }, "Loading jobs…"));
     this.moreButton = h("button", { type: "button", id: "pick-more", hidden: true, onclick: () => this.more().then(() => this.filter()) }, "More jobs");
@@ -38,13 +39,21 @@ export class JobPicker {
     found.filter(Boolean).forEach((j) => this.#add(j));
     this.order = this.order.filter((id) => this.jobs.has(id)); // unknown or not the caller's
     if (!this.jobs.size) this.list.replaceChildren(h("span", { class: "muted" }, "No jobs yet."));
-    this.filter();
+    await this.filter(Boolean(this.search.value)); // typed while the list loaded
   }
 
-  /** The next page of GET /jobs (newest first). */
-  async more() {
+  /** The next page of GET /jobs (newest first). One page at a time: a search and the More
+   * button asking together read two pages, never one twice. */
+  more() {
+    this.reading = (this.reading || Promise.resolve()).catch(() => {}).then(() => this.#page());
+    return this.reading;
+  }
+
+  async #page() {
+    if (this.loaded && !this.cursor) return; // the last page was read
     const page = await api("/jobs", { params: { limit: PAGE, cursor: this.cursor } });
-    if (!this.jobs.size) this.list.replaceChildren();
+    if (!this.loaded) this.list.replaceChildren();
+    this.loaded = true;
     page.items.forEach((j) => this.#add(j));
     this.cursor = page.next_cursor;
     this.moreButton.hidden = !this.cursor;
@@ -56,7 +65,7 @@ export class JobPicker {
     const words = this.search.value.toLowerCase().split(/\s+/).filter(Boolean);
     const matches = (j) => words.every((w) => [j.name, j.id, precisionOf(j), j.status].some((s) => s.toLowerCase().includes(w)));
     let shown = this.#apply(matches);
-    for (let i = 0; typed && !shown && this.cursor && i < SEARCH_PAGES; i++) {
+    for (let i = 0; typed && !shown && this.loaded && this.cursor && i < SEARCH_PAGES; i++) {
       await this.more();
       shown = this.#apply(matches);
     }
