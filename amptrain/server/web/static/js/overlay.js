@@ -43,6 +43,11 @@ export class OverlayPlot {
     this.legendEl = h("div", { class: "overlay-legend small" });
     this.plotEl = h("div", {});
     el.replaceChildren(this.plotEl, this.legendEl);
+    this.resize = new ResizeObserver(() => {
+      const width = this.plotEl.clientWidth;
+      if (this.plot && width && width !== this.plot.width) this.plot.setSize({ width, height: this.height });
+    });
+    this.resize.observe(this.plotEl);
   }
 
   draw(lines, { kind = "", log = 0, zero = false, xLabel = "step" } = {}) {
@@ -110,6 +115,12 @@ export class OverlayPlot {
     this.plot?.destroy();
     this.plot = null;
   }
+
+  /** On unmount: the plot and the size observer. */
+  close() {
+    this.destroy();
+    this.resize.disconnect();
+  }
 }
 
 /** A short line in the line's color and dash pattern (what the canvas draws). */
@@ -130,6 +141,7 @@ function drawZero(u) {
   if (!(y >= top && y <= top + height)) return;
   const ctx = u.ctx;
   ctx.save();
+  ctx.setLineDash([]); // not the last line's pattern
   ctx.strokeStyle = ZERO;
   ctx.lineWidth = devicePixelRatio || 1;
   ctx.beginPath();

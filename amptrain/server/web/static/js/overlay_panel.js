@@ -4,7 +4,7 @@
 // it each line's difference to the baseline (the first picked fp32 run). The choices live
 // in the link (#/compare?jobs=a,b&metric=loss&...), so it shows what its sender saw.
 import { api, catalog } from "./api.js";
-import { h } from "./dom.js";
+import { FINISHED, h } from "./dom.js";
 import { JobPicker } from "./job_picker.js";
 import { OverlayPlot, dashName, lineStyle } from "./overlay.js";
 import { baselineIndex, difference, linePoints, meanBand, seedGroups } from "./overlay_data.js";
@@ -13,6 +13,7 @@ import { readState, writeState } from "./urlstate.js";
 const EVAL = "eval:"; // metric values of evaluation series: "eval:accuracy"
 const POINTS_PER_PIXEL = 2;
 const MAX_POINTS = 10_000; // the API's max_points bound
+const FRESH_MS = 5000;
 const SMOOTHING = 0.8; // the job page's default weight
 
 /** Every metric the overlay can draw, from GET /catalog's one metric table. */
@@ -42,17 +43,17 @@ export function overlayPanel(preselected) {
   const overlay = new OverlayPlot(plotEl, { height: 280, onScale: sync(() => diff) });
   const diff = new OverlayPlot(diffEl, { height: 160, onScale: sync(() => overlay) });
   const picker = new JobPicker(preselected, () => draw());
-  const cache = new Map(); // "id|metric" -> items
+  const cache = new Map(); // "id|metric" -> {at, items}
   let defs = null;
   let seq = 0;
 
-  const metricSel = h("select", { id: "overlay-metric", onchange: () => { state.metric = metricSel.value; controls(); draw(); } });
+  const metricSel = h("select", { id: "overlay-metric", "aria-label": "metric", onchange: () => { state.metric = metricSel.value; controls(); draw(); } });
   const logBox = h("input", { type: "checkbox", id: "overlay-log", checked: state.log, onchange: () => { state.log = logBox.checked; draw(); } });
   const smoothing = h("input", { type: "range", id: "overlay-smoothing", min: "0", max: "0.99", step: "0.01", value: String(state.smooth),
     oninput: () => { state.smooth = Number(smoothing.value); smoothValue.textContent = smoothing.value; draw(); } });
   const smoothValue = h("span", { class: "mono" }, String(state.smooth));
   const groupBox = h("input", { type: "checkbox", id: "overlay-group", checked: state.group, onchange: () => { state.group = groupBox.checked; draw(); } });
-  const xSel = h("select", { id: "overlay-x", onchange: () => { state.x = xSel.value; draw(); } },
+  const xSel = h("select", { id: "overlay-x", "aria-label": "x axis", onchange: () => { state.x = xSel.value; draw(); } },
     h("option", { value: "step" }, "x: step"), h("option", { value: "time" }, "x: elapsed time"));
   xSel.value = state.x;
 
@@ -73,15 +74,18 @@ export function overlayPanel(preselected) {
     return def;
   }
 
+  /** A job's points of one metric. A finished job's are read once; an unfinished one's
+   * again after FRESH_MS, so a redraw shows the steps it trained since. */
   async function series(job, def) {
     const key = `${job.id}|${def.value}`;
-    if (!cache.has(key)) {
+    const hit = cache.get(key);
+    if (!hit || (!FINISHED.has(job.status) && performance.now() - hit.at > FRESH_MS)) {
       const max = Math.min(MAX_POINTS, Math.max(200, Math.round((plotEl.clientWidth || 800) * POINTS_PER_PIXEL)));
       const path = `/jobs/${encodeURIComponent(job.id)}/${def.evals ? "evals" : "metrics"}`;
       const params = def.evals ? { max_points: max } : { max_points: max, fields: `${def.field},time` };
-      cache.set(key, api(path, { params }).then((p) => p.items).catch((e) => { cache.delete(key); throw e; }));
+      cache.set(key, { at: performance.now(), items: api(path, { params }).then((p) => p.items).catch((e) => { cache.delete(key); throw e; }) });
     }
-    return cache.get(key);
+    return cache.get(key).items;
   }
 
   async function draw() {
@@ -120,7 +124,7 @@ export function overlayPanel(preselected) {
     await draw();
   }).catch((e) => picker.list.replaceChildren(h("span", { class: "error" }, e.message)));
 
-  return { card, pickerCard, destroy: () => { seq++; overlay.destroy(); diff.destroy(); } };
+  return { card, pickerCard, destroy: () => { seq++; overlay.close(); diff.close(); } };
 }
 
 /** Each run its own line; the baseline is the given run. */
