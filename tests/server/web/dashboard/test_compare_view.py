@@ -219,3 +219,25 @@ def test_smoothing_reads_one_point_per_bucket(page: Page, stack: Stack) -> None:
     assert drawn["even"] == [[4, 8], [0, 0]]
     assert drawn["raw"][0] == [1, 2, 3, 4, 5, 6, 7, 8]  # unsmoothed: every point kept
     assert len(drawn["old"][0]) == 8  # a server without bucket_last: every point smoothed
+
+
+def test_means_and_differences_line_runs_up_by_step(page: Page, stack: Stack) -> None:
+    """Runs downsampled into different buckets keep different steps: the mean, the band
+    and the difference read each line at the other's steps by interpolation."""
+    sign_in(page, stack.token)
+    got = page.evaluate(
+        """async () => {
+        const d = await import("/ui/js/overlay_data.js");
+        const a = [[0, 10, 20], [1, 2, 3]];
+        const b = [[0, 20], [3, 5]];  // 4 at step 10
+        return { band: d.meanBand([a, b]), diff: d.difference(b, a),
+            base: d.baselineIndex([{ precision: { effective: "bf16" } },
+                                   { precision: { effective: "fp32" } }]),
+            same: d.groupKey({ seed: 1, name: "x", a: { p: 1, q: 2 } })
+                === d.groupKey({ a: { q: 2, p: 1 }, name: "y", seed: 2 }) };
+    }"""
+    )
+    assert got["band"] == {"xs": [0, 10, 20], "mean": [2, 3, 4], "min": [1, 2, 3], "max": [3, 4, 5]}
+    assert got["diff"] == [[0, 20], [2, 2]]
+    assert got["base"] == 1  # the first fp32 run, not the first picked
+    assert got["same"] is True  # seed and name aside, field order aside
