@@ -38,6 +38,7 @@ export class JobPicker {
     const found = await Promise.all(missing.map((id) => api(`/jobs/${encodeURIComponent(id)}`).catch(() => null)));
     found.filter(Boolean).forEach((j) => this.#add(j));
     this.order = this.order.filter((id) => this.jobs.has(id)); // unknown or not the caller's
+    this.list.prepend(...this.order.map((id) => this.rows.get(id))); // what the link picked, first
     if (!this.jobs.size) this.list.replaceChildren(h("span", { class: "muted" }, "No jobs yet."));
     await this.filter(Boolean(this.search.value)); // typed while the list loaded
   }
