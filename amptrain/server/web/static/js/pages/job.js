@@ -25,7 +25,7 @@ export function mount(root, { id }) {
   const head = h("div", { class: "card", id: "job-head" }, h("span", { class: "muted" }, "Loading…"));
   const chartsEl = h("div", { class: "charts", id: "charts" });
   const liveState = h("span", { class: "small muted", id: "live-state" });
-  const timeline = new Timeline();
+  const timeline = new Timeline({ onMarks: (events) => group.setEvents(events) });
   const specEl = h("pre", { id: "spec" });
   const checkpointsEl = h("div", { id: "checkpoints", class: "small" });
   const group = new ChartGroup(`job-${id}`, { onZoom: fullResolution });
