@@ -1,6 +1,8 @@
 // The compare view's line charts on uPlot: each line its color AND its dash pattern (three
 // near-identical runs stay distinguishable where they overlap), an optional min-max band
 // (a seed group), and a legend that draws the pattern and reads the values under the cursor.
+// The y axis is the job page's (axes.js: DOM labels, unique, the axis sized to them).
+import { YLabels, logScale, yAxis } from "./axes.js";
 import { STEP_INCRS } from "./charts.js";
 import { fmtBytes, fmtNum, fmtPow2, h } from "./dom.js";
 
@@ -24,7 +26,7 @@ export function dashName(dash) {
   return dash.length ? dash.join(",") : "solid";
 }
 
-function tickFormat(kind) {
+function valueFormat(kind) {
   if (kind === "bytes") return (v) => fmtBytes(v);
   if (kind === "log2") return (v) => fmtPow2(v);
   return (v) => fmtNum(v, 3);
@@ -41,7 +43,8 @@ export class OverlayPlot {
     this.onScale = onScale;
     this.plot = null;
     this.legendEl = h("div", { class: "overlay-legend small" });
-    this.plotEl = h("div", {});
+    this.plotEl = h("div", { class: "overlay-plot" });
+    this.yLabels = new YLabels(this.plotEl);
     el.replaceChildren(this.plotEl, this.legendEl);
     this.resize = new ResizeObserver(() => {
       const width = this.plotEl.clientWidth;
@@ -71,18 +74,20 @@ export class OverlayPlot {
       }
     }
     const data = tables.length ? uPlot.join(tables) : [[]];
-    const ticks = tickFormat(kind);
+    const readout = valueFormat(kind);
+    // What axes.js reads of a job page chart: its definition, whether log, its labels.
+    const axis = { def: { bytes: kind === "bytes", log: log === 2 ? 2 : null }, log: Boolean(log), yLabels: this.yLabels };
     const opts = {
       width: this.plotEl.clientWidth || this.el.clientWidth || 800, height: this.height, series, bands,
       legend: { show: false },
-      scales: { x: { time: false }, y: log ? { distr: 3, log } : {} },
+      scales: { x: { time: false }, y: log ? logScale(log) : {} },
       axes: [xLabel === "step" ? { incrs: STEP_INCRS, space: 60 } : { space: 60, values: (u, vs) => vs.map((v) => `${fmtNum(v, 3)} s`) },
-        { size: 72, values: (u, vs) => vs.map(ticks) }],
+        yAxis(axis, this.height - 50)],
       cursor: { sync: { key: this.syncKey }, drag: { x: true, y: false } },
       hooks: {
-        setCursor: [(u) => this.#readout(u, legendOf, ticks)],
+        setCursor: [(u) => this.#readout(u, legendOf, readout)],
         setScale: [(u, key) => { if (key === "x") this.onScale(u.scales.x.min, u.scales.x.max); }],
-        draw: zero ? [(u) => drawZero(u)] : [],
+        draw: [(u) => this.yLabels.place(u), ...(zero ? [(u) => drawZero(u)] : [])],
       },
     };
     this.plot = new uPlot(opts, data, this.plotEl);
@@ -103,11 +108,11 @@ export class OverlayPlot {
       swatch(l), ` ${l.label}${l.band ? ` (mean of ${l.band.count}, band min–max)` : ""} `, this.values[i])));
   }
 
-  #readout(u, legendOf, ticks) {
+  #readout(u, legendOf, fmt) {
     const idx = u.cursor.idx;
     legendOf.forEach((s, i) => {
       const v = idx === null || idx === undefined ? null : u.data[s][idx];
-      this.values[i].textContent = v === null || v === undefined ? "" : ticks(v);
+      this.values[i].textContent = v === null || v === undefined ? "" : fmt(v);
     });
   }
 
