@@ -107,7 +107,12 @@ def test_cancel_stops_a_long_job(stack: Stack) -> None:
     assert stack.client.post(f"/jobs/{job['id']}/cancel").status_code == 409
     # The status is SQL's at once; the recorder stores the cancelled event after the job's
     # last points (CI read the events before it had): wait for it in the history.
-    stack.recorded_history(job["id"], 1)
+    history = stack.recorded_history(job["id"], 1)
+    # One step everywhere (it read "cancelled step 0" for a job stopped at step 1815): the
+    # event, the job's progress and its history's last point.
+    (cancelled,) = [e for e in stack.events(job["id"]) if e["type"] == "cancelled"]
+    assert cancelled["step"] > 0
+    assert cancelled["step"] == stack.job(job["id"])["step"] == history[-1]["step"]
 
 
 def test_requests_without_a_token_are_refused(stack: Stack) -> None:

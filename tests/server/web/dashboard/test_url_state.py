@@ -25,7 +25,13 @@ from tests.support.stack import Stack
 
 def test_the_job_lists_status_filter_is_in_the_link(page: Page, stack: Stack) -> None:
     queued = stack.submit(spec(name="waits"))  # its queue has no worker: it stays queued
+    # Before sign-in the page offers nothing but signing in: no nav, no sign-out.
+    page.goto("/ui/#/jobs")
+    expect(page.locator("#token")).to_be_visible()
+    expect(page.locator("#nav")).to_be_hidden()
+    expect(page.locator("#signout")).to_be_hidden()
     sign_in(page, stack.token)
+    expect(page.locator("#nav")).to_be_visible()
     page.goto("/ui/#/jobs")
     expect(page.locator(f"#jobs-body tr:has-text('{queued['name']}')")).to_have_count(1)
     page.select_option("#status-filter", "failed")
