@@ -3,6 +3,8 @@ or skipped like an fp16 overflow step."""
 
 from __future__ import annotations
 
+import collections
+import math
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ from amptrain.contract.errors import PreemptedError
 from amptrain.contract.records import SPIKE_WARNING
 from amptrain.contract.spec import parse_spec
 from amptrain.engine import Components, RunContext, Trainer
+from amptrain.engine.spikes import SpikeCheck
 from tests.engine.test_amp import TinyData, TinyNet
 from tests.engine.test_host_reads import host_reads
 from tests.support.sinks import ListSink
@@ -159,3 +162,32 @@ def test_a_resumed_run_keeps_the_window_and_skips_the_same_step(tmp_path: Path) 
         assert torch.equal(a, b)
     assert second.publisher.wait_delivered(30)
     assert [s for s, m in sink.metrics().items() if m["skipped"]] == [K]
+
+
+def test_the_running_statistics_equal_the_window_s_own_after_many_wraps() -> None:
+    """Thousands of values through a window of 16 (over a hundred wraps, with spikes and
+    non-finite values left out): each step's mean, std and flag are those of the last 16
+    accepted values, computed directly, even where the values barely vary (2.0 +- 1e-4)."""
+    rule = spec({"action": "skip"}).health.spike  # window 16, warm-up 8
+    check = SpikeCheck(rule, torch.device("cpu"))
+    gen = torch.Generator().manual_seed(0)
+    values = (2.0 + 1e-4 * torch.randn(3000, generator=gen)).tolist()
+    for i in range(50, 3000, 97):
+        values[i] += 0.5  # a spike
+    values[500], values[1500], values[2500] = math.nan, math.inf, -math.inf
+    window: collections.deque[float] = collections.deque(maxlen=rule.window)
+    spikes = 0
+    for v in values:
+        flag = check.check(torch.tensor(v, dtype=torch.float32))
+        held = torch.tensor(list(window), dtype=torch.float64)
+        x = float(torch.tensor(v, dtype=torch.float32))  # what the window holds
+        mean = float(held.mean()) if window else 0.0
+        std = float(held.std(correction=0)) if window else 0.0
+        assert float(flag.mean) == pytest.approx(mean, rel=1e-12, abs=1e-12)
+        assert float(flag.std) == pytest.approx(std, rel=1e-6, abs=1e-12)
+        spike = len(window) >= rule.warmup_steps and math.isfinite(x) and x - mean > rule.z * std
+        assert bool(flag.spike) == spike
+        spikes += spike
+        if math.isfinite(x) and not spike:
+            window.append(x)
+    assert spikes == len(range(50, 3000, 97))
