@@ -169,10 +169,21 @@ class SpikeSpec(_Strict):
     deviations."""
     warmup_steps: int = Field(default=20, ge=2, le=MAX_SPIKE_WINDOW)
     """No check until the window holds this many values (at most ``window``)."""
-    action: Literal["warn", "skip"] = "warn"
+    action: Literal["warn", "skip", "rollback"] = "warn"
     """``warn``: a ``loss_spike`` warning event. ``skip``: the spiking step's optimizer
     update is not applied (on the device, as an fp16 overflow step is skipped; it is recorded
-    as ``skipped`` and the schedule holds still), plus the warning."""
+    as ``skipped`` and the schedule holds still), plus the warning. ``rollback``: ``skip``,
+    then the run goes back to the newest checkpoint at or before the spike (not its step
+    count: the batches since are skipped); see the README. Needs ``checkpoint.every_steps``
+    below ``max_steps``."""
+    max_rollbacks: int = Field(default=3, ge=1, le=100)
+    """``rollback``: rollbacks a job may take; the spike after the last one fails the job as
+    ``diverged``, naming its step."""
+
+    @property
+    def withholds(self) -> bool:
+        """A spike's update is withheld on the device (``skip``, ``rollback``)."""
+        return self.action != "warn"
 
     @model_validator(mode="after")
     def _warmup_fits_window(self) -> SpikeSpec:
@@ -342,6 +353,12 @@ class JobSpec(_Strict):
                 f"batch_size ({self.batch_size}) must be divisible by devices x grad_accum_steps "
                 f"({self.devices} x {self.grad_accum_steps} = {share}): every device takes an "
                 "equal share of micro-batches"
+            )
+        every, spike = self.checkpoint.every_steps, self.health.spike
+        if spike is not None and spike.action == "rollback" and every >= self.max_steps:
+            raise ValueError(
+                f"health.spike.action rollback needs checkpoint.every_steps ({every}) below "
+                f"max_steps ({self.max_steps}): else no checkpoint precedes a spike"
             )
         if self.devices > 1 and self.health.spike is not None:
             raise ValueError(

@@ -32,6 +32,15 @@ flag (1.0: a spike) and the window's mean and standard deviation it was checked 
 _MAX = torch.finfo(torch.float64).max
 
 
+class RollbackRequested(Exception):
+    """Raised by a telemetry flush that read a spike under ``action: rollback`` (after its
+    records were offered); the Trainer catches it and rolls back."""
+
+    def __init__(self, spike_step: int) -> None:
+        super().__init__(f"loss spike at step {spike_step}: rollback requested")
+        self.spike_step = spike_step
+
+
 @dataclass(frozen=True)
 class SpikeFlag:
     """One step's outcome on the device, as 0-d tensors: ``spike`` float32 (1.0: a spike;
@@ -73,8 +82,8 @@ class SpikeCheck:
 
     @property
     def skips(self) -> bool:
-        """The step's update is withheld on a spike (``action: skip``)."""
-        return self.spec.action == "skip"
+        """The step's update is withheld on a spike (``action: skip`` or ``rollback``)."""
+        return self.spec.withholds
 
     def check(self, value: torch.Tensor) -> SpikeFlag:
         """Compare ``value`` (a 0-d device tensor) with the window; accept it unless it is a

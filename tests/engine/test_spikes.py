@@ -26,11 +26,14 @@ K = 30  # the step whose batch spikes
 
 
 class SpikyData(TinyData):
-    """TinyData with step ``K``'s batch (batch size 8) scaled by 1e3."""
+    """TinyData with the batches (batch size 8) of the steps ``at`` scaled by 1e3."""
+
+    def __init__(self, at: tuple[int, ...] = (K,)) -> None:
+        self.at = at
 
     def batch(self, start: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = super().batch(start, size)
-        return (x * 1e3 if start // 8 == K - 1 else x), y
+        return (x * 1e3 if start // 8 + 1 in self.at else x), y
 
 
 def spec(spike: dict[str, Any] | None, **overrides: Any) -> Any:
@@ -50,10 +53,13 @@ def spec(spike: dict[str, Any] | None, **overrides: Any) -> Any:
     )
 
 
-def trainer(job: Any, sink: ListSink, ctx: RunContext | None = None) -> Trainer:
+def trainer(
+    job: Any, sink: ListSink, ctx: RunContext | None = None, at: tuple[int, ...] = (K,)
+) -> Trainer:
+    """A Trainer of ``job`` on TinyNet and :class:`SpikyData` spiking at the steps ``at``."""
     torch.manual_seed(0)
     ctx = ctx or RunContext(None, sink=sink)
-    return Trainer(job, ctx, Components(TinyNet(), SpikyData(), F.cross_entropy))
+    return Trainer(job, ctx, Components(TinyNet(), SpikyData(at), F.cross_entropy))
 
 
 def weights(t: Trainer) -> list[torch.Tensor]:
@@ -129,11 +135,6 @@ def test_the_check_reads_nothing_between_flushes(monkeypatch: pytest.MonkeyPatch
     assert t.telemetry.host.count == seam + 1 and reads == ["tolist"]
 
 
-def test_rollback_is_refused_at_submit_until_it_is_built() -> None:
-    with pytest.raises(pydantic.ValidationError, match="action"):
-        spec({"action": "rollback"})
-
-
 def test_the_rule_is_bounded_and_errors_name_the_field() -> None:
     with pytest.raises(pydantic.ValidationError, match="warmup_steps"):
         spec({"window": 8, "warmup_steps": 9})
@@ -141,6 +142,12 @@ def test_the_rule_is_bounded_and_errors_name_the_field() -> None:
         spec({"window": 4})
     with pytest.raises(pydantic.ValidationError, match="devices 1"):
         spec({"action": "warn"}, devices=2)
+    with pytest.raises(pydantic.ValidationError, match="max_rollbacks"):
+        spec({"action": "rollback", "max_rollbacks": 101})
+    # A rollback needs a checkpoint before the end to go back to.
+    with pytest.raises(pydantic.ValidationError, match=r"checkpoint\.every_steps"):
+        spec({"action": "rollback"}, checkpoint={"every_steps": 40})
+    spec({"action": "rollback"}, checkpoint={"every_steps": 39})
 
 
 def test_a_resumed_run_keeps_the_window_and_skips_the_same_step(tmp_path: Path) -> None:
