@@ -13,6 +13,28 @@ enters the window, so a run of spikes cannot raise the bar it is measured agains
 a non-finite value (fp16's overflow steps, a diverging loss: the health checks and the
 scaler handle those). The three values ride in the step's values to the next telemetry
 flush (:data:`SPIKE_SLOTS`), read there with the rest in its one host read.
+
+Actions. ``warn``: a ``loss_spike`` warning. ``skip``: the spike's optimizer update is
+withheld on the device (``found_inf``), the step recorded as skipped. ``rollback``
+(:mod:`~amptrain.engine.rollback`), exactly:
+
+1. At the spike's step ``k`` the update is withheld on the device, as with ``skip``.
+2. The next flush (at step ``f >= k``; every checkpoint flushes first, so none is written
+   between ``k`` and ``f``) publishes the records up to ``f``, then raises
+   :class:`RollbackRequested`; the first spike of that flush counts, later ones in it are
+   only warned about (their updates were withheld too).
+3. The Trainer loads, in-process, the newest checkpoint at a step ``c <= k``: the model,
+   the optimizer, the schedule (so the learning rate is the one after ``c``), fp16's scaler
+   and this window. It keeps its step count ``f`` (no step is recorded twice in an attempt),
+   its data position ``f x batch_size`` (the samples ``[c x batch_size, f x batch_size)``
+   are skipped: the data that led to the spike), its micro-batch and its RNG states.
+4. A ``rollback`` event names ``k``, the checkpoint (``step-000000020.pt``: its name, never
+   a path), ``c``, the skipped samples and the count; then a checkpoint of step ``f`` is
+   written (with the count), so a run killed after the rollback resumes from there exactly
+   and never rolls back again for the same spike.
+5. Without a checkpoint at or before ``k`` (or without a checkpoint directory) nothing is
+   loaded: the spike was skipped, and the event says so (``name`` null). Past
+   ``max_rollbacks`` rollbacks the job fails as ``diverged`` at step ``f``, naming ``k``.
 """
 
 from __future__ import annotations
