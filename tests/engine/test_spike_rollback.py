@@ -111,3 +111,19 @@ def test_past_max_rollbacks_the_job_fails_naming_the_step(tmp_path: Path) -> Non
     assert "spike at step 35" in failure.value.message
     assert t.publisher.wait_delivered(30)
     assert [e["data"]["spike_step"] for e in rollbacks(sink)] == [25]
+
+
+def test_a_spike_read_by_the_last_flush_rolls_back_too(tmp_path: Path) -> None:
+    """The flush of the last step reads a spike at step 55: the run rolls back to step 40's
+    checkpoint and ends with its weights (steps 41-60's batches skipped), checkpointed once at 60."""
+    sink = ListSink()
+    t = trainer(job(), sink, RunContext(str(tmp_path), sink=sink), at=(55,))
+    assert t.train().final_step == MAX_STEPS
+    assert t.publisher.wait_delivered(30)
+    ((event,),) = [rollbacks(sink)]
+    assert (event["step"], event["data"]["from_step"]) == (MAX_STEPS, 40)
+    store = CheckpointStore(str(tmp_path), keep_last=10)
+    at_40 = store.load(store.path(checkpoint_name(40)))["model"]
+    for name, tensor in t.model.state_dict().items():
+        assert torch.equal(tensor, at_40[name]), name
+    assert [e["step"] for e in sink.events("checkpoint")].count(MAX_STEPS) == 1
