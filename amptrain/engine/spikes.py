@@ -113,11 +113,11 @@ class SpikeCheck:
         self._checks += 1
         if self._checks % self.spec.window == 0:
             torch.sum(self._rows, 0, out=self._sums)
-        x = value.detach().float().double()  # the window holds float32 values, exactly
-        n, s, s2 = self._sums.unbind()
-        held = n.clamp(min=1)
-        mean = s / held
-        std = torch.addcmul(s2 / held, mean, mean, value=-1).clamp_(min=0).sqrt_()
+        x = value.detach().double()  # exact: the values are float32 (or narrower)
+        n = self._sums[0]
+        moments = self._sums[1:] / n.clamp(min=1)  # the mean and the mean of the squares
+        mean = moments[0]
+        std = torch.addcmul(moments[1], mean, mean, value=-1).clamp_(min=0).sqrt_()
         # The bar a value must not pass; before the warm-up, the largest double (no float32
         # value passes it; adding it to any finite bar leaves exactly it).
         bar = torch.add(mean, std, alpha=self.spec.z).add_(n < self.spec.warmup_steps, alpha=_MAX)
