@@ -48,7 +48,8 @@ from amptrain.contract.errors import TrainingError
 from amptrain.contract.metrics import progress_line
 from amptrain.contract.progress import ProgressView
 from amptrain.contract.records import ROLLBACK_EVENT
-from amptrain.contract.spec import ComponentRef, JobSpec, load_spec_file, parse_spec
+from amptrain.contract.spec import ComponentRef, JobSpec, parse_spec
+from amptrain.contract.spec_file import load_spec_file
 
 EXIT_FAILED = 1
 EXIT_INVALID = 2
