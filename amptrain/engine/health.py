@@ -195,7 +195,7 @@ class HealthMonitor:
         done = {
             "warn": "",
             "skip": "; its update was skipped",
-            "rollback": "; its update was skipped, and the run rolls back",
+            "rollback": "; its update was skipped (action rollback: see the rollback event)",
         }
         if rule.action == "rollback" and self._rollback_step is None:
             self._rollback_step = spike.step
