@@ -127,3 +127,22 @@ def test_a_spike_read_by_the_last_flush_rolls_back_too(tmp_path: Path) -> None:
     for name, tensor in t.model.state_dict().items():
         assert torch.equal(tensor, at_40[name]), name
     assert [e["step"] for e in sink.events("checkpoint")].count(MAX_STEPS) == 1
+
+
+def test_fp16_rolls_the_loss_scale_back_too(tmp_path: Path) -> None:
+    sink = ListSink()
+    fp16 = spec(
+        {"action": "rollback"},
+        max_steps=MAX_STEPS,
+        checkpoint={"every_steps": 20, "keep_last": 10},
+        precision="fp16",
+        loss_scale={"init_scale": 1.0, "growth_interval": 4},  # grows between 20 and 30
+    )
+    t = trainer(fp16, sink, RunContext(str(tmp_path), sink=sink), at=(SPIKE,))
+    assert t.train().final_step == MAX_STEPS
+    store = CheckpointStore(str(tmp_path), keep_last=10)
+    before, after = (store.load(store.path(checkpoint_name(s))) for s in (20, 30))
+    assert after["scaler"] == before["scaler"]
+    assert t.publisher.wait_delivered(30)
+    metrics = sink.metrics()
+    assert metrics[31]["loss_scale"] == before["scaler"]["scale"] != metrics[30]["loss_scale"]
