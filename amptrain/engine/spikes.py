@@ -22,7 +22,9 @@ withheld on the device (``found_inf``), the step recorded as skipped. ``rollback
 2. The next flush (at step ``f >= k``; every checkpoint flushes first, so none is written
    between ``k`` and ``f``) publishes the records up to ``f``, then raises
    :class:`RollbackRequested`; the first spike of that flush counts, later ones in it are
-   only warned about (their updates were withheld too).
+   only warned about (their updates were withheld too). The run's last flush comes before
+   its final evaluation and checkpoint: a spike it reads rolls back too, and the run ends
+   with the checkpoint's weights.
 3. The Trainer loads, in-process, the newest checkpoint at a step ``c <= k``: the model,
    the optimizer, the schedule (so the learning rate is the one after ``c``), fp16's scaler
    and this window. It keeps its step count ``f`` (no step is recorded twice in an attempt),
