@@ -93,6 +93,7 @@ class Trainer(Checkpointing):
                     break
                 except RollbackRequested as request:  # raised by any flush in it
                     roll_back(self, request.spike_step)
+                    self._evaluate_if_due(final=False)  # if due at this step and not yet run
         except BaseException as exc:
             if isinstance(exc, PrecisionFallbackError):
                 self._leave_fp16(exc)

@@ -9,13 +9,15 @@ from typing import Any
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from amptrain.contract.errors import DivergedError, PreemptedError
 from amptrain.contract.layout import checkpoint_name
 from amptrain.contract.records import ROLLBACK_EVENT
-from amptrain.engine import RunContext, Trainer
+from amptrain.engine import Components, RunContext, Trainer
 from amptrain.engine.checkpoint import CheckpointStore
-from tests.engine.test_spikes import spec, trainer, weights
+from tests.engine.test_amp import TinyData, TinyNet
+from tests.engine.test_spikes import SpikyData, spec, trainer, weights
 from tests.support.sinks import ListSink
 
 SPIKE = 25  # the step whose batch spikes; the flush of step 30 reads it
@@ -146,3 +148,31 @@ def test_fp16_rolls_the_loss_scale_back_too(tmp_path: Path) -> None:
     assert t.publisher.wait_delivered(30)
     metrics = sink.metrics()
     assert metrics[31]["loss_scale"] == before["scaler"]["scale"] != metrics[30]["loss_scale"]
+
+
+class SpikyWithHeldOut(SpikyData):
+    def held_out(self) -> TinyData:
+        return TinyData()
+
+
+def test_an_evaluation_due_at_the_rollback_step_evaluates_the_rolled_back_model(
+    tmp_path: Path,
+) -> None:
+    """Step 30's flush reads the spike before step 30's evaluation ran: it runs after the
+    rollback, on the model of step 20's checkpoint, so it equals step 20's evaluation."""
+    sink = ListSink()
+    torch.manual_seed(0)
+    parts = Components(TinyNet(), SpikyWithHeldOut((SPIKE,)), F.cross_entropy)
+    evaluated = spec(
+        {"action": "rollback"},
+        max_steps=MAX_STEPS,
+        checkpoint={"every_steps": 20, "keep_last": 10},
+        eval={"every_steps": 10, "batches": 2},
+    )
+    t = Trainer(evaluated, RunContext(str(tmp_path), sink=sink), parts)
+    t.train()
+    assert t.publisher.wait_delivered(30)
+    evals = [r for r in sink.items if r["kind"] == "eval"]
+    assert [e["step"] for e in evals] == [10, 20, 30, 40, 50, 60]
+    by_step = {e["step"]: e["values"] for e in evals}
+    assert by_step[30] == by_step[20] and by_step[40] != by_step[30]
