@@ -33,7 +33,8 @@ withheld on the device (``found_inf``), the step recorded as skipped. ``rollback
 4. A ``rollback`` event names ``k``, the checkpoint (``step-000000020.pt``: its name, never
    a path), ``c``, the skipped samples and the count; then a checkpoint of step ``f`` is
    written (with the count), so a run killed after the rollback resumes from there exactly
-   and never rolls back again for the same spike.
+   and never rolls back again for the same spike. An evaluation due at ``f`` and not yet
+   run then runs, on the rolled-back model.
 5. Without a checkpoint at or before ``k`` (or without a checkpoint directory) nothing is
    loaded: the spike was skipped, and the event says so (``name`` null). Past
    ``max_rollbacks`` rollbacks the job fails as ``diverged`` at step ``f``, naming ``k``.
