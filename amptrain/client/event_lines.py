@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from amptrain.contract.metrics import EVAL_METRICS, show
-from amptrain.contract.records import PRECISION_FALLBACK
+from amptrain.contract.records import PRECISION_FALLBACK, ROLLBACK_EVENT
 
 Event = dict[str, Any]
 CHECKPOINTS_SHOWN = 3
@@ -58,6 +58,7 @@ _DETAIL: dict[str, Callable[[dict[str, Any]], str]] = {
     "cancelled": _error,
     "warning": lambda d: str(d.get("message") or ""),
     PRECISION_FALLBACK: lambda d: f"{d.get('from')} -> {d.get('to')}, {d.get('message', '')}",
+    ROLLBACK_EVENT: lambda d: str(d.get("message") or ""),
     "queued": lambda d: f"on queue {d['queue']}" if d.get("queue") else "",
     "checkpoint": lambda d: "",
     "checkpoints": lambda d: str(d.get("message") or ""),

@@ -20,6 +20,13 @@ next attempt resumes from, 0: the start), ``checkpoint`` (its name, null: none),
 (the first non-finite gradient's parameter of the last skipped step, when known) and
 ``message``."""
 
+ROLLBACK_EVENT = "rollback"
+"""The event of a ``health.spike`` rollback (``action: rollback``), at the step the run went
+on from. Its data: ``spike_step``; ``name``, the checkpoint gone back to, and ``from_step``,
+its step (both null when there was none at or before the spike: the spike was only
+skipped); ``samples_from`` and ``samples_to``, the samples skipped (half-open); ``rollbacks``,
+the job's count so far; ``message``."""
+
 # Event types the engine emits itself; the worker adds lifecycle events
 # (queued, started, resumed, succeeded, failed, cancelled) with the same shape.
 ENGINE_EVENTS: tuple[str, ...] = (
@@ -28,6 +35,7 @@ ENGINE_EVENTS: tuple[str, ...] = (
     "precision",
     "micro_batch",
     PRECISION_FALLBACK,
+    ROLLBACK_EVENT,
 )
 
 SPIKE_WARNING = "loss_spike"

@@ -15,11 +15,8 @@ worker would train another spec than the one shown.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from amptrain.contract.metrics import EVAL_METRICS, SERIES_NAME_MAX
@@ -169,10 +166,21 @@ class SpikeSpec(_Strict):
     deviations."""
     warmup_steps: int = Field(default=20, ge=2, le=MAX_SPIKE_WINDOW)
     """No check until the window holds this many values (at most ``window``)."""
-    action: Literal["warn", "skip"] = "warn"
+    action: Literal["warn", "skip", "rollback"] = "warn"
     """``warn``: a ``loss_spike`` warning event. ``skip``: the spiking step's optimizer
     update is not applied (on the device, as an fp16 overflow step is skipped; it is recorded
-    as ``skipped`` and the schedule holds still), plus the warning."""
+    as ``skipped`` and the schedule holds still), plus the warning. ``rollback``: ``skip``,
+    then the run goes back to the newest checkpoint at or before the spike (not its step
+    count: the batches since are skipped); see the README. Needs ``checkpoint.every_steps``
+    below ``max_steps``."""
+    max_rollbacks: int = Field(default=3, ge=1, le=100)
+    """``rollback``: rollbacks a job may take; the spike after the last one fails the job as
+    ``diverged``, naming its step."""
+
+    @property
+    def withholds(self) -> bool:
+        """A spike's update is withheld on the device (``skip``, ``rollback``)."""
+        return self.action != "warn"
 
     @model_validator(mode="after")
     def _warmup_fits_window(self) -> SpikeSpec:
@@ -343,6 +351,12 @@ class JobSpec(_Strict):
                 f"({self.devices} x {self.grad_accum_steps} = {share}): every device takes an "
                 "equal share of micro-batches"
             )
+        every, spike = self.checkpoint.every_steps, self.health.spike
+        if spike is not None and spike.action == "rollback" and every >= self.max_steps:
+            raise ValueError(
+                f"health.spike.action rollback needs checkpoint.every_steps ({every}) below "
+                f"max_steps ({self.max_steps}): else no checkpoint precedes a spike"
+            )
         if self.devices > 1 and self.health.spike is not None:
             raise ValueError(
                 f"health.spike needs devices 1 (got devices {self.devices}): each process "
@@ -371,29 +385,3 @@ class JobSpec(_Strict):
 def parse_spec(data: dict[str, Any]) -> JobSpec:
     """Validate a JSON-like dict; raises ``pydantic.ValidationError`` naming each bad field."""
     return JobSpec.model_validate(data)
-
-
-SPEC_FILE_FORMATS = {".json": "JSON", ".yaml": "YAML", ".yml": "YAML"}
-"""How a spec file is read, by suffix (any case); other suffixes are refused."""
-
-
-def load_spec_file(path: str | Path) -> dict[str, Any]:
-    """The mapping in a spec file: JSON for ``.json``, YAML for ``.yaml``/``.yml``.
-
-    Raises ``ValueError`` naming the file for another suffix, text that does not
-    parse, or a document that is not a mapping (``OSError`` if it cannot be read).
-    """
-    path = Path(path)
-    kind = SPEC_FILE_FORMATS.get(path.suffix.lower())
-    if kind is None:
-        raise ValueError(
-            f"{path}: a spec file must end in {', '.join(SPEC_FILE_FORMATS)} (JSON or YAML)"
-        )
-    text = path.read_text()
-    try:
-        data = json.loads(text) if kind == "JSON" else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as exc:
-        raise ValueError(f"{path}: not valid {kind}: {exc}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: the spec must be a mapping (a JSON object)")
-    return data

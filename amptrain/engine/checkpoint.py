@@ -23,10 +23,11 @@ from fsspec.implementations.local import LocalFileSystem
 from amptrain.contract.errors import ResumeMismatchError
 from amptrain.contract.layout import checkpoint_name, checkpoint_step
 
-CHECKPOINT_FORMAT = 2
+CHECKPOINT_FORMAT = 3
 """What :meth:`~amptrain.engine.loop.Trainer.state_dict` writes and the only format
 :meth:`~amptrain.engine.loop.Trainer.load_state_dict` reads (another is refused as
-``resume_mismatch``). The schedule is ``{"applied_steps": n}``; ``world_size`` is the number
+``resume_mismatch``; 3: the spike window as running sums, and ``rollbacks``, the spike
+rollbacks taken). The schedule is ``{"applied_steps": n}``; ``world_size`` is the number
 of devices that wrote it; with more than one, ``rng_per_rank`` holds every rank's RNG
 states in rank order."""
 

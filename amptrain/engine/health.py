@@ -15,6 +15,7 @@ from typing import Any
 from amptrain.contract.errors import DivergedError, PrecisionFallbackError, TrainingError
 from amptrain.contract.records import OVERFLOW_WARNING, SPIKE_WARNING, event
 from amptrain.contract.spec import HealthSpec
+from amptrain.engine.spikes import RollbackRequested
 from amptrain.engine.step_records import Skip, Spike
 
 
@@ -33,6 +34,7 @@ class HealthMonitor:
         self._consecutive_nonfinite = 0
         self._low_scale_steps = 0
         self._low_scale_warned = False
+        self._rollback_step: int | None = None  # the first spike read, not yet handed out
         self._last_param: str | None = None
 
     @property
@@ -64,6 +66,12 @@ class HealthMonitor:
             if error is not None:
                 return events, error
         return events, None
+
+    def take_rollback(self) -> RollbackRequested | None:
+        """``action: rollback``: the rollback the spikes read so far ask for (the first of
+        them), handed out once; telemetry raises it after offering their records."""
+        step, self._rollback_step = self._rollback_step, None
+        return None if step is None else RollbackRequested(step)
 
     def _check_one(
         self, rec: dict[str, Any], events: list[dict[str, Any]], *, overflowed: bool = True
@@ -184,7 +192,13 @@ class HealthMonitor:
     def _spike_warning(self, rec: dict[str, Any], spike: Spike) -> dict[str, Any]:
         rule = self._spec.spike
         assert rule is not None  # spikes are only found with the check on
-        done = {"warn": "", "skip": "; its update was skipped"}
+        done = {
+            "warn": "",
+            "skip": "; its update was skipped",
+            "rollback": "; its update was skipped (action rollback: see the rollback event)",
+        }
+        if rule.action == "rollback" and self._rollback_step is None:
+            self._rollback_step = spike.step
         message = (
             f"{rule.metric} spike at step {spike.step}: {spike.value:.6g} is more than "
             f"{rule.z:g} standard deviations above the mean of the last {rule.window} steps "

@@ -33,13 +33,14 @@ class HostReads:
         self.count = 0
 
     def floats(self, values: Sequence[torch.Tensor]) -> list[float]:
-        """One transfer for all ``values`` (0-d tensors of one dtype): a sync on CUDA."""
+        """One transfer for all ``values`` (0-d tensors; mixed dtypes promoted, as
+        ``torch.stack`` does): a sync on CUDA."""
         self.count += 1
         return torch.stack(list(values)).tolist()
 
     def start(self, values: Sequence[torch.Tensor]) -> InFlight:
-        """One copy of all ``values`` (0-d CUDA tensors of one dtype) into pinned host memory,
-        queued behind the work that computes them: no wait. Read it once ``done``."""
+        """One copy of all ``values`` (0-d CUDA tensors, promoted to one dtype) into pinned
+        host memory, queued behind the work that computes them: no wait. Read it once ``done``."""
         self.count += 1
         stacked = torch.stack(list(values))
         host = torch.empty(stacked.shape, dtype=stacked.dtype, pin_memory=True)

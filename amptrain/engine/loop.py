@@ -32,6 +32,8 @@ from amptrain.engine.oom import is_out_of_memory, smaller_micro_batch
 from amptrain.engine.parts import DataOptions, build_parts
 from amptrain.engine.precision import resolve_device
 from amptrain.engine.resume import Checkpointing
+from amptrain.engine.rollback import roll_back
+from amptrain.engine.spikes import RollbackRequested
 
 
 class Trainer(Checkpointing):
@@ -74,6 +76,7 @@ class Trainer(Checkpointing):
         self.micro_batch = spec.micro_batch_size
         self.grad_accum = spec.grad_accum_steps
         self.resumed_from: int | None = None
+        self.rollbacks = 0  # health.spike rollbacks taken by the job (checkpointed)
         self._last_checkpoint_step: int | None = None
         self._healthy_step: int | None = None
 
@@ -84,16 +87,13 @@ class Trainer(Checkpointing):
         try:
             self.telemetry.event("precision", self.step, **self.precision.to_dict())
             self.resume()
-            while self.step < self.spec.max_steps:
-                self._poll_stop()
-                self.train_step()
-                self._evaluate_if_due(final=False)
-                if self.step % self.spec.checkpoint.every_steps == 0:
-                    self.save_checkpoint()
-            self._evaluate_if_due(final=True)
-            if self._last_checkpoint_step != self.step:
-                self.save_checkpoint()
-            self.telemetry.flush()
+            while True:
+                try:
+                    self._train_to_the_end()
+                    break
+                except RollbackRequested as request:  # raised by any flush in it
+                    roll_back(self, request.spike_step)
+                    self._evaluate_if_due(final=False)  # if due at this step and not yet run
         except BaseException as exc:
             if isinstance(exc, PrecisionFallbackError):
                 self._leave_fp16(exc)
@@ -154,6 +154,20 @@ class Trainer(Checkpointing):
         )
 
     # -- internals ----------------------------------------------------------------------------
+
+    def _train_to_the_end(self) -> None:
+        while self.step < self.spec.max_steps:
+            self._poll_stop()
+            self.train_step()
+            self._evaluate_if_due(final=False)
+            if self.step % self.spec.checkpoint.every_steps == 0:
+                self.save_checkpoint()
+        # The last steps' spikes are read (and any rollback done) before the final evaluation.
+        self.telemetry.flush()
+        self._evaluate_if_due(final=True)
+        if self._last_checkpoint_step != self.step:
+            self.save_checkpoint()
+        self.telemetry.flush()
 
     def _accumulate(self) -> torch.Tensor:
         """All micro-batches of the step; returns the mean loss (device tensor)."""

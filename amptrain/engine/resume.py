@@ -57,6 +57,7 @@ class Checkpointing:
     micro_batch: int
     grad_accum: int
     resumed_from: int | None
+    rollbacks: int
     _last_checkpoint_step: int | None
     _healthy_step: int | None
     """The newest healthy checkpoint this run wrote or resumed from (pruning keeps it)."""
@@ -84,6 +85,7 @@ class Checkpointing:
             "scaler": scaler.state_dict() if scaler is not None else None,
             # health.spike's window: a resumed run judges the next step as the first did.
             "spike": self.amp.spike.state_dict() if self.amp.spike is not None else None,
+            "rollbacks": self.rollbacks,  # health.spike.max_rollbacks bounds the job, not an attempt
             "rng": rngs[0],
             "world_size": self.group.world_size,
             "attempt": self.ctx.attempt,
@@ -96,6 +98,18 @@ class Checkpointing:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a :meth:`state_dict`; the run then continues exactly where it was."""
         check_resumable(state, self.group.world_size)
+        self.load_training_state(state)
+        self.step = int(state["step"])
+        self.rollbacks = int(state["rollbacks"])
+        self.micro_batch = int(state["micro_batch"])
+        self.grad_accum = int(state["grad_accum_steps"])
+        rng = state["rng_per_rank"][self.group.rank] if self.group.parallel else state["rng"]
+        restore_rng(rng, self._rank_cuda)
+
+    def load_training_state(self, state: dict[str, Any]) -> None:
+        """What a spike rollback takes from a checkpoint (see :mod:`~amptrain.engine.
+        rollback`): the model, optimizer, schedule, loss scale and spike window; not the step,
+        the data position, the micro-batch or the RNG states."""
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         _keep_build_options(self.optimizer)
@@ -104,11 +118,6 @@ class Checkpointing:
             self.amp.scaler.load_state_dict(state["scaler"])
         if self.amp.spike is not None and state.get("spike"):
             self.amp.spike.load_state_dict(state["spike"])
-        self.step = int(state["step"])
-        self.micro_batch = int(state["micro_batch"])
-        self.grad_accum = int(state["grad_accum_steps"])
-        rng = state["rng_per_rank"][self.group.rank] if self.group.parallel else state["rng"]
-        restore_rng(rng, self._rank_cuda)
 
     def save_checkpoint(self) -> str | None:
         """Write a checkpoint of the current step (if this run has a checkpoint dir)."""

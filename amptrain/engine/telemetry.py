@@ -224,16 +224,16 @@ class StepTelemetry:
             batch.append(dropped_warning(step, dropped))
             self._dropped_reported = dropped
         self._publisher.offer(batch)
-        if error is not None:
-            raise error
+        stop = error or self._health.take_rollback()  # diverged first: nothing to roll back
+        if stop is not None:
+            raise stop
 
     def close(self, timeout: float) -> None:
         """Deliver what is queued (up to ``timeout`` s); report drops in a final warning."""
         self._publisher.close(timeout, notice=self._drop_notice)
 
     def _drop_notice(self, dropped: int) -> list[dict[str, Any]]:
-        step = (self.last_record or {}).get("step", 0)
-        return [dropped_warning(step, dropped)]
+        return [dropped_warning((self.last_record or {}).get("step", 0), dropped)]
 
     def _build_records(
         self,

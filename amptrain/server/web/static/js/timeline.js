@@ -39,6 +39,7 @@ export function describe(ev) {
     case "resumed": return `Resumed from the checkpoint at step ${d.from_step ?? ev.step}`;
     case "checkpoint": return `Checkpoint saved at step ${ev.step}`;
     case "warning": return `Warning at step ${ev.step}: ${d.message || d.code}`;
+    case "rollback": return `Rollback at step ${ev.step}: ${d.message || `loss spike at step ${d.spike_step}`}`;
     case "micro_batch": return `Micro-batch changed at step ${ev.step}${d.micro_batch ? ` to ${d.micro_batch}` : ""}${d.memory ? ` (${fmtBytes(d.memory)})` : ""}`;
     case "requeued": return `Attempt ${ev.attempt} stopped and the job was re-queued${d.error ? `: it ${errorWords(d.error)}` : ""}`;
     case "succeeded": return `Succeeded at step ${ev.step}`;
