@@ -14,10 +14,12 @@ import functools
 import json
 import sys
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
 import click
+from rich import box
 from rich.console import Console
 from rich.progress import (
     BarColumn,
@@ -178,6 +180,9 @@ async def _follow(
 
 
 UNCUT_WIDTH = 10_000
+ID_SHOWN = 12
+"""At a narrow terminal ``amptrain jobs`` shows at least this much of each id (``j_`` and
+nine hex digits, then …): enough to be a unique prefix to type back."""
 """Output width when it is not a terminal: a table takes only what its cells need."""
 
 NAME_WIDTH = 16
@@ -238,7 +243,12 @@ def jobs(status: str | None, limit: int, as_json: bool, url: str | None, token: 
     # narrow table may shorten them; any unique prefix is accepted back.
     if not out.is_terminal:
         out = Console(width=UNCUT_WIDTH)
-    table = Table("id", "name", "status", "step", "precision", "loss", "created")
+    # No vertical rules: at 80 columns their 22 characters are what the id and time need.
+    table = Table(
+        "id", "name", "status", "step", "precision", "loss", "age", box=box.SIMPLE, pad_edge=False
+    )
+    # The id keeps enough to be a unique prefix; the name gives way first.
+    table.columns[0].min_width = ID_SHOWN
     for j in items:
         table.add_row(
             j["id"],
@@ -247,9 +257,20 @@ def jobs(status: str | None, limit: int, as_json: bool, url: str | None, token: 
             f"{j['step']}/{j['max_steps']}",
             j["precision"]["effective"] or j["precision"]["requested"] or "",
             _num(j["summary"]["loss"]),
-            j["created_at"][:19],
+            _age(j["created_at"]),
         )
     out.print(table)
+
+
+def _age(created_at: str) -> str:
+    """How long ago (``42s``, ``5m``, ``3h``, ``2d``): four characters at most, where a
+    timestamp took nineteen of an 80-column table (``--json`` keeps the timestamp)."""
+    then = datetime.fromisoformat(created_at)
+    seconds = max(0, int((datetime.now(then.tzinfo or UTC) - then).total_seconds()))
+    for unit, size in (("d", 86_400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
 
 
 @click.command()

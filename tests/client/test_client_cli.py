@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -20,6 +21,7 @@ from amptrain.client.http import Client, ClientConfig, resolve_config
 from tests.support.producer import Producer
 from tests.support.specs import service_job
 from tests.support.stack import Stack, wait_until
+from tests.support.terminal import at_terminal
 
 pytestmark = pytest.mark.slow
 
@@ -164,3 +166,20 @@ def test_url_and_token_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("AMPTRAIN_TOKEN", "from-env")
     assert resolve_config() == ClientConfig("http://box:9000", "from-env")
     assert resolve_config("http://flag:1", "flag") == ClientConfig("http://flag:1", "flag")
+
+
+def test_jobs_at_an_80_column_terminal_fit_and_show_a_prefix_to_type_back(
+    api_stack: Stack,
+) -> None:
+    job = api_stack.submit(service_job(max_steps=5, name="a-job-with-a-long-name"))
+    env = {**api_stack.env, "AMPTRAIN_URL": f"http://127.0.0.1:{api_stack.port}"}
+    env["AMPTRAIN_TOKEN"] = api_stack.token
+    shown = at_terminal([sys.executable, "-m", "amptrain.cli.main", "jobs"], env, columns=80)
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line) for line in shown.splitlines() if line.strip()]
+    assert all(len(line) <= 80 for line in lines), lines
+    (row,) = [line for line in lines if job["id"][:12] in line]
+    assert "queued" in row and "0/5" in row and re.search(r"\b\d+[smhd]\b", row), row
+    prefix = row.split()[0].rstrip("…")
+    assert len(prefix) >= 12 and job["id"].startswith(prefix)
+    logs = amptrain(api_stack, "logs", prefix)  # what it shows can be typed back
+    assert logs.returncode == 0 and "queued" in logs.stdout, logs.stderr
