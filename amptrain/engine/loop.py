@@ -25,6 +25,7 @@ from amptrain.contract.errors import CancelledError, PreemptedError
 from amptrain.contract.spec import JobSpec
 from amptrain.engine.context import Components, RunContext, TrainResult
 from amptrain.engine.distributed import Group, check_launch, rank_device
+from amptrain.engine.layer_norms import LayerNorms
 from amptrain.engine.memory import format_bytes, release_cached, snapshot
 from amptrain.engine.oom import is_out_of_memory, smaller_micro_batch
 from amptrain.engine.parts import DataOptions, build_parts
@@ -67,6 +68,7 @@ class Trainer(Checkpointing):
         self.optimizer, self.schedule, self.store = parts.optimizer, parts.schedule, parts.store
         self.publisher, self.telemetry = parts.publisher, parts.telemetry
         self.evaluator = parts.evaluator
+        self.layer_norms = LayerNorms(spec.telemetry.layer_grad_norms_every)
         self._peeked = parts.resume_peek
         self.step = 0
         self.micro_batch = spec.micro_batch_size
@@ -146,6 +148,7 @@ class Trainer(Checkpointing):
             started=started,
             overflow=applied.overflow,
             spike=applied.spike,
+            layers=self.layer_norms.due(self.step, applied.norms),
         )
 
     # -- internals ----------------------------------------------------------------------------
