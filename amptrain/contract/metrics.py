@@ -271,7 +271,9 @@ def check_series_name(name: str) -> str:
     return name
 
 
-VALUE_KINDS = ("eval", "layer_grad_norm")
+EVAL_KIND = "eval"
+LAYER_NORM_KIND = "layer_grad_norm"
+VALUE_KINDS = (EVAL_KIND, LAYER_NORM_KIND)
 """The kinds of named series stored one value a row (``metric_values.kind``), each also the
 ``kind`` of the record that carries them: ``eval``, one evaluation's metrics
 (:func:`~amptrain.contract.records.evaluation`); ``layer_grad_norm``, one step's per-layer

@@ -12,7 +12,13 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from amptrain.contract.layers import check_layer_path
-from amptrain.contract.metrics import METRIC_FIELDS, PARALLEL_METRIC_FIELDS, check_series_name
+from amptrain.contract.metrics import (
+    EVAL_KIND,
+    LAYER_NORM_KIND,
+    METRIC_FIELDS,
+    PARALLEL_METRIC_FIELDS,
+    check_series_name,
+)
 
 # Event types the engine emits itself; the worker adds lifecycle events
 # (queued, started, resumed, succeeded, failed, cancelled) with the same shape.
@@ -49,7 +55,7 @@ def evaluation(step: int, time: float, values: dict[str, float | None]) -> dict[
     ``time``. Names follow :func:`~amptrain.contract.metrics.check_series_name`."""
     for name in values:
         check_series_name(name)
-    return {"kind": "eval", "step": step, "time": time, "values": dict(values)}
+    return {"kind": EVAL_KIND, "step": step, "time": time, "values": dict(values)}
 
 
 def layer_norms(step: int, time: float, values: dict[str, float | None]) -> dict[str, Any]:
@@ -59,7 +65,7 @@ def layer_norms(step: int, time: float, values: dict[str, float | None]) -> dict
     :func:`~amptrain.contract.metrics.check_layer_path`."""
     for name in values:
         check_layer_path(name)
-    return {"kind": "layer_grad_norm", "step": step, "time": time, "values": dict(values)}
+    return {"kind": LAYER_NORM_KIND, "step": step, "time": time, "values": dict(values)}
 
 
 def event(type: str, step: int, time: float, **data: Any) -> dict[str, Any]:
