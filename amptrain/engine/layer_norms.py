@@ -66,8 +66,11 @@ class LayerNorms:
             paths = layer_paths(params.names)
             names = tuple(dict.fromkeys(p for p in paths if p))
             position = {name: i for i, name in enumerate(names)}
-            index = [position.get(p, len(names)) for p in paths]
-            grouping = _Grouping(torch.tensor(index, device=params.norms.device), names)
+            index = torch.tensor([position.get(p, len(names)) for p in paths])
+            device = params.norms.device
+            if device.type == "cuda":  # from pinned memory: a copy the host does not wait for
+                index = index.pin_memory().to(device, non_blocking=True)
+            grouping = _Grouping(index.to(device), names)
             self._groupings[params.names] = grouping
         return grouping
 

@@ -5,6 +5,7 @@ record and no work; on, no host read between flushes and still one read per flus
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 import pytest
@@ -13,7 +14,12 @@ import torch
 from amptrain.contract.layers import LAYER_NORMS_MAX, ROOT_LAYER, layer_line, layer_paths
 from amptrain.contract.spec import parse_spec
 from amptrain.engine import RunContext, Trainer
+from amptrain.engine.health import HealthMonitor
+from amptrain.engine.layer_norms import LayerValues
+from amptrain.engine.publisher import Publisher
+from amptrain.engine.telemetry import StepTelemetry
 from tests.engine.test_host_reads import host_reads
+from tests.engine.test_telemetry import OneWindowBehind
 from tests.support.sinks import ListSink
 
 
@@ -133,3 +139,38 @@ def test_the_command_lines_print_a_due_steps_extremes() -> None:
     line = layer_line(30, {"net.1": 0.012, "net.4": 0.8, "net.8": None})
     assert line == "layer grad norms step 30 · 3 layers · max net.4 0.8 · min net.1 0.012"
     assert layer_line(2, {"net.1": None}).endswith("n/a")
+
+
+def test_a_window_read_later_carries_its_layer_norms_in_its_one_copy() -> None:
+    """The CUDA path (a due flush queues one copy and publishes it a flush later), here
+    with a host that finishes each copy by the next: the layer norms travel in it."""
+    spec_ = spec(2)
+    sink = ListSink()
+    publisher = Publisher(sink, spec_.telemetry.queue_size)
+    telemetry = StepTelemetry(
+        spec_.telemetry,
+        torch.device("cpu"),
+        HealthMonitor(spec_.health, "fp32"),
+        publisher,
+        with_scaler=False,
+        read_later=True,
+    )
+    reads = telemetry.host = OneWindowBehind()
+    for step in range(1, 11):
+        value = torch.tensor(float(step))
+        due = LayerValues(torch.tensor([step, 2.0 * step]), ("a.b", "c")) if step % 2 == 0 else None
+        telemetry.record(
+            step,
+            {"loss": value, "grad_norm": value, "lr": value / 100},
+            samples=16,
+            started=time.perf_counter(),
+            layers=due,
+        )
+    telemetry.flush()
+    assert publisher.wait_delivered(30)
+    assert reads.count == 4  # the first read, two queued copies and the explicit flush
+    assert [(r["step"], r["values"]) for r in layer_records(sink)] == [
+        (s, {"a.b": float(s), "c": 2.0 * s}) for s in range(2, 11, 2)
+    ]
+    assert [r["step"] for r in sink.items if r["kind"] == "metric"] == list(range(1, 11))
+    publisher.close(5)
