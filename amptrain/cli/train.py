@@ -104,7 +104,8 @@ class ConsoleSink:
             elif item["kind"] == "eval":
                 self.console.print(eval_line(item), markup=False)
             elif item["kind"] == "layer_grad_norm":
-                self.console.print(layer_line(item["step"], item["values"]), markup=False)
+                line = layer_line(item["step"], item["values"], self.console.width)
+                self.console.print(line, markup=False)
             else:
                 self.last_metric = self.view.add(item)
         self.out.flush()

@@ -165,7 +165,7 @@ async def _follow(
                 if not as_json:
                     progress.console.print(eval_line(msg["data"], progress.console.width))
             elif msg["type"] == "layer_grad_norm" and not as_json:
-                progress.console.print(layer_norms_line(msg["data"]))
+                progress.console.print(layer_norms_line(msg["data"], progress.console.width))
             elif msg["type"] == "event" and not as_json:
                 progress.console.print(event_line(msg["data"], progress.console.width))
             elif msg["type"] == "end":

@@ -105,10 +105,10 @@ def eval_line(data: dict[str, Any], width: int | None = None) -> str:
     return _escape(" · ".join(parts))
 
 
-def layer_norms_line(data: dict[str, Any]) -> str:
-    """A ``layer_grad_norm`` message as one line (its extremes: see
+def layer_norms_line(data: dict[str, Any], width: int | None = None) -> str:
+    """A ``layer_grad_norm`` message as one line within ``width`` (its extremes: see
     :func:`~amptrain.contract.layers.layer_line`)."""
-    return _escape(layer_line(data.get("step") or 0, data.get("values") or {}))
+    return _escape(layer_line(data.get("step") or 0, data.get("values") or {}, width))
 
 
 def eval_headline(values: dict[str, Any]) -> str | None:

@@ -56,13 +56,17 @@ def layer_paths(params: list[str] | tuple[str, ...]) -> list[str]:
     return [p if p in kept else "" for p in paths]
 
 
-def layer_line(step: int, values: dict[str, float | None]) -> str:
+def layer_line(step: int, values: dict[str, float | None], width: int | None = None) -> str:
     """``layer grad norms step 30 · 6 layers · max net.4 0.8 · min net.1 0.012``: the
     extremes only (a model may have :data:`LAYER_NORMS_MAX` layers); ``n/a`` when no norm
-    was finite (an overflowing fp16 step)."""
+    was finite (an overflowing fp16 step). The minimum, then the maximum, are left out
+    until the line fits ``width`` characters."""
     finite = [(v, n) for n, v in values.items() if v is not None and math.isfinite(v)]
     parts = [f"layer grad norms step {step}", f"{len(values)} layers"]
     if not finite:
         return " · ".join([*parts, "n/a"])
     (low, low_name), (high, high_name) = min(finite), max(finite)
-    return " · ".join([*parts, f"max {high_name} {high:.4g}", f"min {low_name} {low:.4g}"])
+    parts += [f"max {high_name} {high:.4g}", f"min {low_name} {low:.4g}"]
+    while width is not None and len(parts) > 2 and len(" · ".join(parts)) > width:
+        parts.pop()
+    return " · ".join(parts)
