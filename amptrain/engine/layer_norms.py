@@ -6,7 +6,7 @@ apply`): one ``index_add_`` of the squared norms by a layer index built once, th
 ``sqrt``. No host read: the vector rides with the step's other device values to the next
 flush's one read (:class:`~amptrain.engine.telemetry.StepTelemetry`). On the other steps,
 and when the option is off, nothing runs. Layers are named by
-:func:`~amptrain.contract.metrics.layer_paths`.
+:func:`~amptrain.contract.layers.layer_paths`.
 """
 
 from __future__ import annotations

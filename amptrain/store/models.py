@@ -182,9 +182,10 @@ class MetricValue(Base):
 
     __tablename__ = "metric_values"
     __table_args__ = (
-        sa.UniqueConstraint("job_id", "attempt", "step", "kind", "name"),
+        # Also the index of the series reads: per kind and name in step order, and (attempt
+        # last) the "no newer attempt re-recorded this value" lookup of the effective series.
+        sa.UniqueConstraint("job_id", "kind", "name", "step", "attempt"),
         sa.Index(None, "job_id", "stream_ms", "stream_seq"),
-        sa.Index(None, "job_id", "kind", "name", "step"),
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)

@@ -1,6 +1,10 @@
 """``metric_values.kind``: the table holds two kinds of named series, ``eval`` (every row
 so far) and ``layer_grad_norm`` (per-layer gradient norms, named by module path, so the
-name widens to 128 characters); the unique key and the name index include the kind.
+name widens to 128 characters). The unique key includes the kind and is ordered (job, kind,
+name, step, attempt) so that it is also the reads' index: the series of one kind and name
+in step order, and the effective series' lookup of a newer attempt (with attempt second,
+SQLite answered that lookup by scanning every later attempt's row: 17 s for 12,000 layer
+norms). It replaces the (job, name, step) index.
 
 Revision ID: 0009
 Revises: 0008
@@ -31,21 +35,17 @@ def upgrade() -> None:
         )
         batch.drop_constraint("uq_metric_values_job_id_attempt_step_name", type_="unique")
         batch.create_unique_constraint(
-            "uq_metric_values_job_id_attempt_step_kind_name",
-            ["job_id", "attempt", "step", "kind", "name"],
+            "uq_metric_values_job_id_kind_name_step_attempt",
+            ["job_id", "kind", "name", "step", "attempt"],
         )
         batch.drop_index("ix_metric_values_job_id_name_step")
-        batch.create_index(
-            "ix_metric_values_job_id_kind_name_step", ["job_id", "kind", "name", "step"]
-        )
 
 
 def downgrade() -> None:
     op.execute("DELETE FROM metric_values WHERE kind <> 'eval'")
     with op.batch_alter_table("metric_values") as batch:
-        batch.drop_index("ix_metric_values_job_id_kind_name_step")
         batch.create_index("ix_metric_values_job_id_name_step", ["job_id", "name", "step"])
-        batch.drop_constraint("uq_metric_values_job_id_attempt_step_kind_name", type_="unique")
+        batch.drop_constraint("uq_metric_values_job_id_kind_name_step_attempt", type_="unique")
         batch.create_unique_constraint(
             "uq_metric_values_job_id_attempt_step_name", ["job_id", "attempt", "step", "name"]
         )

@@ -62,14 +62,22 @@ def eval_page(
 def effective_value(v: Any) -> sa.ColumnElement[bool]:
     """True for the value of ``v`` (MetricValue or an alias) that no newer attempt has
     re-evaluated: per step and name, the newest attempt's."""
+    # The newest attempt per (job, kind, name, step) as a correlated scalar subquery: one
+    # lookup in the unique index per row. As NOT EXISTS (no newer attempt), PostgreSQL
+    # without fresh statistics planned a nested anti-join scanning the whole series per row
+    # (120 s for 12,000 layer norms).
     newer = aliased(MetricValue)
-    return ~sa.exists().where(
-        newer.job_id == v.job_id,
-        newer.kind == v.kind,
-        newer.name == v.name,
-        newer.step == v.step,
-        newer.attempt > v.attempt,
+    newest = (
+        sa.select(sa.func.max(newer.attempt))
+        .where(
+            newer.job_id == v.job_id,
+            newer.kind == v.kind,
+            newer.name == v.name,
+            newer.step == v.step,
+        )
+        .scalar_subquery()
     )
+    return v.attempt == newest
 
 
 def eval_items(rows: Iterable[Sequence[Any]]) -> list[dict[str, Any]]:
