@@ -48,7 +48,9 @@ from amptrain.contract.errors import TrainingError
 from amptrain.contract.layers import layer_line
 from amptrain.contract.metrics import progress_line
 from amptrain.contract.progress import ProgressView
-from amptrain.contract.spec import ComponentRef, JobSpec, load_spec_file, parse_spec
+from amptrain.contract.records import ROLLBACK_EVENT
+from amptrain.contract.spec import ComponentRef, JobSpec, parse_spec
+from amptrain.contract.spec_file import load_spec_file
 
 EXIT_FAILED = 1
 EXIT_INVALID = 2
@@ -127,6 +129,10 @@ class ConsoleSink:
             )
         elif item["type"] == "resumed":
             self.console.print(f"resumed from step {data.get('from_step', item['step'])}")
+        elif item["type"] == ROLLBACK_EVENT:
+            self.console.print(
+                f"[yellow]rollback[/] step {item['step']}: {escape(str(data.get('message', data)))}"
+            )
         elif item["type"] == "micro_batch":
             self.console.print(f"[yellow]micro-batch halved[/]: {escape(str(data))}")
 

@@ -40,7 +40,7 @@ from amptrain.client.event_lines import (
 from amptrain.client.http import ApiError, Client, resolve_config
 from amptrain.contract.metrics import progress_line
 from amptrain.contract.progress import ProgressView
-from amptrain.contract.spec import load_spec_file
+from amptrain.contract.spec_file import load_spec_file
 
 F = TypeVar("F", bound=Callable[..., Any])
 console = Console(stderr=True)

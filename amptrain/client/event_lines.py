@@ -12,6 +12,7 @@ from typing import Any
 
 from amptrain.contract.layers import layer_line
 from amptrain.contract.metrics import EVAL_METRICS, show
+from amptrain.contract.records import PRECISION_FALLBACK, ROLLBACK_EVENT
 
 Event = dict[str, Any]
 CHECKPOINTS_SHOWN = 3
@@ -57,6 +58,8 @@ _DETAIL: dict[str, Callable[[dict[str, Any]], str]] = {
     "requeued": _error,
     "cancelled": _error,
     "warning": lambda d: str(d.get("message") or ""),
+    PRECISION_FALLBACK: lambda d: f"{d.get('from')} -> {d.get('to')}, {d.get('message', '')}",
+    ROLLBACK_EVENT: lambda d: str(d.get("message") or ""),
     "queued": lambda d: f"on queue {d['queue']}" if d.get("queue") else "",
     "checkpoint": lambda d: "",
     "checkpoints": lambda d: str(d.get("message") or ""),

@@ -73,8 +73,10 @@ def build_synthetic_classification(
     classes: int = 10,
     num_samples: int = 8192,
     data_seed: int = 0,
+    feature_scale: float = 1.0,
 ) -> PoolDataset:
-    """Gaussian vectors labelled by a fixed random teacher: ``argmax(tanh(x W1) W2)``."""
+    """Gaussian vectors labelled by a fixed random teacher: ``argmax(tanh(x W1) W2)``, the
+    vectors then multiplied by ``feature_scale``."""
     g = generator(data_seed, 0xC1A5)
     hidden = 2 * features
     w1 = torch.randn(features, hidden, generator=g) / features**0.5
@@ -85,6 +87,7 @@ def build_synthetic_classification(
     held_x = torch.randn(held_out_size(num_samples), features, generator=g)
     held_y = (torch.tanh(held_x @ w1) @ w2).argmax(dim=1)
     info = DataInfo("classification", (features,), classes)
+    x, held_x = x * feature_scale, held_x * feature_scale
     return PoolDataset(info, x, y, seed, HeldOutPool(info, held_x, held_y))
 
 

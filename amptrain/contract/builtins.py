@@ -107,6 +107,14 @@ BUILTIN_DATASETS: tuple[Registration, ...] = (
         _CLASSES,
         _pool(8192, "Samples"),
         _DATA_SEED,
+        Arg(
+            "feature_scale",
+            1.0,
+            "Multiplies every feature (the labels stay the same): 1e6 exceeds fp16's range "
+            "(65504) but not bf16's or fp32's, to see health.fallback at work.",
+            minimum=1e-6,
+            maximum=1e30,
+        ),
         provides="vectors",
         footprint=sizing.classification_footprint,
     ),

@@ -97,7 +97,7 @@ CHARTS: tuple[Chart, ...] = (
         marks=True,
         empty="No loss scale: only fp16 scales the loss.",
     ),
-    Chart("grad_norm", "Grad norm", log="toggle", smooth=True),
+    Chart("grad_norm", "Grad norm", log="toggle", smooth=True, marks=True),
     Chart("lr", "Learning rate", log="toggle"),
     Chart("memory", "Memory"),
     Chart("throughput", "Samples/s", smooth=True),

@@ -23,6 +23,13 @@ from typing import Any, TypeGuard
 
 STEADY_WINDOW = 100
 """Steps the steady-state samples/s is measured over."""
+STEADY_RATE_DOC = (
+    "Steady-state throughput: the samples of the attempt's last "
+    f"{STEADY_WINDOW} recorded steps over their summed step times (samples_per_second x "
+    "step_time_ms per step), so slow and fast steps weigh by the time they took; the same "
+    "figure the command lines show."
+)
+"""What ``summary.samples_per_second`` is, everywhere a job's throughput is shown."""
 LOSS_SMOOTHING = 0.9
 """Weight of the previous average in the loss's exponential moving average."""
 

@@ -20,9 +20,31 @@ from amptrain.contract.metrics import (
     check_series_name,
 )
 
+PRECISION_FALLBACK = "precision_fallback"
+"""The event of an attempt that fp16 left (``health.fallback``). Its data: ``trigger``
+(``loss_scale_floor``, ``consecutive_skips`` or ``nonfinite_loss``), ``trigger_step``,
+``from`` and ``to`` (precisions), ``resume_from`` (the step of the healthy checkpoint the
+next attempt resumes from, 0: the start), ``checkpoint`` (its name, null: none), ``param``
+(the first non-finite gradient's parameter of the last skipped step, when known) and
+``message``."""
+
+ROLLBACK_EVENT = "rollback"
+"""The event of a ``health.spike`` rollback (``action: rollback``), at the step the run went
+on from. Its data: ``spike_step``; ``name``, the checkpoint gone back to, and ``from_step``,
+its step (both null when there was none at or before the spike: the spike was only
+skipped); ``samples_from`` and ``samples_to``, the samples skipped (half-open); ``rollbacks``,
+the job's count so far; ``message``."""
+
 # Event types the engine emits itself; the worker adds lifecycle events
 # (queued, started, resumed, succeeded, failed, cancelled) with the same shape.
-ENGINE_EVENTS: tuple[str, ...] = ("checkpoint", "warning", "precision", "micro_batch")
+ENGINE_EVENTS: tuple[str, ...] = (
+    "checkpoint",
+    "warning",
+    "precision",
+    "micro_batch",
+    PRECISION_FALLBACK,
+    ROLLBACK_EVENT,
+)
 
 SPIKE_WARNING = "loss_spike"
 """The ``code`` of the ``warning`` event of each step the spike check flagged

@@ -15,17 +15,15 @@ worker would train another spec than the one shown.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from amptrain.contract.metrics import EVAL_METRICS, SERIES_NAME_MAX
 from amptrain.contract.text import check_text, control_character, finite, quote
 
 Precision = Literal["auto", "fp32", "tf32", "fp16", "bf16"]
+Fallback = Literal["none", "auto", "bf16", "fp32"]
 DeviceKind = Literal["auto", "cpu", "cuda"]
 
 MAX_STEPS = 10_000_000
@@ -176,10 +174,21 @@ class SpikeSpec(_Strict):
     deviations."""
     warmup_steps: int = Field(default=20, ge=2, le=MAX_SPIKE_WINDOW)
     """No check until the window holds this many values (at most ``window``)."""
-    action: Literal["warn", "skip"] = "warn"
+    action: Literal["warn", "skip", "rollback"] = "warn"
     """``warn``: a ``loss_spike`` warning event. ``skip``: the spiking step's optimizer
     update is not applied (on the device, as an fp16 overflow step is skipped; it is recorded
-    as ``skipped`` and the schedule holds still), plus the warning."""
+    as ``skipped`` and the schedule holds still), plus the warning. ``rollback``: ``skip``,
+    then the run goes back to the newest checkpoint at or before the spike (not its step
+    count: the batches since are skipped); see the README. Needs ``checkpoint.every_steps``
+    below ``max_steps``."""
+    max_rollbacks: int = Field(default=3, ge=1, le=100)
+    """``rollback``: rollbacks a job may take; the spike after the last one fails the job as
+    ``diverged``, naming its step."""
+
+    @property
+    def withholds(self) -> bool:
+        """A spike's update is withheld on the device (``skip``, ``rollback``)."""
+        return self.action != "warn"
 
     @model_validator(mode="after")
     def _warmup_fits_window(self) -> SpikeSpec:
@@ -202,9 +211,22 @@ class HealthSpec(_Strict):
     warn_consecutive_skips: int = Field(default=5, ge=1, le=MAX_STEPS)
     """Warn when this many consecutive optimizer steps were skipped for inf/NaN gradients."""
     diverge_nonfinite_steps: int = Field(default=3, ge=1, le=MAX_STEPS)
-    """bf16/fp32: stop as diverged after this many consecutive steps with a non-finite loss."""
+    """Stop as diverged after this many consecutive steps with a non-finite loss (fp16: only
+    as a ``fallback`` trigger; without one, fp16 fails on the loss scale instead)."""
     diverge_loss_scale_floor: float = Field(default=2.0**-14, gt=0, le=2.0**32)
-    """fp16: stop as diverged when the loss scale falls below this floor."""
+    """fp16: unhealthy (``fallback``, or the job fails) when the loss scale stays below this
+    floor for ``loss_scale_floor_steps`` consecutive steps."""
+    loss_scale_floor_steps: int = Field(default=1, ge=1, le=MAX_STEPS)
+    """fp16: see ``diverge_loss_scale_floor``."""
+    max_consecutive_skips: int | None = Field(default=None, ge=1, le=MAX_STEPS)
+    """fp16: unhealthy after more than this many consecutive steps skipped for inf/NaN
+    gradients; null: no such trigger."""
+    fallback: Fallback | None = None
+    """What an unhealthy fp16 run does: ``none`` fails naming the step; ``bf16``, ``fp32``
+    or ``auto`` (bf16 where the device has it, else fp32) ends the attempt, and the job
+    resumes in that precision from its newest checkpoint written while healthy (from the
+    start without one), not counted as a failed attempt. Null: ``auto`` when
+    ``precision: auto`` chose fp16, ``none`` for an explicit fp16."""
 
 
 def _known_eval_metrics(names: list[str] | None) -> list[str] | None:
@@ -337,11 +359,22 @@ class JobSpec(_Strict):
                 f"({self.devices} x {self.grad_accum_steps} = {share}): every device takes an "
                 "equal share of micro-batches"
             )
+        every, spike = self.checkpoint.every_steps, self.health.spike
+        if spike is not None and spike.action == "rollback" and every >= self.max_steps:
+            raise ValueError(
+                f"health.spike.action rollback needs checkpoint.every_steps ({every}) below "
+                f"max_steps ({self.max_steps}): else no checkpoint precedes a spike"
+            )
         if self.devices > 1 and self.health.spike is not None:
             raise ValueError(
                 f"health.spike needs devices 1 (got devices {self.devices}): each process "
                 "sees its own share's loss, and agreeing on a spike before the optimizer "
                 "step would cost a collective every step"
+            )
+        if self.health.fallback not in (None, "none") and self.precision not in ("fp16", "auto"):
+            raise ValueError(
+                f"health.fallback {self.health.fallback!r} needs precision fp16 or auto (got "
+                f"{self.precision!r}): a fallback only ever leaves fp16"
             )
         if self.devices > 1 and self.auto_micro_batch:
             raise ValueError(
@@ -360,29 +393,3 @@ class JobSpec(_Strict):
 def parse_spec(data: dict[str, Any]) -> JobSpec:
     """Validate a JSON-like dict; raises ``pydantic.ValidationError`` naming each bad field."""
     return JobSpec.model_validate(data)
-
-
-SPEC_FILE_FORMATS = {".json": "JSON", ".yaml": "YAML", ".yml": "YAML"}
-"""How a spec file is read, by suffix (any case); other suffixes are refused."""
-
-
-def load_spec_file(path: str | Path) -> dict[str, Any]:
-    """The mapping in a spec file: JSON for ``.json``, YAML for ``.yaml``/``.yml``.
-
-    Raises ``ValueError`` naming the file for another suffix, text that does not
-    parse, or a document that is not a mapping (``OSError`` if it cannot be read).
-    """
-    path = Path(path)
-    kind = SPEC_FILE_FORMATS.get(path.suffix.lower())
-    if kind is None:
-        raise ValueError(
-            f"{path}: a spec file must end in {', '.join(SPEC_FILE_FORMATS)} (JSON or YAML)"
-        )
-    text = path.read_text()
-    try:
-        data = json.loads(text) if kind == "JSON" else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as exc:
-        raise ValueError(f"{path}: not valid {kind}: {exc}") from None
-    if not isinstance(data, dict):
-        raise ValueError(f"{path}: the spec must be a mapping (a JSON object)")
-    return data

@@ -23,10 +23,11 @@ from fsspec.implementations.local import LocalFileSystem
 from amptrain.contract.errors import ResumeMismatchError
 from amptrain.contract.layout import checkpoint_name, checkpoint_step
 
-CHECKPOINT_FORMAT = 2
+CHECKPOINT_FORMAT = 3
 """What :meth:`~amptrain.engine.loop.Trainer.state_dict` writes and the only format
 :meth:`~amptrain.engine.loop.Trainer.load_state_dict` reads (another is refused as
-``resume_mismatch``). The schedule is ``{"applied_steps": n}``; ``world_size`` is the number
+``resume_mismatch``; 3: the spike window as running sums, and ``rollbacks``, the spike
+rollbacks taken). The schedule is ``{"applied_steps": n}``; ``world_size`` is the number
 of devices that wrote it; with more than one, ``rng_per_rank`` holds every rank's RNG
 states in rank order."""
 
@@ -91,8 +92,10 @@ class CheckpointStore:
             self._fs.rm(self.path(checkpoint_name(s)))
         return gone
 
-    def save(self, step: int, state: dict[str, Any]) -> str:
-        """Write ``state`` atomically as the checkpoint of ``step``; prune beyond keep_last.
+    def save(self, step: int, state: dict[str, Any], keep: int | None = None) -> str:
+        """Write ``state`` atomically as the checkpoint of ``step``; prune beyond keep_last,
+        except the checkpoint of step ``keep`` (the newest healthy one, which a precision
+        fallback resumes from however many unhealthy ones came after it).
 
         Returns where it went: a local path, or a full URL for other filesystems.
         """
@@ -104,7 +107,7 @@ class CheckpointStore:
             with self._fs.open(tmp, "wb") as f:
                 torch.save(state, f)
             self._fs.mv(tmp, final)
-        self._prune()
+        self._prune(keep)
         return final if self._local else self._fs.unstrip_protocol(final)
 
     def load(self, path: str) -> dict[str, Any]:
@@ -128,9 +131,10 @@ class CheckpointStore:
         finally:
             os.close(dir_fd)
 
-    def _prune(self) -> None:
+    def _prune(self, keep: int | None) -> None:
         for step in self.steps()[: -self._keep_last]:
-            self._fs.rm(self.path(checkpoint_name(step)))
+            if step != keep:
+                self._fs.rm(self.path(checkpoint_name(step)))
 
     def _remove_stale_temporaries(self) -> None:
         # Left by a writer that was killed mid-save; one job has one writer

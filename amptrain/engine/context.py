@@ -52,6 +52,9 @@ class RunContext:
     ranks: Ranks | None = None
     """This process's place in a data-parallel run (``Ranks.from_env`` under torchrun); None:
     a single process. A stop request on any rank stops every rank at the same flush."""
+    precision_override: str | None = None
+    """After a precision fallback (``health.fallback``): the precision this attempt trains in
+    instead of the spec's, decided by the attempt fp16 left (not measured again)."""
 
 
 @dataclass

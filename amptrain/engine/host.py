@@ -35,17 +35,17 @@ class HostReads:
     def floats(
         self, values: Sequence[torch.Tensor], vectors: Sequence[torch.Tensor] = ()
     ) -> list[float]:
-        """One transfer for all ``values`` (0-d tensors of one dtype), then the elements of
-        ``vectors`` (1-D, the same dtype): a sync on CUDA."""
+        """One transfer for all ``values`` (0-d tensors; mixed dtypes promoted, as
+        ``torch.stack`` does), then the elements of ``vectors`` (1-D): a sync on CUDA."""
         self.count += 1
         return _joined(values, vectors).tolist()
 
     def start(
         self, values: Sequence[torch.Tensor], vectors: Sequence[torch.Tensor] = ()
     ) -> InFlight:
-        """One copy of all ``values`` (0-d CUDA tensors of one dtype) and then the elements of
-        ``vectors`` into pinned host memory, queued behind the work that computes them: no
-        wait. Read it once ``done``."""
+        """One copy of all ``values`` (0-d CUDA tensors, promoted to one dtype) and then the
+        elements of ``vectors`` into pinned host memory, queued behind the work that computes
+        them: no wait. Read it once ``done``."""
         self.count += 1
         stacked = _joined(values, vectors)
         host = torch.empty(stacked.shape, dtype=stacked.dtype, pin_memory=True)

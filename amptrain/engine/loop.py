@@ -21,16 +21,21 @@ import time
 import torch
 
 from amptrain.contract import records
-from amptrain.contract.errors import CancelledError, PreemptedError
+from amptrain.contract.errors import CancelledError, PrecisionFallbackError, PreemptedError
+from amptrain.contract.records import PRECISION_FALLBACK
 from amptrain.contract.spec import JobSpec
 from amptrain.engine.context import Components, RunContext, TrainResult
 from amptrain.engine.distributed import Group, check_launch, rank_device
+from amptrain.engine.fallback import leave_fp16
 from amptrain.engine.layer_norms import LayerNorms
 from amptrain.engine.memory import format_bytes, release_cached, snapshot
 from amptrain.engine.oom import is_out_of_memory, smaller_micro_batch
 from amptrain.engine.parts import DataOptions, build_parts
 from amptrain.engine.precision import resolve_device
 from amptrain.engine.resume import Checkpointing
+from amptrain.engine.rollback import roll_back
+from amptrain.engine.spikes import RollbackRequested
+from amptrain.engine.telemetry import StepTelemetry
 
 
 class Trainer(Checkpointing):
@@ -66,7 +71,7 @@ class Trainer(Checkpointing):
         self.precision, self.dataset, self.model = parts.precision, parts.dataset, parts.model
         self.channels_last, self.feeder, self.amp = parts.channels_last, parts.feeder, parts.amp
         self.optimizer, self.schedule, self.store = parts.optimizer, parts.schedule, parts.store
-        self.publisher, self.telemetry = parts.publisher, parts.telemetry
+        self.publisher, self.telemetry, self.health = parts.publisher, parts.telemetry, parts.health
         self.evaluator = parts.evaluator
         self.layer_norms = LayerNorms(spec.telemetry.layer_grad_norms_every)
         self._peeked = parts.resume_peek
@@ -74,7 +79,9 @@ class Trainer(Checkpointing):
         self.micro_batch = spec.micro_batch_size
         self.grad_accum = spec.grad_accum_steps
         self.resumed_from: int | None = None
+        self.rollbacks = 0  # health.spike rollbacks taken by the job (checkpointed)
         self._last_checkpoint_step: int | None = None
+        self._healthy_step: int | None = None
 
     # -- public -----------------------------------------------------------------------------
 
@@ -83,20 +90,19 @@ class Trainer(Checkpointing):
         try:
             self.telemetry.event("precision", self.step, **self.precision.to_dict())
             self.resume()
-            while self.step < self.spec.max_steps:
-                self._poll_stop()
-                self.train_step()
-                self._evaluate_if_due(final=False)
-                if self.step % self.spec.checkpoint.every_steps == 0:
-                    self.save_checkpoint()
-            self._evaluate_if_due(final=True)
-            if self._last_checkpoint_step != self.step:
-                self.save_checkpoint()
-            self.telemetry.flush()
-        except BaseException:
+            while True:
+                try:
+                    self._train_to_the_end()
+                    break
+                except RollbackRequested as request:  # raised by any flush in it
+                    roll_back(self, request.spike_step)
+                    self._evaluate_if_due(final=False)  # if due at this step and not yet run
+        except BaseException as exc:
+            if isinstance(exc, PrecisionFallbackError):
+                self._leave_fp16(exc)
             if not self.group.parallel:
                 # Devices > 1: a flush is a collective the other ranks may never join.
-                self._flush_quietly()
+                _flush_quietly(self.telemetry)
             raise
         finally:
             self.feeder.close()
@@ -153,6 +159,20 @@ class Trainer(Checkpointing):
 
     # -- internals ----------------------------------------------------------------------------
 
+    def _train_to_the_end(self) -> None:
+        while self.step < self.spec.max_steps:
+            self._poll_stop()
+            self.train_step()
+            self._evaluate_if_due(final=False)
+            if self.step % self.spec.checkpoint.every_steps == 0:
+                self.save_checkpoint()
+        # The last steps' spikes are read (and any rollback done) before the final evaluation.
+        self.telemetry.flush()
+        self._evaluate_if_due(final=True)
+        if self._last_checkpoint_step != self.step:
+            self.save_checkpoint()
+        self.telemetry.flush()
+
     def _accumulate(self) -> torch.Tensor:
         """All micro-batches of the step; returns the mean loss (device tensor)."""
         self.optimizer.zero_grad(set_to_none=True)
@@ -192,10 +212,12 @@ class Trainer(Checkpointing):
         # Through the flush: the sink gets it after the metrics of every step up to this one.
         self.telemetry.flush([records.evaluation(self.step, time.time(), values)])
 
-    def _flush_quietly(self) -> None:
-        # Deliver the records of the steps that did finish before the failure.
-        with contextlib.suppress(Exception):
-            self.telemetry.flush()
+    def _leave_fp16(self, error: PrecisionFallbackError) -> None:
+        """The attempt ends for a precision fallback: keep the newest healthy checkpoint as
+        the newest (the next attempt resumes from it) and say so in an event."""
+        data = leave_fp16(self.store if self.group.leader else None, error)
+        self.group.barrier()  # no rank's next attempt starts before the checkpoints are gone
+        self.telemetry.event(PRECISION_FALLBACK, error.step or self.step, **data)
 
     def _poll_stop(self) -> None:
         reason = self.ctx.should_stop()
@@ -213,3 +235,9 @@ class Trainer(Checkpointing):
                 f"preempted at step {self.step}; checkpointed, resumable", step=self.step
             )
         raise CancelledError(f"cancelled at step {self.step}", step=self.step)
+
+
+def _flush_quietly(telemetry: StepTelemetry) -> None:
+    # Deliver the records of the steps that did finish before the failure.
+    with contextlib.suppress(Exception):
+        telemetry.flush()

@@ -28,6 +28,7 @@ from amptrain.engine.context import Components, RunContext
 from amptrain.engine.data import Feeder
 from amptrain.engine.distributed import Group
 from amptrain.engine.evaluation import Evaluator, build_evaluator
+from amptrain.engine.fallback import fallback_target
 from amptrain.engine.fit_check import check_fits
 from amptrain.engine.health import HealthMonitor
 from amptrain.engine.lr_schedule import DeviceSchedule
@@ -57,6 +58,7 @@ class Parts:
     amp: AmpStep
     store: CheckpointStore | None
     publisher: Publisher
+    health: HealthMonitor
     telemetry: StepTelemetry
     evaluator: Evaluator | None
     resume_peek: tuple[str | None, dict[str, Any] | None] | None = None
@@ -93,7 +95,7 @@ def build_parts(
     """Everything a run needs; on failure the math switches are put back first."""
     # Fails before any work. For ``auto`` this is the capability rule: what the fit check
     # assumes, and the fallback when the job's model cannot be measured (below).
-    chosen = choose_precision(spec.precision, device, ctx.cpu_bf16_probe)
+    chosen = _choose(spec, ctx, device)
     # Process-wide switches: put back as they were when train() ends (or this fails).
     restore_math = apply_math_mode(chosen, device)
     try:
@@ -103,7 +105,7 @@ def build_parts(
         model, channels_last = _place_model(made.model, device)
         store = _store(spec, ctx, group)
         peek: tuple[str | None, dict[str, Any] | None] | None = None
-        if spec.precision == "auto":
+        if spec.precision == "auto" and ctx.precision_override is None:
             decided, peek = _decide_auto(
                 spec, ctx, device, group, store, precision, made, model, channels_last
             )
@@ -122,6 +124,8 @@ def build_parts(
         amp = AmpStep(spec, wrapped, optimizer, made.loss_fn, precision, device, spike)
         evaluator = build_evaluator(spec, made.dataset, model, amp, device, group, channels_last)
         publisher = Publisher(ctx.sink if group.leader else None, spec.telemetry.queue_size)
+        fallback = fallback_target(spec, precision, device)
+        health = HealthMonitor(spec.health, precision.effective, fallback)
         return Parts(
             precision=precision,
             restore_math=restore_math,
@@ -134,10 +138,11 @@ def build_parts(
             amp=amp,
             store=store,
             publisher=publisher,
+            health=health,
             telemetry=StepTelemetry(
                 spec.telemetry,
                 device,
-                HealthMonitor(spec.health, precision.effective),
+                health,
                 publisher,  # one series per job: the other ranks' publishers have no sink
                 with_scaler=amp.scaler is not None,
                 group=group,
@@ -149,6 +154,16 @@ def build_parts(
     except BaseException:
         restore_math()
         raise
+
+
+def _choose(spec: JobSpec, ctx: RunContext, device: torch.device) -> PrecisionChoice:
+    """The spec's precision by its policy, or after a fallback the one fp16 fell back to."""
+    override = ctx.precision_override
+    if override is None:
+        return choose_precision(spec.precision, device, ctx.cpu_bf16_probe)
+    chosen = choose_precision(override, device, ctx.cpu_bf16_probe)
+    reason = f"health.fallback: fp16 became unhealthy in an earlier attempt ({chosen.reason})"
+    return dataclasses.replace(chosen, requested=spec.precision, reason=reason)
 
 
 def _decide_auto(

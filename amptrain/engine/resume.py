@@ -28,6 +28,7 @@ from amptrain.engine.checkpoint import (
 )
 from amptrain.engine.context import RunContext
 from amptrain.engine.distributed import Group
+from amptrain.engine.health import HealthMonitor
 from amptrain.engine.lr_schedule import DeviceSchedule
 from amptrain.engine.precision import PrecisionChoice
 from amptrain.engine.publisher import Publisher
@@ -50,12 +51,16 @@ class Checkpointing:
     store: CheckpointStore | None
     publisher: Publisher
     telemetry: StepTelemetry
+    health: HealthMonitor
     drain_timeout_s: float
     step: int
     micro_batch: int
     grad_accum: int
     resumed_from: int | None
+    rollbacks: int
     _last_checkpoint_step: int | None
+    _healthy_step: int | None
+    """The newest healthy checkpoint this run wrote or resumed from (pruning keeps it)."""
     _peeked: tuple[str | None, dict[str, Any] | None] | None
 
     def state_dict(self) -> dict[str, Any]:
@@ -80,15 +85,31 @@ class Checkpointing:
             "scaler": scaler.state_dict() if scaler is not None else None,
             # health.spike's window: a resumed run judges the next step as the first did.
             "spike": self.amp.spike.state_dict() if self.amp.spike is not None else None,
+            "rollbacks": self.rollbacks,  # health.spike.max_rollbacks bounds the job, not an attempt
             "rng": rngs[0],
             "world_size": self.group.world_size,
             "attempt": self.ctx.attempt,
+            # No trigger of health.fallback building (the flush before a save checked every
+            # step): a precision fallback resumes only from such a checkpoint.
+            "healthy": self.health.healthy,
             **parallel,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a :meth:`state_dict`; the run then continues exactly where it was."""
         check_resumable(state, self.group.world_size)
+        self.load_training_state(state)
+        self.step = int(state["step"])
+        self.rollbacks = int(state["rollbacks"])
+        self.micro_batch = int(state["micro_batch"])
+        self.grad_accum = int(state["grad_accum_steps"])
+        rng = state["rng_per_rank"][self.group.rank] if self.group.parallel else state["rng"]
+        restore_rng(rng, self._rank_cuda)
+
+    def load_training_state(self, state: dict[str, Any]) -> None:
+        """What a spike rollback takes from a checkpoint (see :mod:`~amptrain.engine.
+        rollback`): the model, optimizer, schedule, loss scale and spike window; not the step,
+        the data position, the micro-batch or the RNG states."""
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         _keep_build_options(self.optimizer)
@@ -97,11 +118,6 @@ class Checkpointing:
             self.amp.scaler.load_state_dict(state["scaler"])
         if self.amp.spike is not None and state.get("spike"):
             self.amp.spike.load_state_dict(state["spike"])
-        self.step = int(state["step"])
-        self.micro_batch = int(state["micro_batch"])
-        self.grad_accum = int(state["grad_accum_steps"])
-        rng = state["rng_per_rank"][self.group.rank] if self.group.parallel else state["rng"]
-        restore_rng(rng, self._rank_cuda)
 
     def save_checkpoint(self) -> str | None:
         """Write a checkpoint of the current step (if this run has a checkpoint dir)."""
@@ -113,7 +129,10 @@ class Checkpointing:
         self.telemetry.flush()
         self.publisher.wait_delivered(self.drain_timeout_s)
         state = self.state_dict()
-        path = self.store.save(self.step, state) if self.group.leader else None
+        if state["healthy"]:
+            self._healthy_step = self.step
+        keep = self._healthy_step
+        path = self.store.save(self.step, state, keep) if self.group.leader else None
         self.group.barrier()  # no rank goes on (or stops) before the checkpoint exists
         self._last_checkpoint_step = self.step
         # Its name, not where it lies: events reach the job's owner, the path is the server's.
@@ -129,8 +148,11 @@ class Checkpointing:
         path = self.group.leader_value(chosen)
         if path is None:
             return
-        self.load_state_dict(state if state is not None else self.store.load(path))
+        state = state if state is not None else self.store.load(path)
+        self.load_state_dict(state)
         self.resumed_from = self._last_checkpoint_step = self.step
+        if state.get("healthy", False):
+            self._healthy_step = self.step
         self.telemetry.event(
             "resumed", self.step, from_step=self.step, name=checkpoint_name(self.step)
         )

@@ -1,6 +1,6 @@
 """Loss-spike detection on the device (``health.spike``): a ring buffer of the last
-``window`` accepted values and a z-score rule, in a handful of small kernels per step and
-no host read.
+``window`` accepted values with their running sums, and a z-score rule: a fixed couple of
+dozen tiny ops per step whatever the window's size, and no host read.
 
 Each step, before the optimizer step, :meth:`SpikeCheck.check` takes the step's value (its
 loss, or its gradient norm) and returns, as 0-d device tensors, whether it is a spike and
@@ -13,10 +13,36 @@ enters the window, so a run of spikes cannot raise the bar it is measured agains
 a non-finite value (fp16's overflow steps, a diverging loss: the health checks and the
 scaler handle those). The three values ride in the step's values to the next telemetry
 flush (:data:`SPIKE_SLOTS`), read there with the rest in its one host read.
+
+Actions. ``warn``: a ``loss_spike`` warning. ``skip``: the spike's optimizer update is
+withheld on the device (``found_inf``), the step recorded as skipped. ``rollback``
+(:mod:`~amptrain.engine.rollback`), exactly:
+
+1. At the spike's step ``k`` the update is withheld on the device, as with ``skip``.
+2. The next flush (at step ``f >= k``; every checkpoint flushes first, so none is written
+   between ``k`` and ``f``) publishes the records up to ``f``, then raises
+   :class:`RollbackRequested`; the first spike of that flush counts, later ones in it are
+   only warned about (their updates were withheld too). The run's last flush comes before
+   its final evaluation and checkpoint: a spike it reads rolls back too, and the run ends
+   with the checkpoint's weights.
+3. The Trainer loads, in-process, the newest checkpoint at a step ``c <= k``: the model,
+   the optimizer, the schedule (so the learning rate is the one after ``c``), fp16's scaler
+   and this window. It keeps its step count ``f`` (no step is recorded twice in an attempt),
+   its data position ``f x batch_size`` (the samples ``[c x batch_size, f x batch_size)``
+   are skipped: the data that led to the spike), its micro-batch and its RNG states.
+4. A ``rollback`` event names ``k``, the checkpoint (``step-000000020.pt``: its name, never
+   a path), ``c``, the skipped samples and the count; then a checkpoint of step ``f`` is
+   written (with the count), so a run killed after the rollback resumes from there exactly
+   and never rolls back again for the same spike. An evaluation due at ``f`` and not yet
+   run then runs, on the rolled-back model.
+5. Without a checkpoint at or before ``k`` (or without a checkpoint directory) nothing is
+   loaded: the spike was skipped, and the event says so (``name`` null). Past
+   ``max_rollbacks`` rollbacks the job fails as ``diverged`` at step ``f``, naming ``k``.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,10 +54,24 @@ SPIKE_SLOTS: tuple[str, ...] = ("spike", "spike_mean", "spike_std")
 """What each step adds to the device values when the check is on (not metric fields): the
 flag (1.0: a spike) and the window's mean and standard deviation it was checked against."""
 
+_MAX = torch.finfo(torch.float64).max
+
+
+class RollbackRequested(Exception):
+    """Raised by a telemetry flush that read a spike under ``action: rollback`` (after its
+    records were offered); the Trainer catches it and rolls back."""
+
+    def __init__(self, spike_step: int) -> None:
+        super().__init__(f"loss spike at step {spike_step}: rollback requested")
+        self.spike_step = spike_step
+
 
 @dataclass(frozen=True)
 class SpikeFlag:
-    """One step's outcome on the device (0-d float32 tensors)."""
+    """One step's outcome on the device, as 0-d tensors: ``spike`` float32 (1.0: a spike;
+    what a fused optimizer takes as ``found_inf``), ``mean`` and ``std`` float64 as computed
+    (the flush's one ``torch.stack`` promotes the step's values to float64 with them:
+    a conversion per step saved, and the float32 values read back unchanged)."""
 
     spike: torch.Tensor
     mean: torch.Tensor
@@ -43,45 +83,72 @@ class SpikeFlag:
 
 
 class SpikeCheck:
-    """The window on the device; :meth:`check` once per step; checkpointed with the run."""
+    """The window on the device; :meth:`check` once per step; checkpointed with the run.
+
+    The window is a ring of ``window`` rows ``[1, v, v*v]`` (zeros where no value is held
+    yet) and their running column sums ``[n, sum, sum of squares]``: each accepted value
+    replaces the row of the oldest one and the sums move by the difference, so a step
+    costs the same few ops whatever the window's size, and no reduction over it. The sums
+    are float64: the variance is ``E[v^2] - mean^2``, a difference of two nearly equal
+    numbers when the values vary little (a loss of 2.0 +- 1e-4: float32 would keep none of
+    it; float64, whose squares of float32 values are exact, keeps about 8 digits). Every
+    ``window`` checks they are summed afresh from the rows, so rounding cannot accumulate
+    over a long run (the sums and that count are checkpointed: a resumed run recomputes at
+    the same steps and flags bitwise the same ones)."""
 
     def __init__(self, spec: SpikeSpec, device: torch.device) -> None:
         self.spec = spec
-        self._values = torch.zeros(spec.window, dtype=torch.float32, device=device)
-        self._count = torch.zeros((), dtype=torch.int64, device=device)  # accepted so far
-        self._slots = torch.arange(spec.window, device=device)
+        self._rows = torch.zeros(spec.window, 3, dtype=torch.float64, device=device)
+        self._sums = torch.zeros(3, dtype=torch.float64, device=device)  # the rows' sums
+        self._count = torch.zeros(1, dtype=torch.int64, device=device)  # accepted so far
+        self._powers = torch.arange(3, dtype=torch.float64, device=device)  # v -> [1, v, v*v]
+        self._lowest = torch.tensor(-_MAX, dtype=torch.float64, device=device)
+        self._checks = 0  # host-side: when to sum the rows afresh
 
     @property
     def skips(self) -> bool:
-        """The step's update is withheld on a spike (``action: skip``)."""
-        return self.spec.action == "skip"
+        """The step's update is withheld on a spike (``action: skip`` or ``rollback``)."""
+        return self.spec.withholds
 
     def check(self, value: torch.Tensor) -> SpikeFlag:
         """Compare ``value`` (a 0-d device tensor) with the window; accept it unless it is a
         spike or non-finite."""
-        x = value.detach().float().reshape(())
-        filled = self._count.clamp(max=self.spec.window)
-        n = filled.clamp(min=1).float()
-        held = self._slots < filled  # the slots holding values (all once the window is full)
-        mean = torch.where(held, self._values, 0.0).sum() / n
-        var = torch.where(held, (self._values - mean) ** 2, 0.0).sum() / n
-        std = var.sqrt()
-        finite = torch.isfinite(x)
+        self._checks += 1
+        if self._checks % self.spec.window == 0:
+            torch.sum(self._rows, 0, out=self._sums)
+        x = value.detach().double()  # exact: the values are float32 (or narrower)
+        n = self._sums[0]
+        moments = self._sums[1:] / n.clamp(min=1)  # the mean and the mean of the squares
+        mean = moments[0]
+        std = torch.addcmul(moments[1], mean, mean, value=-1).clamp_(min=0).sqrt_()
+        # The bar a value must not pass; before the warm-up, the largest double (no float32
+        # value passes it; adding it to any finite bar leaves exactly it).
+        bar = torch.add(mean, std, alpha=self.spec.z).add_(n < self.spec.warmup_steps, alpha=_MAX)
+        accept = x.clamp(self._lowest, bar) == x  # finite and at most the bar (NaN != NaN)
         # Non-finite is no spike: an fp16 overflow is the scaler's to skip, a non-finite
         # loss the divergence check's.
-        spike = (filled >= self.spec.warmup_steps) & finite & (x - mean > self.spec.z * std)
-        accept = ~spike & finite
-        slot = (self._count % self.spec.window).reshape(1)
-        kept = torch.where(accept, x, self._values.index_select(0, slot).squeeze(0))
-        self._values.index_copy_(0, slot, kept.reshape(1))
-        self._count.add_(accept.long())
+        spike = x.nan_to_num(nan=-math.inf, posinf=-math.inf) > bar
+        slot = self._count.remainder(self.spec.window)
+        old = self._rows.index_select(0, slot)
+        new = torch.where(accept, x.pow(self._powers), old)
+        self._sums.add_((new - old).view(3))
+        self._rows.index_copy_(0, slot, new)
+        self._count.add_(accept)
         return SpikeFlag(spike.float(), mean, std)
 
     def state_dict(self) -> dict[str, Any]:
         """The window (a checkpoint is a flush point: copying it to the host costs no extra
-        wait)."""
-        return {"values": self._values.cpu(), "count": int(self._count.item())}
+        wait): its values oldest slot first as the ring holds them, the running sums, the
+        count of accepted values and of checks."""
+        return {
+            "rows": self._rows.cpu(),
+            "sums": self._sums.cpu(),
+            "count": int(self._count.item()),
+            "checks": self._checks,
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        self._values.copy_(state["values"])
+        self._rows.copy_(state["rows"])
+        self._sums.copy_(state["sums"])
         self._count.fill_(int(state["count"]))
+        self._checks = int(state["checks"])

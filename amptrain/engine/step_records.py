@@ -76,8 +76,8 @@ class Totals:
     extra: dict[str, Any]
     spike: SpikeSpec | None = None
     """``health.spike`` when the check is on: each step's values then hold the
-    :data:`~amptrain.engine.spikes.SPIKE_SLOTS`, and with ``action: skip`` a spike's step is
-    recorded as skipped."""
+    :data:`~amptrain.engine.spikes.SPIKE_SLOTS`, and with an action that withholds the update
+    a spike's step is recorded as skipped."""
 
 
 def timeline(pending: list[Pending], device_done: float) -> list[tuple[float, float]]:
@@ -124,8 +124,8 @@ def step_records(
         spike = _spike(p, device, totals.spike.metric if totals.spike else None)
         if spike is not None:
             spikes.append(spike)
-            # With skip, its update was withheld too.
-            skipped = skipped or (totals.spike is not None and totals.spike.action == "skip")
+            # With skip or rollback, its update was withheld too.
+            skipped = skipped or (totals.spike is not None and totals.spike.withholds)
         skipped_steps += skipped
         step_s = max(end - start, 1e-9)
         records.append(

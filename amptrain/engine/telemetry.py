@@ -33,7 +33,7 @@ from typing import Any
 
 import torch
 
-from amptrain.contract.errors import DivergedError
+from amptrain.contract.errors import TrainingError
 from amptrain.contract.metrics import device_fields
 from amptrain.contract.records import event
 from amptrain.contract.spec import SpikeSpec, TelemetrySpec
@@ -228,8 +228,9 @@ class StepTelemetry:
             batch.append(dropped_warning(step, dropped))
             self._dropped_reported = dropped
         self._publisher.offer(batch)
-        if error is not None:
-            raise error
+        stop = error or self._health.take_rollback()  # diverged first: nothing to roll back
+        if stop is not None:
+            raise stop
 
     def close(self, timeout: float) -> None:
         """Deliver what is queued (up to ``timeout`` s); report drops in a final warning."""
@@ -265,7 +266,7 @@ class StepTelemetry:
         return records
 
 
-def _kept(record: dict[str, Any], error: DivergedError | None) -> bool:
+def _kept(record: dict[str, Any], error: TrainingError | None) -> bool:
     """Whether a record is published beside ``error`` (none after the step it diverged)."""
     return error is None or error.step is None or record["step"] <= error.step
 

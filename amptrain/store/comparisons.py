@@ -28,7 +28,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
-from amptrain.store import accuracy
+from amptrain.store import accuracy, job_reads
 from amptrain.store.history.downsample import downsample
 from amptrain.store.history.window import is_finite
 from amptrain.store.models import Base, Job, MetricPoint, UTCDateTime, utcnow
@@ -153,6 +153,7 @@ def _run_numbers(s: Session, precision: str, job: Job) -> dict[str, Any]:
         "step": job.step or 0,
         "max_steps": job.max_steps,
         "effective_precision": job.precision_effective,
+        "precision_history": job_reads.precision_history(s, job.id),
         "error": {"code": job.error_code, "message": job.error_message or ""}
         if job.error_code
         else None,

@@ -7,11 +7,13 @@ from __future__ import annotations
 
 from collections.abc import Collection, Sequence
 from datetime import datetime
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from amptrain.store.models import Job
+from amptrain.contract.records import PRECISION_FALLBACK
+from amptrain.store.models import Job, JobEvent
 
 PageKey = tuple[datetime, str]
 """``(created_at, id)`` of the last job on a page: the next page starts below it."""
@@ -76,3 +78,39 @@ def first_claims_after(
         .order_by(Job.started_at, Job.id)
         .limit(limit)
     ).all()
+
+
+def precision_history(s: Session, job_id: str) -> list[dict[str, Any]]:
+    """The job's precisions over its steps, from its events: ``{"from_step", "precision",
+    "attempt", "reason"}`` per change, oldest first. An attempt trains in the precision its
+    ``started`` event names from the step its ``resumed`` event names (0 without one); an attempt
+    after a ``precision_fallback`` gives that event's message as its reason. A resume in the
+    same precision starts no new entry."""
+    e = JobEvent
+    rows = s.execute(
+        sa.select(e.attempt, e.type, e.data)
+        .where(e.job_id == job_id, e.type.in_(("started", "resumed", PRECISION_FALLBACK)))
+        .order_by(e.id)
+    )
+    segments: dict[int, dict[str, Any]] = {}
+    why_next: str | None = None
+    for attempt, kind, data in rows:
+        if kind == "started":
+            chosen = data.get("precision") or {}
+            reason = why_next or chosen.get("reason")
+            segments[attempt] = {
+                "from_step": 0,
+                "precision": chosen.get("effective"),
+                "attempt": attempt,
+                "reason": reason,
+            }
+            why_next = None
+        elif kind == "resumed" and attempt in segments:
+            segments[attempt]["from_step"] = int(data.get("from_step") or 0)
+        elif kind == PRECISION_FALLBACK:
+            why_next = data.get("message")
+    history: list[dict[str, Any]] = []
+    for segment in segments.values():
+        if not history or history[-1]["precision"] != segment["precision"]:
+            history.append(segment)
+    return history

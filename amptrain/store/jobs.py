@@ -98,7 +98,7 @@ def claim(s: Session, job_id: str, worker: str, lease_s: float) -> int | None:
         sa.and_(
             c.status.in_(ACTIVE_STATUSES),
             c.lease_expires_at < now,
-            c.attempt < c.max_attempts,
+            _attempts_left(),
         ),
     )
     stmt = (
@@ -169,11 +169,16 @@ def finish(
     return _returning(s, job_id, stmt) is not None
 
 
-def release(s: Session, job_id: str, attempt: int) -> bool:
+def release(s: Session, job_id: str, attempt: int, fallback_to: str | None = None) -> bool:
     """Give the job back (graceful shutdown, retry): running -> queued and undispatched,
-    so the dispatcher sends it again. A job being cancelled ends ``cancelled`` instead."""
+    so the dispatcher sends it again. A job being cancelled ends ``cancelled`` instead.
+    ``fallback_to``: a precision fallback; later attempts train in that precision, and the
+    retry budget grows by one (a fallback is no failed attempt)."""
     c = jobs_t.c
     cancelling = c.status == JobStatus.CANCELLING
+    fallback: dict[str, Any] = {}
+    if fallback_to is not None:
+        fallback = {"precision_override": fallback_to, "fallbacks": c.fallbacks + 1}
     stmt = (
         jobs_t.update()
         .where(*_fenced(job_id, attempt))
@@ -184,6 +189,7 @@ def release(s: Session, job_id: str, attempt: int) -> bool:
             lease_expires_at=None,
             worker=None,
             dispatched_at=None,
+            **fallback,
         )
         .returning(c.id)
     )
@@ -273,7 +279,7 @@ def reap_expired(
     c = jobs_t.c
     err = error or WORKER_LOST
     cancelling = c.status == JobStatus.CANCELLING
-    exhausted = c.attempt >= c.max_attempts
+    exhausted = ~_attempts_left()
     final = sa.or_(cancelling, exhausted)
     stmt = (
         jobs_t.update()
@@ -312,6 +318,12 @@ def _reap_event(status: JobStatus, err: dict[str, Any]) -> tuple[str, dict[str, 
     if status == JobStatus.FAILED:
         return "failed", dict(err)
     return "warning", {**err, "message": f"{err['message']}; the job goes back to the queue"}
+
+
+def _attempts_left() -> sa.ColumnElement[bool]:
+    """The retry budget: ``max_attempts``, plus one attempt per precision fallback."""
+    c = jobs_t.c
+    return c.attempt < c.max_attempts + c.fallbacks
 
 
 def _fenced(job_id: str, attempt: int) -> tuple[sa.ColumnElement[bool], ...]:

@@ -85,6 +85,11 @@ class Job(Base):
     max_steps: Mapped[int]
     attempt: Mapped[int] = mapped_column(default=0)
     max_attempts: Mapped[int] = mapped_column(default=3)
+    fallbacks: Mapped[int] = mapped_column(server_default="0")
+    """Precision fallbacks so far (``health.fallback``): each one adds an attempt to the
+    retry budget, ``max_attempts + fallbacks``, since a fallback is no failed attempt."""
+    precision_override: Mapped[str | None] = mapped_column(sa.String(8))
+    """After a fallback: the precision every later attempt trains in instead of the spec's."""
     # Epoch seconds from the DATABASE clock (db_now()), never a worker's clock.
     lease_expires_at: Mapped[float | None] = mapped_column(sa.Float(precision=53))
     worker: Mapped[str | None] = mapped_column(sa.String(200))

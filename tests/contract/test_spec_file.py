@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from amptrain.contract.spec import load_spec_file, parse_spec
+from amptrain.contract.spec import parse_spec
+from amptrain.contract.spec_file import load_spec_file
 
 SPEC = {"model": {"name": "mlp"}, "dataset": {"name": "synthetic"}, "max_steps": 3}
 

@@ -3,6 +3,8 @@ or skipped like an fp16 overflow step."""
 
 from __future__ import annotations
 
+import collections
+import math
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +17,7 @@ from amptrain.contract.errors import PreemptedError
 from amptrain.contract.records import SPIKE_WARNING
 from amptrain.contract.spec import parse_spec
 from amptrain.engine import Components, RunContext, Trainer
+from amptrain.engine.spikes import SpikeCheck
 from tests.engine.test_amp import TinyData, TinyNet
 from tests.engine.test_host_reads import host_reads
 from tests.support.sinks import ListSink
@@ -23,11 +26,14 @@ K = 30  # the step whose batch spikes
 
 
 class SpikyData(TinyData):
-    """TinyData with step ``K``'s batch (batch size 8) scaled by 1e3."""
+    """TinyData with the batches (batch size 8) of the steps ``at`` scaled by 1e3."""
+
+    def __init__(self, at: tuple[int, ...] = (K,)) -> None:
+        self.at = at
 
     def batch(self, start: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
         x, y = super().batch(start, size)
-        return (x * 1e3 if start // 8 == K - 1 else x), y
+        return (x * 1e3 if start // 8 + 1 in self.at else x), y
 
 
 def spec(spike: dict[str, Any] | None, **overrides: Any) -> Any:
@@ -47,10 +53,13 @@ def spec(spike: dict[str, Any] | None, **overrides: Any) -> Any:
     )
 
 
-def trainer(job: Any, sink: ListSink, ctx: RunContext | None = None) -> Trainer:
+def trainer(
+    job: Any, sink: ListSink, ctx: RunContext | None = None, at: tuple[int, ...] = (K,)
+) -> Trainer:
+    """A Trainer of ``job`` on TinyNet and :class:`SpikyData` spiking at the steps ``at``."""
     torch.manual_seed(0)
     ctx = ctx or RunContext(None, sink=sink)
-    return Trainer(job, ctx, Components(TinyNet(), SpikyData(), F.cross_entropy))
+    return Trainer(job, ctx, Components(TinyNet(), SpikyData(at), F.cross_entropy))
 
 
 def weights(t: Trainer) -> list[torch.Tensor]:
@@ -126,11 +135,6 @@ def test_the_check_reads_nothing_between_flushes(monkeypatch: pytest.MonkeyPatch
     assert t.telemetry.host.count == seam + 1 and reads == ["tolist"]
 
 
-def test_rollback_is_refused_at_submit_until_it_is_built() -> None:
-    with pytest.raises(pydantic.ValidationError, match="action"):
-        spec({"action": "rollback"})
-
-
 def test_the_rule_is_bounded_and_errors_name_the_field() -> None:
     with pytest.raises(pydantic.ValidationError, match="warmup_steps"):
         spec({"window": 8, "warmup_steps": 9})
@@ -138,6 +142,12 @@ def test_the_rule_is_bounded_and_errors_name_the_field() -> None:
         spec({"window": 4})
     with pytest.raises(pydantic.ValidationError, match="devices 1"):
         spec({"action": "warn"}, devices=2)
+    with pytest.raises(pydantic.ValidationError, match="max_rollbacks"):
+        spec({"action": "rollback", "max_rollbacks": 101})
+    # A rollback needs a checkpoint before the end to go back to.
+    with pytest.raises(pydantic.ValidationError, match=r"checkpoint\.every_steps"):
+        spec({"action": "rollback"}, checkpoint={"every_steps": 40})
+    spec({"action": "rollback"}, checkpoint={"every_steps": 39})
 
 
 def test_a_resumed_run_keeps_the_window_and_skips_the_same_step(tmp_path: Path) -> None:
@@ -159,3 +169,32 @@ def test_a_resumed_run_keeps_the_window_and_skips_the_same_step(tmp_path: Path) 
         assert torch.equal(a, b)
     assert second.publisher.wait_delivered(30)
     assert [s for s, m in sink.metrics().items() if m["skipped"]] == [K]
+
+
+def test_the_running_statistics_equal_the_window_s_own_after_many_wraps() -> None:
+    """Thousands of values through a window of 16 (over a hundred wraps, with spikes and
+    non-finite values left out): each step's mean, std and flag are those of the last 16
+    accepted values, computed directly, even where the values barely vary (2.0 +- 1e-4)."""
+    rule = spec({"action": "skip"}).health.spike  # window 16, warm-up 8
+    check = SpikeCheck(rule, torch.device("cpu"))
+    gen = torch.Generator().manual_seed(0)
+    values = (2.0 + 1e-4 * torch.randn(3000, generator=gen)).tolist()
+    for i in range(50, 3000, 97):
+        values[i] += 0.5  # a spike
+    values[500], values[1500], values[2500] = math.nan, math.inf, -math.inf
+    window: collections.deque[float] = collections.deque(maxlen=rule.window)
+    spikes = 0
+    for v in values:
+        flag = check.check(torch.tensor(v, dtype=torch.float32))
+        held = torch.tensor(list(window), dtype=torch.float64)
+        x = float(torch.tensor(v, dtype=torch.float32))  # what the window holds
+        mean = float(held.mean()) if window else 0.0
+        std = float(held.std(correction=0)) if window else 0.0
+        assert float(flag.mean) == pytest.approx(mean, rel=1e-12, abs=1e-12)
+        assert float(flag.std) == pytest.approx(std, rel=1e-6, abs=1e-12)
+        spike = len(window) >= rule.warmup_steps and math.isfinite(x) and x - mean > rule.z * std
+        assert bool(flag.spike) == spike
+        spikes += spike
+        if math.isfinite(x) and not spike:
+            window.append(x)
+    assert spikes == len(range(50, 3000, 97))

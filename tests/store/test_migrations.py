@@ -7,10 +7,11 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
 from amptrain.contract.spec import JobSpec
-from amptrain.store import jobs, migrate
+from amptrain.store import migrate
 from amptrain.store.comparisons import Comparison  # noqa: F401  (its table joins Base.metadata)
 from amptrain.store.db import make_engine, make_session_factory
 from amptrain.store.models import Base, JobEvent
+from tests.support.old_schema import create_old_job
 from tests.support.specs import mlp_job
 
 TABLES = {
@@ -64,12 +65,11 @@ def test_upgrade_downgrade_roundtrip(database_url: str) -> None:
 
 
 def test_events_written_before_0004_get_a_time_ordered_cursor(database_url: str) -> None:
-    # 0004 changes data only, so today's models describe the schema at 0003 too.
     migrate.upgrade(database_url, "0003")
     engine = make_engine(database_url)
     try:
         with make_session_factory(engine).begin() as s:
-            job_id = jobs.create_job(s, JobSpec.model_validate(mlp_job(3)), "admin", "cpu").id
+            job_id = create_old_job(s, JobSpec.model_validate(mlp_job(3)), "admin", "cpu")
             for attempt, kind in [(1, "started"), (1, "checkpoint")]:
                 s.add(JobEvent(job_id=job_id, attempt=attempt, type=kind, time=100.5, data={}))
         migrate.upgrade(database_url)

@@ -30,14 +30,15 @@ class Producer:
         self.sink: RedisSink | None = None
         self.events = LifecycleEvents(self.redis)
 
-    def start(self) -> int:
+    def start(self, precision: str = "fp32") -> int:
+        """Claim the next attempt and say it started, training in ``precision``."""
         with self.sessions.begin() as s:
             attempt = jobs.claim(s, self.job_id, "test-producer", 600)
         assert attempt is not None, f"job {self.job_id} not claimable"
         self.attempt = attempt
         self.sink = RedisSink(self.redis, self.job_id, attempt)
         self.events.publish(
-            self.job_id, attempt, "started", 0, {"precision": {"effective": "fp32"}}
+            self.job_id, attempt, "started", 0, {"precision": {"effective": precision}}
         )
         return attempt
 

@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import BaseModel, Field, create_model
 
 from amptrain.contract.metrics import BY_NAME, SUMMARY_FIELDS, python_type
+from amptrain.contract.progress import STEADY_RATE_DOC
 from amptrain.store.models import Job
 
 
@@ -18,6 +19,17 @@ class PrecisionOut(BaseModel):
     """What the worker runs; null until an attempt started."""
     reason: str | None = None
     """Why ``auto`` (or a fallback) chose ``effective``."""
+
+
+class PrecisionSegmentOut(BaseModel):
+    """From ``from_step`` on (until the next entry), the job trained in ``precision``."""
+
+    from_step: int
+    precision: str | None
+    attempt: int
+    """The attempt that began it."""
+    reason: str | None
+    """Why: the precision policy's reason, or the ``precision_fallback`` that led here."""
 
 
 class ErrorOut(BaseModel):
@@ -31,6 +43,7 @@ _SUMMARY: dict[str, Any] = {
     name: (python_type(BY_NAME[name]) | None, Field(None, description=BY_NAME[name].doc))
     for name in SUMMARY_FIELDS
 }
+_SUMMARY["samples_per_second"] = (float | None, Field(None, description=STEADY_RATE_DOC))
 
 
 class EvalSummaryOut(BaseModel):
@@ -84,6 +97,9 @@ class JobOut(BaseModel):
     precision: PrecisionOut
     error: ErrorOut | None
     summary: SummaryOut  # type: ignore[valid-type]
+    precision_history: list[PrecisionSegmentOut] | None = None
+    """Only in ``GET /jobs/{id}``: each precision the job trained in and from which step
+    (more than one entry after a ``health.fallback``); null elsewhere."""
     notice: str | None = None
     """Only in the answer to a submit: why the job may wait (no live worker takes jobs of
     its queue now); null otherwise."""

@@ -9,6 +9,8 @@ non-finite (a ``loss`` that is null, NaN or infinite, a ``grad_norm`` that is Na
 infinite). When the budget has room, every flagged step is kept; either way
 :attr:`Window.marks` tells per bucket how many it holds, so nothing is dropped silently. A null loss counts as non-finite: SQLite
 stores NaN as NULL, JSON has no NaN, and the engine always reports a loss.
+Each item says whether it is its bucket's last point (``bucket_last``): a smoothed line
+reads those, one per bucket, rather than the extremes, which would keep it looking raw.
 
 Buckets are aligned to multiples of a width taken from a fixed ladder, so a growing run
 keeps its buckets (and the points chosen in them) until it needs the next rung: a
@@ -104,21 +106,21 @@ def series_window(
         for b in range(lo // width, hi // width + 1)
     ]
     level = (width & -width).bit_length() - 1  # width = m * 2**level, m in 4..7
-    steps, marks = _choose(summary_reads.aggregates(s, view, ranges, level, extrema), extrema)
+    aggs = [a for a in summary_reads.aggregates(s, view, ranges, level, extrema) if a["points"]]
+    steps, marks = _choose(aggs, extrema)
     if room_for_every_flagged(steps, marks, max_points):  # not just each bucket's first
         steps |= summary_reads.flagged_steps(s, view, lo, hi, flagged(p))
-    return finish(s, job_id, steps, marks, max_points, extrema, fields, newest, multi=True)
+    lasts = {a["last_step"] for a in aggs}
+    return finish(s, job_id, steps, lasts, marks, max_points, extrema, fields, newest, multi=True)
 
 
 def _choose(
     aggs: list[summaries.Agg], extrema: tuple[str, ...]
 ) -> tuple[set[int], list[dict[str, int]]]:
-    """Per bucket's aggregates: the steps it keeps, and its mark when it holds flagged steps."""
+    """Per bucket's aggregates (of buckets holding points): the steps it keeps, and its mark when it holds flagged steps."""
     chosen: set[int] = set()
     marks: list[dict[str, int]] = []
     for a in aggs:
-        if not a["points"]:
-            continue
         chosen.update((a["first_step"], a["last_step"]))
         for f in extrema:
             chosen.update(v for v in (a[f"{f}_min_step"], a[f"{f}_max_step"]) if v is not None)

@@ -63,10 +63,10 @@ def raw_window(
         return Window([point_row(r, False, fields) for r in rows], newest)
     extrema = extrema_of(fields)
     width = window_width(int(lo), int(hi), max_points, extrema)
-    steps, marks = _chosen_steps(s, job_id, where, width, extrema, multi)
+    steps, lasts, marks = _chosen_steps(s, job_id, where, width, extrema, multi)
     if room_for_every_flagged(steps, marks, max_points):  # not just each bucket's first
         steps |= set(s.scalars(sa.select(p.step).where(*where, flagged(p))))
-    return finish(s, job_id, steps, marks, max_points, extrema, fields, newest, multi=multi)
+    return finish(s, job_id, steps, lasts, marks, max_points, extrema, fields, newest, multi=multi)
 
 
 def _chosen_steps(
@@ -76,9 +76,9 @@ def _chosen_steps(
     width: int,
     extrema: tuple[str, ...],
     multi: bool,
-) -> tuple[set[int], list[dict[str, int]]]:
+) -> tuple[set[int], set[int], list[dict[str, int]]]:
     """Per bucket: first, last, where each field's min/max is and the first flagged step;
-    and the marks of the buckets holding flagged steps."""
+    each bucket's last step; and the marks of the buckets holding flagged steps."""
     p = MetricPoint
     bucket = (p.step // width).label("bucket")
     columns: list[Any] = [
@@ -124,9 +124,11 @@ def _chosen_steps(
     else:
         query = sa.select(*outer)
     chosen: set[int] = set()
+    lasts: set[int] = set()
     marks: list[dict[str, int]] = []
     for first, last, skipped, non_finite, n_flagged, first_flag, *steps in s.execute(query):
         chosen.update((int(first), int(last)))
+        lasts.add(int(last))
         chosen.update(int(v) for v in steps if v is not None)
         if first_flag is not None:
             chosen.add(int(first_flag))
@@ -140,4 +142,4 @@ def _chosen_steps(
                 }
             )
     marks.sort(key=lambda m: m["from_step"])
-    return chosen, marks
+    return chosen, lasts, marks

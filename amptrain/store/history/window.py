@@ -45,7 +45,9 @@ def flagged(p: Any) -> sa.ColumnElement[bool]:
 @dataclass
 class Window:
     items: list[dict[str, Any]]
-    """Points in step order; each has ``downsampled`` (false: every point of the window)."""
+    """Points in step order; each has ``downsampled`` (false: every point of the window)
+    and, when downsampled, ``bucket_last``: whether it is its bucket's last point (one per
+    bucket, evenly spaced, unlike the min/max kept for spikes: what a smoothed line reads)."""
     next_cursor: str | None
     """The newest recorded point's cursor (of the whole run): follow the run from there."""
     marks: list[dict[str, int]] = field(default_factory=list)
@@ -85,6 +87,7 @@ def finish(
     s: Session,
     job_id: str,
     steps: set[int],
+    lasts: set[int],
     marks: list[dict[str, int]],
     max_points: int,
     extrema: tuple[str, ...],
@@ -93,11 +96,13 @@ def finish(
     *,
     multi: bool,
 ) -> Window:
-    """The chosen steps' rows as the window's items."""
+    """The chosen steps' rows as the window's items; ``lasts``: each bucket's last step."""
     rows = _rows_at(s, job_id, sorted(steps), multi_attempt=multi)
     if len(rows) > max_points:  # only when a bucket holds more (see window_width)
         rows = _most_telling(rows, max_points, extrema)
     items = [point_row(r, True, fields) for r in rows]
+    for item in items:
+        item["bucket_last"] = item["step"] in lasts
     return Window(items, newest, marks)
 
 

@@ -20,7 +20,7 @@ import sys
 import traceback
 from typing import IO, TYPE_CHECKING, Any
 
-from amptrain.contract.errors import TrainingError, classify_failure
+from amptrain.contract.errors import PrecisionFallbackError, TrainingError, classify_failure
 from amptrain.contract.records import Sink
 from amptrain.core.lifeline import die_with
 from amptrain.worker.child.protocol import (
@@ -112,6 +112,7 @@ def train(launch: Launch, sink: Sink | None, ranks: Ranks | None = None) -> Fini
             cpu_bf16_probe=Bf16Probe.from_dict(probe) if probe else None,
             precision_cache=FileCache(launch.precision_cache) if launch.precision_cache else None,
             ranks=ranks,
+            precision_override=launch.precision_override,
         )
         result = Trainer(parse_spec(launch.spec), ctx).train()
     except Exception as exc:
@@ -121,7 +122,11 @@ def train(launch: Launch, sink: Sink | None, ranks: Ranks | None = None) -> Fini
             traceback.print_exc()
         error = classify_failure(exc)
         return Failed(
-            code=error.code, message=error.message, step=error.step, retryable=error.retryable
+            code=error.code,
+            message=error.message,
+            step=error.step,
+            retryable=error.retryable,
+            fallback_to=error.to if isinstance(error, PrecisionFallbackError) else None,
         )
     finally:
         # The engine never closes the caller's sink: deliver what Redis has not taken yet.

@@ -44,6 +44,9 @@ class Launch(_Message):
     precision_cache: str | None = None
     """The worker's file of ``precision: auto`` decisions per model, shapes and device
     (:mod:`amptrain.worker.child.precision_cache`); None: the child's own, forgotten after."""
+    precision_override: str | None = None
+    """After a precision fallback: the precision this attempt trains in (see
+    :attr:`amptrain.engine.context.RunContext.precision_override`)."""
 
 
 class Accepted(_Message):
@@ -98,6 +101,8 @@ class Failed(_Message):
     message: str
     step: int | None
     retryable: bool
+    fallback_to: str | None = None
+    """A precision fallback (``health.fallback``): the precision the next attempt trains in."""
 
     def error(self) -> dict[str, Any]:
         """The job's ``error`` as stored and shown to the user."""

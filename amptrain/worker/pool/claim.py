@@ -29,6 +29,15 @@ class Claim:
     spec: dict[str, Any]
     max_attempts: int
     owner: str
+    fallbacks: int = 0
+    """Precision fallbacks so far: each adds an attempt to the retry budget."""
+    precision_override: str | None = None
+    """After a fallback: the precision this attempt trains in instead of the spec's."""
+
+    @property
+    def attempts_left(self) -> bool:
+        """Another attempt is within the retry budget (``max_attempts`` + fallbacks)."""
+        return self.attempt < self.max_attempts + self.fallbacks
 
 
 def launch(settings: Settings, claim: Claim, recorded: dict[int, int] | None = None) -> Launch:
@@ -44,6 +53,7 @@ def launch(settings: Settings, claim: Claim, recorded: dict[int, int] | None = N
         recorded=recorded,
         cpu_bf16_probe=devices.cpu_bf16_probe(devices.known_report()),
         precision_cache=str(settings.data_dir / PRECISION_CACHE),
+        precision_override=claim.precision_override,
     )
 
 

@@ -84,7 +84,15 @@ class Supervisor:
                 why = "no such job" if job is None else f"it is {job.status}"
                 log.info("job %s not claimable (%s); message dropped", job_id, why)
                 return None
-            claim = Claim(job_id, attempt, dict(job.spec), job.max_attempts, job.owner)
+            claim = Claim(
+                job_id,
+                attempt,
+                dict(job.spec),
+                job.max_attempts,
+                job.owner,
+                fallbacks=job.fallbacks,
+                precision_override=job.precision_override,
+            )
         bind(attempt=attempt)
         log.info("job %s claimed as attempt %d by %s", job_id, attempt, self.worker)
         return claim
@@ -206,7 +214,9 @@ class Supervisor:
         data = {"error": error} if error else {}
         with self.sessions.begin() as s:
             if status == JobStatus.QUEUED:
-                done = jobs.release(s, job_id, attempt)  # a retry: the error is in the event
+                # A retry (the error is in the event), or a precision fallback.
+                fallback = out.failure.fallback_to if out.failure else None
+                done = jobs.release(s, job_id, attempt, fallback_to=fallback)
             else:
                 done = jobs.finish(s, job_id, attempt, status, error)
         if done:  # the status is the fenced truth; the event only tells it

@@ -33,7 +33,10 @@ def final_state(
         step=None,
         retryable=True,
     )
-    if failure.retryable and claim.attempt < claim.max_attempts:
+    if failure.fallback_to is not None:  # not a failure: the budget is not charged
+        log.info("job %s falls back to %s; re-queueing", claim.job_id, failure.fallback_to)
+        return JobStatus.QUEUED, failure.error()
+    if failure.retryable and claim.attempts_left:
         log.warning(
             "job %s attempt %d failed (%s); re-queueing", claim.job_id, claim.attempt, failure.code
         )

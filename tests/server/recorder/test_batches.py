@@ -11,6 +11,7 @@ import sqlalchemy as sa
 from prometheus_client import REGISTRY
 from sqlalchemy.orm import Session, sessionmaker
 
+from amptrain.contract.progress import STEADY_WINDOW
 from amptrain.core.redis import Keys
 from amptrain.server.recorder.service import GROUP, Recorder
 from amptrain.store import jobs
@@ -138,7 +139,8 @@ def test_non_finite_and_missing_values_survive(sf: Sessions, r: redis.Redis, met
     assert (p3.loss, p3.memory_peak, p3.samples_per_second) == (2.5e-300, 2**62, 0.0)
     assert p3.memory_allocated == 30 and p3.skipped is False
     summary = job(sf, job_id).summary
-    assert summary["memory_peak"] == 2**62 and summary["samples_per_second"] == 0
+    assert summary["memory_peak"] == 2**62
+    assert summary["samples_per_second"] == pytest.approx((101 + 102 + 0) / 3)  # steady
     with sf() as s:  # the cursor of every point is its stream entry id
         cursors = s.execute(
             sa.select(MetricPoint.stream_ms, MetricPoint.stream_seq).where(
@@ -160,3 +162,32 @@ def test_unknown_insert_method_is_refused_on_postgresql(sf: Sessions, r: redis.R
         Recorder(None, sf, r, insert_method="bogus").drain_once()
     assert rows(sf, job_id) == []
     assert r.xpending(Keys.telemetry(job_id), GROUP)["pending"] == 1  # still to be recorded
+
+
+def test_the_summary_shows_the_steady_rate_of_the_last_steps_not_the_newest_step(
+    sf: Sessions, r: redis.Redis, method: str
+) -> None:
+    job_id, attempt = start_job(sf)
+    # A run whose every tenth step waited on something: 10 ms at 100 samples/s, 1 ms at
+    # 1000 the rest. The newest step's 1000 samples/s is not what it sustains.
+    steps = range(1, STEADY_WINDOW + 51)
+    slow = {step: step % 10 == 0 for step in steps}
+    publish(
+        r,
+        job_id,
+        attempt,
+        [
+            point(
+                step,
+                samples_per_second=100.0 if slow[step] else 1000.0,
+                step_time_ms=10.0 if slow[step] else 1.0,
+            )
+            for step in steps
+        ],
+    )
+    Recorder(None, sf, r, insert_method=method).drain_once()
+    last = list(steps)[-STEADY_WINDOW:]
+    samples = float(len(last))  # one sample a step: 100/s x 10 ms, or 1000/s x 1 ms
+    seconds = sum(10.0 if slow[i] else 1.0 for i in last) / 1000
+    summary = job(sf, job_id).summary
+    assert summary["samples_per_second"] == pytest.approx(samples / seconds)  # 100/0.19 s

@@ -122,7 +122,7 @@ def test_drain_records_points_events_and_summary(sf: Sessions, r: redis.Redis) -
         "loss_scale": 65536.0,
         "skipped_steps": 0,
         "memory_peak": 600,
-        "samples_per_second": 120.0,
+        "samples_per_second": 110.5,  # steady: steps 1-20 at 101-120 samples/s, 5 ms each
     }
     with sf() as s:
         evs = s.execute(

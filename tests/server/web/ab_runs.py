@@ -33,14 +33,18 @@ def spec(**overrides: Any) -> dict[str, Any]:
 
 
 def play(
-    stack: Stack, job_id: str, values: dict[str, float], evals: dict[str, float] | None = None
+    stack: Stack,
+    job_id: str,
+    values: dict[str, float],
+    evals: dict[str, float] | None = None,
+    precision: str = "fp32",
 ) -> None:
-    """Train ``job_id`` for STEPS steps: a slow, noisy warm-up (the first 10% of the steps),
-    then the steady values; the loss ends at ``values["loss"]``. With ``evals``: evaluated
-    at mid-run (half as accurate) and after the last step (``evals``)."""
+    """Train ``job_id`` in ``precision`` for STEPS steps: a slow, noisy warm-up (the first
+    10% of the steps), then the steady values; the loss ends at ``values["loss"]``. With
+    ``evals``: evaluated at mid-run (half as accurate) and after the last step (``evals``)."""
     producer = Producer(stack.env["AMPTRAIN_REDIS_URL"], stack.env["AMPTRAIN_DATABASE_URL"], job_id)
     try:
-        producer.start()
+        producer.start(precision)
         for step in range(1, STEPS + 1):
             warm = step <= STEPS // 10
             producer.record(

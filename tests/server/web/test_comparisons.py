@@ -35,7 +35,7 @@ def test_a_b_report_from_recorded_points(api_stack: Stack) -> None:
 
     assert {r["verdict"]["kept_accuracy"] for r in runs.values()} == {True, None}
     for precision, values in RUNS.items():
-        play(api_stack, runs[precision]["job_id"], values, EVALS[precision])
+        play(api_stack, runs[precision]["job_id"], values, EVALS[precision], precision)
 
     def finished() -> dict[str, Any] | None:
         r = c.get(f"/comparisons/{report['id']}").json()
@@ -54,6 +54,11 @@ def test_a_b_report_from_recorded_points(api_stack: Stack) -> None:
     assert runs["fp16"]["final_loss"] == pytest.approx(0.55)
     assert runs["fp16"]["ratios"]["final_loss"] == pytest.approx(1.1)
     assert runs["fp32"]["ratios"] == {"throughput": 1.0, "peak_memory": 1.0, "final_loss": 1.0}
+    # Each run's precisions over its steps (more than one after a health.fallback).
+    for precision, run in runs.items():
+        assert [(h["precision"], h["from_step"]) for h in run["precision_history"]] == [
+            (precision, 0)
+        ]
     curves = final["loss_curves"]
     assert curves["step"] == list(range(1, STEPS + 1))
     assert set(curves["loss"]) == {"fp32", "bf16", "fp16"}

@@ -144,7 +144,8 @@ def test_submit_read_and_idempotency(api_stack: Stack) -> None:
         "overflow_counts": {},
     }
     assert job["spec"]["model"] == {"name": "mlp", "args": {}}
-    assert c.get(f"/jobs/{job['id']}").json() == {**job, "notice": None}  # the submit's only
+    # The notice is the submit's only; the precision history GET /jobs/{id}'s.
+    assert c.get(f"/jobs/{job['id']}").json() == {**job, "notice": None, "precision_history": []}
 
     again = c.post("/jobs", json=cpu_job(), headers={"Idempotency-Key": "k1"})
     assert again.status_code == 200 and again.json()["id"] == job["id"]

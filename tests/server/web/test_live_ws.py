@@ -119,7 +119,9 @@ def test_finished_job_sends_history_then_end(stack: Stack, producer: Producer) -
     ).json()
     metric_cursor = last_cursor([m for m in got if m["type"] == "metric"])
     assert 0 < len(page["items"]) <= 8 and page["next_cursor"] == metric_cursor
-    assert set(page["items"][0]) == {"step", "attempt", "cursor", "downsampled", "loss"}
+    assert set(page["items"][0]) == {
+        *("step", "attempt", "cursor", "downsampled", "bucket_last", "loss")
+    }
     assert page["items"][0]["step"] == 1 and page["items"][-1]["step"] == 25
     bad = stack.client.get(f"/jobs/{producer.job_id}/metrics", params={"fields": "nope"})
     assert bad.status_code == 422

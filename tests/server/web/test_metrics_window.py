@@ -74,6 +74,7 @@ def test_window_marks_and_validation(api_stack: Stack) -> None:
             "attempt": 1,
             "cursor": nan[0]["cursor"],
             "downsampled": True,
+            "bucket_last": False,
         }
     ]
     (mark,) = whole["marks"]

@@ -3,6 +3,7 @@ with loss spikes kept. Real SQLite/PostgreSQL; the big case holds 1,000,000 poin
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Iterable, Iterator
@@ -16,7 +17,7 @@ from amptrain.contract.spec import JobSpec
 from amptrain.store import jobs
 from amptrain.store.db import make_session_factory
 from amptrain.store.history import rebuild as summary_rebuild
-from amptrain.store.history.downsample import downsample
+from amptrain.store.history.downsample import downsample, series_window
 from amptrain.store.history.window import parse_fields
 from tests.support.bulk_points import bulk_insert_points
 
@@ -158,3 +159,25 @@ def test_retried_job_downsamples_the_effective_series(
     assert len(items) <= 40
     assert all(p["attempt"] == 2 for p in items if p["step"] > 500)
     assert 50.0 not in [p["loss"] for p in items]  # the superseded attempt's spike is gone
+
+
+@pytest.mark.parametrize("window", [None, (10_001, 12_000)])
+def test_each_bucket_names_its_last_point(
+    db: tuple[sa.Engine, sessionmaker[Session]], window: tuple[int, int] | None
+) -> None:
+    """A smoothed chart reads one point per bucket (its last), not the min/max kept for
+    spikes, which would make a smoothed noisy run look raw. Whole run: from the summaries;
+    a short window: from the points (raw_window)."""
+    engine, sessions = db
+    job_id = new_job(sessions)
+    bulk_insert(engine, points(job_id, range(1, 30_001), spike=20_500))
+    lo, hi = window or (None, None)
+    with sessions() as s:
+        items = series_window(s, job_id, 400, parse_fields("loss"), lo, hi).items
+    lasts = [p["step"] for p in items if p["bucket_last"]]
+    assert all(p["downsampled"] for p in items) and 20 < len(lasts) < len(items)
+    assert lasts[-1] == (hi or 30_000)
+    widths = {b - a for a, b in itertools.pairwise(lasts[:-1])}  # the newest may be short
+    assert len(widths) == 1, widths  # evenly spaced: every bucket's last, only those
+    (width,) = widths
+    assert all(step % width == width - 1 for step in lasts[:-1])  # aligned buckets

@@ -74,7 +74,9 @@ def test_extremes_of_each_requested_field_survive(db: tuple[sa.Engine, Sessions]
     assert {12_345, 4_321, 15_000} <= set(steps_of(by_default))  # loss and grad_norm by default
     only_norm = window(db, job_id, 300, fields=["grad_norm"])
     assert {12_345, 4_321} <= set(steps_of(only_norm))
-    assert set(only_norm.items[0]) == {"step", "attempt", "cursor", "downsampled", "grad_norm"}
+    assert set(only_norm.items[0]) == {
+        *("step", "attempt", "cursor", "downsampled", "bucket_last", "grad_norm")
+    }
     assert max(p["grad_norm"] for p in only_norm.items) == 80.0
 
 

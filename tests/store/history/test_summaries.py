@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from amptrain.contract.metrics import PARALLEL_METRIC_FIELDS, STORED_METRIC_FIELDS
 from amptrain.contract.spec import JobSpec
-from amptrain.store import jobs, migrate, recording
+from amptrain.store import migrate, recording
 from amptrain.store.db import make_engine, make_session_factory
 from amptrain.store.history import layout as summary_layout
 from amptrain.store.history import rebuild as summary_rebuild
@@ -23,12 +23,14 @@ from amptrain.store.history.raw_window import raw_window
 from amptrain.store.history.summary_reads import open_view
 from amptrain.store.history.window import parse_fields
 from amptrain.store.models import MetricPoint, MetricSummary, MetricSummaryState
+from tests.support.old_schema import create_old_job
 
 Sessions = sessionmaker[Session]
 T0 = 1_700_000_000_000
 
 
 def new_job(sessions: Sessions) -> str:
+    """A job in the columns of revision 0004 (the oldest these tests start from)."""
     spec = JobSpec.model_validate(
         {
             "model": {"name": "mlp"},
@@ -37,7 +39,7 @@ def new_job(sessions: Sessions) -> str:
         }
     )
     with sessions.begin() as s:
-        return jobs.create_job(s, spec, "tester", "cpu").id
+        return create_old_job(s, spec, "tester", "cpu")
 
 
 def series(

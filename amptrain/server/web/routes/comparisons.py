@@ -19,6 +19,7 @@ from amptrain.server.web.admission import queue_workers
 from amptrain.server.web.deps import CurrentUser, ServicesDep, SessionDep, charge_writes
 from amptrain.server.web.errors import NotFound, ValidationFailed, clip, error_responses
 from amptrain.server.web.routes.jobs import submit_job
+from amptrain.server.web.schemas import PrecisionSegmentOut
 from amptrain.store import comparisons as repo
 from amptrain.store.accuracy import DEFAULT_TOLERANCE
 
@@ -81,6 +82,8 @@ class ComparisonRun(BaseModel):
     step: int
     max_steps: int
     effective_precision: str | None
+    precision_history: list[PrecisionSegmentOut]
+    """The run's precisions over its steps (more than one after a ``health.fallback``)."""
     error: dict[str, str] | None
     throughput: float | None
     """Mean samples/s after the first 10% of the steps."""

@@ -37,7 +37,7 @@ from amptrain.server.web.errors import (
     error_responses,
     field_problems,
 )
-from amptrain.server.web.schemas import JobOut, JobPage
+from amptrain.server.web.schemas import JobOut, JobPage, PrecisionSegmentOut
 from amptrain.store import job_reads, quotas
 from amptrain.store import jobs as repo
 from amptrain.store.models import Job
@@ -247,10 +247,12 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
 
 @router.get("/{job_id}", response_model=JobOut, responses=error_responses(404))
 def read_job(job_id: str, session: SessionDep, user: CurrentUser) -> JobOut:
-    """One job: status, progress, precision, error and latest metrics summary."""
+    """One job: status, progress, precision (and its history), error and latest metrics
+    summary."""
     job = visible_job(session, user, job_id)
+    history = [PrecisionSegmentOut(**h) for h in job_reads.precision_history(session, job_id)]
     release_connection(session)  # before FastAPI's response-validation hop
-    return JobOut.from_job(job)
+    return JobOut.from_job(job).model_copy(update={"precision_history": history})
 
 
 @router.post(

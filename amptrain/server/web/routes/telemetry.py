@@ -42,7 +42,9 @@ METRICS_WINDOW = (
     "points, marked ``downsampled``: per bucket of steps the first, the last, the min and max "
     f"of each requested field that can spike ({', '.join(EXTREMA_FIELDS)}; "
     f"{' and '.join(DEFAULT_EXTREMA)} by default) and the skipped or non-finite steps (all of "
-    "them when they fit, else each bucket's first, counted in ``marks``). Not with ``after``."
+    "them when they fit, else each bucket's first, counted in ``marks``). Each such point says "
+    "whether it is its bucket's last (``bucket_last``): one per bucket, evenly spaced, what a "
+    "smoothed line should read. Not with ``after``."
 )
 EVALS_WINDOW = (
     "Return the whole run (or the ``from_step``..``to_step`` window) in at most this many "

@@ -1,26 +1,32 @@
 // A job's charts on uPlot: synced cursor and zoom, log axes, smoothing with the raw line
-// still drawn, NaN/Inf and skipped-step marks, x as step or wall time. Zooming asks the
-// owner (onZoom) to fetch the window at full resolution; live updates keep zoom and cursor.
+// still drawn, NaN/Inf and skipped-step marks (marks.js), y axes sized to their labels
+// (axes.js), x as step or wall time. Zooming asks the owner (onZoom) to fetch the window
+// at full resolution; live updates keep zoom and cursor.
+import { YLabels, logScale, yAxis } from "./axes.js";
 import { fmtBytes, fmtNum, fmtPow2, fmtTime, h } from "./dom.js";
-import { smooth } from "./series.js";
+import { EventMarks, describeMarks, drawMarks } from "./marks.js";
+import { drawSpans } from "./segments.js";
+import { smoothSeries } from "./series.js";
 
 const uPlot = window.uPlot;
 const COLORS = ["#2f6fde", "#d9480f", "#2b8a3e", "#862e9c", "#e67700"];
-const NONFINITE = "#c53030";
-const SKIPPED = "#dd8a00";
 const HEIGHT = 190;
+const TIME_LABEL_HALF = 48; // half of "12:51pm 12/3/26" at 11 px: the first time label is whole
 /** Whole-step tick spacings for step axes (uPlot would otherwise tick at 2.5). */
 export const STEP_INCRS = [1, 2, 5].flatMap((m) => [1, 10, 100, 1e3, 1e4, 1e5, 1e6, 1e7].map((p) => m * p)).sort((a, b) => a - b);
 
 /** The chart definitions, from the server's one metric table (`GET /catalog`'s `charts` and
  * `metrics`): each chart draws the metrics whose `chart` is its key. A chart that marks
- * skipped and non-finite steps also needs the `skipped` flag. */
+ * skipped and non-finite steps also needs the `skipped` flag, and the field whose nulls
+ * mean non-finite (`watch`): its own grad norm (null by design only when skipped), else
+ * the loss (never null by design; the loss scale is null outside fp16). */
 export function chartDefs({ charts, metrics }) {
   return charts.map((c) => {
     const mine = metrics.filter((m) => m.chart === c.key);
+    const fields = mine.map((m) => m.name);
     return {
-      key: c.key, title: c.title, fields: mine.map((m) => m.name),
-      extra: c.marks ? ["skipped"] : [], smooth: c.smooth, marks: c.marks,
+      key: c.key, title: c.title, fields, watch: fields.includes("grad_norm") ? "grad_norm" : "loss",
+      extra: c.marks ? ["skipped", "loss"] : [], smooth: c.smooth, marks: c.marks,
       log: c.log === "log2" ? 2 : c.log, empty: c.empty,
       bytes: mine.length > 0 && mine.every((m) => m.unit === "bytes"),
     };
@@ -29,16 +35,28 @@ export function chartDefs({ charts, metrics }) {
 
 /** The charts of one page, sharing cursor, zoom, x mode and smoothing. */
 export class ChartGroup {
-  constructor(syncKey, { onZoom }) {
+  constructor(syncKey, { onZoom, onView = () => {} }) {
     this.syncKey = syncKey;
     this.onZoom = onZoom;
+    this.onView = onView; // the view (x mode, smoothing, zoom, log axes) changed: e.g. into the URL
+    this.logKeys = new Set(); // charts with a log toggle that are on log now
     this.charts = [];
     this.xMode = "step";
     this.smoothing = 0.8;
     this.zoom = null; // {min, max} in x units, null when showing everything
+    this.events = []; // [{step, type, text}] marked on every chart (the timeline's)
     this.propagating = false;
     this.pending = false;
     this.zoomTimer = null;
+    this.spans = []; // the job's precisions over its steps (segments.js)
+  }
+
+  /** Mark the steps of each precision (after a fallback) on every chart. */
+  setSpans(spans) {
+    const key = JSON.stringify(spans);
+    if (key === JSON.stringify(this.spans)) return;
+    this.spans = spans;
+    this.refresh();
   }
 
   add(def, series) {
@@ -65,16 +83,55 @@ export class ChartGroup {
     this.xMode = mode;
     this.zoom = null;
     this.rebuild();
+    this.onView();
   }
 
   setSmoothing(weight) {
     this.smoothing = weight;
     this.rebuild();
+    this.onView();
+  }
+
+  /** The view as URL parameters: ``x``, ``smooth``, ``from``/``to`` (the zoom, in x units)
+   * and ``log`` (the chart keys on a log axis); defaults left out. */
+  viewState() {
+    return {
+      x: this.xMode === "step" ? null : this.xMode,
+      smooth: this.smoothing === 0.8 ? null : this.smoothing,
+      from: this.zoom ? +this.zoom.min.toPrecision(12) : null,
+      to: this.zoom ? +this.zoom.max.toPrecision(12) : null,
+      log: [...this.logKeys].sort().join(",") || null,
+    };
+  }
+
+  /** Take a view from URL parameters (before the charts are built); bad values are ignored. */
+  applyView(params) {
+    if (params.get("x") === "time") this.xMode = "time";
+    const smooth = Number(params.get("smooth"));
+    if (params.has("smooth") && smooth >= 0 && smooth <= 0.99) this.smoothing = smooth;
+    const [min, max] = [Number(params.get("from")), Number(params.get("to"))];
+    if (params.has("from") && params.has("to") && Number.isFinite(min) && Number.isFinite(max) && min < max) this.zoom = { min, max };
+    for (const key of (params.get("log") || "").split(",")) if (key) this.logKeys.add(key);
+  }
+
+  setLog(chart, on) {
+    if (on) this.logKeys.add(chart.def.key);
+    else this.logKeys.delete(chart.def.key);
+    chart.log = on;
+    chart.build();
+    this.onView();
+  }
+
+  /** Mark these events on every chart. */
+  setEvents(events) {
+    this.events = events;
+    for (const c of this.charts) c.plot?.redraw(false);
   }
 
   resetZoom() {
     this.zoom = null;
     for (const c of this.charts) c.update(true);
+    this.onView();
   }
 
   /** A chart's x scale changed (drag to zoom, double click to reset): apply to the others. */
@@ -90,6 +147,7 @@ export class ChartGroup {
     }
     clearTimeout(this.zoomTimer);
     if (this.zoom) this.zoomTimer = setTimeout(() => this.onZoom(this.zoom, source), 150);
+    this.onView();
   }
 
   destroy() {
@@ -103,16 +161,20 @@ class Chart {
     this.def = def;
     this.series = series;
     this.group = group;
-    this.log = def.log === 2;
+    this.log = def.log === 2 || (def.log === "toggle" && group.logKeys.has(def.key));
     this.plot = null;
     this.updating = false;
     this.plotEl = h("div", { class: "plot" });
+    this.yLabels = new YLabels(this.plotEl);
+    this.eventMarks = new EventMarks(this.plotEl);
+    this.yTicks = [];
     this.marksEl = h("div", { class: "marks", dataset: { marksFor: def.key } });
     const logBox = def.log === "toggle"
-      ? h("label", { class: "small muted" }, h("input", { type: "checkbox", onchange: (e) => { this.log = e.target.checked; this.build(); } }), " log")
+      ? h("label", { class: "small muted" }, h("input", { type: "checkbox", checked: this.log, onchange: (e) => group.setLog(this, e.target.checked) }), " log")
       : def.log === 2 ? h("span", { class: "small muted" }, "log2") : null;
+    this.smoothNote = def.smooth ? h("span", { class: "small muted smooth-note" }) : null;
     this.el = h("section", { class: "chart", dataset: { chart: def.key, points: "0", marks: "0" } },
-      h("header", {}, h("strong", {}, def.title), logBox), this.plotEl, this.marksEl);
+      h("header", {}, h("strong", {}, def.title), this.smoothNote, logBox), this.plotEl, this.marksEl);
     this.resize = new ResizeObserver(() => {
       if (this.plot && this.plotEl.clientWidth && this.plotEl.clientWidth !== this.plot.width) {
         this.plot.setSize({ width: this.plotEl.clientWidth, height: HEIGHT });
@@ -126,6 +188,8 @@ class Chart {
   /** The x values of the data, in the group's x mode. */
   xs() { return this.group.xMode === "time" ? this.series.time : this.series.step; }
 
+  stepToX(step) { return this.group.xMode === "time" ? this.series.stepToTime(step) : step; }
+
   dataRange() {
     const xs = this.xs();
     return xs.length ? [xs[0], xs[xs.length - 1]] : [0, 0];
@@ -137,15 +201,9 @@ class Chart {
     const positive = (ys) => (this.log ? ys.map((y) => (y > 0 ? y : null)) : ys);
     for (const f of this.def.fields) {
       cols.push(positive(s.cols[f]));
-      if (this.smoothed()) cols.push(positive(smooth(s.cols[f], this.group.smoothing)));
+      if (this.smoothed()) cols.push(positive(smoothSeries(s, f, this.group.smoothing)));
     }
     return cols;
-  }
-
-  tick(v) {
-    if (this.def.bytes) return fmtBytes(v);
-    if (this.def.log === 2) return fmtPow2(v);
-    return fmtNum(v, 3);
   }
 
   smoothed() { return Boolean(this.def.smooth) && this.group.smoothing > 0; }
@@ -155,9 +213,11 @@ class Chart {
     const time = this.group.xMode === "time";
     const value = this.def.bytes ? (u, v) => fmtBytes(v) : this.def.log === 2 ? (u, v) => fmtPow2(v) : (u, v) => fmtNum(v);
     const series = [{ label: time ? "time" : "step", value: time ? (u, v) => (v == null ? "–" : fmtTime(v)) : (u, v) => v ?? "–" }];
+    // A point between gaps (one finite step before a run diverged) has no line: draw it.
+    const points = { show: false, filter: isolated };
     this.def.fields.forEach((f, i) => {
       const color = COLORS[i % COLORS.length];
-      const raw = { label: this.def.fields.length > 1 ? f.replace("memory_", "") : f, stroke: color, width: 1, value, points: { show: false } };
+      const raw = { label: this.def.fields.length > 1 ? f.replace("memory_", "") : f, stroke: color, width: 1, value, points: { ...points, fill: color } };
       if (this.smoothed()) {
         series.push({ ...raw, label: `${raw.label} (raw)`, stroke: `${color}55` });
         series.push({ ...raw, label: `${raw.label} (smoothed)`, width: 1.5 });
@@ -165,15 +225,19 @@ class Chart {
         series.push(raw);
       }
     });
-    const y = this.log ? { distr: 3, log: this.def.log === 2 ? 2 : 10 } : {};
     const opts = {
       width: this.width, height: HEIGHT, series, legend: { live: true },
-      scales: { x: { time }, y },
-      axes: [time ? { space: 60 } : { space: 60, incrs: STEP_INCRS }, { size: 64, values: (u, vals) => vals.map((v) => this.tick(v)) }],
+      scales: { x: { time }, y: this.log ? logScale(this.def.log === 2 ? 2 : 10) : {} },
+      axes: [time ? { space: 60 } : { space: 60, incrs: STEP_INCRS }, yAxis(this, HEIGHT - 50, time ? TIME_LABEL_HALF : 0)],
       cursor: { sync: { key: this.group.syncKey }, drag: { x: true, y: false } },
       hooks: {
-        setScale: [(u, key) => { if (key === "x") this.group.scaleChanged(this, u.scales.x.min, u.scales.x.max); }],
-        draw: [(u) => this.drawMarks(u)],
+        setScale: [(u, key) => { if (key === "x") { this.group.scaleChanged(this, u.scales.x.min, u.scales.x.max); this.describe(); } }],
+        drawClear: [(u) => drawSpans(u, this.group.spans, (step) => this.stepToX(step))],
+        draw: [(u) => {
+          this.yLabels.place(u);
+          drawMarks(this, u);
+          this.eventMarks.place(u, this.group.events, (step) => this.stepToX(step));
+        }],
       },
     };
     this.updating = true;
@@ -201,76 +265,31 @@ class Chart {
     this.describe();
   }
 
-  /** Steps flagged non-finite or skipped, as indices into the series. */
-  flagged() {
-    if (!this.def.marks) return [];
-    const out = [];
-    for (let i = 0; i < this.series.length; i++) {
-      const f = this.series.flagsAt(i);
-      if (f.nonFinite || f.skipped) out.push([i, f]);
-    }
-    return out;
+  /** The steps in view while zoomed ([lo, hi]), else null. */
+  view() {
+    const z = this.group.zoom;
+    if (!z) return null;
+    if (this.group.xMode !== "time") return [z.min, z.max];
+    const s = this.series;
+    const inside = s.step.filter((_, i) => s.time[i] >= z.min && s.time[i] <= z.max);
+    return inside.length ? [inside[0], inside[inside.length - 1]] : [1, 0];
   }
 
-  drawMarks(u) {
-    if (!this.def.marks) return;
-    const ctx = u.ctx;
-    const { left, top, width } = u.bbox;
-    const xs = this.xs();
-    const px = devicePixelRatio || 1;
-    ctx.save();
-    for (const [i, f] of this.flagged()) {
-      const x = u.valToPos(xs[i], "x", true);
-      if (!(x >= left && x <= left + width)) continue;
-      ctx.fillStyle = f.nonFinite ? NONFINITE : SKIPPED;
-      ctx.globalAlpha = 0.25;
-      ctx.fillRect(x - px / 2, top, px, u.bbox.height);
-      ctx.globalAlpha = 1;
-      ctx.beginPath();
-      ctx.moveTo(x - 5 * px, top);
-      ctx.lineTo(x + 5 * px, top);
-      ctx.lineTo(x, top + 8 * px);
-      ctx.fill();
-    }
-    for (const b of this.series.buckets) {
-      const [x0, x1] = [b.from_step, b.to_step].map((s) => u.valToPos(this.group.xMode === "time" ? this.series.stepToTime(s) : s, "x", true));
-      ctx.fillStyle = b.non_finite ? NONFINITE : SKIPPED;
-      ctx.globalAlpha = 0.5;
-      ctx.fillRect(Math.max(left, x0), top, Math.max(2 * px, Math.min(left + width, x1) - Math.max(left, x0)), 3 * px);
-    }
-    ctx.restore();
-  }
-
-  /** The mark counts in words under the chart, and data-* for tests and tooling. */
+  /** The counts and smoothing in words, and data-* for tests and tooling. */
   describe() {
     this.el.dataset.points = String(this.series.length);
+    this.el.dataset.precisions = this.group.spans.map((s) => `${s.precision}@${s.from}`).join(" ");
+    if (this.smoothNote) {
+      const every = this.series.bucketSpacing();
+      this.smoothNote.textContent = this.smoothed() ? (every > 1 ? `smoothed over 1 point per ${every} steps` : "smoothed over every step") : "";
+      this.smoothNote.title = every > 1 ? "The history is downsampled: the smoothed line reads each bucket's last point, not its kept minimum and maximum. Zoom in to smooth over every step." : "";
+    }
     const empty = this.series.length > 0 && this.def.fields.every((f) => this.series.cols[f].every((v) => v === null));
     if (empty && this.def.empty) {
       this.marksEl.replaceChildren(h("span", { class: "muted" }, this.def.empty));
       return;
     }
-    if (!this.def.marks) return;
-    const flagged = this.flagged();
-    const nonFinite = flagged.filter(([, f]) => f.nonFinite).map(([i]) => this.series.step[i]);
-    const skipped = flagged.filter(([, f]) => f.skipped).map(([i]) => this.series.step[i]);
-    // Server marks count every flagged step of a bucket, kept or not; add the kept ones
-    // outside any bucket (live points, full-resolution windows).
-    const buckets = this.series.buckets;
-    const outside = (steps) => steps.filter((s) => !buckets.some((b) => s >= b.from_step && s <= b.to_step)).length;
-    const nfTotal = outside(nonFinite) + buckets.reduce((a, b) => a + b.non_finite, 0);
-    const skTotal = outside(skipped) + buckets.reduce((a, b) => a + b.skipped, 0);
-    this.el.dataset.marks = String(flagged.length);
-    this.el.dataset.nonFinite = String(nfTotal);
-    this.el.dataset.skipped = String(skTotal);
-    const list = (steps) => (steps.length > 5 ? `${steps.slice(0, 5).join(", ")}, …` : steps.join(", "));
-    const parts = [];
-    if (this.def.key === "loss" && nfTotal) {
-      parts.push(h("span", { class: "nonfinite" }, `▼ ${nfTotal} NaN/Inf loss step${nfTotal === 1 ? "" : "s"}${nonFinite.length ? ` (step ${list(nonFinite)})` : ""} `));
-    }
-    if (skTotal) {
-      parts.push(h("span", { class: "skip" }, `▼ ${skTotal} skipped step${skTotal === 1 ? "" : "s"}${skipped.length ? ` (step ${list(skipped)})` : ""}`));
-    }
-    this.marksEl.replaceChildren(...parts);
+    if (this.def.marks) describeMarks(this, this.view());
   }
 
   destroy() {
@@ -278,4 +297,14 @@ class Chart {
     if (this.plot) this.plot.destroy();
     this.plot = null;
   }
+}
+
+/** uPlot points filter: the indices of non-null values with no neighbour to draw a line to. */
+function isolated(u, si) {
+  const ys = u.data[si];
+  const out = [];
+  for (let i = 0; i < ys.length; i++) {
+    if (ys[i] != null && (i === 0 || ys[i - 1] == null) && (i === ys.length - 1 || ys[i + 1] == null)) out.push(i);
+  }
+  return out.length ? out : null;
 }

@@ -67,6 +67,11 @@ export function fmtTime(unixSeconds) {
   return new Date(unixSeconds * 1000).toLocaleTimeString();
 }
 
+/** A date and time to the second ("Dec 3, 12:40:19"): a timeline can span days. */
+export function fmtDateTime(unixSeconds) {
+  return new Date(unixSeconds * 1000).toLocaleString([], { month: "short", day: "numeric", hour: "2-digit", minute: "2-digit", second: "2-digit" });
+}
+
 export function statusBadge(status) {
   return h("span", { class: `status ${status}`, dataset: { status } }, status);
 }

@@ -1,5 +1,6 @@
 // Evaluation charts: one small chart per metric name of GET /jobs/{id}/evals (a plugin's
 // names too: the series are named, not a fixed set), fed by history and live eval messages.
+import { YLabels, yAxis } from "./axes.js";
 import { fmtNum, h } from "./dom.js";
 import { STEP_INCRS } from "./charts.js";
 
@@ -31,22 +32,28 @@ export class EvalCharts {
     const def = this.defs[name] || {};
     const label = def.label || name;
     const hint = def.better ? ` (${def.better} is better)` : "";
-    const plotEl = h("div", {});
+    const plotEl = h("div", { class: "plot" });
+    const axis = { def: {}, log: false, yLabels: new YLabels(plotEl) }; // y labels as on the step charts
     const el = h("div", { class: "card chart", dataset: { evalChart: name, points: "0" } },
       h("header", {}, h("strong", {}, `eval: ${name.replaceAll("_", " ")}`), h("span", { class: "muted small" }, hint)), plotEl);
     // Built-in metrics in the catalog's order, then a plugin's by name.
     const rank = (n) => (this.order.includes(n) ? this.order.indexOf(n) : this.order.length);
     const after = [...this.charts.keys()].find((n) => rank(n) > rank(name) || (rank(n) === rank(name) && n > name));
     this.el.insertBefore(el, after ? this.charts.get(after).el : null);
-    const plot = new uPlot({ width: this.el.clientWidth || 600, height: 180, scales: { x: { time: false } },
+    // As wide as its own card (the grid's width made it spill over its neighbour), following resizes.
+    const plot = new uPlot({ width: plotEl.clientWidth || 600, height: 180, scales: { x: { time: false } },
       series: [{ label: "step" }, { label, stroke: "#2b8a3e", width: 1.5, spanGaps: true, points: { show: true }, value: (u, v) => fmtNum(v, 4) }],
-      axes: [{ incrs: STEP_INCRS }, { size: 64, values: (u, vs) => vs.map((v) => fmtNum(v, 3)) }] }, [[], []], plotEl);
-    const c = { el, steps: [], values: [], plot };
+      axes: [{ incrs: STEP_INCRS }, yAxis(axis, 130)], hooks: { draw: [(u) => axis.yLabels.place(u)] } }, [[], []], plotEl);
+    const resize = new ResizeObserver(() => {
+      if (plotEl.clientWidth && plotEl.clientWidth !== plot.width) plot.setSize({ width: plotEl.clientWidth, height: 180 });
+    });
+    resize.observe(plotEl);
+    const c = { el, steps: [], values: [], plot, resize };
     this.charts.set(name, c);
     return c;
   }
 
   destroy() {
-    for (const c of this.charts.values()) c.plot.destroy();
+    for (const c of this.charts.values()) { c.resize.disconnect(); c.plot.destroy(); }
   }
 }

@@ -1,5 +1,7 @@
 // One chart's points in step order: downsampled history, spliced full-resolution windows
-// and the live tail, merged so that a step is never drawn twice.
+// and the live tail, merged so that a step is never drawn twice. `bucketEnd` tells which
+// points stand for a run of steps evenly (a bucket's last, or a point of full resolution):
+// smoothing reads only those, never the minima and maxima kept so spikes stay visible.
 
 export class Series {
   constructor(fields) {
@@ -12,6 +14,7 @@ export class Series {
     this.time = [];
     this.skipped = [];
     this.downsampled = [];
+    this.bucketEnd = [];
     this.cols = Object.fromEntries(this.fields.map((f) => [f, []]));
     this.buckets = []; // [{from_step, to_step, skipped, non_finite}] from the server
   }
@@ -51,10 +54,21 @@ export class Series {
     return false;
   }
 
-  /** Index of the point that is non-finite (a requested value came back null) or skipped. */
-  flagsAt(i) {
-    const nonFinite = this.fields.includes("loss") && this.cols.loss[i] === null;
-    return { skipped: this.skipped[i] === true, nonFinite };
+  /** Whether point i is skipped, or non-finite in `watch` (null in JSON; a grad norm is
+   * also null, by design, on a skipped step). */
+  flagsAt(i, watch = "loss") {
+    const skipped = this.skipped[i] === true;
+    const value = this.fields.includes(watch) ? this.cols[watch][i] : undefined;
+    const nonFinite = value === null && (watch === "loss" || !skipped);
+    return { skipped, nonFinite };
+  }
+
+  /** Steps between the bucket ends of the downsampled part (the median), 1 when none is. */
+  bucketSpacing() {
+    const ends = this.step.filter((_, i) => this.downsampled[i] && this.bucketEnd[i]);
+    if (ends.length < 2) return 1;
+    const gaps = ends.slice(1).map((s, i) => s - ends[i]).sort((a, b) => a - b);
+    return gaps[gaps.length >> 1];
   }
 
   stepToTime(step) {
@@ -67,6 +81,7 @@ export class Series {
     this.time.push(p.time ?? null);
     this.skipped.push(p.skipped ?? null);
     this.downsampled.push(Boolean(p.downsampled));
+    this.bucketEnd.push(!p.downsampled || Boolean(p.bucket_last));
     for (const f of this.fields) this.cols[f].push(p[f] ?? null);
   }
 
@@ -75,19 +90,20 @@ export class Series {
     this.time.push(src.time[i]);
     this.skipped.push(src.skipped[i]);
     this.downsampled.push(src.downsampled[i]);
+    this.bucketEnd.push(src.bucketEnd[i]);
     for (const f of this.fields) this.cols[f].push(src.cols[f][i]);
   }
 
   #slice(i) {
     return {
       step: this.step.slice(i), time: this.time.slice(i), skipped: this.skipped.slice(i),
-      downsampled: this.downsampled.slice(i),
+      downsampled: this.downsampled.slice(i), bucketEnd: this.bucketEnd.slice(i),
       cols: Object.fromEntries(this.fields.map((f) => [f, this.cols[f].slice(i)])),
     };
   }
 
   #truncate(i) {
-    for (const arr of [this.step, this.time, this.skipped, this.downsampled, ...Object.values(this.cols)]) arr.length = i;
+    for (const arr of [this.step, this.time, this.skipped, this.downsampled, this.bucketEnd, ...Object.values(this.cols)]) arr.length = i;
   }
 
   #firstAtOrAbove(step) {
@@ -113,5 +129,27 @@ export function smooth(ys, weight) {
     debias = debias * weight + (1 - weight);
     out[i] = last / debias;
   }
+  return out;
+}
+
+/** Field `f` of `series` smoothed over its bucket ends (every point at full resolution);
+ * the points between two ends read the line between them, and gaps stay gaps. */
+export function smoothSeries(series, f, weight) {
+  const ys = series.cols[f];
+  const ends = [];
+  for (let i = 0; i < ys.length; i++) if (series.bucketEnd[i] || ys[i] === null) ends.push(i);
+  const smoothed = smooth(ends.map((i) => ys[i]), weight);
+  const out = new Array(ys.length).fill(null);
+  const xs = series.step;
+  ends.forEach((i, k) => {
+    out[i] = smoothed[k];
+    const j = ends[k + 1];
+    if (j === undefined || smoothed[k] === null || smoothed[k + 1] === null) return;
+    for (let m = i + 1; m < j; m++) {
+      if (ys[m] === null) continue;
+      const t = (xs[m] - xs[i]) / (xs[j] - xs[i]);
+      out[m] = smoothed[k] + t * (smoothed[k + 1] - smoothed[k]);
+    }
+  });
   return out;
 }

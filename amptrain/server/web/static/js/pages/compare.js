@@ -1,9 +1,11 @@
-// Compare runs: overlay the loss curves of any jobs, or run a precision A/B comparison
-// (POST /comparisons: one spec, one job per precision) and read its ratio table, the
-// accuracy verdict and the held-out curves of every arm side by side.
+// Compare runs: overlay any metric of any jobs (overlay_panel.js), or run a precision A/B
+// comparison (POST /comparisons: one spec, one job per precision) and read its ratio table,
+// the accuracy verdict and the held-out curves of every arm side by side.
 import { api, ApiError } from "../api.js";
 import { FINISHED, clear, fmtAge, fmtBytes, fmtNum, h, statusBadge } from "../dom.js";
 import { STEP_INCRS } from "../charts.js";
+import { overlayPanel } from "../overlay_panel.js";
+import { describeSpans, precisionSpans } from "../segments.js";
 import { specForm } from "../spec_form.js";
 
 const uPlot = window.uPlot;
@@ -14,7 +16,7 @@ export function mount(root, args) {
   return args.id ? report(root, args.id) : overview(root, args.jobs ? args.jobs.split(",") : []);
 }
 
-/** Overlaid loss curves: rows of [step, ...] joined on the step axis by uPlot.join. */
+/** A comparison's overlaid eval curves: rows of [step, ...] joined on the step axis by uPlot.join. */
 function overlayChart(el, names, curves, { height = 260, points = false } = {}) {
   const data = curves.length ? uPlot.join(curves) : [[]];
   const series = [{ label: "step" }, ...names.map((n, i) => ({ label: n, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true, points: { show: points }, value: (u, v) => fmtNum(v) }))];
@@ -23,40 +25,18 @@ function overlayChart(el, names, curves, { height = 260, points = false } = {}) 
 }
 
 function overview(root, preselected) {
-  const picks = h("div", { class: "pick", id: "pick-jobs" }, h("span", { class: "muted" }, "Loading jobs…"));
-  const plotEl = h("div", { id: "overlay" });
-  let plot = null;
+  const panel = overlayPanel(preselected);
   const abSlot = h("div", { id: "ab-form" });
   const listEl = h("div", { id: "comparisons" });
   root.append(
     h("h1", {}, "Compare"),
-    h("div", { class: "grid2" },
-      h("div", { class: "card" }, h("h2", {}, "Overlay runs"), h("p", { class: "small muted" }, "Pick jobs to overlay their loss curves."), plotEl),
-      h("div", { class: "card" }, h("h2", {}, "Jobs"), picks)),
+    h("div", { class: "grid2" }, panel.card, panel.pickerCard),
     h("div", { class: "grid2" },
       h("div", { class: "card" }, h("h2", {}, "Precision A/B"),
         h("p", { class: "small muted" }, "Train one spec once per precision and compare throughput, peak memory, final loss and held-out accuracy against fp32."), abSlot),
       h("div", { class: "card" }, h("h2", {}, "Comparisons"), listEl)));
 
-  async function drawOverlay() {
-    const chosen = [...picks.querySelectorAll("input:checked")].map((i) => ({ id: i.value, name: i.dataset.name }));
-    const width = plotEl.clientWidth || 800;
-    const pages = await Promise.all(chosen.map((j) => api(`/jobs/${encodeURIComponent(j.id)}/metrics`, { params: { max_points: 2 * width, fields: "loss" } })));
-    const curves = pages.map((p) => [p.items.map((i) => i.step), p.items.map((i) => i.loss)]);
-    plot?.destroy();
-    plot = null;
-    plotEl.replaceChildren();
-    if (!chosen.length) return plotEl.append(h("p", { class: "muted" }, "Nothing picked yet."));
-    plot = overlayChart(plotEl, chosen.map((j) => j.name), curves);
-  }
-
   (async () => {
-    const jobs = (await api("/jobs", { params: { limit: 100 } })).items;
-    clear(picks, jobs.length ? jobs.map((j) => h("label", {},
-      h("input", { type: "checkbox", value: j.id, dataset: { name: j.name }, checked: preselected.includes(j.id), onchange: drawOverlay }),
-      ` ${j.name} `, statusBadge(j.status), h("span", { class: "muted small" }, ` ${j.precision?.effective || j.precision?.requested || ""} · ${fmtAge(j.created_at)}`)))
-      : h("span", { class: "muted" }, "No jobs yet."));
-    drawOverlay();
     const comparisons = (await api("/comparisons")).items;
     clear(listEl, comparisons.length ? h("ul", {}, comparisons.map((c) => h("li", {},
       h("a", { href: `#/compare/${encodeURIComponent(c.id)}` }, c.name), h("span", { class: "muted small" }, ` ${c.runs.map((r) => r.precision).join(" / ")} · ${fmtAge(c.created_at)}`))))
@@ -83,9 +63,9 @@ function overview(root, preselected) {
         }
       },
     }));
-  })().catch((e) => picks.replaceChildren(h("span", { class: "error" }, e.message)));
+  })().catch((e) => listEl.replaceChildren(h("span", { class: "error" }, e.message)));
 
-  return () => plot?.destroy();
+  return () => panel.destroy();
 }
 
 function ratioCell(value, kind) {
@@ -158,7 +138,8 @@ function report(root, id) {
         h("td", {}, h("strong", {}, r.precision)),
         h("td", {}, h("a", { href: `#/jobs/${encodeURIComponent(r.job_id)}` }, r.name)),
         h("td", {}, statusBadge(r.status), h("span", { class: "small muted" }, ` ${r.step}/${r.max_steps}`)),
-        h("td", {}, r.effective_precision || "–"),
+        h("td", { title: describeSpans(precisionSpans(r.precision_history)) }, r.effective_precision || "–",
+          precisionSpans(r.precision_history).length ? h("span", { class: "small muted" }, ` (${r.precision_history.map((x) => x.precision).join(" → ")})`) : null),
         h("td", { class: "num" }, fmtNum(r.throughput, 4)), ratioCell(r.ratios.throughput, "throughput"),
         h("td", { class: "num" }, fmtBytes(r.peak_memory)), ratioCell(r.ratios.peak_memory, "peak_memory"),
         h("td", { class: "num" }, fmtNum(r.final_loss, 4)), ratioCell(r.ratios.final_loss, "final_loss"),

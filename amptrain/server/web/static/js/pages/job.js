@@ -8,8 +8,10 @@ import { EvalCharts } from "../evals.js";
 import { LayerNormChart } from "../layer_norms.js";
 import { LiveFeed } from "../live.js";
 import { showOffenders } from "../offenders.js";
+import { describeSpans, precisionSpans } from "../segments.js";
 import { Series } from "../series.js";
 import { Timeline } from "../timeline.js";
+import { readState, writeState } from "../urlstate.js";
 
 const POLL_MS = 2000;
 // One history request serves every chart (one pass over the points in the database, not
@@ -25,10 +27,12 @@ export function mount(root, { id }) {
   const head = h("div", { class: "card", id: "job-head" }, h("span", { class: "muted" }, "Loading…"));
   const chartsEl = h("div", { class: "charts", id: "charts" });
   const liveState = h("span", { class: "small muted", id: "live-state" });
-  const timeline = new Timeline();
+  const timeline = new Timeline({ onMarks: (events) => group.setEvents(events) });
   const specEl = h("pre", { id: "spec" });
   const checkpointsEl = h("div", { id: "checkpoints", class: "small" });
-  const group = new ChartGroup(`job-${id}`, { onZoom: fullResolution });
+  // The view (x mode, smoothing, zoom, log axes) is in the link: it opens as its sender saw it.
+  const group = new ChartGroup(`job-${id}`, { onZoom: fullResolution, onView: () => writeState(group.viewState()) });
+  group.applyView(readState());
   // The charts, the fields they fetch and the header's summary come from the metric table.
   let fields, series, charts, summaryMetrics, evals;
   const evalsSlot = h("div", {});
@@ -55,6 +59,7 @@ export function mount(root, { id }) {
 
   const xMode = h("select", { id: "x-mode", onchange: () => group.setXMode(xMode.value) },
     h("option", { value: "step" }, "x: step"), h("option", { value: "time" }, "x: wall time"));
+  xMode.value = group.xMode;
   const smoothing = h("input", { type: "range", id: "smoothing", min: "0", max: "0.99", step: "0.01", value: String(group.smoothing),
     oninput: () => { smoothValue.textContent = smoothing.value; group.setSmoothing(Number(smoothing.value)); } });
   const smoothValue = h("span", { class: "mono" }, smoothing.value);
@@ -88,6 +93,8 @@ export function mount(root, { id }) {
     root.dataset.drawnMs = String(Math.round(performance.now() - started));
     root.dataset.drawnAt = String(Math.round(performance.now()));
     chartsEl.dataset.ready = "1";
+    // A zoom the link asked for: that window at full resolution, as a drag would fetch it.
+    if (group.zoom) fullResolution(group.zoom, charts[0]).catch(() => {});
     return page.next_cursor;
   }
 
@@ -126,13 +133,35 @@ export function mount(root, { id }) {
     }
   }
 
+  // What the live stream said since the last poll: an attempt's ``started`` event names its
+  // precision before the header's next poll of the job (which showed "not started" beside
+  // drawn steps).
+  let liveStart = null;
+
+  function onLifecycle(ev) {
+    if (ev.type !== "started" || !job) return;
+    const attempt = ev.data?.attempt || 0;
+    if (liveStart && attempt < liveStart.attempt) return;
+    liveStart = { attempt, precision: ev.data?.precision || {} };
+    renderHead();
+  }
+
+  function headPrecision() {
+    const polled = job.precision || {};
+    if (!liveStart || (polled.effective && job.attempt >= liveStart.attempt)) return polled;
+    return { ...polled, ...liveStart.precision };
+  }
+
   function renderHead() {
-    const p = job.precision || {};
+    const p = headPrecision();
     const s = job.summary || {};
-    const cancellable = !FINISHED.has(job.status) && job.status !== "cancelling";
+    const spans = precisionSpans(job.precision_history);
+    group.setSpans(spans);
+    const status = liveStart && liveStart.attempt > job.attempt ? "running" : job.status;
+    const cancellable = !FINISHED.has(status) && status !== "cancelling";
     clear(head, h("div", { class: "job-head" },
       h("div", {}, h("h1", { id: "job-name" }, job.name), h("div", { class: "small muted mono" }, job.id),
-        h("div", { style: "margin-top:6px" }, statusBadge(job.status), " ",
+        h("div", { style: "margin-top:6px" }, statusBadge(status), " ",
           cancellable ? h("button", { class: "danger", onclick: cancel }, "Cancel") : null, " ",
           h("a", { href: `#/compare?jobs=${encodeURIComponent(job.id)}`, class: "small" }, "compare…"))),
       h("div", {}, h("div", { class: "big", id: "step", dataset: { step: String(job.step) } }, `step ${job.step} / ${job.max_steps}`),
@@ -140,7 +169,9 @@ export function mount(root, { id }) {
       h("dl", { class: "kv" },
         h("dt", {}, "precision"), h("dd", { id: "precision", title: p.reason || "" }, p.effective ? `${p.effective} (asked ${p.requested})` : `${p.requested} (not started)`),
         h("dt", {}, "why"), h("dd", { class: "small" }, p.reason || "–"),
-        h("dt", {}, "attempt"), h("dd", {}, `${job.attempt}${job.worker ? ` on ${job.worker}` : ""}`),
+        spans.length ? h("dt", {}, "precisions") : null,
+        spans.length ? h("dd", { id: "precision-history", class: "small" }, describeSpans(spans)) : null,
+        h("dt", {}, "attempt"), h("dd", {}, `${Math.max(job.attempt, liveStart?.attempt || 0)}${job.worker ? ` on ${job.worker}` : ""}`),
         h("dt", {}, "owner"), h("dd", {}, job.owner)),
       h("dl", { class: "kv" }, summaryMetrics.flatMap((m) => [
         h("dt", {}, m.name.replaceAll("_", " ")),
@@ -177,7 +208,7 @@ export function mount(root, { id }) {
     let after = 0;
     for (;;) {
       const page = await api(`${path}/events`, { params: { after, limit: 1000 } });
-      page.items.forEach((ev) => timeline.add(ev));
+      page.items.forEach((ev) => { timeline.add(ev); onLifecycle(ev); });
       if (page.items.length < 1000) return;
       after = page.next_cursor;
     }
@@ -220,7 +251,10 @@ export function mount(root, { id }) {
       onMetric,
       onEval: (e) => evals.add(e),
       onLayerNorms: (item) => layers.add(item),
-      onEvent: (ev) => { if (timeline.add(ev) && ev.type === "checkpoint") loadCheckpoints().catch(() => {}); },
+      onEvent: (ev) => {
+        onLifecycle(ev);
+        if (timeline.add(ev) && ev.type === "checkpoint") loadCheckpoints().catch(() => {});
+      },
       onEnd: () => poll(),
       onState: (s) => { liveState.textContent = s; liveState.dataset.state = s; },
     });

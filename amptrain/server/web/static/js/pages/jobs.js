@@ -3,13 +3,17 @@
 import { api } from "../api.js";
 import { FINISHED, clear, fmtAge, fmtNum, h, progressBar, statusBadge } from "../dom.js";
 import { specForm } from "../spec_form.js";
+import { readState, writeState } from "../urlstate.js";
 
 const STATUSES = ["", "queued", "running", "cancelling", "succeeded", "failed", "cancelled"];
 const REFRESH_MS = 2000;
 
 export function mount(root) {
-  const filter = h("select", { id: "status-filter", onchange: refresh },
+  // The filter is in the URL (#/jobs?status=failed): a link shows the same list.
+  const filter = h("select", { id: "status-filter", onchange: () => { writeState({ status: filter.value }); refresh(); } },
     STATUSES.map((s) => h("option", { value: s }, s || "all statuses")));
+  const asked = readState().get("status") || "";
+  filter.value = STATUSES.includes(asked) ? asked : "";
   const tbody = h("tbody", { id: "jobs-body" });
   const note = h("div", { class: "muted small", id: "jobs-note" });
   const formSlot = h("div", { class: "card hidden", id: "submit-card" });
@@ -34,7 +38,7 @@ export function mount(root) {
       const page = await api("/jobs", { params: { status: filter.value, limit: 100 } });
       if (stopped) return;
       clear(tbody, page.items.map(row));
-      note.textContent = page.items.length ? "" : "No jobs yet.";
+      note.textContent = page.items.length ? "" : filter.value ? `No ${filter.value} jobs.` : "No jobs yet.";
     } catch (e) {
       note.textContent = `Could not load jobs: ${e.message}`;
     }

@@ -6,8 +6,8 @@ in step order, and the effective series' lookup of a newer attempt (with attempt
 SQLite answered that lookup by scanning every later attempt's row: 17 s for 12,000 layer
 norms). It replaces the (job, name, step) index.
 
-Revision ID: 0009
-Revises: 0008
+Revision ID: 0010
+Revises: 0009
 Create Date: 2026-12-03
 
 """
@@ -17,8 +17,8 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0009"
-down_revision: str | Sequence[str] | None = "0008"
+revision: str = "0010"
+down_revision: str | Sequence[str] | None = "0009"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

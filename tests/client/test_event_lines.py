@@ -1,0 +1,23 @@
+"""Events as one short line each (no server needed)."""
+
+from __future__ import annotations
+
+from rich.text import Text
+
+from amptrain.client.event_lines import event_line
+
+
+def test_a_precision_fallback_reads_as_one_line_naming_both_precisions_and_why() -> None:
+    message = (
+        "fp16 became unhealthy at step 3: the loss was non-finite for 3 consecutive steps; "
+        "falling back to bf16 from the newest healthy checkpoint (step 20)"
+    )
+    ev = {
+        "type": "precision_fallback",
+        "step": 3,
+        "time": 1_700_000_000,
+        "data": {"from": "fp16", "to": "bf16", "trigger": "nonfinite_loss", "message": message},
+    }
+    line = Text.from_markup(event_line(ev)).plain
+    assert "precision_fallback step 3 fp16 -> bf16, fp16 became unhealthy at step 3" in line
+    assert len(Text.from_markup(event_line(ev, width=80)).plain) <= 80
