@@ -12,7 +12,8 @@ load on a shared machine, blind to redis-server's and the sink process's CPU, wh
 printed on its own). Also runs, in the same alternation, the engine with the in-process
 RedisSink on its publisher thread (the path before the sink process, for comparison), the
 engine without a sink, to tell the engine's own cost from the sink's, and the engine with the
-loss-spike check on (``health.spike``, :data:`SPIKE_RULE`).
+loss-spike check on (``health.spike``, :data:`SPIKE_RULE`), and the engine recording
+per-layer gradient norms every :data:`LAYER_NORMS_EVERY` steps.
 
 CPU (default): an MLP on synthetic vectors, steps of a few milliseconds; goal <= 1.03.
 CUDA (``--device cuda``): a CNN on 3x64x64 synthetic images that both sides build on the
@@ -57,10 +58,13 @@ VARIANTS = {
     "in_process": "engine+redis (in-process sink, before)",
     "no_sink": "engine, no sink",
     "spike": "engine+redis, health.spike on (grad_norm, skip)",
+    "layer_norms": "engine+redis, telemetry.layer_grad_norms_every 10",
 }
 """The engine runs held against the bare loop, by name, with how the summary labels them."""
 SPIKE_RULE = SpikeSpec(metric="grad_norm", action="skip", window=100, warmup_steps=20)
 """The ``spike`` variant's rule: the costlier metric (the norm), the action that acts."""
+LAYER_NORMS_EVERY = 10
+"""The ``layer_norms`` variant: per-layer gradient norms every this many steps."""
 
 
 def _clock(device: torch.device) -> Timing:
@@ -174,7 +178,9 @@ def engine_run(spec: JobSpec, redis_url: str, *, in_process: bool = False) -> Ti
     check = RedisSink.from_url(redis_url, job_id, attempt=1).client
     entries = check.xlen(Keys.telemetry(job_id))
     check.close()
-    expected = spec.max_steps + 1  # every metric record + the "precision" event
+    # Every metric record + the "precision" event + any layer_grad_norm records.
+    every = spec.telemetry.layer_grad_norms_every
+    expected = spec.max_steps + 1 + (spec.max_steps // every if every else 0)
     if entries != expected or result.dropped_records:
         raise SystemExit(f"telemetry incomplete: {entries} stream entries, expected {expected}")
     return elapsed
@@ -250,12 +256,20 @@ def main() -> None:
         spiky = spec.model_copy(
             update={"health": spec.health.model_copy(update={"spike": SPIKE_RULE})}
         )
+        layered = spec.model_copy(
+            update={
+                "telemetry": spec.telemetry.model_copy(
+                    update={"layer_grad_norms_every": LAYER_NORMS_EVERY}
+                )
+            }
+        )
         runs: dict[str, Any] = {
             "bare": lambda: bare_loop(spec),
             "engine": lambda: engine_run(spec, server.url),
             "in_process": lambda: engine_run(spec, server.url, in_process=True),
             "no_sink": lambda: engine_no_sink(spec),
             "spike": lambda: engine_run(spiky, server.url),
+            "layer_norms": lambda: engine_run(layered, server.url),
         }
         times: dict[str, list[Timing]] = {name: [] for name in runs}
         start_cpu = sink_start_cpu(server.url)

@@ -45,6 +45,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from amptrain.contract.catalog import validate_components, validate_refs
 from amptrain.contract.errors import TrainingError
+from amptrain.contract.layers import layer_line
 from amptrain.contract.metrics import progress_line
 from amptrain.contract.progress import ProgressView
 from amptrain.contract.records import ROLLBACK_EVENT
@@ -104,6 +105,9 @@ class ConsoleSink:
                 self._show_event(item)
             elif item["kind"] == "eval":
                 self.console.print(eval_line(item), markup=False)
+            elif item["kind"] == "layer_grad_norm":
+                line = layer_line(item["step"], item["values"], self.console.width)
+                self.console.print(line, markup=False)
             else:
                 self.last_metric = self.view.add(item)
         self.out.flush()

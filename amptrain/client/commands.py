@@ -36,6 +36,7 @@ from amptrain.client.event_lines import (
     eval_headline,
     eval_line,
     event_line,
+    layer_norms_line,
     with_headline,
 )
 from amptrain.client.http import ApiError, Client, resolve_config
@@ -165,6 +166,8 @@ async def _follow(
                     progress.update(task, stats=stats)
                 if not as_json:
                     progress.console.print(eval_line(msg["data"], progress.console.width))
+            elif msg["type"] == "layer_grad_norm" and not as_json:
+                progress.console.print(layer_norms_line(msg["data"], progress.console.width))
             elif msg["type"] == "event" and not as_json:
                 progress.console.print(event_line(msg["data"], progress.console.width))
             elif msg["type"] == "end":

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+from amptrain.contract.layers import layer_line
 from amptrain.contract.metrics import EVAL_METRICS, show
 from amptrain.contract.records import PRECISION_FALLBACK, ROLLBACK_EVENT
 
@@ -105,6 +106,12 @@ def eval_line(data: dict[str, Any], width: int | None = None) -> str:
     while width is not None and len(parts) > 2 and len(" · ".join(parts)) > width:
         parts.pop()
     return _escape(" · ".join(parts))
+
+
+def layer_norms_line(data: dict[str, Any], width: int | None = None) -> str:
+    """A ``layer_grad_norm`` message as one line within ``width`` (its extremes: see
+    :func:`~amptrain.contract.layers.layer_line`)."""
+    return _escape(layer_line(data.get("step") or 0, data.get("values") or {}, width))
 
 
 def eval_headline(values: dict[str, Any]) -> str | None:

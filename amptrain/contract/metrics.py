@@ -271,6 +271,17 @@ def check_series_name(name: str) -> str:
     return name
 
 
+EVAL_KIND = "eval"
+LAYER_NORM_KIND = "layer_grad_norm"
+VALUE_KINDS = (EVAL_KIND, LAYER_NORM_KIND)
+"""The kinds of named series stored one value a row (``metric_values.kind``), each also the
+``kind`` of the record that carries them: ``eval``, one evaluation's metrics
+(:func:`~amptrain.contract.records.evaluation`); ``layer_grad_norm``, one step's per-layer
+gradient norms (:func:`~amptrain.contract.records.layer_norms`)."""
+VALUE_KIND_MAX = 16
+"""How long a kind may be (the width of its column)."""
+
+
 BY_NAME: dict[str, Metric] = {m.name: m for m in STEP_METRICS}
 METRIC_FIELDS: tuple[str, ...] = tuple(m.name for m in STEP_METRICS if not m.parallel)
 """Every metric record has exactly these keys, in this order."""

@@ -2,6 +2,7 @@
 
 Torch-free. A *metric* record is one optimizer step; an *eval* record is one evaluation
 on the held-out split (named values, see :data:`~amptrain.contract.metrics.EVAL_METRICS`);
+a *layer_grad_norm* record is one step's per-layer gradient norms (named by module path);
 an *event* is a lifecycle or health notice. All are plain dicts so that every hop (queue,
 Redis stream, SQL row, JSON response) carries the same names.
 """
@@ -10,7 +11,14 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from amptrain.contract.metrics import METRIC_FIELDS, PARALLEL_METRIC_FIELDS, check_series_name
+from amptrain.contract.layers import check_layer_path
+from amptrain.contract.metrics import (
+    EVAL_KIND,
+    LAYER_NORM_KIND,
+    METRIC_FIELDS,
+    PARALLEL_METRIC_FIELDS,
+    check_series_name,
+)
 
 PRECISION_FALLBACK = "precision_fallback"
 """The event of an attempt that fp16 left (``health.fallback``). Its data: ``trigger``
@@ -69,7 +77,17 @@ def evaluation(step: int, time: float, values: dict[str, float | None]) -> dict[
     ``time``. Names follow :func:`~amptrain.contract.metrics.check_series_name`."""
     for name in values:
         check_series_name(name)
-    return {"kind": "eval", "step": step, "time": time, "values": dict(values)}
+    return {"kind": EVAL_KIND, "step": step, "time": time, "values": dict(values)}
+
+
+def layer_norms(step: int, time: float, values: dict[str, float | None]) -> dict[str, Any]:
+    """A ``layer_grad_norm`` record: each layer's gradient norm (after unscaling, before
+    clipping; null when not finite) at optimizer step ``step``, finished at unix ``time``
+    (``telemetry.layer_grad_norms_every``). Layer names follow
+    :func:`~amptrain.contract.metrics.check_layer_path`."""
+    for name in values:
+        check_layer_path(name)
+    return {"kind": LAYER_NORM_KIND, "step": step, "time": time, "values": dict(values)}
 
 
 def event(type: str, step: int, time: float, **data: Any) -> dict[str, Any]:

@@ -137,6 +137,14 @@ class TelemetrySpec(_Strict):
     several, flushes go by step count alone, which every process counts alike)."""
     queue_size: int = Field(default=10_000, ge=1, le=1_000_000)
     """Records buffered for the sink; beyond that, records are dropped and counted, never waited for."""
+    layer_grad_norms_every: int | None = Field(default=None, ge=1, le=100_000)
+    """Record each layer's gradient norm (the norm of its parameters' gradients after
+    unscaling, before clipping; a layer is a module path, ``blocks.3.attn``) every this
+    many optimizer steps, as named series (``GET /jobs/{id}/layer-norms``); null: off,
+    costing nothing. The norms come from the step's fused per-parameter norms and reach
+    the host with the flush's one read. At most
+    :data:`~amptrain.contract.metrics.LAYER_NORMS_MAX` layers: a larger model is grouped
+    by shorter module paths."""
 
 
 class CheckpointSpec(_Strict):

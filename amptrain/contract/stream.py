@@ -5,9 +5,10 @@ FastAPI- and torch-free: the worker imports it. One stream per job
 2.5x smaller than one JSON blob per entry, as measured). Metric values are
 JSON scalars so ``null`` and booleans survive the round trip.
 
-Four kinds of entry: ``metric`` (one optimizer step), ``eval`` (one evaluation on the
+Five kinds of entry: ``metric`` (one optimizer step), ``eval`` (one evaluation on the
 held-out split: ``step``, ``time`` and ``values``, a JSON object of named values),
-``event`` and ``end`` (the attempt's supervisor has finished the job: the stream is
+``layer_grad_norm`` (one step's per-layer gradient norms, the same fields), ``event`` and
+``end`` (the attempt's supervisor has finished the job: the stream is
 complete).
 
 How an event gets its ONE cursor (:mod:`amptrain.contract.cursor`)
@@ -41,7 +42,7 @@ import json
 import math
 from typing import Any
 
-from amptrain.contract.metrics import METRIC_FIELDS, PARALLEL_METRIC_FIELDS
+from amptrain.contract.metrics import METRIC_FIELDS, PARALLEL_METRIC_FIELDS, VALUE_KINDS
 
 
 def text(value: Any) -> str:
@@ -66,7 +67,7 @@ def encode(item: dict[str, Any], *, job_id: str, attempt: int) -> dict[str, str]
         # A data-parallel run's extra fields (a list among them); absent for one device,
         # which keeps its entries as small as before.
         fields.update({f: json.dumps(item[f]) for f in PARALLEL_METRIC_FIELDS if f in item})
-    elif item["kind"] == "eval":
+    elif item["kind"] in VALUE_KINDS:
         fields.update(
             step=str(int(item["step"])),
             time=_json_scalar(item.get("time")),
@@ -93,7 +94,7 @@ def decode(fields: dict[Any, Any]) -> dict[str, Any]:
     elif f["kind"] == "metric":
         out.update({name: json.loads(f[name]) for name in METRIC_FIELDS if name in f})
         out.update({name: json.loads(f[name]) for name in PARALLEL_METRIC_FIELDS if name in f})
-    elif f["kind"] == "eval":
+    elif f["kind"] in VALUE_KINDS:
         out.update(
             step=int(f["step"]),
             time=json.loads(f.get("time", "null")),

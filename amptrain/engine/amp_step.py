@@ -70,6 +70,10 @@ class Applied:
     withheld: torch.Tensor | None = None
     """1.0 when the update was not applied for any reason (an overflow or a skipped spike):
     what the schedule advances by; None when nothing can withhold it."""
+    norms: Overflow | None = None
+    """Every precision: the per-parameter norms and names (the same references as
+    ``overflow``), for the per-layer norms (:mod:`amptrain.engine.layer_norms`); None
+    without gradients."""
 
 
 class AmpStep:
@@ -150,10 +154,10 @@ class AmpStep:
             if (flag is not None and self.spike is not None and self.spike.skips)
             else None
         )
+        overflow = None if norms is None else Overflow(norms, names)
         if scaler is None:
             self._step(held)
-            return Applied(grad_norm, None, None, spike=flag, withheld=held)
-        overflow = None if norms is None else Overflow(norms, names)
+            return Applied(grad_norm, None, None, spike=flag, withheld=held, norms=overflow)
         found_inf = _found_inf(scaler, self.optimizer)
         # update() rewrites the scale tensor in place: keep the value this step used.
         scale = scaler._scale.clone()  # type: ignore[union-attr]
@@ -166,9 +170,8 @@ class AmpStep:
             held = torch.maximum(found_inf, held.to(found_inf.device))
             self._step(held)
         scaler.update()  # reads the scaler's own flags: a spike leaves the scale alone
-        return Applied(
-            grad_norm, found_inf, scale, overflow, flag, found_inf if held is None else held
-        )
+        withheld = found_inf if held is None else held
+        return Applied(grad_norm, found_inf, scale, overflow, flag, withheld, overflow)
 
     def _step(self, withheld: torch.Tensor | None) -> None:
         """The optimizer step; a fused one returns early on ``withheld`` 1.0 (no host read)."""

@@ -32,17 +32,22 @@ class HostReads:
     def __init__(self) -> None:
         self.count = 0
 
-    def floats(self, values: Sequence[torch.Tensor]) -> list[float]:
+    def floats(
+        self, values: Sequence[torch.Tensor], vectors: Sequence[torch.Tensor] = ()
+    ) -> list[float]:
         """One transfer for all ``values`` (0-d tensors; mixed dtypes promoted, as
-        ``torch.stack`` does): a sync on CUDA."""
+        ``torch.stack`` does), then the elements of ``vectors`` (1-D): a sync on CUDA."""
         self.count += 1
-        return torch.stack(list(values)).tolist()
+        return _joined(values, vectors).tolist()
 
-    def start(self, values: Sequence[torch.Tensor]) -> InFlight:
-        """One copy of all ``values`` (0-d CUDA tensors, promoted to one dtype) into pinned
-        host memory, queued behind the work that computes them: no wait. Read it once ``done``."""
+    def start(
+        self, values: Sequence[torch.Tensor], vectors: Sequence[torch.Tensor] = ()
+    ) -> InFlight:
+        """One copy of all ``values`` (0-d CUDA tensors, promoted to one dtype) and then the
+        elements of ``vectors`` into pinned host memory, queued behind the work that computes
+        them: no wait. Read it once ``done``."""
         self.count += 1
-        stacked = torch.stack(list(values))
+        stacked = _joined(values, vectors)
         host = torch.empty(stacked.shape, dtype=stacked.dtype, pin_memory=True)
         host.copy_(stacked, non_blocking=True)
         done = torch.cuda.Event(enable_timing=True)  # timed: the window's device time
@@ -59,6 +64,11 @@ class HostReads:
         """One transfer of a 2-D tensor (devices > 1: every rank's values of one flush)."""
         self.count += 1
         return rows.tolist()
+
+
+def _joined(values: Sequence[torch.Tensor], vectors: Sequence[torch.Tensor]) -> torch.Tensor:
+    stacked = torch.stack(list(values))
+    return torch.cat([stacked, *vectors]) if vectors else stacked
 
 
 @dataclass

@@ -27,6 +27,7 @@ from amptrain.contract.spec import JobSpec
 from amptrain.engine.context import Components, RunContext, TrainResult
 from amptrain.engine.distributed import Group, check_launch, rank_device
 from amptrain.engine.fallback import leave_fp16
+from amptrain.engine.layer_norms import LayerNorms
 from amptrain.engine.memory import format_bytes, release_cached, snapshot
 from amptrain.engine.oom import is_out_of_memory, smaller_micro_batch
 from amptrain.engine.parts import DataOptions, build_parts
@@ -34,6 +35,7 @@ from amptrain.engine.precision import resolve_device
 from amptrain.engine.resume import Checkpointing
 from amptrain.engine.rollback import roll_back
 from amptrain.engine.spikes import RollbackRequested
+from amptrain.engine.telemetry import StepTelemetry
 
 
 class Trainer(Checkpointing):
@@ -71,6 +73,7 @@ class Trainer(Checkpointing):
         self.optimizer, self.schedule, self.store = parts.optimizer, parts.schedule, parts.store
         self.publisher, self.telemetry, self.health = parts.publisher, parts.telemetry, parts.health
         self.evaluator = parts.evaluator
+        self.layer_norms = LayerNorms(spec.telemetry.layer_grad_norms_every)
         self._peeked = parts.resume_peek
         self.step = 0
         self.micro_batch = spec.micro_batch_size
@@ -99,7 +102,7 @@ class Trainer(Checkpointing):
                 self._leave_fp16(exc)
             if not self.group.parallel:
                 # Devices > 1: a flush is a collective the other ranks may never join.
-                self._flush_quietly()
+                _flush_quietly(self.telemetry)
             raise
         finally:
             self.feeder.close()
@@ -151,6 +154,7 @@ class Trainer(Checkpointing):
             started=started,
             overflow=applied.overflow,
             spike=applied.spike,
+            layers=self.layer_norms.due(self.step, applied.norms),
         )
 
     # -- internals ----------------------------------------------------------------------------
@@ -215,11 +219,6 @@ class Trainer(Checkpointing):
         self.group.barrier()  # no rank's next attempt starts before the checkpoints are gone
         self.telemetry.event(PRECISION_FALLBACK, error.step or self.step, **data)
 
-    def _flush_quietly(self) -> None:
-        # Deliver the records of the steps that did finish before the failure.
-        with contextlib.suppress(Exception):
-            self.telemetry.flush()
-
     def _poll_stop(self) -> None:
         reason = self.ctx.should_stop()
         if self.group.parallel:
@@ -236,3 +235,9 @@ class Trainer(Checkpointing):
                 f"preempted at step {self.step}; checkpointed, resumable", step=self.step
             )
         raise CancelledError(f"cancelled at step {self.step}", step=self.step)
+
+
+def _flush_quietly(telemetry: StepTelemetry) -> None:
+    # Deliver the records of the steps that did finish before the failure.
+    with contextlib.suppress(Exception):
+        telemetry.flush()

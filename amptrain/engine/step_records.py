@@ -10,11 +10,14 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from amptrain.contract.records import event, metric
 from amptrain.contract.spec import SpikeSpec
 from amptrain.engine.memory import MemorySnapshot
+
+if TYPE_CHECKING:
+    from amptrain.engine.layer_norms import LayerValues
 
 ATTRIBUTION_SLOTS: tuple[str, ...] = ("overflow",)
 """With a scaler, each step's device values end with this (not a metric field): its
@@ -33,6 +36,9 @@ class Pending:
     ended: float  # perf_counter when its last kernel was *enqueued*
     names: tuple[str, ...] = ()
     """The parameters the ``overflow`` code indexes (fp16); shared, not copied, per step."""
+    layers: LayerValues | None = None
+    """A step due for per-layer norms: its layers (their values are read after the
+    window's step values)."""
 
 
 @dataclass(frozen=True)

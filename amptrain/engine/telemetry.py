@@ -33,6 +33,7 @@ from typing import Any
 
 import torch
 
+from amptrain.contract.errors import TrainingError
 from amptrain.contract.metrics import device_fields
 from amptrain.contract.records import event
 from amptrain.contract.spec import SpikeSpec, TelemetrySpec
@@ -41,6 +42,7 @@ from amptrain.engine.attribution import Attribution
 from amptrain.engine.distributed import STOP_CODES, Group, stop_name
 from amptrain.engine.health import HealthMonitor
 from amptrain.engine.host import HostReads, InFlight
+from amptrain.engine.layer_norms import LayerValues, layer_records, vectors
 from amptrain.engine.memory import MemorySnapshot, snapshot
 from amptrain.engine.publisher import Publisher
 from amptrain.engine.spikes import SPIKE_SLOTS, SpikeFlag
@@ -92,11 +94,11 @@ class StepTelemetry:
         self._fields = self._metric_fields + (SPIKE_SLOTS if spike else ()) + self.attribution.slots
         self._spikes: dict[int, Spike] = {}  # read, not yet published
         self._values: list[torch.Tensor] = []  # per step, one per field of _metric_fields
+        self._layer_out: list[dict[str, Any]] = []  # layer_grad_norm records, not yet published
         self._pending: list[Pending] = []
         self._windows: deque[_Window] = deque()  # copies queued, not yet read (CUDA)
-        # Recorded where the last window read ended on the device: the next one's start;
-        # with the host time it was recorded at when the device had caught up (a read that
-        # waited), so host time spent before the next step (a checkpoint) is not counted.
+        # Where the last window read ended on the device (the next one's start), and the host
+        # time when the device had caught up (a read that waited): a checkpoint is not counted.
         self._mark: torch.cuda.Event | None = None
         self._mark_host: float | None = None
         if read_later is None:
@@ -123,17 +125,18 @@ class StepTelemetry:
         started: float,
         overflow: Overflow | None = None,
         spike: SpikeFlag | None = None,
+        layers: LayerValues | None = None,
     ) -> None:
         """Keep one step's device values (by metric name: ``loss``, ``grad_norm``, ``lr``,
         and with a scaler ``skipped``, its inf flag, ``loss_scale``, and ``overflow``, read
-        with the rest at the flush, and ``spike``, the step's spike check when it is on); flush
-        when one is due (may raise DivergedError)."""
+        with the rest at the flush, ``spike``, the step's spike check when it is on, ``layers``
+        its per-layer norms when due); flush when one is due (may raise DivergedError)."""
         names = self.attribution.keep(overflow, values["loss"])
         self._values += (values[f] for f in self._metric_fields)
         if spike is not None:  # given exactly when the check is on
             self._values += spike.values()
         now = time.perf_counter()
-        self._pending.append(Pending(step, samples, started, now, names))
+        self._pending.append(Pending(step, samples, started, now, names, layers))
         # The first step of a run (or of a resumed run) flushes at once, so a watcher
         # sees the job training within a step of its start; later step-count flushes stay
         # on multiples of flush_every_steps, the boundaries every rank agrees on.
@@ -155,7 +158,7 @@ class StepTelemetry:
         self._windows.append(
             _Window(
                 self._pending,
-                self.host.start(self.attribution.interleave(self._values)),
+                self.host.start(self.attribution.interleave(self._values), vectors(self._pending)),
                 snapshot(self._device),
             )
         )
@@ -178,7 +181,7 @@ class StepTelemetry:
             records = self._read_windows(wait=True)
             if self._pending:
                 read = self.attribution.interleave(self._values)
-                values = self.host.floats(read) if read else []
+                values = self.host.floats(read, vectors(self._pending)) if read else []
                 records += self._build_records(self._pending, values, snapshot(self._device), {})
                 if self._deferred:
                     self._mark = self.host.mark()
@@ -217,7 +220,8 @@ class StepTelemetry:
             records = [r for r in records if r["step"] <= error.step]
             skips = {k: v for k, v in skips.items() if k <= error.step}
         self.attribution.published(skips)
-        batch = records + warnings + (extra or [])
+        layers, self._layer_out = [r for r in self._layer_out if _kept(r, error)], []
+        batch = records + layers + warnings + (extra or [])
         dropped = self._publisher.dropped
         if dropped > self._dropped_reported:
             step = records[-1]["step"] if records else (self.last_record or {}).get("step", 0)
@@ -230,10 +234,8 @@ class StepTelemetry:
 
     def close(self, timeout: float) -> None:
         """Deliver what is queued (up to ``timeout`` s); report drops in a final warning."""
-        self._publisher.close(timeout, notice=self._drop_notice)
-
-    def _drop_notice(self, dropped: int) -> list[dict[str, Any]]:
-        return [dropped_warning((self.last_record or {}).get("step", 0), dropped)]
+        step = lambda: (self.last_record or {}).get("step", 0)  # noqa: E731 (at the drop)
+        self._publisher.close(timeout, notice=lambda n: [dropped_warning(step(), n)])
 
     def _build_records(
         self,
@@ -252,15 +254,21 @@ class StepTelemetry:
         else:
             device_done = host_done if self._device.type == "cuda" else pending[-1].ended
         totals = Totals(self._wall_offset, self.skipped_steps, mem, extra, self._spike)
-        records, skips, spikes = step_records(
+        records, skips, spikes = step_records(  # reads the step values, not the layer norms
             pending, self._fields, values, timeline(pending, device_done), totals
         )
+        self._layer_out += layer_records(pending, values, len(self._fields), records)
         self.attribution.read(skips)
         self._spikes.update((s.step, s) for s in spikes)
         self.skipped_steps = records[-1]["skipped_steps"]
         self._last_flush = host_done
         self.last_record = records[-1]
         return records
+
+
+def _kept(record: dict[str, Any], error: TrainingError | None) -> bool:
+    """Whether a record is published beside ``error`` (none after the step it diverged)."""
+    return error is None or error.step is None or record["step"] <= error.step
 
 
 def _device_seconds(
@@ -285,11 +293,14 @@ def _reduce_ranks(tel: StepTelemetry) -> tuple[list[float], MemorySnapshot, dict
     step_values = tel.attribution.interleave(tel._values)
     tail = {**mem._asdict(), "stop": STOP_CODES[tel.stop_requested]}
     ends = torch.tensor(list(tail.values()), dtype=torch.float64, device=tel._device)
-    row = torch.cat([torch.stack(step_values).double(), ends]) if step_values else ends
+    layers = [v.double() for v in vectors(tel._pending)]  # equal on all ranks (all-reduced)
+    row = torch.cat([torch.stack(step_values).double(), *layers, ends]) if step_values else ends
     rows = tel.host.table(tel._group.gather_rows(row))  # the collective, then the read
     values = rows[tel._group.rank][: -len(tail)]
     tails = [dict(zip(tail, r[-len(tail) :], strict=True)) for r in rows]
-    for i in range(tel._fields.index("loss"), len(values), len(tel._fields)):
+    for i in range(
+        tel._fields.index("loss"), len(tel._pending) * len(tel._fields), len(tel._fields)
+    ):
         values[i] = sum(r[i] for r in rows) / len(rows)
     tel.agreed_stop = stop_name(max(t["stop"] for t in tails))
     top = MemorySnapshot(*(int(max(t[f] for t in tails)) for f in MemorySnapshot._fields))

@@ -14,7 +14,8 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
 from amptrain.contract.job_ids import new_job_id
-from amptrain.contract.metrics import STEP_METRICS, Metric
+from amptrain.contract.layers import LAYER_PATH_MAX
+from amptrain.contract.metrics import EVAL_KIND, STEP_METRICS, VALUE_KIND_MAX, Metric
 
 # Re-exported for the recorder and the watch; the statuses are defined in amptrain.core.enums.
 from amptrain.core.enums import FINISHED_STATUSES as FINISHED_STATUSES
@@ -177,26 +178,30 @@ class MetricPoint(Base):
 
 
 class MetricValue(Base):
-    """One named value of one evaluation (an ``eval`` record, see
-    :mod:`amptrain.contract.records`): long format, so a new metric name (a plugin's) needs
+    """One value of a named series: of one evaluation (``kind`` ``eval``, an ``eval``
+    record, see :mod:`amptrain.contract.records`) or one layer's gradient norm at a step
+    (``layer_grad_norm``): long format, so a new metric name (a plugin's, a layer's) needs
     no migration. ``value`` is null when it was not finite. Unique per (job, attempt, step,
-    name): a replayed or re-sent entry inserts nothing and keeps its first cursor."""
+    kind, name): a replayed or re-sent entry inserts nothing and keeps its first cursor.
+    Every read names the kind it reads (:data:`~amptrain.contract.metrics.VALUE_KINDS`)."""
 
     __tablename__ = "metric_values"
     __table_args__ = (
-        sa.UniqueConstraint("job_id", "attempt", "step", "name"),
+        # Also the index of the series reads: per kind and name in step order, and (attempt
+        # last) the "no newer attempt re-recorded this value" lookup of the effective series.
+        sa.UniqueConstraint("job_id", "kind", "name", "step", "attempt"),
         sa.Index(None, "job_id", "stream_ms", "stream_seq"),
-        sa.Index(None, "job_id", "name", "step"),
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
     job_id: Mapped[str] = mapped_column(sa.ForeignKey("jobs.id", ondelete="CASCADE"))
     attempt: Mapped[int]
     step: Mapped[int]
-    name: Mapped[str] = mapped_column(sa.String(48))
+    kind: Mapped[str] = mapped_column(sa.String(VALUE_KIND_MAX), server_default=EVAL_KIND)
+    name: Mapped[str] = mapped_column(sa.String(LAYER_PATH_MAX))
     value: Mapped[float | None] = mapped_column(sa.Float(precision=53))
     time: Mapped[float] = mapped_column(sa.Float(precision=53))
-    # The Redis stream entry id "ms-seq" of the eval record: the evals cursor.
+    # The Redis stream entry id "ms-seq" of the record: the series' cursor.
     stream_ms: Mapped[int] = mapped_column(sa.BigInteger)
     stream_seq: Mapped[int] = mapped_column(sa.BigInteger)
 

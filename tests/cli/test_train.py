@@ -166,3 +166,16 @@ def test_ctrl_c_stops_cleanly_with_a_checkpoint_and_a_rerun_resumes(tmp_path: Pa
     steps = [r["step"] for r in _records(rerun.stdout) if r["kind"] == "metric"]
     assert steps == [stopped_at + 1, stopped_at + 2, stopped_at + 3]
     assert f"resumed from step {stopped_at}" in rerun.stderr
+
+
+def test_layer_norms_are_written_and_printed_every_k_steps(tmp_path: Path) -> None:
+    spec = {**TINY, "telemetry": {"flush_every_steps": 4, "layer_grad_norms_every": 6}}
+    out = tmp_path / "records.jsonl"
+    done = amptrain(str(_write(tmp_path / "spec.json", spec)), "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    layers = [r for r in _records(out.read_text()) if r["kind"] == "layer_grad_norm"]
+    assert [r["step"] for r in layers] == [6, 12]
+    assert list(layers[0]["values"]) == ["net.1", "net.2", "net.5", "net.6", "net.9"]
+    assert re.search(r"layer grad norms step 12 · 5 layers · max net\.\S+ [0-9.e+-]+", done.stderr)
+    # Every metric record still drives the progress (none taken for a metric).
+    assert "12/12" in done.stderr

@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 
 from amptrain.client.commands import _short, _stats_room
-from amptrain.client.event_lines import eval_headline, eval_line, with_headline
+from amptrain.client.event_lines import eval_headline, eval_line, layer_norms_line, with_headline
 from amptrain.contract.metrics import progress_line
 
 
@@ -21,6 +21,18 @@ def test_an_evaluation_is_one_short_line_accuracy_first() -> None:
     assert eval_headline(plugin["values"]) == "bleu_score 31.5"
     assert eval_headline(data["values"]) == "acc 0.93"
     assert eval_headline({"accuracy": None}) is None
+
+
+def test_a_steps_layer_norms_are_one_line_of_their_extremes_within_the_width() -> None:
+    long = "encoder.blocks.11.attention.output_projection"
+    data = {"step": 30, "values": {"net.1": 0.012, long: 0.8, "net.8": None}}
+    assert layer_norms_line(data) == (
+        f"layer grad norms step 30 · 3 layers · max {long} 0.8 · min net.1 0.012"
+    )
+    # Narrow: the minimum goes first, then the maximum; the step and the count stay.
+    assert layer_norms_line(data, width=100).endswith(f"· max {long} 0.8")
+    assert layer_norms_line(data, width=80) == "layer grad norms step 30 · 3 layers"
+    assert layer_norms_line({"step": 2, "values": {"net.1": None}}, width=80).endswith("n/a")
 
 
 def test_the_progress_stats_keep_the_newest_accuracy_within_80_columns() -> None:

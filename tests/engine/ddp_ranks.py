@@ -7,8 +7,9 @@ tests.engine.ddp_ranks OUT`` joins one gloo group and trains, as this rank:
   its final parameters, its final evaluation and how many batches it built and found not
   prepared;
 - ``fp16``: a 2-device fp16 job whose rank 1 alone gets inf gradients at step
-  ``OVERFLOW_STEP`` (a gradient hook, the seam ``test_amp.py`` uses); each rank saves
-  its loss scale and a parameter digest at every step boundary, rank 0 its records.
+  ``OVERFLOW_STEP`` (a gradient hook, the seam ``test_amp.py`` uses), recording per-layer
+  gradient norms every step; each rank saves its loss scale and a parameter digest at every
+  step boundary, rank 0 its records.
 
 Everything goes to ``OUT/rank{r}.pt``; the test compares it with single-process runs.
 """
@@ -89,8 +90,12 @@ def fp16(ranks: Ranks) -> dict[str, Any]:
         assert scaler is not None
         seen.append((trainer.step, scaler.get_scale(), digest(trainer.model)))
 
+    spec = job("fp16", 2, 1)
+    # Per-layer norms every step: they ride in the flush's all-gather with the step values.
+    layered = spec.telemetry.model_copy(update={"layer_grad_norms_every": 1})
     trainer = Trainer(
-        job("fp16", 2, 1), RunContext(None, sink=sink, ranks=ranks, should_stop=observe)
+        spec.model_copy(update={"telemetry": layered}),
+        RunContext(None, sink=sink, ranks=ranks, should_stop=observe),
     )
     if ranks.rank == 1:
         next(trainer.model.parameters()).register_hook(
@@ -98,7 +103,13 @@ def fp16(ranks: Ranks) -> dict[str, Any]:
         )
     result = trainer.train()
     observe()
-    return {"seen": seen, "metrics": sink.metrics(), "skipped_steps": result.skipped_steps}
+    layers = [r for r in sink.items if r["kind"] == "layer_grad_norm"]
+    return {
+        "seen": seen,
+        "metrics": sink.metrics(),
+        "skipped_steps": result.skipped_steps,
+        "layers": {r["step"]: r["values"] for r in layers},
+    }
 
 
 def main(out: str) -> None:

@@ -164,3 +164,11 @@ def test_fp32_matches_one_device_and_an_overflow_on_one_rank_skips_on_both(
     metrics = fp16[0]["metrics"]
     assert [s for s, m in metrics.items() if m["skipped"]] == [k]
     assert metrics[k]["loss_scale"] == 1024.0 and metrics[k + 1]["loss_scale"] == 512.0
+    # Per-layer norms of every step from rank 0 (the one sink), out of the flush's one
+    # all-gather: the layer rank 1 overflowed (its first parameter's) is null at step k in
+    # the all-reduced gradients, every other norm finite.
+    layers = fp16[0]["layers"]
+    assert sorted(layers) == list(range(1, 9))
+    assert layers[k]["net.1"] is None
+    finite = [v for s in layers for name, v in layers[s].items() if (s, name) != (k, "net.1")]
+    assert all(v is not None and v > 0 for v in finite)

@@ -151,10 +151,9 @@ def test_a_host_dataset_is_built_into_pinned_buffers_and_copied_as_soon_as_it_is
 
 def test_due_flushes_on_a_gpu_wait_for_nothing_and_publish_one_flush_later() -> None:
     sink = ListSink()
-    trainer = Trainer(
-        spec("fp16", telemetry={"flush_every_steps": 4, "flush_every_ms": 600_000}),
-        RunContext(None, sink=sink),
-    )
+    # With per-layer norms every other step: they ride in the same one copy per flush.
+    telemetry = {"flush_every_steps": 4, "flush_every_ms": 600_000, "layer_grad_norms_every": 2}
+    trainer = Trainer(spec("fp16", telemetry=telemetry), RunContext(None, sink=sink))
     for _ in range(4):  # warm-up; step 1 reads at once, step 4 queues its window
         trainer.train_step()
     trainer.telemetry.flush()
@@ -173,6 +172,9 @@ def test_due_flushes_on_a_gpu_wait_for_nothing_and_publish_one_flush_later() -> 
     assert all(
         metrics[s]["step_time_ms"] > 0 and math.isfinite(metrics[s]["loss"]) for s in metrics
     )
+    layers = [r for r in sink.items if r["kind"] == "layer_grad_norm"]
+    assert [r["step"] for r in layers] == list(range(2, 17, 2))
+    assert all(r["values"] for r in layers)
     trainer.feeder.close()
 
 

@@ -205,13 +205,15 @@ class OneWindowBehind(HostReads):
         super().__init__()
         self.queued: list[DeviceClock] = []
 
-    def start(self, values: Sequence[torch.Tensor]) -> InFlight:
+    def start(
+        self, values: Sequence[torch.Tensor], vectors: Sequence[torch.Tensor] = ()
+    ) -> InFlight:
         for clock in self.queued:
             clock.done = True
         self.count += 1
         clock = DeviceClock()
         self.queued.append(clock)
-        return InFlight(torch.stack(list(values)), clock)  # type: ignore[arg-type]
+        return InFlight(torch.cat([torch.stack(list(values)), *vectors]), clock)  # type: ignore[arg-type]
 
     def mark(self) -> Any:
         clock = DeviceClock()

@@ -18,6 +18,7 @@ import anyio
 from sqlalchemy.orm import Session, sessionmaker
 
 from amptrain.contract.cursor import Cursor
+from amptrain.contract.metrics import VALUE_KINDS
 from amptrain.server.live.messages import JobState
 from amptrain.store import events, jobs
 from amptrain.store.history import points as metrics
@@ -26,7 +27,8 @@ from amptrain.store.history import values
 T = TypeVar("T")
 
 Record = tuple[Cursor, str, dict[str, Any]]
-"""(cursor, ``"metric"``, ``"eval"`` or ``"event"``, the record as the store gives it)."""
+"""(cursor, ``"metric"``, ``"eval"``, ``"layer_grad_norm"`` or ``"event"``, the record as the
+store gives it)."""
 
 
 class History:
@@ -82,23 +84,31 @@ class History:
         # recorder commits each job's stream in order, a batch at a time, so all up to the
         # newest of them was committed when it was seen, and the reads that follow (each
         # statement sees what was committed before it) find it all, whatever lands meanwhile.
-        newest = [metrics.newest_cursor(s, self.job_id), values.newest_cursor(s, self.job_id)]
+        newest = [metrics.newest_cursor(s, self.job_id)]
+        newest += [values.newest_cursor(s, self.job_id, kind) for kind in VALUE_KINDS]
         found: list[Record] = [
             (c, "event", e) for c, e in events.events_after(s, self.job_id, after)
         ]
         ends = [c for c in (*newest, found[-1][0] if found else None) if c is not None]
         upto = max(ends) if ends else None
-        position: Cursor | None = after
-        while upto is not None:
-            page, _ = values.eval_page(
-                s, self.job_id, metrics.Page(position, self.page, "all", upto)
-            )
-            found += [(Cursor.parse(e["cursor"]), "eval", e) for e in page]
-            if len(page) < self.page:
-                break
-            position = found[-1][0]
+        if upto is not None:
+            for kind in VALUE_KINDS:
+                found += self._values(s, kind, after, upto)
         found.sort(key=lambda r: r[0])
         return upto, deque(found)
+
+    def _values(self, s: Session, kind: str, after: Cursor, upto: Cursor) -> list[Record]:
+        """Every ``kind`` record (evaluations, layer norms) after ``after`` up to ``upto``."""
+        found: list[Record] = []
+        position: Cursor | None = after
+        while True:
+            page, _ = values.eval_page(
+                s, self.job_id, metrics.Page(position, self.page, "all", upto), kind
+            )
+            found += [(Cursor.parse(e["cursor"]), kind, e) for e in page]
+            if len(page) < self.page:
+                return found
+            position = found[-1][0]
 
     def _points(self, s: Session, after: Cursor, upto: Cursor) -> list[dict[str, Any]]:
         items, _ = metrics.metric_page(s, self.job_id, metrics.Page(after, self.page, "all", upto))

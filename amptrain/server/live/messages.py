@@ -1,9 +1,12 @@
 """The messages a watcher receives: JSON ``{"type", "cursor", "data"}`` (see :mod:`amptrain.server.live.watch`).
 
 ``eval`` messages carry one evaluation: ``{"attempt", "step", "time", "values"}``, as
-``GET /jobs/{id}/evals`` items show it (less the cursor, which the message carries).
+``GET /jobs/{id}/evals`` items show it (less the cursor, which the message carries);
+``layer_grad_norm`` messages one step's per-layer gradient norms in the same shape, as
+``GET /jobs/{id}/layer-norms`` items show them (``values``: layer -> norm).
 
-A watcher that opted in to batch frames gets its ``metric``, ``eval`` and ``event`` messages
+A watcher that opted in to batch frames gets its ``metric``, ``eval``, ``layer_grad_norm``
+and ``event`` messages
 grouped: ``{"type": "batch", "cursor": CURSOR, "items": [MESSAGE, ...]}``, the items
 being exactly the single messages, in order, and ``cursor`` the last item's cursor
 (resume from it). ``end``, ``heartbeat`` and ``gap`` are still sent on their own.
@@ -17,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from amptrain.contract.jsonsafe import finite
-from amptrain.contract.metrics import STORED_METRIC_FIELDS
+from amptrain.contract.metrics import EVAL_KIND, STORED_METRIC_FIELDS, VALUE_KINDS
 from amptrain.core.enums import JobStatus
 from amptrain.server.event_view import owner_view
 from amptrain.server.live.hub import LiveEntry
@@ -32,7 +35,7 @@ class Out:
     text: str
 
 
-RECORD_TYPES = frozenset({"metric", "eval", "event"})
+RECORD_TYPES = frozenset({"metric", *VALUE_KINDS, "event"})
 """The message types a batch frame groups."""
 BATCH_MAX_ITEMS = 500
 BATCH_MAX_CHARS = 256 * 1024
@@ -82,18 +85,18 @@ def metric_out(cursor: str, point: dict[str, Any]) -> Out:
     return Out("metric", cursor, message("metric", cursor, data))
 
 
-def eval_out(cursor: str, evaluation: dict[str, Any]) -> Out:
-    """An eval message from a recorded evaluation or a stream record."""
+def eval_out(cursor: str, evaluation: dict[str, Any], kind: str = EVAL_KIND) -> Out:
+    """An eval (or layer_grad_norm) message from a recorded record or a stream record."""
     data = {k: evaluation[k] for k in ("attempt", "step", "time", "values")}
-    return Out("eval", cursor, message("eval", cursor, data))
+    return Out(kind, cursor, message(kind, cursor, data))
 
 
 def record_out(kind: str, cursor: str, record: dict[str, Any]) -> Out:
-    """The message for a ``metric``, ``eval`` or ``event`` record."""
+    """The message for a ``metric``, ``eval``, ``layer_grad_norm`` or ``event`` record."""
     if kind == "metric":
         return metric_out(cursor, record)
-    if kind == "eval":
-        return eval_out(cursor, record)
+    if kind in VALUE_KINDS:
+        return eval_out(cursor, record, kind)
     return event_out(cursor, record)
 
 

@@ -42,6 +42,7 @@ from typing import Any
 from sqlalchemy.orm import Session, sessionmaker
 
 from amptrain.contract.cursor import ORIGIN, Cursor
+from amptrain.contract.metrics import VALUE_KINDS
 from amptrain.server.live.history import History
 from amptrain.server.live.hub import LiveBatch, LiveHub
 from amptrain.server.live.messages import (
@@ -210,9 +211,10 @@ class Watch:
         """A watcher never gets a record twice, nor a point at or before one it already has:
         a record the worker re-sent after Redis lost data (an event keeps the time it was
         made), or a straggler of an attempt that lost its lease. SQL drops the same ones."""
-        if kind == "eval":
-            # A re-sent evaluation (new entry id) keeps its attempt and step; SQL keeps one.
-            key: tuple[Any, ...] = ("eval", record["attempt"], record["step"])
+        if kind in VALUE_KINDS:
+            # A re-sent evaluation or layer-norm record (new entry id) keeps its attempt and
+            # step; SQL keeps one.
+            key: tuple[Any, ...] = (kind, record["attempt"], record["step"])
             if key in self._events_sent:
                 return False
             self._events_sent.add(key)

@@ -12,11 +12,15 @@ from typing import Any
 
 from amptrain.contract.cursor import Cursor
 from amptrain.contract.jsonsafe import finite
+from amptrain.contract.layers import LAYER_NORMS_MAX, check_layer_path
 from amptrain.contract.metrics import (
+    EVAL_KIND,
     FLOAT_FIELDS,
+    LAYER_NORM_KIND,
     METRIC_FIELDS,
     PARALLEL_METRIC_FIELDS,
     STORED_METRIC_FIELDS,
+    VALUE_KINDS,
     check_series_name,
 )
 from amptrain.contract.stream import decode, text
@@ -34,7 +38,7 @@ class Batch:
 
     points: list[dict[str, Any]] = field(default_factory=list)
     values: list[dict[str, Any]] = field(default_factory=list)
-    """One row per named value of each eval entry (``metric_values``)."""
+    """One row per named value of each eval and layer_grad_norm entry (``metric_values``)."""
     events: list[dict[str, Any]] = field(default_factory=list)
     ends: list[int] = field(default_factory=list)
 
@@ -52,7 +56,7 @@ def parse(job_id: str, entries: Iterable[Entry]) -> Batch:
                     batch.points.append(row)
                 continue
             item = decode(_pairs(flat))
-            if item["kind"] == "eval":
+            if item["kind"] in VALUE_KINDS:
                 batch.values.extend(_value_rows(job_id, entry_id, item))
                 continue
         except (KeyError, ValueError, IndexError):
@@ -143,16 +147,24 @@ def _parallel(name: str, value: str) -> tuple[str, Any]:
     return name, json.dumps(parsed) if ok else None
 
 
+_NAME_CHECKS = {EVAL_KIND: check_series_name, LAYER_NORM_KIND: check_layer_path}
+_MOST_NAMES = {EVAL_KIND: None, LAYER_NORM_KIND: LAYER_NORMS_MAX}
+
+
 def _value_rows(job_id: str, entry_id: str, item: dict[str, Any]) -> list[dict[str, Any]]:
-    """The rows of an eval entry: a value that is not a finite number is stored as null; an
-    entry with no integer step, or a name that cannot name a series, is dropped whole (the
-    engine's records never have one: :func:`amptrain.contract.records.evaluation`)."""
-    step, values = item["step"], item["values"]
+    """The rows of an eval or layer_grad_norm entry: a value that is not a finite number is
+    stored as null; an entry with no integer step, a name that cannot name a series of its
+    kind, or more layers than a job may have, is dropped whole (the engine's records never
+    have one: :func:`amptrain.contract.records.evaluation`, ``layer_norms``)."""
+    kind, step, values = item["kind"], item["step"], item["values"]
     # Steps are 32-bit columns: a larger one would fail the whole batch's insert.
     if type(step) is not int or not 0 <= step < 2**31 or not isinstance(values, dict):
-        raise ValueError("eval entry without a step in 0..2^31-1 and a values object")
+        raise ValueError(f"{kind} entry without a step in 0..2^31-1 and a values object")
+    most = _MOST_NAMES[kind]
+    if most is not None and len(values) > most:
+        raise ValueError(f"{kind} entry with more than {most} names")
     for name in values:
-        check_series_name(name)  # ValueError: the entry is logged and dropped
+        _NAME_CHECKS[kind](name)  # ValueError: the entry is logged and dropped
     ms, seq = Cursor.of_entry(entry_id)
     at = item["time"] if isinstance(item["time"], int | float) else time.time()
     return [
@@ -160,6 +172,7 @@ def _value_rows(job_id: str, entry_id: str, item: dict[str, Any]) -> list[dict[s
             "job_id": job_id,
             "attempt": item["attempt"],
             "step": step,
+            "kind": kind,
             "name": name,
             "value": _number(value),
             "time": float(at),

@@ -190,6 +190,27 @@ class EvalPage(BaseModel):
     """Pass as ``after`` to get only newer evaluations."""
 
 
+class LayerNormsOut(BaseModel):
+    """One step's per-layer gradient norms (``telemetry.layer_grad_norms_every``)."""
+
+    step: int
+    attempt: int
+    time: float
+    """Unix seconds."""
+    cursor: str
+    values: dict[str, float | None]
+    """Layer (module path, ``blocks.3.attn``) -> the norm of its parameters' gradients
+    after unscaling, before clipping (null when not finite: an overflowing fp16 step)."""
+    downsampled: bool | None = None
+    """Only with ``max_points``: false when the window holds every due step."""
+
+
+class LayerNormsPage(BaseModel):
+    items: list[LayerNormsOut]
+    next_cursor: str | None
+    """Pass as ``after`` to get only newer steps' norms."""
+
+
 class EventOut(BaseModel):
     id: int
     """The events cursor."""

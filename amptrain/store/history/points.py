@@ -108,13 +108,16 @@ def newest_attempt(p: Any) -> sa.ColumnElement[bool]:
 
 
 def newest_cursor(
-    s: Session, job_id: str, table: type[MetricPoint] | type[MetricValue] = MetricPoint
+    s: Session,
+    job_id: str,
+    table: type[MetricPoint] | type[MetricValue] = MetricPoint,
+    *where: sa.ColumnElement[bool],
 ) -> Cursor | None:
-    """The cursor of the job's most recently recorded row of ``table`` (a point, or an
-    evaluation's value; None before the first)."""
+    """The cursor of the job's most recently recorded row of ``table`` (a point, or a named
+    series' value) that meets ``where``; None before the first."""
     row = s.execute(
         sa.select(table.stream_ms, table.stream_seq)
-        .where(table.job_id == job_id)
+        .where(table.job_id == job_id, *where)
         .order_by(table.stream_ms.desc(), table.stream_seq.desc())
         .limit(1)
     ).first()

@@ -46,6 +46,7 @@ from starlette.types import Receive, Scope, Send
 
 from amptrain.contract.cursor import Cursor, CursorError
 from amptrain.server.live.hub import LiveHub
+from amptrain.server.live.messages import RECORD_TYPES
 from amptrain.server.live.watch import Out, Watch
 from amptrain.server.web.auth import Principal, authenticate, bearer_token
 from amptrain.server.web.deps import CurrentUser, ServicesDep, SessionDep, parse_cursor, visible_job
@@ -223,7 +224,7 @@ async def _until_disconnect(ws: WebSocket) -> None:
 def sse_frame(out: Out) -> str:
     head = (
         f"id: {out.cursor}\n"
-        if out.type in ("metric", "eval", "event", "batch") and out.cursor
+        if (out.type in RECORD_TYPES or out.type == "batch") and out.cursor
         else ""
     )
     return f"{head}event: {out.type}\ndata: {out.text}\n\n"

@@ -1,5 +1,5 @@
-"""A job's history: metric points and evaluations (cursor = stream entry id) and lifecycle
-events (cursor = id)."""
+"""A job's history: metric points, evaluations and per-layer gradient norms (cursor = stream
+entry id) and lifecycle events (cursor = id)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from amptrain.contract.cursor import INT64_MAX
-from amptrain.contract.metrics import EXTREMA_FIELDS
+from amptrain.contract.metrics import EXTREMA_FIELDS, LAYER_NORM_KIND
 from amptrain.server.event_view import owner_view
 from amptrain.server.web.deps import CurrentUser, SessionDep, parse_cursor, visible_job
 from amptrain.server.web.errors import ValidationFailed, error_responses
@@ -24,6 +24,8 @@ from amptrain.server.web.schemas import (
     EvalPage,
     EventOut,
     EventPage,
+    LayerNormsOut,
+    LayerNormsPage,
     MetricPage,
 )
 from amptrain.store.events import event_page
@@ -132,6 +134,47 @@ def read_evals(
     cursor = parse_cursor(query.after, "query.after")
     items, next_cursor = eval_page(session, job_id, Page(cursor, query.limit, query.attempts))
     return EvalPage(items=[EvalOut(**i) for i in items], next_cursor=next_cursor)
+
+
+LAYER_NORMS_PAGE = 100
+"""Steps a page of layer norms holds at most: each carries up to LAYER_NORMS_MAX values."""
+LAYER_NORMS_WINDOW = (
+    "Return the whole run (or the ``from_step``..``to_step`` window) in at most this many "
+    "steps, marked ``downsampled``: per bucket of steps the first, the last and the step of "
+    "the bucket's highest norm of any layer. The effective series, in step order. Not with "
+    "``after``."
+)
+
+
+@router.get(
+    "/{job_id}/layer-norms", response_model=LayerNormsPage, response_model_exclude_unset=True
+)
+def read_layer_norms(
+    job_id: str,
+    session: SessionDep,
+    user: CurrentUser,
+    query: CursorParams,
+    max_points: Annotated[
+        int | None, Query(ge=1, le=MAX_POINTS, description=LAYER_NORMS_WINDOW)
+    ] = None,
+    from_step: FromStep = None,
+    to_step: ToStep = None,
+) -> LayerNormsPage:
+    """Per-layer gradient norms (``telemetry.layer_grad_norms_every``) after ``after`` in
+    recording order, by the same cursor as the metric points, evaluations and events. Each
+    item is one step with every layer's norm (up to 256 layers), so a page holds at most
+    ``limit`` and at most 100 steps (follow ``next_cursor``). Empty for a job without the
+    option. With ``max_points``: downsampled in the database, in step order,
+    ``next_cursor`` = the newest item's."""
+    visible_job(session, user, job_id)
+    if (budget := window_budget(max_points, query.after, from_step, to_step)) is not None:
+        window = eval_window(session, job_id, budget, from_step, to_step, LAYER_NORM_KIND)
+        items = [LayerNormsOut(**i) for i in window.items]
+        return LayerNormsPage(items=items, next_cursor=window.next_cursor)
+    cursor = parse_cursor(query.after, "query.after")
+    page = Page(cursor, min(query.limit, LAYER_NORMS_PAGE), query.attempts)
+    found, next_cursor = eval_page(session, job_id, page, LAYER_NORM_KIND)
+    return LayerNormsPage(items=[LayerNormsOut(**i) for i in found], next_cursor=next_cursor)
 
 
 @router.get("/{job_id}/events", response_model=EventPage)

@@ -8,10 +8,10 @@ import { openJobSocket } from "./api.js";
 const BACKOFF_MS = [250, 500, 1000, 2000, 5000];
 
 export class LiveFeed {
-  constructor(jobId, after, { onMetric, onEval, onEvent, onEnd, onState }) {
+  constructor(jobId, after, { onMetric, onEval, onLayerNorms, onEvent, onEnd, onState }) {
     this.jobId = jobId;
     this.cursor = after;
-    this.handlers = { onMetric, onEval, onEvent, onEnd, onState };
+    this.handlers = { onMetric, onEval, onLayerNorms, onEvent, onEnd, onState };
     this.ws = null;
     this.failures = 0;
     this.stopped = false;
@@ -47,6 +47,9 @@ export class LiveFeed {
     } else if (msg.type === "eval") {
       this.cursor = msg.cursor;
       this.handlers.onEval?.(msg.data);
+    } else if (msg.type === "layer_grad_norm") {
+      this.cursor = msg.cursor;
+      this.handlers.onLayerNorms?.(msg.data);
     } else if (msg.type === "event") {
       this.cursor = msg.cursor;
       this.handlers.onEvent?.(msg.data);

@@ -5,6 +5,7 @@ import { api, ApiError, catalog, download } from "../api.js";
 import { ChartGroup, chartDefs } from "../charts.js";
 import { FINISHED, clear, fmtBytes, fmtNum, fmtPow2, h, progressBar, statusBadge } from "../dom.js";
 import { EvalCharts } from "../evals.js";
+import { LayerNormChart } from "../layer_norms.js";
 import { LiveFeed } from "../live.js";
 import { showOffenders } from "../offenders.js";
 import { describeSpans, precisionSpans } from "../segments.js";
@@ -36,6 +37,7 @@ export function mount(root, { id }) {
   let fields, series, charts, summaryMetrics, evals;
   const evalsSlot = h("div", {});
   const offendersEl = h("div", { class: "offenders small", id: "overflow-offenders" });
+  const layers = new LayerNormChart(); // shown once the job has any (telemetry.layer_grad_norms_every)
   const ready = catalog().then((cat) => {
     const defs = chartDefs(cat);
     fields = [...new Set(defs.flatMap((c) => [...c.fields, ...c.extra]))];
@@ -69,6 +71,7 @@ export function mount(root, { id }) {
       h("span", { class: "muted small" }, "drag to zoom, double-click to reset"), liveState),
     chartsEl,
     evalsSlot,
+    layers.el,
     h("div", { class: "grid2", style: "margin-top:14px" },
       h("div", { class: "card" }, h("h2", {}, "Events"), timeline.el),
       h("div", {}, h("div", { class: "card" }, h("h2", {}, "Checkpoints"), checkpointsEl),
@@ -218,6 +221,13 @@ export function mount(root, { id }) {
     page.items.forEach((e) => evals.add(e));
   }
 
+  async function loadLayerNorms() {
+    // Downsampled like the evaluations (each bucket's first, last and highest norm).
+    // Each item holds every layer (up to 256 values): fewer of them than the step charts.
+    const page = await api(`${path}/layer-norms`, { params: { max_points: Math.min(budget(), 1000) } });
+    page.items.forEach((item) => layers.add(item));
+  }
+
   async function loadCheckpoints() {
     const list = await api(`${path}/checkpoints`);
     clear(checkpointsEl, list.items.length ? list.items.map((c) => h("div", {},
@@ -235,11 +245,12 @@ export function mount(root, { id }) {
     if (!job) return;
     specEl.textContent = JSON.stringify(job.spec, null, 2);
     const cursor = await history;
-    await Promise.all([loadEvents(), loadEvals(), loadCheckpoints().catch(() => {})]);
+    await Promise.all([loadEvents(), loadEvals(), loadLayerNorms(), loadCheckpoints().catch(() => {})]);
     if (stopped) return;
     feed = new LiveFeed(id, cursor, {
       onMetric,
       onEval: (e) => evals.add(e),
+      onLayerNorms: (item) => layers.add(item),
       onEvent: (ev) => {
         onLifecycle(ev);
         if (timeline.add(ev) && ev.type === "checkpoint") loadCheckpoints().catch(() => {});
@@ -258,5 +269,6 @@ export function mount(root, { id }) {
     feed?.stop();
     group.destroy();
     evals?.destroy();
+    layers.destroy();
   };
 }
