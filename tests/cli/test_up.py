@@ -58,18 +58,23 @@ def test_up_runs_a_job_and_stops_cleanly(tmp_path: Path) -> None:
         assert final["step"] == 5 and set(final["values"]) == {"accuracy", "brier_score"}
         summary = client.get(f"/jobs/{job['id']}").json()["summary"]["eval"]
         assert summary["values"] == final["values"]
-        # fp16 beyond its range on `up`: the guardian falls back to bf16, the job succeeds.
+        # fp16 beyond its range on `up`: every step overflows, the loss scale halves each
+        # time until it falls below its floor (the non-finite-loss trigger set out of reach),
+        # and the guardian falls back to bf16; the job succeeds.
         fallback = mlp_job(
             name="fallback",
-            max_steps=10,
+            max_steps=40,
             precision="fp16",
             dataset={"name": "synthetic-classification", "args": {"feature_scale": 1e6}},
-            health={"fallback": "bf16"},
+            health={"fallback": "bf16", "diverge_nonfinite_steps": 1000},
             max_attempts=1,
         )
         fell = finished_job(client, client.post("/jobs", json=fallback).json()["id"], 120)
         assert fell["status"] == "succeeded", (fell["error"], up.tail())
         assert [h["precision"] for h in fell["precision_history"]] == ["fp16", "bf16"]
+        events = client.get(f"/jobs/{fell['id']}/events").json()["items"]
+        (why,) = [e["data"] for e in events if e["type"] == "precision_fallback"]
+        assert why["trigger"] == "loss_scale_floor" and why["param"] is not None, why
         assert client.get(f"/jobs/{long['id']}").json()["status"] == "running"
         scraped = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics").text
         assert "amptrain_worker_busy_slots" in scraped  # on the port asked for
