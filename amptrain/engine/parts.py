@@ -40,7 +40,7 @@ from amptrain.engine.precision import (
 )
 from amptrain.engine.publisher import Publisher
 from amptrain.engine.resume import find_resumable
-from amptrain.engine.spikes import SpikeCheck
+from amptrain.engine.spikes import spike_check
 from amptrain.engine.telemetry import StepTelemetry
 
 
@@ -120,7 +120,7 @@ def build_parts(
             seed_everything((spec.seed + 1_000_003 * group.rank) % 2**32)
         optimizer = _registry().build_optimizer(spec.optimizer, model.parameters(), device)
         rule = spec.health.spike
-        spike = SpikeCheck(rule, device) if rule is not None else None
+        spike = spike_check(rule, device) if rule is not None else None
         amp = AmpStep(spec, wrapped, optimizer, made.loss_fn, precision, device, spike)
         evaluator = build_evaluator(spec, made.dataset, model, amp, device, group, channels_last)
         publisher = Publisher(ctx.sink if group.leader else None, spec.telemetry.queue_size)

@@ -16,8 +16,8 @@ import torch.nn.functional as F
 from amptrain.contract.errors import PreemptedError
 from amptrain.contract.records import SPIKE_WARNING
 from amptrain.contract.spec import parse_spec
-from amptrain.engine import Components, RunContext, Trainer
-from amptrain.engine.spikes import SpikeCheck
+from amptrain.engine import Components, RunContext, Trainer, parts
+from amptrain.engine.spikes import HostSpikeCheck, SpikeCheck
 from tests.engine.test_amp import TinyData, TinyNet
 from tests.engine.test_host_reads import host_reads
 from tests.support.sinks import ListSink
@@ -122,7 +122,11 @@ def test_fp16_skip_keeps_the_loss_scale() -> None:
 
 
 def test_the_check_reads_nothing_between_flushes(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The tensor rule, which a GPU runs (a CPU run takes the scalar one: nothing to wait for
+    # there); proven here on the CPU, the only device CI has.
+    monkeypatch.setattr(parts, "spike_check", SpikeCheck)
     t = trainer(spec({"action": "skip", "metric": "grad_norm"}), ListSink())
+    assert type(t.amp.spike) is SpikeCheck
     t.train_step()
     t.telemetry.flush()
     seam = t.telemetry.host.count
@@ -171,17 +175,26 @@ def test_a_resumed_run_keeps_the_window_and_skips_the_same_step(tmp_path: Path) 
     assert [s for s, m in sink.metrics().items() if m["skipped"]] == [K]
 
 
-def test_the_running_statistics_equal_the_window_s_own_after_many_wraps() -> None:
-    """Thousands of values through a window of 16 (over a hundred wraps, with spikes and
-    non-finite values left out): each step's mean, std and flag are those of the last 16
-    accepted values, computed directly, even where the values barely vary (2.0 +- 1e-4)."""
-    rule = spec({"action": "skip"}).health.spike  # window 16, warm-up 8
-    check = SpikeCheck(rule, torch.device("cpu"))
+def spiky_values() -> list[float]:
+    """3000 values that barely vary (2.0 +- 1e-4), a spike every 97, NaN and infinities."""
     gen = torch.Generator().manual_seed(0)
     values = (2.0 + 1e-4 * torch.randn(3000, generator=gen)).tolist()
     for i in range(50, 3000, 97):
         values[i] += 0.5  # a spike
     values[500], values[1500], values[2500] = math.nan, math.inf, -math.inf
+    return values
+
+
+@pytest.mark.parametrize("rule_class", [SpikeCheck, HostSpikeCheck])
+def test_the_running_statistics_equal_the_window_s_own_after_many_wraps(
+    rule_class: type[SpikeCheck],
+) -> None:
+    """Thousands of values through a window of 16 (over a hundred wraps, with spikes and
+    non-finite values left out): each step's mean, std and flag are those of the last 16
+    accepted values, computed directly, even where the values barely vary (2.0 +- 1e-4)."""
+    rule = spec({"action": "skip"}).health.spike  # window 16, warm-up 8
+    check = rule_class(rule, torch.device("cpu"))
+    values = spiky_values()
     window: collections.deque[float] = collections.deque(maxlen=rule.window)
     spikes = 0
     for v in values:
@@ -198,3 +211,21 @@ def test_the_running_statistics_equal_the_window_s_own_after_many_wraps() -> Non
         if math.isfinite(x) and not spike:
             window.append(x)
     assert spikes == len(range(50, 3000, 97))
+
+
+def test_the_cpus_scalar_rule_flags_what_the_tensor_rule_flags() -> None:
+    """The same flags, means and window state, bit for bit; the std to 1e-12 (torch's CPU
+    sqrt of a double can differ from IEEE's correctly rounded one in the last bits)."""
+    rule = spec({"action": "skip"}).health.spike
+    tensors, scalars = (
+        SpikeCheck(rule, torch.device("cpu")),
+        HostSpikeCheck(rule, torch.device("cpu")),
+    )
+    for v in spiky_values():
+        x = torch.tensor(v, dtype=torch.float32)
+        a, b = tensors.check(x), scalars.check(x)
+        assert (float(a.spike), float(a.mean)) == (float(b.spike), float(b.mean))
+        assert float(a.std) == pytest.approx(float(b.std), rel=1e-12, abs=1e-300)
+    one, other = tensors.state_dict(), scalars.state_dict()
+    assert torch.equal(one.pop("rows"), other.pop("rows"))  # a checkpoint reads the same
+    assert torch.equal(one.pop("sums"), other.pop("sums")) and one == other
