@@ -1,6 +1,7 @@
 """Loss-spike detection on the device (``health.spike``): a ring buffer of the last
 ``window`` accepted values with their running sums, and a z-score rule: a fixed couple of
-dozen tiny ops per step whatever the window's size, and no host read.
+dozen tiny ops per step whatever the window's size, and no host read. On a CPU device the
+same rule runs in Python floats (:class:`HostSpikeCheck`: nothing to wait for there).
 
 Each step, before the optimizer step, :meth:`SpikeCheck.check` takes the step's value (its
 loss, or its gradient norm) and returns, as 0-d device tensors, whether it is a spike and
