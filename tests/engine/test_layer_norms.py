@@ -14,12 +14,9 @@ import torch
 from amptrain.contract.layers import LAYER_NORMS_MAX, ROOT_LAYER, layer_line, layer_paths
 from amptrain.contract.spec import parse_spec
 from amptrain.engine import RunContext, Trainer
-from amptrain.engine.health import HealthMonitor
 from amptrain.engine.layer_norms import LayerValues
-from amptrain.engine.publisher import Publisher
-from amptrain.engine.telemetry import StepTelemetry
 from tests.engine.test_host_reads import host_reads
-from tests.engine.test_telemetry import OneWindowBehind
+from tests.engine.test_telemetry import read_later_telemetry
 from tests.support.sinks import ListSink
 
 
@@ -144,18 +141,8 @@ def test_the_command_lines_print_a_due_steps_extremes() -> None:
 def test_a_window_read_later_carries_its_layer_norms_in_its_one_copy() -> None:
     """The CUDA path (a due flush queues one copy and publishes it a flush later), here
     with a host that finishes each copy by the next: the layer norms travel in it."""
-    spec_ = spec(2)
     sink = ListSink()
-    publisher = Publisher(sink, spec_.telemetry.queue_size)
-    telemetry = StepTelemetry(
-        spec_.telemetry,
-        torch.device("cpu"),
-        HealthMonitor(spec_.health, "fp32"),
-        publisher,
-        with_scaler=False,
-        read_later=True,
-    )
-    reads = telemetry.host = OneWindowBehind()
+    telemetry, publisher, reads = read_later_telemetry(spec(2), sink)
     for step in range(1, 11):
         value = torch.tensor(float(step))
         due = LayerValues(torch.tensor([step, 2.0 * step]), ("a.b", "c")) if step % 2 == 0 else None

@@ -221,11 +221,11 @@ class OneWindowBehind(HostReads):
         return clock
 
 
-def test_due_flushes_read_the_previous_window_without_waiting_then_all_at_an_explicit_flush() -> (
-    None
-):
-    spec_ = spec(telemetry={"flush_every_steps": 4, "flush_every_ms": 600_000})
-    sink = ListSink()
+def read_later_telemetry(
+    spec_: Any, sink: ListSink
+) -> tuple[StepTelemetry, Publisher, OneWindowBehind]:
+    """A CPU run's telemetry on the CUDA path (a due flush queues one copy and publishes it a
+    flush later), with a host that finishes each copy by the next flush."""
     publisher = Publisher(sink, spec_.telemetry.queue_size)
     telemetry = StepTelemetry(
         spec_.telemetry,
@@ -236,6 +236,15 @@ def test_due_flushes_read_the_previous_window_without_waiting_then_all_at_an_exp
         read_later=True,
     )
     reads = telemetry.host = OneWindowBehind()
+    return telemetry, publisher, reads
+
+
+def test_due_flushes_read_the_previous_window_without_waiting_then_all_at_an_explicit_flush() -> (
+    None
+):
+    spec_ = spec(telemetry={"flush_every_steps": 4, "flush_every_ms": 600_000})
+    sink = ListSink()
+    telemetry, publisher, reads = read_later_telemetry(spec_, sink)
     published: dict[int, list[int]] = {}
     for step in range(1, 11):
         value = torch.tensor(float(step))

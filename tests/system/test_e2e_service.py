@@ -3,28 +3,16 @@
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from amptrain.cli.embedded_redis import EmbeddedRedis
 from amptrain.contract.metrics import METRIC_FIELDS
 from tests.support.specs import service_job
 from tests.support.stack import Stack, wait_until
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def stack(database_url: str, redis_server: EmbeddedRedis, tmp_path: Path) -> Iterator[Stack]:
-    s = Stack(tmp_path, database_url, redis_server)
-    s.start_api()
-    s.start_worker()
-    yield s
-    s.close()
 
 
 def wait_for_points(stack: Stack, job_id: str, count: int) -> list[dict[str, Any]]:

@@ -4,27 +4,14 @@ precision history and events that say why, without spending its retry budget."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
-from amptrain.cli.embedded_redis import EmbeddedRedis
 from tests.support.specs import service_job
 from tests.support.stack import Stack
 
 pytestmark = pytest.mark.slow
 
 STEPS = 30
-
-
-@pytest.fixture
-def stack(database_url: str, redis_server: EmbeddedRedis, tmp_path: Path) -> Iterator[Stack]:
-    s = Stack(tmp_path, database_url, redis_server)
-    s.start_api()
-    s.start_worker()
-    yield s
-    s.close()
 
 
 def test_an_fp16_job_beyond_fp16s_range_falls_back_to_bf16_and_succeeds(stack: Stack) -> None:

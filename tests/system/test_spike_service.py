@@ -3,25 +3,12 @@ and past ``max_rollbacks`` the job fails naming the step."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 
-from amptrain.cli.embedded_redis import EmbeddedRedis
 from tests.support.specs import service_job
 from tests.support.stack import Stack, wait_until
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture
-def stack(database_url: str, redis_server: EmbeddedRedis, tmp_path: Path) -> Iterator[Stack]:
-    s = Stack(tmp_path, database_url, redis_server)
-    s.start_api()
-    s.start_worker()
-    yield s
-    s.close()
 
 
 def test_rollbacks_are_events_and_past_the_bound_the_job_fails_naming_the_step(
