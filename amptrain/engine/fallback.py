@@ -47,22 +47,23 @@ def _native_bf16(device: torch.device) -> bool:
     return torch.cuda.get_device_capability(device)[0] >= 8
 
 
-def newest_healthy(store: CheckpointStore, step: int) -> int | None:
-    """The step of the newest checkpoint at or before ``step`` that was written while
-    training was healthy; None: there is none."""
+def newest_healthy(store: CheckpointStore, step: int) -> tuple[int, dict[str, Any]] | None:
+    """The newest checkpoint at or before ``step`` written while training was healthy (what
+    a precision fallback and a spike rollback go back to): its step and state; None: none."""
     for found in reversed(store.steps()):
         if found > step:
             continue
         state = store.load(store.path(checkpoint_name(found)))
         if state.get("healthy", False):
-            return found
+            return found, state
     return None
 
 
 def leave_fp16(store: CheckpointStore | None, error: PrecisionFallbackError) -> dict[str, Any]:
     """Remove the checkpoints after the newest healthy one (the next attempt resumes from it,
     or from the start); the ``precision_fallback`` event's data."""
-    healthy = newest_healthy(store, error.step or 0) if store is not None else None
+    found = newest_healthy(store, error.step or 0) if store is not None else None
+    healthy = found[0] if found is not None else None
     if store is not None:
         store.discard_after(healthy or 0)
     return {

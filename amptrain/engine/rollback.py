@@ -7,17 +7,16 @@ happens on the host once a flush has read the spike, at step ``f`` >= the spike'
 
 from __future__ import annotations
 
-from typing import Any
-
 from amptrain.contract.errors import DivergedError
 from amptrain.contract.layout import checkpoint_name
 from amptrain.contract.records import ROLLBACK_EVENT
-from amptrain.engine.checkpoint import CheckpointStore, check_resumable
+from amptrain.engine.checkpoint import check_resumable
+from amptrain.engine.fallback import newest_healthy
 from amptrain.engine.resume import Checkpointing
 
 
 def roll_back(run: Checkpointing, spike_step: int) -> None:
-    """Load the newest checkpoint at or before ``spike_step`` into ``run`` (keeping its step,
+    """Load the newest healthy checkpoint at or before ``spike_step`` into ``run`` (keeping its step,
     so the data position stays ``step x batch_size``), emit the ``rollback`` event and write
     a checkpoint of the rolled-back state at the current step (a run killed after this
     resumes from it). Without such a checkpoint the spike stays skipped, and the event says
@@ -25,7 +24,7 @@ def roll_back(run: Checkpointing, spike_step: int) -> None:
     rule = run.spec.health.spike
     assert rule is not None and rule.action == "rollback"
     at = run.step
-    found = _newest_at_or_before(run.store, spike_step) if run.store is not None else None
+    found = newest_healthy(run.store, spike_step) if run.store is not None else None
     if found is None:
         where = "checkpoint" if run.store is not None else "checkpoint directory"
         message = (
@@ -55,13 +54,6 @@ def roll_back(run: Checkpointing, spike_step: int) -> None:
     )
     _event(run, at, spike_step, from_step, message)
     run.save_checkpoint()
-
-
-def _newest_at_or_before(store: CheckpointStore, step: int) -> tuple[int, dict[str, Any]] | None:
-    steps = [s for s in store.steps() if s <= step]
-    if not steps:
-        return None
-    return steps[-1], store.load(store.path(checkpoint_name(steps[-1])))
 
 
 def _event(

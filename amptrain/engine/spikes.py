@@ -26,7 +26,7 @@ withheld on the device (``found_inf``), the step recorded as skipped. ``rollback
    only warned about (their updates were withheld too). The run's last flush comes before
    its final evaluation and checkpoint: a spike it reads rolls back too, and the run ends
    with the checkpoint's weights.
-3. The Trainer loads, in-process, the newest checkpoint at a step ``c <= k``: the model,
+3. The Trainer loads, in-process, the newest healthy checkpoint (written with no fp16 trigger building) at a step ``c <= k``: the model,
    the optimizer, the schedule (so the learning rate is the one after ``c``), fp16's scaler
    and this window. It keeps its step count ``f`` (no step is recorded twice in an attempt),
    its data position ``f x batch_size`` (the samples ``[c x batch_size, f x batch_size)``
@@ -36,7 +36,7 @@ withheld on the device (``found_inf``), the step recorded as skipped. ``rollback
    written (with the count), so a run killed after the rollback resumes from there exactly
    and never rolls back again for the same spike. An evaluation due at ``f`` and not yet
    run then runs, on the rolled-back model.
-5. Without a checkpoint at or before ``k`` (or without a checkpoint directory) nothing is
+5. Without a healthy checkpoint at or before ``k`` (or without a checkpoint directory) nothing is
    loaded: the spike was skipped, and the event says so (``name`` null). Past
    ``max_rollbacks`` rollbacks the job fails as ``diverged`` at step ``f``, naming ``k``.
 """

@@ -61,6 +61,14 @@ def _refused(data: dict[str, Any]) -> set[str]:
         ("schedule.warmup_steps", 10**15, "schedule.warmup_steps"),
         ("max_runtime_s", 10**12, "max_runtime_s"),
         ("max_runtime_s", 0, "max_runtime_s"),
+        # The numerics guardian's knobs.
+        ("health.loss_scale_floor_steps", 10**15, "health.loss_scale_floor_steps"),
+        ("health.max_consecutive_skips", 2**31, "health.max_consecutive_skips"),
+        ("health.max_consecutive_skips", 0, "health.max_consecutive_skips"),
+        ("health.fallback", "bf16; rm -rf /", "health.fallback"),
+        ("health.spike.max_rollbacks", 10**9, "health.spike.max_rollbacks"),
+        ("telemetry.layer_grad_norms_every", 10**12, "telemetry.layer_grad_norms_every"),
+        ("telemetry.layer_grad_norms_every", 0, "telemetry.layer_grad_norms_every"),
     ],
 )
 def test_huge_numbers_are_refused_naming_the_field(path: str, value: Any, field: str) -> None:
@@ -75,6 +83,8 @@ def test_huge_numbers_are_refused_naming_the_field(path: str, value: Any, field:
         ("synthetic-text", {"vocab_size": 10**9}, {"vocab_size"}),
         ("synthetic-classification", {"num_samples": 10**11}, {"num_samples"}),
         ("synthetic-classification", {"data_seed": 10**30}, {"data_seed"}),
+        ("synthetic-classification", {"feature_scale": 1e300}, {"feature_scale"}),
+        ("synthetic-classification", {"feature_scale": 0.0}, {"feature_scale"}),
         ("tensors", {"path": "x.npz", "num_classes": 10**12}, {"num_classes"}),
         ("tensors", {"path": "x" * 5000}, {"path"}),
     ],

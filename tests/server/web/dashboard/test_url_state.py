@@ -68,3 +68,18 @@ def test_the_job_pages_view_is_in_the_link(page: Page, stack: Stack) -> None:
     expect(page).to_have_url(re.compile(rf"#/jobs/{job_id}\?smooth=0\.3&x=time$"))
     page.dblclick("[data-chart=loss] .u-over")  # reset zoom: nothing to drop
     expect(marks).to_contain_text("40 skipped steps (step 10, 20, 30, 40, 50, …)")
+
+
+def test_a_hostile_link_opens_the_default_view(page: Page, stack: Stack) -> None:
+    job_id = saved_run(
+        stack, "hostile", 50, lambda i: (1.0 / i, 65536.0, False, 1.0, 1e-3, MIB, MIB, MIB)
+    )
+    sign_in(page, stack.token)
+    bad = "smooth=1e9&from=abc&to=-1&x=%3Cscript%3E&log=%3Cimg%20src%3Dx%3E"
+    page.goto(f"/ui/#/jobs/{job_id}?{bad}")
+    expect(page.locator("#charts")).to_have_attribute("data-ready", "1")
+    expect(page.locator("#smoothing")).to_have_value("0.8")  # out of range: the default
+    expect(page.locator("#x-mode")).to_have_value("step")
+    expect(page.locator("[data-chart=loss]")).to_have_attribute("data-points", "50")  # no zoom
+    expect(page.locator("[data-chart=loss] header input[type=checkbox]")).not_to_be_checked()
+    assert page.locator("img[src=x]").count() == 0  # never markup
