@@ -44,18 +44,18 @@ class DivergedError(TrainingError):
 
 class PrecisionFallbackError(TrainingError):
     """fp16 became unhealthy and ``health.fallback`` names another precision: the attempt
-    ends and the job resumes in ``to`` from its newest healthy checkpoint. Not a failure:
+    ends and the job resumes in ``fallback_to`` from its newest healthy checkpoint. Not a failure:
     the retry budget (``max_attempts``) is not charged."""
 
     code = "precision_fallback"
     retryable = True
 
     def __init__(
-        self, message: str, *, step: int, trigger: str, to: str, param: str | None = None
+        self, message: str, *, step: int, trigger: str, fallback_to: str, param: str | None = None
     ) -> None:
         super().__init__(message, step=step)
         self.trigger = trigger
-        self.to = to
+        self.fallback_to = fallback_to
         self.param = param
         """The first non-finite gradient's parameter of the newest skipped step, if known."""
 

@@ -10,10 +10,13 @@ Everything is stored as tensors and plain Python types so that
 
 from __future__ import annotations
 
+import json
 import os
 import random
 import uuid
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, BinaryIO
 
 import fsspec
 import numpy as np
@@ -57,17 +60,49 @@ def check_resumable(state: dict[str, Any], world_size: int) -> None:
 
 
 _TMP_PREFIX = ".tmp-"
+_META_SUFFIX = ".json"
+
+
+@dataclass(frozen=True)
+class CheckpointMeta:
+    """What is known of a checkpoint without loading it (its sidecar ``step-N.json``)."""
+
+    step: int
+    healthy: bool
+    """Written with no trigger of ``health.fallback`` building: what a precision fallback and
+    a spike rollback may go back to."""
+    attempt: int
+    """The attempt that wrote it (its lineage: see ``RunContext.recorded``)."""
+
+    def to_json(self) -> bytes:
+        return json.dumps(
+            {"step": self.step, "healthy": self.healthy, "attempt": self.attempt}
+        ).encode()
+
+    @classmethod
+    def of_state(cls, state: dict[str, Any]) -> CheckpointMeta:
+        """From a loaded checkpoint (one written before sidecars existed)."""
+        step = state.get("step")
+        return cls(
+            int(step) if isinstance(step, int) else -1,
+            bool(state.get("healthy", False)),
+            int(state.get("attempt", 0)),
+        )
 
 
 class CheckpointStore:
-    """One job's checkpoint directory: local path or fsspec URL."""
+    """One job's checkpoint directory (local path or fsspec URL): atomic files, each with a
+    sidecar of its :class:`CheckpointMeta`, so what a checkpoint is can be known without
+    loading it. Which ones to keep and which to go back to is the
+    :class:`~amptrain.engine.checkpoint_manager.CheckpointManager`'s to decide."""
 
-    def __init__(self, url: str, keep_last: int, *, writer: bool = True) -> None:
+    def __init__(self, url: str, keep_last: int = 1, *, writer: bool = True) -> None:
         """``writer`` False: only reads (the ranks > 0 of a data-parallel run, which must
-        not remove what rank 0, the one writer, is writing)."""
+        not remove what rank 0, the one writer, is writing). ``keep_last``: kept for callers
+        that only read; pruning is the manager's."""
         self._fs, self._root = fsspec.core.url_to_fs(url)
         self._local = isinstance(self._fs, LocalFileSystem)
-        self._keep_last = keep_last
+        self.keep_last = keep_last
         self._fs.makedirs(self._root, exist_ok=True)
         if writer:
             self._remove_stale_temporaries()
@@ -89,35 +124,58 @@ class CheckpointStore:
         """Remove the checkpoints of steps beyond ``step``; the steps removed."""
         gone = [s for s in self.steps() if s > step]
         for s in gone:
-            self._fs.rm(self.path(checkpoint_name(s)))
+            self.remove(s)
         return gone
 
-    def save(self, step: int, state: dict[str, Any], keep: int | None = None) -> str:
-        """Write ``state`` atomically as the checkpoint of ``step``; prune beyond keep_last,
-        except the checkpoint of step ``keep`` (the newest healthy one, which a precision
-        fallback resumes from however many unhealthy ones came after it).
+    def remove(self, step: int) -> None:
+        """Remove one checkpoint: the file first (a sidecar without its file is ignored)."""
+        self._fs.rm(self.path(checkpoint_name(step)))
+        meta = self._meta_path(step)
+        if self._fs.exists(meta):
+            self._fs.rm(meta)
+
+    def save(self, step: int, state: dict[str, Any], meta: CheckpointMeta) -> str:
+        """Write ``state`` atomically as the checkpoint of ``step``, its sidecar first (a
+        checkpoint never exists without it; a sidecar left without its file is ignored).
 
         Returns where it went: a local path, or a full URL for other filesystems.
         """
         final = self.path(checkpoint_name(step))
         tmp = self.path(f"{_TMP_PREFIX}{uuid.uuid4().hex}-{checkpoint_name(step)}")
+        meta_tmp = self.path(f"{_TMP_PREFIX}{uuid.uuid4().hex}{_META_SUFFIX}")
         if self._local:
-            self._save_local(state, tmp, final)
+            self._save_local(lambda f: f.write(meta.to_json()), meta_tmp, self._meta_path(step))
+            self._save_local(lambda f: torch.save(state, f), tmp, final)
         else:
+            self._fs.pipe(meta_tmp, meta.to_json())
+            self._fs.mv(meta_tmp, self._meta_path(step))
             with self._fs.open(tmp, "wb") as f:
                 torch.save(state, f)
             self._fs.mv(tmp, final)
-        self._prune(keep)
         return final if self._local else self._fs.unstrip_protocol(final)
+
+    def meta(self, step: int) -> CheckpointMeta:
+        """What the checkpoint of ``step`` is, from its sidecar (loading the checkpoint only
+        when it has none: one written before sidecars existed)."""
+        try:
+            with self._fs.open(self._meta_path(step), "rb") as f:
+                data = json.loads(f.read())
+            return CheckpointMeta(step, bool(data["healthy"]), int(data["attempt"]))
+        except (FileNotFoundError, ValueError, KeyError, TypeError):
+            found = CheckpointMeta.of_state(self.load(self.path(checkpoint_name(step))))
+            return CheckpointMeta(step, found.healthy, found.attempt)
+
+    def _meta_path(self, step: int) -> str:
+        return self.path(checkpoint_name(step).removesuffix(".pt") + _META_SUFFIX)
 
     def load(self, path: str) -> dict[str, Any]:
         with self._fs.open(path, "rb") as f:
             return torch.load(f, map_location="cpu", weights_only=True)
 
-    def _save_local(self, state: dict[str, Any], tmp: str, final: str) -> None:
+    def _save_local(self, write: Callable[[BinaryIO], object], tmp: str, final: str) -> None:
         try:
             with open(tmp, "wb") as f:
-                torch.save(state, f)
+                write(f)
                 f.flush()
                 os.fsync(f.fileno())  # the data is on disk before the name points at it
             os.replace(tmp, final)
@@ -131,17 +189,17 @@ class CheckpointStore:
         finally:
             os.close(dir_fd)
 
-    def _prune(self, keep: int | None) -> None:
-        for step in self.steps()[: -self._keep_last]:
-            if step != keep:
-                self._fs.rm(self.path(checkpoint_name(step)))
-
     def _remove_stale_temporaries(self) -> None:
         # Left by a writer that was killed mid-save; one job has one writer
         # (the worker fences attempts), so anything here now is garbage.
         for p in self._fs.ls(self._root, detail=False):
-            if os.path.basename(p).startswith(_TMP_PREFIX):
+            name = os.path.basename(p)
+            if name.startswith(_TMP_PREFIX):
                 self._fs.rm(p)
+            elif name.endswith(_META_SUFFIX) and not self._fs.exists(
+                p.removesuffix(_META_SUFFIX) + ".pt"
+            ):
+                self._fs.rm(p)  # a sidecar whose checkpoint was never renamed into place
 
 
 def capture_rng(cuda_device: torch.device | None = None) -> dict[str, Any]:

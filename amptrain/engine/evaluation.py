@@ -77,13 +77,12 @@ class Evaluator:
         self.chunk = spec.micro_batch_size
         self.chunks = -(-self.rows // self.chunk)  # the last one may be partial
         self.every_steps, self.at_end = spec.eval.every_steps, spec.eval.at_end
-        self.last_step: int | None = None
-        """The step of the latest evaluation (the end one is skipped when it is this)."""
         self.last_values: dict[str, float | None] | None = None
 
-    def due(self, step: int, *, final: bool) -> bool:
-        """Whether to evaluate after optimizer step ``step`` (``final``: the run's last)."""
-        if step == self.last_step:
+    def due(self, step: int, last: int | None, *, final: bool) -> bool:
+        """Whether to evaluate after optimizer step ``step`` (``final``: the run's last),
+        the latest evaluation having been at step ``last`` (the train state keeps it)."""
+        if step == last:
             return False
         if final:
             return self.at_end
@@ -113,7 +112,7 @@ class Evaluator:
         )
         names = [*self.metrics, *(name for name, _ in self.custom)]
         result = {n: (values[n] if math.isfinite(values[n]) else None) for n in names}
-        self.last_step, self.last_values = step, result
+        self.last_values = result
         return result
 
     def _sums(self) -> torch.Tensor:

@@ -17,11 +17,12 @@ and blocking copies report as stream synchronizations; ``Event.synchronize()``, 
 from __future__ import annotations
 
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -54,7 +55,7 @@ class HostReads:
         done.record()
         return InFlight(host, done)
 
-    def mark(self) -> torch.cuda.Event:
+    def mark(self) -> CopyDone:
         """A timed event recorded now on the current stream (where a read window starts)."""
         event = torch.cuda.Event(enable_timing=True)
         event.record()
@@ -71,12 +72,67 @@ def _joined(values: Sequence[torch.Tensor], vectors: Sequence[torch.Tensor]) -> 
     return torch.cat([stacked, *vectors]) if vectors else stacked
 
 
+class LateHostReads(HostReads):
+    """A CPU run's reads in the single-GPU order: a queued copy completes only once the
+    next one is queued (or a read window's mark is set), as a GPU that finishes each window
+    by the next flush does. So a due flush publishes the window before the newest, and the
+    read order every guardian decision meets on one GPU is tested on any CPU."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._queued: list[LateEvent] = []
+
+    def start(
+        self, values: Sequence[torch.Tensor], vectors: Sequence[torch.Tensor] = ()
+    ) -> InFlight:
+        self.count += 1
+        return InFlight(_joined(values, vectors).clone(), self._next())
+
+    def mark(self) -> LateEvent:
+        return self._next()
+
+    def _next(self) -> LateEvent:
+        for queued in self._queued:  # the device caught up with everything queued before
+            queued.completed = True
+        self._queued = [LateEvent()]
+        return self._queued[0]
+
+
+class LateEvent:
+    """What :class:`LateHostReads` hands out for a CUDA event: done once a later one exists;
+    timed by the host's clock (a CPU has done the work when it is recorded)."""
+
+    def __init__(self) -> None:
+        self.completed = False
+        self.at = time.perf_counter()
+
+    def query(self) -> bool:
+        return self.completed
+
+    def synchronize(self) -> None:
+        self.completed = True
+
+    def elapsed_time(self, end: CopyDone) -> float:
+        assert isinstance(end, LateEvent)
+        return (end.at - self.at) * 1000.0
+
+
+class CopyDone(Protocol):
+    """A CUDA event, as a read window uses it (or a :class:`LateEvent`)."""
+
+    def query(self) -> bool: ...
+
+    def synchronize(self) -> None: ...
+
+    def elapsed_time(self, end: Any, /) -> float: ...
+
+
 @dataclass
 class InFlight:
     """Values on their way to pinned host memory; ``done`` is recorded right behind the copy."""
 
     host: torch.Tensor
-    done: torch.cuda.Event
+    done: CopyDone
 
     def floats(self) -> list[float]:
         """The values, once ``done.query()`` is True (or after ``done.synchronize()``)."""

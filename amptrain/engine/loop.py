@@ -1,5 +1,8 @@
-"""The Trainer: train -> train_step -> forward_backward, stop requests and OOM (what it is
-built of: ``parts``; its checkpointed state: ``resume``).
+"""The Trainer: ``train`` -> ``train_step`` -> ``forward_backward`` (in
+:class:`~amptrain.engine.amp_step.AmpStep`), plus the one place that acts on the guardian's
+verdicts (:meth:`Trainer._act`). What it is built of: ``parts``; what it carries between
+steps: :class:`~amptrain.engine.train_state.TrainState`; its checkpoints:
+:class:`~amptrain.engine.checkpoint_manager.CheckpointManager`.
 
 Between two telemetry flushes a step reads nothing from the device: the loss, the
 gradient norm, fp16's skip flag and scale, the learning rate and the count of applied
@@ -7,10 +10,16 @@ steps all stay device tensors (see ``host``, ``lr_schedule`` and ``telemetry``),
 on a GPU the host runs ahead of the device by as many steps as the caching allocator
 and the data path allow.
 
+Every call that may flush telemetry returns the guardian's verdict on what it read; the
+Trainer acts on it at the step boundary, never from inside a flush or an exception handler.
+Before an evaluation or a checkpoint, telemetry is flushed and its verdict acted on first, so
+neither ever sees weights that a rollback read later would throw away.
+
 With ``devices`` > 1 each process runs this loop as one rank of a DDP group
 (:mod:`~amptrain.engine.distributed`): rank r takes its contiguous share of every
 global batch, gradients are all-reduced in the last micro-batch's backward, and rank 0
-alone publishes telemetry and writes checkpoints (holding every rank's RNG state).
+alone publishes telemetry and writes checkpoints (holding every rank's RNG state). Every
+rank judges the same gathered records, so every rank acts on the same verdicts.
 """
 
 from __future__ import annotations
@@ -21,116 +30,100 @@ import time
 import torch
 
 from amptrain.contract import records
-from amptrain.contract.errors import CancelledError, PrecisionFallbackError, PreemptedError
-from amptrain.contract.records import PRECISION_FALLBACK
+from amptrain.contract.errors import CancelledError, PreemptedError, TrainingError
+from amptrain.contract.layout import checkpoint_name
+from amptrain.contract.records import PRECISION_FALLBACK, ROLLBACK_EVENT
 from amptrain.contract.spec import JobSpec
 from amptrain.engine.context import Components, RunContext, TrainResult
-from amptrain.engine.distributed import Group, check_launch, rank_device
-from amptrain.engine.fallback import leave_fp16
-from amptrain.engine.layer_norms import LayerNorms
-from amptrain.engine.memory import format_bytes, release_cached, snapshot
-from amptrain.engine.oom import is_out_of_memory, smaller_micro_batch
-from amptrain.engine.parts import DataOptions, build_parts
-from amptrain.engine.precision import resolve_device
-from amptrain.engine.resume import Checkpointing
-from amptrain.engine.rollback import roll_back
-from amptrain.engine.spikes import RollbackRequested
-from amptrain.engine.telemetry import StepTelemetry
+from amptrain.engine.fallback import fallback_event
+from amptrain.engine.guardian import (
+    Continue,
+    Diverged,
+    FallBack,
+    RollBack,
+    Verdict,
+    sooner,
+)
+from amptrain.engine.memory import release_cached, snapshot
+from amptrain.engine.oom import is_out_of_memory, shrink
+from amptrain.engine.parts import DataOptions, build
+from amptrain.engine.rollback import rollback_event
 
 
-class Trainer(Checkpointing):
-    """Runs one job spec to completion, or to a TrainingError.
-
-    Build it, then call :meth:`train` once. ``step`` is the number of optimizer
-    steps done so far (it may be read from ``ctx.should_stop`` callbacks).
-    """
+class Trainer:
+    """Runs one job spec to completion, or to a TrainingError: build it, then call
+    :meth:`train` once. ``step``: the optimizer steps done so far (``ctx.should_stop`` may
+    read it)."""
 
     drain_timeout_s: float = 10.0
     """How long :meth:`train` lets the publisher deliver queued telemetry at the end."""
     prefetch_depth: int | None = None
-    """See :attr:`~amptrain.engine.parts.DataOptions.prefetch_depth`."""
     data_builders: int | None = None
-    """See :attr:`~amptrain.engine.parts.DataOptions.builders`."""
+    read_later: bool | None = None
+    """These three: see :class:`~amptrain.engine.parts.DataOptions`."""
 
     def __init__(
         self, spec: JobSpec, ctx: RunContext, components: Components | None = None
     ) -> None:
         self.spec = spec
         self.ctx = ctx
-        check_launch(spec, ctx.ranks)
-        self.device = rank_device(resolve_device(spec.device), ctx.ranks)
-        self.group = Group(ctx.ranks, self.device)
-        self.group.start(spec.collective_timeout_s)
-        data = DataOptions(self.prefetch_depth, self.data_builders)
-        try:
-            parts = build_parts(spec, ctx, self.device, self.group, components, data)
-        except BaseException:
-            self.group.close()
-            raise
-        self._restore_math = parts.restore_math
-        self.precision, self.dataset, self.model = parts.precision, parts.dataset, parts.model
-        self.channels_last, self.feeder, self.amp = parts.channels_last, parts.feeder, parts.amp
-        self.optimizer, self.schedule, self.store = parts.optimizer, parts.schedule, parts.store
-        self.publisher, self.telemetry, self.health = parts.publisher, parts.telemetry, parts.health
+        data = DataOptions(self.prefetch_depth, self.data_builders, self.read_later)
+        self.parts = parts = build(spec, ctx, components, data)
+        self.device = parts.device
+        self.group = parts.group
+        self.model = parts.model
+        self.optimizer = parts.optimizer
+        self.schedule = parts.schedule
+        self.feeder = parts.feeder
+        self.amp = parts.amp
+        self.state = parts.state
+        self.run_state = parts.run_state
+        self.checkpoints = parts.checkpoints
+        self.publisher = parts.publisher
+        self.telemetry = parts.telemetry
+        self.telemetry.judge = lambda reading: parts.guardian.judge(
+            reading, self.state.situation(self.checkpoints.newest_healthy)
+        )
         self.evaluator = parts.evaluator
-        self.layer_norms = LayerNorms(spec.telemetry.layer_grad_norms_every)
-        self._peeked = parts.resume_peek
-        self.step = 0
-        self.micro_batch = spec.micro_batch_size
-        self.grad_accum = spec.grad_accum_steps
-        self.resumed_from: int | None = None
-        self.rollbacks = 0  # health.spike rollbacks taken by the job (checkpointed)
-        self._last_checkpoint_step: int | None = None
-        self._healthy_step: int | None = None
 
-    # -- public -----------------------------------------------------------------------------
+    @property
+    def step(self) -> int:
+        return self.state.step
 
     def train(self) -> TrainResult:
         """Train up to ``spec.max_steps``; raises a TrainingError subclass when it cannot."""
         try:
-            self.telemetry.event("precision", self.step, **self.precision.to_dict())
-            self.resume()
-            while True:
-                try:
-                    self._train_to_the_end()
-                    break
-                except RollbackRequested as request:  # raised by any flush in it
-                    roll_back(self, request.spike_step)
-                    self._evaluate_if_due(final=False)  # if due at this step and not yet run
-        except BaseException as exc:
-            if isinstance(exc, PrecisionFallbackError):
-                self._leave_fp16(exc)
+            precision = self.parts.precision.to_dict()
+            self._act(self.telemetry.event("precision", self.step, **precision))
+            self._act(self._resume())
+            while self.state.step < self.spec.max_steps:
+                self._poll_stop()
+                self._act(self.train_step())
+                self._boundary(final=False)
+            self._boundary(final=True)
+            self._act(self.telemetry.flush())
+        except BaseException:
             if not self.group.parallel:
+                # The records of the steps that did finish; the failure is what the user sees.
                 # Devices > 1: a flush is a collective the other ranks may never join.
-                _flush_quietly(self.telemetry)
+                with contextlib.suppress(Exception):
+                    self.telemetry.flush()
             raise
         finally:
             self.feeder.close()
             self.telemetry.close(self.drain_timeout_s)
             self.group.close()
-            self._restore_math()
-        return TrainResult(
-            final_step=self.step,
-            resumed_from=self.resumed_from,
-            precision=self.precision,
-            skipped_steps=self.telemetry.skipped_steps,
-            overflow_counts=dict(self.telemetry.attribution.counts.most_common()),
-            dropped_records=self.publisher.dropped,
-            last_record=self.telemetry.last_record,
-            rank=self.group.rank,
-            world_size=self.group.world_size,
-            eval=self.evaluator.last_values if self.evaluator else None,
-        )
+            self.parts.restore_math()
+        return self.parts.result()
 
-    def train_step(self) -> None:
-        """One optimizer step over ``batch_size`` samples; retried smaller on OOM if allowed.
+    def train_step(self) -> Verdict:
+        """One optimizer step over ``batch_size`` samples; the verdict on what its flushes read.
 
-        An out-of-memory error in the forward, the backward or the optimizer step is
-        handled the same way: the step is abandoned, the cached memory is released once
-        the exception (whose traceback holds the step's activations) is gone, and the
-        whole step runs again with half the micro-batch.
-        """
+        An out-of-memory error in the forward, the backward or the optimizer step abandons
+        the step (the spike window too) and, if allowed, runs it again with half the
+        micro-batch once the exception (whose traceback holds its activations) is gone."""
         started = time.perf_counter()
+        verdict: Verdict = Continue()
         while True:
             try:
                 loss = self._accumulate()
@@ -141,44 +134,98 @@ class Trainer(Checkpointing):
                 if not is_out_of_memory(exc):
                     raise
             # Outside the except block: the exception and its frames are released by now.
-            self._shrink_after_oom()
+            verdict = sooner(verdict, self._shrink_after_oom())
         self.schedule.advance(applied.withheld)
-        self.step += 1
+        self.state.step += 1
         values = {"loss": loss, "grad_norm": applied.grad_norm, "lr": lr}
         if applied.scale is not None and applied.found_inf is not None:  # fp16's scaler
             values.update(skipped=applied.found_inf, loss_scale=applied.scale)
-        self.telemetry.record(
-            self.step,
+        recorded = self.telemetry.record(
+            self.state.step,
             values,
             samples=self.spec.batch_size,
             started=started,
             overflow=applied.overflow,
             spike=applied.spike,
-            layers=self.layer_norms.due(self.step, applied.norms),
+            layers=self.parts.layer_norms.due(self.state.step, applied.norms),
         )
+        return sooner(verdict, recorded)
+
+    def save_checkpoint(self) -> Verdict:
+        """Flush, then write a checkpoint of this step unless the flush's verdict asks for
+        something first (for the caller to act on); the verdict. Telemetry first: a run
+        resumed from it never re-runs the steps before it, so their records must be with the
+        sink before it exists (a stuck sink delays it by at most ``drain_timeout_s``)."""
+        verdict = self.telemetry.flush()
+        if not (self.checkpoints.enabled and isinstance(verdict, Continue)):
+            return verdict
+        self.publisher.wait_delivered(self.drain_timeout_s)
+        self.checkpoints.save(self.run_state.state_dict(healthy=self.parts.guardian.healthy))
+        step = self.state.step  # the file's name, not the server's path: events reach users
+        return self.telemetry.event("checkpoint", step, name=checkpoint_name(step))
+
+    def _act(self, verdict: Verdict) -> None:
+        """Carry out a verdict at this step boundary (the only place one is acted on)."""
+        while not isinstance(verdict, Continue):
+            if isinstance(verdict, Diverged):
+                raise verdict.error()
+            if isinstance(verdict, FallBack):
+                # The next attempt resumes from the newest healthy one: nothing after it kept.
+                resume_from = self.checkpoints.newest_healthy(verdict.step)
+                self.checkpoints.discard_after(resume_from or 0)
+                data = fallback_event(verdict, resume_from)
+                self.telemetry.event(PRECISION_FALLBACK, verdict.step, **data)
+                raise verdict.error()
+            verdict = self._roll_back(verdict)
+
+    def _roll_back(self, verdict: RollBack) -> Verdict:
+        """The components back to the verdict's checkpoint (the train state stays: no step is
+        recorded twice, the batches since are skipped), the event, a checkpoint of the
+        rolled-back state at this step; the verdict of the flushes that took."""
+        rule = self.spec.health.spike
+        assert rule is not None
+        at = self.state.step
+        if verdict.checkpoint is not None:
+            self.run_state.load_learned(self.checkpoints.load(verdict.checkpoint))
+            self.state.rollbacks += 1
+        self.state.rolled_back_at = at
+        data = rollback_event(verdict, self.state, rule, directory=self.checkpoints.enabled)
+        after = self.telemetry.event(ROLLBACK_EVENT, at, **data)
+        # A run killed from here resumes rolled back, and never again for the same spike.
+        return self.save_checkpoint() if isinstance(after, Continue) else after
 
     # -- internals ----------------------------------------------------------------------------
 
-    def _train_to_the_end(self) -> None:
-        while self.step < self.spec.max_steps:
-            self._poll_stop()
-            self.train_step()
-            self._evaluate_if_due(final=False)
-            if self.step % self.spec.checkpoint.every_steps == 0:
-                self.save_checkpoint()
-        # The last steps' spikes are read (and any rollback done) before the final evaluation.
-        self.telemetry.flush()
-        self._evaluate_if_due(final=True)
-        if self._last_checkpoint_step != self.step:
-            self.save_checkpoint()
-        self.telemetry.flush()
+    def _boundary(self, *, final: bool) -> None:
+        """After a step (``final``: after the last): evaluate and checkpoint when due, with
+        every step so far judged and its verdict acted on first."""
+        step = self.state.step
+        last_eval = self.state.last_eval_step
+        evaluate = self.evaluator is not None and self.evaluator.due(step, last_eval, final=final)
+        if evaluate or final or self.checkpoints.due(step, final=final):
+            self._act(self.telemetry.flush())
+        if evaluate and self.evaluator is not None:
+            values = self.evaluator.run(step)
+            self.state.last_eval_step = step
+            # Through the flush: the sink gets it after the metrics of every step up to this one.
+            self._act(self.telemetry.flush([records.evaluation(step, time.time(), values)]))
+        if self.checkpoints.due(step, final=final):  # not if a rollback just acted on wrote it
+            self._act(self.save_checkpoint())
+
+    def _resume(self) -> Verdict:
+        step = (
+            self.checkpoints.resume(self.run_state, self.ctx.recorded) if self.ctx.resume else None
+        )
+        if step is None:
+            return Continue()
+        return self.telemetry.event("resumed", step, from_step=step, name=checkpoint_name(step))
 
     def _accumulate(self) -> torch.Tensor:
         """All micro-batches of the step; returns the mean loss (device tensor)."""
         self.optimizer.zero_grad(set_to_none=True)
-        micro, accum = self.micro_batch, self.grad_accum
+        micro, accum = self.state.micro_batch, self.state.grad_accum
         # Rank r's contiguous share of the global batch: resume needs no sampler state.
-        start = self.samples_consumed + self.group.rank * micro * accum
+        start = self.state.samples_consumed + self.group.rank * micro * accum
         total: torch.Tensor | None = None
         for i in range(accum):
             inputs, targets = self.feeder.get(start + i * micro, micro)
@@ -187,57 +234,24 @@ class Trainer(Checkpointing):
         assert total is not None
         return total / accum if accum > 1 else total
 
-    def _shrink_after_oom(self) -> None:
+    def _shrink_after_oom(self) -> Verdict:
         """Halve the micro-batch (doubling accumulation) or raise OutOfMemoryError."""
         self.amp.abandon()
         self.feeder.reset()
         peak = snapshot(self.device).peak
         release_cached(self.device)
-        old = self.micro_batch
-        self.micro_batch = smaller_micro_batch(self.spec, self.step + 1, old, self.grad_accum, peak)
-        self.grad_accum = self.spec.batch_size // self.micro_batch
-        self.telemetry.event(
-            "micro_batch",
-            self.step,
-            old=old,
-            new=self.micro_batch,
-            grad_accum_steps=self.grad_accum,
-            reason=f"out of memory at micro-batch {old} (peak {format_bytes(peak)})",
-        )
-
-    def _evaluate_if_due(self, *, final: bool) -> None:
-        if self.evaluator is None or not self.evaluator.due(self.step, final=final):
-            return
-        values = self.evaluator.run(self.step)
-        # Through the flush: the sink gets it after the metrics of every step up to this one.
-        self.telemetry.flush([records.evaluation(self.step, time.time(), values)])
-
-    def _leave_fp16(self, error: PrecisionFallbackError) -> None:
-        """The attempt ends for a precision fallback: keep the newest healthy checkpoint as
-        the newest (the next attempt resumes from it) and say so in an event."""
-        data = leave_fp16(self.store if self.group.leader else None, error)
-        self.group.barrier()  # no rank's next attempt starts before the checkpoints are gone
-        self.telemetry.event(PRECISION_FALLBACK, error.step or self.step, **data)
+        data = shrink(self.spec, self.state, peak)
+        return self.telemetry.event("micro_batch", self.state.step, **data)
 
     def _poll_stop(self) -> None:
-        reason = self.ctx.should_stop()
-        if self.group.parallel:
-            # Acted on only once every rank knows: the next flush carries it (MAX, cancel wins).
-            if reason is not None and self.telemetry.stop_requested != "cancel":
-                self.telemetry.stop_requested = reason
-            reason = self.telemetry.agreed_stop
+        reason = self.telemetry.ranks.agree(self.ctx.should_stop())
         if reason is None:
             return
-        self.save_checkpoint()
-        self.telemetry.flush()
-        if reason == "preempt":
-            raise PreemptedError(
-                f"preempted at step {self.step}; checkpointed, resumable", step=self.step
-            )
-        raise CancelledError(f"cancelled at step {self.step}", step=self.step)
+        self._act(self.save_checkpoint())
+        raise _stopped(reason, self.state.step)
 
 
-def _flush_quietly(telemetry: StepTelemetry) -> None:
-    # Deliver the records of the steps that did finish before the failure.
-    with contextlib.suppress(Exception):
-        telemetry.flush()
+def _stopped(reason: str, step: int) -> TrainingError:
+    if reason == "preempt":
+        return PreemptedError(f"preempted at step {step}; checkpointed, resumable", step=step)
+    return CancelledError(f"cancelled at step {step}", step=step)

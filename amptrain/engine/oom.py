@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from amptrain.contract.errors import OutOfMemoryError
 from amptrain.contract.spec import JobSpec
 from amptrain.engine.memory import format_bytes
+from amptrain.engine.train_state import TrainState
 
 ALLOCATION_FAILURES = (
     # The CPU allocator: "[enforce fail at alloc_cpu.cpp:...] ... DefaultCPUAllocator: can't
@@ -72,3 +75,17 @@ def _largest_divisor_at_most(n: int, limit: int) -> int:
         if n % d == 0:
             return d
     return 0
+
+
+def shrink(spec: JobSpec, state: TrainState, peak: int) -> dict[str, Any]:
+    """Halve ``state``'s micro-batch for the step being retried (doubling accumulation), or
+    raise OutOfMemoryError; the ``micro_batch`` event's data."""
+    old = state.micro_batch
+    state.micro_batch = smaller_micro_batch(spec, state.step + 1, old, state.grad_accum, peak)
+    state.grad_accum = spec.batch_size // state.micro_batch
+    return {
+        "old": old,
+        "new": state.micro_batch,
+        "grad_accum_steps": state.grad_accum,
+        "reason": f"out of memory at micro-batch {old} (peak {format_bytes(peak)})",
+    }

@@ -1,7 +1,7 @@
 """What a :class:`~amptrain.engine.loop.Trainer` is made of, built once from its spec: the
 precision (and the process-wide math switches it sets), the components on their device,
-the optimizer and its device-side schedule, the data feeder, the AMP step, the checkpoint
-store and the telemetry path.
+the optimizer and its device-side schedule, the data feeder, the AMP step, the train state,
+the checkpoints, the guardian and the telemetry path.
 
 The order matters: the precision is chosen before anything is built (a spec that cannot
 run fails first), the seed is set before the dataset and the model (every rank builds the
@@ -24,28 +24,34 @@ from amptrain.contract.spec import JobSpec
 from amptrain.engine import auto_precision
 from amptrain.engine.amp_step import AmpStep
 from amptrain.engine.checkpoint import CheckpointStore
-from amptrain.engine.context import Components, RunContext
+from amptrain.engine.checkpoint_manager import CheckpointManager, RunState, learned_parts
+from amptrain.engine.context import Components, RunContext, TrainResult
 from amptrain.engine.data import Feeder
-from amptrain.engine.distributed import Group
+from amptrain.engine.distributed import Group, check_launch, rank_device
 from amptrain.engine.evaluation import Evaluator, build_evaluator
 from amptrain.engine.fallback import fallback_target
 from amptrain.engine.fit_check import check_fits
-from amptrain.engine.health import HealthMonitor
+from amptrain.engine.guardian import Guardian
+from amptrain.engine.layer_norms import LayerNorms
 from amptrain.engine.lr_schedule import DeviceSchedule
 from amptrain.engine.precision import (
     AUTOCAST_DTYPES,
     PrecisionChoice,
     apply_math_mode,
     choose_precision,
+    resolve_device,
 )
 from amptrain.engine.publisher import Publisher
-from amptrain.engine.resume import find_resumable
 from amptrain.engine.spikes import spike_check
 from amptrain.engine.telemetry import StepTelemetry
+from amptrain.engine.train_state import TrainState
 
 
 @dataclass
 class Parts:
+    device: torch.device
+    group: Group
+    """This process's place in a data-parallel run (started; the Trainer closes it)."""
     precision: PrecisionChoice
     restore_math: Callable[[], None]
     """Puts back the process-wide math switches (TF32, cuDNN benchmark) the precision set."""
@@ -56,14 +62,30 @@ class Parts:
     schedule: DeviceSchedule
     feeder: Feeder
     amp: AmpStep
-    store: CheckpointStore | None
+    state: TrainState
+    run_state: RunState
+    checkpoints: CheckpointManager
     publisher: Publisher
-    health: HealthMonitor
+    guardian: Guardian
     telemetry: StepTelemetry
     evaluator: Evaluator | None
-    resume_peek: tuple[str | None, dict[str, Any] | None] | None = None
-    """The checkpoint the run will resume from and its state, when ``auto`` read it early
-    (for its precision): the resume then takes it instead of reading it again."""
+    layer_norms: LayerNorms
+
+    def result(self) -> TrainResult:
+        """What the run reports once it finished normally."""
+        telemetry = self.telemetry
+        return TrainResult(
+            final_step=self.state.step,
+            resumed_from=self.state.resumed_from,
+            precision=self.precision,
+            skipped_steps=telemetry.skipped_steps,
+            overflow_counts=dict(telemetry.attribution.counts.most_common()),
+            dropped_records=self.publisher.dropped,
+            last_record=telemetry.last_record,
+            rank=self.group.rank,
+            world_size=self.group.world_size,
+            eval=self.evaluator.last_values if self.evaluator else None,
+        )
 
 
 @dataclass(frozen=True)
@@ -75,6 +97,10 @@ class DataOptions:
     builders: int | None = None
     """Threads that build one micro-batch together (datasets with ``fill``); None: the cores
     but one, at most 4 (:func:`~amptrain.engine.data.default_builders`)."""
+    read_later: bool | None = None
+    """How telemetry reads device values (see :class:`~amptrain.engine.telemetry.
+    StepTelemetry`): None as the device does (one flush late on a single GPU); True on a CPU
+    emulates that order, which tests use to run every guardian decision in both."""
 
 
 def seed_everything(seed: int) -> None:
@@ -82,6 +108,22 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed % 2**32)
     torch.manual_seed(seed)
+
+
+def build(
+    spec: JobSpec, ctx: RunContext, components: Components | None, data: DataOptions
+) -> Parts:
+    """Everything a run needs, on this rank's device, its group started (closed again, and
+    the math switches put back, when building fails)."""
+    check_launch(spec, ctx.ranks)
+    device = rank_device(resolve_device(spec.device), ctx.ranks)
+    group = Group(ctx.ranks, device)
+    group.start(spec.collective_timeout_s)
+    try:
+        return build_parts(spec, ctx, device, group, components, data)
+    except BaseException:
+        group.close()
+        raise
 
 
 def build_parts(
@@ -103,11 +145,13 @@ def build_parts(
         seed_everything(spec.seed)  # the same on every rank: the same dataset and model
         made = components or _build_components(spec, ctx, device, precision.effective)
         model, channels_last = _place_model(made.model, device)
-        store = _store(spec, ctx, group)
-        peek: tuple[str | None, dict[str, Any] | None] | None = None
+        kept = spec.checkpoint
+        checkpoints = CheckpointManager(
+            _store(spec, ctx, group), kept.keep_last, kept.every_steps, group
+        )
         if spec.precision == "auto" and ctx.precision_override is None:
-            decided, peek = _decide_auto(
-                spec, ctx, device, group, store, precision, made, model, channels_last
+            decided = _decide_auto(
+                spec, ctx, device, group, checkpoints, precision, made, model, channels_last
             )
             if decided.effective != precision.effective:
                 restore_math()
@@ -125,31 +169,44 @@ def build_parts(
         evaluator = build_evaluator(spec, made.dataset, model, amp, device, group, channels_last)
         publisher = Publisher(ctx.sink if group.leader else None, spec.telemetry.queue_size)
         fallback = fallback_target(spec, precision, device)
-        health = HealthMonitor(spec.health, precision.effective, fallback)
+        guardian = Guardian(spec.health, precision.effective, fallback)
+        schedule = _schedule(spec, optimizer)
+        state = TrainState(
+            batch_size=spec.batch_size,
+            micro_batch=spec.micro_batch_size,
+            grad_accum=spec.grad_accum_steps,
+            precision=precision.effective,
+            precision_reason=precision.reason,
+        )
+        learned = learned_parts(model, optimizer, schedule, amp.scaler, amp.spike)
         return Parts(
+            device=device,
+            group=group,
             precision=precision,
             restore_math=restore_math,
             dataset=made.dataset,
             model=model,
             channels_last=channels_last,
             optimizer=optimizer,
-            schedule=_schedule(spec, optimizer),
+            schedule=schedule,
             feeder=_feeder(spec, device, group, made.dataset, channels_last, data),
             amp=amp,
-            store=store,
+            state=state,
+            run_state=RunState(state, learned, group, device, ctx.attempt),
+            checkpoints=checkpoints,
             publisher=publisher,
-            health=health,
+            guardian=guardian,
             telemetry=StepTelemetry(
                 spec.telemetry,
                 device,
-                health,
                 publisher,  # one series per job: the other ranks' publishers have no sink
                 with_scaler=amp.scaler is not None,
                 group=group,
+                read_later=data.read_later,
                 spike=rule,
             ),
             evaluator=evaluator,
-            resume_peek=peek,
+            layer_norms=LayerNorms(spec.telemetry.layer_grad_norms_every),
         )
     except BaseException:
         restore_math()
@@ -171,21 +228,23 @@ def _decide_auto(
     ctx: RunContext,
     device: torch.device,
     group: Group,
-    store: CheckpointStore | None,
+    checkpoints: CheckpointManager,
     rule: PrecisionChoice,
     made: Components,
     model: torch.nn.Module,
     channels_last: bool,
-) -> tuple[PrecisionChoice, tuple[str | None, dict[str, Any] | None] | None]:
+) -> PrecisionChoice:
     """``auto``'s precision for this attempt, decided by the leader for every rank: the one
     its resume checkpoint recorded (a new measurement could come out the other way, and
     exact resume needs the same precision), else the job's model measured
-    (:mod:`~amptrain.engine.auto_precision`). Also the checkpoint read, for the resume."""
+    (:mod:`~amptrain.engine.auto_precision`). The checkpoint read stays with the manager,
+    which hands it to the resume without reading it again."""
     decided: dict[str, Any] | None = None
-    peek: tuple[str | None, dict[str, Any] | None] | None = None
     if group.leader:
-        if ctx.resume and store is not None:
-            peek = find_resumable(store, ctx.recorded, load=True)
+        resume_from = None
+        if ctx.resume and checkpoints.enabled:
+            resume_from = checkpoints.find(recorded=ctx.recorded)
+        peek = checkpoints.load(resume_from) if resume_from is not None else None
         recorded = _recorded_precision(peek, rule, device)
         if recorded is None:
             recorded = _measured(spec, ctx, device, rule, made, model, channels_last)
@@ -193,7 +252,7 @@ def _decide_auto(
         decided = recorded.to_dict()
     decided = group.leader_value(decided)
     assert decided is not None
-    return dataclasses.replace(PrecisionChoice(**decided), device=rule.device), peek
+    return dataclasses.replace(PrecisionChoice(**decided), device=rule.device)
 
 
 def _measured(
@@ -247,14 +306,11 @@ def _fitting(
 
 
 def _recorded_precision(
-    peek: tuple[str | None, dict[str, Any] | None] | None,
-    rule: PrecisionChoice,
-    device: torch.device,
+    state: dict[str, Any] | None, rule: PrecisionChoice, device: torch.device
 ) -> PrecisionChoice | None:
     """The precision the checkpoint to resume from trained in, if it is one this device runs."""
-    if peek is None or peek[1] is None:
+    if state is None:
         return None
-    state = peek[1]
     effective = state.get("precision")
     if effective not in AUTOCAST_DTYPES:
         return None

@@ -4,8 +4,12 @@ Each step hands over its values as device tensors (references only: no kernel,
 no copy), the learning rate included. They reach the host together, through
 :class:`~amptrain.engine.host.HostReads`, when a flush is due: every
 ``flush_every_steps`` steps or after ``flush_every_ms``, whichever comes first. That
-is also when memory is read (one ``torch.cuda.memory_stats()`` call), health is checked
-and the batch is offered to the :class:`~amptrain.engine.publisher.Publisher`.
+is also when memory is read (one ``torch.cuda.memory_stats()`` call), the guardian judges
+what was read (:attr:`StepTelemetry.judge`) and the batch is offered to the
+:class:`~amptrain.engine.publisher.Publisher`. Telemetry never acts on the verdict: every
+call that may flush returns it, and the Trainer acts at the next step boundary. It only
+obeys one part of it: once a verdict ended the run at a step, no record of a later step is
+published (the job, its error, its events and its charts all name one step).
 
 On a single CUDA device a due flush does not wait for the device either: it queues ONE
 copy of the window's values into pinned host memory (:meth:`HostReads.start`) and
@@ -13,38 +17,41 @@ publishes the windows whose copies have completed, normally the previous one. Th
 times come from the device itself (timed events between the ends of two windows). So a
 record reaches the sink one flush later than it would with a wait, and divergence is
 caught one flush later. The first flush, an explicit :meth:`StepTelemetry.flush`
-(events, checkpoints, the end of a run) and a CPU run read at once, in one
-``torch.stack(...).tolist()``, everything not yet published.
+(events, checkpoints, evaluations, the end of a run) and a CPU run read at once, in one
+``torch.stack(...).tolist()``, everything not yet published. ``read_later`` on a CPU takes
+the same path with copies that complete one flush late
+(:class:`~amptrain.engine.host.LateHostReads`), so every guardian test runs the single-GPU
+read order too.
 
 With devices > 1 a flush is due only by step count (clocks differ between ranks, and
 every rank must reach the flush's one all-gather together). The all-gather carries each
 rank's values, memory and stop request; every rank builds the same records from it
 (loss: the mean over ranks; memory: the maximum, plus each rank's peak) and runs the same
-health checks, so all ranks stop together; only rank 0's publisher has a sink.
+guardian checks, so all ranks get the same verdicts; only rank 0's publisher has a sink.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from amptrain.contract.errors import TrainingError
 from amptrain.contract.metrics import device_fields
 from amptrain.contract.records import event
 from amptrain.contract.spec import SpikeSpec, TelemetrySpec
 from amptrain.engine.amp_step import Overflow
 from amptrain.engine.attribution import Attribution
-from amptrain.engine.distributed import STOP_CODES, Group, stop_name
-from amptrain.engine.health import HealthMonitor
-from amptrain.engine.host import HostReads, InFlight
+from amptrain.engine.distributed import Group
+from amptrain.engine.guardian import Continue, Reading, Verdict
+from amptrain.engine.host import CopyDone, HostReads, InFlight, LateHostReads
 from amptrain.engine.layer_norms import LayerValues, layer_records, vectors
 from amptrain.engine.memory import MemorySnapshot, snapshot
 from amptrain.engine.publisher import Publisher
+from amptrain.engine.rank_flush import RankFlush
 from amptrain.engine.spikes import SPIKE_SLOTS, SpikeFlag
 from amptrain.engine.step_records import (
     Pending,
@@ -72,7 +79,6 @@ class StepTelemetry:
         self,
         spec: TelemetrySpec,
         device: torch.device,
-        health: HealthMonitor,
         publisher: Publisher,
         *,
         with_scaler: bool,
@@ -80,13 +86,13 @@ class StepTelemetry:
         read_later: bool | None = None,
         spike: SpikeSpec | None = None,
     ) -> None:
-        """``read_later``: due flushes queue copies and publish the completed ones instead of
-        waiting for the device (None: on a single CUDA device). ``spike``: ``health.spike``."""
+        """``read_later``: due flushes queue copies and publish the done ones, not waiting (None:
+        on one CUDA device; True on a CPU: done one flush late). ``spike``: ``health.spike``."""
         self._spec = spec
         self._group = group or Group(None, device)
         self._device = device
-        self._health = health
         self._publisher = publisher
+        self.judge: Callable[[Reading], Verdict] = _carry_on  # the Trainer's: the guardian
         self.attribution = Attribution(with_scaler)
         self._metric_fields = device_fields(with_scaler)  # what a step hands over, in order
         self._spike = spike
@@ -99,7 +105,7 @@ class StepTelemetry:
         self._windows: deque[_Window] = deque()  # copies queued, not yet read (CUDA)
         # Where the last window read ended on the device (the next one's start), and the host
         # time when the device had caught up (a read that waited): a checkpoint is not counted.
-        self._mark: torch.cuda.Event | None = None
+        self._mark: CopyDone | None = None
         self._mark_host: float | None = None
         if read_later is None:
             read_later = device.type == "cuda" and not self._group.parallel
@@ -110,11 +116,8 @@ class StepTelemetry:
         self._dropped_reported = 0
         self.skipped_steps = 0
         self.last_record: dict[str, Any] | None = None
-        self.host = HostReads()
-        self.stop_requested: str | None = None
-        """Devices > 1: this rank's stop request, carried to the other ranks by the next flush."""
-        self.agreed_stop: str | None = None
-        """Devices > 1: the stop every rank agreed on at the last flush (cancel wins)."""
+        self.host = LateHostReads() if read_later and device.type != "cuda" else HostReads()
+        self.ranks = RankFlush(self._group, device)
 
     def record(
         self,
@@ -126,11 +129,10 @@ class StepTelemetry:
         overflow: Overflow | None = None,
         spike: SpikeFlag | None = None,
         layers: LayerValues | None = None,
-    ) -> None:
-        """Keep one step's device values (by metric name: ``loss``, ``grad_norm``, ``lr``,
-        and with a scaler ``skipped``, its inf flag, ``loss_scale``, and ``overflow``, read
-        with the rest at the flush, ``spike``, the step's spike check when it is on, ``layers``
-        its per-layer norms when due); flush when one is due (may raise DivergedError)."""
+    ) -> Verdict:
+        """Keep one step's device values (``loss``, ``grad_norm``, ``lr``; with a scaler its
+        inf flag ``skipped`` and ``loss_scale``; ``overflow``, ``spike`` and ``layers`` when
+        on) and flush when due; the verdict on what the flush read (else Continue)."""
         names = self.attribution.keep(overflow, values["loss"])
         self._values += (values[f] for f in self._metric_fields)
         if spike is not None:  # given exactly when the check is on
@@ -142,19 +144,19 @@ class StepTelemetry:
         # on multiples of flush_every_steps, the boundaries every rank agrees on.
         every = self._spec.flush_every_steps
         if self.last_record is None:
-            self.flush()
-        elif (
+            return self.flush()
+        if (
             step % every == 0
             or len(self._pending) >= every
             or (not self._group.parallel and now - self._last_flush >= self._flush_interval_s)
         ):
-            self._flush_due()
+            return self._flush_due()
+        return Continue()
 
-    def _flush_due(self) -> None:
+    def _flush_due(self) -> Verdict:
         """A flush the steps made due: without a wait for the device where it can be."""
         if not self._deferred:
-            self.flush()
-            return
+            return self.flush()
         self._windows.append(
             _Window(
                 self._pending,
@@ -164,19 +166,19 @@ class StepTelemetry:
         )
         self._pending, self._values = [], []
         self._last_flush = time.perf_counter()
-        self._publish(self._read_windows(wait=False))
+        return self._publish(self._read_windows(wait=False))
 
-    def event(self, type: str, step: int, **data: Any) -> None:
+    def event(self, type: str, step: int, **data: Any) -> Verdict:
         """Send an event after the metrics of every step before it (forces a flush)."""
-        self.flush([event(type, step, time.time(), **data)])
+        return self.flush([event(type, step, time.time(), **data)])
 
-    def flush(self, extra: list[dict[str, Any]] | None = None) -> None:
-        """Bring every value not yet published to the host, build records, check health,
-        offer one batch.
-
-        With devices > 1 this is a collective: every rank calls it at the same points."""
+    def flush(self, extra: list[dict[str, Any]] | None = None) -> Verdict:
+        """Bring every value not yet published to the host, build records, have the guardian
+        judge them, offer one batch; the verdict. Devices > 1: a collective (every rank)."""
         if self._group.parallel:
-            records = self._build_records(self._pending, *_reduce_ranks(self))
+            read = self.attribution.interleave(self._values)
+            reduced = self.ranks.reduce(self.host, read, self._pending, self._fields)
+            records = self._build_records(self._pending, *reduced)
         else:
             records = self._read_windows(wait=True)
             if self._pending:
@@ -190,7 +192,7 @@ class StepTelemetry:
                 # before its first step (a checkpoint's) is idle time, not step time.
                 self._mark_host = time.perf_counter()
         self._pending, self._values = [], []
-        self._publish(records, extra)
+        return self._publish(records, extra)
 
     def _read_windows(self, wait: bool) -> list[dict[str, Any]]:
         """Records of the queued windows whose copies are done (all of them with ``wait``)."""
@@ -208,29 +210,30 @@ class StepTelemetry:
 
     def _publish(
         self, records: list[dict[str, Any]], extra: list[dict[str, Any]] | None = None
-    ) -> None:
-        """Check health, offer the records (and any drop warning, and ``extra``) as one batch."""
+    ) -> Verdict:
+        """Have the guardian judge the records, offer them (with its warnings, any drop
+        warning and ``extra``) as one batch; the verdict."""
         skips = self.attribution.take([r["step"] for r in records])
         spikes = {r["step"]: s for r in records if (s := self._spikes.pop(r["step"], None))}
-        warnings, error = self._health.check(records, skips, spikes)
-        if error is not None and error.step is not None:
-            # The run ends at the step it diverged: the steps after it in this flush trained
-            # from a diverged state, and the job, its error, its events and its charts all
-            # name one step (they said 33 beside 40/1000).
-            records = [r for r in records if r["step"] <= error.step]
-            skips = {k: v for k, v in skips.items() if k <= error.step}
+        verdict = self.judge(Reading(records, skips, spikes))
+        end = verdict.ends_at
+        if end is not None:
+            # The run ends at that step: the steps after it trained from a diverged state (or
+            # were read after the end, one window late on a GPU), and the job, its error, its
+            # events and its charts all name one step (they said 33 beside 40/1000).
+            records = [r for r in records if r["step"] <= end]
+            skips = {k: v for k, v in skips.items() if k <= end}
         self.attribution.published(skips)
-        layers, self._layer_out = [r for r in self._layer_out if _kept(r, error)], []
-        batch = records + layers + warnings + (extra or [])
+        layers = [r for r in self._layer_out if end is None or r["step"] <= end]
+        self._layer_out = []
+        batch = records + layers + list(verdict.warnings) + (extra or [])
         dropped = self._publisher.dropped
         if dropped > self._dropped_reported:
             step = records[-1]["step"] if records else (self.last_record or {}).get("step", 0)
             batch.append(dropped_warning(step, dropped))
             self._dropped_reported = dropped
         self._publisher.offer(batch)
-        stop = error or self._health.take_rollback()  # diverged first: nothing to roll back
-        if stop is not None:
-            raise stop
+        return verdict
 
     def close(self, timeout: float) -> None:
         """Deliver what is queued (up to ``timeout`` s); report drops in a final warning."""
@@ -266,13 +269,12 @@ class StepTelemetry:
         return records
 
 
-def _kept(record: dict[str, Any], error: TrainingError | None) -> bool:
-    """Whether a record is published beside ``error`` (none after the step it diverged)."""
-    return error is None or error.step is None or record["step"] <= error.step
+def _carry_on(reading: Reading) -> Verdict:
+    return Continue()
 
 
 def _device_seconds(
-    mark: torch.cuda.Event | None, mark_host: float | None, window: _Window
+    mark: CopyDone | None, mark_host: float | None, window: _Window
 ) -> float | None:
     """The device's time for ``window`` since ``mark`` (where the previous read ended), less
     the host's idle time before its first step (None: no mark yet)."""
@@ -280,29 +282,3 @@ def _device_seconds(
         return None
     idle = 0.0 if mark_host is None else window.pending[0].started - mark_host
     return mark.elapsed_time(window.copy.done) / 1000.0 - max(idle, 0.0)
-
-
-def _reduce_ranks(tel: StepTelemetry) -> tuple[list[float], MemorySnapshot, dict[str, Any]]:
-    """Devices > 1: ``tel``'s flush values from every rank, in ONE all-gather and ONE host
-    read; sets ``tel.agreed_stop`` to the stop every rank agreed on.
-
-    Returns the per-step values (the loss averaged over ranks; grad norm, lr, inf flag,
-    scale and overflow attribution are equal on all ranks, the gradients having been
-    all-reduced), the memory maximum over ranks, and the extra record fields."""
-    mem = snapshot(tel._device)
-    step_values = tel.attribution.interleave(tel._values)
-    tail = {**mem._asdict(), "stop": STOP_CODES[tel.stop_requested]}
-    ends = torch.tensor(list(tail.values()), dtype=torch.float64, device=tel._device)
-    layers = [v.double() for v in vectors(tel._pending)]  # equal on all ranks (all-reduced)
-    row = torch.cat([torch.stack(step_values).double(), *layers, ends]) if step_values else ends
-    rows = tel.host.table(tel._group.gather_rows(row))  # the collective, then the read
-    values = rows[tel._group.rank][: -len(tail)]
-    tails = [dict(zip(tail, r[-len(tail) :], strict=True)) for r in rows]
-    for i in range(
-        tel._fields.index("loss"), len(tel._pending) * len(tel._fields), len(tel._fields)
-    ):
-        values[i] = sum(r[i] for r in rows) / len(rows)
-    tel.agreed_stop = stop_name(max(t["stop"] for t in tails))
-    top = MemorySnapshot(*(int(max(t[f] for t in tails)) for f in MemorySnapshot._fields))
-    extra = {"world_size": len(rows), "memory_peak_per_rank": [int(t["peak"]) for t in tails]}
-    return values, top, extra

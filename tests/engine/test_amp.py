@@ -144,7 +144,7 @@ def test_oom_with_auto_micro_batch_halves_and_keeps_the_effective_batch() -> Non
         (16, 8, 2),
         (8, 4, 4),
     ]
-    assert (trainer.micro_batch, trainer.grad_accum) == (4, 4)
+    assert (trainer.state.micro_batch, trainer.state.grad_accum) == (4, 4)
     assert model.samples_seen == 6 * 16  # every step still saw the full batch
 
 
@@ -302,7 +302,7 @@ def test_an_oom_in_the_optimizer_step_is_retried_like_one_in_the_forward(precisi
     for sink in (sink_a, sink_b):
         (event,) = sink.events("micro_batch")
         assert (event["step"], event["data"]["old"], event["data"]["new"]) == (2, 16, 8)
-    assert (b.micro_batch, b.grad_accum, b.step) == (8, 2, 6)
+    assert (b.state.micro_batch, b.state.grad_accum, b.step) == (8, 2, 6)
     for (name, pa), pb in zip(a.model.named_parameters(), b.model.parameters(), strict=True):
         assert torch.equal(pa, pb), name
     assert [m["loss"] for m in sink_a.metrics().values()] == [

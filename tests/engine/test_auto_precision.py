@@ -112,11 +112,11 @@ def test_a_decision_is_cached_per_model_shapes_and_device(
     monkeypatch.setattr(auto_precision, "measure", measure)
     cache = FileCache(tmp_path / "auto-precision.json")  # the worker's: outlives a process
     first = Trainer(small(max_steps=1), RunContext(checkpoint_dir=None, precision_cache=cache))
-    assert first.precision.effective == "bf16" and "cached" not in first.precision.reason
+    assert first.parts.precision.effective == "bf16" and "cached" not in first.parts.precision.reason
     again = Trainer(small(max_steps=1), RunContext(checkpoint_dir=None, precision_cache=cache))
-    assert again.precision.effective == "bf16"
-    assert again.precision.reason.endswith("(measured earlier on this worker, cached)")
-    assert again.precision.measurement is not None and again.precision.measurement["cached"]
+    assert again.parts.precision.effective == "bf16"
+    assert again.parts.precision.reason.endswith("(measured earlier on this worker, cached)")
+    assert again.parts.precision.measurement is not None and again.parts.precision.measurement["cached"]
     assert len(measure.calls) == 1  # type: ignore[attr-defined]
     # Another micro-batch size is another shape: measured anew.
     Trainer(small(max_steps=1, batch_size=8), RunContext(None, precision_cache=cache))
@@ -139,7 +139,7 @@ def test_a_resumed_auto_run_keeps_its_checkpoints_precision(
     ref.append(first)
     with pytest.raises(PreemptedError):
         first.train()
-    assert first.precision.effective == "bf16"
+    assert first.parts.precision.effective == "bf16"
 
     fresh_cache.clear()
     later = forced("fp32")
@@ -230,6 +230,6 @@ def test_a_measured_baseline_that_would_not_fit_keeps_the_rules_low_precision(
 
     monkeypatch.setattr(parts, "check_fits", check_fits)
     trainer = Trainer(small(max_steps=1), RunContext(checkpoint_dir=None))
-    assert trainer.precision.effective == "bf16"
-    assert trainer.precision.reason.endswith("; but fp32 would not fit: bf16")
-    assert "bf16 0.50x fp32 measured" in trainer.precision.reason
+    assert trainer.parts.precision.effective == "bf16"
+    assert trainer.parts.precision.reason.endswith("; but fp32 would not fit: bf16")
+    assert "bf16 0.50x fp32 measured" in trainer.parts.precision.reason

@@ -51,7 +51,7 @@ def test_an_unhealthy_fp16_attempt_keeps_its_newest_healthy_checkpoint(tmp_path:
         overflowing_trainer(tmp_path, sink).train()
     error = info.value
     # Step 7 overflows at scale 1024, step n at 1024 / 2**(n-7): 0.25 < 0.5 at step 19.
-    assert (error.step, error.trigger, error.to) == (19, "loss_scale_floor", "bf16")
+    assert (error.step, error.trigger, error.fallback_to) == (19, "loss_scale_floor", "bf16")
     assert error.param == "fc2.bias"  # the first non-finite gradient in backward order
     # Every checkpoint from step 8 on was written while steps were being skipped; the one of
     # step 6 outlived keep_last 2 because it is the newest healthy one, and is now the newest.
@@ -111,7 +111,7 @@ def test_features_beyond_fp16s_range_trigger_on_the_nonfinite_loss() -> None:
     with pytest.raises(PrecisionFallbackError) as info:
         Trainer(job, RunContext(None, sink=sink)).train()
     assert (info.value.step, info.value.trigger) == (3, "nonfinite_loss")  # diverge_nonfinite_steps
-    assert info.value.to == "bf16"  # a CPU runs bf16 autocast
+    assert info.value.fallback_to == "bf16"  # a CPU runs bf16 autocast
     (event,) = [e for e in sink.items if e.get("type") == "precision_fallback"]
     assert event["data"]["resume_from"] == 0 and event["data"]["checkpoint"] is None
 

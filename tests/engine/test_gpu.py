@@ -241,7 +241,7 @@ def test_a_real_cuda_oom_halves_the_micro_batch_and_training_goes_on() -> None:
         parts,
     )
     result = trainer.train()
-    assert result.final_step == 3 and trainer.micro_batch == 2
+    assert result.final_step == 3 and trainer.state.micro_batch == 2
     assert [e["data"]["new"] for e in sink.events("micro_batch")] == [4, 2]
     # The failed attempts' cache was handed back once their activations were gone.
     assert torch.cuda.memory_reserved() < torch.cuda.get_device_properties(0).total_memory * 0.7
@@ -253,10 +253,10 @@ def test_fp16_beyond_its_range_falls_back_where_the_gpu_has_native_bf16() -> Non
     with pytest.raises(PrecisionFallbackError) as info:
         Trainer(job, RunContext(None, sink=ListSink())).train()
     native = torch.cuda.get_device_capability()[0] >= 8
-    assert info.value.to == ("bf16" if native else "fp32")
+    assert info.value.fallback_to == ("bf16" if native else "fp32")
     # The next attempt, in that precision, trains: finite losses from step 1.
     sink = ListSink()
-    ctx = RunContext(None, sink=sink, precision_override=info.value.to)
+    ctx = RunContext(None, sink=sink, precision_override=info.value.fallback_to)
     result = Trainer(job, ctx).train()
-    assert result.precision.effective == info.value.to
+    assert result.precision.effective == info.value.fallback_to
     assert all(math.isfinite(r["loss"]) for r in sink.items if r["kind"] == "metric")

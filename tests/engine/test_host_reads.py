@@ -149,9 +149,9 @@ def test_an_evaluation_costs_its_one_read_and_steps_between_read_nothing(
         for _ in range(2, 19):
             before, seam = len(reads), trainer.telemetry.host.count
             trainer.train_step()
-            trainer._evaluate_if_due(final=False)  # what train() does after each step
+            trainer._boundary(final=False)  # what train() does after each step
             flushes = trainer.telemetry.host.count - seam
-            evaluated = trainer.evaluator.last_step == trainer.step
+            evaluated = trainer.state.last_eval_step == trainer.step
             per_step[trainer.step] = (reads[before:], flushes, evaluated)
     assert [s for s, (_, _, e) in per_step.items() if e] == [4, 8, 12, 16]
     assert [s for s, (_, n, _) in per_step.items() if n] == [4, 6, 8, 12, 16, 18]

@@ -17,7 +17,7 @@ import torch
 from amptrain.contract.errors import PreemptedError, ResumeMismatchError
 from amptrain.contract.spec import parse_spec
 from amptrain.engine import RunContext, Trainer
-from amptrain.engine.checkpoint import CHECKPOINT_FORMAT, CheckpointStore
+from amptrain.engine.checkpoint import CHECKPOINT_FORMAT, CheckpointMeta, CheckpointStore
 from tests.support.sinks import ListSink
 from tests.support.stack import wait_until
 
@@ -81,12 +81,16 @@ def test_resume_is_bitwise_exact(tmp_path: Path, precision: str) -> None:
         assert straight.amp.scaler.state_dict() == second.amp.scaler.state_dict()  # type: ignore[union-attr]
 
 
+def checkpoint_files(directory: Path) -> list[str]:
+    return sorted(n for n in os.listdir(directory) if n.endswith(".pt"))
+
+
 def test_keep_last_and_newest_wins(tmp_path: Path) -> None:
     Trainer(
         spec("fp32", max_steps=10, checkpoint={"every_steps": 3, "keep_last": 2}),
         RunContext(str(tmp_path)),
     ).train()
-    assert sorted(os.listdir(tmp_path)) == ["step-000000009.pt", "step-000000010.pt"]
+    assert checkpoint_files(tmp_path) == ["step-000000009.pt", "step-000000010.pt"]
     store = CheckpointStore(str(tmp_path), keep_last=2)
     latest = store.latest()
     assert latest is not None and latest.endswith("step-000000010.pt")
@@ -111,11 +115,11 @@ def test_a_resumed_run_starts_only_where_the_checkpoints_writer_recorded_through
     # Attempt 1 checkpoints at 4, 8 and 10; its history reached SQL up to step 9 only, so
     # attempt 2 resumes from 8 (not 10, which it removes). It stops at 14 with its
     # checkpoints at 12 and 14 (keep_last 2), none of its history recorded.
-    assert stopped(1, 10, None).resumed_from is None
-    assert stopped(2, 14, {1: 9}).resumed_from == 8
+    assert stopped(1, 10, None).state.resumed_from is None
+    assert stopped(2, 14, {1: 9}).state.resumed_from == 8
     # So attempt 3 trusts neither and starts afresh; it stops at 6 (checkpoints 4 and 6).
-    assert stopped(3, 6, {1: 9}).resumed_from is None
-    assert sorted(os.listdir(tmp_path)) == ["step-000000004.pt", "step-000000006.pt"]
+    assert stopped(3, 6, {1: 9}).state.resumed_from is None
+    assert checkpoint_files(tmp_path) == ["step-000000004.pt", "step-000000006.pt"]
 
     # Attempt 3 recorded through 4. Attempt 1's history reaches 9, but it says nothing of
     # attempt 3's checkpoint at 6 (the newest step of *any* attempt would accept it and
@@ -125,7 +129,7 @@ def test_a_resumed_run_starts_only_where_the_checkpoints_writer_recorded_through
     ctx = RunContext(str(tmp_path), sink=sink, attempt=4, recorded={1: 9, 3: 4})
     assert Trainer(spec("fp32", max_steps=20), ctx).train().resumed_from == 4
     assert sorted(sink.metrics()) == list(range(5, 21))
-    assert sorted(os.listdir(tmp_path)) == ["step-000000016.pt", "step-000000020.pt"]
+    assert checkpoint_files(tmp_path) == ["step-000000016.pt", "step-000000020.pt"]
     state = CheckpointStore(str(tmp_path), keep_last=2).load(str(tmp_path / "step-000000020.pt"))
     assert state["attempt"] == 4
 
@@ -139,7 +143,7 @@ def test_only_the_checkpoint_format_this_engine_writes_resumes(tmp_path: Path) -
     state = store.load(latest)
     assert state["format"] == CHECKPOINT_FORMAT
     fresh = Trainer(spec("fp32", max_steps=4), RunContext(None))
-    fresh.load_state_dict(state)
+    fresh.run_state.load_state_dict(state)
     assert torch.equal(fresh.schedule.lr, trained.schedule.lr)
     assert all(g["lr"] is fresh.schedule.lr for g in fresh.optimizer.param_groups)
 
@@ -147,7 +151,7 @@ def test_only_the_checkpoint_format_this_engine_writes_resumes(tmp_path: Path) -
     # for good, before any of it is read.
     state["format"] = 1
     state["scheduler"] = {"last_epoch": 4, "base_lrs": [0.05], "_step_count": 5}
-    store.save(4, state)
+    store.save(4, state, CheckpointMeta(4, healthy=True, attempt=1))
     with pytest.raises(ResumeMismatchError) as refused:
         Trainer(spec("fp32", max_steps=8), RunContext(str(tmp_path))).train()
     assert f"is of format 1 and this engine reads format {CHECKPOINT_FORMAT} only" in (
@@ -174,7 +178,7 @@ def test_cancel_checkpoints_and_a_fresh_context_can_skip_resume(tmp_path: Path) 
 _SAVER = textwrap.dedent(
     """
     import os, sys, torch
-    from amptrain.engine.checkpoint import CheckpointStore
+    from amptrain.engine.checkpoint import CheckpointMeta, CheckpointStore
     if sys.argv[2] == "hold":  # stop before each rename until the parent says go
         rename = os.replace
         def held(src, dst):
@@ -186,7 +190,8 @@ _SAVER = textwrap.dedent(
     step = 0
     while True:
         step += 1
-        store.save(step, {"step": step, "w": torch.full((4_000_000,), float(step))})
+        state = {"step": step, "w": torch.full((4_000_000,), float(step))}
+        store.save(step, state, CheckpointMeta(step, healthy=True, attempt=1))
         print(step, flush=True)
     """
 )
@@ -234,7 +239,7 @@ def test_a_checkpoint_is_never_half_written_when_the_writer_is_killed(tmp_path: 
         _kill_inside_a_save(directory, trial)
         names = os.listdir(directory)
         torn_writes += any(n.startswith(".tmp-") for n in names)
-        complete = [n for n in names if n.startswith("step-")]
+        complete = [n for n in names if n.startswith("step-") and n.endswith(".pt")]
         assert complete, names
         for name in complete:
             state = torch.load(directory / name, weights_only=True)
@@ -249,12 +254,15 @@ def test_a_checkpoint_is_never_half_written_when_the_writer_is_killed(tmp_path: 
 
 def test_fsspec_urls_work_too() -> None:
     url = "memory://amptrain-test/job-1"
-    store = CheckpointStore(url, keep_last=2)
-    where = store.save(1, {"step": 1})
+    store = CheckpointStore(url)
+    where = store.save(1, {"step": 1}, CheckpointMeta(1, healthy=True, attempt=1))
     assert where.startswith("memory://") and where.endswith("amptrain-test/job-1/step-000000001.pt")
     for step in (2, 3):
-        store.save(step, {"step": step, "w": torch.full((2,), float(step))})
+        state = {"step": step, "w": torch.full((2,), float(step))}
+        store.save(step, state, CheckpointMeta(step, healthy=step == 2, attempt=2))
+    store.remove(1)
     assert store.steps() == [2, 3]
+    assert [store.meta(s).healthy for s in (2, 3)] == [True, False]
     latest = store.latest()
     assert latest is not None and torch.equal(store.load(latest)["w"], torch.full((2,), 3.0))
 

@@ -72,7 +72,7 @@ def test_a_run_killed_after_a_rollback_resumes_exactly(tmp_path: Path) -> None:
     straight_dir, killed_dir = tmp_path / "straight", tmp_path / "killed"
     straight = trainer(job(), ListSink(), RunContext(str(straight_dir)), at=(SPIKE,))
     straight.train()
-    assert straight.rollbacks == 1
+    assert straight.state.rollbacks == 1
     ref: list[Trainer] = []
     stop = lambda: "preempt" if ref and ref[0].step == 35 else None  # noqa: E731
     first = trainer(job(), ListSink(), RunContext(str(killed_dir), should_stop=stop), at=(SPIKE,))
@@ -86,7 +86,7 @@ def test_a_run_killed_after_a_rollback_resumes_exactly(tmp_path: Path) -> None:
         assert torch.equal(a, b)
     assert second.publisher.wait_delivered(30)
     assert rollbacks(sink) == []  # rolled back once, by the first attempt
-    assert second.rollbacks == 1
+    assert second.state.rollbacks == 1
 
 
 def test_without_a_checkpoint_the_spike_is_skipped_and_the_event_says_so() -> None:

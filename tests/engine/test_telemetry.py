@@ -17,7 +17,6 @@ from amptrain.components.base import DataInfo
 from amptrain.contract.metrics import METRIC_FIELDS
 from amptrain.contract.spec import parse_spec
 from amptrain.engine import Components, RunContext, Trainer
-from amptrain.engine.health import HealthMonitor
 from amptrain.engine.host import HostReads, InFlight
 from amptrain.engine.publisher import Publisher
 from amptrain.engine.telemetry import StepTelemetry
@@ -230,7 +229,6 @@ def read_later_telemetry(
     telemetry = StepTelemetry(
         spec_.telemetry,
         torch.device("cpu"),
-        HealthMonitor(spec_.health, "fp32"),
         publisher,
         with_scaler=False,
         read_later=True,

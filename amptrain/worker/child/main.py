@@ -126,7 +126,7 @@ def train(launch: Launch, sink: Sink | None, ranks: Ranks | None = None) -> Fini
             message=error.message,
             step=error.step,
             retryable=error.retryable,
-            fallback_to=error.to if isinstance(error, PrecisionFallbackError) else None,
+            fallback_to=error.fallback_to if isinstance(error, PrecisionFallbackError) else None,
         )
     finally:
         # The engine never closes the caller's sink: deliver what Redis has not taken yet.
