@@ -12,7 +12,8 @@ every rank reaches in the same order (step counts, never clocks). So with device
 gradients are all-reduced before ``unscale_`` (every rank skips the same fp16 steps);
 telemetry flushes only every ``flush_every_steps`` and reduces each flush's values in
 ONE all-gather (loss mean, memory max, the stop flag's max); health checks read the
-reduced values; a stop request on any rank stops all ranks at the same flush.
+reduced values; a stop request on any rank stops all ranks at the same flush; an
+evaluation first broadcasts rank 0's buffers (every rank evaluates the same model).
 """
 
 from __future__ import annotations
@@ -146,6 +147,27 @@ class Group:
         box = [obj]
         dist.broadcast_object_list(box, src=0)
         return box[0]
+
+    def share_leader_buffers(self, module: torch.nn.Module) -> None:
+        """Overwrite ``module``'s buffers (BatchNorm running statistics, ...) with rank 0's,
+        in ONE broadcast; nothing for one process or a module without buffers."""
+        if not self.parallel:
+            return
+        buffers = list(module.buffers())
+        if not buffers:
+            return
+        with torch.no_grad():
+            # As bytes: buffers of any dtypes mix (float statistics, int64 batch counts).
+            flat = torch.cat([b.reshape(-1).view(torch.uint8) for b in buffers])
+            dist.broadcast(flat, src=0)
+            if self.leader:
+                return
+            offset = 0
+            for b in buffers:
+                size = b.numel() * b.element_size()
+                # A copy starts at offset 0: viewing bytes as a wider dtype needs alignment.
+                b.copy_(flat[offset : offset + size].clone().view(b.dtype).view(b.shape))
+                offset += size
 
     def barrier(self) -> None:
         if self.parallel:

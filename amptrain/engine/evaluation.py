@@ -7,8 +7,13 @@ any global random number generator, so a run with evaluation on trains bitwise l
 with it off, and resumes exactly.
 
 Sums (loss x count, correct, top-5 correct, count, and one per plugin metric a job
-chose) stay device tensors and are read once at the end of an evaluation; with ``devices`` > 1 each rank evaluates its share of the
-batches and the sums are all-reduced, so every rank has the same values.
+chose) stay device tensors and are read once at the end of an evaluation.
+
+With ``devices`` > 1 each rank evaluates its share of the batches and the sums are
+all-reduced, so every rank has the same values. All ranks evaluate one model: rank 0's
+buffers (BatchNorm running statistics, which each rank's forwards update from its own
+shard) are broadcast to the others first (one collective), so the values are those of
+rank 0's checkpoint evaluated on one device.
 """
 
 from __future__ import annotations
@@ -90,6 +95,12 @@ class Evaluator:
 
     def run(self, step: int) -> dict[str, float | None]:
         """The metrics of the model as it is after ``step`` (None where not finite)."""
+        # Each rank's running statistics are rank 0's plus its own shard's last updates (DDP
+        # broadcasts rank 0's buffers at the start of a step's first forward): evaluate all
+        # on rank 0's, the checkpoint's. Overwriting the local ones changes no training: the
+        # next step's first forward overwrites them with rank 0's anyway, and train-mode
+        # BatchNorm normalizes with the batch's statistics, not the running ones.
+        self.group.share_leader_buffers(self.model)
         was_training = self.model.training
         self.model.eval()
         try:

@@ -9,7 +9,10 @@ tests.engine.ddp_ranks OUT`` joins one gloo group and trains, as this rank:
 - ``fp16``: a 2-device fp16 job whose rank 1 alone gets inf gradients at step
   ``OVERFLOW_STEP`` (a gradient hook, the seam ``test_amp.py`` uses), recording per-layer
   gradient norms every step; each rank saves its loss scale and a parameter digest at every
-  step boundary, rank 0 its records.
+  step boundary, rank 0 its records;
+- ``bn``: a 2-device job on a BatchNorm model, evaluating; each rank saves its evaluation,
+  its final state and its running statistics as its own last training forward left them;
+  and the buffers of a module of mixed dtypes after ``Group.share_leader_buffers``.
 
 Everything goes to ``OUT/rank{r}.pt``; the test compares it with single-process runs.
 """
@@ -27,7 +30,7 @@ import torch.distributed as dist
 
 from amptrain.contract.spec import parse_spec
 from amptrain.engine import RunContext, Trainer
-from amptrain.engine.distributed import Ranks
+from amptrain.engine.distributed import Group, Ranks
 from tests.support.sinks import ListSink
 
 OVERFLOW_STEP = 3
@@ -54,6 +57,28 @@ def job(precision: str, devices: int, grad_accum_steps: int) -> Any:
             "collective_timeout_s": 60,
             # 48 held-out rows in 6 micro-batches, 3 per rank: the sums must add up to one device's.
             "eval": {"every_steps": 4, "batches": 3},
+        }
+    )
+
+
+def bn_job(devices: int, grad_accum_steps: int) -> Any:
+    """A BatchNorm model: its running statistics are buffers each rank's forwards update from
+    the rank's own share of the batch."""
+    return parse_spec(
+        {
+            "model": {"name": "cnn", "args": {"width": 4, "depth": 1}},
+            "dataset": {
+                "name": "synthetic-images",
+                "args": {"channels": 1, "height": 8, "width": 8, "classes": 4},
+            },
+            "max_steps": 4,
+            "batch_size": 16,
+            "grad_accum_steps": grad_accum_steps,
+            "devices": devices,
+            "precision": "fp32",
+            "device": "cpu",
+            "collective_timeout_s": 60,
+            "eval": {"every_steps": 2, "batches": 2},
         }
     )
 
@@ -112,12 +137,38 @@ def fp16(ranks: Ranks) -> dict[str, Any]:
     }
 
 
+def bn(ranks: Ranks) -> dict[str, Any]:
+    trainer = Trainer(bn_job(2, 1), RunContext(None, ranks=ranks))
+    own: dict[str, torch.Tensor] = {}
+
+    def keep(module: torch.nn.Module, args: Any, output: Any) -> None:
+        if module.training:  # after each training forward: this rank's statistics
+            own.update({n: b.clone() for n, b in module.named_buffers()})
+
+    trainer.model.register_forward_hook(keep)
+    result = trainer.train()
+    # Rank-dependent buffers whose byte offsets do not suit the next one's dtype (6 bytes of
+    # float16, then an int64), and one not contiguous.
+    mixed = torch.nn.Module()
+    mixed.register_buffer("fp16", torch.full((3,), ranks.rank + 0.5, dtype=torch.float16))
+    mixed.register_buffer("count", torch.tensor(10 + ranks.rank))
+    mixed.register_buffer("flags", torch.tensor([ranks.rank == 0, True]))
+    mixed.register_buffer("grid", torch.arange(6.0).reshape(2, 3).t() * (ranks.rank + 1))
+    Group(ranks, torch.device("cpu")).share_leader_buffers(mixed)
+    return {
+        "eval": result.eval,
+        "own": own,
+        "state": {k: v.clone() for k, v in trainer.model.state_dict().items()},
+        "mixed": dict(mixed.named_buffers()),
+    }
+
+
 def main(out: str) -> None:
     ranks = Ranks.from_env(os.environ)
     assert ranks is not None and ranks.world_size == 2
     dist.init_process_group("gloo")  # the Trainers join this group and leave it open
     try:
-        results = {"fp32": fp32(ranks), "fp16": fp16(ranks)}
+        results = {"fp32": fp32(ranks), "fp16": fp16(ranks), "bn": bn(ranks)}
     finally:
         dist.destroy_process_group()
     torch.save(results, os.path.join(out, f"rank{ranks.rank}.pt"))

@@ -2,7 +2,8 @@
 
 Three launches in all (each costs two ``import torch``): the CLI run a stop interrupts,
 its resumption, and the in-process scenarios of ``ddp_ranks.py``. Every comparison is
-against the same job on one device accumulating the same micro-batches.
+against the same job on one device accumulating the same micro-batches, or (evaluation)
+rank 0's model evaluated on one device.
 """
 
 from __future__ import annotations
@@ -132,7 +133,7 @@ def test_a_stop_on_one_rank_stops_both_and_the_resumed_run_equals_one_device(
     assert not refused.value.retryable
 
 
-def test_fp32_matches_one_device_and_an_overflow_on_one_rank_skips_on_both(
+def test_fp32_and_evaluation_match_one_device_and_an_overflow_on_one_rank_skips_on_both(
     tmp_path: Path,
 ) -> None:
     done = torchrun(tmp_path, "-m", "tests.engine.ddp_ranks", str(tmp_path))
@@ -172,3 +173,42 @@ def test_fp32_matches_one_device_and_an_overflow_on_one_rank_skips_on_both(
     assert layers[k]["net.1"] is None
     finite = [v for s in layers for name, v in layers[s].items() if (s, name) != (k, "net.1")]
     assert all(v is not None and v > 0 for v in finite)
+
+    # In the same launch (one costs 10-30 s; separate tests may run in separate processes).
+    evaluated_with_rank_0s_buffers([r["bn"] for r in ranks])
+
+
+def evaluated_with_rank_0s_buffers(bn: list[dict[str, Any]]) -> None:
+    """Every rank's evaluation is rank 0's model (BatchNorm statistics included) evaluated
+    on one device, though each rank's forwards updated its statistics from its own shard."""
+    # Each rank's last forward updated its running statistics from its own shard.
+    assert not torch.equal(bn[0]["own"]["stem.1.running_mean"], bn[1]["own"]["stem.1.running_mean"])
+    assert bn[0]["eval"] == bn[1]["eval"]
+
+    # Rank 0's model (its checkpoint's state) evaluated on one device, on the same held-out rows.
+    single = Trainer(ddp_ranks.bn_job(1, 2), RunContext(None))
+    single.train()
+    assert single.evaluator is not None
+    single.model.load_state_dict(bn[0]["state"])
+    expected = single.evaluator.run(single.step)
+    assert bn[0]["eval"] is not None and bn[0]["eval"].keys() == expected.keys()
+    for name, value in expected.items():
+        assert bn[0]["eval"][name] == pytest.approx(value, rel=1e-6), name
+    # Rank 1's own statistics evaluate differently: mixing them in would show.
+    single.model.load_state_dict({**bn[0]["state"], **bn[1]["own"]})
+    mixed_in = single.evaluator.run(single.step)
+    assert mixed_in["eval_loss"] != pytest.approx(expected["eval_loss"], rel=1e-4)
+    # Rank 1 evaluated with, and kept, rank 0's buffers (what DDP's next forward gives it anyway).
+    for name, value in bn[0]["state"].items():
+        assert torch.equal(bn[1]["state"][name], value), name
+    # The one broadcast carries buffers of any dtypes, at any byte offset, to their places.
+    rank_0s = {
+        "fp16": torch.full((3,), 0.5, dtype=torch.float16),
+        "count": torch.tensor(10),
+        "flags": torch.tensor([True, True]),
+        "grid": torch.arange(6.0).reshape(2, 3).t(),
+    }
+    for mixed in (bn[0]["mixed"], bn[1]["mixed"]):
+        assert mixed.keys() == rank_0s.keys()
+        for name, value in rank_0s.items():
+            assert mixed[name].dtype == value.dtype and torch.equal(mixed[name], value), name
