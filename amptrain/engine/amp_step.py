@@ -11,8 +11,10 @@ host: the grad norm, the inf flag and the scale come back as device tensors.
 Overflow attribution (fp16): the per-parameter gradient norms come from ONE fused
 ``torch._foreach_norm`` after ``unscale_``; the global norm (for clipping and the
 ``grad_norm`` metric) is the norm of those norms, so it costs nothing extra. The step
-keeps the norms on the device (:class:`Overflow`); at the next flush telemetry finds,
-for the whole window at once, each step's first non-finite parameter in backward order
+keeps the norms on the device (:class:`Overflow`), with each parameter's place in the
+backward order recorded on the run's first backward
+(:class:`~amptrain.engine.backward_order.BackwardOrder`); at the next flush telemetry
+finds, for the whole window at once, each step's first non-finite parameter in that order
 and reads it with the other values in the flush's one read; it names it only for the
 skipped steps.
 
@@ -35,6 +37,7 @@ from dataclasses import dataclass
 import torch
 
 from amptrain.contract.spec import JobSpec
+from amptrain.engine.backward_order import BackwardOrder
 from amptrain.engine.precision import PrecisionChoice, fp32_island
 from amptrain.engine.spikes import SpikeCheck, SpikeFlag
 
@@ -56,6 +59,11 @@ class Overflow:
     names: tuple[str, ...]
     """Module paths (``blocks.3.attn.proj.weight``) of the parameters, in registration
     order (``model.parameters()``)."""
+    priority: torch.Tensor
+    """Per parameter (as ``norms``), its priority in backward order (float32, on the
+    device): the higher, the earlier backward produced its gradient."""
+    ranked: tuple[str, ...]
+    """Every trainable parameter's path by priority: index ``k`` is priority ``k``'s."""
 
 
 @dataclass
@@ -111,6 +119,7 @@ class AmpStep:
         trainable = [(n, p) for n, p in named if p.requires_grad]
         self._params = [p for _, p in trainable]
         self._names = tuple(n for n, _ in trainable)
+        self._order = BackwardOrder(self._names, self._params, device)
 
     def forward_backward(
         self, inputs: torch.Tensor, targets: torch.Tensor, accum: int, *, last: bool
@@ -126,7 +135,10 @@ class AmpStep:
             scaled = loss / accum if accum > 1 else loss
             if self.scaler is not None:
                 scaled = self.scaler.scale(scaled)
-            scaled.backward()
+            if self._order.recording:
+                self._order.backward(scaled)
+            else:
+                scaled.backward()
         return loss.detach()
 
     def autocast(self) -> torch.autocast:
@@ -154,7 +166,9 @@ class AmpStep:
             if (flag is not None and self.spike is not None and self.spike.skips)
             else None
         )
-        overflow = None if norms is None else Overflow(norms, names)
+        overflow = None
+        if norms is not None:
+            overflow = Overflow(norms, names, self._order.priority(names), self._order.ranked)
         if scaler is None:
             self._step(held)
             return Applied(grad_norm, None, None, spike=flag, withheld=held, norms=overflow)
