@@ -120,6 +120,7 @@ class AmpStep:
         self._params = [p for _, p in trainable]
         self._names = tuple(n for n, _ in trainable)
         self._order = BackwardOrder(self._names, self._params, device)
+        self._checked = False  # the spike check ran in an apply that has not returned
 
     def forward_backward(
         self, inputs: torch.Tensor, targets: torch.Tensor, accum: int, *, last: bool
@@ -161,6 +162,7 @@ class AmpStep:
         flag = None
         if self.spike is not None:
             flag = self.spike.check(loss if self.spike.spec.metric == "loss" else grad_norm)
+            self._checked = True  # until this returns: an OOM from here on undoes the check
         held = (
             flag.spike
             if (flag is not None and self.spike is not None and self.spike.skips)
@@ -171,6 +173,7 @@ class AmpStep:
             overflow = Overflow(norms, names, self._order.priority(names), self._order.ranked)
         if scaler is None:
             self._step(held)
+            self._checked = False
             return Applied(grad_norm, None, None, spike=flag, withheld=held, norms=overflow)
         found_inf = _found_inf(scaler, self.optimizer)
         # update() rewrites the scale tensor in place: keep the value this step used.
@@ -184,6 +187,7 @@ class AmpStep:
             held = torch.maximum(found_inf, held.to(found_inf.device))
             self._step(held)
         scaler.update()  # reads the scaler's own flags: a spike leaves the scale alone
+        self._checked = False
         withheld = found_inf if held is None else held
         return Applied(grad_norm, found_inf, scale, overflow, flag, withheld, overflow)
 
@@ -201,14 +205,19 @@ class AmpStep:
     def abandon(self) -> None:
         """Forget a step that failed part-way (an OOM) so it can be run again from the start.
 
-        The gradients go, and the scaler's per-optimizer stage returns to READY (else a
-        second ``unscale_`` in the retried step raises). Nothing else moved: an OOM in
-        ``apply`` comes from an allocation (optimizer state, clipping or unscaling
-        buffers), and all of those happen before the fused kernel updates a parameter.
+        The gradients go, the scaler's per-optimizer stage returns to READY (else a
+        second ``unscale_`` in the retried step raises), and a spike check the failed
+        ``apply`` ran is undone exactly (else the retried step's value would enter the
+        window twice). Nothing else moved: an OOM in ``apply`` comes from an allocation
+        (optimizer state, clipping or unscaling buffers), and all of those happen before
+        the fused kernel updates a parameter.
         """
         self.optimizer.zero_grad(set_to_none=True)
         if self.scaler is not None:
             self.scaler._per_optimizer_states.pop(id(self.optimizer), None)
+        if self._checked and self.spike is not None:
+            self.spike.undo()
+        self._checked = False
 
     def _grad_norm(self) -> tuple[torch.Tensor, torch.Tensor | None, tuple[str, ...]]:
         """The global norm, each parameter's norm (one fused call) and their names.
