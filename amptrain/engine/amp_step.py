@@ -11,8 +11,10 @@ host: the grad norm, the inf flag and the scale come back as device tensors.
 Overflow attribution (fp16): the per-parameter gradient norms come from ONE fused
 ``torch._foreach_norm`` after ``unscale_``; the global norm (for clipping and the
 ``grad_norm`` metric) is the norm of those norms, so it costs nothing extra. The step
-keeps the norms on the device (:class:`Overflow`); at the next flush telemetry finds,
-for the whole window at once, each step's first non-finite parameter in backward order
+keeps the norms on the device (:class:`Overflow`), with each parameter's place in the
+backward order recorded on the run's first backward
+(:class:`~amptrain.engine.backward_order.BackwardOrder`); at the next flush telemetry
+finds, for the whole window at once, each step's first non-finite parameter in that order
 and reads it with the other values in the flush's one read; it names it only for the
 skipped steps.
 
@@ -35,6 +37,7 @@ from dataclasses import dataclass
 import torch
 
 from amptrain.contract.spec import JobSpec
+from amptrain.engine.backward_order import BackwardOrder
 from amptrain.engine.precision import PrecisionChoice, fp32_island
 from amptrain.engine.spikes import SpikeCheck, SpikeFlag
 
@@ -56,6 +59,11 @@ class Overflow:
     names: tuple[str, ...]
     """Module paths (``blocks.3.attn.proj.weight``) of the parameters, in registration
     order (``model.parameters()``)."""
+    priority: torch.Tensor
+    """Per parameter (as ``norms``), its priority in backward order (float32, on the
+    device): the higher, the earlier backward produced its gradient."""
+    ranked: tuple[str, ...]
+    """Every trainable parameter's path by priority: index ``k`` is priority ``k``'s."""
 
 
 @dataclass
@@ -111,6 +119,8 @@ class AmpStep:
         trainable = [(n, p) for n, p in named if p.requires_grad]
         self._params = [p for _, p in trainable]
         self._names = tuple(n for n, _ in trainable)
+        self._order = BackwardOrder(self._names, self._params, device)
+        self._checked = False  # the spike check ran in an apply that has not returned
 
     def forward_backward(
         self, inputs: torch.Tensor, targets: torch.Tensor, accum: int, *, last: bool
@@ -126,7 +136,10 @@ class AmpStep:
             scaled = loss / accum if accum > 1 else loss
             if self.scaler is not None:
                 scaled = self.scaler.scale(scaled)
-            scaled.backward()
+            if self._order.recording:
+                self._order.backward(scaled)
+            else:
+                scaled.backward()
         return loss.detach()
 
     def autocast(self) -> torch.autocast:
@@ -149,14 +162,18 @@ class AmpStep:
         flag = None
         if self.spike is not None:
             flag = self.spike.check(loss if self.spike.spec.metric == "loss" else grad_norm)
+            self._checked = True  # until this returns: an OOM from here on undoes the check
         held = (
             flag.spike
             if (flag is not None and self.spike is not None and self.spike.skips)
             else None
         )
-        overflow = None if norms is None else Overflow(norms, names)
+        overflow = None
+        if norms is not None:
+            overflow = Overflow(norms, names, self._order.priority(names), self._order.ranked)
         if scaler is None:
             self._step(held)
+            self._checked = False
             return Applied(grad_norm, None, None, spike=flag, withheld=held, norms=overflow)
         found_inf = _found_inf(scaler, self.optimizer)
         # update() rewrites the scale tensor in place: keep the value this step used.
@@ -170,6 +187,7 @@ class AmpStep:
             held = torch.maximum(found_inf, held.to(found_inf.device))
             self._step(held)
         scaler.update()  # reads the scaler's own flags: a spike leaves the scale alone
+        self._checked = False
         withheld = found_inf if held is None else held
         return Applied(grad_norm, found_inf, scale, overflow, flag, withheld, overflow)
 
@@ -187,14 +205,19 @@ class AmpStep:
     def abandon(self) -> None:
         """Forget a step that failed part-way (an OOM) so it can be run again from the start.
 
-        The gradients go, and the scaler's per-optimizer stage returns to READY (else a
-        second ``unscale_`` in the retried step raises). Nothing else moved: an OOM in
-        ``apply`` comes from an allocation (optimizer state, clipping or unscaling
-        buffers), and all of those happen before the fused kernel updates a parameter.
+        The gradients go, the scaler's per-optimizer stage returns to READY (else a
+        second ``unscale_`` in the retried step raises), and a spike check the failed
+        ``apply`` ran is undone exactly (else the retried step's value would enter the
+        window twice). Nothing else moved: an OOM in ``apply`` comes from an allocation
+        (optimizer state, clipping or unscaling buffers), and all of those happen before
+        the fused kernel updates a parameter.
         """
         self.optimizer.zero_grad(set_to_none=True)
         if self.scaler is not None:
             self.scaler._per_optimizer_states.pop(id(self.optimizer), None)
+        if self._checked and self.spike is not None:
+            self.spike.undo()
+        self._checked = False
 
     def _grad_norm(self) -> tuple[torch.Tensor, torch.Tensor | None, tuple[str, ...]]:
         """The global norm, each parameter's norm (one fused call) and their names.

@@ -95,7 +95,12 @@ class SpikeCheck:
     it; float64, whose squares of float32 values are exact, keeps about 8 digits). Every
     ``window`` checks they are summed afresh from the rows, so rounding cannot accumulate
     over a long run (the sums and that count are checkpointed: a resumed run recomputes at
-    the same steps and flags bitwise the same ones)."""
+    the same steps and flags bitwise the same ones).
+
+    :meth:`undo` takes the last check back, bit for bit (an out-of-memory retry of the step
+    runs it again): the sums and the count are replaced, not updated in place, so the
+    tensors they were before the check are kept as they were, at no extra kernel, with
+    the ring row the check overwrote."""
 
     def __init__(self, spec: SpikeSpec, device: torch.device) -> None:
         self.spec = spec
@@ -105,6 +110,8 @@ class SpikeCheck:
         self._one = torch.ones((), dtype=torch.float64, device=device)
         self._lowest = torch.tensor(-_MAX, dtype=torch.float64, device=device)
         self._checks = 0  # host-side: when to sum the rows afresh
+        # What the last check replaced: the sums, the count, the ring's slot and its row.
+        self._before: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor] | None = None
 
     @property
     def skips(self) -> bool:
@@ -115,11 +122,12 @@ class SpikeCheck:
         """Compare ``value`` (a 0-d device tensor) with the window; accept it unless it is a
         spike or non-finite."""
         self._checks += 1
+        sums = self._sums
         if self._checks % self.spec.window == 0:
-            torch.sum(self._rows, 0, out=self._sums)
+            sums = self._rows.sum(0)
         x = value.detach().double()  # exact: the values are float32 (or narrower)
-        n = self._sums[0]
-        moments = self._sums[1:] / n.clamp(min=1)  # the mean and the mean of the squares
+        n = sums[0]
+        moments = sums[1:] / n.clamp(min=1)  # the mean and the mean of the squares
         mean = moments[0]
         # Not addcmul: its fused multiply-add rounds once, the CPU's scalar rule twice (and
         # the variance's cancellation would show that ulp in the std's eighth digit).
@@ -135,10 +143,21 @@ class SpikeCheck:
         old = self._rows.index_select(0, slot)
         # x * x, not pow: a vectorized pow may miss the exact square by an ulp.
         new = torch.where(accept, torch.stack((self._one, x, x * x)), old)
-        self._sums.add_((new - old).view(3))
+        self._before = (self._sums, self._count, slot, old)
+        # Out of place (one op each, as add_ was): the tensors before stay the undo state.
+        self._sums = sums + (new - old).view(3)
         self._rows.index_copy_(0, slot, new)
-        self._count.add_(accept)
+        self._count = self._count + accept
         return SpikeFlag(spike.float(), mean, std)
+
+    def undo(self) -> None:
+        """Take the last check back exactly, as if it had never run (once)."""
+        if self._before is None:
+            return
+        self._sums, self._count, slot, old = self._before
+        self._rows.index_copy_(0, slot, old)
+        self._checks -= 1
+        self._before = None
 
     def state_dict(self) -> dict[str, Any]:
         """The window (a checkpoint is a flush point: copying it to the host costs no extra
@@ -156,6 +175,7 @@ class SpikeCheck:
         self._sums.copy_(state["sums"])
         self._count.fill_(int(state["count"]))
         self._checks = int(state["checks"])
+        self._before = None  # the loaded window's last check is not this one's to undo
 
 
 class HostSpikeCheck(SpikeCheck):
@@ -167,7 +187,8 @@ class HostSpikeCheck(SpikeCheck):
     microseconds. It keeps the window as Python floats and hands the parent's tensors the
     same state for a checkpoint, so checkpoints are alike, and a run's flags, means and
     window are the tensor rule's bit for bit (its std to 1e-12: torch's CPU sqrt and IEEE's
-    may differ in the last bits; tested)."""
+    may differ in the last bits; tested). Its :meth:`undo` puts back the values the last
+    check replaced (the lists are replaced, never changed in place)."""
 
     def __init__(self, spec: SpikeSpec, device: torch.device) -> None:
         super().__init__(spec, device)
@@ -178,8 +199,12 @@ class HostSpikeCheck(SpikeCheck):
         self._ring: list[list[float]] = self._rows.tolist()
         self._total: list[float] = self._sums.tolist()
         self._accepted = int(self._count.item())
+        # What the last check replaced: the sums, the count and the ring row at its slot.
+        self._undo: tuple[list[float], int, list[float]] | None = None
 
     def check(self, value: torch.Tensor) -> SpikeFlag:
+        slot = self._accepted % self.spec.window
+        self._undo = (self._total, self._accepted, self._ring[slot])
         self._checks += 1
         if self._checks % self.spec.window == 0:  # summed afresh as the tensor rule does
             self._total = torch.tensor(self._ring, dtype=torch.float64).sum(0).tolist()
@@ -190,7 +215,6 @@ class HostSpikeCheck(SpikeCheck):
         bar = mean + self.spec.z * std + (_MAX if n < self.spec.warmup_steps else 0.0)
         spike = math.isfinite(x) and x > bar
         if -_MAX <= x <= bar:  # finite and at most the bar (NaN compares false)
-            slot = self._accepted % self.spec.window
             new = [1.0, x, x * x]
             self._total = [
                 t + (a - b) for t, a, b in zip(self._total, new, self._ring[slot], strict=True)
@@ -203,6 +227,14 @@ class HostSpikeCheck(SpikeCheck):
             as_tensor(mean, dtype=torch.float64),
             as_tensor(std, dtype=torch.float64),
         )
+
+    def undo(self) -> None:
+        if self._undo is None:
+            return
+        self._total, self._accepted, row = self._undo
+        self._ring[self._accepted % self.spec.window] = row
+        self._checks -= 1
+        self._undo = None
 
     def state_dict(self) -> dict[str, Any]:
         self._rows.copy_(torch.tensor(self._ring, dtype=torch.float64))

@@ -21,9 +21,9 @@ if TYPE_CHECKING:
 
 ATTRIBUTION_SLOTS: tuple[str, ...] = ("overflow",)
 """With a scaler, each step's device values end with this (not a metric field): its
-first non-finite parameter in backward order as ``2 * index + isnan`` (-1: none; see
-:func:`~amptrain.engine.attribution.first_nonfinite`), read with the rest at the flush and
-turned into a :class:`Skip` for a skipped step only."""
+first non-finite parameter in the recorded backward order as ``2 * priority + isnan`` (-1:
+none; see :func:`~amptrain.engine.attribution.first_nonfinite`), read with the rest at the
+flush and turned into a :class:`Skip` for a skipped step only."""
 
 
 @dataclass
@@ -35,7 +35,8 @@ class Pending:
     started: float  # perf_counter when the step was entered
     ended: float  # perf_counter when its last kernel was *enqueued*
     names: tuple[str, ...] = ()
-    """The parameters the ``overflow`` code indexes (fp16); shared, not copied, per step."""
+    """The parameters the ``overflow`` code indexes (fp16), by priority in backward order
+    (:attr:`~amptrain.engine.amp_step.Overflow.ranked`); shared, not copied, per step."""
     layers: LayerValues | None = None
     """A step due for per-layer norms: its layers (their values are read after the
     window's step values)."""
@@ -159,10 +160,10 @@ def _spike(p: Pending, device: dict[str, Any], metric: str | None) -> Spike | No
 def _skip(p: Pending, code: float | None) -> Skip:
     if code is None or not math.isfinite(code) or code < 0:
         return Skip(p.step, None, None)
-    index, nan = divmod(int(code), 2)
-    if index >= len(p.names):
+    priority, nan = divmod(int(code), 2)
+    if priority >= len(p.names):
         return Skip(p.step, None, None)
-    return Skip(p.step, p.names[index], "nan" if nan else "inf")
+    return Skip(p.step, p.names[priority], "nan" if nan else "inf")
 
 
 def dropped_warning(step: int, dropped: int) -> dict[str, Any]:

@@ -18,7 +18,8 @@ from amptrain.contract.records import SPIKE_WARNING
 from amptrain.contract.spec import parse_spec
 from amptrain.engine import Components, RunContext, Trainer, parts
 from amptrain.engine.spikes import HostSpikeCheck, SpikeCheck
-from tests.engine.test_amp import TinyData, TinyNet
+from tests.engine import test_amp
+from tests.engine.test_amp import OomOnce, TinyData, TinyNet, _oom_in_optimizer_step_once
 from tests.engine.test_host_reads import host_reads
 from tests.support.sinks import ListSink
 
@@ -229,3 +230,65 @@ def test_the_cpus_scalar_rule_flags_what_the_tensor_rule_flags() -> None:
     one, other = tensors.state_dict(), scalars.state_dict()
     assert torch.equal(one.pop("rows"), other.pop("rows"))  # a checkpoint reads the same
     assert torch.equal(one.pop("sums"), other.pop("sums")) and one == other
+
+
+def _same_window(one: dict[str, Any], other: dict[str, Any]) -> None:
+    """Two windows' state_dicts are equal, bit for bit."""
+    one, other = dict(one), dict(other)
+    assert torch.equal(one.pop("rows"), other.pop("rows"))
+    assert torch.equal(one.pop("sums"), other.pop("sums")) and one == other
+
+
+@pytest.mark.parametrize("rule_class", [SpikeCheck, HostSpikeCheck])
+def test_an_undone_check_leaves_the_window_bit_for_bit_as_it_was(
+    rule_class: type[SpikeCheck],
+) -> None:
+    """Checks undone in the warm-up (a huge value, accepted: adding and subtracting it would
+    not give the sums back), at the checks that sum the rows afresh, after the warm-up (a
+    spike, and accepted values, one just before a real spike): the flags and the window are
+    those of a run that never made them."""
+    rule = spec({"action": "skip"}).health.spike  # window 16, warm-up 8
+    once, retried = rule_class(rule, torch.device("cpu")), rule_class(rule, torch.device("cpu"))
+    # By the index of the value it is undone before; the 16th and 32nd checks sum afresh.
+    undone = {3: 3.3e7, 15: 3.3e7, 20: 2.5, 31: 2.0, 50: 2.0}
+    flagged = []
+    for i, v in enumerate(spiky_values()[:60]):
+        x = torch.tensor(v, dtype=torch.float32)
+        a = once.check(x)
+        if i in undone:
+            retried.check(torch.tensor(undone[i], dtype=torch.float32))
+            retried.undo()
+        b = retried.check(x)
+        assert (float(a.spike), float(a.mean), float(a.std)) == (
+            float(b.spike),
+            float(b.mean),
+            float(b.std),
+        )
+        _same_window(once.state_dict(), retried.state_dict())
+        flagged += [i] if a.spike else []
+    assert flagged == [50] and once.state_dict()["count"] == 59  # the spike left out
+
+
+@pytest.mark.parametrize("rule_class", [SpikeCheck, HostSpikeCheck])
+def test_an_oom_in_the_optimizer_step_leaves_one_check_of_the_retried_step(
+    rule_class: type[SpikeCheck], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The OOM comes after the step's spike check ran; the retried step (at half the
+    micro-batch) checks its loss again. Its window is that of a run whose OOM came in the
+    forward, before any check: the same losses, each in the window once."""
+    monkeypatch.setattr(parts, "spike_check", rule_class)  # the tensor rule too, on the CPU
+    health = {"spike": {"window": 16, "warmup_steps": 8, "action": "skip"}}
+    job = test_amp.spec(batch_size=16, auto_micro_batch=True, health=health)
+    in_forward = Trainer(job, RunContext(None), test_amp.components(OomOnce))
+    assert isinstance(in_forward.model, OomOnce)
+    in_forward.model.trainer = in_forward
+    in_forward.train()
+    in_step = Trainer(job, RunContext(None), test_amp.components())
+    _oom_in_optimizer_step_once(in_step, at=3)
+    in_step.train()
+    assert (in_step.micro_batch, in_step.step) == (8, 6)  # the OOM did happen, and was retried
+    windows = [t.amp.spike for t in (in_forward, in_step)]
+    assert all(type(w) is rule_class for w in windows)
+    one, other = (w.state_dict() for w in windows if w is not None)
+    assert (one["count"], one["checks"]) == (6, 6)  # warming up: every loss accepted
+    _same_window(one, other)
