@@ -112,11 +112,16 @@ def test_a_decision_is_cached_per_model_shapes_and_device(
     monkeypatch.setattr(auto_precision, "measure", measure)
     cache = FileCache(tmp_path / "auto-precision.json")  # the worker's: outlives a process
     first = Trainer(small(max_steps=1), RunContext(checkpoint_dir=None, precision_cache=cache))
-    assert first.parts.precision.effective == "bf16" and "cached" not in first.parts.precision.reason
+    assert (
+        first.parts.precision.effective == "bf16" and "cached" not in first.parts.precision.reason
+    )
     again = Trainer(small(max_steps=1), RunContext(checkpoint_dir=None, precision_cache=cache))
     assert again.parts.precision.effective == "bf16"
     assert again.parts.precision.reason.endswith("(measured earlier on this worker, cached)")
-    assert again.parts.precision.measurement is not None and again.parts.precision.measurement["cached"]
+    assert (
+        again.parts.precision.measurement is not None
+        and again.parts.precision.measurement["cached"]
+    )
     assert len(measure.calls) == 1  # type: ignore[attr-defined]
     # Another micro-batch size is another shape: measured anew.
     Trainer(small(max_steps=1, batch_size=8), RunContext(None, precision_cache=cache))

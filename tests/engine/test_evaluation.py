@@ -23,6 +23,8 @@ from amptrain.engine.evaluation import task_metrics
 from tests.support.digits import write_digits
 from tests.support.sinks import ListSink
 
+pytestmark = pytest.mark.usefixtures("read_mode")
+
 
 def spec(**overrides: Any) -> Any:
     return parse_spec(

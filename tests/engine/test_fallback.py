@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import torch
 
-from amptrain.contract.errors import DivergedError, PrecisionFallbackError
+from amptrain.contract.errors import DivergedError, PrecisionFallbackError, PreemptedError
 from amptrain.contract.layout import checkpoint_name
 from amptrain.engine import RunContext, Trainer
 from amptrain.engine.checkpoint import CheckpointStore
@@ -19,6 +19,8 @@ from amptrain.engine.fallback import fallback_target
 from amptrain.engine.precision import PrecisionChoice
 from tests.engine.test_amp import TinyNet, components, spec
 from tests.support.sinks import ListSink
+
+pytestmark = pytest.mark.usefixtures("read_mode")
 
 OVERFLOW_FROM = 7
 """Steps 1-6 train cleanly; from step 7 on, fc2.bias's gradient is inf (the injected fault)."""
@@ -139,3 +141,55 @@ def test_the_default_policy_follows_who_chose_fp16(
 def test_a_fallback_on_a_precision_other_than_fp16_is_refused_naming_the_field() -> None:
     with pytest.raises(ValueError, match=r"health\.fallback 'bf16' needs precision fp16 or auto"):
         spec(precision="fp32", health={"fallback": "bf16"})
+
+
+def test_the_newest_healthy_checkpoint_outlives_pruning_across_attempts(tmp_path: Path) -> None:
+    """Gradients inf from step 3, checkpoints every 2 steps, keep_last 2: attempt 1 is
+    preempted at 4 (healthy: step 2; unhealthy: 4). Attempt 2 resumes from the unhealthy 4,
+    so nothing in it ever marked step 2 as the one to keep: pruning removed it, and its
+    fallback restarted the job from step 0. The keep is decided from every checkpoint's
+    sidecar now, whichever attempt wrote it."""
+
+    def attempt(n: int, stop_at: int | None) -> Trainer:
+        ref: list[Trainer] = []
+        stop = lambda: "preempt" if stop_at is not None and ref[0].step == stop_at else None  # noqa: E731
+        ctx = RunContext(str(tmp_path), sink=sinks[n], attempt=n, should_stop=stop)
+        trainer = Trainer(fp16_spec(), ctx, components())
+        ref.append(trainer)
+        assert isinstance(trainer.model, TinyNet)
+        trainer.model.fc2.bias.register_hook(
+            lambda g: torch.full_like(g, math.inf) if trainer.step >= 2 else g
+        )
+        return trainer
+
+    sinks = {1: ListSink(), 2: ListSink()}
+    with pytest.raises(PreemptedError):
+        attempt(1, stop_at=4).train()
+    assert CheckpointStore(str(tmp_path)).steps() == [2, 4]
+    second = attempt(2, stop_at=None)
+    with pytest.raises(PrecisionFallbackError) as info:
+        second.train()
+    assert second.state.resumed_from == 4
+    (event,) = sinks[2].events("precision_fallback")
+    assert (event["data"]["resume_from"], event["data"]["checkpoint"]) == (2, checkpoint_name(2))
+    assert CheckpointStore(str(tmp_path)).steps() == [2]
+    assert max(sinks[2].metrics()) == info.value.step  # nothing after the step that ended it
+
+
+def test_a_diverged_run_publishes_nothing_after_the_step_it_names() -> None:
+    """The loss is NaN from step 10 (diverge_nonfinite_steps 2: diverged at 11), flushes
+    every 2 steps. On one GPU the flush of step 12 reads 9-10 and queues 11-12; the run then
+    ended at 11 while the flushes after it published 12 too (its history ran past the step
+    its error names)."""
+    job = spec(precision="fp32", max_steps=40, health={"diverge_nonfinite_steps": 2})
+    sink = ListSink()
+    trainer = Trainer(job, RunContext(None, sink=sink), components())
+    trainer.model.register_forward_hook(
+        lambda module, inputs, out: out * math.nan if trainer.step >= 9 else out
+    )
+    with pytest.raises(DivergedError) as info:
+        trainer.train()
+    assert info.value.step == 11 and "diverged at step 11" in info.value.message
+    assert trainer.publisher.wait_delivered(30)
+    steps = [r["step"] for r in sink.items if r["kind"] == "metric"]
+    assert steps == list(range(1, 12))
