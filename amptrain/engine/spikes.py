@@ -16,28 +16,29 @@ scaler handle those). The three values ride in the step's values to the next tel
 flush (:data:`SPIKE_SLOTS`), read there with the rest in its one host read.
 
 Actions. ``warn``: a ``loss_spike`` warning. ``skip``: the spike's optimizer update is
-withheld on the device (``found_inf``), the step recorded as skipped. ``rollback``
-(:mod:`~amptrain.engine.rollback`), exactly:
+withheld on the device (``found_inf``), the step recorded as skipped. ``rollback``, exactly:
 
 1. At the spike's step ``k`` the update is withheld on the device, as with ``skip``.
-2. The next flush (at step ``f >= k``; every checkpoint flushes first, so none is written
-   between ``k`` and ``f``) publishes the records up to ``f``, then raises
-   :class:`RollbackRequested`; the first spike of that flush counts, later ones in it are
-   only warned about (their updates were withheld too). The run's last flush comes before
-   its final evaluation and checkpoint: a spike it reads rolls back too, and the run ends
-   with the checkpoint's weights.
-3. The Trainer loads, in-process, the newest healthy checkpoint (written with no fp16 trigger building) at a step ``c <= k``: the model,
-   the optimizer, the schedule (so the learning rate is the one after ``c``), fp16's scaler
-   and this window. It keeps its step count ``f`` (no step is recorded twice in an attempt),
-   its data position ``f x batch_size`` (the samples ``[c x batch_size, f x batch_size)``
-   are skipped: the data that led to the spike), its micro-batch and its RNG states.
+2. The flush that reads it (at step ``f >= k``: the next due one, or one flush later on a
+   single GPU; every evaluation and checkpoint flushes and acts first, so none sees or saves
+   the weights in between) publishes the records up to ``f``, and the guardian returns a
+   :class:`~amptrain.engine.guardian.RollBack` naming the newest healthy checkpoint (written
+   with no fp16 trigger building) at a step ``c <= k``. The first spike after the latest
+   rollback counts; the others are only warned about (their updates were withheld too, or
+   trained on weights a rollback threw away).
+3. At that step boundary the Trainer loads, in-process, checkpoint ``c``'s model, optimizer,
+   schedule (so the learning rate is the one after ``c``), fp16's scaler and this window. It
+   keeps its :class:`~amptrain.engine.train_state.TrainState`: the step count ``f`` (no step
+   is recorded twice in an attempt), the data position ``f x batch_size`` (the samples
+   ``[c x batch_size, f x batch_size)`` are skipped: the data that led to the spike), its
+   micro-batch and its RNG states.
 4. A ``rollback`` event names ``k``, the checkpoint (``step-000000020.pt``: its name, never
    a path), ``c``, the skipped samples and the count; then a checkpoint of step ``f`` is
    written (with the count), so a run killed after the rollback resumes from there exactly
-   and never rolls back again for the same spike. An evaluation due at ``f`` and not yet
-   run then runs, on the rolled-back model.
-5. Without a healthy checkpoint at or before ``k`` (or without a checkpoint directory) nothing is
-   loaded: the spike was skipped, and the event says so (``name`` null). Past
+   and never rolls back again for the same spike. An evaluation due at ``f`` runs after it,
+   on the rolled-back model.
+5. Without a healthy checkpoint at or before ``k`` (or without a checkpoint directory)
+   nothing is loaded: the spike was skipped, and the event says so (``name`` null). Past
    ``max_rollbacks`` rollbacks the job fails as ``diverged`` at step ``f``, naming ``k``.
 """
 
@@ -56,15 +57,6 @@ SPIKE_SLOTS: tuple[str, ...] = ("spike", "spike_mean", "spike_std")
 flag (1.0: a spike) and the window's mean and standard deviation it was checked against."""
 
 _MAX = torch.finfo(torch.float64).max
-
-
-class RollbackRequested(Exception):
-    """Raised by a telemetry flush that read a spike under ``action: rollback`` (after its
-    records were offered); the Trainer catches it and rolls back."""
-
-    def __init__(self, spike_step: int) -> None:
-        super().__init__(f"loss spike at step {spike_step}: rollback requested")
-        self.spike_step = spike_step
 
 
 @dataclass(frozen=True)
