@@ -20,7 +20,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from amptrain.contract.metrics import EVAL_METRICS, SERIES_NAME_MAX
-from amptrain.contract.text import check_text, control_character, finite, quote
+from amptrain.contract.text import check_text, plain_value
 
 Precision = Literal["auto", "fp32", "tf32", "fp16", "bf16"]
 Fallback = Literal["none", "auto", "bf16", "fp32"]
@@ -44,7 +44,7 @@ Text = Annotated[str, AfterValidator(check_text)]
 """A string without control or bidi-formatting characters."""
 Beta = Annotated[float, Field(ge=0, lt=1)]
 _ARG_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"
-ArgValue = Annotated[Any, AfterValidator(lambda v: _plain_value(v))]
+ArgValue = Annotated[Any, AfterValidator(lambda v: plain_value(v, MAX_ARG_TEXT))]
 
 
 class _Strict(BaseModel):
@@ -63,33 +63,6 @@ class ComponentRef(_Strict):
     )
     """Keyword arguments for the component's constructor; unknown ones are rejected, and
     each built-in argument has the type and bounds ``GET /catalog`` lists."""
-
-
-def _plain_value(value: Any) -> Any:
-    # Plugins check their own arguments, but nothing reaches any builder that a
-    # terminal or JSON could not show faithfully.
-    problem = _value_problem(value, depth=0)
-    if problem:
-        raise ValueError(problem)
-    return value
-
-
-def _value_problem(value: Any, depth: int) -> str | None:
-    if depth > 4:
-        return "nested too deeply (at most 4 levels)"
-    if isinstance(value, str):
-        if len(value) > MAX_ARG_TEXT:
-            return f"at most {MAX_ARG_TEXT} characters; got {len(value)}"
-        return control_character(value)
-    if not finite(value):
-        return f"must be a finite number; got {quote(value)}"
-    if isinstance(value, list):
-        items = value
-    elif isinstance(value, dict):
-        items = [*value.keys(), *value.values()]
-    else:
-        return None
-    return next((p for v in items if (p := _value_problem(v, depth + 1))), None)
 
 
 class OptimizerSpec(_Strict):
