@@ -298,6 +298,15 @@ class JobSpec(_Strict):
     """Clip the global gradient norm to this (after unscaling); null disables clipping."""
     seed: int = Field(default=0, ge=0, le=MAX_SEED)
     """Seeds every random number generator; the same spec and seed give the same run."""
+    # strict: pydantic's lax bool takes "yes", "off", 1 and 0; a spec that says anything but
+    # true or false about a promise of bitwise results is a mistake worth a 422.
+    deterministic: bool = Field(default=False, strict=True)
+    """Bitwise-reproducible training: PyTorch's deterministic algorithms (an op without one
+    fails the job as ``invalid_spec`` naming the op), and on CUDA cuDNN's deterministic
+    algorithms without autotuning and a fixed cuBLAS workspace. A resumed run then matches an
+    uninterrupted one bit for bit on the same GPU model, driver and torch version; without it,
+    CUDA runs match in data order, RNG and optimizer state but not bit for bit (a CPU run is
+    bitwise either way). Costs speed on CUDA (see the README). ``true`` or ``false`` only."""
     device: DeviceKind = "auto"
     """``auto`` uses CUDA when the worker has it, else the CPU."""
     queue: str | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9._-]{0,15}$")
