@@ -39,6 +39,9 @@
 #   sync-check   the GPU tests that count the training thread's host waits (trace hooks).
 #   pytest-gpu   every other test marked gpu (only the files that hold them are collected).
 #   smoke        deploy/gpu-smoke.sh: amptrain up, an fp16, a bf16 and a tf32 job over HTTP.
+#   determinism  bench/determinism_cost.py: a CNN and a transformer, `deterministic` off and on,
+#                each in a fresh process (on: CUBLAS_WORKSPACE_CONFIG set): ms/step and on/off.
+#                No goal (the README's cost figure comes from here); last, as it only measures.
 # Then one summary table (also in $RESULTS/summary.txt); logs and JSON stay in $RESULTS.
 # Statuses: PASS, FAIL, TIMEOUT, SKIP, NOT REACHED, and MISSED for a benchmark that ran but
 # missed a goal (expected on a CPU: a dry run does not fail for it). Exit 0 when all passed.
@@ -164,6 +167,7 @@ pytest_counts() { grep -Eo '[0-9]+ (passed|failed|skipped|error|errors|deselecte
 last_goals() { grep -E '^(goal|engine/bare|loop waits on data)' "$RESULTS/$1.log" | sed 's/^goal //' | tr '\n' ';'; }
 smoke_detail() { grep -E '^smoke OK|^FAILED|^amptrain up |^== (fp16|bf16|tf32|fp32):' "$RESULTS/$1.log" | tr '\n' ';'; }
 env_detail() { grep -E '^(torch |wheelhouse )' "$RESULTS/$1.log" | tail -n 1; }
+determinism_detail() { grep -E '^deterministic ' "$RESULTS/$1.log" | sed 's/^deterministic //' | tr '\n' ';'; }
 
 # -- environment ---------------------------------------------------------------------------------
 
@@ -248,7 +252,7 @@ mapfile -t GPU_TEST_FILES < <(grep -rlE --include='test_*.py' 'pytest\.mark\.gpu
 PYTEST=("$PY" -m pytest -o addopts= -p no:xdist -p no:randomly -p no:cacheprovider -rfE -q -m gpu)
 
 if [ "$TORCH_OK" != 1 ]; then
-    for stage in amp-speedup telemetry data-path sync-check pytest-gpu smoke; do
+    for stage in amp-speedup telemetry data-path sync-check pytest-gpu smoke determinism; do
         row "$stage" SKIP 0 "torch does not import (see the cuda row)"
     done
 elif [ "$HAS_CUDA" = 1 ]; then
@@ -258,9 +262,12 @@ elif [ "$HAS_CUDA" = 1 ]; then
         --json "$RESULTS/telemetry_overhead.json"
     run_step data-path 75 last_goals -- "$PY" bench/data_path.py --device cuda --json "$RESULTS/data_path.json"
     run_step sync-check 60 pytest_counts -- "${PYTEST[@]}" tests/engine/test_gpu.py -k "$SYNC_TESTS"
-    run_step pytest-gpu 90 pytest_counts -- "${PYTEST[@]}" -k "not ($SYNC_TESTS)" "${GPU_TEST_FILES[@]}"
+    # 110 s: the two deterministic tests each start a fresh CUDA process (~10 s each, estimated).
+    run_step pytest-gpu 110 pytest_counts -- "${PYTEST[@]}" -k "not ($SYNC_TESTS)" "${GPU_TEST_FILES[@]}"
     run_step smoke 120 smoke_detail -- env PYTHON="$PY" AMPTRAIN_SMOKE_STEPS=150 AMPTRAIN_SMOKE_TIMEOUT=60 \
         AMPTRAIN_SMOKE_PRECISIONS="fp16 bf16 tf32" bash deploy/gpu-smoke.sh
+    run_step determinism 60 determinism_detail -- "$PY" bench/determinism_cost.py --device cuda --steps 20 \
+        --warmup 5 --json "$RESULTS/determinism_cost.json"
 else
     # CPU-sized: every stage runs its real code path; the GPU tests must skip cleanly. The warm-up
     # steps take the first steps' one-off costs off the clock, so engine/bare compares steady
@@ -275,6 +282,8 @@ else
     run_step pytest-gpu 60 pytest_counts -- "${PYTEST[@]}" -k "not ($SYNC_TESTS)" "${GPU_TEST_FILES[@]}"
     run_step smoke 120 smoke_detail -- env PYTHON="$PY" AMPTRAIN_SMOKE_DEVICE=cpu AMPTRAIN_SMOKE_STEPS=10 \
         AMPTRAIN_SMOKE_TIMEOUT=60 AMPTRAIN_SMOKE_PRECISIONS=fp16 bash deploy/gpu-smoke.sh
+    run_step determinism 60 determinism_detail -- "$PY" bench/determinism_cost.py --device cpu --steps 3 \
+        --warmup 1 --json "$RESULTS/determinism_cost.json"
 fi
 
 # -- summary --------------------------------------------------------------------------------------

@@ -44,7 +44,7 @@ from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from amptrain.contract.catalog import validate_components, validate_refs
-from amptrain.contract.errors import TrainingError
+from amptrain.contract.errors import TrainingError, classify_failure
 from amptrain.contract.layers import layer_line
 from amptrain.contract.metrics import progress_line
 from amptrain.contract.progress import ProgressView
@@ -228,8 +228,16 @@ def run(
         )
         trainer = None
         try:
-            trainer = Trainer(spec, ctx)
-            result = trainer.train()
+            try:
+                trainer = Trainer(spec, ctx)
+                result = trainer.train()
+            except RuntimeError as raw:
+                # What the worker would classify (an op deterministic mode refuses, an
+                # allocation failure) is shown as such here too; the rest stays a bug.
+                known = classify_failure(raw)
+                if known.code == TrainingError.code:
+                    raise
+                raise known from raw
         except TrainingError as exc:
             where = f" at step {exc.step}" if exc.step is not None else ""
             console.print(

@@ -118,7 +118,9 @@ def classify_failure(exc: BaseException) -> TrainingError:
     A :class:`TrainingError` is itself. An allocation failure anywhere (the CPU
     allocator raises a plain ``RuntimeError``; building a model or a dataset can fail
     to allocate before the loop's own OOM handling runs) is ``oom``: retrying the same
-    spec on the same kind of worker fails the same way. Anything else is ``internal``
+    spec on the same kind of worker fails the same way. What torch's deterministic mode
+    refuses (``deterministic: true``) is ``invalid_spec`` naming the option and the op
+    (:func:`_determinism_failure`). Anything else is ``internal``
     and retryable; its message names only the exception's type, because the text of
     an arbitrary exception can quote file content or paths of the worker (the worker
     logs the traceback instead).
@@ -126,6 +128,8 @@ def classify_failure(exc: BaseException) -> TrainingError:
     if isinstance(exc, TrainingError):
         return exc
     text = str(exc)
+    if isinstance(exc, RuntimeError) and (refused := _determinism_failure(text)):
+        return refused
     if (
         isinstance(exc, MemoryError)
         or type(exc).__name__ == "OutOfMemoryError"
@@ -150,3 +154,32 @@ def _requested_bytes(text: str) -> str | None:
         return None
     number, unit = match[1], match[2] or "bytes"
     return format_bytes(int(number)) if unit == "bytes" else f"{number} {unit}"
+
+
+# torch's own words (aten/src/ATen/Context.cpp), pinned by tests/contract/test_failures.py
+# against the installed torch where a CPU can raise them.
+_NO_DETERMINISTIC_OP = re.compile(
+    r"([\w.:]{1,100}) does not have a deterministic implementation, but you set "
+    r"'torch\.use_deterministic_algorithms\(True\)'"
+)
+_CUBLAS_REFUSED = ("Deterministic behavior was enabled", "CUBLAS_WORKSPACE_CONFIG")
+
+
+def _determinism_failure(text: str) -> InvalidSpecError | None:
+    """The spec's ``deterministic: true`` cannot run as asked: an op with no deterministic
+    implementation (its name is torch's, letters, digits, ``_.:`` only: safe to quote), or
+    cuBLAS without its workspace setting. Not retryable: another attempt of the same spec
+    meets the same op."""
+    if match := _NO_DETERMINISTIC_OP.search(text):
+        return InvalidSpecError(
+            f"deterministic: {match[1]} has no deterministic implementation in PyTorch, so "
+            "a deterministic run cannot use it; set deterministic to false, or train a model "
+            "without that operation"
+        )
+    if all(part in text for part in _CUBLAS_REFUSED):
+        return InvalidSpecError(
+            "deterministic: cuBLAS needs CUBLAS_WORKSPACE_CONFIG=:4096:8 in the training "
+            "process's environment before its first cuBLAS call (the worker sets it; export "
+            "it before `amptrain train`), or set deterministic to false"
+        )
+    return None

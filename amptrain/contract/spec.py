@@ -20,7 +20,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from amptrain.contract.metrics import EVAL_METRICS, SERIES_NAME_MAX
-from amptrain.contract.text import check_text, control_character, finite, quote
+from amptrain.contract.text import check_text, plain_value
 
 Precision = Literal["auto", "fp32", "tf32", "fp16", "bf16"]
 Fallback = Literal["none", "auto", "bf16", "fp32"]
@@ -44,7 +44,7 @@ Text = Annotated[str, AfterValidator(check_text)]
 """A string without control or bidi-formatting characters."""
 Beta = Annotated[float, Field(ge=0, lt=1)]
 _ARG_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,63}$"
-ArgValue = Annotated[Any, AfterValidator(lambda v: _plain_value(v))]
+ArgValue = Annotated[Any, AfterValidator(lambda v: plain_value(v, MAX_ARG_TEXT))]
 
 
 class _Strict(BaseModel):
@@ -63,33 +63,6 @@ class ComponentRef(_Strict):
     )
     """Keyword arguments for the component's constructor; unknown ones are rejected, and
     each built-in argument has the type and bounds ``GET /catalog`` lists."""
-
-
-def _plain_value(value: Any) -> Any:
-    # Plugins check their own arguments, but nothing reaches any builder that a
-    # terminal or JSON could not show faithfully.
-    problem = _value_problem(value, depth=0)
-    if problem:
-        raise ValueError(problem)
-    return value
-
-
-def _value_problem(value: Any, depth: int) -> str | None:
-    if depth > 4:
-        return "nested too deeply (at most 4 levels)"
-    if isinstance(value, str):
-        if len(value) > MAX_ARG_TEXT:
-            return f"at most {MAX_ARG_TEXT} characters; got {len(value)}"
-        return control_character(value)
-    if not finite(value):
-        return f"must be a finite number; got {quote(value)}"
-    if isinstance(value, list):
-        items = value
-    elif isinstance(value, dict):
-        items = [*value.keys(), *value.values()]
-    else:
-        return None
-    return next((p for v in items if (p := _value_problem(v, depth + 1))), None)
 
 
 class OptimizerSpec(_Strict):
@@ -325,6 +298,15 @@ class JobSpec(_Strict):
     """Clip the global gradient norm to this (after unscaling); null disables clipping."""
     seed: int = Field(default=0, ge=0, le=MAX_SEED)
     """Seeds every random number generator; the same spec and seed give the same run."""
+    # strict: pydantic's lax bool takes "yes", "off", 1 and 0; a spec that says anything but
+    # true or false about a promise of bitwise results is a mistake worth a 422.
+    deterministic: bool = Field(default=False, strict=True)
+    """Bitwise-reproducible training: PyTorch's deterministic algorithms (an op without one
+    fails the job as ``invalid_spec`` naming the op), and on CUDA cuDNN's deterministic
+    algorithms without autotuning and a fixed cuBLAS workspace. A resumed run then matches an
+    uninterrupted one bit for bit on the same GPU model, driver and torch version; without it,
+    CUDA runs match in data order, RNG and optimizer state but not bit for bit (a CPU run is
+    bitwise either way). Costs speed on CUDA (see the README). ``true`` or ``false`` only."""
     device: DeviceKind = "auto"
     """``auto`` uses CUDA when the worker has it, else the CPU."""
     queue: str | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9._-]{0,15}$")

@@ -48,3 +48,33 @@ def quote(value: Any, limit: int = QUOTE_CHARS) -> str:
 def finite(value: Any) -> bool:
     """False for float NaN and infinities (which JSON cannot carry faithfully)."""
     return not isinstance(value, float) or math.isfinite(value)
+
+
+def plain_value(value: Any, max_text: int) -> Any:
+    """A pydantic after-validator for a component argument: ``value`` unchanged, or
+    ValueError naming its first problem. Plugins check their own arguments, but nothing
+    reaches any builder that a terminal or JSON could not show faithfully: strings of at
+    most ``max_text`` characters without control characters, finite numbers, at most 4
+    levels of lists and dicts."""
+    problem = _value_problem(value, max_text, depth=0)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+def _value_problem(value: Any, max_text: int, depth: int) -> str | None:
+    if depth > 4:
+        return "nested too deeply (at most 4 levels)"
+    if isinstance(value, str):
+        if len(value) > max_text:
+            return f"at most {max_text} characters; got {len(value)}"
+        return control_character(value)
+    if not finite(value):
+        return f"must be a finite number; got {quote(value)}"
+    if isinstance(value, list):
+        items = value
+    elif isinstance(value, dict):
+        items = [*value.keys(), *value.values()]
+    else:
+        return None
+    return next((p for v in items if (p := _value_problem(v, max_text, depth + 1))), None)

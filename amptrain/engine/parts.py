@@ -54,7 +54,7 @@ class Parts:
     """This process's place in a data-parallel run (started; the Trainer closes it)."""
     precision: PrecisionChoice
     restore_math: Callable[[], None]
-    """Puts back the process-wide math switches (TF32, cuDNN benchmark) the precision set."""
+    """Puts back the process-wide math switches (TF32, cuDNN benchmark, deterministic mode)."""
     dataset: Any
     model: torch.nn.Module
     channels_last: bool
@@ -139,7 +139,7 @@ def build_parts(
     # assumes, and the fallback when the job's model cannot be measured (below).
     chosen = _choose(spec, ctx, device)
     # Process-wide switches: put back as they were when train() ends (or this fails).
-    restore_math = apply_math_mode(chosen, device)
+    restore_math = apply_math_mode(chosen, device, spec.deterministic)
     try:
         precision = dataclasses.replace(chosen, device=group.describe(chosen.device))
         seed_everything(spec.seed)  # the same on every rank: the same dataset and model
@@ -155,7 +155,7 @@ def build_parts(
             )
             if decided.effective != precision.effective:
                 restore_math()
-                restore_math = apply_math_mode(decided, device)
+                restore_math = apply_math_mode(decided, device, spec.deterministic)
             precision = decided
         wrapped = group.wrap(model)
         if group.rank > 0:

@@ -20,6 +20,20 @@ switches are process-wide: :func:`apply_math_mode` returns what puts the previou
 back, and the Trainer calls it when its run ends. Both read and write them through the
 ``fp32_precision`` API only: once it has been used, reading the legacy
 ``torch.backends.cuda.matmul.allow_tf32`` raises (2.11, 2.13) until the settings are restored.
+
+A ``deterministic`` job also turns on ``torch.use_deterministic_algorithms`` (every device)
+and, on CUDA, ``cudnn.deterministic`` with ``cudnn.benchmark`` off: autotuning times the
+candidate algorithms and keeps the fastest, so two runs can pick different ones, each with
+its own rounding. ``warn_only`` stays False: with True, torch keeps the nondeterministic
+kernels it has no alternative for and only warns (flash and memory-efficient attention
+backward even keep their atomics-based kernels although a deterministic one exists), which
+would break the promise silently; with False such an op raises, and
+:func:`amptrain.contract.errors.classify_failure` turns that into an ``invalid_spec`` naming
+the option and the op. cuBLAS also needs ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` in the
+environment before the process's first cuBLAS call (torch reads it once, then caches its
+verdict): the engine reads and writes no environment, so the worker's training process sets
+it (:func:`amptrain.worker.child.main.train`); without it the first matmul raises, and is
+classified the same way.
 """
 
 from __future__ import annotations
@@ -49,8 +63,18 @@ AUTOCAST_DTYPES: dict[str, torch.dtype | None] = {
     "bf16": torch.bfloat16,
 }
 
+CUBLAS_WORKSPACE_CONFIG = ":4096:8"
+"""What a deterministic job's training process needs in the ``CUBLAS_WORKSPACE_CONFIG``
+environment variable before its first cuBLAS call: torch reads the variable then, once, and
+under deterministic mode refuses cuBLAS unless it is ``:4096:8`` or ``:16:8`` (cuBLAS's
+documented reproducible workspaces; the larger one, 8 buffers of 4 MiB, leaves cuBLAS more
+room). The worker's training process sets it (the engine reads and writes no environment)."""
+DETERMINISTIC_CUBLAS_CONFIGS = (":4096:8", ":16:8")
+
 __all__ = [
     "AUTOCAST_DTYPES",
+    "CUBLAS_WORKSPACE_CONFIG",
+    "DETERMINISTIC_CUBLAS_CONFIGS",
     "PrecisionChoice",
     "apply_math_mode",
     "choose_precision",
@@ -185,14 +209,44 @@ def _cpu_auto(amx: bool, avx512_bf16: bool, probe: Bf16Probe | None) -> tuple[Ef
     return "fp32", f"CPU has avx512_bf16 (no AMX) but {probe.describe()} < {BF16_MIN_SPEEDUP}x"
 
 
-def apply_math_mode(choice: PrecisionChoice, device: torch.device) -> Callable[[], None]:
-    """Set TF32 and cuDNN autotuning for a CUDA job deliberately (process-wide switches);
-    returns what restores the settings as they were (nothing to restore for a CPU job)."""
+def apply_math_mode(
+    choice: PrecisionChoice, device: torch.device, deterministic: bool = False
+) -> Callable[[], None]:
+    """Set TF32, cuDNN autotuning and (``deterministic``) torch's deterministic mode for the
+    job deliberately (process-wide switches); returns what restores them as they were."""
+    restore_deterministic = _deterministic_mode(device) if deterministic else _nothing
     if device.type != "cuda":
-        return lambda: None
-    restore = _restorer()
-    torch.backends.cudnn.benchmark = True  # the input shapes of a job never change
+        return restore_deterministic
+    restore_cuda = _restorer()
+    # The input shapes of a job never change, so autotuning pays, unless the job asked for
+    # bitwise repeatability (see the module docstring).
+    torch.backends.cudnn.benchmark = not deterministic
     _set_fp32_precision("ieee" if choice.effective == "fp32" else "tf32")
+
+    def restore() -> None:
+        restore_cuda()
+        restore_deterministic()
+
+    return restore
+
+
+def _nothing() -> None:
+    pass
+
+
+def _deterministic_mode(device: torch.device) -> Callable[[], None]:
+    """Turn on torch's deterministic algorithms (and cuDNN's on CUDA); what puts them back."""
+    enabled = torch.are_deterministic_algorithms_enabled()
+    warn_only = torch.is_deterministic_algorithms_warn_only_enabled()
+    cudnn = torch.backends.cudnn.deterministic
+    torch.use_deterministic_algorithms(True, warn_only=False)
+    if device.type == "cuda":
+        torch.backends.cudnn.deterministic = True
+
+    def restore() -> None:
+        torch.use_deterministic_algorithms(enabled, warn_only=warn_only)
+        torch.backends.cudnn.deterministic = cudnn
+
     return restore
 
 

@@ -69,6 +69,13 @@ def _refused(data: dict[str, Any]) -> set[str]:
         ("health.spike.max_rollbacks", 10**9, "health.spike.max_rollbacks"),
         ("telemetry.layer_grad_norms_every", 10**12, "telemetry.layer_grad_norms_every"),
         ("telemetry.layer_grad_norms_every", 0, "telemetry.layer_grad_norms_every"),
+        # A promise of bitwise results takes true or false only (pydantic's lax bool would
+        # read each of these as a bool).
+        ("deterministic", "yes", "deterministic"),
+        ("deterministic", "false", "deterministic"),
+        ("deterministic", 1, "deterministic"),
+        ("deterministic", 0.0, "deterministic"),
+        ("deterministic", None, "deterministic"),
     ],
 )
 def test_huge_numbers_are_refused_naming_the_field(path: str, value: Any, field: str) -> None:
@@ -176,6 +183,16 @@ def test_component_arguments_refuse_nan_and_infinity() -> None:
 )
 def test_adamw_betas_and_eps_are_checked(optimizer: dict[str, Any], field: set[str]) -> None:
     assert _refused(_with("optimizer", optimizer)) == field
+
+
+def test_deterministic_is_off_by_default_and_takes_a_json_bool() -> None:
+    assert parse_spec(BASE).deterministic is False
+    assert parse_spec(_with("deterministic", True)).deterministic is True
+    body = json.dumps(_with("deterministic", True))
+    assert JobSpec.model_validate_json(body).deterministic is True
+    with pytest.raises(ValidationError) as err:
+        JobSpec.model_validate_json(json.dumps(_with("deterministic", "true")))
+    assert [e["loc"] for e in err.value.errors()] == [("deterministic",)]
 
 
 def test_good_betas_and_eps_pass() -> None:

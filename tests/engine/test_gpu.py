@@ -1,11 +1,17 @@
 """CUDA: every precision trains; steps between flushes never make the host wait for the GPU
 (counted with PyTorch's GPU trace hooks, which see event waits too); the data path and the
-math-mode switches are what the engine says; a real CUDA OOM is retried smaller."""
+math-mode switches are what the engine says; a real CUDA OOM is retried smaller; a
+``deterministic`` run resumes bit for bit, and without cuBLAS's setting fails naming it."""
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import subprocess
+import sys
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -19,6 +25,7 @@ from amptrain.engine.host import HostWaits
 from tests.support.sinks import ListSink
 
 pytestmark = pytest.mark.gpu
+ROOT = Path(__file__).resolve().parents[2]
 
 MLP = {
     "model": {"name": "mlp", "args": {"width": 64}},
@@ -260,3 +267,56 @@ def test_fp16_beyond_its_range_falls_back_where_the_gpu_has_native_bf16() -> Non
     result = Trainer(job, ctx).train()
     assert result.precision.effective == info.value.fallback_to
     assert all(math.isfinite(r["loss"]) for r in sink.items if r["kind"] == "metric")
+
+
+def fresh_process(
+    args: list[str], cublas: str | None, timeout: float
+) -> subprocess.CompletedProcess[str]:
+    """``python ARGS`` in a new process, as the worker's training process runs: torch reads
+    ``CUBLAS_WORKSPACE_CONFIG`` once, at a process's first cuBLAS call, which in this one
+    earlier tests made without it."""
+    env = {k: v for k, v in os.environ.items() if k != "CUBLAS_WORKSPACE_CONFIG"}
+    if cublas is not None:
+        env["CUBLAS_WORKSPACE_CONFIG"] = cublas
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    return subprocess.run(
+        [sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
+def test_a_deterministic_run_resumed_midway_equals_the_uninterrupted_one_bit_for_bit(
+    tmp_path: Path,
+) -> None:
+    # A CNN (cuDNN weight gradients), a transformer with attention dropout (flash/memory-
+    # efficient backward) and per-layer norms (index_add_): the kernels that use atomics
+    # unless deterministic mode is on. Parameters and every resumed step's loss and gradient
+    # norm must equal the straight run's exactly.
+    done = fresh_process(
+        ["-m", "tests.engine.deterministic_resume", str(tmp_path), "cuda"], ":4096:8", 300
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    found = json.loads(done.stdout.strip().splitlines()[-1])
+    assert found == {"cnn": [], "transformer": []}, found
+
+
+WITHOUT_CUBLAS_SETTING = """
+import json
+from amptrain.contract.errors import classify_failure
+from tests.engine.test_gpu import spec
+from amptrain.engine import RunContext, Trainer
+try:
+    Trainer(spec("fp32", max_steps=2, deterministic=True), RunContext(None)).train()
+    print(json.dumps(None))
+except Exception as exc:
+    print(json.dumps(classify_failure(exc).to_dict()))
+"""
+
+
+def test_a_deterministic_job_without_the_cublas_setting_fails_naming_it() -> None:
+    # `amptrain train` run without the variable (the worker sets it): torch refuses the first
+    # matmul, and the user reads which option needs what, not `internal`.
+    done = fresh_process(["-c", WITHOUT_CUBLAS_SETTING], None, 120)
+    assert done.returncode == 0, done.stderr[-4000:]
+    error = json.loads(done.stdout.strip().splitlines()[-1])
+    assert error is not None and error["code"] == "invalid_spec", error
+    assert "deterministic: cuBLAS needs CUBLAS_WORKSPACE_CONFIG=:4096:8" in error["message"]

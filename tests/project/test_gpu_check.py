@@ -33,6 +33,7 @@ STAGES = (
     "sync-check",
     "pytest-gpu",
     "smoke",
+    "determinism",
 )
 OK = {"PASS", "MISSED"}  # MISSED: a benchmark goal not met, expected on a CPU
 
@@ -207,6 +208,8 @@ def test_the_dry_run_passes_every_stage_on_a_simulated_gpu_box(tmp_path: Path) -
         assert "skipped" in detail and not re.search(r"failed|error", detail), rows[stage]
     assert "loop waits on data" in rows["data-path"][1], rows["data-path"]
     assert "engine/bare" in rows["amp-speedup"][1], rows["amp-speedup"]
+    for workload in ("cnn", "transformer"):  # off and on, each in its own process
+        assert f"{workload}: off " in rows["determinism"][1], rows["determinism"]
     assert rows["smoke"][0] == "PASS", rows["smoke"]
     assert result.returncode == 0, result.stdout[-4000:]
     # Passed: the two interpreters' ~1 GB need not wait for pytest to prune old runs.

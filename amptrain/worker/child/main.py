@@ -18,6 +18,7 @@ import os
 import signal
 import sys
 import traceback
+from collections.abc import MutableMapping
 from typing import IO, TYPE_CHECKING, Any
 
 from amptrain.contract.errors import PrecisionFallbackError, TrainingError, classify_failure
@@ -101,6 +102,9 @@ def train(launch: Launch, sink: Sink | None, ranks: Ranks | None = None) -> Fini
 
     probe = launch.cpu_bf16_probe
     try:
+        spec = parse_spec(launch.spec)
+        if spec.deterministic:
+            add_deterministic_env(os.environ)
         ctx = RunContext(
             checkpoint_dir=launch.checkpoint_dir,
             sink=sink,
@@ -114,7 +118,7 @@ def train(launch: Launch, sink: Sink | None, ranks: Ranks | None = None) -> Fini
             ranks=ranks,
             precision_override=launch.precision_override,
         )
-        result = Trainer(parse_spec(launch.spec), ctx).train()
+        result = Trainer(spec, ctx).train()
     except Exception as exc:
         if not isinstance(exc, TrainingError):
             # The user sees a class and a clean message; the operator gets the traceback,
@@ -138,6 +142,19 @@ def train(launch: Launch, sink: Sink | None, ranks: Ranks | None = None) -> Fini
         skipped_steps=result.skipped_steps,
         dropped_records=result.dropped_records,
     )
+
+
+def add_deterministic_env(env: MutableMapping[str, str]) -> None:
+    """A ``deterministic`` job's process environment, completed before its Trainer exists:
+    torch checks ``CUBLAS_WORKSPACE_CONFIG`` at the process's first cuBLAS call, once, and
+    the engine reads and writes no environment. In time for every attempt: each is a fresh
+    process (a warm spare touches no CUDA before its launch), and each rank of a
+    data-parallel attempt runs :func:`train` too. A deterministic value the operator set
+    (``:16:8``, the smaller workspace) is kept."""
+    from amptrain.engine.precision import CUBLAS_WORKSPACE_CONFIG, DETERMINISTIC_CUBLAS_CONFIGS
+
+    if env.get("CUBLAS_WORKSPACE_CONFIG") not in DETERMINISTIC_CUBLAS_CONFIGS:
+        env["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS_WORKSPACE_CONFIG
 
 
 def run(launch: Launch, control: Control, ahead: ProcessSink | None = None) -> int:

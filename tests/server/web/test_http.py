@@ -87,6 +87,8 @@ def test_422_names_each_bad_field(api_stack: Stack) -> None:
     del spec["max_steps"]
     assert fields(c.post("/jobs", json=spec)) == {"max_step", "max_steps"}
     assert fields(c.post("/jobs", json=cpu_job(optimizer={"lr": -1}))) == {"optimizer.lr"}
+    for wrong in ("yes", 1, "true"):  # a bitwise promise takes a JSON bool only
+        assert fields(c.post("/jobs", json=cpu_job(deterministic=wrong))) == {"deterministic"}
     unknown = cpu_job(
         model={"name": "no-such-model"},
         dataset={"name": "synthetic-classification", "args": {"bogus": 1}},
