@@ -113,7 +113,7 @@ class LateEvent:
         self.completed = True
 
     def elapsed_time(self, end: CopyDone) -> float:
-        assert isinstance(end, LateEvent)
+        assert isinstance(end, LateEvent) and self.completed and end.completed, "not reached"
         return (end.at - self.at) * 1000.0
 
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 import threading
 import time
-from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -17,7 +16,7 @@ from amptrain.components.base import DataInfo
 from amptrain.contract.metrics import METRIC_FIELDS
 from amptrain.contract.spec import parse_spec
 from amptrain.engine import Components, RunContext, Trainer
-from amptrain.engine.host import HostReads, InFlight
+from amptrain.engine.host import HostReads, LateHostReads
 from amptrain.engine.publisher import Publisher
 from amptrain.engine.telemetry import StepTelemetry
 from tests.support.sinks import ListSink
@@ -179,52 +178,9 @@ def test_a_checkpoint_never_gets_ahead_of_the_records_delivered_to_the_sink(tmp_
     assert violations == []
 
 
-class DeviceClock:
-    """Stands in, on the CPU, for a timed CUDA event: done when the test says the device got
-    there; ``elapsed_time`` in ms between the moments the two were recorded."""
-
-    def __init__(self) -> None:
-        self.at, self.done = time.perf_counter(), False
-
-    def query(self) -> bool:
-        return self.done
-
-    def synchronize(self) -> None:
-        self.done = True
-
-    def elapsed_time(self, end: DeviceClock) -> float:
-        assert self.done and end.done, "elapsed_time of an event not yet reached"
-        return (end.at - self.at) * 1000.0
-
-
-class OneWindowBehind(HostReads):
-    """The reads of a device that finishes each copy by the time the next one is queued."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.queued: list[DeviceClock] = []
-
-    def start(
-        self, values: Sequence[torch.Tensor], vectors: Sequence[torch.Tensor] = ()
-    ) -> InFlight:
-        for clock in self.queued:
-            clock.done = True
-        self.count += 1
-        clock = DeviceClock()
-        self.queued.append(clock)
-        return InFlight(torch.cat([torch.stack(list(values)), *vectors]), clock)  # type: ignore[arg-type]
-
-    def mark(self) -> Any:
-        clock = DeviceClock()
-        self.queued.append(clock)  # reached, like the copies, by the time the next is queued
-        return clock
-
-
-def read_later_telemetry(
-    spec_: Any, sink: ListSink
-) -> tuple[StepTelemetry, Publisher, OneWindowBehind]:
+def read_later_telemetry(spec_: Any, sink: ListSink) -> tuple[StepTelemetry, Publisher, HostReads]:
     """A CPU run's telemetry on the CUDA path (a due flush queues one copy and publishes it a
-    flush later), with a host that finishes each copy by the next flush."""
+    flush later): the engine's own seam, whose copies finish by the next flush."""
     publisher = Publisher(sink, spec_.telemetry.queue_size)
     telemetry = StepTelemetry(
         spec_.telemetry,
@@ -233,8 +189,8 @@ def read_later_telemetry(
         with_scaler=False,
         read_later=True,
     )
-    reads = telemetry.host = OneWindowBehind()
-    return telemetry, publisher, reads
+    assert isinstance(telemetry.host, LateHostReads)
+    return telemetry, publisher, telemetry.host
 
 
 def test_due_flushes_read_the_previous_window_without_waiting_then_all_at_an_explicit_flush() -> (
