@@ -207,7 +207,7 @@ def test_library_allocation_failures_are_classified_as_out_of_memory(
     assert is_out_of_memory(ValueError(message)) is False  # only what torch raises
 
 
-def test_nonfinite_loss_stops_a_bf16_run_naming_the_step() -> None:
+def test_nonfinite_loss_stops_a_bf16_run_naming_the_step(read_mode: str) -> None:
     trainer: Trainer
 
     def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -223,12 +223,14 @@ def test_nonfinite_loss_stops_a_bf16_run_naming_the_step() -> None:
     with pytest.raises(DivergedError) as info:
         trainer.train()
     assert info.value.step == 7 and "diverged at step 7" in info.value.message
-    assert trainer.step <= 7 + 2  # detection lags by at most one flush (2 steps)
+    # Detection lags by at most one flush of 2 steps (one GPU: two, reading a window late).
+    assert trainer.step <= 7 + (2 if read_mode == "at_once" else 4)
     # The records up to the failure were delivered, and none after it: the job's history
     # ends at the step its error names.
     assert max(sink.metrics()) == 7
 
 
+@pytest.mark.usefixtures("read_mode")  # a divergence: in both read modes
 def test_fp16_overflow_warnings_then_divergence_suggests_bf16() -> None:
     sink = ListSink()
     trainer = Trainer(
