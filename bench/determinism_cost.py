@@ -8,9 +8,11 @@ Workloads, through the engine's own Trainer, in bf16 (fp16 below compute capabil
   it makes flash / memory-efficient attention's backward deterministic and fixes cuBLAS's
   workspace.
 
-Each (workload, mode) trains in a fresh process, as the worker runs an attempt: ``on`` with
-``CUBLAS_WORKSPACE_CONFIG=:4096:8`` in its environment (the worker's training process sets
-it), ``off`` without it. Timing: ``--steps`` optimizer steps after ``--warmup`` (autotuning,
+Each mode trains both workloads in a fresh process of its own, as the worker runs an
+attempt: ``on`` with ``CUBLAS_WORKSPACE_CONFIG=:4096:8`` in its environment (the worker's
+training process sets it; cuBLAS reads it once, at its first call), ``off`` without it. Two
+processes, not four: each costs an ``import torch`` and a CUDA context, seconds of a
+device check's few minutes. Timing: ``--steps`` optimizer steps after ``--warmup`` (autotuning,
 lazy optimizer state and the allocator settle there), between two device synchronisations,
 telemetry flushed only outside them. It prints one ``deterministic WORKLOAD`` line per
 workload (off and on ms/step, and on/off) and has no goal: the cost is what it is, for the
@@ -107,16 +109,18 @@ def time_one(spec: dict[str, Any], precision: str, steps: int, warmup: int) -> f
     return took / steps * 1e3
 
 
-def in_fresh_process(args: argparse.Namespace, workload: str, on: bool) -> float:
+def in_fresh_process(args: argparse.Namespace, on: bool) -> dict[str, float]:
+    """Milliseconds per step of every workload, trained in one fresh process in one mode."""
     env = {k: v for k, v in os.environ.items() if k != "CUBLAS_WORKSPACE_CONFIG"}
     if on:
         env["CUBLAS_WORKSPACE_CONFIG"] = CUBLAS
-    command = [sys.executable, __file__, "--one", workload, "--mode", "on" if on else "off"]
+    command = [sys.executable, __file__, "--mode", "on" if on else "off"]
     command += ["--device", args.device, "--steps", str(args.steps), "--warmup", str(args.warmup)]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
     if done.returncode != 0:
-        raise SystemExit(f"{workload} {'on' if on else 'off'} failed:\n{done.stderr[-3000:]}")
-    return float(json.loads(done.stdout.strip().splitlines()[-1])["ms"])
+        raise SystemExit(f"{'on' if on else 'off'} failed:\n{done.stderr[-3000:]}")
+    ms: dict[str, float] = json.loads(done.stdout.strip().splitlines()[-1])
+    return ms
 
 
 def precision_for(device: str) -> str:
@@ -133,25 +137,26 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--json", type=Path, help="write the results here too")
-    parser.add_argument("--one", choices=WORKLOADS, help=argparse.SUPPRESS)
     parser.add_argument("--mode", choices=("on", "off"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     small = args.device == "cpu"
     precision = precision_for(args.device)
-    if args.one:  # a child: one timed run, its figure as the last line
-        spec = job(args.one, args.device, args.mode == "on", small)
-        print(json.dumps({"ms": time_one(spec, precision, args.steps, args.warmup)}))
+    if args.mode:  # a child: every workload in this mode, the figures as the last line
+        on = args.mode == "on"
+        times = {
+            w: time_one(job(w, args.device, on, small), precision, args.steps, args.warmup)
+            for w in WORKLOADS
+        }
+        print(json.dumps(times))
         return
     print(f"{args.device}, {precision}, {args.steps} steps after {args.warmup}", flush=True)
+    off, on = in_fresh_process(args, on=False), in_fresh_process(args, on=True)
     rows = []
     for workload in WORKLOADS:
-        ms = {}
-        for on in (False, True):
-            ms[on] = in_fresh_process(args, workload, on)
-        rows.append({"workload": workload, "off_ms": ms[False], "on_ms": ms[True]})
+        rows.append({"workload": workload, "off_ms": off[workload], "on_ms": on[workload]})
         print(
-            f"deterministic {workload}: off {ms[False]:.2f} ms/step, on {ms[True]:.2f} "
-            f"({ms[True] / ms[False]:.2f}x)",
+            f"deterministic {workload}: off {off[workload]:.2f} ms/step, on {on[workload]:.2f} "
+            f"({on[workload] / off[workload]:.2f}x)",
             flush=True,
         )
     if args.json:
