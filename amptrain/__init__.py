@@ -17,7 +17,9 @@ in the test suite):
   is written. ``store.history`` holds a job's metric history: points, step summaries and
   downsampled reads.
 - ``amptrain.engine`` and ``amptrain.components`` (the training process): the precision
-  policy, the AMP loop, device-side telemetry, the data path, checkpoints; built-in
+  policy, the AMP loop (``engine.loop``: the Trainer; ``engine.train_state``), device-side
+  telemetry, the numerics guardian (``engine.guardian``: one verdict per flush, acted on by
+  the Trainer), the data path, checkpoints (``engine.checkpoint_manager``); built-in
   models, datasets, losses, optimizers and the registry that builds them. Pure PyTorch:
   never Redis, SQL, Celery, the web stack or environment variables.
 - ``amptrain.server`` (the API process, and ``amptrain recorder``): ``server.web`` (the

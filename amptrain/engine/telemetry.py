@@ -107,16 +107,16 @@ class StepTelemetry:
         # time when the device had caught up (a read that waited): a checkpoint is not counted.
         self._mark: CopyDone | None = None
         self._mark_host: float | None = None
-        if read_later is None:
-            read_later = device.type == "cuda" and not self._group.parallel
-        self._deferred = read_later
+        # Devices > 1 always read at once: a flush is the ranks' collective, every rank at once.
+        read_later = device.type == "cuda" if read_later is None else read_later
+        self._deferred = read_later and not self._group.parallel
         self._wall_offset = time.time() - time.perf_counter()
         self._last_flush = time.perf_counter()
         self._flush_interval_s = spec.flush_every_ms / 1000.0
         self._dropped_reported = 0
         self.skipped_steps = 0
         self.last_record: dict[str, Any] | None = None
-        self.host = LateHostReads() if read_later and device.type != "cuda" else HostReads()
+        self.host = LateHostReads() if self._deferred and device.type != "cuda" else HostReads()
         self.ranks = RankFlush(self._group, device)
 
     def record(
