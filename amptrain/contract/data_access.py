@@ -14,6 +14,12 @@ time (without touching files); the worker runs it again and resolves symlinks.
   not ``s3://other-bucket/...`` nor ``ftp://host/...``).
 * With per-user roots, each root ``R`` stands for ``R/<owner>`` for that owner.
 
+The worker never resolves the user's part of a local path (:func:`locate`): resolving
+and then opening the string again races with anyone who swaps a directory of it for a
+symlink in between. It gets a :class:`Beneath` instead, the root resolved once (an
+operator may reach a root through symlinks) and the rest to be walked from the root's
+descriptor without following any symlink (``amptrain.components.beneath``).
+
 Refusals say what is wrong with the path the user wrote; they never show the
 roots' absolute paths or where the worker runs.
 """
@@ -97,6 +103,69 @@ def user_roots(roots: Iterable[str], owner: str | None, per_user: bool) -> list[
     return [f"{root.rstrip('/')}/{owner}" for root in roots]
 
 
+@dataclass(frozen=True)
+class Beneath:
+    """A local file as the worker opens it: ``relative`` (normalised: no ``..``, ``.`` or
+    empty component) walked beneath ``root``, which is resolved once, without following
+    any symlink."""
+
+    root: str
+    relative: str
+
+    def __str__(self) -> str:  # for logs and suffixes only: opening this string would race
+        return os.path.join(self.root, self.relative)
+
+
+def locate(
+    text: str, roots: Sequence[str], protocols: Iterable[str] | None = None
+) -> list[str | Beneath]:
+    """What the worker opens for ``text``, in order: a URL as checked, or for a local path
+    one :class:`Beneath` per local root it may lie under (several only for a relative path).
+    Nothing of the user's path is resolved here; :class:`PathRefused` as for
+    :func:`check_location`."""
+    parsed_roots, target = _checked(text, roots, protocols)
+    local = [r for r in parsed_roots if r.protocol == LOCAL]
+    if isinstance(target, str):
+        return [Beneath(os.path.realpath(r.path), target) for r in local]
+    if target.protocol != LOCAL:
+        return [target.url]
+    found: list[str | Beneath] = []
+    for root in local:
+        real = os.path.realpath(root.path)  # the operator's symlinks, resolved once
+        for base in (root.path, real):  # the user may name the root either way
+            if target.inside(Location(LOCAL, base)):
+                rest = target.path[len(base.rstrip("/")) :].lstrip("/")
+                found.append(Beneath(real, rest))
+                break
+    if not found:
+        raise PathRefused("is outside the allowed data roots")
+    return found
+
+
+def _checked(
+    text: str, roots: Sequence[str], protocols: Iterable[str] | None
+) -> tuple[list[Location], Location | str]:
+    """The parsed roots and the parsed ``text``, refused when no root could hold it: a
+    relative path without a local root, a protocol not allowed, a URL under no root."""
+    if not roots:
+        raise PathRefused("file datasets are disabled here (no data roots are configured)")
+    parsed_roots = [_root(r) for r in roots]
+    allowed = {p.lower() for p in protocols} if protocols is not None else None
+    if allowed is None:
+        allowed = {r.protocol for r in parsed_roots}
+    target = parse(text)
+    if isinstance(target, str):  # relative: under each local root
+        if LOCAL not in allowed or not any(r.protocol == LOCAL for r in parsed_roots):
+            raise PathRefused("a relative path needs a local data root, and none is configured")
+        return parsed_roots, target
+    if target.protocol not in allowed:
+        names = ", ".join(sorted(allowed)) or "none"
+        raise PathRefused(f"protocol {target.protocol!r} is not allowed here (allowed: {names})")
+    if target.protocol != LOCAL and not any(target.inside(r) for r in parsed_roots):
+        raise PathRefused("is outside the allowed data roots")
+    return parsed_roots, target
+
+
 def check_location(
     text: str,
     roots: Sequence[str],
@@ -110,31 +179,19 @@ def check_location(
     ``protocols`` defaults to those of the roots. ``resolve`` follows symlinks (the
     worker); without it (the API) a local path passes when it lies under a root either
     as written or as resolved on this machine, so the API is never stricter than the
-    worker, which checks again.
+    worker, which checks again. The worker opens what :func:`locate` gives instead: a
+    resolved string may name something else by the time it is opened.
     """
-    if not roots:
-        raise PathRefused("file datasets are disabled here (no data roots are configured)")
-    parsed_roots = [_root(r) for r in roots]
-    allowed = {p.lower() for p in protocols} if protocols is not None else None
-    if allowed is None:
-        allowed = {r.protocol for r in parsed_roots}
-    target = parse(text)
+    parsed_roots, target = _checked(text, roots, protocols)
     if isinstance(target, str):  # relative: under each local root
         local = [r for r in parsed_roots if r.protocol == LOCAL]
-        if not local or LOCAL not in allowed:
-            raise PathRefused("a relative path needs a local data root, and none is configured")
         found = [_under(r, target, resolve) for r in local]
         candidates = [c for c in found if c is not None]
         if not candidates:  # every one resolved out of its root (a symlink)
             raise PathRefused("is outside the allowed data roots")
         return candidates
-    if target.protocol not in allowed:
-        names = ", ".join(sorted(allowed)) or "none"
-        raise PathRefused(f"protocol {target.protocol!r} is not allowed here (allowed: {names})")
     if target.protocol != LOCAL:
-        if any(target.inside(r) for r in parsed_roots):
-            return [target.url]
-        raise PathRefused("is outside the allowed data roots")
+        return [target.url]
     resolved = Location(LOCAL, str(Path(target.path).resolve()))
     inside = any(resolved.inside(_resolved_root(r)) for r in parsed_roots)
     if not inside and not resolve:
