@@ -2,10 +2,13 @@
 
 A file dataset is user input on a shared worker, so before anything is read:
 
-- the location must be a **regular file** once symlinks are resolved: a FIFO would block
-  ``open()`` until its attempt's ``max_runtime_s``, a character device would be read
-  without end. Anything else is ``invalid_spec``; the file is opened with ``O_NONBLOCK``
-  and ``O_NOFOLLOW`` and checked again, so nothing can be swapped in between.
+- a local file is opened beneath its data root without following any symlink
+  (:func:`~amptrain.components.beneath.open_beneath`): a symlink in the user's part of the
+  path, or a directory swapped for one while it is opened, is ``invalid_spec``.
+- the location must be a **regular file**: a FIFO would block ``open()`` until its
+  attempt's ``max_runtime_s``, a character device would be read without end. Anything
+  else is ``invalid_spec``; the file is opened with ``O_NONBLOCK`` and ``O_NOFOLLOW`` and
+  checked again, so nothing can be swapped in between.
 - what it will take in memory must fit what this process can still get
   (:func:`~amptrain.components.memory_budget.require_memory`, ``too_large`` otherwise):
   for a ``.npz`` the arrays its members' ``.npy`` headers declare (read before anything is
@@ -21,6 +24,7 @@ Messages name the path as the user wrote it (``shown``), never the worker's dire
 
 from __future__ import annotations
 
+import errno
 import io
 import logging
 import math
@@ -36,7 +40,9 @@ import fsspec
 import numpy as np
 import torch
 
+from amptrain.components.beneath import open_beneath
 from amptrain.components.memory_budget import require_memory
+from amptrain.contract.data_access import Beneath
 from amptrain.contract.errors import InvalidSpecError
 from amptrain.contract.sizing import format_bytes
 from amptrain.contract.text import quote
@@ -56,6 +62,9 @@ _KINDS = {
 }
 _LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature ... name length, extra field length
 _READ_CHUNK = 4 * 2**20
+# What open_beneath raises for a symlink, a component that stopped being a directory,
+# a file replaced while opened, or a '..': a path that changed or leads out of the root.
+_NOT_BENEATH = {errno.ELOOP, errno.ENOTDIR, errno.ESTALE, errno.EINVAL, errno.EXDEV}
 
 
 @dataclass
@@ -82,17 +91,23 @@ class DataFile:
         require_memory(needed, f"{quote(self.shown, PATH_CHARS)} ({what})")
 
 
-def open_data_file(field: str, shown: str, candidates: Sequence[str]) -> DataFile:
-    """The first of ``candidates`` (checked locations, symlinks resolved) that exists."""
+def open_data_file(field: str, shown: str, candidates: Sequence[str | Beneath]) -> DataFile:
+    """The first of ``candidates`` (checked locations: URLs, or local files to open beneath
+    their root) that exists."""
     for location in candidates:
         try:
-            if "://" in location:
-                return _open_url(field, shown, location)
-            return _open_local(field, shown, location)
+            if isinstance(location, Beneath):
+                return _open_local(field, shown, location)
+            return _open_url(field, shown, location)
         except FileNotFoundError:
             continue
         except OSError as exc:
             log.warning("dataset file: cannot open %s: %r", location, exc)
+            if exc.errno in _NOT_BENEATH:
+                raise InvalidSpecError(
+                    f"{field}: {quote(shown, PATH_CHARS)} could not be opened beneath the data "
+                    "roots: a symlink or a changing path"
+                ) from None
             raise InvalidSpecError(
                 f"{field}: cannot read {quote(shown, PATH_CHARS)} ({type(exc).__name__})"
             ) from None
@@ -101,28 +116,22 @@ def open_data_file(field: str, shown: str, candidates: Sequence[str]) -> DataFil
     )
 
 
-def _open_local(field: str, shown: str, path: str) -> DataFile:
-    before = os.stat(path)  # follows symlinks: the kind of the file itself, before opening
-    _regular(field, shown, before)
-    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(path, flags)
+def _open_local(field: str, shown: str, location: Beneath) -> DataFile:
+    fd, st = open_beneath(location.root, location.relative)
     try:
-        opened = os.fstat(fd)
-        _regular(field, shown, opened)
-        if (opened.st_dev, opened.st_ino) != (before.st_dev, before.st_ino):
-            raise InvalidSpecError(
-                f"{field}: {quote(shown, PATH_CHARS)} changed while it was opened"
-            )
+        _regular(field, shown, st)  # not opened at all unless regular (fd -1)
         fd_path = f"/proc/self/fd/{fd}"
         return DataFile(
             field,
             shown,
             os.fdopen(fd, "rb"),
-            opened.st_size,
-            fd_path if os.path.exists(fd_path) else path,
+            st.st_size,
+            # No path to fall back on: the string could name another file by now.
+            fd_path if os.path.exists(fd_path) else None,
         )
     except BaseException:
-        os.close(fd)
+        if fd >= 0:
+            os.close(fd)
         raise
 
 

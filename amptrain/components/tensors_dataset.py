@@ -41,7 +41,7 @@ from amptrain.components.base import DataInfo
 from amptrain.components.held_out import HeldOutPool
 from amptrain.components.sampling import generator
 from amptrain.components.synthetic import PoolDataset
-from amptrain.contract.data_access import PathRefused, check_location
+from amptrain.contract.data_access import Beneath, PathRefused, locate
 from amptrain.contract.errors import InvalidSpecError, TrainingError
 from amptrain.contract.text import quote
 
@@ -53,11 +53,14 @@ _SPLIT_KEY = 0x5E1D0  # keys the val_fraction draw: the split depends on the fil
 _SUFFIXES = (".npz", ".csv", ".pt")
 
 
-def check_under_roots(location: str, data_roots: Sequence[str], field: str = _FIELD) -> list[str]:
+def check_under_roots(
+    location: str, data_roots: Sequence[str], field: str = _FIELD
+) -> list[str | Beneath]:
     """Where ``location`` may be opened, in order, after checking it against ``data_roots``
-    (several candidates only for a relative path, one under each local root)."""
+    (several candidates only for a relative path, one under each local root); open them
+    with :func:`~amptrain.components.array_files.open_data_file`, never as strings."""
     try:
-        return check_location(location, data_roots)
+        return locate(location, data_roots)
     except PathRefused as exc:
         raise InvalidSpecError(f"{field}: {quote(location, PATH_CHARS)}: {exc}") from None
 
@@ -239,7 +242,7 @@ def _load(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(inputs, labels) of one file, checked; for a language model (token ids, token ids)."""
     candidates = check_under_roots(path, data_roots, field)
-    suffix = Path(posixpath.basename(candidates[0])).suffix.lower()
+    suffix = Path(posixpath.basename(str(candidates[0]))).suffix.lower()
     if suffix not in _SUFFIXES:
         raise InvalidSpecError(
             f"{field}: unsupported file type {quote(suffix or '(none)')}; use .npz, .csv or .pt"

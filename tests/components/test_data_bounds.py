@@ -104,18 +104,20 @@ def test_a_device_or_a_directory_is_never_read(tmp_path: Path) -> None:
     except PermissionError:
         pytest.skip("creating a device node needs CAP_MKNOD")
     (tmp_path / "dir.npz").mkdir()
-    (tmp_path / "link.npz").symlink_to(tmp_path / "dev.npz")  # resolved first
-    for name, kind in [
-        ("dev.npz", "a character device"),
-        ("link.npz", "a character device"),
-        ("dir.npz", "a directory"),
-    ]:
+    (tmp_path / "link.npz").symlink_to(tmp_path / "dev.npz")  # never followed
+    for name, kind in [("dev.npz", "a character device"), ("dir.npz", "a directory")]:
         with pytest.raises(InvalidSpecError) as err:
             _build(name, tmp_path)
         assert err.value.message == (
             f"dataset.args.path: {name!r} is {kind}, not a regular file; only regular files "
             "are read"
         )
+    with pytest.raises(InvalidSpecError) as err:
+        _build("link.npz", tmp_path)
+    assert err.value.message == (
+        "dataset.args.path: 'link.npz' could not be opened beneath the data roots: a symlink "
+        "or a changing path"
+    )
 
 
 # -- sizes declared before anything is inflated ---------------------------------------------
