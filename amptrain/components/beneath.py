@@ -26,10 +26,9 @@ def open_beneath(root: str, relative: str) -> tuple[int, os.stat_result]:
 
     Raises ``OSError``: ``ELOOP`` or ``ENOTDIR`` for a symlink (or a component that is
     not a directory), ``EINVAL`` for an ``..``, ``.`` or empty component, ``ENOENT``
-    when nothing is there. Only a regular file is opened: anything else comes back
-    unopened as ``fstat``-like ``lstat`` with ``-1`` for a descriptor (a device must not
-    be opened at all), and the caller refuses it by its kind.
-    """
+    when nothing is there. Only a regular file is opened: for anything else the
+    descriptor is ``-1`` and the ``lstat`` says what it is, for the caller to refuse by its
+    kind (a device is never opened: opening one alone can act on it)."""
     parts = relative.split("/") if relative else []
     if any(p in ("", ".", "..") for p in parts):  # normalised paths have none: be sure
         raise OSError(errno.EINVAL, "an empty, '.' or '..' component")

@@ -192,13 +192,22 @@ def check_location(
         return candidates
     if target.protocol != LOCAL:
         return [target.url]
-    resolved = Location(LOCAL, str(Path(target.path).resolve()))
-    inside = any(resolved.inside(_resolved_root(r)) for r in parsed_roots)
+    resolved = _resolve(target.path)
+    inside = resolved is not None and any(resolved.inside(_resolved_root(r)) for r in parsed_roots)
     if not inside and not resolve:
         inside = any(target.inside(r) for r in parsed_roots)
     if not inside:
         raise PathRefused("is outside the allowed data roots")
-    return [resolved.path if resolve else target.path]
+    return [resolved.path if resolve and resolved is not None else target.path]
+
+
+def _resolve(path: str) -> Location | None:
+    """``path`` with symlinks resolved; None when that fails (``realpath`` raises
+    ``EINVAL`` or ``ELOOP`` on a path that changes under it): a refusal, not a crash."""
+    try:
+        return Location(LOCAL, str(Path(path).resolve()))
+    except (OSError, RuntimeError):
+        return None
 
 
 def _root(text: str) -> Location:
@@ -217,5 +226,5 @@ def _under(root: Location, relative: str, resolve: bool) -> str | None:
     joined = os.path.join(root.path, relative)
     if not resolve:
         return os.path.normpath(joined)
-    resolved = Location(LOCAL, str(Path(joined).resolve()))
-    return resolved.path if resolved.inside(_resolved_root(root)) else None
+    resolved = _resolve(joined)
+    return resolved.path if resolved and resolved.inside(_resolved_root(root)) else None
