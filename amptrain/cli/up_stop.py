@@ -3,7 +3,8 @@
 In order (the first Ctrl-C or SIGTERM): the worker drains (it takes no new job; running
 jobs checkpoint at their next step boundary and go back to the queue, their telemetry
 delivered to Redis), then ``up`` waits until the recorder has committed to SQL every
-stream entry written while it ran, then stops the recorder, the API and Redis last.
+stream entry written while it ran (unless the recorder has exited: the entries stay in
+Redis for the next one), then stops the recorder, the API and Redis last.
 
 At once (a second Ctrl-C, or the graceful stop still running after
 ``AMPTRAIN_STOP_TIMEOUT_SECONDS``): every process group left is killed, Redis is
@@ -118,8 +119,17 @@ class Stopper:
     def _wait_recorded(self, deadline: float) -> None:
         client = core_redis.client(self.redis_url)
         told = -1
+        recorder = self.parts.get("recorder")
         try:
             while behind := self._unrecorded(client):
+                if recorder is not None and (status := recorder.poll()) is not None:
+                    # No one records it now: waiting out the bound only ended in a kill.
+                    say(
+                        f"the recorder exited (status {status}) with {len(behind)} job(s)' "
+                        "telemetry not yet in SQL; not waiting for it: it stays in Redis "
+                        "for the next recorder"
+                    )
+                    return
                 if len(behind) != told:
                     told = len(behind)
                     say(f"waiting for the recorder: {told} job(s) with telemetry not yet in SQL")

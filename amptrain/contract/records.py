@@ -47,9 +47,11 @@ ENGINE_EVENTS: tuple[str, ...] = (
 )
 
 SPIKE_WARNING = "loss_spike"
-"""The ``code`` of the ``warning`` event of each step the spike check flagged
-(``health.spike``; for ``metric: grad_norm`` too). Its data: ``metric``, ``value``, the
-window's ``mean`` and ``std``, ``z`` and ``action``."""
+"""The ``code`` of the ``warning`` event of the steps the spike check flagged
+(``health.spike``; for ``metric: grad_norm`` too): one per telemetry flush, at the first
+spike it read. Its data: ``count``, ``first_step`` and ``last_step`` of the spikes it stands
+for; the first one's ``value`` and the window's ``mean`` and ``std`` then; ``metric``, ``z``
+and ``action``."""
 
 OVERFLOW_WARNING = "gradient_overflow"
 """The ``code`` of the ``warning`` event of each skipped fp16 step. Its data names

@@ -19,8 +19,11 @@ import pytest
 from amptrain.cli import up_stop
 from amptrain.cli.embedded_redis import EmbeddedRedis
 from amptrain.cli.up_stop import AT_ONCE_WAIT_S, Stopper
+from amptrain.core import redis as core_redis
+from amptrain.core.redis import Keys
 from tests.support.stack import wait_until
 
+JOB = "j_" + "0" * 32
 STUBBORN = (
     "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
     "print('ready', flush=True); time.sleep(600)"
@@ -70,3 +73,26 @@ def test_past_the_bound_what_is_left_is_killed(
     assert stubborn.poll() == -signal.SIGKILL and server.process is None
     said = capsys.readouterr().err
     assert "waiting for the worker" in said and "not stopped within 1 s" in said
+
+
+def test_a_dead_recorder_is_not_waited_for(
+    stubborn: subprocess.Popen[bytes], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 37: with the recorder crashed, the stop waited its whole bound for telemetry no
+    one would record, then killed everything. It sees the recorder is gone and goes on."""
+    server = EmbeddedRedis(tmp_path / "redis").start()
+    stopper = Stopper({"recorder": stubborn}, server, server.url, bound_s=30)
+    client = core_redis.client(server.url)
+    try:  # telemetry written while `up` ran, not in SQL: Keys.recorded(job) never set
+        client.xadd(Keys.telemetry(JOB), {"kind": "metric"})
+    finally:
+        client.close()
+    stubborn.kill()  # the recorder crashed
+    stubborn.wait()
+    began = time.monotonic()
+    assert stopper.stop() is True
+    assert time.monotonic() - began < 10
+    err = capsys.readouterr().err
+    assert "the recorder exited (status -9) with 1 job(s)' telemetry not yet in SQL" in err
+    assert "not stopped within" not in err
+    assert server.process is None

@@ -153,3 +153,33 @@ def _names(processes: list[psutil.Process]) -> list[str]:
         with contextlib.suppress(psutil.NoSuchProcess):  # a helper that exited meanwhile
             names.append(p.name())
     return names
+
+
+def test_a_crashed_recorder_is_not_waited_for(tmp_path: Path) -> None:
+    """Issue 37: the recorder killed mid-job, `up` stopped (a part died) but waited its whole
+    bound for the drained job's telemetry, which no one would record. It stops promptly now,
+    naming the dead recorder, and still exits 1: a part of it crashed."""
+    up = start_up(tmp_path, tmp_path / "data", os.setsid, SETTINGS)
+    try:
+        client = up.admin_client()
+        job_id = _submit(client)
+        wait_until(
+            lambda: client.get(f"/jobs/{job_id}/metrics").json()["items"], 120, "a step recorded"
+        )
+        (recorder,) = [
+            p for p in up.descendants() if p.cmdline()[-1:] == ["recorder"]
+        ]  # `python -m amptrain.cli.main recorder`
+        began = time.monotonic()
+        recorder.kill()
+        status = up.proc.wait(DEFAULT_BOUND_S + 2 * AT_ONCE_WAIT_S)
+        took = time.monotonic() - began
+    finally:
+        up.proc.kill()  # only if a failed step left it running
+        up.proc.wait(30)
+    text = up.log.read_text()
+    assert status == 1, up.tail()
+    assert "recorder exited; shutting down" in text, up.tail()
+    assert "the recorder exited (status -9) with 1 job(s)' telemetry not yet in SQL" in text
+    assert "not stopped within" not in text, up.tail()
+    # The worker's drain takes what it takes (seconds); the bound is no longer waited out.
+    assert took < DEFAULT_BOUND_S, up.tail()

@@ -134,7 +134,14 @@ def test_the_guardian_asks_for_one_rollback_for_the_first_spike_of_a_flush() -> 
     spikes = {s: Spike(s, 9.0, 1.0, 0.1) for s in (22, 27)}
     verdict = guardian.judge(Reading([record(s) for s in range(21, 31)], {}, spikes), situation())
     assert isinstance(verdict, RollBack) and (verdict.spike_step, verdict.checkpoint) == (22, 20)
-    assert [w["step"] for w in verdict.warnings] == [22, 27]
+    # Both spikes in one warning (issue 37), at the first, which alone drives the rollback.
+    [warning] = verdict.warnings
+    assert warning["step"] == 22
+    assert {k: warning["data"][k] for k in ("count", "first_step", "last_step")} == {
+        "count": 2,
+        "first_step": 22,
+        "last_step": 27,
+    }
 
 
 @pytest.mark.parametrize("fallback", ["bf16", None])

@@ -4,6 +4,7 @@ or skipped like an fp16 overflow step."""
 from __future__ import annotations
 
 import collections
+import itertools
 import math
 from pathlib import Path
 from typing import Any
@@ -301,3 +302,24 @@ def test_an_oom_in_the_optimizer_step_leaves_one_check_of_the_retried_step(
     one, other = (w.state_dict() for w in windows if w is not None)
     assert (one["count"], one["checks"]) == (6, 6)  # warming up: every loss accepted
     _same_window(one, other)
+
+
+def test_a_flush_sends_one_warning_for_all_its_spikes() -> None:
+    """Issue 37: ``z: 1e-6`` flags about every step above the window's mean; each was a
+    warning of its own (968 in 1,000 steps). Now each flush's spikes are one warning with
+    their ``count`` and ``first_step``/``last_step``, carrying the first one's values."""
+    sink = ListSink()
+    rule = {"z": 1e-6, "window": 8, "warmup_steps": 2, "action": "skip"}
+    t = trainer(spec(rule, max_steps=100), sink)
+    t.train()
+    assert t.publisher.wait_delivered(30)
+    skipped = [s for s, m in sink.metrics().items() if m["skipped"]]
+    warnings = [e for e in sink.events("warning") if e["data"]["code"] == SPIKE_WARNING]
+    assert len(skipped) > 20  # the rule does flag many steps
+    assert len(warnings) <= 100 // 10 + 1  # at most one a flush (every 10 steps)
+    assert sum(w["data"]["count"] for w in warnings) == len(skipped)
+    spans = [(w["data"]["first_step"], w["data"]["last_step"]) for w in warnings]
+    assert [w["step"] for w in warnings] == [first for first, _ in spans]
+    assert all(a <= b < c for (a, b), (c, _) in itertools.pairwise(spans))
+    assert spans[0][0] == skipped[0] and spans[-1][1] == skipped[-1]
+    assert warnings[0]["data"]["value"] == pytest.approx(sink.metrics()[skipped[0]]["loss"])

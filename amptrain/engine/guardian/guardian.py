@@ -83,6 +83,10 @@ class Guardian:
         trigger: Trigger | None = None
         first_spike: int | None = None
         since = situation.rolled_back_at
+        # One spike warning a flush stands for all its spikes: a low ``z`` flagged nearly
+        # every step, and 968 warnings in 1,000 steps buried every other event.
+        spikes: list[Spike] = []
+        spike_at: tuple[int, dict[str, Any]] | None = None  # (index in events, record)
         for rec in reading.records:
             skip = reading.skips.get(rec["step"])
             if skip is not None:
@@ -90,12 +94,16 @@ class Guardian:
                 events.append(_overflow_warning(rec, skip))
             spike = reading.spikes.get(rec["step"])
             if spike is not None:
-                events.append(self._spike_warning(rec, spike))
+                if not spikes:
+                    spike_at = (len(events), rec)
+                spikes.append(spike)
                 if first_spike is None and (since is None or spike.step > since):
                     first_spike = spike.step
             trigger = self._check_one(rec, events, overflowed=spike is None or skip is not None)
             if trigger is not None:
                 break
+        if spike_at is not None:
+            events.insert(spike_at[0], self._spike_warning(spike_at[1], spikes))
         verdict = decide(
             ended=None,
             trigger=trigger,
@@ -186,7 +194,10 @@ class Guardian:
             what += f" ({self._precision})"
         return Trigger(step, "nonfinite_loss", what, fp16=self._fp16)
 
-    def _spike_warning(self, rec: dict[str, Any], spike: Spike) -> Event:
+    def _spike_warning(self, rec: dict[str, Any], spikes: list[Spike]) -> Event:
+        """The one warning of a flush's ``spikes`` (in step order), at the first: its value,
+        mean and std, and ``count``, ``first_step`` and ``last_step`` of them all."""
+        spike, last = spikes[0], spikes[-1]
         rule = self._spec.spike
         assert rule is not None  # spikes are only found with the check on
         done = {
@@ -199,6 +210,8 @@ class Guardian:
             f"{rule.z:g} standard deviations above the mean of the last {rule.window} steps "
             f"({spike.mean:.6g} ± {spike.std:.6g}){done[rule.action]}"
         )
+        if len(spikes) > 1:
+            message += f" (and {len(spikes) - 1} more spikes up to step {last.step})"
         return _warning(
             rec,
             SPIKE_WARNING,
@@ -209,6 +222,9 @@ class Guardian:
             std=spike.std,
             z=rule.z,
             action=rule.action,
+            count=len(spikes),
+            first_step=spike.step,
+            last_step=last.step,
         )
 
 

@@ -22,7 +22,7 @@ except ImportError:  # outside CI a missing playwright skips, like a missing bro
     pytest.skip("playwright is not installed (pip install -e '.[dev]')", allow_module_level=True)
 
 from tests.server.web.ab_runs import EVALS, RUNS, STEPS, spec
-from tests.server.web.dashboard.conftest import screenshot, sign_in
+from tests.server.web.dashboard.conftest import Console, screenshot, sign_in
 from tests.support.producer import Producer
 from tests.support.stack import Stack
 
@@ -241,3 +241,29 @@ def test_means_and_differences_line_runs_up_by_step(page: Page, stack: Stack) ->
     assert got["diff"] == [[0, 20], [2, 2]]
     assert got["base"] == 1  # the first fp32 run, not the first picked
     assert got["same"] is True  # seed and name aside, field order aside
+
+
+def test_a_link_naming_thousands_of_jobs_is_cut_before_any_is_read(
+    page: Page, stack: Stack, runs: dict[str, dict[str, Any]], console: Console
+) -> None:
+    """Issue 37: ``#/compare?jobs=`` naming 3,000 ids sent 3,000 ``GET /jobs/{id}`` with
+    the reader's token. Now ids not shaped like a job id are dropped, at most 20 are kept
+    (the first: here a played run and 19 unknown ones) and the page says the link was cut."""
+    console.expect(404)  # the unknown ids kept
+    unknown = [f"j_{i:032x}" for i in range(1, 3_000)]
+    named = [runs["seed-1"]["id"], "../workers", "j_NOT-AN-ID", *unknown]
+    reads: list[str] = []
+    page.on(
+        "request",
+        lambda r: reads.append(r.url) if re.search(r"/jobs/[^/?]+(\?|$)", r.url) else None,
+    )
+    sign_in(page, stack.token)
+    page.goto(f"/ui/#/compare?jobs={','.join(named)}")
+    expect(page.locator("#overlay")).to_have_attribute("data-series", "seed-1")
+    expect(page.locator("#pick-count")).to_contain_text("jobs shown")  # every read answered
+    assert len(reads) <= 20, f"{len(reads)} job reads, first {reads[:3]}"
+    assert all(re.search(r"/jobs/j_[0-9a-f]{32}(\?|$)", url) for url in reads), reads
+    note = page.locator("#pick-link-note")
+    expect(note).to_be_visible()
+    expect(note).to_contain_text("2 entries that are not job ids were ignored")
+    expect(note).to_contain_text("only the first 20 of its 3000 jobs were picked")

@@ -8,13 +8,29 @@ import { fmtAge, h, statusBadge } from "./dom.js";
 const PAGE = 100;
 const SEARCH_PAGES = 10; // a search matching nothing loaded reads up to this many more pages
 
+export const MAX_LINKED = 20; // jobs a link may pick: more is no overlay anyone reads
+const JOB_ID = /^j_[0-9a-f]{32}$/; // amptrain/contract/job_ids.py's JOB_ID
+
+/** The job ids a link names, each once and of a job id's shape, at most MAX_LINKED; and a
+ * note of what was left out, or "". A link is anyone's to craft: each id it names is read
+ * with the reader's token, and one naming 3,000 sent 3,000 requests. */
+export function linkedJobs(named) {
+  const unique = [...new Set(named)];
+  const shaped = unique.filter((id) => JOB_ID.test(id));
+  const notes = [];
+  if (shaped.length < unique.length) notes.push(`${unique.length - shaped.length} entries that are not job ids were ignored`);
+  if (shaped.length > MAX_LINKED) notes.push(`only the first ${MAX_LINKED} of its ${shaped.length} jobs were picked (at most ${MAX_LINKED})`);
+  return { ids: shaped.slice(0, MAX_LINKED), note: notes.length ? `The link was cut: ${notes.join("; ")}.` : "" };
+}
+
 const precisionOf = (j) => j.precision?.effective || j.precision?.requested || j.spec?.precision || "";
 
 export class JobPicker {
   /** `preselected`: job ids (from the link), in pick order; `onChange(jobs)` on every pick. */
   constructor(preselected, onChange) {
     this.onChange = onChange;
-    this.order = [...preselected];
+    const linked = linkedJobs(preselected);
+    this.order = linked.ids;
     this.jobs = new Map(); // id -> job
     this.rows = new Map(); // id -> label
     this.cursor = null;
@@ -23,7 +39,8 @@ export class JobPicker {
     this.list = h("div", { class: "pick", id: "pick-jobs" }, h("span", { class: "muted" }, "Loading jobs…"));
     this.moreButton = h("button", { type: "button", id: "pick-more", hidden: true, onclick: () => this.more().then(() => this.filter()) }, "More jobs");
     this.count = h("span", { class: "small muted", id: "pick-count" });
-    this.el = h("div", {}, this.search, this.list, h("div", { class: "row small" }, this.count, " ", this.moreButton));
+    this.linkNote = h("p", { class: "small error", id: "pick-link-note", hidden: !linked.note }, linked.note);
+    this.el = h("div", {}, this.linkNote, this.search, this.list, h("div", { class: "row small" }, this.count, " ", this.moreButton));
   }
 
   /** The picked jobs, in pick order. */
