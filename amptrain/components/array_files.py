@@ -13,7 +13,10 @@ A file dataset is user input on a shared worker, so before anything is read:
   (:func:`~amptrain.components.memory_budget.require_memory`, ``too_large`` otherwise):
   for a ``.npz`` the arrays its members' ``.npy`` headers declare (read before anything is
   inflated; a 0.6 MiB member that inflated to 512 MiB was read whole before), else the
-  file's size (times what parsing CSV text takes).
+  file's size (times what parsing CSV text takes); for a ``.pt`` archive its pickle (times
+  what unpickling can take), and twice the file where it cannot be mapped (read whole, then
+  its tensors copied). Legacy (non-zip) ``.pt`` files are refused: one stream of pickle and
+  data, their cost is known only once they are loaded.
 - arrays are **memory-mapped** where the file allows (uncompressed ``.npz`` members, as
   ``np.savez`` writes them, and ``.pt`` files, as ``torch.save`` writes them): their pages
   come from the file on demand and are not counted; a compressed member is inflated
@@ -267,17 +270,35 @@ def _inflated(f: DataFile, archive: zipfile.ZipFile, m: _Member) -> np.ndarray[A
 # -- .pt ---------------------------------------------------------------------------------
 
 
+PICKLE_EXPANSION = 100
+"""Memory per byte of a ``.pt`` file's pickle while it is unpickled: a one-byte opcode makes
+a 56-byte list or a 64-byte dict, kept by a reference and a memo entry. A file of tensors
+has a pickle of a few hundred bytes; the tensors' data are separate members."""
+
+
 def read_pt(f: DataFile) -> Any:
     """A ``torch.save`` file loaded with ``weights_only=True`` (no code can run); a local
     archive memory-mapped, so its tensors take no memory until used. Archives whose members
-    are compressed are refused (``torch.save`` never compresses; inflating them is unbounded)."""
-    is_archive = zipfile.is_zipfile(f.file)
+    are compressed are refused (``torch.save`` never compresses; inflating them is unbounded),
+    and so are legacy (non-zip) files: their pickle and data are one stream, read whole and
+    then copied, so what unpickling them takes cannot be told before."""
+    if not zipfile.is_zipfile(f.file):
+        raise f.refuse(
+            "not a readable PyTorch file: only the zip archives torch.save writes (PyTorch 1.6 "
+            "and later) are read; load and save a legacy file again to convert it"
+        )
     f.file.seek(0)
-    if is_archive:
-        with zipfile.ZipFile(f.file) as archive:
-            if any(i.compress_type != zipfile.ZIP_STORED for i in archive.infolist()):
-                raise f.refuse("a .pt archive with compressed members (torch.save writes none)")
-        f.file.seek(0)
-        if f.fd_path is not None:
-            return torch.load(f.fd_path, weights_only=True, map_location="cpu", mmap=True)
-    return torch.load(io.BytesIO(read_all(f)), weights_only=True, map_location="cpu")
+    with zipfile.ZipFile(f.file) as archive:
+        members = archive.infolist()
+    if any(i.compress_type != zipfile.ZIP_STORED for i in members):
+        raise f.refuse("a .pt archive with compressed members (torch.save writes none)")
+    pickled = sum(i.file_size for i in members if i.filename.endswith("data.pkl"))
+    # Mapped, the tensors' pages come from the file; otherwise the file is read whole and
+    # each tensor copied out of it: twice the file.
+    whole = 0 if f.fd_path is not None else 2 * (f.size or 0)
+    copied = "" if f.fd_path is not None else ", the file read whole and its tensors copied"
+    f.require(pickled * PICKLE_EXPANSION + whole, f"a {format_bytes(pickled)} pickle{copied}")
+    f.file.seek(0)
+    if f.fd_path is not None:
+        return torch.load(f.fd_path, weights_only=True, map_location="cpu", mmap=True)
+    return torch.load(io.BytesIO(read_all(f, 2)), weights_only=True, map_location="cpu")

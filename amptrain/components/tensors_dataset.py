@@ -7,7 +7,8 @@ anywhere. :mod:`amptrain.contract.data_access` checks the path as text first;
 only a location inside a root is ever opened, and only a regular file, read within the
 memory the training process has (:mod:`amptrain.components.array_files`: headers before
 inflating, memory maps where the file allows). ``.pt`` files are loaded with
-``weights_only=True`` so they cannot run code.
+``weights_only=True`` so they cannot run code, and must hold tensors: never Python lists,
+which unpickle as shared references and become a tensor only by building every number.
 
 Errors reach the user who submitted the job, so they name the problem and the path
 as the user wrote it: never the file's content (a CSV parser's message quotes the
@@ -144,10 +145,26 @@ def _read_arrays(
             raise InvalidSpecError(
                 f"{_FIELD}: a .pt file must hold a tensor, an (inputs, targets) pair or a dict"
             )
-    inputs = torch.as_tensor(_pick(arrays, args["inputs_key"], "inputs_key"))
+        inputs = _tensor(arrays, args, "inputs_key")
+        return inputs, None if lm else _tensor(arrays, args, "targets_key")
+    inputs = _pick(arrays, args["inputs_key"], "inputs_key")
     if lm:
         return inputs, None
-    return inputs, torch.as_tensor(_pick(arrays, args["targets_key"], "targets_key"))
+    return inputs, _pick(arrays, args["targets_key"], "targets_key")
+
+
+def _tensor(arrays: dict[str, Any], args: dict[str, Any], arg: str) -> torch.Tensor:
+    """A tensor of a .pt file, never made from Python lists: a 1.5 KB pickle of lists that
+    share themselves by reference (``[inner] * 8``, nine deep) stands for 134 million numbers,
+    which ``torch.as_tensor`` would build before any memory check."""
+    value = _pick(arrays, args[arg], arg)
+    if not isinstance(value, torch.Tensor):
+        raise InvalidSpecError(
+            f"dataset.args.{arg}: {quote(args[arg])} in the .pt file is a "
+            f"{type(value).__name__}, not a tensor; a .pt file must hold tensors (torch.save "
+            "torch.tensor(values), not the values)"
+        )
+    return value
 
 
 def _as_ids(values: torch.Tensor, what: str, field: str) -> torch.Tensor:

@@ -166,7 +166,9 @@ BUILTIN_DATASETS: tuple[Registration, ...] = (
         "must lie under one; URLs only with a protocol the service allows (default: local "
         "files only). Classification: inputs and integer labels (CSV: numeric columns, the "
         "label in label_column, an optional header). Language model: token ids of shape "
-        "(N, seq_len + 1); targets are the inputs shifted by one.",
+        "(N, seq_len + 1); targets are the inputs shifted by one. A .pt file holds "
+        "tensors (one, an (inputs, targets) pair or a dict of them) in the zip format "
+        "torch.save writes, never Python lists of numbers.",
         Arg(
             "path",
             REQUIRED,

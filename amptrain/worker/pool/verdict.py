@@ -4,9 +4,11 @@ preemption, or a retryable failure with attempts left) or failed, with its error
 from __future__ import annotations
 
 import logging
+import signal
 from typing import Any
 
 from amptrain.contract.errors import TimeLimitError
+from amptrain.contract.text import quote
 from amptrain.core.enums import JobStatus
 from amptrain.worker.child.protocol import Failed
 from amptrain.worker.pool.claim import Claim
@@ -27,12 +29,7 @@ def final_state(
         return JobStatus.QUEUED, None
     if out.stop_requested == "timeout":
         return JobStatus.FAILED, timed_out(out, runtime_limit_s)
-    failure = out.failure or Failed(
-        code="internal",
-        message=f"training process exited with code {out.exit_code} without a result",
-        step=None,
-        retryable=True,
-    )
+    failure = out.failure or _no_result(claim, out)
     if failure.fallback_to is not None:  # not a failure: the budget is not charged
         log.info("job %s falls back to %s; re-queueing", claim.job_id, failure.fallback_to)
         return JobStatus.QUEUED, failure.error()
@@ -54,3 +51,35 @@ def timed_out(out: Outcome, runtime_limit_s: float) -> dict[str, Any]:
         step=step,
     )
     return error.to_dict()
+
+
+def _no_result(claim: Claim, out: Outcome) -> Failed:
+    """Why a child that sent no error ended: a bus error is the kernel refusing a page of a
+    memory-mapped file that is no longer there. The only files a training child maps are
+    its dataset's (uncompressed ``.npz`` members and ``.pt`` archives), so the file was
+    truncated or replaced under it; a retry would train on other data, or fail the same."""
+    if out.exit_code == -signal.SIGBUS:
+        dataset = claim.spec.get("dataset")
+        args = dataset.get("args", {}) if isinstance(dataset, dict) else {}
+        files = [
+            f"dataset.args.{key} {quote(str(args[key]), 120)}"
+            for key in ("path", "val_path")
+            if isinstance(args, dict) and args.get(key)
+        ]
+        named = f" ({' or '.join(files)})" if files else ""
+        return Failed(
+            code="invalid_spec",
+            message=(
+                "the training process was killed by SIGBUS: a memory-mapped data file"
+                f"{named} was truncated or changed while the job read it; keep a job's "
+                "data files unchanged until it ends (write a new file, then rename it)"
+            ),
+            step=None,
+            retryable=False,
+        )
+    return Failed(
+        code="internal",
+        message=f"training process exited with code {out.exit_code} without a result",
+        step=None,
+        retryable=True,
+    )
