@@ -151,6 +151,15 @@ class Settings(BaseSettings):
     """A connection must deliver its whole request (headers and body) within this long of
     opening, or of its first byte after a response; else 408 and closed (a client that
     sends a request line and then nothing holds nothing for longer)."""
+    response_write_timeout_seconds: float = Field(default=30.0, gt=0, le=3600)
+    """While more than 64 KiB of a connection's responses wait in the process (its client
+    is not reading), the client must take 48 KiB of them within this long; else the
+    connection is closed and what is left of its responses dropped (HTTP, SSE and
+    WebSockets alike). Each time is logged."""
+    max_connections_per_address: int = Field(default=64, ge=0, le=1_000_000)
+    """Open connections one API process holds from one client (TCP peer) address; one more
+    gets 503 and is closed, and logged. 0: no limit, for an API behind a proxy, where every
+    connection comes from the proxy's address (the proxy limits per client address)."""
     auth_failure_rate_limit: str = "30/minute"
     """Failed authentications (401) per client address, in ``limits`` notation, shared by
     every API process through Redis; past it the address gets 429 with ``Retry-After``
