@@ -18,16 +18,11 @@ counts the half-open connections, so while they last it answers every real clien
 - a place under the process's cap (WebSockets count too): a connection opened over the cap
   closes the one that has waited longest for its next request, or, when every connection
   is busy with a request, is answered ``503`` at once;
-- a place under the cap per client address: past it ``503`` and closed at once, so one
-  address cannot take the process's every place;
-- a write deadline: asyncio pauses a protocol's writes while more than 64 KiB wait in its
-  transport, and uvicorn then awaits the drain with no timeout, so a client that sends
-  requests for big responses and never reads (issue 37: 70 sockets with a 1 KiB receive
-  buffer, two pipelined ``GET`` of the 1.5 MiB Swagger bundle each) held every place of the
-  cap "busy" and 1.5 MiB each, for ever. Paused writes must resume within the deadline,
-  else the transport is aborted (``close()`` would wait for the buffer to drain). The same
-  holds for WebSockets (:func:`guarded_ws`): the live hub drops a watcher that falls
-  behind, but only the abort frees its socket.
+- a place under the cap per client address: past it ``503`` and closed at once;
+- a write deadline: asyncio pauses writes while over 64 KiB wait in a transport and uvicorn
+  awaits the drain with no timeout, so clients that asked for big responses and never read
+  held every place "busy", 1.5 MiB each, for ever (issue 37). Paused writes must resume
+  within the deadline, else the connection is reset (WebSockets too: :func:`guarded_ws`).
 
 Each kind of closing is logged at once, then summed up at most every
 :data:`LOG_EVERY_S`, so a flood is visible in the log without flooding it. Behind a proxy
@@ -38,8 +33,11 @@ limits per client (``deploy/nginx.conf``), along with request rates and TLS.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import resource
+import socket
+import struct
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -97,11 +95,9 @@ class ConnectionGuard:
     max_connections: int
     read_timeout_s: float
     write_timeout_s: float = 30.0
-    per_address: int = 0
-    """Connections one client address may hold; 0: no limit."""
+    per_address: int = 0  # connections one client address may hold; 0: no limit
     addresses: dict[Any, str] = field(default_factory=dict)
-    """Each open transport's client address (a transport outlives its HTTP protocol when it
-    is upgraded to a WebSocket)."""
+    """Each open transport's client address (a WebSocket takes over its HTTP's transport)."""
     held: dict[str, int] = field(default_factory=dict)
     """Open connections per client address (only those in :attr:`addresses`)."""
     waiting: dict[Any, None] = field(default_factory=dict)
@@ -143,8 +139,7 @@ class ConnectionGuard:
         )
 
     def admit(self, transport: Any, client: tuple[str, int] | None) -> bool:
-        """Count ``transport`` under its client's address: False (not counted) past
-        :attr:`per_address`."""
+        """Count ``transport`` under its client's address; False (uncounted) past the cap."""
         if not self.per_address or not client:
             return True
         address = client[0]
@@ -177,11 +172,10 @@ class ConnectionGuard:
         transport = conn.transport
         self.waiting.pop(conn, None)
         if transport.is_closing():
-            # Closed already (keep-alive timeout) yet still here: its client is not reading
-            # what is left of a response, and close() waits for that to drain.
+            # Closed already (keep-alive timeout), yet close() waits for an unread rest.
             if transport.get_write_buffer_size():
                 self.closing.add(conn)
-                transport.abort()
+                reset(transport)
             return
         self.closing.add(conn)
         if response is not None:
@@ -215,7 +209,17 @@ class _WriteDeadline:
         guard.stalled.note(_peer(conn))
         guard.waiting.pop(conn, None)
         guard.closing.add(conn)
-        conn.transport.abort()
+        reset(conn.transport)
+
+
+def reset(transport: Any) -> None:
+    """Close ``transport`` at once, dropping what its client did not read: SO_LINGER 0, or
+    the kernel keeps the socket and its buffers (an orphan) for minutes after an abort."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
 
 
 def guarded(base: type[asyncio.Protocol], guard: ConnectionGuard) -> type[asyncio.Protocol]:
@@ -332,9 +336,8 @@ def guarded(base: type[asyncio.Protocol], guard: ConnectionGuard) -> type[asynci
 
 
 def guarded_ws(base: type[asyncio.Protocol], guard: ConnectionGuard) -> type[asyncio.Protocol]:
-    """``base`` (uvicorn's WebSocket protocol, which takes over a transport from
-    :func:`guarded`'s) with the write deadline, releasing the transport's place under
-    the per-address cap when it closes."""
+    """``base`` (uvicorn's WebSocket protocol, which takes over :func:`guarded`'s transport)
+    with the write deadline; it gives back the transport's place under the per-address cap."""
 
     class GuardedWS(base):  # type: ignore[valid-type, misc]
         _write: _WriteDeadline

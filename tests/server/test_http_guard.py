@@ -60,6 +60,9 @@ class _Transport:
         self.protocol = protocol
         self.aborted = False
 
+    def get_extra_info(self, name: str) -> None:
+        return None
+
     def get_protocol(self) -> object:
         return self.protocol
 

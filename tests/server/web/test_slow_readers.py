@@ -10,6 +10,8 @@ stayed, 1.5 MiB of unsent data each.
 
 from __future__ import annotations
 
+import base64
+import os
 import socket
 import time
 from collections.abc import Iterator
@@ -19,7 +21,9 @@ import pytest
 
 from amptrain.cli.embedded_redis import EmbeddedRedis
 from amptrain.server.web.app import DOCS_ASSETS
-from tests.server.web.test_half_open import answer_and_close, closed_by_server
+from tests.server.web.dashboard.test_dashboard import bulk_points
+from tests.server.web.test_half_open import answer_and_close
+from tests.server.web.test_http import cpu_job
 from tests.support.stack import Stack
 
 pytestmark = pytest.mark.slow  # a real API per test
@@ -37,6 +41,7 @@ ENV = {
     "AMPTRAIN_RECORDER_IN_API": "false",
 }
 BUNDLE = f"GET {DOCS_ASSETS}/swagger-ui-bundle.js HTTP/1.1\r\nHost: x\r\n\r\n".encode()
+ESTABLISHED = 1  # tcp_info.tcpi_state (Linux)
 HEALTHZ = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
 
 
@@ -58,6 +63,19 @@ def slow_reader(port: int, source: str) -> socket.socket:
     sock.connect(("127.0.0.1", port))
     sock.sendall(BUNDLE * 2)
     return sock
+
+
+def cut_off(socks: list[socket.socket], within_s: float) -> int:
+    """How many of ``socks`` the server closed (reset or FIN) by the deadline, seen in each
+    socket's TCP state without reading it (reading would make it a client that reads)."""
+    deadline = time.monotonic() + within_s
+    while True:
+        closed = sum(
+            s.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0] != ESTABLISHED for s in socks
+        )
+        if closed == len(socks) or time.monotonic() > deadline:
+            return closed
+        time.sleep(0.1)
 
 
 def healthz_from(port: int, source: str) -> int | None:
@@ -84,7 +102,7 @@ def test_clients_that_do_not_read_lose_their_connections(stack: Stack) -> None:
             time.sleep(0.2)
         assert statuses[-1] == 200, f"/healthz answered {statuses} while slow readers held on"
         # Each slow reader is cut off (a reset: what it did not read is dropped).
-        assert closed_by_server(slow, SLACK_S) == len(slow)
+        assert cut_off(slow, SLACK_S) == len(slow)
     finally:
         for s in slow:
             s.close()
@@ -126,3 +144,27 @@ def test_one_address_holds_at_most_its_share(stack: Stack) -> None:
             s.close()
     log = (stack.root / "api.log").read_text()
     assert f"{PER_ADDRESS} connections from one address reached" in log, stack.log_tail("api")
+
+
+def test_a_watcher_that_does_not_read_loses_its_websocket(stack: Stack) -> None:
+    if not stack.env["AMPTRAIN_DATABASE_URL"].startswith("sqlite:///"):
+        pytest.skip("the history is written straight into the SQLite file")
+    job = stack.submit(cpu_job())
+    bulk_points(stack, job["id"], 20_000, spike=0)  # megabytes of history to send
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+    sock.settimeout(5)
+    sock.connect(("127.0.0.1", stack.port))
+    key = base64.b64encode(os.urandom(16)).decode()
+    sock.sendall(
+        f"GET /jobs/{job['id']}/ws HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n"
+        f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n"
+        f"Sec-WebSocket-Protocol: bearer, {stack.token}\r\n\r\n".encode()
+    )
+    try:
+        # Never read: the history stalls in the server's buffers until the deadline cuts it.
+        assert cut_off([sock], SLACK_S) == 1
+    finally:
+        sock.close()
+    log = (stack.root / "api.log").read_text()
+    assert "did not read their responses" in log, stack.log_tail("api")
