@@ -22,10 +22,16 @@ def api(host: str, port: int, log_level: str) -> None:
     """Run the HTTP API (recorder and dispatcher included), configured by AMPTRAIN_*."""
     import uvicorn
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
+    from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
     from amptrain.core.logs import configure_logging
     from amptrain.core.settings import get_settings
-    from amptrain.server.http_guard import ConnectionGuard, fit_descriptors, guarded
+    from amptrain.server.http_guard import (
+        ConnectionGuard,
+        fit_descriptors,
+        guarded,
+        guarded_ws,
+    )
 
     settings = get_settings()
     os.umask(0o077)  # the SQLite file, the admin token: readable by this user only
@@ -35,9 +41,13 @@ def api(host: str, port: int, log_level: str) -> None:
         logging.getLogger(name).addFilter(strip_query_strings)
     _tune_gc()
     # No limit_concurrency: it counts half-open connections and refuses real clients while
-    # they last; the guard caps connections at accept and times out unfinished requests.
+    # they last; the guard caps connections at accept, times out unfinished requests and
+    # responses their clients do not read.
     guard = ConnectionGuard(
-        fit_descriptors(settings.max_connections), settings.request_read_timeout_seconds
+        fit_descriptors(settings.max_connections),
+        settings.request_read_timeout_seconds,
+        write_timeout_s=settings.response_write_timeout_seconds,
+        per_address=settings.max_connections_per_address,
     )
     uvicorn.run(
         "amptrain.server.web.app:create_app",
@@ -47,7 +57,7 @@ def api(host: str, port: int, log_level: str) -> None:
         http=guarded(AutoHTTPProtocol, guard),
         log_level=log_level,
         log_config=None,
-        ws="websockets-sansio",
+        ws=guarded_ws(WebSocketsSansIOProtocol, guard),
         ws_per_message_deflate=False,
         ws_max_size=WS_MAX_SIZE,
         ws_max_queue=16,

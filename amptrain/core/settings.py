@@ -143,14 +143,17 @@ class Settings(BaseSettings):
     ``120/minute;1000/hour``), shared by every API process through Redis; more is a 429
     with ``Retry-After``."""
     max_connections: int = Field(default=2048, ge=16, le=1_000_000)
-    """Open connections one API process holds (WebSockets included). A connection opened
-    over the cap closes the one that has waited longest for its next request (idle or
-    half-sent), or gets 503 when every connection is busy; each is logged. The process
-    raises its open-files limit to fit, or lowers the cap (and says so) when it cannot."""
+    """Open connections one API process holds (WebSockets included): one more closes the one
+    waiting longest for its next request (idle or half-sent), else gets 503; each logged.
+    The open-files limit is raised to fit, or the cap lowered (and said so)."""
     request_read_timeout_seconds: float = Field(default=20.0, gt=0, le=3600)
     """A connection must deliver its whole request (headers and body) within this long of
-    opening, or of its first byte after a response; else 408 and closed (a client that
-    sends a request line and then nothing holds nothing for longer)."""
+    opening, or of its first byte after a response; else 408 and closed."""
+    response_write_timeout_seconds: float = Field(default=30.0, gt=0, le=3600)
+    """Once over 64 KiB of responses wait for a client that is not reading, it must take
+    48 KiB within this long, else its connection is closed (HTTP, SSE and WebSockets)."""
+    max_connections_per_address: int = Field(default=64, ge=0, le=1_000_000)
+    """Connections per client address and API process (one more: 503); 0: off, behind a proxy."""
     auth_failure_rate_limit: str = "30/minute"
     """Failed authentications (401) per client address, in ``limits`` notation, shared by
     every API process through Redis; past it the address gets 429 with ``Retry-After``

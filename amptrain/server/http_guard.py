@@ -17,19 +17,27 @@ counts the half-open connections, so while they last it answers every real clien
   in memory, unbounded): ``431`` and closed;
 - a place under the process's cap (WebSockets count too): a connection opened over the cap
   closes the one that has waited longest for its next request, or, when every connection
-  is busy with a request, is answered ``503`` at once.
+  is busy with a request, is answered ``503`` at once;
+- a place under the cap per client address: past it ``503`` and closed at once;
+- a write deadline: asyncio pauses writes while over 64 KiB wait in a transport and uvicorn
+  awaits the drain with no timeout, so clients that asked for big responses and never read
+  held every place "busy", 1.5 MiB each, for ever (issue 37). Paused writes must resume
+  within the deadline, else the connection is reset (WebSockets too: :func:`guarded_ws`).
 
 Each kind of closing is logged at once, then summed up at most every
-:data:`LOG_EVERY_S`, so a flood is visible in the log without flooding it. What belongs to
-a proxy (connections and request rates per client address, TLS) is configured in front of
-the API: see ``deploy/nginx.conf`` and the README.
+:data:`LOG_EVERY_S`, so a flood is visible in the log without flooding it. Behind a proxy
+every connection comes from its address: there the per-address cap is off and the proxy
+limits per client (``deploy/nginx.conf``), along with request rates and TLS.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import resource
+import socket
+import struct
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -86,6 +94,12 @@ class ConnectionGuard:
 
     max_connections: int
     read_timeout_s: float
+    write_timeout_s: float = 30.0
+    per_address: int = 0  # connections one client address may hold; 0: no limit
+    addresses: dict[Any, str] = field(default_factory=dict)
+    """Each open transport's client address (a WebSocket takes over its HTTP's transport)."""
+    held: dict[str, int] = field(default_factory=dict)
+    """Open connections per client address (only those in :attr:`addresses`)."""
     waiting: dict[Any, None] = field(default_factory=dict)
     closing: set[Any] = field(default_factory=set)
     """Connections closed here whose ``connection_lost`` has not come yet (still counted in
@@ -94,6 +108,8 @@ class ConnectionGuard:
     oversized: _Tally = field(init=False)
     evicted: _Tally = field(init=False)
     refused: _Tally = field(init=False)
+    crowded: _Tally = field(init=False)
+    stalled: _Tally = field(init=False)
 
     def __post_init__(self) -> None:
         cap = self.max_connections
@@ -113,6 +129,34 @@ class ConnectionGuard:
             f"connection limit {cap} reached with every connection busy: refused %d new "
             "connection(s) with 503 (the last from %s)"
         )
+        self.crowded = _Tally(
+            f"{self.per_address} connections from one address reached: refused %d new "
+            "connection(s) with 503 (the last from %s)"
+        )
+        self.stalled = _Tally(
+            f"closed %d connection(s) that did not read their responses (writes paused for "
+            f"{self.write_timeout_s:g}s; the last from %s)"
+        )
+
+    def admit(self, transport: Any, client: tuple[str, int] | None) -> bool:
+        """Count ``transport`` under its client's address; False (uncounted) past the cap."""
+        if not self.per_address or not client:
+            return True
+        address = client[0]
+        if self.held.get(address, 0) >= self.per_address:
+            return False
+        self.held[address] = self.held.get(address, 0) + 1
+        self.addresses[transport] = address
+        return True
+
+    def release(self, transport: Any) -> None:
+        address = self.addresses.pop(transport, None)
+        if address is not None:
+            left = self.held[address] - 1
+            if left:
+                self.held[address] = left
+            else:
+                del self.held[address]
 
     def over_cap(self, connections: set[Any]) -> bool:
         return len(connections) - len(self.closing) > self.max_connections
@@ -128,11 +172,54 @@ class ConnectionGuard:
         transport = conn.transport
         self.waiting.pop(conn, None)
         if transport.is_closing():
+            # Closed already (keep-alive timeout), yet close() waits for an unread rest.
+            if transport.get_write_buffer_size():
+                self.closing.add(conn)
+                reset(transport)
             return
         self.closing.add(conn)
         if response is not None:
             transport.write(response)
         transport.close()
+
+
+class _WriteDeadline:
+    """One connection's write deadline: armed when asyncio pauses its writes, disarmed when
+    they resume; on expiry the transport is aborted (its buffered responses dropped)."""
+
+    def __init__(self, guard: ConnectionGuard, conn: Any) -> None:
+        self.guard, self.conn = guard, conn
+        self.timer: asyncio.TimerHandle | None = None
+
+    def arm(self) -> None:
+        if self.timer is None:
+            loop = asyncio.get_running_loop()
+            self.timer = loop.call_later(self.guard.write_timeout_s, self._expired)
+
+    def disarm(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _expired(self) -> None:
+        self.timer = None
+        conn, guard = self.conn, self.guard
+        if conn.transport.get_protocol() is not conn:  # upgraded: the WebSocket's own now
+            return
+        guard.stalled.note(_peer(conn))
+        guard.waiting.pop(conn, None)
+        guard.closing.add(conn)
+        reset(conn.transport)
+
+
+def reset(transport: Any) -> None:
+    """Close ``transport`` at once, dropping what its client did not read: SO_LINGER 0, or
+    the kernel keeps the socket and its buffers (an orphan) for minutes after an abort."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
 
 
 def guarded(base: type[asyncio.Protocol], guard: ConnectionGuard) -> type[asyncio.Protocol]:
@@ -146,9 +233,15 @@ def guarded(base: type[asyncio.Protocol], guard: ConnectionGuard) -> type[asynci
     class Guarded(base):  # type: ignore[valid-type, misc]
         _deadline: asyncio.TimerHandle | None = None
         _header_bytes = 0
+        _write: _WriteDeadline
 
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
             super().connection_made(transport)
+            self._write = _WriteDeadline(guard, self)
+            if not guard.admit(transport, self.client):
+                guard.crowded.note(_peer(self))
+                guard.close(self, _503)
+                return
             if guard.over_cap(self.server_state.connections):
                 victim = guard.oldest_waiting(self)
                 if victim is None:
@@ -170,6 +263,7 @@ def guarded(base: type[asyncio.Protocol], guard: ConnectionGuard) -> type[asynci
             if self.transport.get_protocol() is not self:  # upgraded to a WebSocket
                 self._busy()
                 self._disarm()
+                self._write.disarm()
                 return
             if self._started():
                 self._busy()
@@ -186,8 +280,18 @@ def guarded(base: type[asyncio.Protocol], guard: ConnectionGuard) -> type[asynci
             if not self.transport.is_closing() and not self._started():
                 self._wait()  # idle between requests: uvicorn's keep-alive timer runs
 
+        def pause_writing(self) -> None:
+            super().pause_writing()
+            self._write.arm()
+
+        def resume_writing(self) -> None:
+            self._write.disarm()
+            super().resume_writing()
+
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
+            self._write.disarm()
+            guard.release(self.transport)
             guard.waiting.pop(self, None)
             guard.closing.discard(self)
             super().connection_lost(exc)
@@ -229,6 +333,35 @@ def guarded(base: type[asyncio.Protocol], guard: ConnectionGuard) -> type[asynci
 
     Guarded.__name__ = Guarded.__qualname__ = f"Guarded{base.__name__}"
     return Guarded
+
+
+def guarded_ws(base: type[asyncio.Protocol], guard: ConnectionGuard) -> type[asyncio.Protocol]:
+    """``base`` (uvicorn's WebSocket protocol, which takes over :func:`guarded`'s transport)
+    with the write deadline; it gives back the transport's place under the per-address cap."""
+
+    class GuardedWS(base):  # type: ignore[valid-type, misc]
+        _write: _WriteDeadline
+
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            super().connection_made(transport)
+            self._write = _WriteDeadline(guard, self)
+
+        def pause_writing(self) -> None:
+            super().pause_writing()
+            self._write.arm()
+
+        def resume_writing(self) -> None:
+            self._write.disarm()
+            super().resume_writing()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._write.disarm()
+            guard.release(self.transport)
+            guard.closing.discard(self)
+            super().connection_lost(exc)
+
+    GuardedWS.__name__ = GuardedWS.__qualname__ = f"Guarded{base.__name__}"
+    return GuardedWS
 
 
 def _peer(conn: Any) -> str:
