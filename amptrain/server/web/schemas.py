@@ -211,6 +211,12 @@ class LayerNormsPage(BaseModel):
     items: list[LayerNormsOut]
     next_cursor: str | None
     """Pass as ``after`` to get only newer steps' norms."""
+    max_points: int | None = None
+    """Only with ``max_points``: the steps this read kept at most, fewer than asked when
+    the job's layers x ``max_points`` would pass ``LAYER_NORMS_READ_VALUES`` (``notice``
+    says so)."""
+    notice: str | None = None
+    """Only when ``max_points`` was reduced: by how much and why."""
 
 
 class EventOut(BaseModel):
