@@ -15,6 +15,10 @@ LAYER_NORMS_MAX = 256
 """The most layers a job records gradient norms for (``telemetry.layer_grad_norms_every``):
 a model with more parameter-holding modules is grouped by shorter module paths (see
 :func:`layer_paths`)."""
+LAYER_NORMS_READ_VALUES = 100_000
+"""The most norms (steps x layers) one downsampled read of a job's layer norms returns:
+``GET /jobs/{id}/layer-norms?max_points=N`` keeps fewer steps than N when the job's layers
+x N would pass it (about 3 MB of JSON; 1,000 steps of 100 layers)."""
 LAYER_PATH_MAX = 128
 """The longest layer name (a module path, ``blocks.3.attn``) a layer-norm series may have."""
 ROOT_LAYER = "(root)"

@@ -10,6 +10,10 @@ import re
 
 _NAME = re.compile(r"^step-(\d{9})\.pt$")
 
+STEP_TEXT = r"^(0|[1-9][0-9]{0,8})$"
+"""A checkpoint's step as a URL names it: a plain decimal integer of at most the nine digits
+a checkpoint name holds, no sign, space, leading zero, decimal point or underscore."""
+
 
 def checkpoint_name(step: int) -> str:
     """``step-000000500.pt``: lexical order is step order."""

@@ -10,8 +10,11 @@ Errors quote at most a short prefix of a bad value, never a whole payload.
 from __future__ import annotations
 
 import math
+import re
 import unicodedata
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import BeforeValidator
 
 _REFUSED_CATEGORIES = frozenset({"Cc", "Cf", "Zl", "Zp", "Cs", "Co"})
 """Control, format (bidi overrides, zero-width), line/paragraph separators, surrogates,
@@ -48,6 +51,32 @@ def quote(value: Any, limit: int = QUOTE_CHARS) -> str:
 def finite(value: Any) -> bool:
     """False for float NaN and infinities (which JSON cannot carry faithfully)."""
     return not isinstance(value, float) or math.isfinite(value)
+
+
+_DECIMAL = re.compile(r"[+-]?(\d+(\.\d*)?|\.\d+)([eE][+-]?\d+)?")
+
+
+def plain_number(value: Any) -> Any:
+    """A pydantic before-validator for a number a person types (a query parameter): a
+    plain decimal (``0.02``, ``2e-2``), finite and not so small that it reads as 0. Python
+    would take ``1_0`` as 10, `` 10`` as 10 and ``1e-400`` as 0; each is refused here."""
+    if isinstance(value, str):
+        if not _DECIMAL.fullmatch(value):
+            raise ValueError(
+                f"must be a plain decimal number (digits, '.', 'e'); got {quote(value)}"
+            )
+        number = float(value)
+        mantissa = re.split("[eE]", value)[0]
+        if number == 0 and mantissa.strip("+-0.") != "":
+            raise ValueError(f"too small to represent (it would read as 0); got {quote(value)}")
+        value = number
+    if not finite(value):
+        raise ValueError(f"must be a finite number; got {quote(value)}")
+    return value
+
+
+PlainFloat = Annotated[float, BeforeValidator(plain_number)]
+"""A float typed by a person: see :func:`plain_number`."""
 
 
 def plain_value(value: Any, max_text: int) -> Any:

@@ -6,6 +6,8 @@ an admin's details, not a job owner's. :func:`owner_view` drops them from an eve
 ``data``, at any depth. ``GET /jobs/{id}/events`` shows them to admins only; the live
 streams share one encoding of each event among all their watchers, so they never carry
 them. Checkpoint events name the file and step, never the server's path (the engine).
+``GET /workers`` and ``GET /jobs/{id}`` hide the same details from all but admins
+(:func:`worker_view`; the job's ``worker``).
 """
 
 from __future__ import annotations
@@ -26,3 +28,9 @@ def _strip(value: Any) -> Any:
     if isinstance(value, list):
         return [_strip(v) for v in value]
     return value
+
+
+def worker_view(worker: dict[str, Any]) -> dict[str, Any]:
+    """A live worker as ``GET /workers`` shows it to all but admins: without its name
+    (``amptrain-PID@HOST``) and :data:`HOST_DETAIL` (its host name, its processes' pids)."""
+    return {k: v for k, v in owner_view(worker).items() if k != "name"}

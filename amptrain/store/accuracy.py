@@ -6,12 +6,18 @@ job, its last). Against the baseline's: ``accuracy_points``, the difference in a
 in percentage points (negative: worse), and ``eval_loss_relative``, the relative
 difference in eval loss (positive: worse). An arm keeps the accuracy when every
 comparable metric is within the tolerance (:data:`DEFAULT_TOLERANCE`, or the request's);
-the verdict waits (null) until both runs have succeeded and evaluated.
+the verdict waits (null) until both runs have succeeded and evaluated. A metric the arm
+evaluated to a non-finite value (NaN or infinity, stored as null) means the arm did not
+keep the accuracy, whatever its other metrics say.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
+
+COMPARED = ("accuracy", "eval_loss")
+"""The evaluation metrics the verdict compares."""
 
 DEFAULT_TOLERANCE = {"accuracy_points": 0.5, "eval_loss_relative": 0.02}
 """An arm may lose at most half a point of accuracy and have at most 2% more eval loss."""
@@ -56,6 +62,9 @@ def verdict(
         return {"kept_accuracy": None, "reasons": waiting}
     diff = run["eval_diff"]
     reasons, kept = [], True
+    for name in non_finite(run["eval"]):
+        kept = False
+        reasons.append(f"{name} is not finite (NaN or infinite) in {run['precision']}")
     points, allowed = diff["accuracy_points"], tolerance["accuracy_points"]
     if points is not None:
         ok = -points <= allowed
@@ -76,3 +85,13 @@ def verdict(
     if not reasons:
         return {"kept_accuracy": None, "reasons": ["no accuracy or eval loss in both runs"]}
     return {"kept_accuracy": kept, "reasons": reasons}
+
+
+def non_finite(values: dict[str, Any]) -> list[str]:
+    """The compared metrics present in ``values`` with a null or non-finite value."""
+    return [
+        name
+        for name in COMPARED
+        if name in values
+        and not (isinstance(values[name], int | float) and math.isfinite(values[name]))
+    ]

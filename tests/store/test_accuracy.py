@@ -28,3 +28,21 @@ def test_a_tiny_eval_loss_difference_is_not_printed_as_zero() -> None:
         "accuracy +0.00 points vs fp32 (within -0.5)",
         "eval loss +0.0254% vs fp32 (within +2%)",
     ]
+
+
+def test_a_non_finite_eval_loss_is_not_kept_whatever_the_accuracy() -> None:
+    base = arm("fp32", 0.9638, 0.125914)
+    fp16: dict[str, Any] = {
+        "precision": "fp16",
+        "status": "succeeded",
+        # A NaN eval loss is stored as null (amptrain.contract.jsonsafe).
+        "eval": {"accuracy": 0.9640, "eval_loss": None},
+    }
+    fp16["eval_diff"] = accuracy.differences(fp16, base)
+    result = accuracy.verdict(fp16, base, accuracy.DEFAULT_TOLERANCE)
+    assert result["kept_accuracy"] is False
+    assert result["reasons"][0] == "eval_loss is not finite (NaN or infinite) in fp16"
+    assert "accuracy +0.02 points vs fp32 (within -0.5)" in result["reasons"]
+    infinite = arm("bf16", 0.9638, float("inf"))
+    infinite["eval_diff"] = accuracy.differences(infinite, base)
+    assert accuracy.verdict(infinite, base, accuracy.DEFAULT_TOLERANCE)["kept_accuracy"] is False

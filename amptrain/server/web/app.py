@@ -20,6 +20,7 @@ from amptrain.core.settings import Settings, get_settings
 from amptrain.server import observability
 from amptrain.server.runtime import Services
 from amptrain.server.web.body_limit import BodyLimit
+from amptrain.server.web.docs_csp import DocsPolicy
 from amptrain.server.web.errors import install_error_handlers
 from amptrain.server.web.openapi import install_service_schema
 from amptrain.server.web.routes import ROUTERS
@@ -62,6 +63,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     install_error_handlers(app)
     install_service_schema(app, settings)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(DocsPolicy)  # /docs and /redoc: their Content-Security-Policy
     app.add_middleware(SecurityHeaders)  # outside BodyLimit: its 413 gets them too
     app.add_middleware(observability.RequestMetrics)
     for router in ROUTERS:

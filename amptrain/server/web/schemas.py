@@ -93,7 +93,8 @@ class JobOut(BaseModel):
     max_steps: int
     attempt: int
     worker: str | None
-    """The worker running the current attempt (null when not running)."""
+    """The worker running the current attempt (null when not running, and for all but
+    admins: its name, ``amptrain-PID@HOST``, says where the job runs)."""
     precision: PrecisionOut
     error: ErrorOut | None
     summary: SummaryOut  # type: ignore[valid-type]
@@ -105,7 +106,8 @@ class JobOut(BaseModel):
     its queue now); null otherwise."""
 
     @classmethod
-    def from_job(cls, job: Job) -> JobOut:
+    def from_job(cls, job: Job, *, admin: bool) -> JobOut:
+        """The job as ``admin`` (or its owner, who does not see the worker) reads it."""
         summary = job.summary or {}
         return cls(
             id=job.id,
@@ -119,7 +121,7 @@ class JobOut(BaseModel):
             step=job.step or 0,
             max_steps=job.max_steps,
             attempt=job.attempt,
-            worker=job.worker,
+            worker=job.worker if admin else None,
             precision=PrecisionOut(
                 requested=job.precision_requested or job.spec.get("precision"),
                 effective=job.precision_effective,
@@ -209,6 +211,12 @@ class LayerNormsPage(BaseModel):
     items: list[LayerNormsOut]
     next_cursor: str | None
     """Pass as ``after`` to get only newer steps' norms."""
+    max_points: int | None = None
+    """Only with ``max_points``: the steps this read kept at most, fewer than asked when
+    the job's layers x ``max_points`` would pass ``LAYER_NORMS_READ_VALUES`` (``notice``
+    says so)."""
+    notice: str | None = None
+    """Only when ``max_points`` was reduced: by how much and why."""
 
 
 class EventOut(BaseModel):

@@ -94,6 +94,19 @@ def eval_items(rows: Iterable[Sequence[Any]]) -> list[dict[str, Any]]:
     return items
 
 
+def newest_record_size(s: Session, job_id: str, kind: str = EVAL_KIND) -> int:
+    """How many named values the job's newest ``kind`` record holds (its layers, for layer
+    norms); 0 before the first. Two index reads, whatever the run's length."""
+    cursor = newest_cursor(s, job_id, kind)
+    if cursor is None:
+        return 0
+    v = MetricValue
+    count = sa.select(sa.func.count()).where(
+        v.job_id == job_id, v.stream_ms == cursor.ms, v.stream_seq == cursor.seq, v.kind == kind
+    )
+    return int(s.execute(count).scalar_one())
+
+
 def newest_cursor(s: Session, job_id: str, kind: str = EVAL_KIND) -> Cursor | None:
     """The cursor of the job's most recently recorded ``kind`` record (None before the first)."""
     return points.newest_cursor(s, job_id, MetricValue, MetricValue.kind == kind)

@@ -101,3 +101,27 @@ def test_long_path_ids_are_404_without_echoing_them(api_stack: Stack) -> None:
     assert r.status_code == 404 and len(r.content) < 300, r.text[:300]
     r = api_stack.client.post(f"/jobs/{long_id}/cancel")
     assert r.status_code == 404 and len(r.content) < 300
+
+
+def test_a_checkpoint_step_is_a_plain_decimal_integer(api_stack: Stack) -> None:
+    c = api_stack.client
+    job = c.post("/jobs", json=cpu_job()).json()["id"]
+    directory = api_stack.root / "checkpoints" / job
+    directory.mkdir(parents=True)
+    (directory / "step-000000010.pt").write_bytes(b"weights")
+    assert c.get(f"/jobs/{job}/checkpoints/10").content == b"weights"
+    for odd in ("%2010", "10.0", "010", "+10", "1_0", "1e1", "%D9%A1%D9%A0", "1" * 10):
+        response = c.get(f"/jobs/{job}/checkpoints/{odd}")
+        assert fields(response) == {"path.step"}, odd
+    assert c.get(f"/jobs/{job}/checkpoints/11").status_code == 404
+
+
+def test_tolerances_are_plain_finite_decimals(api_stack: Stack) -> None:
+    c = api_stack.client
+    url = "/comparisons/none"
+    for name in ("accuracy_points", "eval_loss_relative"):
+        for odd in ("1_0", "1e-400", " 1", "nan", "inf", "0x1", "1e400"):
+            assert fields(c.get(url, params={name: odd})) == {f"query.{name}"}, (name, odd)
+    # Plain values, 0 and exponents included, pass validation (then: no such comparison).
+    for fine in ("0", "0.0", "1e-3", "2E-2", ".5", "-0"):
+        assert c.get(url, params={"eval_loss_relative": fine}).status_code == 404, fine

@@ -7,14 +7,19 @@ or any fsspec URL every worker writes to); names follow amptrain.contract.layout
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import Annotated, Any
 
 import fsspec
-from fastapi import APIRouter
+from fastapi import APIRouter, Path
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
-from amptrain.contract.layout import checkpoint_name, checkpoint_step, job_checkpoint_url
+from amptrain.contract.layout import (
+    STEP_TEXT,
+    checkpoint_name,
+    checkpoint_step,
+    job_checkpoint_url,
+)
 from amptrain.server.web.deps import CurrentUser, ServicesDep, SessionDep, visible_job
 from amptrain.server.web.errors import NotFound, error_responses
 
@@ -64,12 +69,19 @@ def list_checkpoints(
 
 @router.get("/{job_id}/checkpoints/{step}", response_class=StreamingResponse)
 def download_checkpoint(
-    job_id: str, step: int, session: SessionDep, user: CurrentUser, services: ServicesDep
+    job_id: str,
+    step: Annotated[
+        str, Path(pattern=STEP_TEXT, description="The step, a plain decimal integer (`500`).")
+    ],
+    session: SessionDep,
+    user: CurrentUser,
+    services: ServicesDep,
 ) -> StreamingResponse:
     """The checkpoint file (``torch.load(f, weights_only=True)``; the model is under ``"model"``)."""
     visible_job(session, user, job_id)
     fs, root = fsspec.core.url_to_fs(job_checkpoint_url(services.settings.checkpoint_url, job_id))
-    path = f"{root}/{checkpoint_name(step)}"
+    name = checkpoint_name(int(step))
+    path = f"{root}/{name}"
     try:
         handle = fs.open(path, "rb")
     except FileNotFoundError:
@@ -80,7 +92,7 @@ def download_checkpoint(
             while chunk := handle.read(CHUNK):
                 yield chunk
 
-    filename = f"{job_id}-{checkpoint_name(step)}"
+    filename = f"{job_id}-{name}"
     return StreamingResponse(
         chunks(),
         media_type="application/octet-stream",

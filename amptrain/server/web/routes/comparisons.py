@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from amptrain.contract.admission import WorkerMemory
 from amptrain.contract.spec import JobSpec, Precision, Text
+from amptrain.contract.text import PlainFloat
 from amptrain.server.dispatcher import queue_for
 from amptrain.server.web.admission import queue_workers
 from amptrain.server.web.deps import CurrentUser, ServicesDep, SessionDep, charge_writes
@@ -228,11 +229,11 @@ def read_comparison(
     session: SessionDep,
     user: CurrentUser,
     accuracy_points: Annotated[
-        float,
+        PlainFloat,
         Query(ge=0, le=100, description="The most accuracy an arm may lose, in points."),
     ] = DEFAULT_TOLERANCE["accuracy_points"],
     eval_loss_relative: Annotated[
-        float,
+        PlainFloat,
         Query(ge=0, le=10, description="The most an arm's eval loss may exceed fp32's (0.02: 2%)."),
     ] = DEFAULT_TOLERANCE["eval_loss_relative"],
 ) -> ComparisonOut:

@@ -111,7 +111,7 @@ def submit_job(
     if idempotency_key:
         existing = repo.find_by_idempotency_key(session, user.name, idempotency_key)
         if existing is not None:
-            return _replay(existing, digest, response)
+            return _replay(existing, digest, response, user.is_admin)
     if not user.is_admin:
         _check_active_jobs(session, user.name, services.settings.max_active_jobs_per_user)
     try:
@@ -126,10 +126,12 @@ def submit_job(
         )
         if existing is None:
             raise
-        return _replay(existing, digest, response)
+        return _replay(existing, digest, response, user.is_admin)
     job_id, queue_name, dispatcher = job.id, job.queue, services.dispatcher
     after_commit(session, lambda: dispatcher.submit(job_id, queue_name))
-    return JobOut.from_job(job).model_copy(update={"notice": no_worker_notice(job.queue, workers)})
+    return JobOut.from_job(job, admin=user.is_admin).model_copy(
+        update={"notice": no_worker_notice(job.queue, workers)}
+    )
 
 
 def _check_active_jobs(session: SessionDep, owner: str, limit: int) -> None:
@@ -146,11 +148,11 @@ def _check_active_jobs(session: SessionDep, owner: str, limit: int) -> None:
         )
 
 
-def _replay(job: Job, digest: str, response: Response) -> JobOut:
+def _replay(job: Job, digest: str, response: Response, admin: bool) -> JobOut:
     if job.request_hash != digest:
         raise Conflict("Idempotency-Key was already used with a different request body")
     response.status_code = status.HTTP_200_OK
-    return JobOut.from_job(job)
+    return JobOut.from_job(job, admin=admin)
 
 
 @router.get("", response_model=JobPage)
@@ -212,7 +214,9 @@ def list_jobs(
     kept = _within_budget(items, services.settings.max_page_bytes)
     more = more or len(kept) < len(items)
     next_cursor = encode_cursor(kept[-1]) if more and kept else None
-    return JobPage(items=[JobOut.from_job(j) for j in kept], next_cursor=next_cursor)
+    return JobPage(
+        items=[JobOut.from_job(j, admin=user.is_admin) for j in kept], next_cursor=next_cursor
+    )
 
 
 def _within_budget(items: list[Job], budget: int) -> list[Job]:
@@ -252,7 +256,9 @@ def read_job(job_id: str, session: SessionDep, user: CurrentUser) -> JobOut:
     job = visible_job(session, user, job_id)
     history = [PrecisionSegmentOut(**h) for h in job_reads.precision_history(session, job_id)]
     release_connection(session)  # before FastAPI's response-validation hop
-    return JobOut.from_job(job).model_copy(update={"precision_history": history})
+    return JobOut.from_job(job, admin=user.is_admin).model_copy(
+        update={"precision_history": history}
+    )
 
 
 @router.post(
@@ -277,4 +283,4 @@ def cancel_job(
         client = services.redis
         after_commit(session, lambda: client.set(Keys.cancel(job_id), "1", ex=CANCEL_KEY_TTL_S))
     session.expire_all()
-    return JobOut.from_job(visible_job(session, user, job_id))
+    return JobOut.from_job(visible_job(session, user, job_id), admin=user.is_admin)

@@ -8,6 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from amptrain.contract.cursor import INT64_MAX
+from amptrain.contract.layers import LAYER_NORMS_READ_VALUES
 from amptrain.contract.metrics import EXTREMA_FIELDS, LAYER_NORM_KIND
 from amptrain.server.event_view import owner_view
 from amptrain.server.web.deps import CurrentUser, SessionDep, parse_cursor, visible_job
@@ -32,7 +33,7 @@ from amptrain.store.events import event_page
 from amptrain.store.history.downsample import series_window
 from amptrain.store.history.eval_window import eval_window
 from amptrain.store.history.points import Page, metric_page
-from amptrain.store.history.values import eval_page
+from amptrain.store.history.values import eval_page, newest_record_size
 from amptrain.store.history.window import DEFAULT_EXTREMA, parse_fields, select_fields
 
 router = APIRouter(prefix="/jobs", tags=["telemetry"], responses=error_responses(401, 404, 422))
@@ -165,12 +166,22 @@ def read_layer_norms(
     item is one step with every layer's norm (up to 256 layers), so a page holds at most
     ``limit`` and at most 100 steps (follow ``next_cursor``). Empty for a job without the
     option. With ``max_points``: downsampled in the database, in step order,
-    ``next_cursor`` = the newest item's."""
+    ``next_cursor`` = the newest item's; at most ``LAYER_NORMS_READ_VALUES`` (100,000)
+    norms in all, so fewer steps than asked for a job with many layers (the answer's
+    ``max_points`` and ``notice`` say so)."""
     visible_job(session, user, job_id)
     if (budget := window_budget(max_points, query.after, from_step, to_step)) is not None:
-        window = eval_window(session, job_id, budget, from_step, to_step, LAYER_NORM_KIND)
+        layers = newest_record_size(session, job_id, LAYER_NORM_KIND)
+        kept = min(budget, max(1, LAYER_NORMS_READ_VALUES // max(layers, 1)))
+        window = eval_window(session, job_id, kept, from_step, to_step, LAYER_NORM_KIND)
         items = [LayerNormsOut(**i) for i in window.items]
-        return LayerNormsPage(items=items, next_cursor=window.next_cursor)
+        answer = LayerNormsPage(items=items, next_cursor=window.next_cursor, max_points=kept)
+        if kept < budget:
+            answer.notice = (
+                f"max_points reduced from {budget} to {kept}: {layers} layers x max_points "
+                f"may be at most {LAYER_NORMS_READ_VALUES} norms per read"
+            )
+        return answer
     cursor = parse_cursor(query.after, "query.after")
     page = Page(cursor, min(query.limit, LAYER_NORMS_PAGE), query.attempts)
     found, next_cursor = eval_page(session, job_id, page, LAYER_NORM_KIND)

@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import APIRouter
 
 from amptrain.core import presence
+from amptrain.server.event_view import worker_view
 from amptrain.server.web.deps import CurrentUser, ServicesDep, SessionDep
 from amptrain.server.web.errors import Unavailable, error_responses
 from amptrain.store.job_reads import owned_job_ids
@@ -27,7 +28,8 @@ def list_workers(services: ServicesDep, session: SessionDep, user: CurrentUser) 
     training process could get there, measured while it ran no job; the API checks
     submitted specs against it) and ``current_jobs`` (slot, job id, attempt, ``gpu`` and
     ``gpus``, latest step, throughput, loss scale, memory). Of a job the caller
-    may not see only ``slot``, ``gpu`` and ``gpus`` are shown.
+    may not see only ``slot``, ``gpu`` and ``gpus`` are shown. Where workers run
+    (``name``, ``hostname`` and the pids) is shown to admins only.
     """
     try:
         workers = presence.read_workers(services.redis)
@@ -35,6 +37,7 @@ def list_workers(services: ServicesDep, session: SessionDep, user: CurrentUser) 
         raise Unavailable({"redis": f"error: {type(exc).__name__}"}) from exc
     if not user.is_admin:
         _hide_foreign_jobs(session, user.name, workers)
+        workers = [worker_view(w) for w in workers]
     return {"items": workers}
 
 

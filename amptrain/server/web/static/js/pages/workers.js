@@ -24,9 +24,10 @@ export function mount(root) {
     try {
       const { items } = await api("/workers");
       if (stopped) return;
-      clear(body, items.length ? items.map((w) => h("div", { class: "card", dataset: { worker: w.name } },
-        h("div", { class: "row" }, h("h2", {}, w.name), h("span", { class: "muted small" },
-          `${w.hostname || ""} · queues ${(w.queues || []).join(", ")} · concurrency ${w.concurrency ?? "–"} · heartbeat ${w.last_heartbeat ? `${Math.max(0, Date.now() / 1000 - w.last_heartbeat).toFixed(0)} s ago` : "–"}`)),
+      // Only admins see where workers run (name, host name, pids): others get "worker N".
+      clear(body, items.length ? items.map((w, i) => h("div", { class: "card", dataset: { worker: w.name || `${i + 1}` } },
+        h("div", { class: "row" }, h("h2", {}, w.name || `worker ${i + 1}`), h("span", { class: "muted small" },
+          `${w.hostname ? `${w.hostname} · ` : ""}queues ${(w.queues || []).join(", ")} · concurrency ${w.concurrency ?? "–"} · heartbeat ${w.last_heartbeat ? `${Math.max(0, Date.now() / 1000 - w.last_heartbeat).toFixed(0)} s ago` : "–"}`)),
         h("div", { class: "grid2" },
           h("div", {}, h("div", { class: "small muted" }, "Devices"), (w.devices || []).map(device),
             h("div", { class: "small muted", style: "margin-top:6px" }, "Versions"),
