@@ -82,10 +82,12 @@ class RateLimiter:
 
 class AuthFailures:
     """Failed authentications per client address: each is logged and counted (across API
-    processes, through Redis); past ``spec`` the address is refused with 429 before its
-    token is even checked, in every process that sees it fail once more, until its window
-    allows again. Tokens are far too long to guess, so this is about load and visibility:
-    500 unknown tokens a second were all answered 401 without a word in the log."""
+    processes, through Redis); past ``spec`` the address's failures are answered 429, in
+    every process that sees it fail once more, until its window allows again. Only
+    failures: the caller checks the token first and a valid one always passes, so a stale
+    token on a shared address (every client of ``amptrain up`` is 127.0.0.1) locks no one
+    out. Tokens are far too long to guess, so this is about load and visibility: 500
+    unknown tokens a second were all answered 401 without a word in the log."""
 
     MAX_BLOCKED = 10_000
     """Addresses one process remembers as blocked (the oldest are forgotten first)."""
@@ -99,7 +101,7 @@ class AuthFailures:
         self._lock = threading.Lock()
 
     def blocked_for(self, address: str) -> int | None:
-        """Seconds ``address`` must still wait, or None."""
+        """Seconds ``address``'s failures are still refused for, or None."""
         with self._lock:
             until = self._blocked.get(address)
             if until is None:

@@ -1,0 +1,92 @@
+"""The failed-authentication limiter against a real uvicorn: it throttles failures only (a
+valid token always passes) and counts WebSocket handshakes and SSE streams like requests."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import websockets
+
+from amptrain.cli.embedded_redis import EmbeddedRedis
+from tests.server.web.test_http import cpu_job
+from tests.support.stack import Stack
+
+LIMIT = 30  # AMPTRAIN_AUTH_FAILURE_RATE_LIMIT's default: 30/minute
+BAD = {"Authorization": "Bearer not-a-token"}
+
+
+def start(stack: Stack, **env: str) -> Stack:
+    stack.env.update(env)
+    stack.start_api()
+    return stack
+
+
+@pytest.fixture
+def stack(database_url: str, redis_server: EmbeddedRedis, tmp_path: Path) -> Iterator[Stack]:
+    stack = start(Stack(tmp_path, database_url, redis_server))
+    yield stack
+    stack.close()
+
+
+def client(stack: Stack, local: str = "127.0.0.1", **headers: str) -> httpx.Client:
+    transport = httpx.HTTPTransport(local_address=local)
+    base = str(stack.client.base_url)
+    return httpx.Client(base_url=base, transport=transport, headers=headers, timeout=30)
+
+
+async def handshake(url: str, token: str, **headers: str) -> int:
+    """The HTTP status a WebSocket upgrade was answered with (101: opened)."""
+    try:
+        async with websockets.connect(
+            url, additional_headers={"Authorization": f"Bearer {token}", **headers}
+        ):
+            return 101
+    except websockets.InvalidStatus as exc:
+        if exc.response.status_code == 429:
+            assert 1 <= int(exc.response.headers["Retry-After"]) <= 60
+            assert b'"too_many_requests"' in exc.response.body
+        return exc.response.status_code
+
+
+def test_a_valid_token_passes_from_an_address_over_the_limit(stack: Stack) -> None:
+    job = stack.submit(cpu_job())["id"]
+    with client(stack) as guesser:
+        for i in range(LIMIT):  # requests and SSE streams count alike
+            path = "/jobs" if i % 2 else f"/jobs/{job}/stream"
+            r = guesser.get(path, headers={"Authorization": f"Bearer guess-{i}"})
+            assert r.status_code == 401, r.text
+        r = guesser.get("/jobs", headers=BAD)
+        assert r.status_code == 429, r.text
+        assert 1 <= int(r.headers["Retry-After"]) <= 60
+        assert r.json()["detail"]["limit"] == "30 per 1 minute"
+        # The same address with a valid token: served (was 429 for the whole window).
+        assert guesser.get("/jobs", headers=stack.client.headers).status_code == 200
+        assert guesser.get("/me", headers=stack.client.headers).status_code == 200
+        # Its failures are still refused, without a token too.
+        assert guesser.get("/jobs", headers=BAD).status_code == 429
+        assert guesser.get("/jobs").status_code == 429
+    with client(stack, "127.0.0.2") as other:  # another address is not affected
+        assert other.get("/jobs", headers=BAD).status_code == 401
+    log = (stack.root / "api.log").read_text()
+    assert log.count("authentication failed from 127.0.0.1: unknown bearer token") == LIMIT
+    assert "authentication failures from 127.0.0.1 passed 30 per 1 minute" in log
+
+
+def test_websocket_handshakes_count_and_a_valid_one_still_opens(stack: Stack) -> None:
+    job = stack.submit(cpu_job())["id"]
+    url = f"ws://127.0.0.1:{stack.port}/jobs/{job}/ws"
+
+    async def scenario() -> list[int]:
+        bad = [await handshake(url, f"guess-{i}") for i in range(LIMIT + 1)]
+        return [*bad, await handshake(url, stack.token), await handshake(url, "guess-again")]
+
+    codes = asyncio.run(scenario())
+    # Was 31 x 403: handshakes were never counted.
+    assert codes == [403] * LIMIT + [429, 101, 429]
+    assert stack.client.get("/jobs", headers=BAD).status_code == 429  # one limiter for all
+    log = (stack.root / "api.log").read_text()
+    assert log.count("authentication failed from 127.0.0.1: unknown bearer token") == LIMIT
