@@ -45,6 +45,9 @@ def api(host: str, port: int, log_level: str) -> None:
         host=host,
         port=port,
         http=guarded(AutoHTTPProtocol, guard),
+        # Explicit: left unset, uvicorn believes X-Forwarded-For from 127.0.0.1 (its default),
+        # i.e. from any local client, which could then name the address it is throttled as.
+        forwarded_allow_ips=settings.forwarded_allow_ips,
         log_level=log_level,
         log_config=None,
         ws="websockets-sansio",

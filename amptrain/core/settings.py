@@ -8,13 +8,22 @@ explicitly in tests.
 from __future__ import annotations
 
 import functools
+import ipaddress
 import json
 import os
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    Field,
+    PrivateAttr,
+    SecretStr,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from amptrain.contract.spec import MAX_DEVICES
@@ -41,6 +50,39 @@ def parse_shape_queue(queue: str) -> tuple[str, int] | None:
         return None
     base, devices = queue[: m.start()], int(m[1])
     return (base, devices) if devices > 1 and shape_queue(base, devices) == queue else None
+
+
+def _comma_list(value: Any) -> Any:
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+def check_proxies(value: list[str]) -> list[str]:
+    """The trusted proxies, or a ValueError naming the setting and the first bad entry.
+    Checked here because uvicorn takes anything it cannot parse as a literal host name
+    that no client address ever equals: a typo would silently trust no proxy."""
+    for entry in value:
+        if entry == "*":
+            if len(value) > 1:
+                raise ValueError(
+                    "AMPTRAIN_FORWARDED_ALLOW_IPS: '*' trusts every address; list it alone"
+                )
+            continue
+        try:
+            ipaddress.ip_network(entry)  # strict: 10.0.0.1/8 has host bits, uvicorn drops it
+        except ValueError:
+            raise ValueError(
+                f"AMPTRAIN_FORWARDED_ALLOW_IPS: {entry[:60]!r} is not an IP address, a "
+                "network such as 10.0.0.0/8, or '*'"
+            ) from None
+    return value
+
+
+Proxies = Annotated[
+    list[str], NoDecode, BeforeValidator(_comma_list), AfterValidator(check_proxies)
+]
+"""``AMPTRAIN_FORWARDED_ALLOW_IPS``: comma-separated, checked."""
 
 
 class Settings(BaseSettings):
@@ -152,10 +194,12 @@ class Settings(BaseSettings):
     opening, or of its first byte after a response; else 408 and closed (a client that
     sends a request line and then nothing holds nothing for longer)."""
     auth_failure_rate_limit: str = "30/minute"
-    """Failed authentications (401) per client address, in ``limits`` notation, shared by
-    every API process through Redis; past it the address gets 429 with ``Retry-After``
-    for every request until its window allows again. Behind a proxy the address is the
-    one it forwards (uvicorn's ``FORWARDED_ALLOW_IPS`` names the proxies trusted)."""
+    """Failed authentications per client address (``limits`` notation), across API processes
+    through Redis; past it the address's bad or missing tokens get 429 with ``Retry-After``
+    (a valid token always passes). The address: see :attr:`forwarded_allow_ips`."""
+    forwarded_allow_ips: Proxies = Field(default_factory=list)
+    """Proxies whose ``X-Forwarded-For`` names the client: IP addresses or networks
+    (comma-separated), or ``*`` where only the proxy reaches the API; default none."""
     token_recheck_seconds: float = Field(default=5.0, gt=0)
     """An open WebSocket or SSE stream re-checks its token (revoked? expired?) at its next
     message once this long has passed since the last check."""
@@ -240,12 +284,6 @@ class Settings(BaseSettings):
     def broker_url(self) -> str:
         """``redis_url`` spelled the way kombu wants it (unix sockets are ``redis+socket://``)."""
         return celery_broker_url(self.redis_url)
-
-
-def _comma_list(value: Any) -> Any:
-    if isinstance(value, str):
-        return [part.strip() for part in value.split(",") if part.strip()]
-    return value
 
 
 def _roots(value: Any) -> Any:

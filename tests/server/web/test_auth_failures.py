@@ -1,17 +1,23 @@
 """The failed-authentication limiter against a real uvicorn: it throttles failures only (a
-valid token always passes) and counts WebSocket handshakes and SSE streams like requests."""
+valid token always passes), counts an address X-Forwarded-For names only when the proxy
+sending it is configured, and counts WebSocket handshakes and SSE streams like requests."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 import websockets
+from pydantic import ValidationError
 
 from amptrain.cli.embedded_redis import EmbeddedRedis
+from amptrain.core.settings import Settings
 from tests.server.web.test_http import cpu_job
 from tests.support.stack import Stack
 
@@ -20,6 +26,7 @@ BAD = {"Authorization": "Bearer not-a-token"}
 
 
 def start(stack: Stack, **env: str) -> Stack:
+    stack.env.pop("FORWARDED_ALLOW_IPS", None)  # uvicorn's own variable must not matter
     stack.env.update(env)
     stack.start_api()
     return stack
@@ -28,6 +35,16 @@ def start(stack: Stack, **env: str) -> Stack:
 @pytest.fixture
 def stack(database_url: str, redis_server: EmbeddedRedis, tmp_path: Path) -> Iterator[Stack]:
     stack = start(Stack(tmp_path, database_url, redis_server))
+    yield stack
+    stack.close()
+
+
+@pytest.fixture
+def proxied(database_url: str, redis_server: EmbeddedRedis, tmp_path: Path) -> Iterator[Stack]:
+    """The API behind a proxy at 127.0.0.1 (the test client plays it)."""
+    stack = start(
+        Stack(tmp_path, database_url, redis_server), AMPTRAIN_FORWARDED_ALLOW_IPS="127.0.0.1"
+    )
     yield stack
     stack.close()
 
@@ -76,6 +93,37 @@ def test_a_valid_token_passes_from_an_address_over_the_limit(stack: Stack) -> No
     assert "authentication failures from 127.0.0.1 passed 30 per 1 minute" in log
 
 
+def test_x_forwarded_for_is_ignored_unless_its_proxy_is_configured(stack: Stack) -> None:
+    with client(stack) as c:
+        codes = [
+            c.get("/jobs", headers={**BAD, "X-Forwarded-For": f"10.0.0.{i}"}).status_code
+            for i in range(90)
+        ]
+        # Was 90 x 401: each forged header was an address of its own.
+        assert codes == [401] * LIMIT + [429] * (90 - LIMIT)
+        valid = {**stack.client.headers, "X-Forwarded-For": "10.0.0.1"}
+        assert c.get("/jobs", headers=valid).status_code == 200
+    log = (stack.root / "api.log").read_text()
+    assert "authentication failures from 127.0.0.1 passed" in log
+    assert "from 10.0.0." not in log
+
+
+def test_x_forwarded_for_from_a_configured_proxy_is_the_address(proxied: Stack) -> None:
+    blocked = {"X-Forwarded-For": "203.0.113.9"}
+    with client(proxied) as proxy:
+        for _ in range(LIMIT):
+            assert proxy.get("/jobs", headers={**BAD, **blocked}).status_code == 401
+        assert proxy.get("/jobs", headers={**BAD, **blocked}).status_code == 429
+        other = {**BAD, "X-Forwarded-For": "203.0.113.10"}
+        assert proxy.get("/jobs", headers=other).status_code == 401
+        assert proxy.get("/jobs", headers={**proxied.client.headers, **blocked}).status_code == 200
+    with client(proxied, "127.0.0.2") as direct:  # not the proxy: its header is ignored
+        assert direct.get("/jobs", headers={**BAD, **blocked}).status_code == 401
+    log = (proxied.root / "api.log").read_text()
+    assert "authentication failures from 203.0.113.9 passed" in log
+    assert "authentication failed from 203.0.113.10: unknown bearer token" in log
+
+
 def test_websocket_handshakes_count_and_a_valid_one_still_opens(stack: Stack) -> None:
     job = stack.submit(cpu_job())["id"]
     url = f"ws://127.0.0.1:{stack.port}/jobs/{job}/ws"
@@ -90,3 +138,21 @@ def test_websocket_handshakes_count_and_a_valid_one_still_opens(stack: Stack) ->
     assert stack.client.get("/jobs", headers=BAD).status_code == 429  # one limiter for all
     log = (stack.root / "api.log").read_text()
     assert log.count("authentication failed from 127.0.0.1: unknown bearer token") == LIMIT
+
+
+def test_a_bad_proxy_setting_is_refused_naming_it(tmp_path: Path) -> None:
+    assert Settings(data_dir=tmp_path).forwarded_allow_ips == []  # trust no proxy
+    ok = Settings(data_dir=tmp_path, forwarded_allow_ips="10.0.0.0/8, 127.0.0.1,::1")
+    assert ok.forwarded_allow_ips == ["10.0.0.0/8", "127.0.0.1", "::1"]
+    for bad in ("proxy.example", "10.0.0.1/8", "1.2.3.4\n<script>", "*,10.0.0.1", "127.0.0.1 x"):
+        with pytest.raises(ValidationError, match="AMPTRAIN_FORWARDED_ALLOW_IPS"):
+            Settings(data_dir=tmp_path, forwarded_allow_ips=bad)
+    env = {
+        **os.environ,
+        "AMPTRAIN_DATA_DIR": str(tmp_path),
+        "AMPTRAIN_FORWARDED_ALLOW_IPS": "nginx",
+    }
+    api = [sys.executable, "-m", "amptrain.cli.main", "api", "--port", "1"]
+    result = subprocess.run(api, env=env, capture_output=True, text=True, timeout=60)
+    assert result.returncode != 0
+    assert "AMPTRAIN_FORWARDED_ALLOW_IPS: 'nginx' is not an IP address" in result.stderr
