@@ -26,6 +26,7 @@ from limits import RateLimitItem, parse_many
 from limits.storage import RedisStorage
 from limits.strategies import MovingWindowRateLimiter
 
+from amptrain.core.logs import shown
 from amptrain.core.redis import Keys
 
 log = logging.getLogger(__name__)
@@ -116,13 +117,13 @@ class AuthFailures:
         """Count a failure of ``address``; a :class:`Refused` once it is over the limit."""
         refused = self.limiter.hit(address)
         if refused is None:
-            log.warning("authentication failed from %s: %s", address, reason)
+            log.warning("authentication failed from %s: %s", shown(address), reason)
             return None
         with self._lock:
             if address not in self._blocked:
                 log.warning(
                     "authentication failures from %s passed %s: refusing it for %ds",
-                    address,
+                    shown(address),
                     refused.limit,
                     refused.retry_after_s,
                 )

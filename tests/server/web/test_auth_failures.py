@@ -1,6 +1,7 @@
 """The failed-authentication limiter against a real uvicorn: it throttles failures only (a
 valid token always passes), counts an address X-Forwarded-For names only when the proxy
-sending it is configured, and counts WebSocket handshakes and SSE streams like requests."""
+sending it is configured, counts WebSocket handshakes and SSE streams like requests, and
+logs what a client sent escaped."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ import websockets
 from pydantic import ValidationError
 
 from amptrain.cli.embedded_redis import EmbeddedRedis
+from amptrain.core.logs import shown
 from amptrain.core.settings import Settings
 from tests.server.web.test_http import cpu_job
 from tests.support.stack import Stack
@@ -117,11 +119,19 @@ def test_x_forwarded_for_from_a_configured_proxy_is_the_address(proxied: Stack) 
         other = {**BAD, "X-Forwarded-For": "203.0.113.10"}
         assert proxy.get("/jobs", headers=other).status_code == 401
         assert proxy.get("/jobs", headers={**proxied.client.headers, **blocked}).status_code == 200
+        # A forwarded value is logged escaped, in our lines and in uvicorn's access log.
+        hostile = {"X-Forwarded-For": "0003d140<script>'\"\\"}
+        assert proxy.get("/jobs", headers={**BAD, **hostile}).status_code == 401
     with client(proxied, "127.0.0.2") as direct:  # not the proxy: its header is ignored
         assert direct.get("/jobs", headers={**BAD, **blocked}).status_code == 401
+    # So is a refused handshake's job id: the client's (decoded) path.
+    url = f"ws://127.0.0.1:{proxied.port}/jobs/%3Cscript%3E%0Ax/ws"
+    assert asyncio.run(handshake(url, "bad", **hostile)) == 403
     log = (proxied.root / "api.log").read_text()
     assert "authentication failures from 203.0.113.9 passed" in log
     assert "authentication failed from 203.0.113.10: unknown bearer token" in log
+    assert r"authentication failed from 0003d140\x3cscript\x3e\x27\x22\x5c: unknown" in log
+    assert "<script>" not in log
 
 
 def test_websocket_handshakes_count_and_a_valid_one_still_opens(stack: Stack) -> None:
@@ -156,3 +166,10 @@ def test_a_bad_proxy_setting_is_refused_naming_it(tmp_path: Path) -> None:
     result = subprocess.run(api, env=env, capture_output=True, text=True, timeout=60)
     assert result.returncode != 0
     assert "AMPTRAIN_FORWARDED_ALLOW_IPS: 'nginx' is not an IP address" in result.stderr
+
+
+def test_client_values_are_logged_escaped() -> None:
+    assert shown("127.0.0.1") == "127.0.0.1" and shown("[::1]:8000") == "[::1]:8000"
+    assert shown("a<b>\n\x1b[0m") == r"a\x3cb\x3e\x0a\x1b[0m"
+    assert shown("é☃") == r"\xe9\u2603"
+    assert shown("x" * 500, limit=10) == "x" * 10 + "..."
