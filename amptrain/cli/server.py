@@ -8,6 +8,8 @@ import os
 
 import click
 
+from amptrain.core.logs import shown
+
 # Per-connection memory is what limits watchers: measured ~36-42 KiB per WebSocket without
 # permessage-deflate and 80-160 KiB with it, so no deflate and small frames. Clients send
 # nothing big over WebSockets.
@@ -55,6 +57,9 @@ def api(host: str, port: int, log_level: str) -> None:
         host=host,
         port=port,
         http=guarded(AutoHTTPProtocol, guard),
+        # Explicit: left unset, uvicorn believes X-Forwarded-For from 127.0.0.1 (its default),
+        # i.e. from any local client, which could then name the address it is throttled as.
+        forwarded_allow_ips=settings.forwarded_allow_ips,
         log_level=log_level,
         log_config=None,
         ws=guarded_ws(WebSocketsSansIOProtocol, guard),
@@ -114,10 +119,13 @@ def recorder(metrics_port: int, metrics_host: str, log_level: str) -> None:
 
 def strip_query_strings(record: logging.LogRecord) -> bool:
     """Access-log filter: paths without their query strings (cursors, filters and anything
-    a client put in a URL stay out of the logs)."""
+    a client put in a URL stay out of the logs), and every other value escaped (the client
+    address is a proxy's X-Forwarded-For as sent, when one is trusted)."""
     if isinstance(record.args, tuple):
         record.args = tuple(
-            arg.partition("?")[0] if isinstance(arg, str) and arg.startswith("/") else arg
+            (arg.partition("?")[0] if arg.startswith("/") else shown(arg))
+            if isinstance(arg, str)
+            else arg
             for arg in record.args
         )
     return True

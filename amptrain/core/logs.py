@@ -16,6 +16,7 @@ import contextlib
 import contextvars
 import json
 import logging
+import re
 import sys
 import time
 from collections.abc import Iterator
@@ -138,6 +139,26 @@ def configure_logging(
         lib = logging.getLogger(name)
         lib.handlers.clear()
         lib.propagate = True
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9.:_\-\[\] ,/@]")
+"""Everything but what addresses, ports and host lists are written with."""
+
+
+def shown(value: object, limit: int = 80) -> str:
+    """``value`` (something a client sent: an address, a forwarded header) safe to log:
+    its first ``limit`` characters with every control, markup, quote, backslash or
+    non-ASCII character escaped (``<`` is ``\\x3c``), so a log line or a log viewer never
+    renders what a client wrote. An IP address comes out unchanged."""
+    text = str(value)
+    out = _UNSAFE.sub(lambda m: _escape(ord(m[0])), text[:limit])
+    return out + ("..." if len(text) > limit else "")
+
+
+def _escape(code: int) -> str:
+    if code <= 0xFF:
+        return f"\\x{code:02x}"
+    return f"\\u{code:04x}" if code <= 0xFFFF else f"\\U{code:08x}"
 
 
 def _iso(created: float) -> str:

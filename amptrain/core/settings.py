@@ -8,13 +8,21 @@ explicitly in tests.
 from __future__ import annotations
 
 import functools
+import ipaddress
 import json
 import os
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, PrivateAttr, SecretStr, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    BeforeValidator,
+    Field,
+    PrivateAttr,
+    SecretStr,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from amptrain.contract.spec import MAX_DEVICES
@@ -43,6 +51,50 @@ def parse_shape_queue(queue: str) -> tuple[str, int] | None:
     return (base, devices) if devices > 1 and shape_queue(base, devices) == queue else None
 
 
+def _comma_list(value: Any) -> Any:
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+def check_proxies(value: list[str]) -> list[str]:
+    """The trusted proxies, or a ValueError naming the setting and the first bad entry.
+    Checked here because uvicorn takes anything it cannot parse as a literal host name
+    that no client address ever equals: a typo would silently trust no proxy."""
+    for entry in value:
+        if entry == "*":
+            if len(value) > 1:
+                raise ValueError(
+                    "AMPTRAIN_FORWARDED_ALLOW_IPS: '*' trusts every address; list it alone"
+                )
+            continue
+        try:
+            ipaddress.ip_network(entry)  # strict: 10.0.0.1/8 has host bits, uvicorn drops it
+        except ValueError:
+            raise ValueError(
+                f"AMPTRAIN_FORWARDED_ALLOW_IPS: {entry[:60]!r} is not an IP address, a "
+                "network such as 10.0.0.0/8, or '*'"
+            ) from None
+    return value
+
+
+Proxies = Annotated[
+    list[str], NoDecode, BeforeValidator(_comma_list), AfterValidator(check_proxies)
+]
+"""``AMPTRAIN_FORWARDED_ALLOW_IPS``: comma-separated, checked."""
+
+# Each list setting's type carries its own parsing, as ``Proxies`` does: the environment
+# gives text, which pydantic-settings would otherwise decode as JSON.
+CommaList = Annotated[list[str], NoDecode, BeforeValidator(lambda v: _comma_list(v))]
+"""Comma-separated names."""
+Queues = Annotated[CommaList, AfterValidator(lambda v: check_queues(v))]
+"""Worker queue names: comma-separated, each a name kombu may use as a Redis key."""
+Protocols = Annotated[CommaList, AfterValidator(lambda v: [p.lower() for p in v])]
+"""fsspec protocols, comma-separated, compared in lower case."""
+Roots = Annotated[list[str], NoDecode, BeforeValidator(lambda v: _roots(v))]
+"""Data roots: a JSON list, ``os.pathsep``-separated directories, or comma-separated URLs."""
+
+
 class Settings(BaseSettings):
     """Service settings. Paths left unset derive from ``data_dir``."""
 
@@ -58,10 +110,10 @@ class Settings(BaseSettings):
     """Directory or fsspec URL for checkpoints; default ``{data_dir}/checkpoints``."""
     admin_token: SecretStr | None = None
     """The first admin token; generated (and saved with mode 0600) when unset."""
-    data_roots: Annotated[list[str], NoDecode] = Field(default_factory=list)
+    data_roots: Roots = Field(default_factory=list)
     """Directories (or URLs) datasets may read from: a JSON list, ``os.pathsep``-separated
     directories, or comma-separated when any is a URL; default ``[{data_dir}/data]``."""
-    data_protocols: Annotated[list[str], NoDecode] = Field(default_factory=lambda: ["file"])
+    data_protocols: Protocols = Field(default_factory=lambda: ["file"])
     """Protocols a ``tensors`` path may use (comma-separated), e.g. ``file,s3,gs``; default
     local files only. Every data root must use one of them."""
     data_roots_per_user: bool = False
@@ -98,7 +150,7 @@ class Settings(BaseSettings):
     from closing the socket and lets clients detect a dead server)."""
     live_queue_size: int = Field(default=4096, ge=16)
     """Messages one watcher may fall behind before it gets ``gap`` and is closed (1013)."""
-    child_env_passthrough: Annotated[list[str], NoDecode] = Field(
+    child_env_passthrough: CommaList = Field(
         default_factory=lambda: ["AWS_*", "GOOGLE_APPLICATION_CREDENTIALS", "AZURE_STORAGE_*"]
     )
     """Environment variables (comma-separated names or ``fnmatch`` patterns) a worker hands
@@ -117,7 +169,7 @@ class Settings(BaseSettings):
     the next job (it runs that one attempt and exits): a job starts without waiting for a
     fresh interpreter to import torch. A spare costs one idle process's memory per slot.
     ``false``: every attempt starts a fresh process on demand."""
-    queues: Annotated[list[str], NoDecode] = Field(default_factory=lambda: ["gpu", "cpu"])
+    queues: Queues = Field(default_factory=lambda: ["gpu", "cpu"])
     """Worker queues a job may name (comma-separated), e.g. ``gpu,cpu,gpu-a100``. kombu
     keeps each queue as a Redis list of that very name, so a job may only pick one of
     these (or one of their shape queues, see :attr:`routable_queues`), and a name that
@@ -155,35 +207,17 @@ class Settings(BaseSettings):
     max_connections_per_address: int = Field(default=64, ge=0, le=1_000_000)
     """Connections per client address and API process (one more: 503); 0: off, behind a proxy."""
     auth_failure_rate_limit: str = "30/minute"
-    """Failed authentications (401) per client address, in ``limits`` notation, shared by
-    every API process through Redis; past it the address gets 429 with ``Retry-After``
-    for every request until its window allows again. Behind a proxy the address is the
-    one it forwards (uvicorn's ``FORWARDED_ALLOW_IPS`` names the proxies trusted)."""
+    """Failed authentications per client address (``limits`` notation), across API processes
+    through Redis; past it the address's bad or missing tokens get 429 with ``Retry-After``
+    (a valid token always passes). The address: see :attr:`forwarded_allow_ips`."""
+    forwarded_allow_ips: Proxies = Field(default_factory=list)
+    """Proxies whose ``X-Forwarded-For`` names the client: IP addresses or networks
+    (comma-separated), or ``*`` where only the proxy reaches the API; default none."""
     token_recheck_seconds: float = Field(default=5.0, gt=0)
     """An open WebSocket or SSE stream re-checks its token (revoked? expired?) at its next
     message once this long has passed since the last check."""
 
     _redis_derived: bool = PrivateAttr(default=False)
-
-    @field_validator("queues", "child_env_passthrough", "data_protocols", mode="before")
-    @classmethod
-    def _split_commas(cls, value: Any) -> Any:
-        return _comma_list(value)
-
-    @field_validator("queues")
-    @classmethod
-    def _check_queues(cls, value: list[str]) -> list[str]:
-        return check_queues(value)
-
-    @field_validator("data_protocols")
-    @classmethod
-    def _lower_protocols(cls, value: list[str]) -> list[str]:
-        return [p.lower() for p in value]
-
-    @field_validator("data_roots", mode="before")
-    @classmethod
-    def _split_roots(cls, value: Any) -> Any:
-        return _roots(value)
 
     @model_validator(mode="after")
     def _derive_defaults(self) -> Settings:
@@ -243,12 +277,6 @@ class Settings(BaseSettings):
     def broker_url(self) -> str:
         """``redis_url`` spelled the way kombu wants it (unix sockets are ``redis+socket://``)."""
         return celery_broker_url(self.redis_url)
-
-
-def _comma_list(value: Any) -> Any:
-    if isinstance(value, str):
-        return [part.strip() for part in value.split(",") if part.strip()]
-    return value
 
 
 def _roots(value: Any) -> Any:

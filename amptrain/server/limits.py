@@ -26,6 +26,7 @@ from limits import RateLimitItem, parse_many
 from limits.storage import RedisStorage
 from limits.strategies import MovingWindowRateLimiter
 
+from amptrain.core.logs import shown
 from amptrain.core.redis import Keys
 
 log = logging.getLogger(__name__)
@@ -82,10 +83,12 @@ class RateLimiter:
 
 class AuthFailures:
     """Failed authentications per client address: each is logged and counted (across API
-    processes, through Redis); past ``spec`` the address is refused with 429 before its
-    token is even checked, in every process that sees it fail once more, until its window
-    allows again. Tokens are far too long to guess, so this is about load and visibility:
-    500 unknown tokens a second were all answered 401 without a word in the log."""
+    processes, through Redis); past ``spec`` the address's failures are answered 429, in
+    every process that sees it fail once more, until its window allows again. Only
+    failures: the caller checks the token first and a valid one always passes, so a stale
+    token on a shared address (every client of ``amptrain up`` is 127.0.0.1) locks no one
+    out. Tokens are far too long to guess, so this is about load and visibility: 500
+    unknown tokens a second were all answered 401 without a word in the log."""
 
     MAX_BLOCKED = 10_000
     """Addresses one process remembers as blocked (the oldest are forgotten first)."""
@@ -99,7 +102,7 @@ class AuthFailures:
         self._lock = threading.Lock()
 
     def blocked_for(self, address: str) -> int | None:
-        """Seconds ``address`` must still wait, or None."""
+        """Seconds ``address``'s failures are still refused for, or None."""
         with self._lock:
             until = self._blocked.get(address)
             if until is None:
@@ -114,13 +117,13 @@ class AuthFailures:
         """Count a failure of ``address``; a :class:`Refused` once it is over the limit."""
         refused = self.limiter.hit(address)
         if refused is None:
-            log.warning("authentication failed from %s: %s", address, reason)
+            log.warning("authentication failed from %s: %s", shown(address), reason)
             return None
         with self._lock:
             if address not in self._blocked:
                 log.warning(
                     "authentication failures from %s passed %s: refusing it for %ds",
-                    address,
+                    shown(address),
                     refused.limit,
                     refused.retry_after_s,
                 )

@@ -26,6 +26,7 @@ from packaging.utils import canonicalize_name
 from referencing import Registry, Resource
 
 from amptrain.contract.spec import JobSpec, parse_spec
+from amptrain.core.settings import check_proxies
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -250,7 +251,15 @@ def test_a_proxy_is_the_only_way_in_and_bounds_each_client(compose: dict[str, An
     assert conf["proxy_pass"] == ["http://amptrain_api"] and "api:8000" in conf["server"]
     # The address failed logins are throttled by comes from the proxy, never the client.
     assert "X-Forwarded-For $remote_addr" in conf["proxy_set_header"]
-    assert services["api"]["environment"]["FORWARDED_ALLOW_IPS"] == "*"
+    assert services["api"]["environment"]["AMPTRAIN_FORWARDED_ALLOW_IPS"] == "*"
+
+
+def test_the_apis_behind_a_proxy_name_the_proxies_they_trust() -> None:
+    # The API trusts no X-Forwarded-For by default; behind the ingress it must say whose.
+    (container,) = _pod("api")["containers"]
+    env = {item["name"]: item.get("value") for item in container["env"]}
+    assert check_proxies(env["AMPTRAIN_FORWARDED_ALLOW_IPS"].split(",")) != ["*"]
+    assert "FORWARDED_ALLOW_IPS" not in env  # uvicorn's own variable is not read
 
 
 def test_the_ingress_bounds_each_client_and_keeps_prometheus_inside() -> None:

@@ -17,11 +17,19 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session
+from starlette.requests import HTTPConnection
 
 from amptrain.contract.cursor import Cursor, CursorError
 from amptrain.server.runtime import Services
 from amptrain.server.web.auth import Principal, authenticate, refusal
-from amptrain.server.web.errors import NotFound, TooMany, Unauthorized, ValidationFailed, clip
+from amptrain.server.web.errors import (
+    AppError,
+    NotFound,
+    TooMany,
+    Unauthorized,
+    ValidationFailed,
+    clip,
+)
 from amptrain.store.jobs import get_job
 from amptrain.store.models import Job
 
@@ -80,25 +88,36 @@ def get_current_user(
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> Principal:
     """The caller behind ``Authorization: Bearer TOKEN``; 401 otherwise (missing, unknown,
-    expired or revoked), and 429 once its address failed too often. Writes count against
-    the caller's rate limit (429)."""
-    address = request.client.host if request.client else "unknown"
-    failures = services.auth_failures
-    wait = failures.blocked_for(address)
-    if wait is not None:
-        raise _auth_throttled(wait, failures.limit)
+    expired or revoked), or 429 instead once its address failed too often. The token is
+    checked first: a valid one always passes, whatever its address did. Writes count
+    against the caller's rate limit (429)."""
     token = credentials.credentials if credentials else None
     principal = authenticate(session, token)
     if principal is None:
-        reason = refusal(session, token)
-        refused = failures.failed(address, reason)
-        if refused is not None:
-            raise _auth_throttled(refused.retry_after_s, refused.limit)
-        raise Unauthorized(reason)
+        raise failed_authentication(services, client_address(request), refusal(session, token))
     release_connection(session)
     if request.method not in _READS:
         charge_writes(services, principal, 1)
     return principal
+
+
+def client_address(conn: HTTPConnection) -> str:
+    """The caller's address: the peer's, or what a trusted proxy forwarded (uvicorn puts it
+    in the scope only for ``AMPTRAIN_FORWARDED_ALLOW_IPS``)."""
+    return conn.client.host if conn.client else "unknown"
+
+
+def failed_authentication(services: Services, address: str, reason: str) -> AppError:
+    """Count a failed authentication from ``address`` (a request, an SSE stream or a
+    WebSocket handshake alike) and return what answers it: 401 saying ``reason``, or 429
+    with ``Retry-After`` while the address is over ``AMPTRAIN_AUTH_FAILURE_RATE_LIMIT``.
+    Blocking (Redis)."""
+    failures = services.auth_failures
+    wait = failures.blocked_for(address)
+    if wait is None:
+        refused = failures.failed(address, reason)
+        wait = refused.retry_after_s if refused is not None else None
+    return Unauthorized(reason) if wait is None else _auth_throttled(wait, failures.limit)
 
 
 def _auth_throttled(retry_after_s: int, limit: str) -> TooMany:

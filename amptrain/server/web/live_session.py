@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import anyio
 
+from amptrain.core.logs import shown
 from amptrain.server.runtime import Services
 from amptrain.server.web.auth import Principal
 from amptrain.store.models import utcnow
@@ -114,5 +115,6 @@ def closed(
         code if code is not None else "none",
         sent,
         seconds,
-        extra={"job_id": job_id, "user": user, "close_code": code, "close_reason": reason},
+        # A refused handshake's job id is whatever the client put in the path (decoded).
+        extra={"job_id": shown(job_id), "user": user, "close_code": code, "close_reason": reason},
     )

@@ -14,7 +14,10 @@ WebSocket authentication: an ``Authorization: Bearer TOKEN`` header, or (browser
 cannot set headers) the subprotocol pair ``bearer, TOKEN``, answered with the
 subprotocol ``bearer``. Never a token in the query string. A missing or unknown
 token, or a job the caller may not see, is refused with close code 1008 before the
-handshake completes (the client sees the upgrade answered with HTTP 403).
+handshake completes (the client sees the upgrade answered with HTTP 403). A bad or
+missing token counts toward ``AMPTRAIN_AUTH_FAILURE_RATE_LIMIT`` as a request's does (SSE
+is a request); from an address over it, the upgrade is answered 429 with ``Retry-After``
+and the ``{"error", "detail"}`` body instead, while a valid token still opens.
 
 Close codes: 1000 after ``end``; 1013 (try again later) after ``gap``, i.e. the
 client fell a whole queue behind and should reconnect with ``after=`` the gap's
@@ -41,16 +44,30 @@ from typing import Annotated, Any
 import anyio
 from fastapi import APIRouter, Header, Query, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import StreamingResponse
-from sqlalchemy.orm import Session, sessionmaker
 from starlette.types import Receive, Scope, Send
 
 from amptrain.contract.cursor import Cursor, CursorError
 from amptrain.server.live.hub import LiveHub
 from amptrain.server.live.messages import RECORD_TYPES
 from amptrain.server.live.watch import Out, Watch
-from amptrain.server.web.auth import Principal, authenticate, bearer_token
-from amptrain.server.web.deps import CurrentUser, ServicesDep, SessionDep, parse_cursor, visible_job
-from amptrain.server.web.errors import TooMany, error_responses
+from amptrain.server.runtime import Services
+from amptrain.server.web.auth import Principal, authenticate, bearer_token, refusal
+from amptrain.server.web.deps import (
+    CurrentUser,
+    ServicesDep,
+    SessionDep,
+    client_address,
+    failed_authentication,
+    parse_cursor,
+    visible_job,
+)
+from amptrain.server.web.errors import (
+    AppError,
+    NotFound,
+    TooMany,
+    error_response,
+    error_responses,
+)
 from amptrain.server.web.live_session import CLOSE_TOKEN, CLOSE_TOO_MANY, LiveSession, closed
 from amptrain.server.web.params import AfterCursor
 from amptrain.store.jobs import get_job
@@ -99,16 +116,19 @@ def ws_credentials(ws: WebSocket) -> tuple[str | None, bool]:
     return None, False
 
 
-def watcher(sessions: sessionmaker[Session], token: str | None, job_id: str) -> Principal | None:
-    """The token's principal if it is valid and may see the job; None otherwise."""
-    if not token:
-        return None
-    with sessions() as s:
+def watcher(
+    services: Services, token: str | None, job_id: str, address: str
+) -> Principal | AppError:
+    """The token's principal if it is valid and may see the job; else what refuses the
+    handshake: a failed authentication, counted like a request's (401, or 429 from an
+    address over the limit), or 404 (no such job, or not the caller's)."""
+    with services.session_factory() as s:
         principal = authenticate(s, token)
-        if principal is None:
-            return None
-        job = get_job(s, job_id)
-        return principal if job is not None and principal.can_see(job) else None
+        if principal is not None:
+            job = get_job(s, job_id)
+            return principal if job is not None and principal.can_see(job) else NotFound()
+        reason = refusal(s, token)
+    return failed_authentication(services, address, reason)
 
 
 BATCH_DOC = (
@@ -125,8 +145,15 @@ async def watch_ws(
     ``batch=true``: records grouped in ``batch`` frames."""
     services = ws.app.state.services
     token, subprotocol = ws_credentials(ws)
-    principal = await anyio.to_thread.run_sync(watcher, services.session_factory, token, job_id)
-    if principal is None:
+    principal = await anyio.to_thread.run_sync(watcher, services, token, job_id, client_address(ws))
+    if isinstance(principal, TooMany):
+        # The limiter's own answer, as over HTTP: 429 with Retry-After and the JSON body.
+        await ws.send_denial_response(
+            error_response(principal.status, principal.code, principal.detail, principal.headers)
+        )
+        closed("WebSocket", job_id, None, 429, "refused: too many failed authentications")
+        return
+    if not isinstance(principal, Principal):
         await ws.close(code=CLOSE_POLICY)
         closed(
             "WebSocket", job_id, None, CLOSE_POLICY, "refused: bad token or not the caller's job"
