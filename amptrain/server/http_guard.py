@@ -212,6 +212,21 @@ class _WriteDeadline:
         reset(conn.transport)
 
 
+class _Paced(asyncio.Protocol):
+    """Writes paused by asyncio arm the connection's write deadline, resumed disarm it (the
+    HTTP and the WebSocket protocol alike; each makes its ``_write`` when connected)."""
+
+    _write: _WriteDeadline
+
+    def pause_writing(self) -> None:
+        super().pause_writing()
+        self._write.arm()
+
+    def resume_writing(self) -> None:
+        self._write.disarm()
+        super().resume_writing()
+
+
 def reset(transport: Any) -> None:
     """Close ``transport`` at once, dropping what its client did not read: SO_LINGER 0, or
     the kernel keeps the socket and its buffers (an orphan) for minutes after an abort."""
@@ -230,10 +245,9 @@ def guarded(base: type[asyncio.Protocol], guard: ConnectionGuard) -> type[asynci
     the current ``cycle`` (``response_complete``, ``more_body``).
     """
 
-    class Guarded(base):  # type: ignore[valid-type, misc]
+    class Guarded(_Paced, base):  # type: ignore[valid-type, misc]
         _deadline: asyncio.TimerHandle | None = None
         _header_bytes = 0
-        _write: _WriteDeadline
 
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
             super().connection_made(transport)
@@ -279,14 +293,6 @@ def guarded(base: type[asyncio.Protocol], guard: ConnectionGuard) -> type[asynci
             super().on_response_complete()
             if not self.transport.is_closing() and not self._started():
                 self._wait()  # idle between requests: uvicorn's keep-alive timer runs
-
-        def pause_writing(self) -> None:
-            super().pause_writing()
-            self._write.arm()
-
-        def resume_writing(self) -> None:
-            self._write.disarm()
-            super().resume_writing()
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
@@ -339,20 +345,10 @@ def guarded_ws(base: type[asyncio.Protocol], guard: ConnectionGuard) -> type[asy
     """``base`` (uvicorn's WebSocket protocol, which takes over :func:`guarded`'s transport)
     with the write deadline; it gives back the transport's place under the per-address cap."""
 
-    class GuardedWS(base):  # type: ignore[valid-type, misc]
-        _write: _WriteDeadline
-
+    class GuardedWS(_Paced, base):  # type: ignore[valid-type, misc]
         def connection_made(self, transport: asyncio.BaseTransport) -> None:
             super().connection_made(transport)
             self._write = _WriteDeadline(guard, self)
-
-        def pause_writing(self) -> None:
-            super().pause_writing()
-            self._write.arm()
-
-        def resume_writing(self) -> None:
-            self._write.disarm()
-            super().resume_writing()
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._write.disarm()
