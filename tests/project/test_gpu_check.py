@@ -1,7 +1,8 @@
 """deploy/gpu-check.sh works the first time on a bare GPU box: simulated here on every run.
 
 The lent box, as it is: its ``python3`` is itself a virtual environment's interpreter holding
-only torch (here this machine's Python with the CPU wheel of the same torch pin), no network,
+torch and the libraries its image builds for it (here this machine's Python with the README's
+torch and torchvision pins, timm and transformers), no network,
 no package index; everything else comes from a wheelhouse built beforehand for that Python.
 The check's dry run then goes through every stage on the CPU, with the network cut
 (``unshare -n``, loopback only) and pip's configuration and index switched off.
@@ -22,7 +23,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 CHECK = ROOT / "deploy" / "gpu-check.sh"
 SMOKE = ROOT / "deploy" / "gpu-smoke.sh"
-TORCH_PIN = "torch==2.13.0"  # the box's torch: the pin of the README's install command
+# The box's image: torch and the libraries built for it (the README's pins), which the
+# wheelhouse leaves out.
+BOX_PACKAGES = "torch==2.14.1 torchvision==0.29.1 timm transformers"
 # The issue's stages, in the order the check must run them (most valuable first).
 STAGES = (
     "environment",
@@ -152,13 +155,14 @@ def _finish(proc: subprocess.Popen[str], timeout: float) -> str:
 def test_the_dry_run_passes_every_stage_on_a_simulated_gpu_box(tmp_path: Path) -> None:
     cut = _network_cut()
     started = time.monotonic()
-    # The box: a venv's interpreter (base: this machine's Python) with torch alone in it;
+    # The box: a venv's interpreter (base: this machine's Python) with its image's torch,
+    # torchvision, timm and transformers;
     # and, meanwhile, the wheelhouse built where pip reaches an index, for the box's Python.
     base = getattr(sys, "_base_executable", sys.executable)
     box, wheels = tmp_path / "box", tmp_path / "wheelhouse"
     box_python = box / "bin" / "python"
     install = (
-        f'"{base}" -m venv "{box}" && "{box_python}" -m pip install -q --no-compile {TORCH_PIN}'
+        f'"{base}" -m venv "{box}" && "{box_python}" -m pip install -q --no-compile {BOX_PACKAGES}'
     )
     making_box = _start(["sh", "-c", install])
     version = f"{sys.version_info.major}.{sys.version_info.minor}"
@@ -174,7 +178,10 @@ def test_the_dry_run_passes_every_stage_on_a_simulated_gpu_box(tmp_path: Path) -
             proc.kill()  # a no-op for one that ended
             proc.wait()
     requirements = (wheels / "requirements.txt").read_text().split()
-    assert not any(re.match(r"(torch|amptrain|pytest-xdist)\b", r) for r in requirements)
+    assert not any(
+        re.match(r"(torch|torchvision|timm|transformers|amptrain|pytest-xdist)\b", r)
+        for r in requirements
+    )
     prepared = time.monotonic() - started
 
     env = box_env(
@@ -199,7 +206,7 @@ def test_the_dry_run_passes_every_stage_on_a_simulated_gpu_box(tmp_path: Path) -
 
     assert tuple(rows) == STAGES, rows
     # The venv saw the box's torch (through the box venv, not its base interpreter).
-    assert rows["environment"][0] == "PASS" and "torch 2.13.0" in rows["environment"][1], rows
+    assert rows["environment"][0] == "PASS" and "torch 2.14.1" in rows["environment"][1], rows
     assert rows["cuda"][0] == "SKIP" and "no CUDA device" in rows["cuda"][1]
     for stage in STAGES[2:]:
         assert rows[stage][0] in OK, (stage, rows[stage], result.stdout[-4000:])
