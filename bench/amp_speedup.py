@@ -150,7 +150,7 @@ def bare(setup: Setup, precision: str) -> dict[str, Any]:
     assert isinstance(data, SyntheticImages)  # the spec's synthetic-images: it has batch_on
     model = resnet50(data.info).to(device)
     if device.type == "cuda":
-        model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+        model = model.to(memory_format=torch.channels_last)
     optimizer = registry.build_optimizer(spec.optimizer, model.parameters(), device)
     x, y = data.batch_on(0, setup.batch, device)
     if device.type == "cuda":

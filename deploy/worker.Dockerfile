@@ -34,7 +34,7 @@ RUN python -c "import importlib.metadata as m; print('torch==' + m.version('torc
     && torch_before="$(cat /tmp/torch-constraint.txt)" \
     && pip install --no-cache-dir --constraint /tmp/torch-constraint.txt ".[worker]" \
     && python -c "import importlib.metadata as m, sys; v = 'torch==' + m.version('torch'); sys.exit(0 if v == '${torch_before}' else 'torch was replaced: ' + v)" \
-    && python -c "import amptrain.worker.main.devices, amptrain.worker.pool.tasks" \
+    && python -c "import amptrain.worker.main.devices, amptrain.worker.pool.tasks, torchvision, timm, transformers" \
     && rm /tmp/torch-constraint.txt
 
 # Never root at run time. Numeric ids so Kubernetes can verify runAsNonRoot.

@@ -365,7 +365,7 @@ def _place_model(model: torch.nn.Module, device: torch.device) -> tuple[torch.nn
         isinstance(m, torch.nn.Conv2d) for m in model.modules()
     )
     if channels_last:
-        model = model.to(memory_format=torch.channels_last)  # type: ignore[call-overload]
+        model = model.to(memory_format=torch.channels_last)
     return model, channels_last
 
 

@@ -76,11 +76,17 @@ def test_submit_watch_exits_zero_and_the_other_commands_work(
 
 
 def test_ids_are_whole_when_piped_and_any_unique_prefix_names_a_job(api_stack: Stack) -> None:
-    # Submit until two ids share their first digit (17 at most: there are 16 digits).
+    # Submit until two ids share their first digit and another id does not (ids are random:
+    # the first two share it one time in sixteen, and then a third is needed).
     ids: list[str] = []
-    while len({i[:3] for i in ids}) == len(ids):
+
+    def shared_and_other() -> str | None:
+        firsts = [i[:3] for i in ids]
+        twice = [f for f in firsts if firsts.count(f) > 1]
+        return twice[0] if twice and len(set(firsts)) > 1 else None
+
+    while (shared := shared_and_other()) is None:
         ids.append(api_stack.submit(service_job(max_steps=5))["id"])
-    shared = ids[-1][:3]
     listed = json.loads(amptrain(api_stack, "jobs", "--json").stdout)
     assert {j["id"] for j in listed} == set(ids)
     plain = amptrain(api_stack, "jobs").stdout
