@@ -104,25 +104,49 @@ def _config(kind: str, args: Mapping[str, Any], vocab: int, positions: int, **ex
     )
 
 
-def build_causal_lm(info: DataInfo, **args: Any) -> nn.Module:
+def build_causal_lm(
+    info: DataInfo,
+    model_type: str = "gpt2",
+    hidden_size: int = 128,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 0,
+    intermediate_size: int = 0,
+    dropout: float = 0.0,
+) -> nn.Module:
     """``AutoModelForCausalLM.from_config``: vocabulary and context length from ``info``."""
-    kind = args["model_type"]
-    config = _config(kind, args, info.num_classes, info.input_shape[0], pad_token_id=None)
+    args = dict(locals())
+    config = _config(model_type, args, info.num_classes, info.input_shape[0], pad_token_id=None)
     return LibraryModel(AutoModelForCausalLM.from_config(config, attn_implementation="sdpa"))
 
 
-def build_sequence_classifier(info: DataInfo, **args: Any) -> nn.Module:
+def build_sequence_classifier(
+    info: DataInfo,
+    model_type: str = "bert",
+    hidden_size: int = 128,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    num_kv_heads: int = 0,
+    intermediate_size: int = 0,
+    dropout: float = 0.0,
+) -> nn.Module:
     """``AutoModelForSequenceClassification.from_config`` with ``info``'s classes. The
     padding id is one past the data's vocabulary (which the token table gets one row
     for): the data never holds it, so the library reads every sequence's last token (the
     first, [CLS]-style, for BERT), whatever the batch size."""
-    if info.vocab_size is None:
+    args = dict(locals())
+    vocab = info.vocab_size
+    if vocab is None:
         raise InvalidSpecError(
             "model.name: hf-sequence-classifier needs token-id sequences with class labels"
         )
-    kind, vocab = args["model_type"], info.vocab_size
     config = _config(
-        kind, args, vocab + 1, info.input_shape[0], pad_token_id=vocab, num_labels=info.num_classes
+        model_type,
+        args,
+        vocab + 1,
+        info.input_shape[0],
+        pad_token_id=vocab,
+        num_labels=info.num_classes,
     )
     model = AutoModelForSequenceClassification.from_config(config, attn_implementation="sdpa")
     return LibraryModel(model)
