@@ -27,7 +27,6 @@ Rank 0 writes the records and the progress; the other ranks print only their err
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sys
 import threading
@@ -52,7 +51,6 @@ from amptrain.contract.progress import ProgressView
 from amptrain.contract.records import ROLLBACK_EVENT
 from amptrain.contract.spec import ComponentRef, JobSpec, parse_spec
 from amptrain.contract.spec_file import load_spec_file
-from amptrain.contract.zoo_text import OFFLINE_ENV
 
 EXIT_FAILED = 1
 EXIT_INVALID = 2
@@ -209,8 +207,6 @@ def run(
 ) -> int:
     """Train ``spec``; returns the exit status. ``out`` None: a rank > 0 (writes no records).
     ``place``: (rank, world size, local rank) under torchrun, else None."""
-    # Before the engine (and any Hugging Face library) is imported: they read it once.
-    os.environ.update(OFFLINE_ENV)
     from amptrain.engine import RunContext, Trainer  # torch: only once the spec is valid
     from amptrain.engine.distributed import Ranks
 

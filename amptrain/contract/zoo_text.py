@@ -41,8 +41,10 @@ ROTARY_TYPES = frozenset({"llama", "qwen2", "gpt_neox"})
 """Types with rotary position embeddings (rotated in pairs: a head's width must be even)."""
 
 OFFLINE_ENV: Mapping[str, str] = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-"""Set in every training process before it imports the Hugging Face libraries (which read
-them once, at import): the worker's children (``child_env``) and ``amptrain train``."""
+"""Set in every worker training process before it imports the Hugging Face libraries
+(which read them once, at import), by its supervisor (``child_env``): the training core
+reads and writes no environment. ``amptrain train`` runs on the user's own machine and
+leaves its environment alone; the builder downloads nothing either way."""
 
 _B = "amptrain.components.hf_models"
 _REQUIRES = ("transformers",)
