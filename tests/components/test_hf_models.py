@@ -57,7 +57,7 @@ def _lm(model_type: str, precision: str, steps: int = 40) -> dict[str, Any]:
 def test_each_causal_lm_type_learns_the_markov_chain(model_type: str, precision: str) -> None:
     losses = _losses(_run(_lm(model_type, precision)))
     first, last = sum(losses[:5]) / 5, sum(losses[-5:]) / 5
-    assert last < 0.8 * first, f"{model_type}/{precision}: loss {first:.3f} -> {last:.3f}"
+    assert last < 0.7 * first, f"{model_type}/{precision}: loss {first:.3f} -> {last:.3f}"
 
 
 def test_fp16_with_loss_scaling_trains_a_library_model() -> None:
@@ -65,7 +65,7 @@ def test_fp16_with_loss_scaling_trains_a_library_model() -> None:
     records = [r for r in sink.items if r["kind"] == "metric"]
     assert all(r["loss_scale"] for r in records)
     losses = _losses(sink)
-    assert sum(losses[-5:]) < 0.8 * sum(losses[:5])
+    assert sum(losses[-5:]) < 0.7 * sum(losses[:5])
 
 
 def _idle_windows(length: int, per_kind: int) -> tuple[np.ndarray, np.ndarray]:
