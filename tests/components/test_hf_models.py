@@ -15,6 +15,7 @@ import torch
 
 from amptrain.components import hf_models, registry
 from amptrain.components.base import DataInfo
+from amptrain.contract.errors import PreemptedError
 from amptrain.contract.layers import layer_paths
 from amptrain.contract.spec import ComponentRef, parse_spec
 from amptrain.contract.zoo_text import CAUSAL_LM_TYPES
@@ -136,3 +137,28 @@ def test_layer_norm_groups_are_the_library_modules() -> None:
         grouped = set(layer_paths([n for n, _ in big.named_parameters()]))
         blocks = {p for p in grouped if ".39." in p or p.endswith(".39")}
         assert blocks and len(grouped) >= 40, sorted(grouped)[:10]
+
+
+def test_a_tied_library_model_resumes_exactly_from_its_checkpoint(tmp_path: Path) -> None:
+    """GPT-2's head shares the token table: the checkpoint keeps them one tensor."""
+    raw = _lm("gpt2", "bf16", steps=8)
+    raw["model"]["args"]["dropout"] = 0.1  # the RNG state must round-trip too
+    body = {**raw, "device": "cpu", "checkpoint": {"every_steps": 4, "keep_last": 2}}
+    straight = Trainer(parse_spec(body), RunContext(str(tmp_path / "straight")))
+    straight.train()
+    first = Trainer(
+        parse_spec(body),
+        RunContext(
+            str(tmp_path / "split"), should_stop=lambda: "preempt" if first.step == 4 else None
+        ),
+    )
+    with pytest.raises(PreemptedError):
+        first.train()
+    second = Trainer(parse_spec(body), RunContext(str(tmp_path / "split")))
+    assert second.train().resumed_from == 4
+    inner = hf_models.library_module(second.model)
+    assert inner.lm_head.weight is inner.transformer.wte.weight  # still tied after loading
+    for (name, a), (_, b) in zip(
+        straight.model.named_parameters(), second.model.named_parameters(), strict=True
+    ):
+        assert torch.equal(a, b), name
