@@ -19,13 +19,23 @@ class DataInfo:
     """Per-sample shape: ``(features,)``, ``(C, H, W)`` or ``(seq_len,)``."""
     num_classes: int
     """Classes, or vocabulary size for language models."""
+    vocab_size: int | None = None
+    """Classification of token-id sequences (kind ``sequences``): the vocabulary of the
+    inputs, whose shape is then ``(seq_len,)``. None for every other dataset."""
 
     @property
     def kind(self) -> str:
-        """The catalog's data kind: ``tokens``, ``images`` or ``vectors``."""
+        """The catalog's data kind: ``tokens``, ``sequences``, ``images`` or ``vectors``."""
         if self.task == "language_model":
             return "tokens"
+        if self.vocab_size is not None:
+            return "sequences"
         return "images" if len(self.input_shape) == 3 else "vectors"
+
+    @property
+    def token_inputs(self) -> bool:
+        """Whether the inputs are token ids (int64), not values."""
+        return self.kind in ("tokens", "sequences")
 
 
 @runtime_checkable

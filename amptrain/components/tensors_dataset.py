@@ -93,9 +93,11 @@ def _load_arrays(
     if targets is None:  # token ids as int64, then inputs and targets shifted by one
         f.require(3 * inputs.numel() * 8, "its token ids as int64 inputs and targets")
     else:
-        stored = inputs.dtype == torch.float32 and inputs.is_contiguous()
-        copy = 0 if stored else inputs.numel() * 4
-        f.require(copy + targets.numel() * 8, "its float32 inputs and int64 labels")
+        ids = args["task"] == "sequence_classification"
+        dtype, width = (torch.int64, 8) if ids else (torch.float32, 4)
+        copy = 0 if inputs.dtype == dtype and inputs.is_contiguous() else inputs.numel() * width
+        what = "int64 token ids" if ids else "float32 inputs"
+        f.require(copy + targets.numel() * 8, f"its {what} and int64 labels")
     return inputs, targets
 
 
@@ -231,9 +233,13 @@ def build_tensors(
         info = DataInfo("language_model", (inputs.shape[1] - 1,), size)
         held_pool = HeldOutPool(info, *_shifted(held[0])) if held else None
         return PoolDataset(info, *_shifted(inputs), seed, held_pool)
-    info = DataInfo(
-        "classification", tuple(inputs.shape[1:]), _count(largest, num_classes, "labels")
-    )
+    classes = _count(largest, num_classes, "labels")
+    if task == "sequence_classification":  # token ids stay int64; the vocabulary is theirs
+        vocab = 1 + max(int(inputs.max()), int(held[0].max()) if held else 0)
+        info = DataInfo("classification", (inputs.shape[1],), classes, vocab_size=vocab)
+        pool = HeldOutPool(info, *held) if held else None
+        return PoolDataset(info, inputs, targets, seed, pool)
+    info = DataInfo("classification", tuple(inputs.shape[1:]), classes)
     pool = HeldOutPool(info, held[0].float().contiguous(), held[1]) if held else None
     return PoolDataset(info, inputs.float().contiguous(), targets, seed, pool)
 
@@ -288,4 +294,10 @@ def _load(
         raise InvalidSpecError(
             f"{field}: labels must be one per sample; got shape {tuple(targets.shape)} for {len(inputs)} inputs"
         )
+    if args["task"] == "sequence_classification":
+        if inputs.dim() != 2 or inputs.shape[1] < 1:
+            raise InvalidSpecError(
+                f"{field}: token ids must have shape (samples, seq_len); got {tuple(inputs.shape)}"
+            )
+        inputs = _as_ids(inputs, "token ids", field)
     return inputs, _as_ids(targets, "labels", field)

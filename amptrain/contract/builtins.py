@@ -14,6 +14,7 @@ from typing import Any
 from amptrain.contract import sizing
 from amptrain.contract.registration import REQUIRED, Arg, Registration
 from amptrain.contract.spec import MAX_SEED
+from amptrain.contract.zoo_text import TEXT_MODELS
 
 
 def _model(name: str, builder: str, description: str, *args: Arg, **kw: Any) -> Registration:
@@ -96,6 +97,7 @@ BUILTIN_MODELS: tuple[Registration, ...] = (
         accepts=("images",),
         parameters=sizing.resnet50_parameters,
     ),
+    *TEXT_MODELS,
 )
 
 BUILTIN_DATASETS: tuple[Registration, ...] = (
@@ -166,7 +168,9 @@ BUILTIN_DATASETS: tuple[Registration, ...] = (
         "must lie under one; URLs only with a protocol the service allows (default: local "
         "files only). Classification: inputs and integer labels (CSV: numeric columns, the "
         "label in label_column, an optional header). Language model: token ids of shape "
-        "(N, seq_len + 1); targets are the inputs shifted by one. A .pt file holds "
+        "(N, seq_len + 1); targets are the inputs shifted by one. Sequence classification: "
+        "token ids of shape (N, seq_len) and one label each (the vocabulary is the largest "
+        "id + 1). A .pt file holds "
         "tensors (one, an (inputs, targets) pair or a dict of them) in the zip format "
         "torch.save writes, never Python lists of numbers.",
         Arg(
@@ -179,7 +183,7 @@ BUILTIN_DATASETS: tuple[Registration, ...] = (
             "task",
             "classification",
             "What the file holds.",
-            choices=("classification", "language_model"),
+            choices=("classification", "language_model", "sequence_classification"),
         ),
         Arg("inputs_key", "x", "Array name of the inputs in a .npz or .pt dict.", max_length=200),
         Arg(

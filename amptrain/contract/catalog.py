@@ -39,6 +39,7 @@ from amptrain.contract.registration import (
     MODEL_GROUP,
     REQUIRED,
     Arg,
+    DataKind,
     MetricRegistration,
     Registration,
 )
@@ -178,6 +179,14 @@ def validate_components(spec: JobSpec) -> list[dict[str, Any]]:
     return validate_refs(spec.model, spec.dataset)
 
 
+_TENSORS_KINDS: dict[Any, DataKind] = {
+    "language_model": "tokens",
+    "sequence_classification": "sequences",
+}
+"""What the ``tensors`` dataset yields by task (classification: vectors or images, by the
+file's shape, so only the worker can say)."""
+
+
 def validate_refs(
     model_ref: ComponentRef | None, dataset_ref: ComponentRef | None
 ) -> list[dict[str, Any]]:
@@ -192,13 +201,8 @@ def validate_refs(
         found, data = component_errors("dataset", "dataset", dataset_ref.name, dataset_ref.args)
         errors += found
     provides = data.provides if data is not None else None
-    if (
-        data is not None
-        and data.name == "tensors"
-        and dataset_ref
-        and dataset_ref.args.get("task") == "language_model"
-    ):
-        provides = "tokens"
+    if data is not None and data.name == "tensors" and dataset_ref:
+        provides = _TENSORS_KINDS.get(dataset_ref.args.get("task", "classification"))
     if (
         model is not None
         and provides is not None

@@ -22,8 +22,9 @@ DATASET_GROUP = "amptrain.datasets"
 METRIC_GROUP = "amptrain.metrics"
 
 ArgType = Literal["int", "float", "bool", "str"]
-# What a dataset yields per sample, and so what a model can consume.
-DataKind = Literal["vectors", "images", "tokens"]
+# What a dataset yields per sample, and so what a model can consume: ``tokens`` are a
+# language model's (token ids, next token ids); ``sequences`` token ids with one class label.
+DataKind = Literal["vectors", "images", "tokens", "sequences"]
 
 
 class _Required:

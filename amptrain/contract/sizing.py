@@ -34,6 +34,8 @@ class DataShape:
     """Classes, or the vocabulary size of a language-model dataset."""
     resident_bytes: int
     """Host memory the dataset needs while it is built and served (rough)."""
+    vocab_size: int | None = None
+    """Token-id inputs with class labels (data kind ``sequences``): their vocabulary."""
 
 
 def optimizer_state_bytes(name: str, momentum: float = 0.0) -> int:

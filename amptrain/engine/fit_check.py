@@ -88,7 +88,7 @@ def _activation_bytes(
             saved[id(base)] = int(base.numel() * base.element_size() * factor)
         return t
 
-    dtype = torch.long if info.task == "language_model" else torch.float32
+    dtype = torch.long if info.token_inputs else torch.float32
     inputs = torch.zeros((micro, *info.input_shape), dtype=dtype, device="meta")
     try:
         with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):

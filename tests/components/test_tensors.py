@@ -170,3 +170,27 @@ def test_bad_files_name_the_field(
     with pytest.raises(InvalidSpecError) as err:
         _build(path, [tmp_path], **args)
     assert err.value.message.startswith(message)
+
+
+def test_sequence_classification_keeps_token_ids_and_counts_the_vocabulary(
+    tmp_path: Path,
+) -> None:
+    tokens = np.random.default_rng(1).integers(0, 40, size=(30, 12))
+    labels = np.arange(30) % 3
+    np.savez(tmp_path / "seq.npz", x=tokens, y=labels)
+    held = tokens[:5].copy()
+    held[0, 0] = 90  # an id only the held-out file has still fits the token table
+    np.savez(tmp_path / "val.npz", x=held, y=labels[:5])
+    task = {"task": "sequence_classification"}
+    ds = _build(tmp_path / "seq.npz", [tmp_path], val_path="val.npz", **task)
+    assert ds.info.kind == "sequences" and ds.info.task == "classification"
+    assert ds.info.input_shape == (12,) and ds.info.num_classes == 3 and ds.info.vocab_size == 91
+    inputs, targets = ds.batch(0, 30)
+    assert inputs.dtype == torch.int64 and targets.dtype == torch.int64
+    assert sorted(map(tuple, inputs.tolist())) == sorted(map(tuple, tokens.tolist()))
+    np.savez(tmp_path / "frac.npz", x=tokens + 0.5, y=labels)
+    with pytest.raises(InvalidSpecError, match=r"^dataset.args.path: token ids must be whole"):
+        _build(tmp_path / "frac.npz", [tmp_path], **task)
+    np.savez(tmp_path / "flat.npz", x=tokens.reshape(30, 3, 4), y=labels)
+    with pytest.raises(InvalidSpecError, match=r"shape \(samples, seq_len\); got \(30, 3, 4\)"):
+        _build(tmp_path / "flat.npz", [tmp_path], **task)

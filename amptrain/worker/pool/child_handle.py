@@ -25,6 +25,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 
+from amptrain.contract.zoo_text import OFFLINE_ENV
 from amptrain.worker.child.protocol import Accepted, ControlMessage, Launch, ProtocolError, decode
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,8 @@ def child_env(
     gpu: str | None, environ: Mapping[str, str] = os.environ, passthrough: Sequence[str] = ()
 ) -> dict[str, str]:
     """The child's environment: the allowed part of ``environ``, the operator's extra
-    ``passthrough`` patterns (e.g. object-store credentials), and its GPU when it has one."""
+    ``passthrough`` patterns (e.g. object-store credentials), its GPU when it has one, and
+    the Hugging Face libraries' offline switches (``OFFLINE_ENV``)."""
     env = {
         k: v
         for k, v in environ.items()
@@ -51,6 +53,8 @@ def child_env(
     }
     if gpu is not None:
         env["CUDA_VISIBLE_DEVICES"] = gpu
+    # Last, so no passthrough undoes it: a job's model is built from a config, never fetched.
+    env.update(OFFLINE_ENV)
     return env
 
 

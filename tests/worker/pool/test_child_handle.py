@@ -50,6 +50,12 @@ def test_the_child_gets_the_allowed_variables_and_its_own_gpu() -> None:
     assert not any("secret" in v for v in env.values())
 
 
+def test_the_child_never_reaches_the_hugging_face_hub() -> None:
+    """Set before the child imports anything, and not undone by an operator's passthrough."""
+    env = child_env(None, {**WORKER_ENV, "HF_HUB_OFFLINE": "0"}, passthrough=["HF_*"])
+    assert env["HF_HUB_OFFLINE"] == "1" and env["TRANSFORMERS_OFFLINE"] == "1"
+
+
 def test_without_a_gpu_the_child_sees_what_the_worker_sees() -> None:
     assert child_env(None, {**WORKER_ENV, "CUDA_VISIBLE_DEVICES": ""})["CUDA_VISIBLE_DEVICES"] == ""
     assert "CUDA_VISIBLE_DEVICES" not in child_env(None, {"PATH": "/usr/bin"})
