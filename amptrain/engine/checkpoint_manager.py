@@ -178,13 +178,13 @@ class CheckpointManager:
         self._loaded = (step, state)
         return state
 
-    def save(self, state: dict[str, Any]) -> str | None:
-        """Write ``state`` (a :meth:`RunState.state_dict`) as the checkpoint of its step and
-        prune. Devices > 1: every rank calls it; rank 0 writes, no rank goes on before the
+    def save(self, state: dict[str, Any], weights: bytes | None = None) -> str | None:
+        """Write ``state`` (a :meth:`RunState.state_dict`) as the checkpoint of its step, with
+        ``weights`` (the model alone, safetensors) beside it, and prune. Devices > 1: every rank calls it; rank 0 writes, no rank goes on before the
         checkpoint exists."""
         assert self._store is not None
         meta = CheckpointMeta(int(state["step"]), bool(state["healthy"]), int(state["attempt"]))
-        path = self._store.save(meta.step, state, meta) if self._group.leader else None
+        path = self._store.save(meta.step, state, meta, weights) if self._group.leader else None
         self._index[meta.step] = meta
         self._loaded = None
         self._prune()
