@@ -44,7 +44,7 @@ from amptrain.engine.guardian import (
     Verdict,
     sooner,
 )
-from amptrain.engine.initial_weights import export_bytes, load_initial_weights
+from amptrain.engine.initial_weights import load_initial_weights
 from amptrain.engine.memory import release_cached, snapshot
 from amptrain.engine.oom import is_out_of_memory, shrink
 from amptrain.engine.parts import DataOptions, build
@@ -161,10 +161,7 @@ class Trainer:
         if not (self.checkpoints.enabled and isinstance(verdict, Continue)):
             return verdict
         self.publisher.wait_delivered(self.drain_timeout_s)
-        # The leader writes, so only it serialises the weights to export beside the checkpoint.
-        weights = export_bytes(self.model) if self.group.leader else None
-        state = self.run_state.state_dict(healthy=self.parts.guardian.healthy)
-        self.checkpoints.save(state, weights)
+        self.checkpoints.save(self.run_state.state_dict(healthy=self.parts.guardian.healthy))
         step = self.state.step  # the file's name, not the server's path: events reach users
         return self.telemetry.event("checkpoint", step, name=checkpoint_name(step))
 
@@ -221,21 +218,8 @@ class Trainer:
             self.checkpoints.resume(self.run_state, self.ctx.recorded) if self.ctx.resume else None
         )
         if step is None:
-            return self._start_from_weights()
+            return start_from_weights(self)
         return self.telemetry.event("resumed", step, from_step=step, name=checkpoint_name(step))
-
-    def _start_from_weights(self) -> Verdict:
-        """A fresh start from ``spec.weights``: load them, say what was loaded, and checkpoint
-        step 0, so a later attempt resumes from the job's own copy, never reading the file
-        again (an operator may replace it meanwhile)."""
-        weights = self.spec.weights
-        if weights is None:
-            return Continue()
-        data = load_initial_weights(self.model, weights, self.ctx.weights_roots)
-        verdict = self.telemetry.event(WEIGHTS_EVENT, self.state.step, **data)
-        if not (isinstance(verdict, Continue) and self.checkpoints.enabled):
-            return verdict
-        return self.save_checkpoint()
 
     def _accumulate(self) -> torch.Tensor:
         """All micro-batches of the step; returns the mean loss (device tensor)."""
@@ -266,6 +250,18 @@ class Trainer:
             return
         self._act(self.save_checkpoint())
         raise _stopped(reason, self.state.step)
+
+
+def start_from_weights(trainer: Trainer) -> Verdict:
+    """A fresh start (no checkpoint to resume from) with ``spec.weights``: load them, say
+    what was loaded, and checkpoint step 0, so a later attempt resumes from the job's own
+    copy, never reading the file again (an operator may replace it meanwhile)."""
+    weights = trainer.spec.weights
+    if weights is None:
+        return Continue()
+    data = load_initial_weights(trainer.model, weights, trainer.ctx.weights_roots)
+    verdict = trainer.telemetry.event(WEIGHTS_EVENT, trainer.state.step, **data)
+    return trainer.save_checkpoint() if isinstance(verdict, Continue) else verdict
 
 
 def _stopped(reason: str, step: int) -> TrainingError:

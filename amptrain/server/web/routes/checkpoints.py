@@ -6,6 +6,7 @@ or any fsspec URL every worker writes to); names follow amptrain.contract.layout
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from typing import Annotated, Any, Literal
 
@@ -26,6 +27,8 @@ from amptrain.contract.weights import export_file_name
 from amptrain.server.web.deps import CurrentUser, ServicesDep, SessionDep, visible_job
 from amptrain.server.web.errors import Conflict, NotFound, ValidationFailed, error_responses
 from amptrain.server.weights_export import ExportExists, export_into
+
+log = logging.getLogger(__name__)
 
 router = APIRouter(prefix="/jobs", tags=["checkpoints"], responses=error_responses(401, 404, 422))
 
@@ -164,4 +167,7 @@ def export_checkpoint(
             raise Conflict(
                 f"a weights file {body.name} exists already; choose another name"
             ) from None
+        except OSError as exc:  # e.g. a symlink where the user's directory should be
+            log.warning("export of job %s step %s failed: %r", job_id, step, exc)
+            raise Conflict("your weights directory cannot be written; ask the operator") from None
     return ExportOut(path=body.name, size=size)
