@@ -89,7 +89,7 @@ def read_safetensors(path: str, roots: Sequence[str]) -> dict[str, torch.Tensor]
         candidates = locate_weights(path, roots)
     except PathRefused as exc:
         raise InvalidSpecError(f"{FIELD}: {quote(path, PATH_CHARS)}: {exc}") from None
-    with open_data_file(FIELD, path, candidates) as opened:
+    with open_data_file(FIELD, path, candidates, "weights roots") as opened:
         size = opened.size or 0
         if size > MAX_WEIGHTS_BYTES:
             raise opened.refuse(f"larger than the {MAX_WEIGHTS_BYTES >> 30} GiB a file may be")

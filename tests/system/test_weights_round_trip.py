@@ -13,6 +13,7 @@ import pytest
 import safetensors.torch
 import torch
 
+from tests.client.test_client_cli import amptrain
 from tests.engine.test_initial_weights import _Marker
 from tests.server.web.test_http import fields
 from tests.support.specs import mlp_job
@@ -50,6 +51,11 @@ def test_an_exported_checkpoint_starts_the_next_job_bitwise(stack: Stack) -> Non
     again = c.post(f"/jobs/{a}/checkpoints/4/export", json={"name": "a-final.safetensors"})
     assert again.status_code == 409
     assert fields(c.post(f"/jobs/{a}/checkpoints/4/export", json={"name": "../x"})) == {"name"}
+    cli = amptrain(stack, "export", a[:8], "by-cli")  # the newest checkpoint's: step 4
+    assert cli.stdout.startswith("weights.path: by-cli.safetensors"), cli.stdout + cli.stderr
+    assert (stack.root / "weights" / "by-cli.safetensors").read_bytes() == (
+        stack.root / "weights" / "a-final.safetensors"
+    ).read_bytes()
 
     b = c.post("/jobs", json=job(2, seed=9, weights={"path": "a-final.safetensors"})).json()
     stack.wait_for_status(b["id"], "succeeded")
