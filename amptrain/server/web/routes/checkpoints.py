@@ -138,7 +138,7 @@ class ExportOut(BaseModel):
     "/{job_id}/checkpoints/{step}/export",
     status_code=status.HTTP_201_CREATED,
     response_model=ExportOut,
-    responses=error_responses(409),
+    responses=error_responses(400, 409),
 )
 def export_checkpoint(
     job_id: str,
