@@ -88,6 +88,12 @@ COMMANDS: dict[str, Lazy] = {
     "logs": Lazy(
         "amptrain.client.commands:logs", "Print a job's lifecycle events.", "client", _CLIENT
     ),
+    "export": Lazy(
+        "amptrain.client.commands:export",
+        "Export a job's checkpoint as safetensors for the next job's weights.",
+        "client",
+        _CLIENT,
+    ),
 }
 
 

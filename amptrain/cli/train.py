@@ -204,6 +204,7 @@ def run(
     resume: bool,
     result_file: Path | None = None,
     place: tuple[int, int, int] | None = None,
+    weights_roots: tuple[str, ...] = (),
 ) -> int:
     """Train ``spec``; returns the exit status. ``out`` None: a rank > 0 (writes no records).
     ``place``: (rank, world size, local rank) under torchrun, else None."""
@@ -222,6 +223,7 @@ def run(
             checkpoint_dir=checkpoint_dir,
             sink=sink,
             data_roots=data_roots,
+            weights_roots=weights_roots,
             should_stop=lambda: "cancel" if stop.is_set() else None,
             resume=resume,
             ranks=ranks,
@@ -299,6 +301,12 @@ def run(
     multiple=True,
     help="Allow file datasets under this directory or URL (repeatable).",
 )
+@click.option(
+    "--weights-root",
+    "weights_roots",
+    multiple=True,
+    help="Allow the spec's weights.path (safetensors) under this directory (repeatable).",
+)
 @click.option("--no-resume", is_flag=True, help="Ignore existing checkpoints in --checkpoint-dir.")
 @click.option("--rank", type=click.IntRange(0, 7), envvar="RANK", help="Set by torchrun.")
 @click.option(
@@ -319,6 +327,7 @@ def train(
     data_roots: tuple[str, ...],
     no_resume: bool,
     result_file: Path | None = None,
+    weights_roots: tuple[str, ...] = (),
     rank: int | None = None,
     world_size: int | None = None,
     local_rank: int | None = None,
@@ -343,7 +352,7 @@ def train(
             console.print(f"  {problem}", markup=False, highlight=False, soft_wrap=True)
         sys.exit(EXIT_INVALID)
     place = (rank or 0, world_size, local_rank or 0) if world_size is not None else None
-    args = (console, checkpoint_dir, data_roots, not no_resume, result_file, place)
+    args = (console, checkpoint_dir, data_roots, not no_resume, result_file, place, weights_roots)
     if rank:  # a data-parallel rank > 0: rank 0 writes the records
         status = run(spec, None, *args)
     elif out is None:

@@ -12,7 +12,7 @@ from typing import Any
 
 from amptrain.contract.layers import layer_line
 from amptrain.contract.metrics import EVAL_METRICS, show
-from amptrain.contract.records import PRECISION_FALLBACK, ROLLBACK_EVENT
+from amptrain.contract.records import PRECISION_FALLBACK, ROLLBACK_EVENT, WEIGHTS_EVENT
 
 Event = dict[str, Any]
 CHECKPOINTS_SHOWN = 3
@@ -49,6 +49,15 @@ def _resumed(data: dict[str, Any]) -> str:
     return f"from step {data['from_step']}" if data.get("from_step") is not None else ""
 
 
+def _weights(data: dict[str, Any]) -> str:
+    text = f"{data.get('loaded')} tensors from {data.get('path')}"
+    if data.get("cast_from"):
+        text += f" (cast from {', '.join(map(str, data['cast_from']))})"
+    kinds = (("missing", "missing"), ("unexpected", "not in the model"), ("shape", "reshaped"))
+    left = [f"{data[f'{k}_count']} {what}" for k, what in kinds if data.get(f"{k}_count")]
+    return text + (f"; left out: {', '.join(left)}" if left else "")
+
+
 _DETAIL: dict[str, Callable[[dict[str, Any]], str]] = {
     "started": _started,
     "resumed": _resumed,
@@ -60,6 +69,7 @@ _DETAIL: dict[str, Callable[[dict[str, Any]], str]] = {
     "warning": lambda d: str(d.get("message") or ""),
     PRECISION_FALLBACK: lambda d: f"{d.get('from')} -> {d.get('to')}, {d.get('message', '')}",
     ROLLBACK_EVENT: lambda d: str(d.get("message") or ""),
+    WEIGHTS_EVENT: _weights,
     "queued": lambda d: f"on queue {d['queue']}" if d.get("queue") else "",
     "checkpoint": lambda d: "",
     "checkpoints": lambda d: str(d.get("message") or ""),

@@ -147,6 +147,18 @@ class Client:
         )
         return page.get("next_cursor")
 
+    def export(self, job_id: str, name: str, step: int | None = None) -> dict[str, Any]:
+        """Copy a checkpoint's weights (the newest checkpoint's when ``step`` is None) into
+        the caller's weights root as ``name``; ``{"path", "size"}``, ``path`` for a spec's
+        ``weights.path``."""
+        if step is None:
+            listed = self._call("GET", f"/jobs/{job_id}/checkpoints")["items"]
+            if not listed:
+                raise ApiError(404, "not_found", f"job {job_id} has no checkpoint")
+            step = int(listed[-1]["step"])
+        path = f"/jobs/{job_id}/checkpoints/{step}/export"
+        return dict(self._call("POST", path, json={"name": name}))
+
     def cancel(self, job_id: str) -> dict[str, Any]:
         return dict(self._call("POST", f"/jobs/{job_id}/cancel"))
 

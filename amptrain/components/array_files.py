@@ -94,9 +94,11 @@ class DataFile:
         require_memory(needed, f"{quote(self.shown, PATH_CHARS)} ({what})")
 
 
-def open_data_file(field: str, shown: str, candidates: Sequence[str | Beneath]) -> DataFile:
+def open_data_file(
+    field: str, shown: str, candidates: Sequence[str | Beneath], roots: str = "data roots"
+) -> DataFile:
     """The first of ``candidates`` (checked locations: URLs, or local files to open beneath
-    their root) that exists."""
+    their root) that exists; ``roots``: what messages call the roots."""
     for location in candidates:
         try:
             if isinstance(location, Beneath):
@@ -108,15 +110,13 @@ def open_data_file(field: str, shown: str, candidates: Sequence[str | Beneath]) 
             log.warning("dataset file: cannot open %s: %r", location, exc)
             if exc.errno in _NOT_BENEATH:
                 raise InvalidSpecError(
-                    f"{field}: {quote(shown, PATH_CHARS)} could not be opened beneath the data "
-                    "roots: a symlink or a changing path"
+                    f"{field}: {quote(shown, PATH_CHARS)} could not be opened beneath the "
+                    f"{roots}: a symlink or a changing path"
                 ) from None
             raise InvalidSpecError(
                 f"{field}: cannot read {quote(shown, PATH_CHARS)} ({type(exc).__name__})"
             ) from None
-    raise InvalidSpecError(
-        f"{field}: no such file under the data roots: {quote(shown, PATH_CHARS)}"
-    )
+    raise InvalidSpecError(f"{field}: no such file under the {roots}: {quote(shown, PATH_CHARS)}")
 
 
 def _open_local(field: str, shown: str, location: Beneath) -> DataFile:

@@ -18,6 +18,7 @@ from amptrain.contract import catalog, sizing
 from amptrain.contract.data_access import PathRefused, check_location, user_roots
 from amptrain.contract.spec import JobSpec
 from amptrain.contract.text import quote
+from amptrain.contract.weights import check_weights_path
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,9 @@ class ServicePolicy:
     data_roots: Sequence[str] = ()
     data_protocols: Sequence[str] = ("file",)
     data_roots_per_user: bool = False
+    """Also makes weights roots per user."""
+    weights_roots: Sequence[str] = ()
+    """Local directories a spec's ``weights.path`` may read (none: no weights files)."""
     max_job_memory_bytes: int | None = None
     """Refuse specs whose memory lower bound (``sizing.SpecSize``) exceeds this."""
     runtime_limit_s: float | None = None
@@ -123,9 +127,9 @@ def _memory_problem(
 
 
 def _path_problems(spec: JobSpec, owner: str, policy: ServicePolicy) -> list[dict[str, Any]]:
+    problems = _weights_problems(spec, owner, policy)
     if spec.dataset.name != "tensors":
-        return []
-    problems = []
+        return problems
     for arg in ("path", "val_path"):  # the held-out file is checked exactly like the data
         path = spec.dataset.args.get(arg)
         if not isinstance(path, str) or not path:
@@ -136,3 +140,15 @@ def _path_problems(spec: JobSpec, owner: str, policy: ServicePolicy) -> list[dic
         except PathRefused as exc:
             problems.append({"loc": ["dataset", "args", arg], "msg": f"{quote(path, 120)}: {exc}"})
     return problems
+
+
+def _weights_problems(spec: JobSpec, owner: str, policy: ServicePolicy) -> list[dict[str, Any]]:
+    if spec.weights is None:
+        return []
+    path = spec.weights.path
+    try:
+        roots = user_roots(policy.weights_roots, owner, policy.data_roots_per_user)
+        check_weights_path(path, roots)
+    except PathRefused as exc:
+        return [{"loc": ["weights", "path"], "msg": f"{quote(path, 120)}: {exc}"}]
+    return []

@@ -20,6 +20,12 @@ def checkpoint_name(step: int) -> str:
     return f"step-{step:09d}.pt"
 
 
+def weights_name(step: int) -> str:
+    """``step-000000500.safetensors``: the model's weights of that checkpoint alone, as
+    safetensors (library names), written beside it for export and download."""
+    return checkpoint_name(step).removesuffix(".pt") + ".safetensors"
+
+
 def checkpoint_step(name: str) -> int | None:
     """The step a checkpoint file name stands for; None for anything else (temporaries)."""
     match = _NAME.match(name.rsplit("/", 1)[-1])

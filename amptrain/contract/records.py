@@ -35,6 +35,12 @@ its step (both null when there was none at or before the spike: the spike was on
 skipped); ``samples_from`` and ``samples_to``, the samples skipped (half-open); ``rollbacks``,
 the job's count so far; ``message``."""
 
+WEIGHTS_EVENT = "weights"
+"""A fresh start loaded ``weights.path``: ``loaded`` (tensors), ``cast_from`` (the file's
+float dtypes other than the model's), and with ``strict: false`` what was left out:
+``missing`` (kept their initialisation), ``unexpected`` (in the file only), ``shape``
+(``{name: [file shape, model shape]}``); each list shortened, with its full count."""
+
 # Event types the engine emits itself; the worker adds lifecycle events
 # (queued, started, resumed, succeeded, failed, cancelled) with the same shape.
 ENGINE_EVENTS: tuple[str, ...] = (
@@ -44,6 +50,7 @@ ENGINE_EVENTS: tuple[str, ...] = (
     "micro_batch",
     PRECISION_FALLBACK,
     ROLLBACK_EVENT,
+    WEIGHTS_EVENT,
 )
 
 SPIKE_WARNING = "loss_spike"

@@ -38,6 +38,7 @@ MAX_DEVICES = 8
 MIN_COLLECTIVE_TIMEOUT_S = 5
 MAX_COLLECTIVE_TIMEOUT_S = 3600
 MAX_ARGS = 64
+MAX_WEIGHTS_PATH = 1024
 MAX_ARG_TEXT = 4096
 
 Text = Annotated[str, AfterValidator(check_text)]
@@ -246,6 +247,24 @@ class EvalSpec(_Strict):
     left out."""
 
 
+class WeightsSpec(_Strict):
+    """Weights to start from instead of the model's random initialisation (a fresh start
+    only: a resumed attempt loads its checkpoint). Model-agnostic: the file's tensor names
+    and shapes are those of the model's ``state_dict()`` (a Hugging Face model's own names)."""
+
+    path: Text = Field(min_length=1, max_length=MAX_WEIGHTS_PATH)
+    """A ``.safetensors`` file under the service's weights roots (``AMPTRAIN_WEIGHTS_ROOTS``;
+    with per-user data roots, under ``ROOT/<token name>/``): relative to them, or absolute
+    inside one; no ``..`` out of a root, no symlink, a regular file. Safetensors only: a
+    pickle or ``torch.save`` file is refused. A job's checkpoint exported with ``POST
+    /jobs/{id}/checkpoints/{step}/export`` is one."""
+    strict: bool = Field(default=True, strict=True)
+    """``true``: every tensor of the model is in the file with its shape, and nothing else is
+    (the first difference fails the job as ``invalid_spec``). ``false``: load the tensors
+    whose name and shape match and keep the model's own initialisation for the rest (a new
+    head with another class count); the ``weights`` event lists what was left out."""
+
+
 class JobSpec(_Strict):
     """A declarative training job. Only ``model``, ``dataset`` and ``max_steps`` are required.
 
@@ -327,6 +346,9 @@ class JobSpec(_Strict):
     """Thresholds for warnings and divergence."""
     eval: EvalSpec = Field(default_factory=EvalSpec)
     """Evaluation on the held-out split: when, how much, which metrics."""
+    weights: WeightsSpec | None = None
+    """Start from an operator-provided safetensors file (fine-tuning); null: the model's
+    own initialisation."""
 
     @model_validator(mode="after")
     def _accumulation_divides_batch(self) -> JobSpec:

@@ -118,7 +118,11 @@ class Settings(BaseSettings):
     local files only. Every data root must use one of them."""
     data_roots_per_user: bool = False
     """Data roots are shared by every user (default); true makes each user read only
-    under ``ROOT/<token name>/`` of every root."""
+    under ``ROOT/<token name>/`` of every root (weights roots alike)."""
+    weights_roots: Roots = Field(default_factory=list)
+    """Local directories a spec's ``weights.path`` may read (safetensors files), as data
+    roots are written; default ``[{data_dir}/weights]``. A checkpoint export writes into
+    the first (``ROOT/<token name>/`` with per-user roots)."""
     job_runtime_default_seconds: int = Field(default=24 * 3600, ge=1)
     """Wall-clock limit of one attempt whose spec gives no ``max_runtime_s``."""
     job_runtime_limit_seconds: int = Field(default=7 * 24 * 3600, ge=1)
@@ -232,6 +236,8 @@ class Settings(BaseSettings):
             self.checkpoint_url = str(data_dir / "checkpoints")
         if not self.data_roots:
             self.data_roots = [str(data_dir / "data")]
+        if not self.weights_roots:
+            self.weights_roots = [str(data_dir / "weights")]
         return self
 
     @model_validator(mode="after")
@@ -244,6 +250,9 @@ class Settings(BaseSettings):
                     f"data root {root!r} uses protocol {protocol!r}, which data_protocols "
                     f"({', '.join(self.data_protocols)}) does not allow"
                 )
+        for root in self.weights_roots:
+            if "://" in root:  # opened beneath a directory descriptor, never through fsspec
+                raise ValueError(f"weights root {root!r} must be a local directory, not a URL")
         return self
 
     @property

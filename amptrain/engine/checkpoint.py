@@ -24,7 +24,7 @@ import torch
 from fsspec.implementations.local import LocalFileSystem
 
 from amptrain.contract.errors import ResumeMismatchError
-from amptrain.contract.layout import checkpoint_name, checkpoint_step
+from amptrain.contract.layout import checkpoint_name, checkpoint_step, weights_name
 
 CHECKPOINT_FORMAT = 3
 """What :meth:`~amptrain.engine.loop.Trainer.state_dict` writes and the only format
@@ -61,6 +61,7 @@ def check_resumable(state: dict[str, Any], world_size: int) -> None:
 
 _TMP_PREFIX = ".tmp-"
 _META_SUFFIX = ".json"
+_WEIGHTS_SUFFIX = ".safetensors"
 
 
 @dataclass(frozen=True)
@@ -130,25 +131,34 @@ class CheckpointStore:
     def remove(self, step: int) -> None:
         """Remove one checkpoint: the file first (a sidecar without its file is ignored)."""
         self._fs.rm(self.path(checkpoint_name(step)))
-        meta = self._meta_path(step)
-        if self._fs.exists(meta):
-            self._fs.rm(meta)
+        for beside in (self._meta_path(step), self.path(weights_name(step))):
+            if self._fs.exists(beside):
+                self._fs.rm(beside)
 
-    def save(self, step: int, state: dict[str, Any], meta: CheckpointMeta) -> str:
+    def save(
+        self, step: int, state: dict[str, Any], meta: CheckpointMeta, weights: bytes | None = None
+    ) -> str:
         """Write ``state`` atomically as the checkpoint of ``step``, its sidecar first (a
-        checkpoint never exists without it; a sidecar left without its file is ignored).
+        checkpoint never exists without it; a sidecar left without its file is ignored), and
+        ``weights`` (a safetensors file of the model alone) before the checkpoint too.
 
         Returns where it went: a local path, or a full URL for other filesystems.
         """
         final = self.path(checkpoint_name(step))
         tmp = self.path(f"{_TMP_PREFIX}{uuid.uuid4().hex}-{checkpoint_name(step)}")
         meta_tmp = self.path(f"{_TMP_PREFIX}{uuid.uuid4().hex}{_META_SUFFIX}")
+        beside = [(meta.to_json(), self._meta_path(step))]
+        if weights is not None:
+            beside.append((weights, self.path(weights_name(step))))
         if self._local:
-            self._save_local(lambda f: f.write(meta.to_json()), meta_tmp, self._meta_path(step))
+            for data, path in beside:
+                tmp_beside = self.path(f"{_TMP_PREFIX}{uuid.uuid4().hex}-{os.path.basename(path)}")
+                self._save_local(_writer(data), tmp_beside, path)
             self._save_local(lambda f: torch.save(state, f), tmp, final)
         else:
-            self._fs.pipe(meta_tmp, meta.to_json())
-            self._fs.mv(meta_tmp, self._meta_path(step))
+            for data, path in beside:
+                self._fs.pipe(meta_tmp, data)
+                self._fs.mv(meta_tmp, path)
             with self._fs.open(tmp, "wb") as f:
                 torch.save(state, f)
             self._fs.mv(tmp, final)
@@ -196,10 +206,14 @@ class CheckpointStore:
             name = os.path.basename(p)
             if name.startswith(_TMP_PREFIX):
                 self._fs.rm(p)
-            elif name.endswith(_META_SUFFIX) and not self._fs.exists(
-                p.removesuffix(_META_SUFFIX) + ".pt"
+            elif name.endswith((_META_SUFFIX, _WEIGHTS_SUFFIX)) and not self._fs.exists(
+                p.removesuffix(_META_SUFFIX).removesuffix(_WEIGHTS_SUFFIX) + ".pt"
             ):
-                self._fs.rm(p)  # a sidecar whose checkpoint was never renamed into place
+                self._fs.rm(p)  # beside a checkpoint that was never renamed into place
+
+
+def _writer(data: bytes) -> Callable[[BinaryIO], object]:
+    return lambda f: f.write(data)
 
 
 def capture_rng(cuda_device: torch.device | None = None) -> dict[str, Any]:

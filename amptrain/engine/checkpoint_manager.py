@@ -11,7 +11,7 @@ attempt or an earlier one, the newest healthy checkpoint: what a fallback resume
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import torch
@@ -100,9 +100,17 @@ class CheckpointManager:
     """One job's checkpoints: save (the leader writes), prune, find, load, discard."""
 
     def __init__(
-        self, store: CheckpointStore | None, keep_last: int, every_steps: int, group: Group
+        self,
+        store: CheckpointStore | None,
+        keep_last: int,
+        every_steps: int,
+        group: Group,
+        export: Callable[[], bytes] | None = None,
     ) -> None:
+        """``export``: the model's weights as a safetensors file, written beside each
+        checkpoint (by the leader, the one writer)."""
         self._store = store
+        self._export = export
         self._keep_last = keep_last
         self._every = every_steps
         self._group = group
@@ -179,12 +187,15 @@ class CheckpointManager:
         return state
 
     def save(self, state: dict[str, Any]) -> str | None:
-        """Write ``state`` (a :meth:`RunState.state_dict`) as the checkpoint of its step and
-        prune. Devices > 1: every rank calls it; rank 0 writes, no rank goes on before the
+        """Write ``state`` (a :meth:`RunState.state_dict`) as the checkpoint of its step, the
+        model's weights exported beside it, and prune. Devices > 1: every rank calls it; rank 0 writes, no rank goes on before the
         checkpoint exists."""
         assert self._store is not None
         meta = CheckpointMeta(int(state["step"]), bool(state["healthy"]), int(state["attempt"]))
-        path = self._store.save(meta.step, state, meta) if self._group.leader else None
+        path = None
+        if self._group.leader:
+            weights = self._export() if self._export is not None else None
+            path = self._store.save(meta.step, state, meta, weights)
         self._index[meta.step] = meta
         self._loaded = None
         self._prune()

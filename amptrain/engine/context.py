@@ -30,6 +30,8 @@ class RunContext:
     """Receives batches of telemetry records from a background thread."""
     data_roots: Sequence[str] = ()
     """Directories/URLs under which file-backed datasets may read."""
+    weights_roots: Sequence[str] = ()
+    """Local directories under which the spec's ``weights.path`` may be read."""
     should_stop: Callable[[], str | None] = _never_stop
     """Polled at every step boundary (keep it cheap): "cancel", "preempt" or None."""
     resume: bool = True

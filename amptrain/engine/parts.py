@@ -11,6 +11,7 @@ same ones), and the fit check runs before the model allocates anything.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from amptrain.engine.evaluation import Evaluator, build_evaluator
 from amptrain.engine.fallback import fallback_target
 from amptrain.engine.fit_check import check_fits
 from amptrain.engine.guardian import Guardian
+from amptrain.engine.initial_weights import export_bytes
 from amptrain.engine.layer_norms import LayerNorms
 from amptrain.engine.lr_schedule import DeviceSchedule
 from amptrain.engine.precision import (
@@ -146,8 +148,9 @@ def build_parts(
         made = components or _build_components(spec, ctx, device, precision.effective)
         model, channels_last = _place_model(made.model, device)
         kept = spec.checkpoint
+        export = functools.partial(export_bytes, model)  # beside each checkpoint
         checkpoints = CheckpointManager(
-            _store(spec, ctx, group), kept.keep_last, kept.every_steps, group
+            _store(spec, ctx, group), kept.keep_last, kept.every_steps, group, export
         )
         if spec.precision == "auto" and ctx.precision_override is None:
             decided = _decide_auto(

@@ -21,3 +21,19 @@ def test_a_precision_fallback_reads_as_one_line_naming_both_precisions_and_why()
     line = Text.from_markup(event_line(ev)).plain
     assert "precision_fallback step 3 fp16 -> bf16, fp16 became unhealthy at step 3" in line
     assert len(Text.from_markup(event_line(ev, width=80)).plain) <= 80
+
+
+def test_a_weights_event_says_what_was_loaded_and_what_was_left_out() -> None:
+    data = {
+        "path": "base.safetensors",
+        "loaded": 4,
+        "strict": False,
+        "cast_from": ["float16"],
+        "shape": {"net.9.weight": [[10, 16], [4, 16]], "net.9.bias": [[10], [4]]},
+        "shape_count": 2,
+    }
+    ev = {"type": "weights", "step": 0, "time": 1_700_000_000, "data": data}
+    line = Text.from_markup(event_line(ev)).plain
+    assert line.endswith(
+        "weights 4 tensors from base.safetensors (cast from float16); left out: 2 reshaped"
+    )

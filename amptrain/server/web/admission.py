@@ -25,6 +25,7 @@ def service_policy(settings: Settings, workers: Sequence[WorkerMemory] = ()) -> 
         data_roots=tuple(str(r) for r in settings.data_roots),
         data_protocols=tuple(settings.data_protocols),
         data_roots_per_user=settings.data_roots_per_user,
+        weights_roots=tuple(settings.weights_roots),
         max_job_memory_bytes=int(cap * GIB) if cap is not None else None,
         runtime_limit_s=settings.job_runtime_limit_seconds,
         workers=tuple(workers),

@@ -109,6 +109,7 @@ def train(launch: Launch, sink: Sink | None, ranks: Ranks | None = None) -> Fini
             checkpoint_dir=launch.checkpoint_dir,
             sink=sink,
             data_roots=launch.data_roots,
+            weights_roots=launch.weights_roots,
             should_stop=lambda: _stop_request,
             resume=True,
             attempt=launch.attempt,

@@ -32,6 +32,8 @@ class Launch(_Message):
     checkpoint_dir: str
     redis_url: str
     data_roots: list[str] = Field(default_factory=list)
+    weights_roots: list[str] = Field(default_factory=list)
+    """Where the owner's ``weights.path`` may be read (``ROOT/<owner>`` with per-user roots)."""
     recorded: dict[int, int] | None = None
     """Per attempt, the newest step of its history in SQL: the attempt resumes only from a
     checkpoint its writer recorded through (see

@@ -4,6 +4,7 @@ launch (spec, checkpoint place, Redis, the owner's data roots) and the wall-cloc
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,6 +51,7 @@ def launch(settings: Settings, claim: Claim, recorded: dict[int, int] | None = N
         checkpoint_dir=job_checkpoint_url(settings.checkpoint_url, claim.job_id),
         redis_url=settings.redis_url,
         data_roots=data_roots(settings, claim),
+        weights_roots=data_roots(settings, claim, settings.weights_roots),
         recorded=recorded,
         cpu_bf16_probe=devices.cpu_bf16_probe(devices.known_report()),
         precision_cache=str(settings.data_dir / PRECISION_CACHE),
@@ -57,9 +59,12 @@ def launch(settings: Settings, claim: Claim, recorded: dict[int, int] | None = N
     )
 
 
-def data_roots(settings: Settings, claim: Claim) -> list[str]:
-    """The roots this job's owner may read (``ROOT/<owner>`` with per-user roots)."""
-    roots = [str(r) for r in settings.data_roots]
+def data_roots(
+    settings: Settings, claim: Claim, configured: Sequence[str] | None = None
+) -> list[str]:
+    """The data roots (or ``configured`` ones: the weights roots) this job's owner may read
+    (``ROOT/<owner>`` with per-user roots)."""
+    roots = [str(r) for r in (settings.data_roots if configured is None else configured)]
     try:
         return user_roots(roots, claim.owner, settings.data_roots_per_user)
     except PathRefused:

@@ -1,0 +1,168 @@
+"""Weights a job starts from (``spec.weights``), and the weights a checkpoint exports.
+
+Safetensors only, parsed by the ``safetensors`` library from bytes read through a
+descriptor opened beneath a weights root (:func:`~amptrain.components.array_files.
+open_data_file`: no symlink, a regular file): nothing in the file can run code, unlike a
+pickle, which ``torch.load`` would have to trust. The header's length is checked before
+the file is read, so a pickle or a ``torch.save`` zip renamed ``.safetensors`` is refused
+by its first eight bytes.
+
+Names and shapes are those of the *library* module's ``state_dict()``: a Hugging Face
+model wrapped in a module with a ``library_model`` attribute is named as the library names
+it (what its own checkpoints use), every other model as itself. The same names go out in
+the ``.safetensors`` file written beside each checkpoint, so one job's result starts the next.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import safetensors
+import safetensors.torch
+import torch
+
+from amptrain.components.array_files import PATH_CHARS, open_data_file
+from amptrain.contract.data_access import PathRefused
+from amptrain.contract.errors import InvalidSpecError
+from amptrain.contract.spec import WeightsSpec
+from amptrain.contract.text import control_character, quote
+from amptrain.contract.weights import FIELD, MAX_HEADER_BYTES, MAX_WEIGHTS_BYTES, locate_weights
+
+LISTED = 20
+"""Names an event lists of each kind left out (the counts are always whole)."""
+
+
+def library_module(model: torch.nn.Module) -> torch.nn.Module:
+    """The module whose ``state_dict()`` names the weights (see the module's docstring)."""
+    inner = getattr(model, "library_model", model)
+    return inner if isinstance(inner, torch.nn.Module) else model
+
+
+def export_bytes(model: torch.nn.Module) -> bytes:
+    """The model's weights (parameters and buffers) as a safetensors file, library names,
+    on the CPU. Copies: tied weights share storage, which safetensors refuses to write."""
+    state = library_module(model).state_dict()
+    tensors = {
+        name: t.detach().to("cpu", copy=True).contiguous()
+        for name, t in state.items()
+        if isinstance(t, torch.Tensor)
+    }
+    return safetensors.torch.save(tensors)
+
+
+def load_initial_weights(
+    model: torch.nn.Module, spec: WeightsSpec, roots: Sequence[str]
+) -> dict[str, Any]:
+    """Load ``spec.path`` into ``model``; the ``weights`` event's data. ``InvalidSpecError``
+    naming ``weights.path`` for a file that may not be read or is not safetensors, and with
+    ``strict`` for the first tensor that differs; nothing is loaded then."""
+    tensors = read_safetensors(spec.path, roots)
+    target = library_module(model)
+    expected = target.state_dict()
+    plan = _Plan(tensors, expected)
+    if spec.strict and plan.first_difference:
+        raise InvalidSpecError(
+            f"{FIELD} {quote(spec.path, PATH_CHARS)}: {plan.first_difference} "
+            "(weights.strict false loads what matches)"
+        )
+    chosen = {
+        name: tensors[name].to(expected[name].dtype)  # the model's dtype (fp32 parameters)
+        for name in plan.matching
+    }
+    with torch.no_grad():
+        target.load_state_dict(chosen, strict=False)
+    data: dict[str, Any] = {"path": spec.path, "loaded": len(chosen), "strict": spec.strict}
+    cast = sorted(
+        {_dtype(tensors[n]) for n in plan.matching if tensors[n].dtype != expected[n].dtype}
+    )
+    if cast:
+        data["cast_from"] = cast
+    data.update(plan.left_out())
+    return data
+
+
+def read_safetensors(path: str, roots: Sequence[str]) -> dict[str, torch.Tensor]:
+    """The tensors of the safetensors file ``path`` under ``roots`` (on the CPU)."""
+    try:
+        candidates = locate_weights(path, roots)
+    except PathRefused as exc:
+        raise InvalidSpecError(f"{FIELD}: {quote(path, PATH_CHARS)}: {exc}") from None
+    with open_data_file(FIELD, path, candidates, "weights roots") as opened:
+        size = opened.size or 0
+        if size > MAX_WEIGHTS_BYTES:
+            raise opened.refuse(f"larger than the {MAX_WEIGHTS_BYTES >> 30} GiB a file may be")
+        head = opened.file.read(8)
+        (length,) = struct.unpack("<Q", head) if len(head) == 8 else (-1,)
+        if not 2 <= length <= min(MAX_HEADER_BYTES, size - 8):
+            raise opened.refuse(_not_safetensors("its first 8 bytes are no header length"))
+        opened.require(size, "the weights file, read once")
+        data = head + opened.file.read(size - 8)
+    if data[8:9] != b"{" or len(data) != size:
+        raise InvalidSpecError(
+            f"{FIELD}: {quote(path, PATH_CHARS)}: {_not_safetensors('no JSON header')}"
+        )
+    try:
+        return safetensors.torch.load(data)
+    except (safetensors.SafetensorError, ValueError, TypeError) as exc:
+        raise InvalidSpecError(
+            f"{FIELD}: {quote(path, PATH_CHARS)}: {_not_safetensors(quote(str(exc), 200))}"
+        ) from None
+
+
+def _not_safetensors(why: str) -> str:
+    return f"not a safetensors file ({why}); pickles and torch.save files are never read"
+
+
+class _Plan:
+    """Which of the file's tensors fit the model, and what does not, in the model's order."""
+
+    def __init__(
+        self, tensors: Mapping[str, torch.Tensor], expected: Mapping[str, torch.Tensor]
+    ) -> None:
+        self.matching: list[str] = []
+        self.missing: list[str] = []
+        self.shape: dict[str, list[list[int]]] = {}
+        self.first_difference: str | None = None
+        for name, want in expected.items():
+            have = tensors.get(name)
+            if have is None:
+                self.missing.append(name)
+                self._first(f"{_shown(name)} of the model is not in the file")
+            elif tuple(have.shape) != tuple(want.shape):
+                self.shape[name] = [list(have.shape), list(want.shape)]
+                self._first(
+                    f"shape of {_shown(name)} is {tuple(have.shape)} in the file, "
+                    f"{tuple(want.shape)} in the model"
+                )
+            else:
+                self.matching.append(name)
+        self.unexpected = [n for n in tensors if n not in expected]
+        if self.unexpected:
+            self._first(f"{_shown(self.unexpected[0])} of the file is not in the model")
+
+    def _first(self, text: str) -> None:
+        if self.first_difference is None:
+            self.first_difference = text
+
+    def left_out(self) -> dict[str, Any]:
+        """What the ``weights`` event says was not loaded (empty when everything was)."""
+        out: dict[str, Any] = {}
+        for key, names in (("missing", self.missing), ("unexpected", self.unexpected)):
+            if names:
+                out[key] = [_shown(n) for n in names[:LISTED]]
+                out[f"{key}_count"] = len(names)
+        if self.shape:
+            out["shape"] = {_shown(n): s for n, s in list(self.shape.items())[:LISTED]}
+            out["shape_count"] = len(self.shape)
+        return out
+
+
+def _shown(name: str) -> str:
+    """A tensor name as messages show it: the file's names are the uploader's text."""
+    return name if len(name) <= 200 and control_character(name) is None else quote(name, 80)
+
+
+def _dtype(tensor: torch.Tensor) -> str:
+    return str(tensor.dtype).removeprefix("torch.")
