@@ -13,7 +13,7 @@ The library returns a ``ModelOutput``; :class:`LibraryModel` returns its ``logit
 every amptrain model does, and keeps the library model as its ``library_model``
 attribute, so its parameters are named ``library_model.`` + the library's own names.
 Code that needs the library's names (safetensors weights, export) takes
-:func:`library_module`.
+:func:`amptrain.components.base.library_module`.
 """
 
 from __future__ import annotations
@@ -29,9 +29,6 @@ from amptrain.components.base import DataInfo
 from amptrain.contract.errors import InvalidSpecError
 from amptrain.contract.zoo_text import kv_heads, mlp_width
 
-LIBRARY_ATTRIBUTE = "library_model"
-"""The attribute of a wrapped model that holds the library's own module."""
-
 
 class LibraryModel(nn.Module):
     """A transformers model whose ``forward(inputs)`` returns its logits: ``(batch, seq_len,
@@ -39,18 +36,11 @@ class LibraryModel(nn.Module):
 
     def __init__(self, library_model: nn.Module) -> None:
         super().__init__()
-        self.library_model = library_model
+        self.library_model = library_model  # LIBRARY_ATTRIBUTE: see base.library_module
 
     def forward(self, inputs: torch.Tensor) -> torch.Tensor:
         logits: torch.Tensor = self.library_model(input_ids=inputs).logits
         return logits
-
-
-def library_module(model: nn.Module) -> nn.Module:
-    """The library's own module inside ``model`` (whose parameter names are the library's,
-    e.g. ``transformer.h.0.attn.c_attn.weight``), or ``model`` itself when it wraps none."""
-    inner = getattr(model, LIBRARY_ATTRIBUTE, model)
-    return inner if isinstance(inner, nn.Module) else model
 
 
 def _sizes(kind: str, args: Mapping[str, Any], positions: int) -> dict[str, Any]:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import struct
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import safetensors
@@ -24,20 +25,19 @@ import safetensors.torch
 import torch
 
 from amptrain.components.array_files import PATH_CHARS, open_data_file
+from amptrain.components.base import library_module
 from amptrain.contract.data_access import PathRefused
 from amptrain.contract.errors import InvalidSpecError
+from amptrain.contract.layout import checkpoint_name
+from amptrain.contract.records import WEIGHTS_EVENT
 from amptrain.contract.spec import WeightsSpec
 from amptrain.contract.text import control_character, quote
 from amptrain.contract.weights import FIELD, MAX_HEADER_BYTES, MAX_WEIGHTS_BYTES, locate_weights
+from amptrain.engine.checkpoint_manager import CheckpointManager, RunState
+from amptrain.engine.context import RunContext
 
 LISTED = 20
 """Names an event lists of each kind left out (the counts are always whole)."""
-
-
-def library_module(model: torch.nn.Module) -> torch.nn.Module:
-    """The module whose ``state_dict()`` names the weights (see the module's docstring)."""
-    inner = getattr(model, "library_model", model)
-    return inner if isinstance(inner, torch.nn.Module) else model
 
 
 def export_bytes(model: torch.nn.Module) -> bytes:
@@ -50,6 +50,40 @@ def export_bytes(model: torch.nn.Module) -> bytes:
         if isinstance(t, torch.Tensor)
     }
     return safetensors.torch.save(tensors)
+
+
+@dataclass(frozen=True)
+class Start:
+    """Where a run begins, as the event that says so: its own newest checkpoint
+    (``resumed``), the weights its spec names (``weights``), or neither (``event`` None)."""
+
+    event: str | None = None
+    step: int = 0
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def checkpoint_now(self) -> bool:
+        """Weights are checkpointed at once (step 0), so a later attempt resumes from the
+        job's own copy, never reading the file again (an operator may replace it meanwhile)."""
+        return self.event == WEIGHTS_EVENT
+
+
+def begin(
+    checkpoints: CheckpointManager,
+    run: RunState,
+    ctx: RunContext,
+    model: torch.nn.Module,
+    weights: WeightsSpec | None,
+) -> Start:
+    """Resume ``run`` from its newest checkpoint (see ``RunContext.resume``), else load the
+    weights the spec names into ``model``, else start as built."""
+    step = checkpoints.resume(run, ctx.recorded) if ctx.resume else None
+    if step is not None:
+        return Start("resumed", step, {"from_step": step, "name": checkpoint_name(step)})
+    if weights is None:
+        return Start()
+    data = load_initial_weights(model, weights, ctx.weights_roots)
+    return Start(WEIGHTS_EVENT, run.train.step, data)
 
 
 def load_initial_weights(

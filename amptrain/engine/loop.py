@@ -32,7 +32,7 @@ import torch
 from amptrain.contract import records
 from amptrain.contract.errors import CancelledError, PreemptedError, TrainingError
 from amptrain.contract.layout import checkpoint_name
-from amptrain.contract.records import PRECISION_FALLBACK, ROLLBACK_EVENT, WEIGHTS_EVENT
+from amptrain.contract.records import PRECISION_FALLBACK, ROLLBACK_EVENT
 from amptrain.contract.spec import JobSpec
 from amptrain.engine.context import Components, RunContext, TrainResult
 from amptrain.engine.fallback import fallback_event
@@ -44,7 +44,7 @@ from amptrain.engine.guardian import (
     Verdict,
     sooner,
 )
-from amptrain.engine.initial_weights import load_initial_weights
+from amptrain.engine.initial_weights import begin
 from amptrain.engine.memory import release_cached, snapshot
 from amptrain.engine.oom import is_out_of_memory, shrink
 from amptrain.engine.parts import DataOptions, build
@@ -214,12 +214,13 @@ class Trainer:
             self._act(self.save_checkpoint())
 
     def _resume(self) -> Verdict:
-        step = (
-            self.checkpoints.resume(self.run_state, self.ctx.recorded) if self.ctx.resume else None
-        )
-        if step is None:
-            return start_from_weights(self)
-        return self.telemetry.event("resumed", step, from_step=step, name=checkpoint_name(step))
+        start = begin(self.checkpoints, self.run_state, self.ctx, self.model, self.spec.weights)
+        if start.event is None:
+            return Continue()
+        verdict = self.telemetry.event(start.event, start.step, **start.data)
+        if start.checkpoint_now and isinstance(verdict, Continue):
+            return self.save_checkpoint()
+        return verdict
 
     def _accumulate(self) -> torch.Tensor:
         """All micro-batches of the step; returns the mean loss (device tensor)."""
@@ -250,18 +251,6 @@ class Trainer:
             return
         self._act(self.save_checkpoint())
         raise _stopped(reason, self.state.step)
-
-
-def start_from_weights(trainer: Trainer) -> Verdict:
-    """A fresh start (no checkpoint to resume from) with ``spec.weights``: load them, say
-    what was loaded, and checkpoint step 0, so a later attempt resumes from the job's own
-    copy, never reading the file again (an operator may replace it meanwhile)."""
-    weights = trainer.spec.weights
-    if weights is None:
-        return Continue()
-    data = load_initial_weights(trainer.model, weights, trainer.ctx.weights_roots)
-    verdict = trainer.telemetry.event(WEIGHTS_EVENT, trainer.state.step, **data)
-    return trainer.save_checkpoint() if isinstance(verdict, Continue) else verdict
 
 
 def _stopped(reason: str, step: int) -> TrainingError:

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from amptrain.components import hf_models, registry
-from amptrain.components.base import DataInfo
+from amptrain.components import registry
+from amptrain.components.base import DataInfo, library_module
 from amptrain.contract.errors import PreemptedError
 from amptrain.contract.layers import layer_paths
 from amptrain.contract.spec import ComponentRef, parse_spec
@@ -109,10 +109,10 @@ def test_the_library_model_and_its_own_parameter_names_are_reachable() -> None:
     info = DataInfo("language_model", (16,), 50)
     ref = ComponentRef(name="hf-causal-lm", args={"model_type": "gpt2", **SIZES})
     model = registry.build_model(ref, info)
-    inner = hf_models.library_module(model)
+    inner = library_module(model)
     assert inner is model.library_model and type(inner).__name__ == "GPT2LMHeadModel"
     assert "transformer.h.0.attn.c_attn.weight" in dict(inner.named_parameters())
-    assert hf_models.library_module(inner) is inner  # an unwrapped model is its own
+    assert library_module(inner) is inner  # an unwrapped model is its own
     assert model(torch.zeros(3, 16, dtype=torch.long)).shape == (3, 16, 50)
 
 
@@ -156,7 +156,7 @@ def test_a_tied_library_model_resumes_exactly_from_its_checkpoint(tmp_path: Path
         first.train()
     second = Trainer(parse_spec(body), RunContext(str(tmp_path / "split")))
     assert second.train().resumed_from == 4
-    inner = hf_models.library_module(second.model)
+    inner = library_module(second.model)
     assert inner.lm_head.weight is inner.transformer.wte.weight  # still tied after loading
     for (name, a), (_, b) in zip(
         straight.model.named_parameters(), second.model.named_parameters(), strict=True
