@@ -1,0 +1,83 @@
+"""torchvision and timm models train through the engine on tiny images (CPU, a few real
+steps each): fp32 and bf16 for each family, an fp16 step with loss scaling for one model
+of each, and per-layer gradient norms named by the libraries' own module paths."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import pytest
+
+from amptrain.contract.spec import parse_spec
+from amptrain.engine import RunContext, Trainer
+from tests.support.sinks import ListSink
+
+pytest.importorskip("torchvision")
+pytest.importorskip("timm")
+pytestmark = pytest.mark.heavy
+
+
+def _train(model: dict[str, Any], precision: str, **extra: Any) -> ListSink:
+    images = extra.pop("images", {})
+    spec = parse_spec(
+        {
+            "model": model,
+            "dataset": {
+                "name": "synthetic-images",
+                "args": {"channels": 3, "height": 32, "width": 32, "classes": 5, **images},
+            },
+            "max_steps": 2,
+            "batch_size": 4,
+            "precision": precision,
+            "device": "cpu",
+            **extra,
+        }
+    )
+    sink = ListSink()
+    result = Trainer(spec, RunContext(checkpoint_dir=None, sink=sink)).train()
+    assert result.precision.effective == precision
+    records = [r for r in sink.items if r["kind"] == "metric"]
+    assert [r["step"] for r in records] == [1, 2]
+    assert all(math.isfinite(r["loss"]) for r in records)
+    if precision == "fp16":
+        assert all(r["loss_scale"] for r in records)
+    else:
+        assert not any(r["skipped"] for r in records)
+    return sink
+
+
+@pytest.mark.parametrize(
+    ("model", "precisions"),
+    [
+        ({"name": "resnet50"}, ("fp32", "bf16", "fp16")),
+        ({"name": "mobilenet_v3_small"}, ("bf16",)),
+        ({"name": "efficientnet_b0"}, ("fp32",)),
+        (
+            {"name": "timm", "args": {"arch": "resnet18", "drop_rate": 0.2}},
+            ("fp32", "bf16", "fp16"),
+        ),
+        ({"name": "timm", "args": {"arch": "convnext_atto", "drop_path_rate": 0.1}}, ("bf16",)),
+    ],
+    ids=lambda v: v.get("args", {}).get("arch", v["name"]) if isinstance(v, dict) else "-".join(v),
+)
+def test_each_family_trains_a_few_steps(model: dict[str, Any], precisions: tuple[str, ...]) -> None:
+    for precision in precisions:
+        _train(model, precision)
+
+
+def test_vision_transformers_take_the_datasets_image_size() -> None:
+    """A ViT is built for the dataset's images (its position embedding follows the size),
+    timm's for any channel count."""
+    _train({"name": "vit_b_32"}, "bf16", images={"height": 64, "width": 64})
+    tiny = {"name": "timm", "args": {"arch": "vit_tiny_patch16_224"}}
+    _train(tiny, "fp32", images={"channels": 1, "height": 32, "width": 48})
+
+
+def test_layer_norms_are_named_by_the_libraries_module_paths() -> None:
+    telemetry = {"flush_every_steps": 1, "layer_grad_norms_every": 1}
+    sink = _train({"name": "resnet18"}, "fp32", telemetry=telemetry)
+    (first, *_) = [r for r in sink.items if r["kind"] == "layer_grad_norm"]
+    names = set(first["values"])
+    assert {"conv1", "bn1", "layer1.0.conv1", "layer4.1.bn2", "fc"} <= names
+    assert all(v is not None and math.isfinite(v) and v >= 0 for v in first["values"].values())
