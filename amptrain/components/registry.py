@@ -118,7 +118,7 @@ def build_model(ref: ComponentRef, info: DataInfo) -> nn.Module:
     problem = reg.fits(info.input_shape, args) if reg.fits is not None else None
     if problem:
         raise InvalidSpecError(
-            f"model.name: model {ref.name!r} {problem}, but the dataset yields {info.kind} "
+            f"model.name: model {ref.name} {problem}, but the dataset yields {info.kind} "
             f"of shape {'x'.join(map(str, info.input_shape))}"
         )
     model = reg.resolve_builder()(info, **args)

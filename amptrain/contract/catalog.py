@@ -240,7 +240,9 @@ def _shape_errors(
     return [
         _error(
             ("model", "name"),
-            f"model {model.name!r} {problem}, but dataset {dataset_ref.name!r} yields {yields}",
+            # The model's name unquoted: the API shortens any quoted stretch over 40
+            # characters, and it cannot tell a closing quote from an opening one.
+            f"model {model.name} {problem}, but dataset {dataset_ref.name!r} yields {yields}",
         )
     ]
 

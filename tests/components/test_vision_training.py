@@ -47,10 +47,18 @@ def _train(model: dict[str, Any], precision: str, **extra: Any) -> ListSink:
     return sink
 
 
+def _id(value: Any) -> str:
+    if isinstance(value, dict):
+        arch = value.get("args", {}).get("arch")
+        return f"timm-{arch}" if arch else str(value["name"])
+    return "-".join(value)
+
+
 @pytest.mark.parametrize(
     ("model", "precisions"),
     [
-        ({"name": "resnet50"}, ("fp32", "bf16", "fp16")),
+        ({"name": "resnet18"}, ("fp32", "bf16", "fp16")),
+        ({"name": "resnet50"}, ("bf16",)),
         ({"name": "mobilenet_v3_small"}, ("bf16",)),
         ({"name": "efficientnet_b0"}, ("fp32",)),
         (
@@ -59,7 +67,7 @@ def _train(model: dict[str, Any], precision: str, **extra: Any) -> ListSink:
         ),
         ({"name": "timm", "args": {"arch": "convnext_atto", "drop_path_rate": 0.1}}, ("bf16",)),
     ],
-    ids=lambda v: v.get("args", {}).get("arch", v["name"]) if isinstance(v, dict) else "-".join(v),
+    ids=_id,
 )
 def test_each_family_trains_a_few_steps(model: dict[str, Any], precisions: tuple[str, ...]) -> None:
     for precision in precisions:
@@ -69,7 +77,7 @@ def test_each_family_trains_a_few_steps(model: dict[str, Any], precisions: tuple
 def test_vision_transformers_take_the_datasets_image_size() -> None:
     """A ViT is built for the dataset's images (its position embedding follows the size),
     timm's for any channel count."""
-    _train({"name": "vit_b_32"}, "bf16", images={"height": 64, "width": 64})
+    _train({"name": "vit_b_32"}, "bf16", images={"height": 64, "width": 64})  # 4 patches
     tiny = {"name": "timm", "args": {"arch": "vit_tiny_patch16_224"}}
     _train(tiny, "fp32", images={"channels": 1, "height": 32, "width": 48})
 

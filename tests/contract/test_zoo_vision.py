@@ -138,14 +138,14 @@ def test_torchvision_resnet50_is_the_catalogs_resnet50() -> None:
             {"name": "resnet50"},
             {"channels": 1},
             "model.name",
-            "model 'resnet50' takes 3-channel (RGB) images, as torchvision builds it, but "
+            "model resnet50 takes 3-channel (RGB) images, as torchvision builds it, but "
             "dataset 'synthetic-images' yields 1x32x32",
         ),
         (
             {"name": "convnext_tiny"},
             {"height": 16, "width": 64},
             "model.name",
-            "model 'convnext_tiny' takes images of at least 32x32 pixels",
+            "model convnext_tiny takes images of at least 32x32 pixels",
         ),
         (
             {"name": "vit_b_16"},
@@ -163,7 +163,7 @@ def test_torchvision_resnet50_is_the_catalogs_resnet50() -> None:
             {"name": "timm", "args": {"arch": "deit_tiny_patch16_224"}},
             {"height": 24, "width": 32},
             "model.name",
-            "model 'timm' (arch deit_tiny_patch16_224) takes images whose sides are multiples",
+            "model timm (arch deit_tiny_patch16_224) takes images whose sides are multiples",
         ),
         (
             {"name": "timm", "args": {"arch": "convnext_atto"}},
@@ -193,10 +193,10 @@ def test_the_worker_refuses_what_the_api_could_not_size() -> None:
             ComponentRef(name="resnet18"), DataInfo("classification", (1, 28, 28), 10)
         )
     assert str(err.value) == (
-        "model.name: model 'resnet18' takes 3-channel (RGB) images, as torchvision builds it, "
+        "model.name: model resnet18 takes 3-channel (RGB) images, as torchvision builds it, "
         "but the dataset yields images of shape 1x28x28"
     )
-    with pytest.raises(InvalidSpecError, match=r"model\.name: model 'timm' \(arch vit_tiny"):
+    with pytest.raises(InvalidSpecError, match=r"model\.name: model timm \(arch vit_tiny"):
         registry.build_model(
             ComponentRef(name="timm", args={"arch": "vit_tiny_patch16_224"}),
             DataInfo("classification", (3, 20, 20), 10),
