@@ -1,14 +1,18 @@
 """torchvision and timm models train through the engine on tiny images (CPU, a few real
 steps each): fp32 and bf16 for each family, an fp16 step with loss scaling for one model
-of each, and per-layer gradient norms named by the libraries' own module paths."""
+of each, per-layer gradient norms named by the libraries' own module paths, and real photos
+from a file (where a grey one is refused by the worker, which alone sees its shape)."""
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
+from amptrain.contract.errors import InvalidSpecError
 from amptrain.contract.spec import parse_spec
 from amptrain.engine import RunContext, Trainer
 from tests.support.sinks import ListSink
@@ -89,3 +93,49 @@ def test_layer_norms_are_named_by_the_libraries_module_paths() -> None:
     names = set(first["values"])
     assert {"conv1", "bn1", "layer1.0.conv1", "layer4.1.bn2", "fc"} <= names
     assert all(v is not None and math.isfinite(v) and v >= 0 for v in first["values"].values())
+
+
+def _photo_crops(channels: int) -> tuple[np.ndarray, np.ndarray]:
+    """32x32 crops of scikit-learn's two sample photos, labelled by photo (real images)."""
+    from sklearn.datasets import load_sample_images
+
+    photos = load_sample_images().images  # two 427x640 RGB photos
+    rng = np.random.default_rng(0)
+    crops, labels = [], []
+    for label, photo in enumerate(photos):
+        for _ in range(16):
+            y, x = rng.integers(0, 427 - 32), rng.integers(0, 640 - 32)
+            crops.append(photo[y : y + 32, x : x + 32].transpose(2, 0, 1)[:channels])
+            labels.append(label)
+    x = (np.stack(crops).astype(np.float32) - 128) / 64
+    return x, np.array(labels, dtype=np.int64)
+
+
+def test_photos_from_a_file_train_and_a_grey_file_is_refused_naming_the_model(
+    tmp_path: Path,
+) -> None:
+    """A file's shape is known only once the worker reads it: a torchvision net trains on
+    real RGB crops, and grey ones get a clear refusal before anything is built."""
+    pytest.importorskip("sklearn")
+    for channels in (3, 1):
+        x, y = _photo_crops(channels)
+        np.savez(tmp_path / f"photos{channels}.npz", x=x, y=y)
+    spec = {
+        "model": {"name": "resnet18"},
+        "max_steps": 3,
+        "batch_size": 8,
+        "precision": "bf16",
+        "device": "cpu",
+    }
+    sink = ListSink()
+    rgb = parse_spec({**spec, "dataset": {"name": "tensors", "args": {"path": "photos3.npz"}}})
+    Trainer(rgb, RunContext(checkpoint_dir=None, sink=sink, data_roots=[str(tmp_path)])).train()
+    losses = [r["loss"] for r in sink.items if r["kind"] == "metric"]
+    assert len(losses) == 3 and all(math.isfinite(v) for v in losses)
+    grey = parse_spec({**spec, "dataset": {"name": "tensors", "args": {"path": "photos1.npz"}}})
+    with pytest.raises(InvalidSpecError) as err:
+        Trainer(grey, RunContext(checkpoint_dir=None, data_roots=[str(tmp_path)])).train()
+    assert err.value.message == (
+        "model.name: model resnet18 takes 3-channel (RGB) images, as torchvision builds it, "
+        "but the dataset yields images of shape 1x32x32"
+    )
