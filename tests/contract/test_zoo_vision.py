@@ -16,6 +16,7 @@ from amptrain.components.base import DataInfo
 from amptrain.contract import catalog
 from amptrain.contract.admission import spec_size
 from amptrain.contract.errors import InvalidSpecError
+from amptrain.contract.layers import LAYER_NORMS_MAX, check_layer_path, layer_paths
 from amptrain.contract.spec import ComponentRef, parse_spec
 from amptrain.contract.zoo_vision import (
     TIMM_ARCHS,
@@ -203,3 +204,26 @@ def test_the_worker_refuses_what_the_api_could_not_size() -> None:
         )
     with pytest.raises(InvalidSpecError, match=r"model\.name: model 'resnet18' takes images"):
         registry.build_model(ComponentRef(name="resnet18"), DataInfo("classification", (8,), 10))
+
+
+@pytest.mark.parametrize(
+    ("name", "arch"),
+    [
+        ("efficientnet_b3", ""),
+        ("vit_b_16", ""),
+        ("swin_t", ""),
+        ("densenet121", ""),
+        ("timm", "convnext_nano"),
+        ("timm", "deit_small_patch16_224"),
+    ],
+)
+def test_per_layer_norms_group_the_libraries_parameter_names(name: str, arch: str) -> None:
+    """``features.3.1.block.0.0.weight``, ``encoder.layers.encoder_layer_0.ln_1.weight``,
+    ``cls_token``: every parameter lands in a layer with a valid series name, within the
+    per-job limit."""
+    ref = ComponentRef(name=name, args={"arch": arch} if arch else {})
+    with torch.device("meta"):
+        model = registry.build_model(ref, DataInfo("classification", (3, 32, 32), 10))
+    paths = layer_paths([n for n, _ in model.named_parameters()])
+    assert all(paths) and len(set(paths)) <= LAYER_NORMS_MAX
+    assert all(check_layer_path(p) == p for p in paths)
