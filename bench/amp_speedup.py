@@ -1,7 +1,7 @@
 """AMP speed-up on ResNet-50: strict fp32, tf32, fp16 (+ GradScaler) and bf16, as a bare loop
 and through the engine's own Trainer, side by side.
 
-Workload (CUDA): ResNet-50 (``amptrain.components.resnet``, torchvision's architecture)
+Workload (CUDA): ResNet-50 (the catalog's ``resnet50``: torchvision's, untrained)
 on 3x224x224 images, batch 256, channels_last, ``cudnn.benchmark``, fused SGD with momentum,
 gradient clipping, the AMP step order the engine uses. ``fp32`` is strict IEEE (TF32 off),
 ``tf32`` is PyTorch's TF32 for matmuls and convolutions: the fair baseline (what users get
@@ -117,7 +117,7 @@ def _spec(setup: Setup, precision: str, max_steps: int) -> Any:
     return parse_spec(
         {
             "name": f"amp-speedup-{precision}",
-            "model": {"name": "cnn"},  # replaced by the injected ResNet-50
+            "model": {"name": "resnet50"},
             "dataset": {
                 "name": "synthetic-images",
                 "args": {"height": setup.size, "width": setup.size, "classes": setup.classes},
@@ -137,7 +137,6 @@ def bare(setup: Setup, precision: str) -> dict[str, Any]:
     import torch
 
     from amptrain.components import registry
-    from amptrain.components.resnet import resnet50
     from amptrain.components.synthetic_images import SyntheticImages
     from amptrain.engine.precision import apply_math_mode, choose_precision
 
@@ -148,7 +147,7 @@ def bare(setup: Setup, precision: str) -> dict[str, Any]:
     torch.manual_seed(0)
     data = registry.build_dataset(spec.dataset, seed=0)
     assert isinstance(data, SyntheticImages)  # the spec's synthetic-images: it has batch_on
-    model = resnet50(data.info).to(device)
+    model = registry.build_model(spec.model, data.info).to(device)
     if device.type == "cuda":
         model = model.to(memory_format=torch.channels_last)
     optimizer = registry.build_optimizer(spec.optimizer, model.parameters(), device)
@@ -192,7 +191,6 @@ def engine(setup: Setup, precision: str) -> dict[str, Any]:
     import torch
 
     from amptrain.components import registry
-    from amptrain.components.resnet import resnet50
     from amptrain.engine import Components, RunContext, Trainer
 
     total = setup.warmup + setup.steps
@@ -200,7 +198,8 @@ def engine(setup: Setup, precision: str) -> dict[str, Any]:
     device = torch.device(setup.device)
     data = registry.build_dataset(spec.dataset, seed=0)
     torch.manual_seed(0)
-    parts = Components(resnet50(data.info), data, registry.loss_for(data.info))
+    model = registry.build_model(spec.model, data.info)
+    parts = Components(model, data, registry.loss_for(data.info))
     clock = Clock(device)
     marks: dict[str, Any] = {}
 

@@ -37,7 +37,6 @@ import torch
 import torch.nn.functional as F
 
 from amptrain.components import registry
-from amptrain.components.resnet import resnet50
 from amptrain.components.sampling import generator
 from amptrain.components.synthetic_images import SyntheticImages
 from amptrain.contract.spec import ComponentRef, parse_spec
@@ -177,7 +176,9 @@ def data_wait(
     batch = 256 if cuda else 32
     spec = parse_spec(
         {
-            "model": {"name": "cnn", "args": {"width": 16, "depth": 2}},
+            "model": (
+                {"name": "resnet50"} if cuda else {"name": "cnn", "args": {"width": 16, "depth": 2}}
+            ),
             "dataset": {
                 "name": "synthetic-images",
                 "args": {"height": size, "width": size, "classes": CLASSES},
@@ -192,7 +193,7 @@ def data_wait(
     data: Any = images(size)
     data = {"product": data, "host-built": HostBuilt(data), "batch()+pin": BatchOnly(data)}[path]
     torch.manual_seed(0)
-    model = resnet50(data.info) if cuda else registry.build_model(spec.model, data.info)
+    model = registry.build_model(spec.model, data.info)
     parts = Components(model, data, registry.loss_for(data.info))
     marks: dict[str, float] = {}
 

@@ -115,6 +115,12 @@ def build_model(ref: ComponentRef, info: DataInfo) -> nn.Module:
             f"model.name: model {ref.name!r} takes {' or '.join(reg.accepts)}, but the dataset yields "
             f"{info.kind} of shape {info.input_shape}"
         )
+    problem = reg.fits(info.input_shape, args) if reg.fits is not None else None
+    if problem:
+        raise InvalidSpecError(
+            f"model.name: model {ref.name} {problem}, but the dataset yields {info.kind} "
+            f"of shape {'x'.join(map(str, info.input_shape))}"
+        )
     model = reg.resolve_builder()(info, **args)
     if not isinstance(model, nn.Module):
         raise InvalidSpecError(

@@ -15,6 +15,7 @@ from amptrain.contract import sizing
 from amptrain.contract.registration import REQUIRED, Arg, Registration
 from amptrain.contract.spec import MAX_SEED
 from amptrain.contract.zoo_text import TEXT_MODELS
+from amptrain.contract.zoo_vision import VISION_MODELS
 
 
 def _model(name: str, builder: str, description: str, *args: Arg, **kw: Any) -> Registration:
@@ -89,15 +90,8 @@ BUILTIN_MODELS: tuple[Registration, ...] = (
             else [("n_heads", f"must divide d_model ({a['d_model']}); got {a['n_heads']}")]
         ),
     ),
-    _model(
-        "resnet50",
-        "amptrain.components.resnet:resnet50",
-        "ResNet-50 as torchvision builds it (25,557,032 parameters at 1000 classes), untrained; "
-        "the standard AMP benchmark (e.g. 3x224x224 images). Needs no torchvision.",
-        accepts=("images",),
-        parameters=sizing.resnet50_parameters,
-    ),
     *TEXT_MODELS,
+    *VISION_MODELS,
 )
 
 BUILTIN_DATASETS: tuple[Registration, ...] = (

@@ -217,7 +217,34 @@ def validate_refs(
                 f"{dataset_ref.name!r} yields {provides}",
             )
         )
+    if not errors and model is not None and data is not None:
+        assert model_ref is not None and dataset_ref is not None
+        errors += _shape_errors(model, model_ref, data, dataset_ref)
     return errors
+
+
+def _shape_errors(
+    model: Registration, model_ref: ComponentRef, data: Registration, dataset_ref: ComponentRef
+) -> list[dict[str, Any]]:
+    """The model's refusal of the dataset's sample shape, when both declare theirs (so a
+    job the worker would refuse is refused at submit)."""
+    if model.fits is None or data.footprint is None:
+        return []
+    shape = data.footprint(data.with_defaults(dataset_ref.args))
+    if shape is None:
+        return []
+    problem = model.fits(shape.input_shape, model.with_defaults(model_ref.args))
+    if not problem:
+        return []
+    yields = "x".join(map(str, shape.input_shape))
+    return [
+        _error(
+            ("model", "name"),
+            # The model's name unquoted: the API shortens any quoted stretch over 40
+            # characters, and it cannot tell a closing quote from an opening one.
+            f"model {model.name} {problem}, but dataset {dataset_ref.name!r} yields {yields}",
+        )
+    ]
 
 
 __all__ = [

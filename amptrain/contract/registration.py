@@ -150,6 +150,10 @@ class Registration:
     like and the host memory the dataset holds; see ``amptrain.contract.sizing``."""
     parameters: Callable[[DataShape, Mapping[str, Any]], int] | None = None
     """Models, optional: ``parameters(data, args)`` -> the exact parameter count."""
+    fits: Callable[[tuple[int, ...], Mapping[str, Any]], str | None] | None = None
+    """Models, optional: ``fits(input_shape, args)`` -> why the model cannot take samples
+    of that shape (``"takes 3-channel images"``), or None. Checked at submit when the
+    dataset declares its footprint, else by the worker before building."""
     rules: Callable[[Mapping[str, Any]], list[tuple[str, str]]] | None = None
     """Optional: ``rules(args)`` (defaults filled in) -> ``(argument, message)`` for each
     way the arguments do not fit one another, checked once each is fine on its own (at

@@ -128,11 +128,6 @@ def transformer_parameters(data: DataShape, args: Mapping[str, Any]) -> int:
     return embeddings + layers * block + 2 * d
 
 
-def resnet50_parameters(data: DataShape, args: Mapping[str, Any]) -> int:
-    """ResNet-50 (``amptrain.components.resnet``): 23,508,032 in the trunk, a 2048-wide head."""
-    return 23_508_032 + 2048 * data.classes + data.classes
-
-
 @dataclass(frozen=True)
 class SpecSize:
     """The part of a job's memory the API can know from the spec."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 import subprocess
 import sys
@@ -57,10 +58,20 @@ def test_catalog_lists_builtins_with_args_and_defaults() -> None:
     assert lr["name"] == "lr" and lr["default"] == 1e-3 and lr["help"]
 
 
-def test_resnet50_is_always_listed_and_needs_no_torchvision() -> None:
-    assert "resnet50" in catalog.catalog()["models"]
-    assert catalog.builtins("model")["resnet50"].requires == ()
+def test_resnet50_is_torchvisions_and_offered_only_where_torchvision_is(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    assert catalog.builtins("model")["resnet50"].requires == ("torchvision",)
     assert validate_components(_spec({"name": "resnet50"}, {"name": "synthetic-images"})) == []
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name: None if name == "torchvision" else real(name)
+    )
+    models = catalog.catalog()["models"]
+    assert "resnet50" not in models and "vit_b_16" not in models and "timm" in models
+    errors = validate_components(_spec({"name": "resnet50"}, {"name": "synthetic-images"}))
+    assert errors[0]["loc"] == ["model", "name"]
+    assert "(resnet50 needs torchvision, which is not installed)" in errors[0]["msg"]
 
 
 def test_a_builtin_whose_requirement_is_missing_says_what_it_needs(
@@ -89,9 +100,7 @@ def test_a_good_spec_has_no_errors() -> None:
 def test_unknown_names_are_named_with_the_registered_ones() -> None:
     errors = validate_components(_spec({"name": "foo"}, {"name": "bar"}))
     assert errors[0]["loc"] == ["model", "name"]
-    assert errors[0]["msg"].startswith(
-        "unknown model 'foo'; registered: mlp, cnn, transformer, resnet50"
-    )
+    assert errors[0]["msg"].startswith("unknown model 'foo'; registered: mlp, cnn, transformer, ")
     assert errors[1]["loc"] == ["dataset", "name"]
     assert "unknown dataset 'bar'" in errors[1]["msg"] and "synthetic-text" in errors[1]["msg"]
 
