@@ -144,7 +144,8 @@ class Registration:
     provides: DataKind | None = None
     """Datasets: the data kind they yield (None = depends on the arguments)."""
     requires: tuple[str, ...] = ()
-    """Importable modules it needs; it is offered only when all are installed."""
+    """Importable modules it needs; a process with torch offers it only when all are
+    installed (see :meth:`available`)."""
     footprint: Callable[[Mapping[str, Any]], DataShape | None] | None = None
     """Datasets, optional: ``footprint(args)`` (defaults filled in) -> what one sample looks
     like and the host memory the dataset holds; see ``amptrain.contract.sizing``."""
@@ -160,6 +161,12 @@ class Registration:
     submit for built-ins, so the worker never fails on what the API could have said)."""
 
     def available(self) -> bool:
+        """Whether this process offers it: every module it ``requires`` is installed. A
+        process without torch (the API's own image, which never trains) cannot tell and
+        offers it: the workers' ``engine`` extra brings every built-in's library, and a
+        worker that lacks one refuses the job naming the model and the module."""
+        if importlib.util.find_spec("torch") is None:
+            return True
         return all(importlib.util.find_spec(m) is not None for m in self.requires)
 
     def resolve_builder(self) -> Callable[..., Any]:

@@ -111,7 +111,9 @@ never a whole (possibly huge or secret) input."""
 MESSAGE_MAX = 500
 # A quote, then more than QUOTE_MAX characters up to the matching quote (or the end):
 # linear, whatever the input.
-_QUOTED = re.compile(rf"""(['"])([^'"]{{{QUOTE_MAX}}})[^'"]+\1?""")
+# A quoted value whole, short ones too: the scan consumes each pair, so a closing quote is
+# never taken for the opening one of the text up to the next value.
+_QUOTED = re.compile(r"""(['"])([^'"]*)\1?""")
 
 
 def shorten(message: str) -> str:
@@ -119,8 +121,10 @@ def shorten(message: str) -> str:
     and the whole bounded by :data:`MESSAGE_MAX`."""
 
     def cut(match: re.Match[str]) -> str:
-        quote, head = match.group(1), match.group(2)
-        return f"{quote}{head}...{quote} ({len(match.group(0)) - 2} characters)"
+        quote, value = match.group(1), match.group(2)
+        if len(value) <= QUOTE_MAX:
+            return match.group(0)
+        return f"{quote}{value[:QUOTE_MAX]}...{quote} ({len(value)} characters)"
 
     short = _QUOTED.sub(cut, message)
     return short if len(short) <= MESSAGE_MAX else short[:MESSAGE_MAX] + "..."

@@ -213,3 +213,16 @@ def test_a_comparison_counts_one_write_per_job_it_creates(stack: Stack) -> None:
     assert r.json()["detail"]["limit"] == f"{RATE} per 1 minute"
     listed = stack.client.get("/jobs", params={"limit": 200}).json()["items"]
     assert len(listed) == RATE
+
+
+def test_a_message_naming_two_short_values_far_apart_is_kept_whole() -> None:
+    # The text between two quoted names is not a quoted value, however long it is.
+    from amptrain.server.web.errors import shorten
+
+    message = (
+        "model 'vit_b_16' takes images whose sides are multiples of its patch size 16, "
+        "but dataset 'synthetic-images' yields 3x40x40"
+    )
+    assert shorten(message) == message
+    long = "path '" + "x" * 100 + "' is outside the data roots"
+    assert shorten(long) == f"path '{'x' * 40}...' (100 characters) is outside the data roots"
