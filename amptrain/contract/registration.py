@@ -199,6 +199,8 @@ class Registration:
             "name": self.name,
             "description": self.description,
             "source": source,
+            # The library that builds it (the first module it requires), else amptrain.
+            "library": self.requires[0] if self.requires else "amptrain",
             "args": [a.describe() for a in self.args],
         }
         if self.kind == "model":

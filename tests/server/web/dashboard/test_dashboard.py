@@ -369,3 +369,27 @@ def bulk_points(stack: Stack, job_id: str, n: int, spike: int) -> None:
             )  # the history's summaries, as the recorder keeps them
     finally:
         engine.dispose()
+
+
+def test_the_form_offers_the_libraries_models_grouped_and_shows_their_refusals(
+    page: Page, stack: Stack, console: Console
+) -> None:
+    console.expect(422)  # the refusal the form shows
+    jobs_before = stack.client.get("/jobs").json()["items"]
+    sign_in(page, stack.token)
+    page.click("#new-job")
+    form = page.locator("form.spec")
+    model = form.locator("[name='model.name']")
+    expect(model.locator("optgroup").first).to_be_attached()  # the form is built from /catalog
+    groups = model.locator("optgroup").evaluate_all("gs => gs.map((g) => g.label)")
+    assert {"amptrain", "torchvision", "timm", "transformers"} <= set(groups), groups
+    model.select_option("timm")
+    arch = form.locator("[name='model.args.arch']")
+    assert "convnext_atto" in arch.locator("option").all_inner_texts()
+    # A ViT on images its patches do not tile: the API's 422, beside the model's name.
+    model.select_option("vit_b_16")
+    form.locator("[name='dataset.name']").select_option("synthetic-images")
+    form.locator("[name='dataset.args.height']").fill("40")
+    form.locator("button[type=submit]").click()
+    expect(page.locator("[data-error-for='model.name']")).to_contain_text("patch size 16")
+    assert stack.client.get("/jobs").json()["items"] == jobs_before  # refused, not queued

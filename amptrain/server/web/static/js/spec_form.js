@@ -67,7 +67,17 @@ export function specForm(catalog, { onSubmit, submitLabel = "Submit job", extra 
 
   function componentSet(key, title, entries, argPrefix) {
     const names = Object.keys(entries);
-    const select = h("select", {}, names.map((n) => h("option", { value: n, title: entries[n].description || "" }, n)));
+    const option = (n) => h("option", { value: n, title: entries[n].description || "" }, n);
+    // Models come from several libraries (amptrain's own, torchvision, timm, transformers,
+    // plugins): one group each, in the catalog's order, when there is more than one.
+    const groups = new Map();
+    for (const n of names) {
+      const lib = entries[n].library || entries[n].source || "";
+      groups.set(lib, [...(groups.get(lib) || []), n]);
+    }
+    const select = h("select", {}, groups.size > 1
+      ? [...groups].map(([lib, ns]) => h("optgroup", { label: lib }, ns.map(option)))
+      : names.map(option));
     const args = h("div", { class: "fields-args" });
     const redraw = () => {
       for (const input of args.querySelectorAll("[name]")) {
@@ -92,6 +102,11 @@ export function specForm(catalog, { onSubmit, submitLabel = "Submit job", extra 
     field("batch_size", "batch_size", h("input", { type: "number", step: "1", placeholder: "64" })),
     field("device", "device", h("select", {}, DEVICES.map((d) => h("option", { value: d }, d)))),
     field("queue", "queue", h("input", { type: "text", placeholder: "(by device)" })),
+    field("weights.path", "weights.path", h("input", { type: "text", placeholder: "(none)" }),
+      "Start from a .safetensors file under the service's weights roots (an export)."),
+    field("weights.strict", "weights.strict", h("select", {}, h("option", { value: "" }, "default (true)"),
+      h("option", { value: "true" }, "true"), h("option", { value: "false" }, "false")),
+      "false: load what matches (e.g. a new head) and report what was left out."),
   ));
   const form = h("form", { class: "spec", novalidate: true, onsubmit: submit },
     general,
