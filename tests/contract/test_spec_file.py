@@ -55,7 +55,9 @@ def test_a_list_or_broken_yaml_is_refused_naming_the_file(
     assert str(path) in str(info.value)
 
 
-@pytest.mark.parametrize("example", ["mlp.yaml", "transformer.json", "cnn-fp16.yaml"])
+@pytest.mark.parametrize(
+    "example", ["mlp.yaml", "transformer.json", "cnn-fp16.yaml", "resnet18.yaml", "gpt2-small.yaml"]
+)
 def test_a_stored_spec_parses_again_as_the_worker_reads_it(example: str) -> None:
     # The API stores model_dump(mode="json"), nulls included; the worker parses that.
     root = Path(__file__).resolve().parents[2] / "amptrain" / "examples"
