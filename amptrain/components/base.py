@@ -48,16 +48,3 @@ class Dataset(Protocol):
         """Samples ``[start, start + size)`` of a stream fully determined by the seed (CPU
         tensors). Position is counted in samples so exact resume and micro-batch halving work."""
         ...
-
-
-LIBRARY_ATTRIBUTE = "library_model"
-"""The attribute of a wrapped model that holds the library's own module (a transformers
-model, whose ``forward`` does not return logits)."""
-
-
-def library_module(model: torch.nn.Module) -> torch.nn.Module:
-    """The library's own module inside ``model`` (whose parameter names are the library's,
-    e.g. ``transformer.h.0.attn.c_attn.weight``: what weights files and exports use), or
-    ``model`` itself when it wraps none."""
-    inner = getattr(model, LIBRARY_ATTRIBUTE, model)
-    return inner if isinstance(inner, torch.nn.Module) else model

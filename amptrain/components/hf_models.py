@@ -9,11 +9,11 @@ worker download weights or run a model repository's code (``from_pretrained`` an
 a library path that would reach the hub fails instead; this module reads and writes no
 environment, as nothing in the training engine does.
 
-The library returns a ``ModelOutput``; :class:`LibraryModel` returns its ``logits`` as
-every amptrain model does, and keeps the library model as its ``library_model``
-attribute, so its parameters are named ``library_model.`` + the library's own names.
-Code that needs the library's names (safetensors weights, export) takes
-:func:`amptrain.components.base.library_module`.
+The library's ``forward(input_ids)`` returns a ``ModelOutput``; a forward hook
+(:func:`_logits`) makes it return the ``logits`` as every amptrain model does, so the
+model stays the library's own module: its parameters, checkpoints, per-layer norms,
+overflow attribution and safetensors exports all carry the library's names
+(``transformer.h.0.attn.c_attn.weight``), and a weights file the library saved loads as it is.
 """
 
 from __future__ import annotations
@@ -30,17 +30,16 @@ from amptrain.contract.errors import InvalidSpecError
 from amptrain.contract.zoo_text import kv_heads, mlp_width
 
 
-class LibraryModel(nn.Module):
-    """A transformers model whose ``forward(inputs)`` returns its logits: ``(batch, seq_len,
-    vocab)`` for a causal language model, ``(batch, classes)`` for a sequence classifier."""
+def _logits(module: nn.Module, args: Any, output: Any) -> torch.Tensor:
+    """A forward hook: what the library's forward returns, reduced to its logits
+    (``(batch, seq_len, vocab)`` for a causal LM, ``(batch, classes)`` for a classifier)."""
+    logits: torch.Tensor = output.logits
+    return logits
 
-    def __init__(self, library_model: nn.Module) -> None:
-        super().__init__()
-        self.library_model = library_model  # LIBRARY_ATTRIBUTE: see base.library_module
 
-    def forward(self, inputs: torch.Tensor) -> torch.Tensor:
-        logits: torch.Tensor = self.library_model(input_ids=inputs).logits
-        return logits
+def _returning_logits(model: nn.Module) -> nn.Module:
+    model.register_forward_hook(_logits)  # kept by deepcopy (the auto-precision probe)
+    return model
 
 
 def _sizes(kind: str, args: Mapping[str, Any], positions: int) -> dict[str, Any]:
@@ -107,7 +106,8 @@ def build_causal_lm(
     """``AutoModelForCausalLM.from_config``: vocabulary and context length from ``info``."""
     args = dict(locals())
     config = _config(model_type, args, info.num_classes, info.input_shape[0], pad_token_id=None)
-    return LibraryModel(AutoModelForCausalLM.from_config(config, attn_implementation="sdpa"))
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="sdpa")
+    return _returning_logits(model)
 
 
 def build_sequence_classifier(
@@ -139,4 +139,4 @@ def build_sequence_classifier(
         num_labels=info.num_classes,
     )
     model = AutoModelForSequenceClassification.from_config(config, attn_implementation="sdpa")
-    return LibraryModel(model)
+    return _returning_logits(model)

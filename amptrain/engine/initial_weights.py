@@ -7,10 +7,11 @@ pickle, which ``torch.load`` would have to trust. The header's length is checked
 the file is read, so a pickle or a ``torch.save`` zip renamed ``.safetensors`` is refused
 by its first eight bytes.
 
-Names and shapes are those of the *library* module's ``state_dict()``: a Hugging Face
-model wrapped in a module with a ``library_model`` attribute is named as the library names
-it (what its own checkpoints use), every other model as itself. The same names go out in
-the ``.safetensors`` file written beside each checkpoint, so one job's result starts the next.
+Names and shapes are the model's own ``state_dict()``'s, which for every catalog model are
+its library's (a transformers model is the library's module itself, see
+:mod:`amptrain.components.hf_models`): what the library's own files use. The same names
+go out in the ``.safetensors`` file written beside each checkpoint, so one job's result
+starts the next.
 """
 
 from __future__ import annotations
@@ -25,7 +26,6 @@ import safetensors.torch
 import torch
 
 from amptrain.components.array_files import PATH_CHARS, open_data_file
-from amptrain.components.base import library_module
 from amptrain.contract.data_access import PathRefused
 from amptrain.contract.errors import InvalidSpecError
 from amptrain.contract.layout import checkpoint_name
@@ -43,7 +43,7 @@ LISTED = 20
 def export_bytes(model: torch.nn.Module) -> bytes:
     """The model's weights (parameters and buffers) as a safetensors file, library names,
     on the CPU. Copies: tied weights share storage, which safetensors refuses to write."""
-    state = library_module(model).state_dict()
+    state = model.state_dict()
     tensors = {
         name: t.detach().to("cpu", copy=True).contiguous()
         for name, t in state.items()
@@ -93,8 +93,7 @@ def load_initial_weights(
     naming ``weights.path`` for a file that may not be read or is not safetensors, and with
     ``strict`` for the first tensor that differs; nothing is loaded then."""
     tensors = read_safetensors(spec.path, roots)
-    target = library_module(model)
-    expected = target.state_dict()
+    expected = model.state_dict()
     plan = _Plan(tensors, expected)
     if spec.strict and plan.first_difference:
         raise InvalidSpecError(
@@ -106,7 +105,7 @@ def load_initial_weights(
         for name in plan.matching
     }
     with torch.no_grad():
-        target.load_state_dict(chosen, strict=False)
+        model.load_state_dict(chosen, strict=False)
     data: dict[str, Any] = {"path": spec.path, "loaded": len(chosen), "strict": spec.strict}
     cast = sorted(
         {_dtype(tensors[n]) for n in plan.matching if tensors[n].dtype != expected[n].dtype}

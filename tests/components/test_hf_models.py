@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from amptrain.components import registry
-from amptrain.components.base import DataInfo, library_module
+from amptrain.components.base import DataInfo
 from amptrain.contract.errors import PreemptedError
 from amptrain.contract.layers import layer_paths
 from amptrain.contract.spec import ComponentRef, parse_spec
@@ -105,22 +105,20 @@ def test_a_sequence_classifier_tells_code_from_prose(model_type: str, tmp_path: 
     assert final["accuracy"] >= 0.75, final  # chance is 0.5
 
 
-def test_the_library_model_and_its_own_parameter_names_are_reachable() -> None:
+def test_the_model_is_the_librarys_own_and_returns_logits() -> None:
     info = DataInfo("language_model", (16,), 50)
     ref = ComponentRef(name="hf-causal-lm", args={"model_type": "gpt2", **SIZES})
     model = registry.build_model(ref, info)
-    inner = library_module(model)
-    assert inner is model.library_model and type(inner).__name__ == "GPT2LMHeadModel"
-    assert "transformer.h.0.attn.c_attn.weight" in dict(inner.named_parameters())
-    assert library_module(inner) is inner  # an unwrapped model is its own
+    assert type(model).__name__ == "GPT2LMHeadModel"
+    assert "transformer.h.0.attn.c_attn.weight" in dict(model.named_parameters())
     assert model(torch.zeros(3, 16, dtype=torch.long)).shape == (3, 16, 50)
 
 
 def test_layer_norm_groups_are_the_library_modules() -> None:
     info = DataInfo("language_model", (16,), 50)
     for model_type, some_layer in [
-        ("gpt2", "library_model.transformer.h.1.attn.c_attn"),
-        ("llama", "library_model.model.layers.0.self_attn.q_proj"),
+        ("gpt2", "transformer.h.1.attn.c_attn"),
+        ("llama", "model.layers.0.self_attn.q_proj"),
     ]:
         ref = ComponentRef(name="hf-causal-lm", args={"model_type": model_type, **SIZES})
         with torch.device("meta"):
@@ -156,7 +154,7 @@ def test_a_tied_library_model_resumes_exactly_from_its_checkpoint(tmp_path: Path
         first.train()
     second = Trainer(parse_spec(body), RunContext(str(tmp_path / "split")))
     assert second.train().resumed_from == 4
-    inner = library_module(second.model)
+    inner = second.model
     assert inner.lm_head.weight is inner.transformer.wte.weight  # still tied after loading
     for (name, a), (_, b) in zip(
         straight.model.named_parameters(), second.model.named_parameters(), strict=True
