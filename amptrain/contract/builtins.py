@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from amptrain.contract import sizing
+from amptrain.contract.file_datasets import FILE_DATASETS
 from amptrain.contract.registration import REQUIRED, Arg, Registration
 from amptrain.contract.spec import MAX_SEED
 from amptrain.contract.zoo_text import TEXT_MODELS
@@ -216,6 +217,7 @@ BUILTIN_DATASETS: tuple[Registration, ...] = (
             maximum=0.5,
         ),
     ),
+    *FILE_DATASETS,
 )
 
 OPTIMIZERS: dict[str, tuple[str, tuple[str, ...]]] = {
