@@ -21,3 +21,22 @@ def write_digits(root: Path) -> Path:
     x = (digits.data / 16.0).astype(np.float32)  # pixel values 0..16
     np.savez(root / DIGITS_FILE, x=x, y=digits.target.astype(np.int64))
     return root
+
+
+DIGITS_FOLDER = "digits"
+
+
+def write_digit_folders(root: Path) -> Path:
+    """Write the digits as 8x8 grayscale PNG files in class folders, ``root/digits/<label>/
+    <index>.png`` (the layout ``image-folder`` reads), and return ``root``; skips the test
+    where scikit-learn is not installed."""
+    datasets = pytest.importorskip("sklearn.datasets")
+    from PIL import Image
+
+    digits = datasets.load_digits()
+    pixels = np.round(digits.images * (255 / 16)).astype(np.uint8)  # values 0..16
+    for index, (image, label) in enumerate(zip(pixels, digits.target, strict=True)):
+        folder = root / DIGITS_FOLDER / str(label)
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(image).save(folder / f"{index:04d}.png")
+    return root
