@@ -11,6 +11,7 @@ import math
 import os
 import pickle
 import struct
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -257,3 +258,48 @@ def test_lying_and_hostile_tables_are_refused_by_name(tmp_path: Path) -> None:
         err.value.message
         == "dataset.args.input_column: 'image' not in the table; found: 'text', 'label'"
     )
+
+
+def test_text_classification_pads_token_sequences(texts: tuple) -> None:
+    root, train, _ = texts
+    labels = [int("import os" in t) for t in train]
+    pq.write_table(pa.table({"text": train, "has_os": labels}), root / "cls.parquet")
+    data = build_parquet(
+        seed=2,
+        data_roots=[str(root)],
+        path="cls.parquet",
+        input_column="text",
+        label_column="has_os",
+        num_classes=2,
+        seq_len=4096,
+    )
+    assert data.info.kind == "sequences" and data.info.vocab_size == 256
+    x, y = data.batch(0, len(train))
+    expected = [torch.tensor(list(t.encode()[:4096])) for t in train]
+    for ids, label in zip(x, y, strict=True):
+        (row,) = [i for i, raw in enumerate(expected) if torch.equal(ids[: len(raw)], raw)]
+        assert (ids[len(expected[row]) :] == 256).all()  # the padding id: one past the vocabulary
+        assert int(label) == labels[row]
+
+
+def test_an_image_declaring_a_huge_canvas_is_not_decoded(tmp_path: Path) -> None:
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (4, 4)).save(out, format="PNG")
+    png = bytearray(out.getvalue())
+    # IHDR width and height: 400 megapixels (1.2 GB decoded), its CRC made right again.
+    png[16:24] = struct.pack(">II", 20_000, 20_000)
+    png[29:33] = struct.pack(">I", zlib.crc32(bytes(png[12:29])))
+    pq.write_table(pa.table({"img": [bytes(png)], "y": [0]}), tmp_path / "bomb.parquet")
+    data = build_parquet(
+        seed=0,
+        data_roots=[str(tmp_path)],
+        path="bomb.parquet",
+        input_column="img",
+        label_column="y",
+        num_classes=2,
+        image_size=8,
+    )
+    with pytest.raises(InvalidSpecError, match="row 0: not a decodable image"):
+        data.batch(0, 1)
