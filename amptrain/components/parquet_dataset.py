@@ -96,6 +96,21 @@ def _column(table: Table, arg: str, name: str) -> pa.DataType:
     return dtype
 
 
+def _cell_kind(table: Table, column: str, task: str) -> str:
+    """``text`` or ``bytes`` (encoded images; a language model's UTF-8 text)."""
+    dtype = _column(table, "input_column", column)
+    if pa.types.is_string(dtype) or pa.types.is_large_string(dtype):
+        return "text"
+    if pa.types.is_struct(dtype) and dtype.get_field_index("bytes") >= 0:
+        dtype = dtype.field("bytes").type  # a datasets Image feature: {bytes, path}
+    if pa.types.is_binary(dtype) or pa.types.is_large_binary(dtype):
+        return "bytes"
+    wanted = "text" if task == "language_model" else "encoded images or text"
+    raise InvalidSpecError(
+        f"dataset.args.input_column: {quote(column)} holds {quote(str(dtype), 40)}, not {wanted}"
+    )
+
+
 def _cells(column: pa.ChunkedArray) -> pa.Array:
     """One piece's column as one array; a ``datasets`` Image struct as its bytes."""
     arr = column.combine_chunks()
@@ -196,7 +211,9 @@ class TableSamples:
             read = self.table.read(piece, self.columns)
             cells = _cells(read.column(0))
             sizes = pc.fill_null(pc.binary_length(cells), -1).to_numpy(zero_copy_only=False)
-            labels = pc.fill_null(read.column(1).combine_chunks().cast(pa.int64()), -1)
+            # Unsafe: a uint64 label past int64 wraps negative and is refused as a bad label.
+            labels = read.column(1).combine_chunks().cast(pa.int64(), safe=False)
+            labels = pc.fill_null(labels, -1)
             self._cache[piece] = (cells, sizes, labels.to_numpy(zero_copy_only=False))
         return self._cache[piece]
 
@@ -300,16 +317,21 @@ def build_parquet(
         raise InvalidSpecError("dataset.args.val_fraction: give val_path or val_fraction, not both")
     field = "dataset.args.path"
     skips = Skips(field, on_corrupt, max_skipped)
+    val_skips = Skips("dataset.args.val_path", on_corrupt, max_skipped)
     table = open_table(field, path, data_roots)
     val = open_table("dataset.args.val_path", val_path, data_roots) if val_path else None
-    for t in (table, val) if val else (table,):
-        kind = _column(t, "input_column", input_column)
-    text = pa.types.is_string(kind) or pa.types.is_large_string(kind)
+    kinds = {_cell_kind(t, input_column, task) for t in ((table, val) if val else (table,))}
+    if len(kinds) > 1:
+        raise InvalidSpecError(
+            f"dataset.args.val_path: {quote(input_column)} holds {' and '.join(sorted(kinds))} "
+            "in the two tables"
+        )
+    text = kinds == {"text"}
     encoder = load_encoder(tokenizer_path, data_roots) if text or task == "language_model" else None
     if task == "language_model":
         assert encoder is not None
         info = DataInfo("language_model", (seq_len,), encoder.vocab)
-        held = _stream(val, input_column, encoder, skips) if val else None
+        held = _stream(val, input_column, encoder, val_skips) if val else None
         return split_blocks(
             info, _stream(table, input_column, encoder, skips), skips, seed, val_fraction, held
         )
@@ -335,7 +357,8 @@ def build_parquet(
     if val is not None or held_rows is not None:
         source = val if val is not None else table
         held_at = None if held_rows is None else held_rows.numpy()
-        data.held = TableSamples(info, source, columns, skips, encoder, None, held_at)
+        held_skips = val_skips if val is not None else skips
+        data.held = TableSamples(info, source, columns, held_skips, encoder, None, held_at)
     data.resident_bytes += 2 * table.piece_bytes  # the two pieces last read, decoded
     require_memory(data.resident_bytes, f"the index of {quote(path, PATH_CHARS)}")
     return data

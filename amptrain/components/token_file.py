@@ -261,7 +261,9 @@ def split_blocks(
                 f"{field.rsplit('.', 1)[0]}.val_path: {quote(held_source.shown, PATH_CHARS)} "
                 f"holds fewer than one block of seq_len + 1 = {block} tokens"
             )
-        held = TokenBlocks(info, held_source, 0, held_n, skips, None)
+        # The held-out file's own errors name its field; skipped records are counted apart.
+        val_skips = Skips(f"{field.rsplit('.', 1)[0]}.val_path", skips.policy, skips.limit)
+        held = TokenBlocks(info, held_source, 0, held_n, val_skips, None)
     elif val_fraction:
         if n < 2:
             raise InvalidSpecError(

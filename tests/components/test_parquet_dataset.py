@@ -303,3 +303,55 @@ def test_an_image_declaring_a_huge_canvas_is_not_decoded(tmp_path: Path) -> None
     )
     with pytest.raises(InvalidSpecError, match="row 0: not a decodable image"):
         data.batch(0, 1)
+
+
+def test_declared_sizes_and_column_types_are_bounded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from amptrain.components import table_files
+
+    pq.write_table(
+        pa.table({"text": ["x" * 300] * 40, "n": list(range(40))}),
+        tmp_path / "t.parquet",
+        row_group_size=10,
+    )
+    args = {"path": "t.parquet", "input_column": "text", "task": "language_model"}
+    monkeypatch.setattr(table_files, "MAX_PIECE_BYTES", 1000)  # row groups of ~3 KB declared
+    with pytest.raises(InvalidSpecError, match=r"'t\.parquet': row group 0 declares"):
+        build_parquet(seed=0, data_roots=[str(tmp_path)], **args)
+    monkeypatch.undo()
+    monkeypatch.setattr(table_files, "MAX_ROWS", 39)
+    with pytest.raises(InvalidSpecError, match="declares 40 rows; at most 39"):
+        build_parquet(seed=0, data_roots=[str(tmp_path)], **args)
+    monkeypatch.undo()
+    with pytest.raises(InvalidSpecError) as err:
+        build_parquet(seed=0, data_roots=[str(tmp_path)], **{**args, "input_column": "n"})
+    assert err.value.message == "dataset.args.input_column: 'n' holds 'int64', not text"
+
+
+class _Batches(torch.utils.data.Dataset):
+    """Batches of 4 as a DataLoader's map-style dataset (what a loader process calls)."""
+
+    def __init__(self, data: object) -> None:
+        self.data = data
+
+    def __len__(self) -> int:
+        return 6
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.data.batch(4 * i, 4)  # type: ignore[attr-defined]
+
+
+def test_forked_loader_processes_read_the_same_batches(tmp_path: Path) -> None:
+    """A forked worker gets a Parquet reader of its own over the shared map."""
+    pytest.importorskip("sklearn")
+    _photos(tmp_path, "photos.parquet", row_group_size=5)
+    args = {"path": "photos.parquet", "input_column": "img", "label_column": "y", "image_size": 8}
+    data = build_parquet(seed=1, data_roots=[str(tmp_path)], **args)
+    data.batch(0, 4)  # the parent has read (and cached) a row group before forking
+    loader = torch.utils.data.DataLoader(
+        _Batches(data), batch_size=None, num_workers=2, multiprocessing_context="fork"
+    )
+    got = list(loader)
+    assert all(torch.equal(g[0], data.batch(4 * i, 4)[0]) for i, g in enumerate(got))
+    assert torch.cat([g[1] for g in got]).tolist() == data.batch(0, 24)[1].tolist()
