@@ -12,9 +12,11 @@ what admission counts.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from amptrain.contract.registration import Arg, Registration
+from amptrain.contract.registration import REQUIRED, Arg, Registration
+from amptrain.contract.sizing import DataShape
 
 MAX_FILES = 10_000_000
 """Files one dataset may list or name (a folder listing stops, with an error, past it)."""
@@ -48,9 +50,127 @@ VAL_FRACTION = Arg(
     maximum=0.5,
 )
 
+SEQ_LEN = Arg(
+    "seq_len", 256, "Tokens per sample (model context length).", minimum=1, maximum=65_536
+)
+VOCAB_SIZE = Arg(
+    "vocab_size",
+    REQUIRED,
+    "Vocabulary size: every token id read must be below it (256 for bytes).",
+    type="int",
+    minimum=2,
+    maximum=1_048_576,
+)
+TOKEN_WIDTHS = {"uint16": 2, "uint32": 4}
+TOKEN_WINDOW_BLOCKS = 256
+"""Blocks a token dataset's footprint counts as its prefetch window (the gathered ids, then
+int64 inputs and targets); its block order is added by the built dataset."""
+
+
+def _token_file_footprint(args: Mapping[str, Any]) -> DataShape:
+    """A window of blocks, not the file (mapped: its pages are the page cache's)."""
+    t = args["seq_len"]
+    window = TOKEN_WINDOW_BLOCKS * (t + 1) * (TOKEN_WIDTHS[args["dtype"]] + 3 * 8)
+    return DataShape((t,), args["vocab_size"], window)
+
+
 FILE_DATASETS: tuple[Registration, ...] = (
     # image-folder
     # parquet
+    _dataset(
+        "parquet",
+        "amptrain.components.parquet_dataset:build_parquet",
+        "Named columns of a Parquet file (.parquet), an Arrow IPC file or stream (.arrow), "
+        "or a folder written by Hugging Face datasets' save_to_disk (anything else), read "
+        "a row group at a time or memory-mapped, never loaded whole. classification: "
+        "input_column holds encoded images (decoded, resized and centre-cropped to "
+        "image_size) or text (tokenized, truncated and padded to seq_len), label_column "
+        "integer labels; each epoch visits the row groups in a seeded order and their rows "
+        "in a seeded order. language_model: input_column's text, tokenized and concatenated "
+        "into one token stream held in memory, cut into blocks of seq_len + 1.",
+        Arg("path", REQUIRED, "Table file or save_to_disk folder under a data root.", type="str"),
+        Arg(
+            "task",
+            "classification",
+            "What the columns hold.",
+            choices=("classification", "language_model"),
+        ),
+        Arg("input_column", "image", "Column of image bytes or text.", max_length=200),
+        Arg("label_column", "label", "Column of integer labels (classification).", max_length=200),
+        Arg(
+            "num_classes",
+            0,
+            "Classes; 0 = the largest label + 1 (one column read).",
+            minimum=0,
+            maximum=10_000_000,
+        ),
+        Arg(
+            "image_size",
+            224,
+            "Images are resized and centre-cropped to this.",
+            minimum=4,
+            maximum=4096,
+        ),
+        SEQ_LEN,
+        Arg(
+            "tokenizer_path",
+            "",
+            "A tokenizer.json (the tokenizers library's) under a data root; empty = UTF-8 "
+            "bytes (vocabulary 256).",
+            type="str",
+        ),
+        Arg(
+            "val_path",
+            "",
+            "Held-out table of the same layout and columns; empty = none, or val_fraction.",
+            type="str",
+        ),
+        Arg(
+            "val_fraction",
+            0.0,
+            "Held out: classification, rows drawn by a seed fixed per table; language_model, "
+            "the last blocks of the stream. 0 = none (or val_path).",
+            minimum=0,
+            maximum=0.5,
+        ),
+        ON_CORRUPT,
+        MAX_SKIPPED,
+        requires=("pyarrow", "tokenizers"),
+    ),
     # token-file
+    _dataset(
+        "token-file",
+        "amptrain.components.token_file:build_token_file",
+        "A tokenized corpus as one flat binary file of token ids (nanoGPT's train.bin: "
+        "uint16 or uint32 little-endian, no header), memory-mapped and cut into "
+        "non-overlapping blocks of seq_len + 1 tokens, visited in a seeded order every "
+        "epoch; targets are the next tokens. Held out: val_path, or the last val_fraction "
+        "of the blocks.",
+        Arg("path", REQUIRED, "Token file under a data root (relative or absolute).", type="str"),
+        Arg(
+            "dtype", "uint16", "Width of a token id (little-endian).", choices=("uint16", "uint32")
+        ),
+        SEQ_LEN,
+        VOCAB_SIZE,
+        Arg(
+            "val_path",
+            "",
+            "Held-out token file (e.g. other source documents), checked like path; empty = "
+            "none, or val_fraction.",
+            type="str",
+        ),
+        Arg(
+            "val_fraction",
+            0.0,
+            "Fraction of path's blocks held out: the last ones (a contiguous tail, so no "
+            "held-out block sits between training text); 0 = none (or val_path).",
+            minimum=0,
+            maximum=0.5,
+        ),
+        ON_CORRUPT,
+        MAX_SKIPPED,
+        provides="tokens",
+        footprint=_token_file_footprint,
+    ),
     # webdataset
 )
