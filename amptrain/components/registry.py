@@ -2,8 +2,8 @@
 
 Names resolve to :class:`amptrain.contract.catalog.Registration` objects: the
 built-ins declared in the catalog, then installed plugins (entry-point groups
-``amptrain.models``, ``amptrain.datasets`` and, for evaluation metrics,
-``amptrain.metrics``; see
+``amptrain.models``, ``amptrain.datasets`` and, for evaluation metrics (a per-sample
+function or a ``torchmetrics.Metric`` class), ``amptrain.metrics``; see
 ``amptrain/components/README.md``). Every problem with the spec raises
 :class:`InvalidSpecError` naming the field, e.g.
 ``model.args.widht: unexpected argument; allowed: depth, dropout, width``.
@@ -33,6 +33,7 @@ __all__ = [
     "build_optimizer",
     "loss_for",
     "lr_table",
+    "metric_class",
     "metric_registration",
     "registration",
 ]
@@ -67,6 +68,22 @@ def metric_registration(name: str) -> MetricRegistration:
         raise InvalidSpecError(f"eval.metrics: no installed plugin registers metric {name!r}")
     reg: MetricRegistration = _load_plugin("metric", name)
     return reg
+
+
+def metric_class(reg: MetricRegistration) -> type | None:
+    """The ``torchmetrics.Metric`` subclass a plugin metric's ``compute`` names, or None
+    when it names a per-sample function; InvalidSpecError for any other class."""
+    target = reg.resolve_compute()
+    if not isinstance(target, type):
+        return None
+    from torchmetrics import Metric  # only for a plugin naming a class: it loads slowly
+
+    if not issubclass(target, Metric):
+        raise InvalidSpecError(
+            f"eval.metrics: metric {reg.name!r} names the class {target.__name__}, which is "
+            f"not a torchmetrics.Metric (or name a per-sample function)"
+        )
+    return target
 
 
 def registration(kind: Kind, name: str) -> Registration:

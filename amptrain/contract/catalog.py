@@ -32,6 +32,12 @@ from amptrain.contract.builtins import (
     PRECISIONS,
     SCHEDULES,
 )
+from amptrain.contract.eval_choice import (
+    EVAL_CHOICES,
+    inapplicable,
+    inapplicable_message,
+    task_of,
+)
 from amptrain.contract.limits import spec_limits
 from amptrain.contract.registration import (
     DATASET_GROUP,
@@ -62,7 +68,7 @@ _GROUPS: dict[PluginKind, str] = {
 
 def _builtin_names(kind: PluginKind) -> set[str]:
     if kind == "metric":
-        return set(metrics.EVAL_BY_NAME)
+        return set(EVAL_CHOICES)
     return {r.name for r in (BUILTIN_MODELS if kind == "model" else BUILTIN_DATASETS)}
 
 
@@ -173,10 +179,27 @@ def component_errors(
 def validate_components(spec: JobSpec) -> list[dict[str, Any]]:
     """Problems with the spec's model and dataset, as ``{"loc": [...], "msg": ...}``; empty = fine.
 
-    Checks names, argument names, types and ranges, and that the model can consume
-    what the dataset yields. Plugins' arguments are checked when they are built.
+    Checks names, argument names, types and ranges, that the model can consume what the
+    dataset yields, and that the dataset's task gives each built-in metric ``eval.metrics``
+    names (where its kind is declared). Plugins' arguments are checked when they are built.
     """
-    return validate_refs(spec.model, spec.dataset)
+    errors = validate_refs(spec.model, spec.dataset)
+    task = _dataset_task(spec.dataset) if spec.eval.metrics else None
+    refused = inapplicable(spec.eval.metrics, task) if task else []
+    if task and refused:
+        errors.append(_error(("eval", "metrics"), inapplicable_message(refused, task)))
+    return errors
+
+
+def _dataset_task(ref: ComponentRef) -> metrics.Task | None:
+    """The task of the dataset ``ref``, where known before it is built."""
+    data = builtins("dataset").get(ref.name)
+    if data is None:
+        return None  # unknown (already an error) or a plugin's (the worker checks it)
+    if data.name == "tensors":
+        lm = ref.args.get("task") == "language_model"
+        return "language_model" if lm else "classification"
+    return task_of(data.provides)
 
 
 _TENSORS_KINDS: dict[Any, DataKind] = {

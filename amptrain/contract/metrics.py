@@ -241,15 +241,47 @@ EVAL_METRICS: tuple[Metric, ...] = (
         label="tok acc",
         better="higher",
     ),
+    Metric(
+        "f1_macro",
+        "float",
+        "Classification: F1 score per class, averaged over the classes (macro; 0-1).",
+        label="f1",
+        better="higher",
+    ),
+    Metric(
+        "precision_macro",
+        "float",
+        "Classification: precision per class, averaged over the classes (macro; 0-1).",
+        label="prec",
+        better="higher",
+    ),
+    Metric(
+        "recall_macro",
+        "float",
+        "Classification: recall per class, averaged over the classes (macro; 0-1).",
+        label="recall",
+        better="higher",
+    ),
+    Metric(
+        "auroc_macro",
+        "float",
+        "Classification: area under each class's one-vs-rest ROC curve of the softmax "
+        "probabilities (exact), averaged over the classes (macro; 0-1).",
+        label="auroc",
+        better="higher",
+    ),
 )
 """The built-in evaluation metrics; which a job computes depends on its dataset's task
-(:data:`EVAL_METRICS_BY_TASK`) and its ``eval.metrics``."""
+(:data:`EVAL_METRICS_BY_TASK`, :mod:`amptrain.contract.eval_choice`) and its ``eval.metrics``.
+The ``_macro`` ones are computed by ``torchmetrics`` (not a mean of a per-sample value)
+and synchronised across data-parallel ranks by it."""
 
 EVAL_METRICS_BY_TASK: dict[Task, tuple[str, ...]] = {
     "classification": ("eval_loss", "accuracy", "top5_accuracy"),
     "language_model": ("eval_loss", "perplexity", "token_accuracy"),
 }
-"""Built-in metrics per task (``top5_accuracy`` only with more than 5 classes)."""
+"""Built-in metrics per task computed when ``eval.metrics`` is null (``top5_accuracy`` only
+with more than 5 classes)."""
 
 SERIES_NAME_MAX = 48
 """The longest name of a named series."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+from amptrain.contract.eval_choice import CONFUSION_MATRIX
 from amptrain.contract.layers import check_layer_path
 from amptrain.contract.metrics import (
     EVAL_KIND,
@@ -51,6 +52,7 @@ ENGINE_EVENTS: tuple[str, ...] = (
     PRECISION_FALLBACK,
     ROLLBACK_EVENT,
     WEIGHTS_EVENT,
+    CONFUSION_MATRIX,  # eval.metrics asked for it: after each eval record (see eval_choice)
 )
 
 SPIKE_WARNING = "loss_spike"

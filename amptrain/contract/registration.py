@@ -221,6 +221,11 @@ class MetricRegistration:
     with fp32 logits (``[N, classes]``, or ``[N, T, vocabulary]``) and the targets
     (``[N]`` or ``[N, T]``); it returns a tensor of the targets' shape. The engine sums it
     on the device, so a metric costs no host read of its own.
+
+    Or ``compute`` names a ``torchmetrics.Metric`` class (a metric that is no such mean: an
+    F1 over classes): built per job with ``num_classes`` when it takes it, updated per
+    held-out micro-batch with fp32 logits, computed (gathered across data-parallel ranks by
+    torchmetrics) at the end of each evaluation; see ``amptrain/components/README.md``.
     """
 
     name: str
@@ -230,7 +235,7 @@ class MetricRegistration:
     better: Literal["higher", "lower"]
     """Which way is an improvement."""
     tasks: tuple[Task, ...] = ("classification", "language_model")
-    """The dataset tasks it applies to; a job of another task leaves it out."""
+    """The dataset tasks it applies to; a job of another task naming it fails (``invalid_spec``)."""
 
     def __post_init__(self) -> None:
         check_series_name(self.name)

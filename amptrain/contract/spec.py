@@ -19,7 +19,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from amptrain.contract.metrics import EVAL_METRICS, SERIES_NAME_MAX
+from amptrain.contract.eval_choice import EVAL_CHOICES
+from amptrain.contract.metrics import SERIES_NAME_MAX
 from amptrain.contract.text import check_text, plain_value
 
 Precision = Literal["auto", "fp32", "tf32", "fp16", "bf16"]
@@ -210,7 +211,7 @@ def _known_eval_metrics(names: list[str] | None) -> list[str] | None:
     # only when a spec names metrics, not for every spec).
     from amptrain.contract.catalog import plugin_entry_points
 
-    known = {m.name for m in EVAL_METRICS}
+    known = set(EVAL_CHOICES)
     if any(n not in known for n in names):
         known |= set(plugin_entry_points("metric"))
     unknown = [n for n in names if n not in known]
@@ -243,8 +244,8 @@ class EvalSpec(_Strict):
     """Metrics to emit (see ``GET /catalog``'s ``eval_metrics``): built-in ones and those
     installed plugins register (entry-point group ``amptrain.metrics``); null: the task's
     built-ins (classification: eval_loss, accuracy, top5_accuracy with more than 5 classes;
-    language model: eval_loss, perplexity, token_accuracy). A name the task cannot give is
-    left out."""
+    language model: eval_loss, perplexity, token_accuracy); on request, a classifier's f1_macro,
+    precision_macro, recall_macro, auroc_macro, confusion_matrix (an event). Others: refused."""
 
 
 class WeightsSpec(_Strict):

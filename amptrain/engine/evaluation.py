@@ -7,10 +7,17 @@ any global random number generator, so a run with evaluation on trains bitwise l
 with it off, and resumes exactly.
 
 Sums (loss x count, correct, top-5 correct, count, and one per plugin metric a job
-chose) stay device tensors and are read once at the end of an evaluation.
+chose) stay device tensors and are read once at the end of an evaluation. Metrics that
+are no such mean (macro F1, precision, recall, AUROC, the confusion matrix, a plugin's
+``torchmetrics.Metric``) are torchmetrics states updated per micro-batch in fp32 and
+computed at the end (:mod:`amptrain.engine.eval_library`).
+
+A metric ``eval.metrics`` names that the dataset's task cannot give (``accuracy`` for a
+language model, ``top5_accuracy`` with 5 classes or fewer, a plugin's for another task)
+is an InvalidSpecError naming ``eval.metrics``, not left out.
 
 With ``devices`` > 1 each rank evaluates its share of the batches and the sums are
-all-reduced, so every rank has the same values. All ranks evaluate one model: rank 0's
+all-reduced (torchmetrics gathers its states itself), so every rank has the same values. All ranks evaluate one model: rank 0's
 buffers (BatchNorm running statistics, which each rank's forwards update from its own
 shard) are broadcast to the others first (one collective), so the values are those of
 rank 0's checkpoint evaluated on one device.
@@ -21,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import math
 import random
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -28,9 +36,17 @@ import numpy as np
 import torch
 
 from amptrain.components.held_out import held_out_of
-from amptrain.components.registry import metric_registration
+from amptrain.components.registry import metric_class, metric_registration
+from amptrain.contract import records
 from amptrain.contract.errors import InvalidSpecError
-from amptrain.contract.metrics import EVAL_BY_NAME, EVAL_METRICS_BY_TASK, Task
+from amptrain.contract.eval_choice import (
+    CONFUSION_MATRIX,
+    EVAL_CHOICES,
+    EVAL_ON_REQUEST_BY_TASK,
+    inapplicable,
+    inapplicable_message,
+)
+from amptrain.contract.metrics import EVAL_METRICS, EVAL_METRICS_BY_TASK, Task
 from amptrain.contract.spec import JobSpec
 from amptrain.engine.amp_step import AmpStep
 from amptrain.engine.distributed import Group
@@ -41,10 +57,13 @@ BUILTIN_SUMS = 4
 each plugin metric adds one."""
 TOP_K = 5
 """``top5_accuracy``: the label among the top this-many classes (only with more classes)."""
+_SUMMED = frozenset(("eval_loss", "accuracy", "top5_accuracy", "perplexity", "token_accuracy"))
+"""The built-in metrics computed from the device sums (the others by torchmetrics)."""
 
 
 def task_metrics(task: Task, num_classes: int) -> tuple[str, ...]:
-    """The built-in metrics a task gives (``top5_accuracy`` only with more than 5 classes)."""
+    """The built-in metrics a task gives by default (``top5_accuracy`` only with more than
+    5 classes)."""
     names = EVAL_METRICS_BY_TASK[task]
     return tuple(n for n in names if n != "top5_accuracy" or num_classes > TOP_K)
 
@@ -69,17 +88,36 @@ class Evaluator:
         self.group = group
         self.channels_last = channels_last
         info = held_out.info
-        available = task_metrics(info.task, info.num_classes)
         wanted = spec.eval.metrics
-        # A requested name the task cannot give (e.g. perplexity for a classifier) is left out.
-        self.metrics = available if wanted is None else tuple(n for n in available if n in wanted)
-        self.custom = _plugin_metrics(wanted or [], info.task)
+        self.metrics = _builtin_choice(wanted, info.task, info.num_classes)
+        self.custom, classes = _plugin_metrics(wanted or [], info.task)
         self.rows = spec.eval.batches * spec.batch_size
         if hasattr(held_out, "__len__"):  # finite: never read past its end
             self.rows = min(self.rows, len(held_out))
         # Read and run in micro-batches: the forward then needs no more memory than the
         # training forward the fit check accounted for, whatever grad_accum_steps is.
         self.chunk = spec.micro_batch_size
+        library = [n for n in self.metrics if n not in _SUMMED]
+        self.library = None
+        if library or classes:
+            from amptrain.engine import eval_library as lib  # loads torchmetrics
+
+            lib.check_library_choice(
+                [*library, *classes], info.num_classes, self.rows, group.world_size
+            )
+            chosen = [(n, lib.BUILTIN[n](info.num_classes), True) for n in library]
+            chosen += [
+                (n, lib.plugin_metric(n, c, info.num_classes), False) for n, c in classes.items()
+            ]
+            self.library = lib.LibraryMetrics(chosen, device, group)
+            # Every rank updates the states at least once (torchmetrics gathers only states
+            # of one shape): at least one chunk per rank.
+            self.chunk = min(self.chunk, max(1, self.rows // group.world_size))
+        plugins = {name for name, _ in self.custom} | set(classes)
+        self.names = [
+            *(n for n in self.metrics if n != CONFUSION_MATRIX),
+            *(n for n in dict.fromkeys(wanted or []) if n in plugins),  # in the spec's order
+        ]
         self.chunks = -(-self.rows // self.chunk)  # the last one may be partial
         self.every_steps, self.at_end = spec.eval.every_steps, spec.eval.at_end
         self.last_values: dict[str, float | None] | None = None
@@ -103,13 +141,17 @@ class Evaluator:
         self.group.share_leader_buffers(self.model)
         was_training = self.model.training
         self.model.eval()
+        if self.library is not None:
+            self.library.reset()
         try:
             with _rng_untouched(self.device), torch.no_grad():
                 sums = self._sums()
         finally:
             self.model.train(was_training)
         self.group.all_reduce_sum(sums)
-        loss_sum, correct, top5, count, *custom = sums.tolist()  # an evaluation's one host read
+        # Collectives in the same order on every rank: the sums, then each library metric.
+        library = self.library.compute() if self.library is not None else {}
+        loss_sum, correct, top5, count, *custom = sums.tolist()  # the sums' one host read
         loss = loss_sum / count
         values = {
             "eval_loss": loss,
@@ -117,14 +159,24 @@ class Evaluator:
             "top5_accuracy": top5 / count,
             "token_accuracy": correct / count,
             "perplexity": math.exp(loss) if loss < 700 else math.inf,
+            **library,
         }
         values.update(
             {name: total / count for (name, _), total in zip(self.custom, custom, strict=True)}
         )
-        names = [*self.metrics, *(name for name, _ in self.custom)]
-        result = {n: (values[n] if math.isfinite(values[n]) else None) for n in names}
+        result = {n: (values[n] if math.isfinite(values[n]) else None) for n in self.names}
         self.last_values = result
         return result
+
+    def records(self, step: int, values: dict[str, float | None]) -> list[dict[str, Any]]:
+        """What the evaluation after ``step`` publishes: its ``eval`` record, then the
+        ``confusion_matrix`` event when ``eval.metrics`` asked for one (see
+        :data:`~amptrain.contract.eval_choice.CONFUSION_MATRIX`)."""
+        done = [records.evaluation(step, time.time(), values)]
+        matrix = self.library.take_matrix() if self.library is not None else None
+        if matrix is not None:
+            done.append(records.event(CONFUSION_MATRIX, step, time.time(), **matrix))
+        return done
 
     def _sums(self) -> torch.Tensor:
         sums = torch.zeros(BUILTIN_SUMS + len(self.custom), dtype=torch.float64, device=self.device)
@@ -150,19 +202,50 @@ class Evaluator:
             sums[3] += count
             for i, (name, compute) in enumerate(self.custom, start=BUILTIN_SUMS):
                 sums[i] += _per_sample(name, compute, logits.float(), targets).sum()
+            if self.library is not None:
+                self.library.update(logits, targets)
         return sums
 
 
-def _plugin_metrics(names: list[str], task: Task) -> list[tuple[str, Callable[..., Any]]]:
-    """The plugin metrics among ``names`` that apply to ``task``, with their functions."""
-    chosen = []
+def _builtin_choice(wanted: list[str] | None, task: Task, num_classes: int) -> tuple[str, ...]:
+    """The built-in metrics to compute, in the table's order: the task's defaults when
+    ``wanted`` is None, else those it names (InvalidSpecError for one the task cannot give)."""
+    if wanted is None:
+        return task_metrics(task, num_classes)
+    refused = inapplicable(wanted, task)
+    if refused:
+        raise InvalidSpecError(f"eval.metrics: {inapplicable_message(refused, task)}")
+    if "top5_accuracy" in wanted and num_classes <= TOP_K:
+        raise InvalidSpecError(
+            f"eval.metrics: top5_accuracy needs more than {TOP_K} classes; the dataset has "
+            f"{num_classes}"
+        )
+    order = [*(m.name for m in EVAL_METRICS), CONFUSION_MATRIX]
+    gives = {*EVAL_METRICS_BY_TASK[task], *EVAL_ON_REQUEST_BY_TASK[task]}
+    return tuple(n for n in order if n in wanted and n in gives)
+
+
+def _plugin_metrics(
+    names: list[str], task: Task
+) -> tuple[list[tuple[str, Callable[..., Any]]], dict[str, type]]:
+    """The plugin metrics among ``names``: per-sample functions, and torchmetrics classes,
+    by name (InvalidSpecError for one that does not apply to ``task``)."""
+    functions, classes = [], {}
     for name in dict.fromkeys(names):  # each once, in the spec's order
-        if name in EVAL_BY_NAME:
+        if name in EVAL_CHOICES:
             continue
         reg = metric_registration(name)
-        if task in reg.tasks:
-            chosen.append((name, reg.resolve_compute()))
-    return chosen
+        if task not in reg.tasks:
+            raise InvalidSpecError(
+                f"eval.metrics: plugin metric {name!r} applies to {', '.join(reg.tasks)}, "
+                f"not to this dataset's task ({task})"
+            )
+        cls = metric_class(reg)
+        if cls is None:
+            functions.append((name, reg.resolve_compute()))
+        else:
+            classes[name] = cls
+    return functions, classes
 
 
 def _per_sample(

@@ -29,7 +29,6 @@ import time
 
 import torch
 
-from amptrain.contract import records
 from amptrain.contract.errors import CancelledError, PreemptedError, TrainingError
 from amptrain.contract.layout import checkpoint_name
 from amptrain.contract.records import PRECISION_FALLBACK, ROLLBACK_EVENT
@@ -209,7 +208,7 @@ class Trainer:
             values = self.evaluator.run(step)
             self.state.last_eval_step = step
             # Through the flush: the sink gets it after the metrics of every step up to this one.
-            self._act(self.telemetry.flush([records.evaluation(step, time.time(), values)]))
+            self._act(self.telemetry.flush(self.evaluator.records(step, values)))
         if self.checkpoints.due(step, final=final):  # not if a rollback just acted on wrote it
             self._act(self.save_checkpoint())
 

@@ -192,6 +192,34 @@ def test_a_team_metric_is_evaluated_beside_the_built_ins(plugin: Path, tmp_path:
     assert result.eval["brier_score"] == pytest.approx(expected, rel=1e-6)
 
 
+def test_a_team_torchmetrics_metric_is_evaluated_by_its_class(plugin: Path, tmp_path: Path) -> None:
+    sink = ListSink()
+    job = blobs_spec(
+        max_steps=10,
+        checkpoint={"every_steps": 10},
+        eval={"batches": 4, "metrics": ["cohen_kappa", "accuracy"]},
+    )
+    result = Trainer(job, RunContext(str(tmp_path), sink=sink)).train()
+    (found,) = [r for r in sink.items if r["kind"] == "eval"]
+    assert list(found["values"]) == ["accuracy", "cohen_kappa"]  # built-ins, then the plugin's
+    assert result.eval == found["values"]
+
+    # Independently: scikit-learn's kappa of the final checkpoint's predictions.
+    from sklearn.metrics import cohen_kappa_score
+
+    store = CheckpointStore(str(tmp_path), keep_last=1, writer=False)
+    latest = store.latest()
+    assert latest is not None
+    data = registry.build_dataset(job.dataset, seed=job.seed)
+    model = registry.build_model(job.model, data.info)
+    model.load_state_dict(store.load(latest)["model"])
+    inputs, targets = held_out_of(data).batch(0, 4 * 32)
+    with torch.no_grad():
+        predicted = model(inputs).argmax(-1)
+    expected = cohen_kappa_score(targets.numpy(), predicted.numpy())
+    assert result.eval["cohen_kappa"] == pytest.approx(expected, abs=1e-6)
+
+
 def test_metric_names_come_from_installed_plugins(plugin: Path) -> None:
     listed = {m["name"]: m for m in catalog.catalog()["eval_metrics"]}
     assert listed["brier_score"] == {
@@ -221,6 +249,10 @@ def test_broken_metric_plugins_fail_the_job_saying_why(plugin: Path, tmp_path: P
         "from amptrain.contract.catalog import MetricRegistration\n"
         "TOTAL = MetricRegistration(name='batch_total', compute=lambda logits, targets: "
         "logits.sum(), description='not per sample', better='lower')\n"
+        "NOT_A_CLASS = MetricRegistration(name='not_a_class', compute='collections:Counter', "
+        "description='a class, not a torchmetrics.Metric', better='lower')\n"
+        "MATRIX = MetricRegistration(name='a_matrix', compute='torchmetrics.classification:"
+        "MulticlassConfusionMatrix', description='not one value', better='lower')\n"
     )
     write_dist_info(
         plugin,
@@ -229,12 +261,16 @@ def test_broken_metric_plugins_fail_the_job_saying_why(plugin: Path, tmp_path: P
             "amptrain.metrics": {
                 "batch_total": "odd_metrics:TOTAL",
                 "not_a_metric": "amptrain_example_plugin.registrations:LOGREG",
+                "not_a_class": "odd_metrics:NOT_A_CLASS",
+                "a_matrix": "odd_metrics:MATRIX",
             }
         },
     )
     for name, message in [
         ("batch_total", r"^eval.metrics: metric 'batch_total' returned \(\); it must return one"),
         ("not_a_metric", r"^eval.metrics: plugin entry point 'not_a_metric' .*MetricRegistration"),
+        ("not_a_class", r"^eval.metrics: metric 'not_a_class' names the class Counter, which"),
+        ("a_matrix", r"^eval.metrics: metric 'a_matrix' computed \(4, 4\); a torchmetrics"),
     ]:
         job = blobs_spec(max_steps=2, eval={"metrics": [name]})
         with pytest.raises(InvalidSpecError, match=message):

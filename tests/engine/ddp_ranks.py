@@ -14,6 +14,11 @@ tests.engine.ddp_ranks OUT`` joins one gloo group and trains, as this rank:
   its final state and its running statistics as its own last training forward left them;
   and the buffers of a module of mixed dtypes after ``Group.share_leader_buffers``.
 
+- ``library``: a 2-device job on scikit-learn's digits (``OUT/digits.npz``, written by the
+  test) evaluating torchmetrics metrics (macro F1, AUROC, ..., the confusion matrix), which
+  torchmetrics gathers across the ranks; each rank saves its evaluation, its final state
+  and the confusion-matrix events its sink got.
+
 Everything goes to ``OUT/rank{r}.pt``; the test compares it with single-process runs.
 """
 
@@ -79,6 +84,28 @@ def bn_job(devices: int, grad_accum_steps: int) -> Any:
             "device": "cpu",
             "collective_timeout_s": 60,
             "eval": {"every_steps": 2, "batches": 2},
+        }
+    )
+
+
+LIBRARY_METRICS = ["accuracy", "f1_macro", "precision_macro", "recall_macro", "auroc_macro"]
+
+
+def library_job(devices: int, grad_accum_steps: int) -> Any:
+    """Digits (359 held-out rows: 23 micro-batches of 16, 12 on rank 0 and 11 on rank 1)."""
+    return parse_spec(
+        {
+            "model": {"name": "mlp", "args": {"width": 32}},
+            "dataset": {"name": "tensors", "args": {"path": "digits.npz", "val_fraction": 0.2}},
+            "max_steps": 10,
+            "batch_size": 32,
+            "grad_accum_steps": grad_accum_steps,
+            "devices": devices,
+            "precision": "fp32",
+            "device": "cpu",
+            "optimizer": {"name": "adamw", "lr": 0.003},
+            "collective_timeout_s": 60,
+            "eval": {"batches": 100, "metrics": [*LIBRARY_METRICS, "confusion_matrix"]},
         }
     )
 
@@ -163,12 +190,29 @@ def bn(ranks: Ranks) -> dict[str, Any]:
     }
 
 
+def library(ranks: Ranks, out: str) -> dict[str, Any]:
+    sink = ListSink()
+    ctx = RunContext(None, sink=sink, ranks=ranks, data_roots=[out])
+    trainer = Trainer(library_job(2, 1), ctx)
+    result = trainer.train()
+    return {
+        "eval": result.eval,
+        "state": {k: v.clone() for k, v in trainer.model.state_dict().items()},
+        "matrices": [e["data"] for e in sink.events("confusion_matrix")],
+    }
+
+
 def main(out: str) -> None:
     ranks = Ranks.from_env(os.environ)
     assert ranks is not None and ranks.world_size == 2
     dist.init_process_group("gloo")  # the Trainers join this group and leave it open
     try:
-        results = {"fp32": fp32(ranks), "fp16": fp16(ranks), "bn": bn(ranks)}
+        results = {
+            "fp32": fp32(ranks),
+            "fp16": fp16(ranks),
+            "bn": bn(ranks),
+            "library": library(ranks, out),
+        }
     finally:
         dist.destroy_process_group()
     torch.save(results, os.path.join(out, f"rank{ranks.rank}.pt"))

@@ -25,6 +25,7 @@ from amptrain.engine import RunContext, Trainer
 from amptrain.engine.checkpoint import CheckpointStore
 from tests.components.test_plugins import write_dist_info
 from tests.engine import ddp_ranks
+from tests.support.digits import write_digits
 
 pytestmark = pytest.mark.slow
 
@@ -136,6 +137,7 @@ def test_a_stop_on_one_rank_stops_both_and_the_resumed_run_equals_one_device(
 def test_fp32_and_evaluation_match_one_device_and_an_overflow_on_one_rank_skips_on_both(
     tmp_path: Path,
 ) -> None:
+    write_digits(tmp_path)  # the library scenario's data
     done = torchrun(tmp_path, "-m", "tests.engine.ddp_ranks", str(tmp_path))
     assert done.returncode == 0, done.stderr
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1)]
@@ -176,6 +178,7 @@ def test_fp32_and_evaluation_match_one_device_and_an_overflow_on_one_rank_skips_
 
     # In the same launch (one costs 10-30 s; separate tests may run in separate processes).
     evaluated_with_rank_0s_buffers([r["bn"] for r in ranks])
+    library_metrics_are_those_of_one_process([r["library"] for r in ranks], tmp_path)
 
 
 def evaluated_with_rank_0s_buffers(bn: list[dict[str, Any]]) -> None:
@@ -212,3 +215,33 @@ def evaluated_with_rank_0s_buffers(bn: list[dict[str, Any]]) -> None:
         assert mixed.keys() == rank_0s.keys()
         for name, value in rank_0s.items():
             assert mixed[name].dtype == value.dtype and torch.equal(mixed[name], value), name
+
+
+def library_metrics_are_those_of_one_process(lib: list[dict[str, Any]], root: Path) -> None:
+    """torchmetrics gathered both ranks' states: macro F1, AUROC, ... and the confusion
+    matrix are rank 0's model evaluated by one process on the whole held-out split, not a
+    rank's share (nor a mean of the shares' values)."""
+    assert lib[0]["eval"] == lib[1]["eval"]
+    assert list(lib[0]["eval"]) == ddp_ranks.LIBRARY_METRICS
+    single = Trainer(ddp_ranks.library_job(1, 2), RunContext(None, data_roots=[str(root)]))
+    assert single.evaluator is not None
+    single.model.load_state_dict(lib[0]["state"])
+    expected = single.evaluator.run(10)
+    for name, value in expected.items():
+        assert lib[0]["eval"][name] == pytest.approx(value, abs=1e-6), name
+    (matrix,) = lib[0]["matrices"]
+    _, event = single.evaluator.records(10, expected)  # the eval record, then the matrix
+    assert matrix == event["data"]
+    assert matrix["samples"] == 359
+
+    # What rank 0 would report from its own share alone (micro-batches 0, 2, 4, ... of 16).
+    from sklearn.metrics import f1_score
+
+    inputs, targets = single.evaluator.held_out.batch(0, 359)
+    with torch.no_grad():
+        predicted = single.model.eval()(inputs).argmax(-1)
+    share = torch.arange(359).div(16, rounding_mode="floor") % 2 == 0
+    own = [f1_score(targets[m], predicted[m], average="macro") for m in (share, ~share)]
+    assert f1_score(targets, predicted, average="macro") == pytest.approx(expected["f1_macro"])
+    assert expected["f1_macro"] != pytest.approx(own[0], abs=1e-4)
+    assert expected["f1_macro"] != pytest.approx(sum(own) / 2, abs=1e-4)

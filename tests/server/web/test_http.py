@@ -106,6 +106,14 @@ def test_422_names_each_bad_field(api_stack: Stack) -> None:
         dataset={"name": "synthetic-text"},
     )
     assert fields(c.post("/jobs", json=heads)) == {"model.args.n_heads"}
+    # An evaluation metric the dataset's task cannot give: was dropped silently on the worker.
+    lm = cpu_job(model={"name": "transformer"}, dataset={"name": "synthetic-text"})
+    wrong = c.post("/jobs", json={**lm, "eval": {"metrics": ["perplexity", "accuracy"]}})
+    assert fields(wrong) == {"eval.metrics"}
+    assert wrong.json()["detail"][0]["message"].startswith("accuracy: not computed for a language")
+    assert fields(c.post("/jobs", json=cpu_job(eval={"metrics": ["f1_macro"] * 65}))) == {
+        "eval.metrics"
+    }
     assert c.get("/jobs").json()["items"] == []  # nothing was created by the bad requests
 
 

@@ -32,3 +32,14 @@ BRIER = MetricRegistration(
     better="lower",
     tasks=("classification",),
 )
+
+KAPPA = MetricRegistration(
+    name="cohen_kappa",
+    # A torchmetrics.Metric class (the library's own here; a subclass of your own works the
+    # same): built per job with the dataset's num_classes, updated with fp32 logits per
+    # held-out micro-batch, computed (and gathered across data-parallel ranks) at the end.
+    compute="torchmetrics.classification:MulticlassCohenKappa",
+    description="Cohen's kappa: agreement of the predicted class with the label beyond chance.",
+    better="higher",
+    tasks=("classification",),
+)
