@@ -17,6 +17,7 @@ from typing import Any
 
 from amptrain.contract.registration import REQUIRED, Arg, Registration
 from amptrain.contract.sizing import DataShape
+from amptrain.contract.tar_shards import webdataset_footprint, webdataset_rules
 
 MAX_FILES = 10_000_000
 """Files one dataset may list or name (a folder listing stops, with an error, past it)."""
@@ -173,4 +174,78 @@ FILE_DATASETS: tuple[Registration, ...] = (
         footprint=_token_file_footprint,
     ),
     # webdataset
+    _dataset(
+        "webdataset",
+        "amptrain.components.webdataset:build_webdataset",
+        "Images and integer labels from tar shards in the WebDataset format (a sample is the "
+        "consecutive members sharing a name up to the first dot: 000123.jpg + 000123.cls), "
+        "listed by a brace pattern (shards/train-{000000..000099}.tar) under the data roots, "
+        "for data larger than the machine: only the tar headers are read to index the "
+        "samples; each epoch visits the shards in a seeded order, the samples of a shard "
+        "shuffled within a window; images are read one member at a time. Train: "
+        "random-resized crop + flip; evaluation: resize + centre crop; ImageNet "
+        "normalisation.",
+        Arg(
+            "pattern",
+            REQUIRED,
+            "Shard paths as a brace pattern (relative to a data root, or absolute inside "
+            "one), uncompressed .tar files.",
+            type="str",
+        ),
+        Arg(
+            "val_pattern",
+            "",
+            "Held-out shards (a brace pattern, read in the listed order); empty = none, or "
+            "val_fraction of the shards.",
+            type="str",
+        ),
+        VAL_FRACTION,
+        Arg(
+            "image_key",
+            "jpg;jpeg;png;webp",
+            "Extensions of the image member, ';'-separated: the first a sample has is used.",
+            max_length=200,
+        ),
+        Arg(
+            "label_key", "cls", "Extension of the label member (an ASCII integer).", max_length=200
+        ),
+        Arg("image_size", 224, "Side of the square images served.", minimum=8, maximum=1024),
+        Arg("channels", 3, "1 (grey) or 3 (RGB).", choices=(1, 3)),
+        Arg(
+            "num_classes",
+            0,
+            "Classes; a label must be below it. 0 = the largest label in the shards + 1.",
+            minimum=0,
+            maximum=10_000_000,
+        ),
+        Arg(
+            "min_scale",
+            0.08,
+            "Smallest area of a training crop, as a fraction of the image (random-resized "
+            "crop; 0.08 as for ImageNet, 1 = the whole image).",
+            minimum=0.01,
+            maximum=1.0,
+        ),
+        Arg(
+            "shuffle_window",
+            1000,
+            "Samples of a shard are shuffled within consecutive windows of this many (1 = "
+            "in stored order): reads stay close together in the file.",
+            minimum=1,
+            maximum=1_000_000,
+        ),
+        Arg(
+            "max_shards",
+            10_000,
+            "Most shards a pattern may name (each pattern; refused before expanding).",
+            minimum=1,
+            maximum=MAX_FILES,
+        ),
+        ON_CORRUPT,
+        MAX_SKIPPED,
+        provides="images",
+        requires=("torchvision", "braceexpand"),
+        footprint=webdataset_footprint,
+        rules=webdataset_rules,
+    ),
 )
