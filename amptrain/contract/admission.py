@@ -127,15 +127,18 @@ def _memory_problem(
 
 
 def _path_problems(spec: JobSpec, owner: str, policy: ServicePolicy) -> list[dict[str, Any]]:
+    """Every path argument of a built-in dataset (``Arg.path``), checked as text against the
+    owner's data roots; the worker checks again as it opens (plugins check their own)."""
     problems = _weights_problems(spec, owner, policy)
-    if spec.dataset.name != "tensors":
+    data = catalog.builtins("dataset").get(spec.dataset.name)
+    if data is None:
         return problems
-    for arg in ("path", "val_path"):  # the held-out file is checked exactly like the data
+    roots = user_roots(policy.data_roots, owner, policy.data_roots_per_user)
+    for arg in data.path_args:
         path = spec.dataset.args.get(arg)
         if not isinstance(path, str) or not path:
             continue
         try:
-            roots = user_roots(policy.data_roots, owner, policy.data_roots_per_user)
             check_location(path, roots, policy.data_protocols, resolve=False)
         except PathRefused as exc:
             problems.append({"loc": ["dataset", "args", arg], "msg": f"{quote(path, 120)}: {exc}"})

@@ -173,6 +173,7 @@ BUILTIN_DATASETS: tuple[Registration, ...] = (
             REQUIRED,
             "File path (relative to a data root, or absolute) or URL (.npz, .csv or .pt).",
             type="str",
+            path=True,
         ),
         Arg(
             "task",
@@ -207,6 +208,7 @@ BUILTIN_DATASETS: tuple[Registration, ...] = (
             "Held-out file (same format and keys as path, checked against the same data "
             "roots); empty = none, or val_fraction.",
             type="str",
+            path=True,
         ),
         Arg(
             "val_fraction",

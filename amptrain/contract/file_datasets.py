@@ -89,7 +89,13 @@ FILE_DATASETS: tuple[Registration, ...] = (
         "integer labels; each epoch visits the row groups in a seeded order and their rows "
         "in a seeded order. language_model: input_column's text, tokenized and concatenated "
         "into one token stream held in memory, cut into blocks of seq_len + 1.",
-        Arg("path", REQUIRED, "Table file or save_to_disk folder under a data root.", type="str"),
+        Arg(
+            "path",
+            REQUIRED,
+            "Table file or save_to_disk folder under a data root.",
+            type="str",
+            path=True,
+        ),
         Arg(
             "task",
             "classification",
@@ -119,12 +125,14 @@ FILE_DATASETS: tuple[Registration, ...] = (
             "A tokenizer.json (the tokenizers library's) under a data root; empty = UTF-8 "
             "bytes (vocabulary 256).",
             type="str",
+            path=True,
         ),
         Arg(
             "val_path",
             "",
             "Held-out table of the same layout and columns; empty = none, or val_fraction.",
             type="str",
+            path=True,
         ),
         Arg(
             "val_fraction",
@@ -147,7 +155,13 @@ FILE_DATASETS: tuple[Registration, ...] = (
         "non-overlapping blocks of seq_len + 1 tokens, visited in a seeded order every "
         "epoch; targets are the next tokens. Held out: val_path, or the last val_fraction "
         "of the blocks.",
-        Arg("path", REQUIRED, "Token file under a data root (relative or absolute).", type="str"),
+        Arg(
+            "path",
+            REQUIRED,
+            "Token file under a data root (relative or absolute).",
+            type="str",
+            path=True,
+        ),
         Arg(
             "dtype", "uint16", "Width of a token id (little-endian).", choices=("uint16", "uint32")
         ),
@@ -159,6 +173,7 @@ FILE_DATASETS: tuple[Registration, ...] = (
             "Held-out token file (e.g. other source documents), checked like path; empty = "
             "none, or val_fraction.",
             type="str",
+            path=True,
         ),
         Arg(
             "val_fraction",
@@ -191,6 +206,7 @@ FILE_DATASETS: tuple[Registration, ...] = (
             "Shard paths as a brace pattern (relative to a data root, or absolute inside "
             "one), uncompressed .tar files.",
             type="str",
+            path=True,
         ),
         Arg(
             "val_pattern",
@@ -198,6 +214,7 @@ FILE_DATASETS: tuple[Registration, ...] = (
             "Held-out shards (a brace pattern, read in the listed order); empty = none, or "
             "val_fraction of the shards.",
             type="str",
+            path=True,
         ),
         VAL_FRACTION,
         Arg(

@@ -57,6 +57,10 @@ class Arg:
     maximum: float | None = None
     max_length: int = 1024
     """Strings only: longest accepted value."""
+    path: bool = False
+    """Strings only: a file location (or a shard pattern) under the service's data roots.
+    The API checks it against them as text at submit, the worker again before it opens
+    anything: every file reader's path argument says so, so none is left unchecked."""
 
     @property
     def required(self) -> bool:
@@ -189,6 +193,11 @@ class Registration:
         if not errors and self.rules is not None:
             errors = self.rules(self.with_defaults(args))
         return errors
+
+    @property
+    def path_args(self) -> tuple[str, ...]:
+        """The names of the arguments that are file locations (``Arg.path``)."""
+        return tuple(a.name for a in self.args if a.path)
 
     def with_defaults(self, args: Mapping[str, Any]) -> dict[str, Any]:
         """``args`` completed with the defaults of the arguments not given."""

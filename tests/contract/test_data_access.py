@@ -119,3 +119,32 @@ def test_the_api_refuses_the_same_paths_at_submit(tmp_path: Path) -> None:
     (problem,) = admission_problems(_tensors(bob_file), "alice", per_user)  # type: ignore[arg-type]
     assert "outside the allowed data roots" in problem["msg"]
     assert admission_problems(_tensors(bob_file), "bob", per_user) == []  # type: ignore[arg-type]
+
+
+REQUIRED_ARGS = {
+    "parquet": {"path": "t.parquet"},
+    "token-file": {"path": "t.bin", "vocab_size": 256},
+    "webdataset": {"pattern": "s-{0..1}.tar"},
+    "image-folder": {"path": "photos"},
+    "tensors": {"path": "x.npz"},
+}
+
+
+def test_every_path_argument_of_every_file_dataset_is_checked_at_submit(tmp_path: Path) -> None:
+    """The path rule holds for each reader: every argument a built-in dataset declares as a
+    path is refused at submit when it leaves the data roots, and none is forgotten."""
+    from amptrain.contract.catalog import builtins
+
+    policy = ServicePolicy(data_roots=(str(tmp_path),))
+    readers = {name: reg for name, reg in builtins("dataset").items() if reg.path_args}
+    assert set(readers) == set(REQUIRED_ARGS), sorted(readers)
+    for name, reg in readers.items():
+        for arg in reg.path_args:
+            args = {**REQUIRED_ARGS[name], arg: "../../etc/passwd"}
+            spec = parse_spec(
+                {"model": {"name": "mlp"}, "dataset": {"name": name, "args": args}, "max_steps": 1}
+            )
+            problems = admission_problems(spec, "alice", policy)
+            assert [p["loc"] for p in problems] == [["dataset", "args", arg]], (name, problems)
+            assert "must stay inside the data roots" in problems[0]["msg"]
+            assert str(tmp_path) not in problems[0]["msg"]
