@@ -91,13 +91,21 @@ class ImageReader:
         self._fresh()
 
     def _fresh(self) -> None:
+        self._pid = os.getpid()
         self._lock = threading.Lock()  # fill() runs in several threads
         self._bad: set[str] = set()
         self._pending: dict[str, None] = {}  # ordered, no repeats
 
+    def _guard(self) -> threading.Lock:
+        """The lock of this process: a forked child (a DataLoader worker) starts afresh, as
+        the parent's lock may have been held by another thread at the fork."""
+        if self._pid != os.getpid():
+            self._fresh()
+        return self._lock
+
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        for name in ("_lock", "_bad", "_pending"):
+        for name in ("_pid", "_lock", "_bad", "_pending"):
             del state[name]
         return state
 
@@ -173,7 +181,7 @@ class ImageReader:
 
     def load(self, relative: str) -> torch.Tensor | None:
         """The decoded image, or None for a bad file skipped by the policy."""
-        with self._lock:
+        with self._guard():
             known_bad = relative in self._bad
         if known_bad:
             self._skipped(relative, None)
@@ -191,7 +199,7 @@ class ImageReader:
                 f"dataset.args.path: {shown}: {why}; dataset.args.on_corrupt 'skip' uses the "
                 "next sample in its place"
             )
-        with self._lock:
+        with self._guard():
             if why is not None:
                 log.warning("image-folder: skipping %s: %s", shown, why)
                 self._bad.add(relative)
@@ -205,7 +213,7 @@ class ImageReader:
 
     def take_skipped(self) -> list[str]:
         """Paths (as the user would write them) skipped since the last call in this process."""
-        with self._lock:
+        with self._guard():
             taken = [self.shown_path(r) for r in self._pending]
             self._pending.clear()
         return taken

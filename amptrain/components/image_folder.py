@@ -24,6 +24,7 @@ is replaced by the sample of the next position that decodes.
 from __future__ import annotations
 
 import errno
+import os
 import posixpath
 import threading
 from collections.abc import Sequence
@@ -39,7 +40,7 @@ from amptrain.components.sampling import EpochOrder, generator
 from amptrain.components.tensors_dataset import check_under_roots, split_rows
 from amptrain.contract.data_access import Beneath
 from amptrain.contract.errors import InvalidSpecError
-from amptrain.contract.text import quote
+from amptrain.contract.text import control_character, quote
 
 _FIELD = "dataset.args.path"
 _AUGMENT_KEY = 0x1A6E  # keys each position's crop and flip draws
@@ -115,6 +116,7 @@ class ImageFolderDataset:
         size = reader.image_size
         self.info = DataInfo("classification", (reader.channels, size, size), len(class_names))
         self.order = EpochOrder(len(train), seed)
+        self._pid = os.getpid()
         self._order_lock = threading.Lock()  # EpochOrder caches permutations
         self.resident_bytes = train.resident_bytes() + (held.resident_bytes() if held else 0)
         self.resident_bytes += 4 * len(train) * 8  # the cached epoch permutations
@@ -126,7 +128,14 @@ class ImageFolderDataset:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self._pid = os.getpid()
         self._order_lock = threading.Lock()
+
+    def _rows(self, start: int, size: int) -> list[int]:
+        if self._pid != os.getpid():  # forked: the parent's lock may have been held then
+            self._pid, self._order_lock = os.getpid(), threading.Lock()
+        with self._order_lock:
+            return self.order.rows(start, size).tolist()
 
     def __len__(self) -> int:
         return len(self.train)
@@ -149,8 +158,7 @@ class ImageFolderDataset:
         """Samples ``[start, start + len(inputs))`` written into ``inputs`` and ``targets``
         (several threads may fill disjoint parts of one batch)."""
         size = len(inputs)
-        with self._order_lock:
-            rows = self.order.rows(start, size).tolist()
+        rows = self._rows(start, size)
         for i in range(size):
             inputs[i], targets[i] = self._sample(start + i, rows[i])
 
@@ -158,8 +166,7 @@ class ImageFolderDataset:
         n = len(self.train)
         for tried in range(n):  # a bad file: the sample of the next position that decodes
             if tried:
-                with self._order_lock:
-                    row = int(self.order.rows(position + tried, 1)[0])
+                (row,) = self._rows(position + tried, 1)
             image = self.reader.load(self.train.files[row])
             if image is not None:
                 g = generator(self.seed, position + tried, _AUGMENT_KEY)
@@ -196,6 +203,9 @@ def build_image_folder(
             f"{_FIELD}: {quote(where, PATH_CHARS)}: found {found}; an image folder holds one "
             f"folder of {'/'.join(e[1:] for e in EXTENSIONS)} files per class (at least two)"
         )
+    for name in class_names:  # published in the job: no terminal escapes, no bidi tricks
+        if problem := control_character(name):
+            raise InvalidSpecError(f"{_FIELD}: class folder {quote(name)}: {problem}")
     label = {name: i for i, name in enumerate(class_names)}
     train = _split(train_by_class, label)
     held: _Split | None = None

@@ -257,6 +257,42 @@ def _chunk(kind: bytes, body: bytes) -> bytes:
     return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
 
 
+def test_layout_mistakes_are_named(tmp_path: Path, photos_root: Path) -> None:
+    with pytest.raises(InvalidSpecError, match=r"^dataset.args.val_fraction: 'photos' has a val"):
+        _build(photos_root, "photos", val_fraction=0.2)
+    data = _folder(tmp_path / "split")
+    (data / "train").mkdir()
+    for name in ("c0", "c1"):
+        (data / name).rename(data / "train" / name)
+    (data / "val" / "c9").mkdir(parents=True)
+    (data / "val" / "c9" / "0.png").write_bytes((data / "train/c0/0.png").read_bytes())
+    with pytest.raises(InvalidSpecError) as err:
+        _build(tmp_path / "split")
+    assert err.value.message == (
+        "dataset.args.path: val class 'c9' has no training images in 'data/train'"
+    )
+    one = _folder(tmp_path / "one", classes=1)
+    with pytest.raises(InvalidSpecError, match="found 1 class folder, 'c0'; an image folder"):
+        _build(tmp_path / "one")
+    (one / "c0").rename(one / "red\x1b[31m")
+    (one / "c1").mkdir()
+    (one / "c1" / "0.png").write_bytes((one / "red\x1b[31m" / "0.png").read_bytes())
+    with pytest.raises(InvalidSpecError, match="must not contain control"):
+        _build(tmp_path / "one")
+
+
+def test_a_forked_loader_worker_reads_the_same_samples(photos_root: Path) -> None:
+    """What the data path does: ``batch`` in a DataLoader worker forked from this process
+    (the dataset's locks and skip records are made again there)."""
+    data = _build(photos_root, "photos", image_size=16)
+    data.batch(0, 2)  # its locks and caches used before the fork
+    loader = torch.utils.data.DataLoader(
+        range(4), batch_size=None, num_workers=1, collate_fn=lambda i: data.batch(2 * i, 2)
+    )
+    forked = torch.cat([x for x, _ in loader])
+    assert torch.equal(forked, data.batch(0, 8)[0])
+
+
 def _bad_images(data: Path) -> None:
     """A JPEG cut in the middle of its scan, text named .png, and a 100-byte PNG declaring
     8000x8000 pixels (192 MB once decoded)."""
