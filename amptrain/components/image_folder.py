@@ -24,6 +24,7 @@ is replaced by the sample of the next position that decodes.
 from __future__ import annotations
 
 import errno
+import logging
 import os
 import posixpath
 import threading
@@ -41,6 +42,8 @@ from amptrain.components.tensors_dataset import check_under_roots, split_rows
 from amptrain.contract.data_access import Beneath
 from amptrain.contract.errors import InvalidSpecError
 from amptrain.contract.text import control_character, quote
+
+log = logging.getLogger(__name__)
 
 _FIELD = "dataset.args.path"
 _AUGMENT_KEY = 0x1A6E  # keys each position's crop and flip draws
@@ -241,6 +244,13 @@ def build_image_folder(
         on_corrupt=on_corrupt,
         max_skipped=max_skipped,
     )
+    if listing.ignored:
+        log.warning(
+            "image-folder %s: %d symlinks, FIFOs, devices or sockets not read (first: %s)",
+            quote(path, PATH_CHARS),
+            len(listing.ignored),
+            quote(listing.ignored[0], PATH_CHARS),
+        )
     dataset = ImageFolderDataset(reader, train, held, class_names, seed, listing.ignored)
     require_memory(dataset.resident_bytes, f"the index of {quote(path, PATH_CHARS)}")
     return dataset

@@ -149,6 +149,18 @@ def test_jpeg_crops_decode_and_are_normalised(photos_root: Path) -> None:
     assert float((train_x * std + mean).min()) >= 0 and float((train_x * std + mean).max()) <= 1
 
 
+def test_lossless_webp_decodes_to_its_pixels(tmp_path: Path) -> None:
+    photo = datasets.load_sample_images().images[1][100:132, 200:232]  # 32x32 RGB
+    for name in ("a", "b"):
+        (tmp_path / "data" / name).mkdir(parents=True)
+        Image.fromarray(photo).save(tmp_path / "data" / name / "0.webp", lossless=True)
+    x, _ = _build(tmp_path, image_size=28, val_fraction=0.5).held_out().batch(0, 1)
+    mean = torch.tensor([0.485, 0.456, 0.406])[:, None, None]
+    std = torch.tensor([0.229, 0.224, 0.225])[:, None, None]
+    expected = torch.from_numpy(photo[2:30, 2:30].copy()).permute(2, 0, 1).float() / 255
+    assert torch.allclose(x[0] * std + mean, expected, atol=1e-6)
+
+
 def test_batches_are_exact_however_the_stream_is_cut(photos_root: Path) -> None:
     data = _build(photos_root, "photos", image_size=16)
     whole = data.batch(0, 8)
