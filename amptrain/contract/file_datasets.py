@@ -76,7 +76,56 @@ def _token_file_footprint(args: Mapping[str, Any]) -> DataShape:
 
 
 FILE_DATASETS: tuple[Registration, ...] = (
-    # image-folder
+    # image-folder. No footprint: the sample shape follows from the args, (channels,
+    # image_size, image_size), but the classes are the folder's own, known only once the
+    # worker has listed it; the built dataset's resident_bytes (its index) is checked then.
+    _dataset(
+        "image-folder",
+        "amptrain.components.image_folder:build_image_folder",
+        "One folder of JPEG/PNG/WebP images per class under a data root: path/train/<class>/ "
+        "(and path/val/<class>/, the held-out split), or path/<class>/ with val_fraction held "
+        "out. Labels are the class folders' names, sorted. Decoded by torchvision; training "
+        "images get a random-resized crop (scale min_crop_scale to 1) and a horizontal flip, "
+        "held-out ones a resize to image_size/0.875 and a centre crop; normalised (ImageNet "
+        "mean and std for RGB). Symlinks, FIFOs and devices in the folder are never read; "
+        "files over 64 MiB or 50 megapixels are bad files (on_corrupt).",
+        Arg(
+            "path",
+            REQUIRED,
+            "Folder path (relative to a data root, or absolute); local data roots only.",
+            type="str",
+            path=True,
+        ),
+        Arg(
+            "image_size",
+            224,
+            "Side of the square images served, in pixels.",
+            minimum=8,
+            maximum=1024,
+        ),
+        Arg("channels", 3, "3 = RGB, 1 = grey (images are converted).", choices=(1, 3)),
+        Arg(
+            "min_crop_scale",
+            0.08,
+            "Smallest share of an image's area a training crop keeps (the lower end of "
+            "torchvision's RandomResizedCrop scale; the upper is 1). Tiny images want more.",
+            minimum=0.01,
+            maximum=1.0,
+        ),
+        VAL_FRACTION,
+        Arg(
+            "max_files",
+            2_000_000,
+            "Most entries (files and folders) the folder may hold; listing stops with an error "
+            "past it.",
+            minimum=1,
+            maximum=MAX_FILES,
+        ),
+        ON_CORRUPT,
+        MAX_SKIPPED,
+        provides="images",
+        requires=("torchvision", "PIL"),
+    ),
     # parquet
     _dataset(
         "parquet",
