@@ -35,7 +35,8 @@ import torch
 
 from amptrain.components.base import DataInfo
 from amptrain.components.file_listing import NOT_BENEATH, PATH_CHARS, Listing, list_folder
-from amptrain.components.image_files import EXTENSIONS, ImageReader
+from amptrain.components.image_files import ImageReader
+from amptrain.components.images import EXTENSIONS
 from amptrain.components.memory_budget import require_memory
 from amptrain.components.sampling import EpochOrder, generator
 from amptrain.components.tensors_dataset import check_under_roots, split_rows

@@ -4,14 +4,15 @@ or a ``datasets.save_to_disk`` folder (:mod:`amptrain.components.table_files`).
 Tasks:
 
 - ``classification``: ``input_column`` holds encoded images (binary, or the ``{bytes,
-  path}`` struct of a ``datasets`` ``Image`` feature), decoded by torchvision, the shorter
-  side resized to ``image_size`` and centre-cropped, normalised with ImageNet's mean and
-  std (data kind ``images``); or text (kind ``sequences``), tokenized, truncated to
-  ``seq_len`` and padded with the id ``vocab_size``. ``label_column`` holds integer labels.
-  Rows are read a piece (row group, record batch) at a time; each epoch visits the pieces
-  in a seeded order and the rows of each piece in a seeded order, so a batch decodes one
-  or two pieces, not one per sample. Held in memory: the two pieces last read and, with
-  ``val_fraction``, the index of training rows (8 bytes a row).
+  path}`` struct of a ``datasets`` ``Image`` feature), decoded and given the evaluation view
+  of :mod:`amptrain.components.images` (the shorter side resized to ``image_size / 0.875``,
+  the centre crop, ImageNet's mean and std; data kind ``images``); or text (kind
+  ``sequences``), tokenized, truncated to ``seq_len`` and padded with the id
+  ``vocab_size``. ``label_column`` holds integer labels. Rows are read a piece (row group,
+  record batch) at a time; each epoch visits the pieces in a seeded order and the rows of
+  each piece in a seeded order, so a batch decodes one or two pieces, not one per sample.
+  Held in memory: the two pieces last read and, with ``val_fraction``, the index of
+  training rows (8 bytes a row).
 - ``language_model``: the text column of every row, tokenized and concatenated into one
   token stream **held in memory** (2 bytes a token, 4 past a 65,536-token vocabulary),
   cut into blocks of ``seq_len + 1`` like ``token-file``.
@@ -22,7 +23,6 @@ Tokens: ``tokenizer_path``, an operator's ``tokenizer.json`` under the data root
 
 from __future__ import annotations
 
-import io
 import itertools
 from collections.abc import Sequence
 from typing import Any
@@ -31,11 +31,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import torch
-from PIL import Image
 from tokenizers import Tokenizer
-from torchvision.io import ImageReadMode, decode_image
-from torchvision.transforms.v2 import functional as tvf
 
+from amptrain.components import images
 from amptrain.components.array_files import PATH_CHARS, open_data_file
 from amptrain.components.base import DataInfo
 from amptrain.components.memory_budget import require_memory
@@ -44,15 +42,13 @@ from amptrain.components.table_files import Table, open_table
 from amptrain.components.tensors_dataset import check_under_roots, split_rows
 from amptrain.components.token_file import InMemoryTokens, Skips, TokenBlocks, split_blocks
 from amptrain.contract.errors import InvalidSpecError
+from amptrain.contract.limits import MAX_IMAGE_BYTES
 from amptrain.contract.sizing import format_bytes
 from amptrain.contract.text import quote
 
-MAX_CELL_BYTES = 64 * 2**20
-MAX_PIXELS = 2**26
-"""An image's declared width x height, checked before it is decoded (a small PNG can
-declare a huge canvas)."""
+MAX_CELL_BYTES = MAX_IMAGE_BYTES
+"""Bytes of one cell read: an encoded image's bound, and a text cell's too."""
 MAX_TOKENIZER_BYTES = 64 * 2**20
-_MEAN, _STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
 
 class TextEncoder:
@@ -232,8 +228,11 @@ class TableSamples:
             got = torch.from_numpy(self.encoder.encode(text)[: len(ids)].astype(np.int64))
             ids[: len(got)] = got
             return ids, label
-        image = _image(value, self.info.input_shape[-1])
-        return (image, label) if image is not None else "not a decodable image"
+        try:
+            image = images.decode(value, 3)
+        except images.BadImage as exc:
+            return str(exc)
+        return images.eval_view(image, self.info.input_shape[-1], 3), label
 
     def batch(self, start: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Samples of positions ``[start, start + size)``."""
@@ -256,19 +255,6 @@ class TableSamples:
             else:
                 raise InvalidSpecError(f"{self.skips.field}: no row of the table is usable")
         return inputs, targets
-
-
-def _image(data: bytes, size: int) -> torch.Tensor | None:
-    """Encoded image bytes as a normalised (3, size, size) float32 image; None if bad."""
-    try:
-        with Image.open(io.BytesIO(data)) as header:  # reads the header only
-            if header.width * header.height > MAX_PIXELS:
-                return None
-        img = decode_image(torch.frombuffer(bytearray(data), dtype=torch.uint8), ImageReadMode.RGB)
-    except Exception:
-        return None
-    img = tvf.center_crop(tvf.resize(img, [size], antialias=True), [size, size])
-    return tvf.normalize(tvf.to_dtype(img, torch.float32, scale=True), _MEAN, _STD)
 
 
 def _stream(table: Table, column: str, encoder: TextEncoder, skips: Skips) -> InMemoryTokens:

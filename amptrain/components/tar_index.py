@@ -38,11 +38,11 @@ from amptrain.components.memory_budget import require_memory
 from amptrain.components.tensors_dataset import check_under_roots
 from amptrain.contract.data_access import Beneath
 from amptrain.contract.errors import InvalidSpecError
+from amptrain.contract.limits import MAX_IMAGE_BYTES
 from amptrain.contract.sizing import format_bytes
 from amptrain.contract.tar_shards import (
     INDEX_BYTES_PER_SAMPLE,
     MAX_CLASSES,
-    MAX_IMAGE_BYTES,
     MAX_MEMBER_NAME,
     MAX_MEMBERS,
 )

@@ -21,11 +21,10 @@ Design: exact positions with shard-level shuffling.
   data path calls ``batch`` in DataLoader worker processes). Shard descriptors are opened
   lazily, at most ``_OPEN_SHARDS`` at once, checked to be the very files indexed (device,
   inode, size, mtime), and left out of the pickled state (a spawned worker reopens them).
-- **Images**: the member's header is read by Pillow for its size (refused past
-  ``MAX_PIXELS``), then decoded by ``torchvision.io.decode_image``; train: random-resized
-  crop (area ``min_scale``-1, ratio 3/4-4/3, clamped to the image) and flip from the position's
-  own draws (``index_draws(seed, p)``); evaluation: resize + centre crop; ImageNet
-  normalisation (grey: the mean of its channels).
+- **Images**: decoded and transformed by :mod:`amptrain.components.images` (the header
+  checked before decoding); train: random-resized crop (area ``min_crop_scale``-1) and
+  flip drawn from the position's own ``generator(seed, p, key)``; evaluation: the shorter
+  side resized to ``image_size / 0.875``, the centre crop.
 - **Held out**: ``val_pattern``'s shards in their listed order, or ``val_fraction`` of the
   shards drawn by a seed fixed for the list (never trained on).
 - **Corrupt data** (a member that does not decode, a symlink/device member, a bad label,
@@ -44,9 +43,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from amptrain.components import images
 from amptrain.components.array_files import DataFile
 from amptrain.components.base import DataInfo
-from amptrain.components.sampling import generator, index_draws
+from amptrain.components.images import BadImage
+from amptrain.components.sampling import generator
 from amptrain.components.tar_index import (
     HeaderReader,
     Identity,
@@ -58,7 +59,6 @@ from amptrain.components.tar_index import (
     open_shard,
     shown,
 )
-from amptrain.components.webdataset_images import Corrupt, decode
 from amptrain.contract.errors import InvalidSpecError
 from amptrain.contract.file_datasets import MAX_FILES
 from amptrain.contract.tar_shards import keys_of
@@ -125,7 +125,7 @@ class _Shards:
     def read(self, shard: int, offset: int, size: int) -> bytes:
         data = os.pread(self.fd(shard), size, offset)
         if len(data) != size:
-            raise Corrupt("ends early (the shard was truncated after indexing)")
+            raise BadImage("ends early (the shard was truncated after indexing)")
         return data
 
     def member_name(self, shard: int, offset: int) -> str:
@@ -146,7 +146,7 @@ class _Shards:
 class _Samples:
     """What the training stream and the held-out split share: reading and decoding rows."""
 
-    min_scale = 0.08  # the training stream's crops (evaluation does not crop at random)
+    min_crop_scale = images.CROP_SCALE[0]  # the training stream's (evaluation never crops)
 
     def __init__(
         self, info: DataInfo, shards: _Shards, skips: _Skips, seed: int, train: bool
@@ -168,38 +168,35 @@ class _Samples:
         inputs = torch.empty(size, c, s, s)
         targets = torch.empty(size, dtype=torch.int64)
         rows = self._rows(start, size).tolist()
-        draws = self._draws(start, size)
         for i in range(size):
-            got = self._decoded(rows[i], draws[i] if draws else None)
+            got = self._decoded(rows[i], start + i)
             q = start + i
             while got is None:  # bad: the next position that decodes takes its place
                 q += 1
                 if q - start - i > self.total:
                     raise InvalidSpecError(f"{self.table.field}: no sample decodes")
-                more = self._draws(q, 1)
-                got = self._decoded(int(self._rows(q, 1)[0]), more[0] if more else None)
+                got = self._decoded(int(self._rows(q, 1)[0]), q)
             inputs[i], targets[i] = got
         return inputs, targets
 
-    def _draws(self, start: int, size: int) -> list[list[int]] | None:
-        if not self.train:
-            return None
-        positions = torch.arange(start, start + size, dtype=torch.int64)
-        values: list[list[int]] = index_draws(positions, 5, self.seed, _AUG_KEY).tolist()
-        return values
-
-    def _decoded(self, row: int, draws: list[int] | None) -> tuple[torch.Tensor, int] | None:
-        """Row ``row`` decoded, or None when it is bad (recorded; raised with 'fail')."""
+    def _decoded(self, row: int, position: int) -> tuple[torch.Tensor, int] | None:
+        """Row ``row`` decoded (a training view drawn for stream ``position``), or None when
+        it is bad (recorded; raised with 'fail')."""
         shard = int(np.searchsorted(self.table.first, row, side="right")) - 1
         offset = int(self.table.offsets[row])
         c, s = self.info.input_shape[0], self.info.input_shape[1]
         try:
-            data = self.shards.read(shard, offset, int(self.table.sizes[row]))
-            return decode(data, c, s, draws, self.min_scale), int(self.table.labels[row])
-        except Corrupt as exc:
+            image = images.decode(self.shards.read(shard, offset, int(self.table.sizes[row])), c)
+        except BadImage as exc:
             where = f"{self.table.names[shard]}:{self.shards.member_name(shard, offset)}"
             self.skips.bad(self.table.field, where, str(exc))
             return None
+        if self.train:
+            g = generator(self.seed, position, _AUG_KEY)
+            view = images.train_view(image, g, s, self.min_crop_scale, c)
+        else:
+            view = images.eval_view(image, s, c)
+        return view, int(self.table.labels[row])
 
     def take_skipped(self) -> list[str]:
         """``shard.tar:member`` (or ``shard.tar``) of the bad data skipped since the last
@@ -217,12 +214,12 @@ class WebDataset(_Samples):
         skips: _Skips,
         seed: int,
         window: int,
-        min_scale: float,
+        min_crop_scale: float,
         held: HeldOutShards | None,
     ) -> None:
         super().__init__(info, shards, skips, seed, train=True)
         self.window = window
-        self.min_scale = min_scale
+        self.min_crop_scale = min_crop_scale
         self.held = held
         self.counts = self.table.counts
         # The index, and the caches of shard orders (int64 order + cumulative counts) and
@@ -300,7 +297,7 @@ def build_webdataset(
     image_size: int = 224,
     channels: int = 3,
     num_classes: int = 0,
-    min_scale: float = 0.08,
+    min_crop_scale: float = 0.08,
     shuffle_window: int = 1000,
     max_shards: int = 10_000,
     on_corrupt: str = "fail",
@@ -336,7 +333,7 @@ def build_webdataset(
     )
     held = HeldOutShards(info, _Shards(val, data_roots), skips, seed, False) if val else None
     shards = _Shards(table, data_roots)
-    return WebDataset(info, shards, skips, seed, shuffle_window, min_scale, held)
+    return WebDataset(info, shards, skips, seed, shuffle_window, min_crop_scale, held)
 
 
 def _split(names: list[str], fraction: float) -> tuple[list[str], list[str]]:

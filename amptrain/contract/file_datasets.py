@@ -15,12 +15,14 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from amptrain.contract.limits import MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS
 from amptrain.contract.registration import REQUIRED, Arg, Registration
 from amptrain.contract.sizing import DataShape
 from amptrain.contract.tar_shards import webdataset_footprint, webdataset_rules
 
 MAX_FILES = 10_000_000
 """Files one dataset may list or name (a folder listing stops, with an error, past it)."""
+_IMAGE_BOUNDS = f"{MAX_IMAGE_BYTES >> 20} MiB or {MAX_IMAGE_PIXELS / 1e6:.0f} megapixels"
 
 
 def _dataset(name: str, builder: str, description: str, *args: Arg, **kw: Any) -> Registration:
@@ -41,6 +43,15 @@ MAX_SKIPPED = Arg(
     "With on_corrupt 'skip': past this many distinct bad files the job fails anyway.",
     minimum=0,
     maximum=1_000_000,
+)
+MIN_CROP_SCALE = Arg(
+    "min_crop_scale",
+    0.08,
+    "Smallest share of an image's area a training crop keeps (the lower end of "
+    "torchvision's RandomResizedCrop scale, 0.08 as for ImageNet; the upper is 1). Tiny "
+    "images want more.",
+    minimum=0.01,
+    maximum=1.0,
 )
 VAL_FRACTION = Arg(
     "val_fraction",
@@ -87,8 +98,8 @@ FILE_DATASETS: tuple[Registration, ...] = (
         "out. Labels are the class folders' names, sorted. Decoded by torchvision; training "
         "images get a random-resized crop (scale min_crop_scale to 1) and a horizontal flip, "
         "held-out ones a resize to image_size/0.875 and a centre crop; normalised (ImageNet "
-        "mean and std for RGB). Symlinks, FIFOs and devices in the folder are never read; "
-        "files over 64 MiB or 50 megapixels are bad files (on_corrupt).",
+        "mean and std for RGB, 0.5 and 0.5 for grey). Symlinks, FIFOs and devices in the "
+        f"folder are never read; files over {_IMAGE_BOUNDS} are bad files (on_corrupt).",
         Arg(
             "path",
             REQUIRED,
@@ -104,14 +115,7 @@ FILE_DATASETS: tuple[Registration, ...] = (
             maximum=1024,
         ),
         Arg("channels", 3, "3 = RGB, 1 = grey (images are converted).", choices=(1, 3)),
-        Arg(
-            "min_crop_scale",
-            0.08,
-            "Smallest share of an image's area a training crop keeps (the lower end of "
-            "torchvision's RandomResizedCrop scale; the upper is 1). Tiny images want more.",
-            minimum=0.01,
-            maximum=1.0,
-        ),
+        MIN_CROP_SCALE,
         VAL_FRACTION,
         Arg(
             "max_files",
@@ -133,11 +137,12 @@ FILE_DATASETS: tuple[Registration, ...] = (
         "Named columns of a Parquet file (.parquet), an Arrow IPC file or stream (.arrow), "
         "or a folder written by Hugging Face datasets' save_to_disk (anything else), read "
         "a row group at a time or memory-mapped, never loaded whole. classification: "
-        "input_column holds encoded images (decoded, resized and centre-cropped to "
-        "image_size) or text (tokenized, truncated and padded to seq_len), label_column "
-        "integer labels; each epoch visits the row groups in a seeded order and their rows "
-        "in a seeded order. language_model: input_column's text, tokenized and concatenated "
-        "into one token stream held in memory, cut into blocks of seq_len + 1.",
+        "input_column holds encoded images (decoded, the shorter side resized to "
+        f"image_size/0.875 and centre-cropped; over {_IMAGE_BOUNDS}: bad rows) or text "
+        "(tokenized, truncated and padded to seq_len), label_column integer labels; each "
+        "epoch visits the row groups in a seeded order and their rows in a seeded order. "
+        "language_model: input_column's text, tokenized and concatenated into one token "
+        "stream held in memory, cut into blocks of seq_len + 1.",
         Arg(
             "path",
             REQUIRED,
@@ -247,8 +252,9 @@ FILE_DATASETS: tuple[Registration, ...] = (
         "for data larger than the machine: only the tar headers are read to index the "
         "samples; each epoch visits the shards in a seeded order, the samples of a shard "
         "shuffled within a window; images are read one member at a time. Train: "
-        "random-resized crop + flip; evaluation: resize + centre crop; ImageNet "
-        "normalisation.",
+        "random-resized crop (scale min_crop_scale to 1) + flip; evaluation: resize to "
+        "image_size/0.875 + centre crop; ImageNet mean and std (grey: 0.5 and 0.5). Members "
+        f"over {_IMAGE_BOUNDS} are bad (on_corrupt).",
         Arg(
             "pattern",
             REQUIRED,
@@ -284,14 +290,7 @@ FILE_DATASETS: tuple[Registration, ...] = (
             minimum=0,
             maximum=10_000_000,
         ),
-        Arg(
-            "min_scale",
-            0.08,
-            "Smallest area of a training crop, as a fraction of the image (random-resized "
-            "crop; 0.08 as for ImageNet, 1 = the whole image).",
-            minimum=0.01,
-            maximum=1.0,
-        ),
+        MIN_CROP_SCALE,
         Arg(
             "shuffle_window",
             1000,

@@ -7,17 +7,13 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from amptrain.contract.limits import MAX_IMAGE_BYTES, MAX_IMAGE_PIXELS
 from amptrain.contract.sizing import DataShape
 
 MAX_MEMBERS = 1_000_000
 """Members one shard may hold (WebDataset shards hold thousands: ~1 GB of samples each)."""
 MAX_MEMBER_NAME = 1024
 """Characters of a member's name (a pax header may carry any length)."""
-MAX_IMAGE_BYTES = 64 * 2**20
-"""Bytes of one image member: a larger one is refused, never read."""
-MAX_PIXELS = 2**25
-"""Pixels an image member may declare (about 5800 x 5800): checked from its header before
-decoding, so a small file that inflates into gigabytes is refused."""
 MAX_CLASSES = 10_000_000
 """Largest label + 1 when ``num_classes`` is not given."""
 INDEX_BYTES_PER_SAMPLE = 16
@@ -40,7 +36,7 @@ def webdataset_footprint(args: Mapping[str, Any]) -> DataShape | None:
     if not args["num_classes"]:
         return None
     c, s = args["channels"], args["image_size"]
-    in_flight = MAX_IMAGE_BYTES + MAX_PIXELS * c
+    in_flight = MAX_IMAGE_BYTES + MAX_IMAGE_PIXELS * c
     return DataShape((c, s, s), args["num_classes"], in_flight)
 
 

@@ -12,6 +12,7 @@ import struct
 import sys
 import threading
 import zlib
+from io import BytesIO
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -25,13 +26,13 @@ from amptrain.components.file_listing import list_folder
 from amptrain.contract.catalog import validate_components
 from amptrain.contract.errors import InvalidSpecError
 from amptrain.contract.file_datasets import MAX_FILES
+from amptrain.contract.limits import MAX_IMAGE_PIXELS
 from amptrain.contract.spec import ComponentRef, parse_spec
 from amptrain.engine import RunContext, Trainer
 
 datasets = pytest.importorskip("sklearn.datasets")
-io = pytest.importorskip("torchvision.io")
+pytest.importorskip("torchvision")
 Image = pytest.importorskip("PIL.Image")
-pytestmark = pytest.mark.filterwarnings("ignore:The image decoding and encoding:DeprecationWarning")
 
 
 def _build(root: Path, path: str = "data", seed: int = 0, **args: Any) -> Any:
@@ -39,8 +40,12 @@ def _build(root: Path, path: str = "data", seed: int = 0, **args: Any) -> Any:
     return registry.build_dataset(ref, seed=seed, data_roots=[str(root)])
 
 
-def _png(pixels: np.ndarray[Any, Any]) -> bytes:
-    return bytes(io.encode_png(torch.from_numpy(pixels)).numpy())
+def _encoded(pixels: np.ndarray[Any, Any], form: str = "PNG", **options: Any) -> bytes:
+    """``(C, H, W)`` uint8 pixels encoded by Pillow (not the library that decodes them)."""
+    out = BytesIO()
+    plane = pixels[0] if len(pixels) == 1 else pixels.transpose(1, 2, 0)
+    Image.fromarray(np.ascontiguousarray(plane)).save(out, format=form, **options)
+    return out.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +57,7 @@ def digits_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
         folder = root / "digits" / str(label)
         folder.mkdir(parents=True, exist_ok=True)
         pixels = (image * 255 / 16).round().astype(np.uint8)[None]
-        (folder / f"{i:04d}.png").write_bytes(_png(pixels))
+        (folder / f"{i:04d}.png").write_bytes(_encoded(pixels))
     return root
 
 
@@ -68,8 +73,7 @@ def photos_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
             crop = np.ascontiguousarray(photo[y : y + 32, x : x + 32].transpose(2, 0, 1))
             folder = root / "photos" / ("train" if i < 12 else "val") / name
             folder.mkdir(parents=True, exist_ok=True)
-            jpeg = io.encode_jpeg(torch.from_numpy(crop), quality=90)
-            (folder / f"{i:02d}.jpg").write_bytes(bytes(jpeg.numpy()))
+            (folder / f"{i:02d}.jpg").write_bytes(_encoded(crop, "JPEG", quality=90))
     return root
 
 
@@ -201,7 +205,7 @@ def _folder(root: Path, classes: int = 2, files: int = 3) -> Path:
         (data / f"c{c}").mkdir(parents=True)
         for i in range(files):
             pixels = (digits.images[c * files + i] * 255 / 16).astype(np.uint8)[None]
-            (data / f"c{c}" / f"{i}.png").write_bytes(_png(pixels))
+            (data / f"c{c}" / f"{i}.png").write_bytes(_encoded(pixels))
     return data
 
 
@@ -307,12 +311,12 @@ def test_a_forked_loader_worker_reads_the_same_samples(photos_root: Path) -> Non
 
 def _bad_images(data: Path) -> None:
     """A JPEG cut in the middle of its scan, text named .png, and a 100-byte PNG declaring
-    8000x8000 pixels (192 MB once decoded)."""
+    9000x9000 pixels (243 MB once decoded as RGB), past MAX_IMAGE_PIXELS."""
     photo = datasets.load_sample_images().images[0][:128, :128].transpose(2, 0, 1)
-    jpeg = bytes(io.encode_jpeg(torch.from_numpy(np.ascontiguousarray(photo))).numpy())
+    jpeg = _encoded(photo, "JPEG")
     (data / "c0" / "truncated.jpg").write_bytes(jpeg[: len(jpeg) // 2])
     (data / "c1" / "garbage.png").write_bytes(b"not an image at all " * 10)
-    for name, side in (("huge.png", 8000), ("huger.png", 60_000)):  # Pillow refuses the 2nd
+    for name, side in (("huge.png", 9000), ("huger.png", 60_000)):  # Pillow refuses the 2nd
         header = struct.pack(">IIBBBBB", side, side, 8, 0, 0, 0, 0)  # 8-bit grey
         bomb = b"\x89PNG\r\n\x1a\n" + _chunk(b"IHDR", header)
         bomb += _chunk(b"IDAT", zlib.compress(b"\x00" * (side + 1))) + _chunk(b"IEND", b"")
@@ -337,8 +341,9 @@ def test_bad_images_fail_naming_their_path(tmp_path: Path) -> None:
         "dataset.args.path: 'data/c1/garbage.png': not a JPEG, PNG or WebP image, or one "
         "whose header is cut short or corrupt "
         "(UnidentifiedImageError)",
-        "dataset.args.path: 'data/c1/huge.png': declares 8000x8000 pixels, more than 50000000",
-        "dataset.args.path: 'data/c1/huger.png': declares more than 50000000 pixels",
+        "dataset.args.path: 'data/c1/huge.png': declares 9000x9000 pixels, more than "
+        f"{MAX_IMAGE_PIXELS}",
+        f"dataset.args.path: 'data/c1/huger.png': declares more than {MAX_IMAGE_PIXELS} pixels",
     }
 
 

@@ -19,12 +19,13 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from torchvision.io import decode_image
+from PIL import Image
 from torchvision.transforms.v2 import functional as tvf
 
 from amptrain.components import parquet_dataset
 from amptrain.components.parquet_dataset import build_parquet
 from amptrain.contract.errors import InvalidSpecError
+from amptrain.contract.limits import MAX_IMAGE_PIXELS
 from amptrain.contract.spec import parse_spec
 from amptrain.engine import RunContext, Trainer
 from tests.components.stdlib_corpus import stdlib_sources
@@ -138,7 +139,6 @@ def test_arrow_files_and_a_save_to_disk_folder_are_mapped(texts: tuple) -> None:
 
 
 def _photos(root: Path, name: str, row_group_size: int = 8) -> tuple[list[bytes], list[int]]:
-    from PIL import Image
     from sklearn.datasets import load_sample_images
 
     rng = np.random.default_rng(0)
@@ -168,8 +168,11 @@ def test_image_bytes_are_decoded_in_a_seeded_order_of_row_groups(tmp_path: Path)
     hx, hy = held.batch(0, 6)
 
     def expect(cell: bytes) -> torch.Tensor:
-        img = decode_image(torch.frombuffer(bytearray(cell), dtype=torch.uint8))
-        img = tvf.center_crop(tvf.resize(img, [16], antialias=True), [16, 16])
+        # Pillow's decoding; the evaluation view: the shorter side resized to
+        # round(16 / 0.875) = 18, the centre 16x16; ImageNet's mean and std.
+        with Image.open(io.BytesIO(cell)) as image:
+            img = torch.from_numpy(np.array(image.convert("RGB"))).permute(2, 0, 1)
+        img = tvf.center_crop(tvf.resize(img, [18], antialias=True), [16, 16])
         return tvf.normalize(
             tvf.to_dtype(img, torch.float32, scale=True),
             [0.485, 0.456, 0.406],
@@ -204,7 +207,10 @@ def test_a_corrupt_image_fails_or_is_skipped(
     args = {"path": "bad.parquet", "input_column": "img", "label_column": "y", "image_size": 8}
     with pytest.raises(InvalidSpecError) as err:
         build_parquet(seed=0, data_roots=[str(tmp_path)], **args).batch(0, 24)
-    assert err.value.message == "dataset.args.path: 'bad.parquet' row 3: not a decodable image"
+    assert err.value.message == (
+        "dataset.args.path: 'bad.parquet' row 3: not a JPEG, PNG or WebP image, or one whose "
+        "header is cut short or corrupt (UnidentifiedImageError)"
+    )
     skipping = build_parquet(seed=0, data_roots=[str(tmp_path)], on_corrupt="skip", **args)
     x, _ = skipping.batch(0, 24)
     assert skipping.take_skipped() == ["'bad.parquet' row 3"] and torch.isfinite(x).all()
@@ -283,8 +289,6 @@ def test_text_classification_pads_token_sequences(texts: tuple) -> None:
 
 
 def test_an_image_declaring_a_huge_canvas_is_not_decoded(tmp_path: Path) -> None:
-    from PIL import Image
-
     out = io.BytesIO()
     Image.new("RGB", (4, 4)).save(out, format="PNG")
     png = bytearray(out.getvalue())
@@ -301,7 +305,9 @@ def test_an_image_declaring_a_huge_canvas_is_not_decoded(tmp_path: Path) -> None
         num_classes=2,
         image_size=8,
     )
-    with pytest.raises(InvalidSpecError, match="row 0: not a decodable image"):
+    with pytest.raises(
+        InvalidSpecError, match=f"row 0: declares more than {MAX_IMAGE_PIXELS} pixels"
+    ):
         data.batch(0, 1)
 
 

@@ -22,16 +22,24 @@ from amptrain.components import registry
 from amptrain.components.tar_index import count_names
 from amptrain.contract import catalog
 from amptrain.contract.errors import InvalidSpecError
+from amptrain.contract.limits import MAX_IMAGE_BYTES
 from amptrain.contract.spec import ComponentRef, parse_spec
-from amptrain.contract.tar_shards import MAX_IMAGE_BYTES
 from amptrain.engine import RunContext, Trainer
 
-torchvision_io = pytest.importorskip("torchvision.io")
+F = pytest.importorskip("torchvision.transforms.v2.functional")
+Image = pytest.importorskip("PIL.Image")
 datasets = pytest.importorskip("sklearn.datasets")
 
-pytestmark = pytest.mark.filterwarnings("ignore:The image decoding:DeprecationWarning")
 
 Member = tuple[str, bytes]
+
+
+def _encoded(pixels: np.ndarray[Any, Any], form: str, **options: Any) -> bytes:
+    """``(H, W)`` or ``(H, W, 3)`` uint8 pixels encoded by Pillow (not the library that
+    decodes them)."""
+    out = io.BytesIO()
+    Image.fromarray(np.ascontiguousarray(pixels)).save(out, format=form, **options)
+    return out.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -39,10 +47,7 @@ def digits() -> list[tuple[bytes, int]]:
     """scikit-learn's 1,797 real 8x8 digits, each a PNG file's bytes, with its label."""
     d = datasets.load_digits()
     pixels = (d.images * 15).astype(np.uint8)  # 0..16 -> 0..240
-    return [
-        (torchvision_io.encode_png(torch.from_numpy(p)[None]).numpy().tobytes(), int(t))
-        for p, t in zip(pixels, d.target, strict=True)
-    ]
+    return [(_encoded(p, "PNG"), int(t)) for p, t in zip(pixels, d.target, strict=True)]
 
 
 @pytest.fixture(scope="module")
@@ -53,8 +58,7 @@ def photos() -> list[tuple[bytes, int]]:
     for label, photo in enumerate(datasets.load_sample_images().images):
         for _ in range(12):
             y, x = rng.integers(0, 427 - 40), rng.integers(0, 640 - 48)
-            crop = torch.from_numpy(photo[y : y + 40, x : x + 48].transpose(2, 0, 1).copy())
-            out.append((torchvision_io.encode_jpeg(crop, quality=90).numpy().tobytes(), label))
+            out.append((_encoded(photo[y : y + 40, x : x + 48], "JPEG", quality=90), label))
     return out
 
 
@@ -111,15 +115,13 @@ def test_real_images_are_indexed_from_headers_and_decoded(
     assert len(held) == 20
     x, y = held.batch(0, 20)
     assert y.tolist() == [label for _, label in digits[40:60]]  # stored order
-    # Evaluation at the digits' own size is the pixels themselves, normalised.
+    # Evaluation at the digits' own size: resized to round(8 / 0.875) = 9, the centre 8x8
+    # kept, as torchvision's functional ops do it to Pillow's decoding; grey to [-1, 1].
     pixels = torch.stack(
-        [
-            torchvision_io.decode_image(torch.frombuffer(bytearray(b), dtype=torch.uint8))
-            for b, _ in digits[40:60]
-        ]
+        [torch.from_numpy(np.array(Image.open(io.BytesIO(b))))[None] for b, _ in digits[40:60]]
     )
-    mean, std = 0.449, 0.226
-    assert torch.allclose(x * std + mean, pixels.float() / 255, atol=1e-5)
+    expected = F.center_crop(F.resize(pixels, [9], antialias=True), [8, 8])
+    assert torch.allclose(x * 0.5 + 0.5, expected.float() / 255, atol=1e-6)
     rgb = _build(tmp_path, pattern="photos-0.tar", image_size=16)
     assert rgb.info.num_classes == 2 and rgb.info.input_shape == (3, 16, 16)
     images, labels = rgb.batch(0, 24)
@@ -231,7 +233,7 @@ def test_training_on_digit_shards_beats_chance_on_held_out_shards(
                     "image_size": 8,
                     "channels": 1,
                     "num_classes": 10,
-                    "min_scale": 0.6,
+                    "min_crop_scale": 0.6,
                 },
             },
             "max_steps": 60,
