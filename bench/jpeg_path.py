@@ -6,7 +6,8 @@ torchvision, cut by a random-resized crop to 224 px, flipped and normalised (wha
 - images/s through the engine's Feeder with 0 loader processes (one background thread, the
   thread path) and with 1, 2, ... processes (:class:`~amptrain.engine.loader.ProcessFeeder`),
   and per process;
-- whether the decode path releases the GIL: the same batches built by 2 threads at once;
+- whether the decode path releases the GIL: how long this thread waits while another one
+  decodes a large JPEG, and the same batches built by 2 threads at once;
 - the share of each step the Trainer waits on data with each process count (ResNet-50 bf16
   at batch 256 on CUDA, the built-in ``cnn`` at batch 32 on a CPU).
 """
@@ -103,17 +104,39 @@ def threads_speedup(data: JpegImages, batch: int, n: int) -> float:
         for i in range(n):
             data.batch((offset + i) * batch, batch)
 
-    data.batch(0, batch)  # untimed: first touches, lazy initialisation
+    def timed(offsets: list[int]) -> float:
+        # Background threads both times, as the Feeder's (the main thread's intra-op
+        # parallelism behaves differently on a busy machine).
+        threads = [threading.Thread(target=run, args=(k * n,)) for k in offsets]
+        started = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return time.perf_counter() - started
+
+    timed([0])  # untimed: first touches, lazy initialisation
+    return 2 * timed([1]) / timed([2, 3])
+
+
+def gil_probe() -> tuple[float, float]:
+    """Whether ``decode_jpeg`` releases the GIL, measurable on a busy machine: one large
+    JPEG (3416x3840) decoded in a thread while this thread wakes every millisecond; the
+    decode's time and this thread's longest wait (as long as the decode: the GIL is held)."""
+    photo = torch.from_numpy(load_sample_images().images[0]).permute(2, 0, 1)
+    data = encode_jpeg(photo.repeat(1, 8, 6).contiguous(), quality=90)
     started = time.perf_counter()
-    run(0)
-    one = time.perf_counter() - started
-    threads = [threading.Thread(target=run, args=(k * n,)) for k in (1, 2)]
-    started = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return 2 * one / (time.perf_counter() - started)
+    decode_jpeg(data)
+    decode = time.perf_counter() - started
+    worker = threading.Thread(target=decode_jpeg, args=(data,))
+    worker.start()
+    longest, last = 0.0, time.perf_counter()
+    while worker.is_alive():
+        time.sleep(0.001)
+        now = time.perf_counter()
+        longest, last = max(longest, now - last), now
+    worker.join()
+    return decode * 1e3, longest * 1e3
 
 
 def data_wait(data: JpegImages, device: torch.device, workers: int, steps: int) -> dict[str, Any]:
@@ -165,8 +188,13 @@ def jpeg_report(device: torch.device, workers: list[int], steps: int) -> dict[st
     data = JpegImages(jpeg_crops())
     batch = 64 if device.type == "cuda" else 16
     print(f"jpeg path: {CROP}px JPEG crops -> random-resized crop {SIDE}px, batch {batch}")
+    decode_ms, longest_ms = gil_probe()
+    print(
+        f"  GIL: a thread's decode_jpeg of 3416x3840 takes {decode_ms:.0f} ms; meanwhile this "
+        f"thread waited {longest_ms:.0f} ms at most (released if far below)"
+    )
     speedup = threads_speedup(data, batch, 3)
-    print(f"  2 threads building at once: {speedup:.2f}x one thread (2: the GIL is released)")
+    print(f"  2 threads building batches at once: {speedup:.2f}x one thread (needs 2 free cores)")
     rates, waits = {}, {}
     for n in workers:
         rates[n] = decode_rate(data, device, n, batch, 6)
@@ -179,4 +207,9 @@ def jpeg_report(device: torch.device, workers: list[int], steps: int) -> dict[st
             f"  data wait, {n} process(es) ({w['model']}, batch {w['batch']}): "
             f"{w['data_wait_fraction']:.2%} of {w['step_ms']:.1f} ms steps"
         )
-    return {"threads_speedup": speedup, "images_per_second": rates, "data_wait": waits}
+    return {
+        "gil_probe_ms": {"decode": decode_ms, "longest_wait": longest_ms},
+        "threads_speedup": speedup,
+        "images_per_second": rates,
+        "data_wait": waits,
+    }

@@ -23,6 +23,9 @@ A failure inside a worker travels back as the exception itself (not torch's re-w
 file reaches the job with its own class and message; the worker's traceback is a note.
 Paths a dataset skipped (``take_skipped()``) come back beside the batch built in that process.
 
+Starting or restarting the workers draws nothing from the training process's random
+number generators (the DataLoader gets its own generator): dropout stays exact.
+
 Workers are forked (Linux): nothing is pickled and they start in milliseconds. They watch
 their parent (torch's ``ManagerWatchdog``, every 5 s): a training process killed with
 SIGKILL leaves no loader process behind for long.
@@ -161,6 +164,9 @@ class ProcessBatches:
             prefetch_factor=PREFETCH_FACTOR,
             persistent_workers=True,
             multiprocessing_context="fork" if fork else None,
+            # Its own generator: each iter() draws the workers' base seed from it, and a draw
+            # from the global one would shift the training process's dropout (not exact).
+            generator=torch.Generator(),
         )
         self._stream: Iterator[Built] | None = None
         self._expected: Key | None = None
