@@ -80,6 +80,15 @@ class Built:
     skipped: list[str] = field(default_factory=list)
     error: BaseException | None = None
 
+    def pin_memory(self) -> Built:
+        """The batch in pinned memory: what torch's pin-memory thread calls on an object
+        it does not know (else it would pass it through, and the copy to the device would
+        not overlap)."""
+        if self.batch is None:
+            return self
+        pinned = (self.batch[0].pin_memory(), self.batch[1].pin_memory())
+        return Built(self.key, pinned, self.skipped, self.error)
+
 
 class BatchKeys(TorchDataset[Built]):
     """The DataLoader's map-style view of a dataset: item ``(position, size)`` is a whole

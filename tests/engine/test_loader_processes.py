@@ -30,7 +30,7 @@ from amptrain.contract.records import DATA_EVENT, DATA_SKIPPED_EVENT
 from amptrain.contract.spec import parse_spec
 from amptrain.engine import Components, RunContext, Trainer
 from amptrain.engine.data import Feeder
-from amptrain.engine.loader import ProcessFeeder, default_loader_workers, feeder_for
+from amptrain.engine.loader import Built, ProcessFeeder, default_loader_workers, feeder_for
 from tests.support.sinks import ListSink
 
 CPU = torch.device("cpu")
@@ -108,6 +108,32 @@ def test_processes_deliver_the_batches_threads_and_batch_give(crops: list[torch.
     finally:
         for feeder in feeders:
             feeder.close()
+
+
+def test_torch_pins_a_built_batch_for_the_copy_to_the_device() -> None:
+    # torch's pin-memory thread passes objects it does not know through unpinned.
+    from torch.utils.data._utils.pin_memory import pin_memory
+
+    built = Built((0, 2), (torch.zeros(2, 3), torch.zeros(2, dtype=torch.long)), ["a.jpg"])
+    if not torch.cuda.is_available():
+        pytest.skip("pinning needs CUDA")  # the CPU path never pins
+    pinned = pin_memory(built)
+    assert isinstance(pinned, Built) and pinned.key == (0, 2) and pinned.skipped == ["a.jpg"]
+    assert pinned.batch is not None and all(t.is_pinned() for t in pinned.batch)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_on_cuda_loader_batches_arrive_on_the_device(crops: list[torch.Tensor]) -> None:
+    data, cuda = JpegCrops(crops), torch.device("cuda")
+    feeder = ProcessFeeder(data, cuda, workers=2, channels_last=True, end=64)
+    try:
+        for position in (0, 8, 16, 40):
+            x, y = feeder.get(position, 8)
+            assert x.is_cuda and x.is_contiguous(memory_format=torch.channels_last)
+            expected = data.batch(position, 8)
+            assert torch.equal(x.cpu(), expected[0]) and torch.equal(y.cpu(), expected[1])
+    finally:
+        feeder.close()
 
 
 def test_a_loader_processes_error_reaches_the_loop_as_itself(crops: list[torch.Tensor]) -> None:
