@@ -46,7 +46,7 @@ DATA_EVENT = "data"
 ``threads`` or ``device``), ``loader_workers`` (processes; 0 for threads or the device), and
 when the dataset names its classes (an image folder's class folders, in label order)
 ``class_count`` and ``class_names`` (the first :data:`MAX_CLASS_NAMES_SHOWN`, each cut to
-:data:`MAX_NAME_CHARS` characters)."""
+:data:`MAX_CLASS_NAME_CHARS` characters: 64 KB at most)."""
 
 DATA_SKIPPED_EVENT = "data_skipped"
 """Samples the dataset skipped as corrupt (``on_corrupt: skip``), published with the telemetry
@@ -57,6 +57,7 @@ user wrote them, never a data root's absolute path. With ``devices`` > 1, rank 0
 
 MAX_CLASS_NAMES_SHOWN = 1000
 SKIPPED_PATHS_SHOWN = 5
+MAX_CLASS_NAME_CHARS = 64
 MAX_NAME_CHARS = 200
 
 # Event types the engine emits itself; the worker adds lifecycle events

@@ -11,6 +11,7 @@ from typing import Any
 from amptrain.contract.records import (
     DATA_EVENT,
     DATA_SKIPPED_EVENT,
+    MAX_CLASS_NAME_CHARS,
     MAX_CLASS_NAMES_SHOWN,
     MAX_NAME_CHARS,
     SKIPPED_PATHS_SHOWN,
@@ -19,10 +20,10 @@ from amptrain.contract.records import (
 from amptrain.engine.data import Feeder
 
 
-def shown(text: object) -> str:
-    """A name as an event shows it: printable characters only, cut to MAX_NAME_CHARS."""
-    plain = "".join(c if c.isprintable() else "?" for c in str(text)[: MAX_NAME_CHARS + 1])
-    return plain if len(plain) <= MAX_NAME_CHARS else plain[: MAX_NAME_CHARS - 1] + "…"
+def shown(text: object, limit: int = MAX_NAME_CHARS) -> str:
+    """A name as an event shows it: printable characters only, cut to ``limit``."""
+    plain = "".join(c if c.isprintable() else "?" for c in str(text)[: limit + 1])
+    return plain if len(plain) <= limit else plain[: limit - 1] + "…"
 
 
 def data_details(feeder: Feeder) -> dict[str, Any]:
@@ -37,7 +38,9 @@ def data_details(feeder: Feeder) -> dict[str, Any]:
     if names is not None:
         names = list(names)
         details["class_count"] = len(names)
-        details["class_names"] = [shown(n) for n in names[:MAX_CLASS_NAMES_SHOWN]]
+        details["class_names"] = [
+            shown(n, MAX_CLASS_NAME_CHARS) for n in names[:MAX_CLASS_NAMES_SHOWN]
+        ]
     return details
 
 

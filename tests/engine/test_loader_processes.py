@@ -26,10 +26,16 @@ from torchvision.transforms.v2 import functional as TF
 
 from amptrain.components.base import DataInfo
 from amptrain.contract.errors import InvalidSpecError, PreemptedError
-from amptrain.contract.records import DATA_EVENT, DATA_SKIPPED_EVENT
+from amptrain.contract.records import (
+    DATA_EVENT,
+    DATA_SKIPPED_EVENT,
+    MAX_CLASS_NAME_CHARS,
+    MAX_CLASS_NAMES_SHOWN,
+)
 from amptrain.contract.spec import parse_spec
 from amptrain.engine import Components, RunContext, Trainer
 from amptrain.engine.data import Feeder
+from amptrain.engine.data_events import data_details, shown
 from amptrain.engine.loader import Built, ProcessFeeder, default_loader_workers, feeder_for
 from tests.support.sinks import ListSink
 
@@ -298,3 +304,18 @@ def _alive(process: psutil.Process) -> bool:
         return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+class ManyClasses:
+    """A dataset naming more classes, with longer names, than an event shows."""
+
+    class_names = [f"class-{i:04d}-" + "x" * 100 + "\x1b[31m" for i in range(1500)]
+
+
+def test_the_data_event_shows_a_bounded_list_of_printable_class_names() -> None:
+    details = data_details(Feeder(ManyClasses(), CPU, depth=0))
+    assert details["class_count"] == 1500
+    names = details["class_names"]
+    assert len(names) == MAX_CLASS_NAMES_SHOWN and names[0].startswith("class-0000-xx")
+    assert all(len(n) == MAX_CLASS_NAME_CHARS and n.isprintable() for n in names)
+    assert shown("train/a\nb.jpg") == "train/a?b.jpg"
