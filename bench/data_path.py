@@ -22,7 +22,13 @@ the host-built path and the old ``batch()``+pin path. CUDA: ResNet-50 in bf16 at
 256; CPU: the built-in ``cnn``. Goals: host batch() >= 10x old on a CPU; the loop waits on
 data < 2% of the step on a GPU (product and host-built paths).
 
+JPEG (``--jpeg``, :mod:`bench.jpeg_path`): real photographs as JPEG bytes in memory, decoded
+and cropped to 224 px by torchvision with 0 loader processes (one thread) and 1, 2, ...
+(``--jpeg-workers``): images/s per process, whether 2 threads beat one (the GIL), and the
+share of each step the loop waits on data with each count. ``--jpeg-only`` skips the rest.
+
     python bench/data_path.py [--device cpu|cuda] [--batches 5] [--size 224] [--json out.json]
+    python -m bench.data_path --jpeg-only [--jpeg-workers 0,1,2] [--steps 4]
 """
 
 from __future__ import annotations
@@ -229,6 +235,9 @@ def main() -> None:
         "--builders", type=int, default=None, help="host-built threads (the engine's default)"
     )
     parser.add_argument("--json", help="also write the results here")
+    parser.add_argument("--jpeg", action="store_true", help="also the JPEG decode path")
+    parser.add_argument("--jpeg-only", action="store_true", help="only the JPEG decode path")
+    parser.add_argument("--jpeg-workers", default="0,1,2", help="loader process counts")
     opts = parser.parse_args()
     kind = (
         opts.device if opts.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
@@ -245,6 +254,16 @@ def main() -> None:
         f"host-built with {builders} builder thread(s)"
     )
 
+    if opts.jpeg or opts.jpeg_only:
+        from bench.jpeg_path import jpeg_report
+
+        workers = [int(n) for n in opts.jpeg_workers.split(",")]
+        jpeg = jpeg_report(device, workers, opts.steps or (20 if kind == "cuda" else 4))
+        if opts.jpeg_only:
+            if opts.json:
+                with open(opts.json, "w") as f:
+                    json.dump({"device": where, "jpeg": jpeg}, f, indent=2)
+            return
     rates = throughputs(device, opts.size, opts.batch, opts.batches, opts.old_images, builders)
     old = rates["old per-sample"]
     for name, rate in rates.items():

@@ -42,6 +42,25 @@ float dtypes other than the model's), and with ``strict: false`` what was left o
 ``missing`` (kept their initialisation), ``unexpected`` (in the file only), ``shape``
 (``{name: [file shape, model shape]}``); each list shortened, with its full count."""
 
+DATA_EVENT = "data"
+"""Once, at the start of an attempt: how its training data is fed. ``loader`` (``processes``,
+``threads`` or ``device``), ``loader_workers`` (processes; 0 for threads or the device), and
+when the dataset names its classes (an image folder's class folders, in label order)
+``class_count`` and ``class_names`` (the first :data:`MAX_CLASS_NAMES_SHOWN`, each cut to
+:data:`MAX_CLASS_NAME_CHARS` characters: 64 KB at most)."""
+
+DATA_SKIPPED_EVENT = "data_skipped"
+"""Samples the dataset skipped as corrupt (``on_corrupt: skip``), published with the telemetry
+flush after they were seen: ``count``, the files skipped so far in this attempt (a file seen
+again after a restart of the loader counts again); ``newest``, the newest few relative paths
+(at most :data:`SKIPPED_PATHS_SHOWN`, each cut to :data:`MAX_NAME_CHARS` characters) as the
+user wrote them, never a data root's absolute path. With ``devices`` > 1, rank 0's share."""
+
+MAX_CLASS_NAMES_SHOWN = 1000
+SKIPPED_PATHS_SHOWN = 5
+MAX_CLASS_NAME_CHARS = 64
+MAX_NAME_CHARS = 200
+
 # Event types the engine emits itself; the worker adds lifecycle events
 # (queued, started, resumed, succeeded, failed, cancelled) with the same shape.
 ENGINE_EVENTS: tuple[str, ...] = (
@@ -53,6 +72,8 @@ ENGINE_EVENTS: tuple[str, ...] = (
     ROLLBACK_EVENT,
     WEIGHTS_EVENT,
     CONFUSION_MATRIX,  # eval.metrics asked for it: after each eval record (see eval_choice)
+    DATA_EVENT,
+    DATA_SKIPPED_EVENT,
 )
 
 SPIKE_WARNING = "loss_spike"

@@ -1,16 +1,13 @@
 """The job spec: what a user asks amptrain to train.
 
-Torch-free on purpose: the API validates submissions with this module and must
-never import torch. Every field carries a docstring (pydantic turns them into
-the JSON schema's descriptions) and every model rejects unknown fields, so a
-typo such as ``"max_step"`` is an error that names the field, not a silent
-default.
-
-Every number has bounds (shown in the OpenAPI schema and ``GET /catalog``):
-a spec is user input on a shared service, and a batch of 1e30 or a checkpoint
-every step kept forever must be refused with a 422, not discovered by a worker.
-Floats must be finite: JSON's NaN/Infinity would be stored as null and the
-worker would train another spec than the one shown.
+Torch-free on purpose: the API validates submissions with this module and must never import
+torch. Every field carries a docstring (pydantic turns them into the JSON schema's
+descriptions) and every model rejects unknown fields, so a typo such as ``"max_step"`` is an
+error that names the field, not a silent default. Every number has bounds (shown in the
+OpenAPI schema and ``GET /catalog``): a spec is user input on a shared service, and a batch
+of 1e30 or a checkpoint every step kept forever must be refused with a 422, not discovered by
+a worker. Floats must be finite: JSON's NaN/Infinity would be stored as null and the worker
+would train another spec than the one shown.
 """
 
 from __future__ import annotations
@@ -40,6 +37,7 @@ MIN_COLLECTIVE_TIMEOUT_S = 5
 MAX_COLLECTIVE_TIMEOUT_S = 3600
 MAX_ARGS = 64
 MAX_WEIGHTS_PATH = 1024
+MAX_LOADER_WORKERS = 64
 MAX_ARG_TEXT = 4096
 
 Text = Annotated[str, AfterValidator(check_text)]
@@ -347,6 +345,9 @@ class JobSpec(_Strict):
     """Thresholds for warnings and divergence."""
     eval: EvalSpec = Field(default_factory=EvalSpec)
     """Evaluation on the held-out split: when, how much, which metrics."""
+    loader_workers: int | None = Field(default=None, ge=0, le=MAX_LOADER_WORKERS)
+    """Processes building micro-batches ahead, per device (DataLoader workers); 0: threads.
+    Null: threads, or for datasets that decode files the free cores per device (at most 8)."""
     weights: WeightsSpec | None = None
     """Start from an operator-provided safetensors file (fine-tuning); null: the model's
     own initialisation."""

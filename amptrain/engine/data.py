@@ -9,6 +9,9 @@
   threads at once, each a contiguous part of the micro-batch: no second copy to pin it, no
   allocation per batch. Any other runs ``batch(start, size)`` in one thread (so it need
   not be thread-safe) and is then pinned on CUDA.
+- A dataset that decodes files (``decode_in_processes``), or a spec that asks
+  (``loader_workers``), gets loader processes instead of threads: a torch DataLoader over
+  whole micro-batch keys (:class:`~amptrain.engine.loader.ProcessFeeder`).
 - On CUDA the thread that completes a host batch queues its copy to the device on a side
   stream at once (and the channels_last conversion behind it), so the copy overlaps the
   steps before the one that uses it; the compute stream waits for it on the device (an
@@ -205,6 +208,11 @@ class Feeder:
         self.reset()
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def take_skipped(self) -> list[str]:
+        """Relative paths the dataset skipped since the last call (``take_skipped``), if any."""
+        take = getattr(self.dataset, "take_skipped", None)
+        return list(take()) if callable(take) else []
 
     def next_position(self, position: int, size: int) -> int:
         """Where the micro-batch after ``[position, position + size)`` starts for this rank."""

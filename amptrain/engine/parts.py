@@ -28,6 +28,7 @@ from amptrain.engine.checkpoint import CheckpointStore
 from amptrain.engine.checkpoint_manager import CheckpointManager, RunState, learned_parts
 from amptrain.engine.context import Components, RunContext, TrainResult
 from amptrain.engine.data import Feeder
+from amptrain.engine.data_events import DataEvents
 from amptrain.engine.distributed import Group, check_launch, rank_device
 from amptrain.engine.evaluation import Evaluator, build_evaluator
 from amptrain.engine.fallback import fallback_target
@@ -35,6 +36,7 @@ from amptrain.engine.fit_check import check_fits
 from amptrain.engine.guardian import Guardian
 from amptrain.engine.initial_weights import export_bytes
 from amptrain.engine.layer_norms import LayerNorms
+from amptrain.engine.loader import feeder_for
 from amptrain.engine.lr_schedule import DeviceSchedule
 from amptrain.engine.precision import (
     AUTOCAST_DTYPES,
@@ -182,6 +184,17 @@ def build_parts(
             precision_reason=precision.reason,
         )
         learned = learned_parts(model, optimizer, schedule, amp.scaler, amp.spike)
+        feeder = _feeder(spec, device, group, made.dataset, channels_last, data)
+        telemetry = StepTelemetry(
+            spec.telemetry,
+            device,
+            publisher,  # one series per job: the other ranks' publishers have no sink
+            with_scaler=amp.scaler is not None,
+            group=group,
+            read_later=data.read_later,
+            spike=rule,
+        )
+        telemetry.extras = DataEvents(feeder).take
         return Parts(
             device=device,
             group=group,
@@ -192,22 +205,14 @@ def build_parts(
             channels_last=channels_last,
             optimizer=optimizer,
             schedule=schedule,
-            feeder=_feeder(spec, device, group, made.dataset, channels_last, data),
+            feeder=feeder,
             amp=amp,
             state=state,
             run_state=RunState(state, learned, group, device, ctx.attempt),
             checkpoints=checkpoints,
             publisher=publisher,
             guardian=guardian,
-            telemetry=StepTelemetry(
-                spec.telemetry,
-                device,
-                publisher,  # one series per job: the other ranks' publishers have no sink
-                with_scaler=amp.scaler is not None,
-                group=group,
-                read_later=data.read_later,
-                spike=rule,
-            ),
+            telemetry=telemetry,
             evaluator=evaluator,
             layer_norms=LayerNorms(spec.telemetry.layer_grad_norms_every),
         )
@@ -343,15 +348,8 @@ def _feeder(
     depth = data.prefetch_depth
     if depth is None:
         depth = 2 if device.type == "cuda" else 0
-    return Feeder(
-        dataset,
-        device,
-        channels_last=channels_last,
-        depth=depth,
-        end=spec.max_steps * spec.batch_size,
-        builders=data.builders,
-        share=(group.rank, group.world_size, spec.batch_size),
-    )
+    share = (group.rank, group.world_size, spec.batch_size)
+    return feeder_for(spec, dataset, device, share, channels_last, depth, data.builders)
 
 
 def _store(spec: JobSpec, ctx: RunContext, group: Group) -> CheckpointStore | None:

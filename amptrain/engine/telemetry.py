@@ -93,6 +93,8 @@ class StepTelemetry:
         self._device = device
         self._publisher = publisher
         self.judge: Callable[[Reading], Verdict] = _carry_on  # the Trainer's: the guardian
+        self.extras: Callable[[int], list[dict[str, Any]]] = lambda step: []
+        """Records that go out with each flush (the data path's events), given its step."""
         self.attribution = Attribution(with_scaler)
         self._metric_fields = device_fields(with_scaler)  # what a step hands over, in order
         self._spike = spike
@@ -226,10 +228,10 @@ class StepTelemetry:
         self.attribution.published(skips)
         layers = [r for r in self._layer_out if end is None or r["step"] <= end]
         self._layer_out = []
-        batch = records + layers + list(verdict.warnings) + (extra or [])
+        step = records[-1]["step"] if records else (self.last_record or {}).get("step", 0)
+        batch = records + layers + list(verdict.warnings) + (extra or []) + self.extras(step)
         dropped = self._publisher.dropped
         if dropped > self._dropped_reported:
-            step = records[-1]["step"] if records else (self.last_record or {}).get("step", 0)
             batch.append(dropped_warning(step, dropped))
             self._dropped_reported = dropped
         self._publisher.offer(batch)

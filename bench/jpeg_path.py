@@ -1,0 +1,215 @@
+"""The JPEG decode path of ``bench/data_path.py --jpeg``: real photographs (scikit-learn's two
+sample JPEGs) cut into 256 px crops held as JPEG bytes in memory, each sample decoded by
+torchvision, cut by a random-resized crop to 224 px, flipped and normalised (what
+``image-folder`` does to a training image; no file reads: the decoder is what is measured).
+
+- images/s through the engine's Feeder with 0 loader processes (one background thread, the
+  thread path) and with 1, 2, ... processes (:class:`~amptrain.engine.loader.ProcessFeeder`),
+  and per process;
+- whether the decode path releases the GIL: how long this thread waits while another one
+  decodes a large JPEG, and the same batches built by 2 threads at once;
+- the share of each step the Trainer waits on data with each process count (ResNet-50 bf16
+  at batch 256 on CUDA, the built-in ``cnn`` at batch 32 on a CPU).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import torch
+from sklearn.datasets import load_sample_images
+from torchvision.io import decode_jpeg, encode_jpeg
+from torchvision.transforms.v2 import functional as TF
+
+from amptrain.components import registry
+from amptrain.components.base import DataInfo
+from amptrain.components.sampling import generator
+from amptrain.contract.spec import parse_spec
+from amptrain.engine import Components, RunContext, Trainer
+from amptrain.engine.data import Feeder
+from amptrain.engine.loader import ProcessFeeder
+
+CROP, SIDE, CLASSES = 256, 224, 10
+MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+
+
+def jpeg_crops(count: int = 48) -> list[torch.Tensor]:
+    """``count`` CROP px crops of the two sample photographs, JPEG-encoded (quality 90)."""
+    photos = load_sample_images().images
+    crops = []
+    for i in range(count):
+        photo = photos[i % 2]
+        top = 17 * i % (photo.shape[0] - CROP)
+        left = 41 * i % (photo.shape[1] - CROP)
+        crop = np.ascontiguousarray(photo[top : top + CROP, left : left + CROP])
+        crops.append(encode_jpeg(torch.from_numpy(crop).permute(2, 0, 1), quality=90))
+    return crops
+
+
+class JpegImages:
+    """Sample p: crop ``p % n`` decoded, random-resized-cropped to SIDE (box and flip drawn
+    from ``generator(0, p)``: a pure function of p), normalised."""
+
+    decode_in_processes = True
+
+    def __init__(self, crops: list[torch.Tensor]) -> None:
+        self.crops = crops
+        self.info = DataInfo("classification", (3, SIDE, SIDE), CLASSES)
+
+    def batch(self, start: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
+        out = torch.empty(size, 3, SIDE, SIDE)
+        for i, p in enumerate(range(start, start + size)):
+            g = generator(0, p)
+            side = int(torch.randint(CROP // 2, CROP + 1, (1,), generator=g))
+            top, left = (int(v) for v in torch.randint(0, CROP - side + 1, (2,), generator=g))
+            image = decode_jpeg(self.crops[p % len(self.crops)])
+            image = TF.resized_crop(image, top, left, side, side, [SIDE, SIDE], antialias=True)
+            if torch.rand(1, generator=g) < 0.5:
+                image = TF.horizontal_flip(image)
+            image = TF.to_dtype(image, torch.float32, scale=True)
+            out[i] = TF.normalize(image, MEAN, STD)
+        return out, torch.arange(start, start + size) % CLASSES
+
+
+def _feeder(data: JpegImages, device: torch.device, workers: int) -> Feeder:
+    if workers:
+        return ProcessFeeder(data, device, workers=workers)
+    return Feeder(data, device, depth=2)
+
+
+def decode_rate(data: JpegImages, device: torch.device, workers: int, batch: int, n: int) -> float:
+    """Sustained images/s through the Feeder (after 2 untimed batches: the fork, first touches)."""
+    feeder = _feeder(data, device, workers)
+    try:
+        for i in range(2):
+            feeder.get(i * batch, batch)
+        started = time.perf_counter()
+        for i in range(2, 2 + n):
+            feeder.get(i * batch, batch)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return n * batch / (time.perf_counter() - started)
+    finally:
+        feeder.close()
+
+
+def threads_speedup(data: JpegImages, batch: int, n: int) -> float:
+    """Images/s of 2 threads building batches at once over one thread's: ~2 if the decode
+    path releases the GIL (and 2 cores are free), ~1 if it does not."""
+
+    def run(offset: int) -> None:
+        for i in range(n):
+            data.batch((offset + i) * batch, batch)
+
+    def timed(offsets: list[int]) -> float:
+        # Background threads both times, as the Feeder's (the main thread's intra-op
+        # parallelism behaves differently on a busy machine).
+        threads = [threading.Thread(target=run, args=(k * n,)) for k in offsets]
+        started = time.perf_counter()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        return time.perf_counter() - started
+
+    timed([0])  # untimed: first touches, lazy initialisation
+    return 2 * timed([1]) / timed([2, 3])
+
+
+def gil_probe() -> tuple[float, float]:
+    """Whether ``decode_jpeg`` releases the GIL, measurable on a busy machine: one large
+    JPEG (3416x3840) decoded in a thread while this thread wakes every millisecond; the
+    decode's time and this thread's longest wait (as long as the decode: the GIL is held)."""
+    photo = torch.from_numpy(load_sample_images().images[0]).permute(2, 0, 1)
+    data = encode_jpeg(photo.repeat(1, 8, 6).contiguous(), quality=90)
+    started = time.perf_counter()
+    decode_jpeg(data)
+    decode = time.perf_counter() - started
+    worker = threading.Thread(target=decode_jpeg, args=(data,))
+    worker.start()
+    longest, last = 0.0, time.perf_counter()
+    while worker.is_alive():
+        time.sleep(0.001)
+        now = time.perf_counter()
+        longest, last = max(longest, now - last), now
+    worker.join()
+    return decode * 1e3, longest * 1e3
+
+
+def data_wait(data: JpegImages, device: torch.device, workers: int, steps: int) -> dict[str, Any]:
+    """Train through the Trainer (``loader_workers``); the share of the steady state it
+    spent waiting for data."""
+    cuda = device.type == "cuda"
+    warmup, batch = (5, 256) if cuda else (1, 32)
+    model = {"name": "resnet50"} if cuda else {"name": "cnn", "args": {"width": 16, "depth": 2}}
+    spec = parse_spec(
+        {
+            "model": model,
+            "dataset": {"name": "synthetic-images", "args": {"height": SIDE, "width": SIDE}},
+            "max_steps": warmup + steps + 1,
+            "batch_size": batch,
+            "precision": "bf16" if cuda else "fp32",
+            "device": device.type,
+            "optimizer": {"name": "sgd", "lr": 0.1},
+            "loader_workers": workers,
+        }
+    )
+    torch.manual_seed(0)
+    net = registry.build_model(spec.model, data.info)
+    marks: dict[str, float] = {}
+
+    def at_boundary() -> None:
+        if trainer.step in (warmup, warmup + steps):
+            if cuda:
+                torch.cuda.synchronize(device)
+            key = "start" if trainer.step == warmup else "end"
+            marks[key], marks[f"wait_{key}"] = time.perf_counter(), trainer.feeder.wait_s
+
+    class Prefetching(Trainer):
+        prefetch_depth = 2  # the thread path ahead as on CUDA (a CPU job builds inline)
+
+    parts = Components(net, data, registry.loss_for(data.info))
+    trainer = Prefetching(spec, RunContext(None, should_stop=at_boundary), parts)
+    trainer.train()
+    elapsed = marks["end"] - marks["start"]
+    return {
+        "model": "resnet50 bf16" if cuda else "cnn w16 d2 fp32",
+        "batch": batch,
+        "step_ms": elapsed / steps * 1e3,
+        "data_wait_fraction": (marks["wait_end"] - marks["wait_start"]) / elapsed,
+    }
+
+
+def jpeg_report(device: torch.device, workers: list[int], steps: int) -> dict[str, Any]:
+    """Runs and prints the JPEG path's measurements; returns them."""
+    data = JpegImages(jpeg_crops())
+    batch = 64 if device.type == "cuda" else 16
+    print(f"jpeg path: {CROP}px JPEG crops -> random-resized crop {SIDE}px, batch {batch}")
+    decode_ms, longest_ms = gil_probe()
+    print(
+        f"  GIL: a thread's decode_jpeg of 3416x3840 takes {decode_ms:.0f} ms; meanwhile this "
+        f"thread waited {longest_ms:.0f} ms at most (released if far below)"
+    )
+    speedup = threads_speedup(data, batch, 3)
+    print(f"  2 threads building batches at once: {speedup:.2f}x one thread (needs 2 free cores)")
+    rates, waits = {}, {}
+    for n in workers:
+        rates[n] = decode_rate(data, device, n, batch, 6)
+        per = rates[n] / max(n, 1)
+        how = f"{n} loader process(es)" if n else "1 thread (no processes)"
+        print(f"  {how:26} {rates[n]:8,.0f} images/s  {per:7,.0f} per process")
+    for n in workers:
+        waits[n] = w = data_wait(data, device, n, steps)
+        print(
+            f"  data wait, {n} process(es) ({w['model']}, batch {w['batch']}): "
+            f"{w['data_wait_fraction']:.2%} of {w['step_ms']:.1f} ms steps"
+        )
+    return {
+        "gil_probe_ms": {"decode": decode_ms, "longest_wait": longest_ms},
+        "threads_speedup": speedup,
+        "images_per_second": rates,
+        "data_wait": waits,
+    }
