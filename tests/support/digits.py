@@ -26,17 +26,22 @@ def write_digits(root: Path) -> Path:
 DIGITS_FOLDER = "digits"
 
 
-def write_digit_folders(root: Path) -> Path:
-    """Write the digits as 8x8 grayscale PNG files in class folders, ``root/digits/<label>/
-    <index>.png`` (the layout ``image-folder`` reads), and return ``root``; skips the test
-    where scikit-learn is not installed."""
+def write_digit_folders(root: Path, val_every: int = 0) -> Path:
+    """Write the digits as 8x8 grayscale PNG files in class folders, the layout
+    ``image-folder`` reads: ``root/digits/<label>/<index>.png``, or with ``val_every`` = k
+    every k-th image under ``root/digits/val/<label>/`` and the others under
+    ``root/digits/train/<label>/``. Returns ``root``; skips the test where scikit-learn is
+    not installed."""
     datasets = pytest.importorskip("sklearn.datasets")
     from PIL import Image
 
     digits = datasets.load_digits()
     pixels = np.round(digits.images * (255 / 16)).astype(np.uint8)  # values 0..16
     for index, (image, label) in enumerate(zip(pixels, digits.target, strict=True)):
-        folder = root / DIGITS_FOLDER / str(label)
+        split = ""
+        if val_every:
+            split = "val" if index % val_every == 0 else "train"
+        folder = root / DIGITS_FOLDER / split / str(label)
         folder.mkdir(parents=True, exist_ok=True)
         Image.fromarray(image).save(folder / f"{index:04d}.png")
     return root
