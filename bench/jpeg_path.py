@@ -1,7 +1,8 @@
-"""The JPEG decode path of ``bench/data_path.py --jpeg``: real photographs (scikit-learn's two
-sample JPEGs) cut into 256 px crops held as JPEG bytes in memory, each sample decoded by
-torchvision, cut by a random-resized crop to 224 px, flipped and normalised (what
-``image-folder`` does to a training image; no file reads: the decoder is what is measured).
+"""The image-folder path of ``bench/data_path.py --jpeg``: real photographs (scikit-learn's
+two sample JPEGs) cut into 500x375 crops (about ImageNet's average image) written as JPEG
+files in class folders, read by the ``image-folder`` dataset as a job reads them: a file
+read beneath the data root, the header check, torchvision's decode, a random-resized crop
+to 224 px, a flip, normalisation.
 
 - images/s through the engine's Feeder with 0 loader processes (one background thread, the
   thread path) and with 1, 2, ... processes (:class:`~amptrain.engine.loader.ProcessFeeder`),
@@ -14,73 +15,60 @@ torchvision, cut by a random-resized crop to 224 px, flipped and normalised (wha
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
+from PIL import Image
 from sklearn.datasets import load_sample_images
 from torchvision.io import decode_jpeg, encode_jpeg
-from torchvision.transforms.v2 import functional as TF
 
 from amptrain.components import registry
-from amptrain.components.base import DataInfo
-from amptrain.components.sampling import generator
-from amptrain.contract.spec import parse_spec
+from amptrain.contract.spec import ComponentRef, parse_spec
 from amptrain.engine import Components, RunContext, Trainer
 from amptrain.engine.data import Feeder
 from amptrain.engine.loader import ProcessFeeder
 
-CROP, SIDE, CLASSES = 256, 224, 10
+SIDE, CLASSES = 224, 4
+PHOTO = (375, 500)  # height, width: about ImageNet's average training image
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
 
-def jpeg_crops(count: int = 48) -> list[torch.Tensor]:
-    """``count`` CROP px crops of the two sample photographs, JPEG-encoded (quality 90)."""
+def write_jpeg_folder(root: Path, count: int = 64) -> Path:
+    """``count`` crops of the two sample photographs (PHOTO pixels, JPEG quality 90, about
+    ImageNet's size and quality) under ``root/photos/<class>/``: the layout ``image-folder``
+    reads. Returns ``root``."""
     photos = load_sample_images().images
-    crops = []
+    h, w = PHOTO
     for i in range(count):
         photo = photos[i % 2]
-        top = 17 * i % (photo.shape[0] - CROP)
-        left = 41 * i % (photo.shape[1] - CROP)
-        crop = np.ascontiguousarray(photo[top : top + CROP, left : left + CROP])
-        crops.append(encode_jpeg(torch.from_numpy(crop).permute(2, 0, 1), quality=90))
-    return crops
+        top, left = 7 * i % (photo.shape[0] - h), 41 * i % (photo.shape[1] - w)
+        folder = root / "photos" / f"class{i % CLASSES}"
+        folder.mkdir(parents=True, exist_ok=True)
+        Image.fromarray(photo[top : top + h, left : left + w]).save(
+            folder / f"{i:04d}.jpg", quality=90
+        )
+    return root
 
 
-class JpegImages:
-    """Sample p: crop ``p % n`` decoded, random-resized-cropped to SIDE (box and flip drawn
-    from ``generator(0, p)``: a pure function of p), normalised."""
-
-    decode_in_processes = True
-
-    def __init__(self, crops: list[torch.Tensor]) -> None:
-        self.crops = crops
-        self.info = DataInfo("classification", (3, SIDE, SIDE), CLASSES)
-
-    def batch(self, start: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
-        out = torch.empty(size, 3, SIDE, SIDE)
-        for i, p in enumerate(range(start, start + size)):
-            g = generator(0, p)
-            side = int(torch.randint(CROP // 2, CROP + 1, (1,), generator=g))
-            top, left = (int(v) for v in torch.randint(0, CROP - side + 1, (2,), generator=g))
-            image = decode_jpeg(self.crops[p % len(self.crops)])
-            image = TF.resized_crop(image, top, left, side, side, [SIDE, SIDE], antialias=True)
-            if torch.rand(1, generator=g) < 0.5:
-                image = TF.horizontal_flip(image)
-            image = TF.to_dtype(image, torch.float32, scale=True)
-            out[i] = TF.normalize(image, MEAN, STD)
-        return out, torch.arange(start, start + size) % CLASSES
+def image_folder(root: Path) -> Any:
+    """The ``image-folder`` dataset over the photos, as a job builds it: 224 px training
+    views (a file read, the header check, decode, random-resized crop, flip, normalise)."""
+    ref = ComponentRef(name="image-folder", args={"path": "photos", "image_size": SIDE})
+    return registry.build_dataset(ref, seed=0, data_roots=[str(root)])
 
 
-def _feeder(data: JpegImages, device: torch.device, workers: int) -> Feeder:
+def _feeder(data: Any, device: torch.device, workers: int) -> Feeder:
     if workers:
         return ProcessFeeder(data, device, workers=workers)
     return Feeder(data, device, depth=2)
 
 
-def decode_rate(data: JpegImages, device: torch.device, workers: int, batch: int, n: int) -> float:
+def decode_rate(data: Any, device: torch.device, workers: int, batch: int, n: int) -> float:
     """Sustained images/s through the Feeder (after 2 untimed batches: the fork, first touches)."""
     feeder = _feeder(data, device, workers)
     try:
@@ -96,7 +84,7 @@ def decode_rate(data: JpegImages, device: torch.device, workers: int, batch: int
         feeder.close()
 
 
-def threads_speedup(data: JpegImages, batch: int, n: int) -> float:
+def threads_speedup(data: Any, batch: int, n: int) -> float:
     """Images/s of 2 threads building batches at once over one thread's: ~2 if the decode
     path releases the GIL (and 2 cores are free), ~1 if it does not."""
 
@@ -139,7 +127,7 @@ def gil_probe() -> tuple[float, float]:
     return decode * 1e3, longest * 1e3
 
 
-def data_wait(data: JpegImages, device: torch.device, workers: int, steps: int) -> dict[str, Any]:
+def data_wait(data: Any, device: torch.device, workers: int, steps: int) -> dict[str, Any]:
     """Train through the Trainer (``loader_workers``); the share of the steady state it
     spent waiting for data."""
     cuda = device.type == "cuda"
@@ -185,9 +173,13 @@ def data_wait(data: JpegImages, device: torch.device, workers: int, steps: int) 
 
 def jpeg_report(device: torch.device, workers: list[int], steps: int) -> dict[str, Any]:
     """Runs and prints the JPEG path's measurements; returns them."""
-    data = JpegImages(jpeg_crops())
+    folder = Path(tempfile.mkdtemp(prefix="amptrain-jpeg-"))
+    data = image_folder(write_jpeg_folder(folder))
     batch = 64 if device.type == "cuda" else 16
-    print(f"jpeg path: {CROP}px JPEG crops -> random-resized crop {SIDE}px, batch {batch}")
+    print(
+        f"jpeg path: image-folder, {PHOTO[1]}x{PHOTO[0]} JPEG files -> random-resized crop "
+        f"{SIDE}px, batch {batch}"
+    )
     decode_ms, longest_ms = gil_probe()
     print(
         f"  GIL: a thread's decode_jpeg of 3416x3840 takes {decode_ms:.0f} ms; meanwhile this "
@@ -207,6 +199,7 @@ def jpeg_report(device: torch.device, workers: list[int], steps: int) -> dict[st
             f"  data wait, {n} process(es) ({w['model']}, batch {w['batch']}): "
             f"{w['data_wait_fraction']:.2%} of {w['step_ms']:.1f} ms steps"
         )
+    shutil.rmtree(folder, ignore_errors=True)
     return {
         "gil_probe_ms": {"decode": decode_ms, "longest_wait": longest_ms},
         "threads_speedup": speedup,

@@ -42,6 +42,9 @@ export function describe(ev) {
     case "rollback": return `Rollback at step ${ev.step}: ${d.message || `loss spike at step ${d.spike_step}`}`;
     case "micro_batch": return `Micro-batch changed at step ${ev.step}${d.micro_batch ? ` to ${d.micro_batch}` : ""}${d.memory ? ` (${fmtBytes(d.memory)})` : ""}`;
     case "requeued": return `Attempt ${ev.attempt} stopped and the job was re-queued${d.error ? `: it ${errorWords(d.error)}` : ""}`;
+    case "data": return `Data read by ${d.loader === "processes" ? `${d.loader_workers} loader processes` : `the ${d.loader}`}${d.class_count ? `; ${d.class_count} classes: ${(d.class_names || []).join(", ")}${d.class_count > (d.class_names || []).length ? ", …" : ""}` : ""}`;
+    case "data_skipped": return `Skipped ${d.count} file${d.count === 1 ? "" : "s"} that did not decode${d.newest?.length ? `, newest: ${d.newest.join(", ")}` : ""}`;
+    case "confusion_matrix": return `Confusion matrix at step ${ev.step} (${d.classes} classes, ${d.samples} samples)`;
     case "succeeded": return `Succeeded at step ${ev.step}`;
     case "failed": return `Failed: the job ${errorWords(d.error)}`;
     case "cancelled": return `Cancelled at step ${ev.step}`;
