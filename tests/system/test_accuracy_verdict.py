@@ -73,7 +73,7 @@ def independent_accuracy(
     images, labels = [], []
     for label, name in enumerate(classes):
         for png in sorted((val / name).iterdir()):
-            rgb = np.asarray(Image.open(png).convert("RGB"))
+            rgb = np.array(Image.open(png).convert("RGB"))  # a writable copy for torch
             image = torch.from_numpy(rgb).permute(2, 0, 1)
             image = F.center_crop(F.resize(image, [round(SIZE / 0.875)], antialias=True), [SIZE])
             image = F.to_dtype(image, torch.float32, scale=True)

@@ -29,6 +29,7 @@ from amptrain.store.db import make_engine, make_session_factory
 from amptrain.store.history import rebuild as summary_rebuild
 from tests.server.web.ab_runs import EVALS, RUNS, play, spec
 from tests.server.web.dashboard.conftest import Console, new_token, screenshot, sign_in
+from tests.support.digits import DIGITS_FOLDER, write_digit_folders
 from tests.support.producer import Producer
 from tests.support.stack import Stack, wait_until
 
@@ -393,3 +394,37 @@ def test_the_form_offers_the_libraries_models_grouped_and_shows_their_refusals(
     form.locator("button[type=submit]").click()
     expect(page.locator("[data-error-for='model.name']")).to_contain_text("patch size 16")
     assert stack.client.get("/jobs").json()["items"] == jobs_before  # refused, not queued
+
+
+def test_a_folder_of_images_trains_from_the_form_and_its_classes_show(
+    page: Page, stack: Stack, console: Console
+) -> None:
+    """The form offers the datasets on disk (from /catalog); the digits as PNG files in
+    class folders under the data root train, and the timeline names the classes."""
+    write_digit_folders(stack.root / "data")
+    sign_in(page, stack.token)
+    page.click("#new-job")
+    form = page.locator("form.spec")
+    form.locator("[name=name]").fill("digit-folders")
+    form.locator("[name='dataset.name']").select_option("image-folder")
+    form.locator("[name='dataset.args.path']").fill(DIGITS_FOLDER)
+    form.locator("[name='dataset.args.image_size']").fill("8")
+    form.locator("[name='dataset.args.channels']").select_option("1")
+    form.locator("[name=max_steps]").fill("6")
+    form.locator("[name=batch_size]").fill("16")
+    form.locator("[name=precision]").select_option("bf16")
+    form.locator("[name=device]").select_option("cpu")
+    # A path leaving the data roots is the API's 422, beside the field.
+    form.locator("[name='dataset.args.path']").fill("../digits")
+    console.expect(422)
+    form.locator("button[type=submit]").click()
+    expect(page.locator("[data-error-for='dataset.args.path']")).to_contain_text(
+        "must stay inside the data roots"
+    )
+    form.locator("[name='dataset.args.path']").fill(DIGITS_FOLDER)
+    form.locator("button[type=submit]").click()
+    page.wait_for_url(re.compile(r"#/jobs/j_"))
+    expect(page.locator("#job-head .status[data-status=succeeded]")).to_be_visible(timeout=120_000)
+    expect(page.locator("#timeline [data-type=data]")).to_contain_text(
+        "10 classes: 0, 1, 2, 3, 4, 5, 6, 7, 8, 9"
+    )

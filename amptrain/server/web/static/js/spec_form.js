@@ -44,7 +44,9 @@ export function specForm(catalog, { onSubmit, submitLabel = "Submit job", extra 
 
   function argInput(arg) {
     if (arg.choices) {
-      return h("select", {}, h("option", { value: "" }, `default (${arg.default})`),
+      // An option's value is text: the type says to send a number choice as a number.
+      return h("select", { dataset: { type: arg.type || typeof arg.default } },
+        h("option", { value: "" }, `default (${arg.default})`),
         arg.choices.map((c) => h("option", { value: String(c) }, String(c))));
     }
     if (arg.type === "bool") {
@@ -202,7 +204,9 @@ function parse(input) {
   if (raw === "") return undefined;
   const type = input.dataset.type;
   if (raw === "true" || raw === "false") return raw === "true";
-  if (input.type === "number") return Number(raw);
+  if (input.type === "number" || type === "int" || type === "float" || type === "number") {
+    return Number(raw);
+  }
   if (type === "object" || raw.startsWith("[")) {
     try { return JSON.parse(raw.startsWith("[") ? raw : `[${raw}]`); } catch { return raw; }
   }
