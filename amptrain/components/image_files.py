@@ -19,8 +19,6 @@ import errno
 import logging
 import os
 import posixpath
-import threading
-from typing import Any
 
 import torch
 
@@ -28,6 +26,7 @@ from amptrain.components import images
 from amptrain.components.beneath import open_beneath
 from amptrain.components.file_listing import NOT_BENEATH, PATH_CHARS
 from amptrain.components.images import BadImage
+from amptrain.components.skips import Skips
 from amptrain.contract.errors import InvalidSpecError
 from amptrain.contract.limits import MAX_IMAGE_BYTES
 from amptrain.contract.sizing import format_bytes
@@ -39,8 +38,8 @@ log = logging.getLogger(__name__)
 class ImageReader:
     """Reads images beneath ``root``/``folder`` and turns them into normalised tensors.
 
-    Picklable: it holds only strings and numbers (the lock and the skip records are made
-    again in a new process)."""
+    Picklable: it holds only strings and numbers (a new process keeps its own count of bad
+    files, see :class:`~amptrain.components.skips.Skips`)."""
 
     def __init__(
         self,
@@ -60,32 +59,7 @@ class ImageReader:
         self.image_size = image_size
         self.channels = channels
         self.min_crop_scale = min_crop_scale
-        self.on_corrupt = on_corrupt
-        self.max_skipped = max_skipped
-        self._fresh()
-
-    def _fresh(self) -> None:
-        self._pid = os.getpid()
-        self._lock = threading.Lock()  # fill() runs in several threads
-        self._bad: set[str] = set()
-        self._pending: dict[str, None] = {}  # ordered, no repeats
-
-    def _guard(self) -> threading.Lock:
-        """The lock of this process: a forked child (a DataLoader worker) starts afresh, as
-        the parent's lock may have been held by another thread at the fork."""
-        if self._pid != os.getpid():
-            self._fresh()
-        return self._lock
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        for name in ("_pid", "_lock", "_bad", "_pending"):
-            del state[name]
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._fresh()  # a new process: its own count of bad files
+        self.skips = Skips("dataset.args.path", on_corrupt, max_skipped, _quoted)
 
     # -- files -------------------------------------------------------------------------
 
@@ -136,42 +110,20 @@ class ImageReader:
 
     def load(self, relative: str) -> torch.Tensor | None:
         """The decoded image, or None for a bad file skipped by the policy."""
-        with self._guard():
-            known_bad = relative in self._bad
-        if known_bad:
-            self._skipped(relative, None)
+        shown = self.shown_path(relative)
+        if self.skips.known(shown):
+            self.skips.bad(shown, "does not decode")  # counted again where it is used again
             return None
         try:
             return self.decode(relative)
         except BadImage as exc:
-            self._skipped(relative, str(exc))
+            self.skips.bad(shown, str(exc))
+            log.warning("image-folder: skipping %s: %s", _quoted(shown), exc)
             return None
-
-    def _skipped(self, relative: str, why: str | None) -> None:
-        shown = quote(self.shown_path(relative), PATH_CHARS)
-        if self.on_corrupt == "fail":
-            raise InvalidSpecError(
-                f"dataset.args.path: {shown}: {why}; dataset.args.on_corrupt 'skip' uses the "
-                "next sample in its place"
-            )
-        with self._guard():
-            if why is not None:
-                log.warning("image-folder: skipping %s: %s", shown, why)
-                self._bad.add(relative)
-            self._pending[relative] = None
-            too_many = len(self._bad) > self.max_skipped
-        if too_many:
-            raise InvalidSpecError(
-                f"dataset.args.max_skipped: more than {self.max_skipped} image files do not "
-                f"decode; the last: {shown}: {why}"
-            )
 
     def take_skipped(self) -> list[str]:
         """Paths (as the user would write them) skipped since the last call in this process."""
-        with self._guard():
-            taken = [self.shown_path(r) for r in self._pending]
-            self._pending.clear()
-        return taken
+        return self.skips.take()
 
     # -- transforms ----------------------------------------------------------------------
 
@@ -182,3 +134,8 @@ class ImageReader:
     def eval_view(self, image: torch.Tensor) -> torch.Tensor:
         """:func:`images.eval_view` at this folder's size and channels."""
         return images.eval_view(image, self.image_size, self.channels)
+
+
+def _quoted(path: str) -> str:
+    """A path in a message: quoted, shortened."""
+    return quote(path, PATH_CHARS)

@@ -38,9 +38,10 @@ from amptrain.components.array_files import PATH_CHARS, open_data_file
 from amptrain.components.base import DataInfo
 from amptrain.components.memory_budget import require_memory
 from amptrain.components.sampling import generator
+from amptrain.components.skips import Skips
 from amptrain.components.table_files import Table, open_table
 from amptrain.components.tensors_dataset import check_under_roots, split_rows
-from amptrain.components.token_file import InMemoryTokens, Skips, TokenBlocks, split_blocks
+from amptrain.components.token_file import InMemoryTokens, TokenBlocks, split_blocks
 from amptrain.contract.errors import InvalidSpecError
 from amptrain.contract.limits import MAX_IMAGE_BYTES
 from amptrain.contract.sizing import format_bytes

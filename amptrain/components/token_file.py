@@ -24,7 +24,6 @@ language-model task uses it over the stream it tokenizes.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -35,6 +34,7 @@ from amptrain.components.array_files import PATH_CHARS, open_data_file
 from amptrain.components.base import DataInfo
 from amptrain.components.memory_budget import require_memory
 from amptrain.components.sampling import EpochOrder
+from amptrain.components.skips import Skips
 from amptrain.components.tensors_dataset import check_under_roots
 from amptrain.contract.data_access import Beneath
 from amptrain.contract.errors import InvalidSpecError
@@ -43,40 +43,6 @@ from amptrain.contract.text import quote
 
 ORDER_EPOCHS = 4
 """Epoch permutations ``EpochOrder`` keeps cached: 8 bytes per training block each."""
-
-
-class Skips:
-    """What ``on_corrupt`` does with a bad record, and the records skipped in this process."""
-
-    def __init__(self, field: str, policy: str, limit: int) -> None:
-        self.field = field
-        self.policy = policy
-        self.limit = limit
-        self._pid = os.getpid()
-        self._seen: set[str] = set()
-        self._new: list[str] = []
-
-    def bad(self, record: str, why: str) -> None:
-        """Raise for ``'fail'`` (and past ``max_skipped``); else note ``record`` skipped."""
-        if self.policy == "fail":
-            raise InvalidSpecError(f"{self.field}: {record}: {why}")
-        if os.getpid() != self._pid:  # a forked loader process counts its own
-            self._pid, self._seen, self._new = os.getpid(), set(), []
-        if record not in self._seen:
-            self._seen.add(record)
-            self._new.append(record)
-        if len(self._seen) > self.limit:
-            raise InvalidSpecError(
-                f"{self.field}: more than max_skipped ({self.limit}) bad records skipped; "
-                f"the last: {record}: {why}"
-            )
-
-    def take(self) -> list[str]:
-        """The records skipped since the last call in this process (then forgotten)."""
-        if os.getpid() != self._pid:
-            self._pid, self._seen, self._new = os.getpid(), set(), []
-        taken, self._new = self._new, []
-        return taken
 
 
 class TokenSource(Protocol):

@@ -37,7 +37,6 @@ from __future__ import annotations
 import os
 import tarfile
 from collections.abc import Sequence
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -48,6 +47,7 @@ from amptrain.components.array_files import DataFile
 from amptrain.components.base import DataInfo
 from amptrain.components.images import BadImage
 from amptrain.components.sampling import generator
+from amptrain.components.skips import Skips
 from amptrain.components.tar_index import (
     HeaderReader,
     Identity,
@@ -68,32 +68,6 @@ _VAL_FIELD = "dataset.args.val_pattern"
 _SHARD_KEY, _WINDOW_KEY, _AUG_KEY, _SPLIT_KEY = 0x5A4D, 0x3D1D, 0xA06, 0x5E1D5
 _OPEN_SHARDS = 64
 _CACHED = 4  # epochs' shard orders and windows' permutations kept: a batch spans a few
-
-
-class _Skips:
-    """The on_corrupt policy and the bad members seen in this process."""
-
-    def __init__(self, on_corrupt: str, max_skipped: int) -> None:
-        self.skip = on_corrupt == "skip"
-        self.max_skipped = max_skipped
-        self.seen: set[str] = set()
-        self.pending: list[str] = []
-
-    def bad(self, field: str, where: str, why: str) -> None:
-        if not self.skip:
-            raise InvalidSpecError(f"{field}: {shown(where)}: {why}")
-        if where not in self.seen:
-            self.seen.add(where)
-            self.pending.append(where)
-        if len(self.seen) > self.max_skipped:
-            raise InvalidSpecError(
-                f"dataset.args.max_skipped: more than {self.max_skipped} bad members or shards; "
-                f"the last: {shown(where)}: {why}"
-            )
-
-    def take(self) -> list[str]:
-        taken, self.pending = self.pending, []
-        return taken
 
 
 class _Shards:
@@ -149,7 +123,7 @@ class _Samples:
     min_crop_scale = images.CROP_SCALE[0]  # the training stream's (evaluation never crops)
 
     def __init__(
-        self, info: DataInfo, shards: _Shards, skips: _Skips, seed: int, train: bool
+        self, info: DataInfo, shards: _Shards, skips: Skips, seed: int, train: bool
     ) -> None:
         self.info = info
         self.shards = shards
@@ -189,7 +163,7 @@ class _Samples:
             image = images.decode(self.shards.read(shard, offset, int(self.table.sizes[row])), c)
         except BadImage as exc:
             where = f"{self.table.names[shard]}:{self.shards.member_name(shard, offset)}"
-            self.skips.bad(self.table.field, where, str(exc))
+            self.skips.bad(where, str(exc))
             return None
         if self.train:
             g = generator(self.seed, position, _AUG_KEY)
@@ -211,7 +185,7 @@ class WebDataset(_Samples):
         self,
         info: DataInfo,
         shards: _Shards,
-        skips: _Skips,
+        skips: Skips,
         seed: int,
         window: int,
         min_crop_scale: float,
@@ -318,12 +292,13 @@ def build_webdataset(
         val_field = _FIELD
     confine(_FIELD, names, data_roots)
     confine(_VAL_FIELD, val_names, data_roots)
-    skips = _Skips(on_corrupt, max_skipped)
+    skips = Skips(_FIELD, on_corrupt, max_skipped, shown)
+    val_skips = Skips(val_field, on_corrupt, max_skipped, shown)
     rules = IndexRules(keys_of(image_key), label_key.lower(), num_classes)
-    table = index_shards(_FIELD, names, data_roots, rules, partial(skips.bad, _FIELD))
+    table = index_shards(_FIELD, names, data_roots, rules, skips.bad)
     val = None
     if val_names:
-        val = index_shards(val_field, val_names, data_roots, rules, partial(skips.bad, val_field))
+        val = index_shards(val_field, val_names, data_roots, rules, val_skips.bad)
     for t in (table, val):
         if t is not None and t.first[-1] == 0:
             raise InvalidSpecError(f"{t.field}: no samples in {shown(t.names[0])}...")
@@ -331,7 +306,7 @@ def build_webdataset(
     info = DataInfo(
         "classification", (channels, image_size, image_size), num_classes or largest + 1
     )
-    held = HeldOutShards(info, _Shards(val, data_roots), skips, seed, False) if val else None
+    held = HeldOutShards(info, _Shards(val, data_roots), val_skips, seed, False) if val else None
     shards = _Shards(table, data_roots)
     return WebDataset(info, shards, skips, seed, shuffle_window, min_crop_scale, held)
 

@@ -366,7 +366,7 @@ def test_bad_images_are_skipped_deterministically_up_to_max_skipped(tmp_path: Pa
     again = _build(tmp_path, image_size=8, channels=1, on_corrupt="skip", max_skipped=4)
     assert torch.equal(again.batch(0, 2 * len(built))[0], x)
     strict = _build(tmp_path, image_size=8, channels=1, on_corrupt="skip", max_skipped=3)
-    with pytest.raises(InvalidSpecError, match=r"^dataset.args.max_skipped: more than 3 image"):
+    with pytest.raises(InvalidSpecError, match=r"^dataset.args.max_skipped: more than 3 bad files"):
         strict.batch(0, 2 * len(built))
 
 

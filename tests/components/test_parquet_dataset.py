@@ -209,7 +209,8 @@ def test_a_corrupt_image_fails_or_is_skipped(
         build_parquet(seed=0, data_roots=[str(tmp_path)], **args).batch(0, 24)
     assert err.value.message == (
         "dataset.args.path: 'bad.parquet' row 3: not a JPEG, PNG or WebP image, or one whose "
-        "header is cut short or corrupt (UnidentifiedImageError)"
+        "header is cut short or corrupt (UnidentifiedImageError); dataset.args.on_corrupt "
+        "'skip' uses the next sample in its place"
     )
     skipping = build_parquet(seed=0, data_roots=[str(tmp_path)], on_corrupt="skip", **args)
     x, _ = skipping.batch(0, 24)

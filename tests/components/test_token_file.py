@@ -125,14 +125,14 @@ def test_a_token_outside_the_vocabulary_names_the_file_and_offset(tmp_path: Path
         data.batch(0, 10)
     assert err.value.message == (
         "dataset.args.path: 'train.bin' block 2: the token at offset 70 (byte 140) is >= "
-        "vocab_size (200)"
+        "vocab_size (200); dataset.args.on_corrupt 'skip' uses the next sample in its place"
     )
     skipping = _build(tmp_path, vocab_size=200, seed=0, on_corrupt="skip")
     x, _ = skipping.batch(0, 20)  # two epochs: the bad block is replaced both times
     assert int(x.max()) < 200 and skipping.take_skipped() == ["'train.bin' block 2"]
     assert skipping.take_skipped() == [] and torch.equal(skipping.batch(0, 20)[0], x)
     strict = _build(tmp_path, vocab_size=200, seed=0, on_corrupt="skip", max_skipped=0)
-    with pytest.raises(InvalidSpecError, match="more than max_skipped"):
+    with pytest.raises(InvalidSpecError, match="^dataset.args.max_skipped: more than 0 bad files"):
         strict.batch(0, 10)
 
 
