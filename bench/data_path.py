@@ -174,13 +174,11 @@ class Prefetching(Trainer):
     prefetch_depth = 2  # what CUDA jobs get (a CPU job builds inline by default)
 
 
-def data_wait(
-    device: torch.device, path: str, size: int, steps: int, warmup: int, builders: int
-) -> dict[str, Any]:
-    """Train through the Trainer; the share of the steady state spent waiting for data."""
+def wait_spec(device: torch.device, size: int, steps: int, warmup: int, **extra: Any) -> Any:
+    """The job the data-wait measurements train: ResNet-50 bf16 at batch 256 on CUDA, the
+    built-in ``cnn`` at batch 32 on a CPU."""
     cuda = device.type == "cuda"
-    batch = 256 if cuda else 32
-    spec = parse_spec(
+    return parse_spec(
         {
             "model": (
                 {"name": "resnet50"} if cuda else {"name": "cnn", "args": {"width": 16, "depth": 2}}
@@ -190,14 +188,21 @@ def data_wait(
                 "args": {"height": size, "width": size, "classes": CLASSES},
             },
             "max_steps": warmup + steps + 1,
-            "batch_size": batch,
+            "batch_size": 256 if cuda else 32,
             "precision": "bf16" if cuda else "fp32",
             "device": device.type,
             "optimizer": {"name": "sgd", "lr": 0.1},
+            **extra,
         }
     )
-    data: Any = images(size)
-    data = {"product": data, "host-built": HostBuilt(data), "batch()+pin": BatchOnly(data)}[path]
+
+
+def steady_wait(
+    spec: Any, data: Any, device: torch.device, warmup: int, builders: int | None = None
+) -> dict[str, Any]:
+    """Train ``spec`` on ``data`` through the Trainer; the share of the steady state (the
+    steps after ``warmup``) spent waiting for data."""
+    steps = spec.max_steps - warmup - 1
     torch.manual_seed(0)
     model = registry.build_model(spec.model, data.info)
     parts = Components(model, data, registry.loss_for(data.info))
@@ -214,13 +219,22 @@ def data_wait(
     trainer.train()
     elapsed = marks["end"] - marks["start"]
     return {
-        "model": "resnet50 bf16" if cuda else "cnn w16 d2 fp32",
-        "batch": batch,
+        "model": "resnet50 bf16" if device.type == "cuda" else "cnn w16 d2 fp32",
+        "batch": spec.batch_size,
         "step_ms": elapsed / steps * 1e3,
         "data_wait_fraction": (marks["wait_end"] - marks["wait_start"]) / elapsed,
         "on_device": trainer.feeder.on_device,
         "builders": trainer.feeder.builders,
     }
+
+
+def data_wait(
+    device: torch.device, path: str, size: int, steps: int, warmup: int, builders: int
+) -> dict[str, Any]:
+    """The data wait of the synthetic images built by ``path``'s way."""
+    data: Any = images(size)
+    data = {"product": data, "host-built": HostBuilt(data), "batch()+pin": BatchOnly(data)}[path]
+    return steady_wait(wait_spec(device, size, steps, warmup), data, device, warmup, builders)
 
 
 def main() -> None:

@@ -28,10 +28,10 @@ from sklearn.datasets import load_sample_images
 from torchvision.io import decode_jpeg, encode_jpeg
 
 from amptrain.components import registry
-from amptrain.contract.spec import ComponentRef, parse_spec
-from amptrain.engine import Components, RunContext, Trainer
+from amptrain.contract.spec import ComponentRef
 from amptrain.engine.data import Feeder
 from amptrain.engine.loader import ProcessFeeder
+from bench.data_path import steady_wait, wait_spec
 
 SIDE, CLASSES = 224, 4
 PHOTO = (375, 500)  # height, width: about ImageNet's average training image
@@ -130,45 +130,9 @@ def gil_probe() -> tuple[float, float]:
 def data_wait(data: Any, device: torch.device, workers: int, steps: int) -> dict[str, Any]:
     """Train through the Trainer (``loader_workers``); the share of the steady state it
     spent waiting for data."""
-    cuda = device.type == "cuda"
-    warmup, batch = (5, 256) if cuda else (1, 32)
-    model = {"name": "resnet50"} if cuda else {"name": "cnn", "args": {"width": 16, "depth": 2}}
-    spec = parse_spec(
-        {
-            "model": model,
-            "dataset": {"name": "synthetic-images", "args": {"height": SIDE, "width": SIDE}},
-            "max_steps": warmup + steps + 1,
-            "batch_size": batch,
-            "precision": "bf16" if cuda else "fp32",
-            "device": device.type,
-            "optimizer": {"name": "sgd", "lr": 0.1},
-            "loader_workers": workers,
-        }
-    )
-    torch.manual_seed(0)
-    net = registry.build_model(spec.model, data.info)
-    marks: dict[str, float] = {}
-
-    def at_boundary() -> None:
-        if trainer.step in (warmup, warmup + steps):
-            if cuda:
-                torch.cuda.synchronize(device)
-            key = "start" if trainer.step == warmup else "end"
-            marks[key], marks[f"wait_{key}"] = time.perf_counter(), trainer.feeder.wait_s
-
-    class Prefetching(Trainer):
-        prefetch_depth = 2  # the thread path ahead as on CUDA (a CPU job builds inline)
-
-    parts = Components(net, data, registry.loss_for(data.info))
-    trainer = Prefetching(spec, RunContext(None, should_stop=at_boundary), parts)
-    trainer.train()
-    elapsed = marks["end"] - marks["start"]
-    return {
-        "model": "resnet50 bf16" if cuda else "cnn w16 d2 fp32",
-        "batch": batch,
-        "step_ms": elapsed / steps * 1e3,
-        "data_wait_fraction": (marks["wait_end"] - marks["wait_start"]) / elapsed,
-    }
+    warmup = 5 if device.type == "cuda" else 1
+    spec = wait_spec(device, SIDE, steps, warmup, loader_workers=workers)
+    return steady_wait(spec, data, device, warmup)
 
 
 def jpeg_report(device: torch.device, workers: list[int], steps: int) -> dict[str, Any]:
