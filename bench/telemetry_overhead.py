@@ -178,9 +178,9 @@ def engine_run(spec: JobSpec, redis_url: str, *, in_process: bool = False) -> Ti
     check = RedisSink.from_url(redis_url, job_id, attempt=1).client
     entries = check.xlen(Keys.telemetry(job_id))
     check.close()
-    # Every metric record + the "precision" event + any layer_grad_norm records.
+    # Every metric record + the "precision" and "data" events + any layer_grad_norm records.
     every = spec.telemetry.layer_grad_norms_every
-    expected = spec.max_steps + 1 + (spec.max_steps // every if every else 0)
+    expected = spec.max_steps + 2 + (spec.max_steps // every if every else 0)
     if entries != expected or result.dropped_records:
         raise SystemExit(f"telemetry incomplete: {entries} stream entries, expected {expected}")
     return elapsed

@@ -68,6 +68,8 @@ requirements() {
     # GPU, one test process), nor what the box's image ships built for its own torch: torch
     # and torchvision (binary twins: a wheel of either for another torch breaks both), timm
     # and transformers (with their tokenizers, about 20 MB the carry limit has no room for).
+    # Nor pyarrow (53 MB): no check reads a Parquet table, and a worker without pyarrow and
+    # tokenizers only lacks the `parquet` dataset (its registration requires them).
     "$PYTHON" - "$ROOT/pyproject.toml" <<'PY'
 import re
 import sys
@@ -86,7 +88,7 @@ reqs = list(project["dependencies"])
 for extra in ("engine", "api", "worker", "embedded"):
     reqs += extras[extra]
 reqs += [r for r in extras["dev"] if name(r) in {"pytest", "pytest-timeout"}]
-box = {"torch", "torchvision", "timm", "transformers", "amptrain"}
+box = {"torch", "torchvision", "timm", "transformers", "amptrain", "pyarrow", "tokenizers"}
 print("\n".join(sorted({r for r in reqs if name(r) not in box})))
 PY
 }
@@ -97,10 +99,16 @@ build_wheelhouse() {
     mkdir -p "$dir"
     requirements >"$dir/requirements.txt" || return 1
     echo "$WHEEL_PYTHON" >"$dir/python-version"
-    "$PYTHON" -m pip download --dest "$dir" --only-binary=:all: --implementation cp \
-        --python-version "$WHEEL_PYTHON" --abi "cp${WHEEL_PYTHON/./}" --platform manylinux_2_28_x86_64 \
-        --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-        -r "$dir/requirements.txt" || return 1
+    # torchmetrics requires torch: resolved here it would bring a torch wheel (gigabytes, and
+    # not the box's build), so it comes without its dependencies and its others are named.
+    local wheels=(--dest "$dir" --only-binary=:all: --implementation cp
+        --python-version "$WHEEL_PYTHON" --abi "cp${WHEEL_PYTHON/./}" --platform manylinux_2_28_x86_64
+        --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
+    grep -v '^torchmetrics' "$dir/requirements.txt" >"$dir/resolved.txt"
+    "$PYTHON" -m pip download "${wheels[@]}" -r "$dir/resolved.txt" || return 1
+    "$PYTHON" -m pip download "${wheels[@]}" --no-deps lightning-utilities \
+        "$(grep '^torchmetrics' "$dir/requirements.txt")" || return 1
+    rm -f "$dir/resolved.txt"
     echo "wheelhouse ready: $dir ($(find "$dir" -name '*.whl' | wc -l) wheels," \
         "$(du -sh "$dir" | cut -f1), Python $WHEEL_PYTHON, $(($(date +%s) - started)) s)"
 }
