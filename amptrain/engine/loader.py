@@ -33,6 +33,7 @@ SIGKILL leaves no loader process behind for long.
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 import pickle
@@ -47,6 +48,7 @@ import torch
 from torch.utils.data import DataLoader, Sampler
 from torch.utils.data import Dataset as TorchDataset
 
+from amptrain.components.memory_budget import require_memory
 from amptrain.contract.spec import JobSpec
 from amptrain.engine.data import Batch, Feeder
 
@@ -306,6 +308,7 @@ def feeder_for(
         workers = default_loader_workers(spec.devices) if heavy else 0
     end = spec.max_steps * spec.batch_size
     if workers > 0:
+        _require_window(spec, dataset, workers)
         return ProcessFeeder(
             dataset, device, workers=workers, channels_last=channels_last, end=end, share=share
         )
@@ -317,4 +320,21 @@ def feeder_for(
         end=end,
         builders=builders,
         share=share,
+    )
+
+
+def _require_window(spec: JobSpec, dataset: Any, workers: int) -> None:
+    """The batches loader processes hold ahead (``PREFETCH_FACTOR`` each, in shared memory,
+    plus the one being delivered) must fit: ``too_large`` naming both numbers otherwise, not
+    the kernel killing a loader halfway through an epoch."""
+    info = getattr(dataset, "info", None)
+    if info is None:  # not a dataset the engine built (a test's stand-in): nothing to size
+        return
+    micro = max(1, spec.batch_size // (spec.grad_accum_steps * spec.devices))
+    sample = math.prod(info.input_shape) * (8 if info.token_inputs else 4)
+    target = 8 * (math.prod(info.input_shape) if info.task == "language_model" else 1)
+    batches = workers * PREFETCH_FACTOR + 1
+    require_memory(
+        batches * micro * (sample + target),
+        f"the loader's prefetch window ({batches} micro-batches of {micro} samples)",
     )

@@ -319,3 +319,31 @@ def test_the_data_event_shows_a_bounded_list_of_printable_class_names() -> None:
     assert len(names) == MAX_CLASS_NAMES_SHOWN and names[0].startswith("class-0000-xx")
     assert all(len(n) == MAX_CLASS_NAME_CHARS and n.isprintable() for n in names)
     assert shown("train/a\nb.jpg") == "train/a?b.jpg"
+
+
+def test_a_prefetch_window_larger_than_the_memory_is_refused_naming_both_numbers() -> None:
+    """64 loader processes each holding 2 micro-batches of 65,536 images of 3x256x256 ahead
+    (6.6 TB of shared memory) fit no machine: ``too_large`` before any process is started,
+    naming the window and what the process has."""
+    from amptrain.contract.errors import TooLargeError
+    from amptrain.contract.sizing import format_bytes
+
+    spec = parse_spec(
+        {
+            "model": {"name": "mlp", "args": {"width": 1}},
+            "dataset": {"name": "synthetic-images", "args": {"height": 256, "width": 256}},
+            "max_steps": 1,
+            "batch_size": 65_536,
+            "device": "cpu",
+            "loader_workers": 64,
+        }
+    )
+    data = JpegCrops([])
+    data.info = DataInfo("classification", (3, 256, 256), 10)
+    with pytest.raises(TooLargeError) as err:
+        feeder_for(spec, data, torch.device("cpu"), (0, 1, 65_536), False, 2, None)
+    window = 129 * 65_536 * (3 * 256 * 256 * 4 + 8)  # inputs as float32, int64 labels
+    assert str(err.value).startswith(
+        "too large for this worker: the loader's prefetch window (129 micro-batches of 65536 "
+        f"samples) needs about {format_bytes(window)} of memory, but the training process has "
+    )
