@@ -132,7 +132,9 @@ def test_a_token_outside_the_vocabulary_names_the_file_and_offset(tmp_path: Path
     assert int(x.max()) < 200 and skipping.take_skipped() == ["'train.bin' block 2"]
     assert skipping.take_skipped() == [] and torch.equal(skipping.batch(0, 20)[0], x)
     strict = _build(tmp_path, vocab_size=200, seed=0, on_corrupt="skip", max_skipped=0)
-    with pytest.raises(InvalidSpecError, match="^dataset.args.max_skipped: more than 0 bad files"):
+    with pytest.raises(
+        InvalidSpecError, match=r"^dataset\.args\.max_skipped: more than 0 bad files"
+    ):
         strict.batch(0, 10)
 
 
