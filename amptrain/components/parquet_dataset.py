@@ -4,9 +4,11 @@ or a ``datasets.save_to_disk`` folder (:mod:`amptrain.components.table_files`).
 Tasks:
 
 - ``classification``: ``input_column`` holds encoded images (binary, or the ``{bytes,
-  path}`` struct of a ``datasets`` ``Image`` feature), decoded and given the evaluation view
-  of :mod:`amptrain.components.images` (the shorter side resized to ``image_size / 0.875``,
-  the centre crop, ImageNet's mean and std; data kind ``images``); or text (kind
+  path}`` struct of a ``datasets`` ``Image`` feature), decoded and given the views of
+  :mod:`amptrain.components.images` (training rows: a random-resized crop, scale
+  ``min_crop_scale`` to 1, and a flip drawn from the row's stream position; held-out rows:
+  the shorter side resized to ``image_size / 0.875`` and the centre crop; ImageNet's mean
+  and std; data kind ``images``); or text (kind
   ``sequences``), tokenized, truncated to ``seq_len`` and padded with the id
   ``vocab_size``. ``label_column`` holds integer labels. Rows are read a piece (row group,
   record batch) at a time; each epoch visits the pieces in a seeded order and the rows of
@@ -48,6 +50,7 @@ from amptrain.contract.sizing import format_bytes
 from amptrain.contract.text import quote
 
 MAX_CELL_BYTES = MAX_IMAGE_BYTES
+_AUGMENT = 0xA06  # keys a training row's crop and flip draws: (seed, position, _AUGMENT)
 """Bytes of one cell read: an encoded image's bound, and a text cell's too."""
 MAX_TOKENIZER_BYTES = 64 * 2**20
 
@@ -163,8 +166,11 @@ class TableSamples:
         encoder: TextEncoder | None,
         order: PieceOrder | None,
         held_rows: np.ndarray[Any, Any] | None = None,
+        min_crop_scale: float | None = None,
     ) -> None:
         self.info = info
+        self.min_crop_scale = min_crop_scale
+        """Training views (random-resized crop from this scale, flip); None: the eval view."""
         self.table = table
         self.columns = columns
         self.skips = skips
@@ -214,8 +220,8 @@ class TableSamples:
             self._cache[piece] = (cells, sizes, labels.to_numpy(zero_copy_only=False))
         return self._cache[piece]
 
-    def _sample(self, piece: int, row: int) -> tuple[torch.Tensor, int] | str:
-        """(input, label), or why the row is bad."""
+    def _sample(self, piece: int, row: int, position: int) -> tuple[torch.Tensor, int] | str:
+        """(input, label) of the row served at stream ``position``, or why it is bad."""
         cells, sizes, labels = self._piece(piece)
         label = int(labels[row])
         if not 0 <= label < self.info.num_classes:
@@ -233,7 +239,11 @@ class TableSamples:
             image = images.decode(value, 3)
         except images.BadImage as exc:
             return str(exc)
-        return images.eval_view(image, self.info.input_shape[-1], 3), label
+        size = self.info.input_shape[-1]
+        if self.min_crop_scale is None or self.order is None:
+            return images.eval_view(image, size, 3), label
+        g = generator(self.order.seed, position, _AUGMENT)
+        return images.train_view(image, g, size, self.min_crop_scale, 3), label
 
     def batch(self, start: int, size: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Samples of positions ``[start, start + size)``."""
@@ -245,7 +255,7 @@ class TableSamples:
         for i in range(size):
             for step in range(len(self) + 1):
                 piece, row = self._at(start + i + step)
-                got = self._sample(piece, row)
+                got = self._sample(piece, row, start + i)
                 if not isinstance(got, str):
                     inputs[i], targets[i] = got
                     break
@@ -292,6 +302,7 @@ def build_parquet(
     label_column: str = "label",
     num_classes: int = 0,
     image_size: int = 224,
+    min_crop_scale: float = 0.08,
     seq_len: int = 256,
     tokenizer_path: str = "",
     val_path: str = "",
@@ -340,7 +351,8 @@ def build_parquet(
         kept = train.numpy()
         rows = [kept[(kept >= a) & (kept < b)] - a for a, b in itertools.pairwise(starts)]
     columns = (input_column, label_column)
-    data = TableSamples(info, table, columns, skips, encoder, PieceOrder(rows, seed))
+    order = PieceOrder(rows, seed)
+    data = TableSamples(info, table, columns, skips, encoder, order, None, min_crop_scale)
     if val is not None or held_rows is not None:
         source = val if val is not None else table
         held_at = None if held_rows is None else held_rows.numpy()

@@ -137,7 +137,8 @@ FILE_DATASETS: tuple[Registration, ...] = (
         "Named columns of a Parquet file (.parquet), an Arrow IPC file or stream (.arrow), "
         "or a folder written by Hugging Face datasets' save_to_disk (anything else), read "
         "a row group at a time or memory-mapped, never loaded whole. classification: "
-        "input_column holds encoded images (decoded, the shorter side resized to "
+        "input_column holds encoded images (decoded; training rows get a random-resized crop "
+        "(min_crop_scale to 1) and a flip, held-out ones the shorter side resized to "
         f"image_size/0.875 and centre-cropped; over {_IMAGE_BOUNDS}: bad rows) or text "
         "(tokenized, truncated and padded to seq_len), label_column integer labels; each "
         "epoch visits the row groups in a seeded order and their rows in a seeded order. "
@@ -168,10 +169,11 @@ FILE_DATASETS: tuple[Registration, ...] = (
         Arg(
             "image_size",
             224,
-            "Images are resized and centre-cropped to this.",
+            "Side of the square images served, in pixels.",
             minimum=4,
             maximum=4096,
         ),
+        MIN_CROP_SCALE,
         SEQ_LEN,
         Arg(
             "tokenizer_path",

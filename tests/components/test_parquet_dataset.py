@@ -22,8 +22,9 @@ import torch
 from PIL import Image
 from torchvision.transforms.v2 import functional as tvf
 
-from amptrain.components import parquet_dataset
+from amptrain.components import images, parquet_dataset
 from amptrain.components.parquet_dataset import build_parquet
+from amptrain.components.sampling import generator
 from amptrain.contract.errors import InvalidSpecError
 from amptrain.contract.limits import MAX_IMAGE_PIXELS
 from amptrain.contract.spec import parse_spec
@@ -179,14 +180,22 @@ def test_image_bytes_are_decoded_in_a_seeded_order_of_row_groups(tmp_path: Path)
             [0.229, 0.224, 0.225],
         )
 
+    # Held-out rows: the evaluation view, as Pillow and torchvision make it.
     everything = [expect(c) for c in cells]
-    matches = [
-        [i for i, e in enumerate(everything) if torch.equal(e, s)] for s in torch.cat([x, hx])
-    ]
-    rows = [m[0] for m in matches]
+    held_rows = [next(i for i, e in enumerate(everything) if torch.equal(e, s)) for s in hx]
+    # Training rows: the training view (crop and flip drawn from the row's position).
+    decoded = [images.decode(c, 3) for c in cells]
+
+    def train_row(p: int) -> int:
+        g = [generator(5, p, parquet_dataset._AUGMENT) for _ in decoded]
+        views = [images.train_view(d, gi, 16, 0.08, 3) for d, gi in zip(decoded, g, strict=True)]
+        return next(i for i, v in enumerate(views) if torch.equal(v, x[p]))
+
+    rows = [train_row(p) for p in range(18)] + held_rows
     assert (
         sorted(rows) == list(range(24)) and [labels[r] for r in rows] == torch.cat([y, hy]).tolist()
     )
+    assert not any(torch.equal(x[p], everything[rows[p]]) for p in range(18))  # augmented
     # A batch reads whole row groups in turn: the first 8 positions come from one group.
     assert len({r // 8 for r in rows[:6]}) <= 2
     assert torch.equal(
