@@ -110,9 +110,10 @@ def test_the_verdict_on_digit_images_through_up(tmp_path: Path) -> None:
         runs = {r["precision"]: r for r in report["runs"]}
         assert list(runs) == PRECISIONS
         base = runs["fp32"]["eval"]
+        assert base["accuracy"] > 0.2, base  # chance is 0.1: the baseline learned
+        # (An arm may not: bf16 once ended at chance here. That is what the verdict is for.)
         for precision, run in runs.items():
             assert run["status"] == "succeeded" and run["effective_precision"] == precision
-            assert run["eval"]["accuracy"] > 0.2, (precision, run["eval"])  # chance is 0.1
             # The accuracy the service reports is what its final checkpoint gets when
             # evaluated by other code on the same files.
             r = c.get(
