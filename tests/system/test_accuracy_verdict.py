@@ -96,19 +96,28 @@ def test_the_verdict_on_digit_images_through_up(tmp_path: Path) -> None:
         created = c.post("/comparisons", json={"spec": digits_spec(), "precisions": PRECISIONS})
         assert created.status_code == 201, created.text
         cid = created.json()["id"]
+        trained = []
         for run in created.json()["runs"]:
             done = finished_job(c, run["job_id"], 600)
-            assert done["status"] == "succeeded", (done["error"], up.tail())
+            if done["status"] == "succeeded":
+                trained.append(run["precision"])
+                continue
+            # CPU bf16 convolutions do not repeat run to run (oneDNN): this small ResNet's
+            # bf16 arm has diverged once in three runs, failing as diverged, not otherwise.
+            assert run["precision"] == "bf16", (done["error"], up.tail())
+            assert done["error"]["code"] == "diverged", (done["error"], up.tail())
+        assert {"fp32", "fp16"} <= set(trained)
 
         def evaluated() -> dict[str, Any] | None:
             # The status is SQL's at once; the final evaluation follows through the recorder.
             report = c.get(f"/comparisons/{cid}").json()
-            return report if all(r["eval_step"] == STEPS for r in report["runs"]) else None
+            arms = [r for r in report["runs"] if r["precision"] in trained]
+            return report if all(r["eval_step"] == STEPS for r in arms) else None
 
         report = wait_until(evaluated, 60, "every arm's final evaluation")
         assert report["baseline"] == "fp32"
-        runs = {r["precision"]: r for r in report["runs"]}
-        assert list(runs) == PRECISIONS
+        assert [r["precision"] for r in report["runs"]] == PRECISIONS
+        runs = {r["precision"]: r for r in report["runs"] if r["precision"] in trained}
         base = runs["fp32"]["eval"]
         assert base["accuracy"] > 0.2, base  # chance is 0.1: the baseline learned
         # (An arm may not: bf16 once ended at chance here. That is what the verdict is for.)
@@ -136,7 +145,7 @@ def test_the_verdict_on_digit_images_through_up(tmp_path: Path) -> None:
                 ),
             }
         assert runs["fp32"]["verdict"] == {"kept_accuracy": True, "reasons": ["the fp32 baseline"]}
-        for precision in ("bf16", "fp16"):
+        for precision in [p for p in trained if p != "fp32"]:
             verdict = runs[precision]["verdict"]
             assert verdict["kept_accuracy"] == kept(runs[precision], report["tolerance"])
             assert len(verdict["reasons"]) == 2  # accuracy and eval loss, both comparable
@@ -146,6 +155,8 @@ def test_the_verdict_on_digit_images_through_up(tmp_path: Path) -> None:
         strict = c.get(f"/comparisons/{cid}", params=none).json()
         assert strict["tolerance"] == none
         for run in strict["runs"][1:]:
+            if run["precision"] not in trained:
+                continue
             diff = run["eval_diff"]
             worse = diff["accuracy_points"] < 0 or diff["eval_loss_relative"] > 0
             assert run["verdict"]["kept_accuracy"] == (not worse)
