@@ -51,6 +51,7 @@ from amptrain.contract.progress import ProgressView
 from amptrain.contract.records import ROLLBACK_EVENT
 from amptrain.contract.spec import ComponentRef, JobSpec, parse_spec
 from amptrain.contract.spec_file import load_spec_file
+from amptrain.core.lifeline import leave_process_group
 
 EXIT_FAILED = 1
 EXIT_INVALID = 2
@@ -360,6 +361,8 @@ def train(
     else:
         with out.open("w") as f:
             status = run(spec, f, *args)
+    if world_size is not None and world_size > 1:
+        leave_process_group(status)
     sys.exit(status)
 
 

@@ -246,8 +246,12 @@ class JobSpec(_Strict):
     fails the job as ``invalid_spec`` naming the op), and on CUDA cuDNN's deterministic
     algorithms without autotuning and a fixed cuBLAS workspace. A resumed run then matches an
     uninterrupted one bit for bit on the same GPU model, driver and torch version; without it,
-    CUDA runs match in data order, RNG and optimizer state but not bit for bit (a CPU run is
-    bitwise either way). Costs speed on CUDA (see the README). ``true`` or ``false`` only."""
+    CUDA runs match in data order, RNG and optimizer state but not bit for bit. A CPU run in
+    fp32 is bitwise either way; CPU bf16 convolutions are not, even with this on: oneDNN's
+    bf16 convolution backward can differ in the last bits from one call to the next
+    (measured with ResNet-18 on 16-px images, even on one thread; turning oneDNN off makes it
+    repeat but costs about 10x). Costs speed on CUDA (see the README). ``true`` or ``false``
+    only."""
     device: DeviceKind = "auto"
     """``auto`` uses CUDA when the worker has it, else the CPU."""
     queue: str | None = Field(default=None, pattern=r"^[a-z0-9][a-z0-9._-]{0,15}$")

@@ -17,7 +17,7 @@ import sys
 from collections.abc import Mapping, MutableMapping
 from pathlib import Path
 
-from amptrain.core.lifeline import ORPHANED, die_with
+from amptrain.core.lifeline import ORPHANED, die_with, leave_process_group
 from amptrain.worker.child.launcher import LAUNCHER_PID_ENV
 from amptrain.worker.child.main import (
     Control,
@@ -74,4 +74,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    leave_process_group(main(sys.argv[1:]))
