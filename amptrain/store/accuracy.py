@@ -23,11 +23,18 @@ DEFAULT_TOLERANCE = {"accuracy_points": 0.5, "eval_loss_relative": 0.02}
 """An arm may lose at most half a point of accuracy and have at most 2% more eval loss."""
 
 
-def final_eval(eval_summary: dict[str, Any] | None) -> dict[str, Any]:
-    """A run's final evaluation as the report shows it: ``eval_step`` and ``eval``."""
+def final_eval(eval_summary: dict[str, Any] | None, due_at: int | None = None) -> dict[str, Any]:
+    """A run's final evaluation as the report shows it: ``eval_step`` and ``eval``; and
+    ``eval_pending``, whether the evaluation due after the run's last step (``due_at``: that
+    step, for a finished run that evaluates at the end) is not recorded yet. The worker
+    marks a job succeeded as soon as its points are on their way to the recorder, so for a
+    moment the newest recorded evaluation can still be a mid-run one."""
+    step = eval_summary.get("step") if eval_summary else None
+    pending = due_at is not None and (step is None or step < due_at)
     if not eval_summary:
-        return {"eval_step": None, "eval": None}
-    return {"eval_step": eval_summary.get("step"), "eval": dict(eval_summary.get("values") or {})}
+        return {"eval_step": None, "eval": None, "eval_pending": pending}
+    values = dict(eval_summary.get("values") or {})
+    return {"eval_step": step, "eval": values, "eval_pending": pending}
 
 
 def differences(run: dict[str, Any], base: dict[str, Any] | None) -> dict[str, float | None]:
@@ -57,6 +64,10 @@ def verdict(
         f"{r['precision']} has not {'succeeded' if r['status'] != 'succeeded' else 'evaluated'}"
         for r in (run, base)
         if r["status"] != "succeeded" or not r.get("eval")
+    ] or [
+        f"{r['precision']}'s final evaluation is not recorded yet"
+        for r in (run, base)
+        if r.get("eval_pending")
     ]
     if waiting:
         return {"kept_accuracy": None, "reasons": waiting}

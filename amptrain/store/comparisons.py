@@ -28,6 +28,7 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
+from amptrain.core.enums import JobStatus
 from amptrain.store import accuracy, job_reads
 from amptrain.store.history.downsample import downsample
 from amptrain.store.history.window import is_finite
@@ -158,8 +159,19 @@ def _run_numbers(s: Session, precision: str, job: Job) -> dict[str, Any]:
         if job.error_code
         else None,
         **{k: float(v) if k != "peak_memory" and v is not None else v for k, v in numbers.items()},
-        **accuracy.final_eval(job.eval_summary),
+        **accuracy.final_eval(job.eval_summary, _final_eval_step(job)),
     }
+
+
+def _final_eval_step(job: Job) -> int | None:
+    """The step a succeeded job's last evaluation is due at (None: none is due): its last
+    step, when its spec evaluates at the end (``eval.at_end``, unless ``eval.enabled`` is
+    false; a null ``enabled`` evaluates when the dataset has a held-out split, and one
+    that has none never records an evaluation, which the verdict already waits on)."""
+    spec_eval = (job.spec or {}).get("eval") or {}
+    if job.status != JobStatus.SUCCEEDED or spec_eval.get("enabled") is False:
+        return None
+    return (job.step or 0) if spec_eval.get("at_end", True) else None
 
 
 def _effective(p: Any) -> sa.ColumnElement[bool]:

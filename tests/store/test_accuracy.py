@@ -46,3 +46,36 @@ def test_a_non_finite_eval_loss_is_not_kept_whatever_the_accuracy() -> None:
     infinite = arm("bf16", 0.9638, float("inf"))
     infinite["eval_diff"] = accuracy.differences(infinite, base)
     assert accuracy.verdict(infinite, base, accuracy.DEFAULT_TOLERANCE)["kept_accuracy"] is False
+
+
+def test_a_succeeded_run_whose_last_evaluation_is_not_recorded_yet_gets_no_verdict() -> None:
+    """The worker marks a job succeeded while its last points are still on their way to
+    the recorder: a mid-run evaluation (worse) must not be judged as the final one."""
+    base = {
+        "precision": "fp32",
+        "status": "succeeded",
+        **accuracy.final_eval(
+            {"step": 50, "values": {"accuracy": 0.93, "eval_loss": 0.30}}, due_at=50
+        ),
+    }
+    fp16 = {
+        "precision": "fp16",
+        "status": "succeeded",
+        **accuracy.final_eval(
+            {"step": 25, "values": {"accuracy": 0.4575, "eval_loss": 0.165}}, due_at=50
+        ),
+    }
+    fp16["eval_diff"] = accuracy.differences(fp16, base)
+    assert fp16["eval_pending"] and not base["eval_pending"]
+    waiting = accuracy.verdict(fp16, base, accuracy.DEFAULT_TOLERANCE)
+    assert waiting == {
+        "kept_accuracy": None,
+        "reasons": ["fp16's final evaluation is not recorded yet"],
+    }
+    # Recorded: judged. A run that evaluates only mid-run (no evaluation due at the end) is
+    # judged by its newest one.
+    fp16.update(accuracy.final_eval({"step": 50, "values": {"accuracy": 0.915}}, due_at=50))
+    assert accuracy.verdict(fp16, base, accuracy.DEFAULT_TOLERANCE)["kept_accuracy"] is False
+    fp16.update(accuracy.final_eval({"step": 25, "values": {"accuracy": 0.93}}, due_at=None))
+    fp16["eval_diff"] = accuracy.differences(fp16, base)
+    assert accuracy.verdict(fp16, base, accuracy.DEFAULT_TOLERANCE)["kept_accuracy"] is True

@@ -102,8 +102,16 @@ def ready(client: httpx.Client) -> bool:
 def finished_job(client: httpx.Client, job_id: str, timeout: float) -> dict[str, Any]:
     """The job once it succeeded or failed (fails the test after ``timeout`` seconds)."""
 
+    last: dict[str, Any] = {}
+
     def ended() -> dict[str, Any]:
         job: dict[str, Any] = client.get(f"/jobs/{job_id}").json()
+        last.update(job)
         return job if job["status"] in ("succeeded", "failed") else {}
 
-    return wait_until(ended, timeout, "the job to finish")
+    try:
+        return wait_until(ended, timeout, "the job to finish")
+    except AssertionError as timed_out:
+        # Where it stood says which part was slow: queued, which attempt, which step.
+        seen = {k: last.get(k) for k in ("status", "attempt", "step", "error")}
+        raise AssertionError(f"{timed_out}; last seen {seen}") from None

@@ -40,6 +40,14 @@ def test_a_b_report_from_recorded_points(api_stack: Stack) -> None:
     def finished() -> dict[str, Any] | None:
         r = c.get(f"/comparisons/{report['id']}").json()
         done = all(run["status"] == "succeeded" and run["step"] == STEPS for run in r["runs"])
+        # Succeeded is written before the recorder has the last points: until the final
+        # evaluation is in, the verdict waits (and says so).
+        if done and any(run["eval_pending"] for run in r["runs"]):
+            base_pending = r["runs"][0]["eval_pending"]
+            for run in r["runs"][1:]:
+                if base_pending or run["eval_pending"]:
+                    assert run["verdict"]["kept_accuracy"] is None, run
+            return None
         return r if done else None
 
     final = wait_until(finished, 30, "the three runs to be recorded")

@@ -97,6 +97,9 @@ class ComparisonRun(BaseModel):
     """The step of the run's final (newest) evaluation; null before the first."""
     eval: dict[str, float | None] | None
     """Its values by metric name (``accuracy``, ``eval_loss``, ...)."""
+    eval_pending: bool
+    """The run succeeded but the evaluation after its last step is not recorded yet (the
+    verdict waits for it)."""
     eval_diff: EvalDiff
     verdict: Verdict
 

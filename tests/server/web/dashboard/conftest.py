@@ -119,9 +119,14 @@ def console() -> Console:
 def page(browser: Browser, stack: Stack, console: Console) -> Iterator[Page]:
     """A fresh tab (own sessionStorage) at 1280x800 on the stack; fails the test on any
     unexpected console error."""
+    from playwright.sync_api import expect
+
     context = browser.new_context(viewport=VIEWPORT, base_url=str(stack.client.base_url))
     tab = context.new_page()
+    # One bound for actions and assertions: `expect` waits 5 s by default, and under a loaded
+    # CI run ReDoc took longer than that to parse the schema and draw its first heading.
     tab.set_default_timeout(15_000)
+    expect.set_options(timeout=15_000)
     tab.on("console", console.on_console)
     tab.on("pageerror", console.on_error)
     yield tab
