@@ -31,6 +31,9 @@ EXAMPLES = 8
 pytestmark = [
     pytest.mark.slow,
     pytest.mark.parametrize("database_url", _database_params()[-1:], indirect=True),
+    # Three schemathesis processes of a few hundred requests each: 70 s in a quiet suite,
+    # 184 s in a loaded one here, and a CI run starved it past the default 300 s.
+    pytest.mark.timeout(600),
 ]
 
 
