@@ -51,6 +51,8 @@ def job(model: dict[str, Any], dataset: dict[str, Any], precision: str, **extra:
     }
 
 
+# 94-144 s in full suites here; the default 300 s is too near on a slower CI machine.
+@pytest.mark.timeout(600)
 def test_library_models_train_in_every_precision_and_fine_tune_from_an_export(
     tmp_path: Path,
 ) -> None:

@@ -88,6 +88,8 @@ def independent_accuracy(
     return correct, len(images)
 
 
+# Three arms through `up`, each waited on for up to 600 s: 111-231 s in full suites here.
+@pytest.mark.timeout(900)
 def test_the_verdict_on_digit_images_through_up(tmp_path: Path) -> None:
     data = write_digit_folders(tmp_path / "home" / "data", val_every=5)
     up = start_up(tmp_path, tmp_path / "home", args=("--slots", "2"))
