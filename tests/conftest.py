@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import os
 import tempfile
 import uuid
@@ -112,38 +111,11 @@ def cuda_available() -> bool:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     _skip_gpu_tests_without_cuda(items)
     _one_database_per_end_to_end_test(config, items)
-    _longest_first(items, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")))
-
-
-def _longest_first(items: list[pytest.Item], processes: int) -> None:
-    """Each test process starts with its share of the end-to-end tests (marked ``slow`` or
-    ``heavy``), so that none finishes a minute-long test alone at the end.
-
-    xdist's work stealing first hands each process a contiguous block of the collection
-    (the i-th of n gets what is left divided by n - i), then lets an idle one take half of
-    the longest queue. With the end-to-end tests merely sorted to the front, the first
-    block held all of them, and the others stole them late (measured: one process ran 38
-    tests, the others 387-590, and a 170 s test started in the last minutes). So the
-    end-to-end tests are dealt round the blocks, each block's first; pytest-randomly's
-    shuffle (run before this) still decides the order within each kind."""
-    long = [i for i in items if i.get_closest_marker("slow") or i.get_closest_marker("heavy")]
-    short = [
-        i for i in items if not (i.get_closest_marker("slow") or i.get_closest_marker("heavy"))
-    ]
-    if processes <= 1:
-        items[:] = long + short
-        return
-    rest = iter(short)
-    ordered: list[pytest.Item] = []
-    left = len(items)
-    for block in range(processes):
-        size = left // (processes - block)
-        head = long[block::processes]
-        ordered += head + list(itertools.islice(rest, max(size - len(head), 0)))
-        left -= size
-    ordered += list(rest)
-    assert len(ordered) == len(items)
-    items[:] = ordered
+    # Longest first: the test processes share out the end-to-end tests at the start instead
+    # of one of them finishing a minute-long test alone at the end (a stable sort).
+    items.sort(
+        key=lambda item: not (item.get_closest_marker("slow") or item.get_closest_marker("heavy"))
+    )
 
 
 def _skip_gpu_tests_without_cuda(items: list[pytest.Item]) -> None:
