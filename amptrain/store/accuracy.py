@@ -30,10 +30,8 @@ def final_eval(eval_summary: dict[str, Any] | None, due_at: int | None = None) -
     marks a job succeeded as soon as its points are on their way to the recorder, so for a
     moment the newest recorded evaluation can still be a mid-run one."""
     step = eval_summary.get("step") if eval_summary else None
+    values = dict(eval_summary.get("values") or {}) if eval_summary else None
     pending = due_at is not None and (step is None or step < due_at)
-    if not eval_summary:
-        return {"eval_step": None, "eval": None, "eval_pending": pending}
-    values = dict(eval_summary.get("values") or {})
     return {"eval_step": step, "eval": values, "eval_pending": pending}
 
 

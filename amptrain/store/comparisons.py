@@ -164,10 +164,8 @@ def _run_numbers(s: Session, precision: str, job: Job) -> dict[str, Any]:
 
 
 def _final_eval_step(job: Job) -> int | None:
-    """The step a succeeded job's last evaluation is due at (None: none is due): its last
-    step, when its spec evaluates at the end (``eval.at_end``, unless ``eval.enabled`` is
-    false; a null ``enabled`` evaluates when the dataset has a held-out split, and one
-    that has none never records an evaluation, which the verdict already waits on)."""
+    """The step a succeeded job's last evaluation is due at: its last step when the spec
+    evaluates at the end (``eval.at_end``, ``eval.enabled`` not false); None otherwise."""
     spec_eval = (job.spec or {}).get("eval") or {}
     if job.status != JobStatus.SUCCEEDED or spec_eval.get("enabled") is False:
         return None
