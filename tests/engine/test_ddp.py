@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -23,23 +22,11 @@ from amptrain.contract.errors import ResumeMismatchError
 from amptrain.contract.spec import parse_spec
 from amptrain.engine import RunContext, Trainer
 from amptrain.engine.checkpoint import CheckpointStore
-from tests.components.test_plugins import write_dist_info
 from tests.engine import ddp_ranks
 from tests.support.digits import write_digits
+from tests.support.probe import ROOT, probe_paths
 
 pytestmark = pytest.mark.slow
-
-ROOT = Path(__file__).resolve().parents[2]
-PROBE = ROOT / "tests" / "plugins" / "amptrain_ddp_probe"
-
-
-def probe_paths(tmp_path: Path) -> list[Path]:
-    """Make the probe plugin discoverable (as pip would); the paths to import it from."""
-    site = tmp_path / "site"
-    if not site.exists():
-        project = tomllib.loads((PROBE / "pyproject.toml").read_text())["project"]
-        write_dist_info(site, project["name"], project["entry-points"])
-    return [site, PROBE / "src"]
 
 
 def torchrun(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import signal
-import tomllib
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -19,14 +18,12 @@ from typing import Any
 import pytest
 
 from amptrain.cli.embedded_redis import EmbeddedRedis
-from tests.components.test_plugins import write_dist_info
+from tests.support.probe import ROOT, probe_paths
 from tests.support.stack import Stack, wait_until
 from tests.system.test_e2e_service import wait_for_points
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
-PROBE = ROOT / "tests" / "plugins" / "amptrain_ddp_probe"
 STEPS = 40
 HELD_AT = 25  # rank 1 stops here (after the checkpoint at step 20) until the test lets it go
 
@@ -48,11 +45,8 @@ def ddp_job(name: str, **probe: Any) -> dict[str, Any]:
 
 @pytest.fixture
 def ddp_stack(database_url: str, redis_server: EmbeddedRedis, tmp_path: Path) -> Iterator[Stack]:
-    site = tmp_path / "site"
-    project = tomllib.loads((PROBE / "pyproject.toml").read_text())["project"]
-    write_dist_info(site, project["name"], project["entry-points"])
     s = Stack(tmp_path, database_url, redis_server)
-    s.env["PYTHONPATH"] = os.pathsep.join(map(str, [site, PROBE / "src", ROOT]))
+    s.env["PYTHONPATH"] = os.pathsep.join(map(str, [*probe_paths(tmp_path), ROOT]))
     s.env["AMPTRAIN_WARM_SPARE"] = "false"  # multi-device jobs never use one; spare the CPU
     s.env["AMPTRAIN_WORKER_METRICS_PORT"] = "0"
     s.start_api()

@@ -6,6 +6,7 @@ a private redis-server) and injects the fault the way it happens in production.
 
 from __future__ import annotations
 
+import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,6 +19,7 @@ import torch
 from amptrain.cli.embedded_redis import EmbeddedRedis
 from amptrain.core.settings import Settings
 from amptrain.server.dispatcher import make_celery
+from tests.support.probe import ROOT, probe_paths
 from tests.support.specs import service_job
 from tests.support.stack import Stack, wait_until
 from tests.system.test_e2e_service import wait_for_points
@@ -42,9 +44,19 @@ def long_job(steps: int = STEPS, **extra: Any) -> dict[str, Any]:
     )
 
 
+HELD_AT = 90  # the held job's first attempt stops in this step, after the checkpoint at 80
+
+
+def probe_job(**hold: Any) -> dict[str, Any]:
+    """``long_job`` on the probe model (an MLP whose seams change no numerics)."""
+    return long_job(model={"name": "ddp-probe", "args": {"width": 32, **hold}})
+
+
 @pytest.fixture
 def two_workers(database_url: str, redis_server: EmbeddedRedis, tmp_path: Path) -> Iterator[Stack]:
     s = Stack(tmp_path, database_url, redis_server)
+    # The probe model, to hold a job at a known step (see test_kill_9_worker_...).
+    s.env["PYTHONPATH"] = os.pathsep.join(map(str, [*probe_paths(tmp_path), ROOT]))
     s.start_api()
     s.start_worker("w1")
     s.start_worker("w2")
@@ -88,10 +100,15 @@ def test_kill_9_worker_resumes_on_the_other_and_matches_an_uninterrupted_run(
     two_workers: Stack,
 ) -> None:
     stack = two_workers
-    job = stack.submit(long_job())
+    # Held in step HELD_AT until the gate exists: the kill comes after the checkpoint at
+    # step 80 is recorded and before the run ends, however slowly the recorder or the
+    # machine goes (racing it, a lagging recorder once showed step 80 only after step 240).
+    gate = stack.root / "go-on"
+    job = stack.submit(probe_job(hang_rank=0, hang_at=HELD_AT, hang_until=str(gate)))
     victim = owner(stack, job["id"])
     wait_until(lambda: 80 in checkpoints(stack, job["id"]), 120, "a checkpoint at step 80")
     stack.kill(victim, signal.SIGKILL)  # the worker, its pool process and the training child
+    gate.touch()  # the resumed attempt counts its forward passes anew: never held again
 
     done = stack.wait_for_status(job["id"], "succeeded", "failed", timeout=180)
     assert done["status"] == "succeeded", done["error"]
@@ -103,8 +120,8 @@ def test_kill_9_worker_resumes_on_the_other_and_matches_an_uninterrupted_run(
     points = assert_complete_series(stack, job["id"])
     assert {p["attempt"] for p in points if p["step"] > resumed[0]["data"]["from_step"]} == {2}
 
-    # The same spec and seed, never interrupted, ends with bitwise the same weights.
-    straight = stack.submit(long_job())
+    # The same model, data and seed, never interrupted, ends with bitwise the same weights.
+    straight = stack.submit(probe_job())
     assert (
         stack.wait_for_status(straight["id"], "succeeded", "failed", timeout=180)["status"]
         == "succeeded"
