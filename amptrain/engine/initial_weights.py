@@ -40,10 +40,12 @@ LISTED = 20
 """Names an event lists of each kind left out (the counts are always whole)."""
 
 
-def export_bytes(model: torch.nn.Module) -> bytes:
+def export_bytes(model: torch.nn.Module, state: Mapping[str, Any] | None = None) -> bytes:
     """The model's weights (parameters and buffers) as a safetensors file, library names,
-    on the CPU. Copies: tied weights share storage, which safetensors refuses to write."""
-    state = model.state_dict()
+    on the CPU. Copies: tied weights share storage, which safetensors refuses to write.
+    ``state``: the model's whole state dict when ``model.state_dict()`` is not it (a sharded
+    model's, gathered)."""
+    state = model.state_dict() if state is None else state
     tensors = {
         name: t.detach().to("cpu", copy=True).contiguous()
         for name, t in state.items()
