@@ -7,7 +7,9 @@ tests.engine.fsdp_ranks OUT`` joins one gloo group and trains, as this rank, in 
   activation checkpointing; each run's losses (rank 0's series), the type of its parameters,
   each rank's training-state bytes (parameters + gradients + optimizer state) and how many
   forwards its first block ran;
-- ``memory``: the same for an MLP wide enough that its state dwarfs everything else;
+- ``memory``: the same for an MLP wide enough that its state dwarfs everything else,
+  evaluating 3 held-out chunks on 2 ranks (an fsdp forward is a collective: the rank with
+  fewer chunks must keep in step);
 - ``fp16``: a 2-device fsdp fp16 job whose rank 1 alone gets an inf in its own gradient shard
   at step ``OVERFLOW_STEP`` (after the reduce-scatter, before the optimizer step: what no
   other rank can see); each rank's loss scale and skipped flag at every step;
@@ -39,6 +41,7 @@ from tests.support.sinks import ListSink
 
 OVERFLOW_STEP = 3
 STOP_AT = 4
+UNEVEN_EVAL = {"every_steps": 2, "batches": 3}
 
 
 def transformer_job(**fields: Any) -> Any:
@@ -109,17 +112,18 @@ def described(trainer: Trainer, sink: ListSink) -> dict[str, Any]:
         "state_bytes": local_state_bytes(trainer.model, trainer.optimizer),
         "device": trainer.parts.precision.device,
         "first_block_forwards": len(trainer.forwards),  # type: ignore[attr-defined]
+        "eval": trainer.evaluator.last_values if trainer.evaluator else None,
     }
 
 
-def compare(job: Any, ranks: Ranks, *, checkpointing: bool) -> dict[str, Any]:
+def compare(job: Any, ranks: Ranks, *, checkpointing: bool, **common: Any) -> dict[str, Any]:
     out = {}
     runs = [("ddp", {}), ("fsdp", {"parallelism": "fsdp"})]
     if checkpointing:
         runs.append(("ddp_ac", {"activation_checkpointing": True}))
         runs.append(("fsdp_ac", {"parallelism": "fsdp", "activation_checkpointing": True}))
     for name, fields in runs:
-        out[name] = described(*trained(job(**fields), ranks))
+        out[name] = described(*trained(job(**fields, **common), ranks))
     return out
 
 
@@ -201,7 +205,8 @@ def main(out: str) -> None:
     try:
         results = {
             "bf16": compare(transformer_job, ranks, checkpointing=True),
-            "memory": compare(mlp_job, ranks, checkpointing=False),
+            # 3 held-out chunks: rank 0 evaluates 2, rank 1 one (and one more forward, with fsdp).
+            "memory": compare(mlp_job, ranks, checkpointing=False, eval=UNEVEN_EVAL),
             "fp16": fp16(ranks),
             "resume": resume(ranks, out),
         }

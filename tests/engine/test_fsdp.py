@@ -68,14 +68,28 @@ def test_activation_checkpointing_recomputes_blocks_and_keeps_the_losses(
 def test_each_rank_holds_about_half_of_ddps_training_state(
     ranks: tuple[Path, list[dict[str, Any]]],
 ) -> None:
-    for rank in ranks[1]:
-        for model in ("memory", "bf16"):
-            ddp, fsdp = rank[model]["ddp"]["state_bytes"], rank[model]["fsdp"]["state_bytes"]
-            # Parameters, gradients and AdamW's two moments, all fp32: 2 ranks, one half each
-            # (rows padded to an even split: a little more).
-            assert 0.5 <= fsdp / ddp < 0.52, (model, fsdp, ddp)
+    for model in ("memory", "bf16"):
+        ddp = [rank[model]["ddp"]["state_bytes"] for rank in ranks[1]]
+        fsdp = [rank[model]["fsdp"]["state_bytes"] for rank in ranks[1]]
+        # Parameters, gradients and AdamW's two moments, all fp32: every ddp rank holds all
+        # of it, each fsdp rank about half (dim 0 split in two, a scalar such as AdamW's step
+        # count on both), and the two halves make the whole. After an evaluation too: its
+        # forwards leave no weights gathered.
+        assert ddp[0] == ddp[1], (model, ddp)
+        assert abs(sum(fsdp) - ddp[0]) < 0.001 * ddp[0], (model, ddp, fsdp)
+        assert all(0.48 < f / ddp[0] < 0.52 for f in fsdp), (model, ddp, fsdp)
     mlp = ranks[1][0]["memory"]
     assert _worst(mlp["ddp"]["losses"], mlp["fsdp"]["losses"]) < BF16_LOSS_RTOL
+
+
+def test_evaluation_over_uneven_shares_of_held_out_chunks_matches_ddp(
+    ranks: tuple[Path, list[dict[str, Any]]],
+) -> None:
+    evals = [rank["memory"] for rank in ranks[1]]
+    ddp, fsdp = evals[0]["ddp"]["eval"], evals[0]["fsdp"]["eval"]
+    assert fsdp == evals[1]["fsdp"]["eval"]  # every rank has the same values
+    assert ddp.keys() == fsdp.keys() and "eval_loss" in fsdp
+    assert abs(ddp["eval_loss"] - fsdp["eval_loss"]) / ddp["eval_loss"] < BF16_LOSS_RTOL
 
 
 def test_an_inf_in_one_ranks_shard_skips_the_step_on_both_with_one_loss_scale(
