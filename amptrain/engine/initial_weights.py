@@ -106,8 +106,18 @@ def load_initial_weights(
         name: tensors[name].to(expected[name].dtype)  # the model's dtype (fp32 parameters)
         for name in plan.matching
     }
-    with torch.no_grad():
-        model.load_state_dict(chosen, strict=False)
+    if any(hasattr(p, "full_tensor") for p in model.parameters()):
+        # Sharded (fsdp): every rank read the whole file and keeps its own shards.
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+        )
+
+        options = StateDictOptions(full_state_dict=True, strict=False)
+        set_model_state_dict(model, dict(chosen.items()), options=options)
+    else:
+        with torch.no_grad():
+            model.load_state_dict(chosen, strict=False)
     data: dict[str, Any] = {"path": spec.path, "loaded": len(chosen), "strict": spec.strict}
     cast = sorted(
         {_dtype(tensors[n]) for n in plan.matching if tensors[n].dtype != expected[n].dtype}

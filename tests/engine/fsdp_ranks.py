@@ -15,7 +15,8 @@ tests.engine.fsdp_ranks OUT`` joins one gloo group and trains, as this rank, in 
   other rank can see); each rank's loss scale and skipped flag at every step;
 - ``resume``: an fsdp job stopped at step ``STOP_AT`` (a preemption: it checkpoints) and
   resumed from its sharded checkpoint, against the same job uninterrupted: both runs' losses
-  and final full weights; and the checkpoint resumed with ddp, which must be refused.
+  and final full weights; the checkpoint resumed with ddp, which must be refused; and a new
+  fsdp job starting from the weights exported beside the last checkpoint (``weights``).
 
 Everything goes to ``OUT/rank{r}.pt``; the test compares.
 """
@@ -195,7 +196,17 @@ def resume(ranks: Ranks, out: str) -> dict[str, Any]:
         refused = None
     except ResumeMismatchError as exc:
         refused = exc.message
-    return {"uninterrupted": uninterrupted, "resumed": resumed, "ddp_refused": refused}
+    # The weights exported beside the last checkpoint (gathered from the shards) start a job.
+    exported = str(Path(ckpt) / "step-000000008.safetensors")
+    spec = mlp_job(parallelism="fsdp", max_steps=1, weights={"path": exported})
+    started = Trainer(spec, RunContext(None, ranks=ranks, weights_roots=[ckpt]))
+    started._resume()  # where train() starts: the weights are loaded, no step taken
+    return {
+        "uninterrupted": uninterrupted,
+        "resumed": resumed,
+        "ddp_refused": refused,
+        "started_from_export": full_weights(started),
+    }
 
 
 def main(out: str) -> None:

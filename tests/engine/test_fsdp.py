@@ -107,7 +107,7 @@ def test_an_inf_in_one_ranks_shard_skips_the_step_on_both_with_one_loss_scale(
     assert all(math.isfinite(m["loss"]) for m in metrics.values())
 
 
-def test_resuming_a_sharded_checkpoint_is_bitwise_exact_and_another_shape_is_refused(
+def test_resuming_sharded_checkpoints_is_bitwise_exact_and_another_shape_is_refused(
     ranks: tuple[Path, list[dict[str, Any]]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     out, results = ranks
@@ -118,6 +118,9 @@ def test_resuming_a_sharded_checkpoint_is_bitwise_exact_and_another_shape_is_ref
         assert whole["weights"].keys() == resumed["weights"].keys()
         for name, value in whole["weights"].items():
             assert torch.equal(value, resumed["weights"][name]), name
+            # The safetensors file beside the checkpoint holds them whole (gathered from the
+            # shards), and a sharded job that starts from it holds them again.
+            assert torch.equal(value, rank["resume"]["started_from_export"][name]), name
     files = results[0]["resume"]["resumed"]["files"]
     assert "step-000000008.dcp" in files and "step-000000008.pt" in files
     assert not [f for f in files if f.startswith(".tmp-")]
