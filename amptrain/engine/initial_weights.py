@@ -102,7 +102,7 @@ def load_initial_weights(
             f"{FIELD} {quote(spec.path, PATH_CHARS)}: {plan.first_difference} "
             "(weights.strict false loads what matches)"
         )
-    chosen = {
+    chosen: dict[str, Any] = {
         name: tensors[name].to(expected[name].dtype)  # the model's dtype (fp32 parameters)
         for name in plan.matching
     }
@@ -114,7 +114,7 @@ def load_initial_weights(
         )
 
         options = StateDictOptions(full_state_dict=True, strict=False)
-        set_model_state_dict(model, dict(chosen.items()), options=options)
+        set_model_state_dict(model, chosen, options=options)
     else:
         with torch.no_grad():
             model.load_state_dict(chosen, strict=False)
