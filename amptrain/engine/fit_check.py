@@ -154,5 +154,11 @@ def check_fits(spec: JobSpec, info: DataInfo, device: torch.device, precision: s
         f"weights, gradients and {spec.optimizer.name} state{shard}; about "
         f"{sizing.format_bytes(found.activation_bytes)} of activations for a micro-batch of "
         f"{found.micro_batch}), but {where}. Make the model smaller, or the micro-batch "
-        "(raise grad_accum_steps or set auto_micro_batch)"
+        f"(raise grad_accum_steps or set auto_micro_batch){_shard_hint(spec)}"
     )
+
+
+def _shard_hint(spec: JobSpec) -> str:
+    if spec.devices > 1 and spec.parallelism == "ddp":
+        return f", or shard the model state across the {spec.devices} devices (parallelism: fsdp)"
+    return ""
