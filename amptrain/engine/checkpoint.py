@@ -157,8 +157,16 @@ class CheckpointStore:
     def shards_temporary(self, step: int) -> str:
         """Where every rank writes the shards of ``step``'s checkpoint (fsdp) before
         :meth:`publish_shards`: the same name on every rank, a temporary one (removed as
-        stale by the next writer if this one dies before the rename)."""
-        return self.path(f"{_TMP_PREFIX}{shards_name(step)}")
+        stale by the next writer if this one dies before the rename). A local path, or a
+        full URL (what Distributed Checkpoint takes)."""
+        return self._url(self.path(f"{_TMP_PREFIX}{shards_name(step)}"))
+
+    def shards(self, step: int) -> str:
+        """Where the shards of ``step``'s checkpoint are (as :meth:`shards_temporary`)."""
+        return self._url(self.path(shards_name(step)))
+
+    def _url(self, path: str) -> str:
+        return path if self._local else self._fs.unstrip_protocol(path)
 
     def publish_shards(self, step: int) -> str:
         """The writer renames the complete shards into place (after every rank wrote its
@@ -166,7 +174,7 @@ class CheckpointStore:
         final = self.path(shards_name(step))
         if self._fs.exists(final):  # an earlier attempt's, never completed by its .pt
             self._fs.rm(final, recursive=True)
-        self._fs.mv(self.shards_temporary(step), final, recursive=True)
+        self._fs.mv(self.path(f"{_TMP_PREFIX}{shards_name(step)}"), final, recursive=True)
         return final
 
     def save(

@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import torch
 
-from amptrain.contract.layout import checkpoint_name, shards_name
+from amptrain.contract.layout import checkpoint_name
 from amptrain.engine.checkpoint import (
     CHECKPOINT_FORMAT,
     CheckpointMeta,
@@ -155,7 +155,7 @@ class CheckpointManager:
         if step is not None:
             run.load_state_dict(self.load(step))  # refuses another world size first
             if self.shards is not None and self._store is not None:
-                self.shards.load(self._store.path(shards_name(step)))
+                self.shards.load(self._store.shards(step))
             self.last_saved = run.train.resumed_from = step
         return step
 
