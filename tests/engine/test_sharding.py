@@ -1,6 +1,7 @@
 """What fsdp shards and casts, and what it is expected to cost per device, without a process
 group: each model family's blocks, the mixed-precision policy per precision, the worker's fit
-estimate and the API's admission bound. Training on 2 ranks: ``test_fsdp.py``."""
+estimate and the API's admission bound, and the shard directories' life in a checkpoint
+directory. Training on 2 ranks: ``test_fsdp.py``."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from amptrain.components.base import DataInfo
 from amptrain.components.models import MLP, BasicBlock, Block, build_cnn, build_transformer
 from amptrain.contract.admission import spec_size
 from amptrain.contract.spec import parse_spec
+from amptrain.engine.checkpoint import CheckpointMeta, CheckpointStore
 from amptrain.engine.fit_check import estimate
 from amptrain.engine.sharding import blocks, mixed_precision
 
@@ -89,3 +91,22 @@ def test_admission_bounds_fsdp_per_device() -> None:
     assert ddp is not None and fsdp is not None and ddp.parameters == fsdp.parameters
     assert fsdp.state_bytes == ddp.state_bytes // 2
     assert "per device" in fsdp.describe()
+
+
+def test_shards_are_removed_with_their_checkpoint_and_never_left_half_written(
+    tmp_path: Any,
+) -> None:
+    store = CheckpointStore(str(tmp_path))
+    for name in (".tmp-step-000000004.dcp", "step-000000006.dcp", "step-000000008.dcp"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__0_0.distcp").write_bytes(b"shard")
+    store.save(8, {"step": 8}, CheckpointMeta(8, True, 1))
+    # The next writer: a temporary, and shards whose checkpoint file never came, are gone.
+    CheckpointStore(str(tmp_path))
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "step-000000008.dcp",
+        "step-000000008.json",
+        "step-000000008.pt",
+    ]
+    store.remove(8)
+    assert list(tmp_path.iterdir()) == []
