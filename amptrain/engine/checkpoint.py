@@ -32,7 +32,9 @@ CHECKPOINT_FORMAT = 3
 ``resume_mismatch``; 3: the spike window as running sums, and ``rollbacks``, the spike
 rollbacks taken). The schedule is ``{"applied_steps": n}``; ``world_size`` is the number
 of devices that wrote it; with more than one, ``rng_per_rank`` holds every rank's RNG
-states in rank order."""
+states in rank order. ``parallelism`` (absent: ``ddp``): with ``fsdp`` its ``model`` and
+``optimizer`` are None, their shards being in the Distributed Checkpoint directory beside
+it (``step-N.dcp``, in place before the file is)."""
 
 
 def check_resumable(state: dict[str, Any], world_size: int, parallelism: str = "ddp") -> None:
