@@ -68,6 +68,7 @@ def spec_size(spec: JobSpec) -> sizing.SpecSize | None:
         if parameters is not None
         else 0
     )
+    state = sizing.per_device_state_bytes(state, spec.devices, spec.parallelism)
     return sizing.SpecSize(parameters, state, shape.resident_bytes)
 
 

@@ -26,6 +26,13 @@ def weights_name(step: int) -> str:
     return checkpoint_name(step).removesuffix(".pt") + ".safetensors"
 
 
+def shards_name(step: int) -> str:
+    """``step-000000500.dcp``: with ``parallelism: fsdp``, the sharded model and optimizer
+    state of that checkpoint, a PyTorch Distributed Checkpoint directory every rank wrote its
+    shards into (the ``.pt`` file beside it holds the rest, and is written last)."""
+    return checkpoint_name(step).removesuffix(".pt") + ".dcp"
+
+
 def checkpoint_step(name: str) -> int | None:
     """The step a checkpoint file name stands for; None for anything else (temporaries)."""
     match = _NAME.match(name.rsplit("/", 1)[-1])

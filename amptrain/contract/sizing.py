@@ -50,6 +50,17 @@ def training_state_bytes(parameters: int, optimizer: str, momentum: float = 0.0)
     return parameters * (2 * FLOAT + optimizer_state_bytes(optimizer, momentum))
 
 
+def per_device_state_bytes(
+    state_bytes: int, devices: int, parallelism: str, gathered_bytes: int = 0
+) -> int:
+    """The training state one device holds: all of it with ddp (every device a full copy);
+    with fsdp its shard, ``1/devices`` of it, plus ``gathered_bytes``: the largest unit
+    (block, or the root's own parameters) all-gathered whole for its forward and backward."""
+    if parallelism != "fsdp" or devices == 1:
+        return state_bytes
+    return -(-state_bytes // devices) + gathered_bytes
+
+
 def format_bytes(n: float) -> str:
     """``1.5 GiB``-style (binary units), for messages."""
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
@@ -134,7 +145,9 @@ class SpecSize:
 
     parameters: int | None
     state_bytes: int
-    """fp32 weights, gradients and optimizer state (0 when the parameters are unknown)."""
+    """fp32 weights, gradients and optimizer state one device holds (0 when the parameters
+    are unknown): with ``parallelism: fsdp`` its shard (the block it gathers is not known
+    without torch: a lower bound)."""
     data_bytes: int
     """The dataset's resident host memory (0 when unknown, e.g. a file)."""
 
@@ -147,7 +160,7 @@ class SpecSize:
         if self.parameters is not None:
             parts.append(
                 f"{self.parameters:,} parameters need {format_bytes(self.state_bytes)} for "
-                "weights, gradients and optimizer state"
+                "weights, gradients and optimizer state per device"
             )
         if self.data_bytes:
             parts.append(f"the dataset holds about {format_bytes(self.data_bytes)}")

@@ -27,6 +27,7 @@ from amptrain.contract.text import check_text, plain_value
 
 Precision = Literal["auto", "fp32", "tf32", "fp16", "bf16"]
 DeviceKind = Literal["auto", "cpu", "cuda"]
+Parallelism = Literal["ddp", "fsdp"]
 
 MAX_BATCH = 65_536
 MAX_RUNTIME_S = 30 * 24 * 3600
@@ -191,7 +192,8 @@ class JobSpec(_Strict):
     """A declarative training job. Only ``model``, ``dataset`` and ``max_steps`` are required.
 
     Rules across fields (each a 422 naming the problem): ``grad_accum_steps`` x ``devices``
-    divides ``batch_size``; ``auto_micro_batch`` needs ``devices`` 1; ``queue`` is one of
+    divides ``batch_size``; ``auto_micro_batch`` needs ``devices`` 1; ``parallelism: fsdp``
+    needs ``devices`` > 1; ``queue`` is one of
     the service's queues; a model's arguments fit one another (a ``transformer``'s
     ``n_heads`` divides its ``d_model``) and what the dataset yields."""
 
@@ -223,6 +225,21 @@ class JobSpec(_Strict):
     """Data-parallel processes, one per GPU of one machine (DDP: NCCL on CUDA, gloo on a CPU).
     Each takes its contiguous share of every global batch; the result matches one device
     accumulating the same micro-batches. Resuming needs the same number of devices."""
+    parallelism: Parallelism = "ddp"
+    """How ``devices`` > 1 hold the model. ``ddp``: every device keeps a full copy of the
+    weights, gradients and optimizer state. ``fsdp``: PyTorch FSDP2 shards them across the
+    devices (per block, then the whole model), so each holds about 1/``devices`` of that
+    state plus one block gathered at a time; weights are gathered in the job's precision
+    (bf16/fp16) with fp32 master weights and fp32 gradient reduction, and checkpoints are
+    sharded (PyTorch Distributed Checkpoint). Needs ``devices`` > 1 (one device has nothing
+    to shard with: a 422). Resuming needs the same number of devices and the same
+    ``parallelism``."""
+    activation_checkpointing: bool = Field(default=False, strict=True)
+    """Keep only each block's input in the forward pass and recompute the rest in the
+    backward (non-reentrant ``torch.utils.checkpoint``): less activation memory for about one
+    more forward pass of compute; the losses are the same. Works with ``ddp`` and ``fsdp``
+    and on one device; a model without repeated blocks (transformer blocks, ResNet blocks,
+    the MLP's hidden layers) is unchanged. ``true`` or ``false`` only."""
     collective_timeout_s: int = Field(
         default=600, ge=MIN_COLLECTIVE_TIMEOUT_S, le=MAX_COLLECTIVE_TIMEOUT_S
     )
@@ -308,6 +325,11 @@ class JobSpec(_Strict):
             raise ValueError(
                 f"health.fallback {self.health.fallback!r} needs precision fp16 or auto (got "
                 f"{self.precision!r}): a fallback only ever leaves fp16"
+            )
+        if self.parallelism == "fsdp" and self.devices == 1:
+            raise ValueError(
+                "parallelism fsdp needs devices > 1 (got devices 1): sharding the model "
+                "across one device saves nothing; use ddp (the default) or more devices"
             )
         if self.devices > 1 and self.auto_micro_batch:
             raise ValueError(

@@ -128,6 +128,9 @@ class AmpStep:
         """Forward, loss and backward of one micro-batch; returns the detached (unscaled) loss."""
         no_sync = getattr(self.model, "no_sync", None)
         sync_ctx = no_sync() if (no_sync is not None and not last) else contextlib.nullcontext()
+        sharded_sync = getattr(self.model, "set_requires_gradient_sync", None)
+        if sharded_sync is not None:  # FSDP2's no_sync: reduce-scatter on the last only
+            sharded_sync(last)
         with sync_ctx:
             with self.autocast():
                 logits = self.model(inputs)
@@ -233,7 +236,11 @@ class AmpStep:
             return torch.zeros((), device=self.device), None, ()
         grads = [g for _, g in present]
         names = self._names if len(present) == len(self._names) else tuple(n for n, _ in present)
-        norms = torch.stack(torch._foreach_norm(grads)).float()
+        norms = torch.stack(torch._foreach_norm(grads))
+        whole = getattr(norms, "full_tensor", None)  # a DTensor: sharded gradients (fsdp)
+        if whole is not None:
+            norms = whole()  # one all-reduce of the shards' partial norms: whole gradients'
+        norms = norms.float()
         # The same value get_total_norm computes (it too takes the norm of the per-tensor
         # norms), without a second pass over the gradients.
         total = torch.linalg.vector_norm(norms)

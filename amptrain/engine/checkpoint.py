@@ -24,7 +24,7 @@ import torch
 from fsspec.implementations.local import LocalFileSystem
 
 from amptrain.contract.errors import ResumeMismatchError
-from amptrain.contract.layout import checkpoint_name, checkpoint_step, weights_name
+from amptrain.contract.layout import checkpoint_name, checkpoint_step, shards_name, weights_name
 
 CHECKPOINT_FORMAT = 3
 """What :meth:`~amptrain.engine.loop.Trainer.state_dict` writes and the only format
@@ -32,12 +32,14 @@ CHECKPOINT_FORMAT = 3
 ``resume_mismatch``; 3: the spike window as running sums, and ``rollbacks``, the spike
 rollbacks taken). The schedule is ``{"applied_steps": n}``; ``world_size`` is the number
 of devices that wrote it; with more than one, ``rng_per_rank`` holds every rank's RNG
-states in rank order."""
+states in rank order. ``parallelism`` (absent: ``ddp``): with ``fsdp`` its ``model`` and
+``optimizer`` are None, their shards being in the Distributed Checkpoint directory beside
+it (``step-N.dcp``, in place before the file is)."""
 
 
-def check_resumable(state: dict[str, Any], world_size: int) -> None:
+def check_resumable(state: dict[str, Any], world_size: int, parallelism: str = "ddp") -> None:
     """Refuse a checkpoint this engine did not write, or one written by another number of
-    devices, before reading any of it (``resume_mismatch``)."""
+    devices or another ``parallelism``, before reading any of it (``resume_mismatch``)."""
     found = state.get("format")
     step = state.get("step") if isinstance(state.get("step"), int) else None
     at = f" (step {step})" if step is not None else ""
@@ -53,8 +55,18 @@ def check_resumable(state: dict[str, Any], world_size: int) -> None:
         raise ResumeMismatchError(
             f"cannot resume: the newest checkpoint{at} was written by {saved} device(s) and "
             f"this run has {world_size}; exact resume needs the same number (RNG states and "
-            f"data shares are per device). Run with devices: {saved}, or start afresh "
-            "(another checkpoint directory, or --no-resume)",
+            f"data shares are per device, and fsdp's model and optimizer shards too). Run "
+            f"with devices: {saved}, or start afresh (another checkpoint directory, or "
+            "--no-resume)",
+            step=step,
+        )
+    written = state.get("parallelism", "ddp")  # before fsdp existed: ddp
+    if written != parallelism:
+        raise ResumeMismatchError(
+            f"cannot resume: the newest checkpoint{at} was written with parallelism "
+            f"{written} and this run uses {parallelism}; the model and optimizer are stored "
+            f"differently. Run with parallelism: {written}, or start afresh (another "
+            "checkpoint directory, or --no-resume)",
             step=step,
         )
 
@@ -62,6 +74,13 @@ def check_resumable(state: dict[str, Any], world_size: int) -> None:
 _TMP_PREFIX = ".tmp-"
 _META_SUFFIX = ".json"
 _WEIGHTS_SUFFIX = ".safetensors"
+_SHARDS_SUFFIX = ".dcp"
+
+
+def _without_suffix(path: str) -> str:
+    for suffix in (_META_SUFFIX, _WEIGHTS_SUFFIX, _SHARDS_SUFFIX):
+        path = path.removesuffix(suffix)
+    return path
 
 
 @dataclass(frozen=True)
@@ -134,6 +153,31 @@ class CheckpointStore:
         for beside in (self._meta_path(step), self.path(weights_name(step))):
             if self._fs.exists(beside):
                 self._fs.rm(beside)
+        if self._fs.exists(self.path(shards_name(step))):
+            self._fs.rm(self.path(shards_name(step)), recursive=True)
+
+    def shards_temporary(self, step: int) -> str:
+        """Where every rank writes the shards of ``step``'s checkpoint (fsdp) before
+        :meth:`publish_shards`: the same name on every rank, a temporary one (removed as
+        stale by the next writer if this one dies before the rename). A local path, or a
+        full URL (what Distributed Checkpoint takes)."""
+        return self._url(self.path(f"{_TMP_PREFIX}{shards_name(step)}"))
+
+    def shards(self, step: int) -> str:
+        """Where the shards of ``step``'s checkpoint are (as :meth:`shards_temporary`)."""
+        return self._url(self.path(shards_name(step)))
+
+    def _url(self, path: str) -> str:
+        return path if self._local else self._fs.unstrip_protocol(path)
+
+    def publish_shards(self, step: int) -> str:
+        """The writer renames the complete shards into place (after every rank wrote its
+        own), before it writes the checkpoint file: a ``.pt`` never exists without them."""
+        final = self.path(shards_name(step))
+        if self._fs.exists(final):  # an earlier attempt's, never completed by its .pt
+            self._fs.rm(final, recursive=True)
+        self._fs.mv(self.path(f"{_TMP_PREFIX}{shards_name(step)}"), final, recursive=True)
+        return final
 
     def save(
         self, step: int, state: dict[str, Any], meta: CheckpointMeta, weights: bytes | None = None
@@ -205,11 +249,12 @@ class CheckpointStore:
         for p in self._fs.ls(self._root, detail=False):
             name = os.path.basename(p)
             if name.startswith(_TMP_PREFIX):
-                self._fs.rm(p)
-            elif name.endswith((_META_SUFFIX, _WEIGHTS_SUFFIX)) and not self._fs.exists(
-                p.removesuffix(_META_SUFFIX).removesuffix(_WEIGHTS_SUFFIX) + ".pt"
+                self._fs.rm(p, recursive=True)  # fsdp's shards are a directory
+            elif name.endswith((_META_SUFFIX, _WEIGHTS_SUFFIX, _SHARDS_SUFFIX)) and not (
+                self._fs.exists(_without_suffix(p) + ".pt")
             ):
-                self._fs.rm(p)  # beside a checkpoint that was never renamed into place
+                # beside a checkpoint that was never renamed into place
+                self._fs.rm(p, recursive=True)
 
 
 def _writer(data: bytes) -> Callable[[BinaryIO], object]:

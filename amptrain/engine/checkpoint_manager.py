@@ -26,6 +26,7 @@ from amptrain.engine.checkpoint import (
     restore_rng,
 )
 from amptrain.engine.distributed import Group
+from amptrain.engine.sharding import Sharding
 from amptrain.engine.train_state import TrainState
 
 
@@ -52,9 +53,13 @@ class RunState:
         group: Group,
         device: torch.device,
         attempt: int,
+        parallelism: str = "ddp",
     ) -> None:
+        """``parallelism`` ``fsdp``: ``model`` and ``optimizer`` are None here, their sharded
+        states going through the manager's :class:`~amptrain.engine.sharding.Sharding`."""
         assert set(components) == set(LEARNED), sorted(components)
         self.train = train
+        self.parallelism = parallelism
         self._components = components
         self._group = group
         self._attempt = attempt
@@ -75,6 +80,7 @@ class RunState:
             **parts,
             "rng": rngs[0],
             "world_size": self._group.world_size,
+            "parallelism": self.parallelism,
             "attempt": self._attempt,
             "healthy": healthy,
             **parallel,
@@ -82,7 +88,7 @@ class RunState:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume: every part as it was; the run continues exactly where it was."""
-        check_resumable(state, self._group.world_size)
+        check_resumable(state, self._group.world_size, self.parallelism)
         self.load_learned(state)
         self.train.load_state_dict(state)
         rng = state["rng_per_rank"][self._group.rank] if self._group.parallel else state["rng"]
@@ -90,7 +96,7 @@ class RunState:
 
     def load_learned(self, state: dict[str, Any]) -> None:
         """A rollback: the components' states only (see :data:`LEARNED`)."""
-        check_resumable(state, self._group.world_size)
+        check_resumable(state, self._group.world_size, self.parallelism)
         for name, component in self._components.items():
             if component is not None and state.get(name):  # the scaler's is {} when disabled
                 component.load_state_dict(state[name])
@@ -109,6 +115,9 @@ class CheckpointManager:
     ) -> None:
         """``export``: the model's weights as a safetensors file, written beside each
         checkpoint (by the leader, the one writer)."""
+        self.shards: Sharding | None = None
+        """Set for a sharded run (fsdp): its model and optimizer are saved and loaded as a
+        Distributed Checkpoint beside each checkpoint file, by every rank."""
         self._store = store
         self._export = export
         self._keep_last = keep_last
@@ -144,7 +153,9 @@ class CheckpointManager:
         if recorded is not None:
             self.discard_after(step or 0)
         if step is not None:
-            run.load_state_dict(self.load(step))
+            run.load_state_dict(self.load(step))  # refuses another world size first
+            if self.shards is not None and self._store is not None:
+                self.shards.load(self._store.shards(step))
             self.last_saved = run.train.resumed_from = step
         return step
 
@@ -189,12 +200,22 @@ class CheckpointManager:
     def save(self, state: dict[str, Any]) -> str | None:
         """Write ``state`` (a :meth:`RunState.state_dict`) as the checkpoint of its step, the
         model's weights exported beside it, and prune. Devices > 1: every rank calls it; rank 0 writes, no rank goes on before the
-        checkpoint exists."""
+        checkpoint exists (fsdp: every rank writes its shards first)."""
         assert self._store is not None
         meta = CheckpointMeta(int(state["step"]), bool(state["healthy"]), int(state["attempt"]))
         path = None
+        weights = None
+        if self.shards is not None:
+            # Every rank writes its shards, then the leader renames them into place: before
+            # the checkpoint file, so one never exists without its shards.
+            self.shards.save(self._store.shards_temporary(meta.step))
+            self._group.barrier()
+            if self._group.leader:
+                self._store.publish_shards(meta.step)
+            weights = self.shards.export()  # a gather: every rank takes part
+        elif self._group.leader and self._export is not None:
+            weights = self._export()
         if self._group.leader:
-            weights = self._export() if self._export is not None else None
             path = self._store.save(meta.step, state, meta, weights)
         self._index[meta.step] = meta
         self._loaded = None

@@ -173,15 +173,17 @@ class Group:
         if self.parallel:
             dist.barrier(device_ids=[self.local_rank] if self.device.type == "cuda" else None)
 
-    def describe(self, device_name: str) -> str:
-        """``device_name`` with the data-parallel layout, e.g. ``cuda (H100, ...) x 4, NCCL 2.21.5``."""
+    def describe(self, device_name: str, parallelism: str = "ddp") -> str:
+        """``device_name`` with the data-parallel layout, e.g. ``cuda (H100, ...) x 4 (DDP,
+        NCCL 2.21.5)``; ``parallelism``: the spec's (``FSDP`` when sharded)."""
+        kind = parallelism.upper()
         if not self.parallel:
             return device_name
         if self.device.type == "cuda":
             found = torch.cuda.nccl.version()  # a tuple; an int in older builds
             version = ".".join(map(str, found)) if isinstance(found, tuple) else str(found)
-            return f"{device_name} x {self.world_size} (DDP, NCCL {version})"
-        return f"{device_name} x {self.world_size} (DDP, gloo)"
+            return f"{device_name} x {self.world_size} ({kind}, NCCL {version})"
+        return f"{device_name} x {self.world_size} ({kind}, gloo)"
 
 
 def stop_name(code: float) -> str | None:

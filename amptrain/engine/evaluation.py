@@ -86,6 +86,9 @@ class Evaluator:
         self.held_out = held_out
         self.device = device
         self.group = group
+        # fsdp: each forward gathers every block's weights with the other ranks, so every rank
+        # must run as many (see _sums).
+        self.lockstep = spec.parallelism == "fsdp" and group.parallel
         self.channels_last = channels_last
         info = held_out.info
         wanted = spec.eval.metrics
@@ -148,6 +151,10 @@ class Evaluator:
                 sums = self._sums()
         finally:
             self.model.train(was_training)
+            if self.lockstep:
+                # The root keeps its weights gathered after a forward for the backward that
+                # usually follows: none does here, so shard them again (memory, checkpoints).
+                self.model.reshard()  # type: ignore[operator]
         self.group.all_reduce_sum(sums)
         # Collectives in the same order on every rank: the sums, then each library metric.
         library = self.library.compute() if self.library is not None else {}
@@ -181,14 +188,14 @@ class Evaluator:
     def _sums(self) -> torch.Tensor:
         sums = torch.zeros(BUILTIN_SUMS + len(self.custom), dtype=torch.float64, device=self.device)
         # Rank r takes chunks r, r + world, ...: the ranks together cover each row once.
-        for c in range(self.group.rank, self.chunks, self.group.world_size):
-            start = c * self.chunk
-            size = min(self.chunk, self.rows - start)
-            inputs, targets = self.held_out.batch(start, size)
-            inputs = inputs.to(self.device, non_blocking=True)
-            targets = targets.to(self.device, non_blocking=True)
-            if self.channels_last and inputs.dim() == 4:
-                inputs = inputs.contiguous(memory_format=torch.channels_last)
+        mine = range(self.group.rank, self.chunks, self.group.world_size)
+        if self.lockstep:
+            # A rank with a chunk fewer runs one more forward (of chunk 0), thrown away.
+            for _ in range(-(-self.chunks // self.group.world_size) - len(mine)):
+                with self.amp.autocast():
+                    self.model(self._chunk(0)[0])
+        for c in mine:
+            inputs, targets = self._chunk(c)
             with self.amp.autocast():
                 logits = self.model(inputs)
                 with fp32_island():
@@ -205,6 +212,16 @@ class Evaluator:
             if self.library is not None:
                 self.library.update(logits, targets)
         return sums
+
+    def _chunk(self, c: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Held-out chunk ``c`` on the device, as training's micro-batches are laid out."""
+        start = c * self.chunk
+        inputs, targets = self.held_out.batch(start, min(self.chunk, self.rows - start))
+        inputs = inputs.to(self.device, non_blocking=True)
+        targets = targets.to(self.device, non_blocking=True)
+        if self.channels_last and inputs.dim() == 4:
+            inputs = inputs.contiguous(memory_format=torch.channels_last)
+        return inputs, targets
 
 
 def _builtin_choice(wanted: list[str] | None, task: Task, num_classes: int) -> tuple[str, ...]:

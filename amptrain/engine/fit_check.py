@@ -29,6 +29,7 @@ from amptrain.components.base import DataInfo
 from amptrain.contract import host_memory, sizing
 from amptrain.contract.errors import InvalidSpecError, TooLargeError
 from amptrain.contract.spec import JobSpec
+from amptrain.engine.sharding import LOW_PRECISION_PARAMS, blocks
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,8 @@ _LOW_PRECISION = ("fp16", "bf16")
 class FitEstimate:
     parameters: int
     state_bytes: int
-    """fp32 weights + gradients + optimizer state."""
+    """fp32 weights + gradients + optimizer state on one device (fsdp: its shard, and the
+    largest unit gathered whole)."""
     activation_bytes: int
     micro_batch: int
 
@@ -67,10 +69,20 @@ def estimate(spec: JobSpec, info: DataInfo, precision: str) -> FitEstimate | Non
         return None
     parameters = sum(p.numel() for p in model.parameters())
     state = sizing.training_state_bytes(parameters, spec.optimizer.name, spec.optimizer.momentum)
+    gathered = _gathered_bytes(model, parameters, precision) if spec.parallelism == "fsdp" else 0
+    state = sizing.per_device_state_bytes(state, spec.devices, spec.parallelism, gathered)
     # With auto_micro_batch the engine halves the micro-batch on OOM, down to 1.
     micro = 1 if spec.auto_micro_batch else spec.micro_batch_size
     activations = _activation_bytes(model, info, micro, precision)
     return FitEstimate(parameters, state, activations or 0, micro)
+
+
+def _gathered_bytes(model: torch.nn.Module, parameters: int, precision: str) -> int:
+    """What fsdp gathers whole at once, at most: the largest block, or the root's own
+    parameters (everything outside the blocks), in the dtype the policy gathers them in."""
+    units = [sum(p.numel() for p in b.parameters()) for b in blocks(model)]
+    dtype = LOW_PRECISION_PARAMS.get(precision, torch.float32)
+    return max([parameters - sum(units), *units]) * dtype.itemsize
 
 
 def _activation_bytes(
@@ -135,11 +147,18 @@ def check_fits(spec: JobSpec, info: DataInfo, device: torch.device, precision: s
     else:
         per = f" per process ({spec.devices} processes)" if spec.devices > 1 else ""
         where = f"the training process has {sizing.format_bytes(capacity)} available here{per}"
+    shard = f" (this device's fsdp shard of {spec.devices})" if spec.parallelism == "fsdp" else ""
     raise TooLargeError(
         f"too large for this worker: the job needs about {sizing.format_bytes(found.total)} "
         f"({found.parameters:,} parameters: {sizing.format_bytes(found.state_bytes)} for "
-        f"weights, gradients and {spec.optimizer.name} state; about "
+        f"weights, gradients and {spec.optimizer.name} state{shard}; about "
         f"{sizing.format_bytes(found.activation_bytes)} of activations for a micro-batch of "
         f"{found.micro_batch}), but {where}. Make the model smaller, or the micro-batch "
-        "(raise grad_accum_steps or set auto_micro_batch)"
+        f"(raise grad_accum_steps or set auto_micro_batch){_shard_hint(spec)}"
     )
+
+
+def _shard_hint(spec: JobSpec) -> str:
+    if spec.devices > 1 and spec.parallelism == "ddp":
+        return f", or shard the model state across the {spec.devices} devices (parallelism: fsdp)"
+    return ""

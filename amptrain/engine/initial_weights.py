@@ -40,10 +40,12 @@ LISTED = 20
 """Names an event lists of each kind left out (the counts are always whole)."""
 
 
-def export_bytes(model: torch.nn.Module) -> bytes:
+def export_bytes(model: torch.nn.Module, state: Mapping[str, Any] | None = None) -> bytes:
     """The model's weights (parameters and buffers) as a safetensors file, library names,
-    on the CPU. Copies: tied weights share storage, which safetensors refuses to write."""
-    state = model.state_dict()
+    on the CPU. Copies: tied weights share storage, which safetensors refuses to write.
+    ``state``: the model's whole state dict when ``model.state_dict()`` is not it (a sharded
+    model's, gathered)."""
+    state = model.state_dict() if state is None else state
     tensors = {
         name: t.detach().to("cpu", copy=True).contiguous()
         for name, t in state.items()
@@ -100,12 +102,22 @@ def load_initial_weights(
             f"{FIELD} {quote(spec.path, PATH_CHARS)}: {plan.first_difference} "
             "(weights.strict false loads what matches)"
         )
-    chosen = {
+    chosen: dict[str, Any] = {
         name: tensors[name].to(expected[name].dtype)  # the model's dtype (fp32 parameters)
         for name in plan.matching
     }
-    with torch.no_grad():
-        model.load_state_dict(chosen, strict=False)
+    if any(hasattr(p, "full_tensor") for p in model.parameters()):
+        # Sharded (fsdp): every rank read the whole file and keeps its own shards.
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_model_state_dict,
+        )
+
+        options = StateDictOptions(full_state_dict=True, strict=False)
+        set_model_state_dict(model, chosen, options=options)
+    else:
+        with torch.no_grad():
+            model.load_state_dict(chosen, strict=False)
     data: dict[str, Any] = {"path": spec.path, "loaded": len(chosen), "strict": spec.strict}
     cast = sorted(
         {_dtype(tensors[n]) for n in plan.matching if tensors[n].dtype != expected[n].dtype}

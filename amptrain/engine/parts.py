@@ -46,6 +46,7 @@ from amptrain.engine.precision import (
     resolve_device,
 )
 from amptrain.engine.publisher import Publisher
+from amptrain.engine.sharding import Sharding
 from amptrain.engine.spikes import spike_check
 from amptrain.engine.telemetry import StepTelemetry
 from amptrain.engine.train_state import TrainState
@@ -145,7 +146,8 @@ def build_parts(
     # Process-wide switches: put back as they were when train() ends (or this fails).
     restore_math = apply_math_mode(chosen, device, spec.deterministic)
     try:
-        precision = dataclasses.replace(chosen, device=group.describe(chosen.device))
+        described = group.describe(chosen.device, spec.parallelism)
+        precision = dataclasses.replace(chosen, device=described)
         seed_everything(spec.seed)  # the same on every rank: the same dataset and model
         made = components or _build_components(spec, ctx, device, precision.effective)
         model, channels_last = _place_model(made.model, device)
@@ -162,12 +164,16 @@ def build_parts(
                 restore_math()
                 restore_math = apply_math_mode(decided, device, spec.deterministic)
             precision = decided
-        wrapped = group.wrap(model)
+        sharding = Sharding(spec, group, precision.effective)
+        wrapped = sharding.wrap(model)  # fsdp: ``model`` itself, its parameters now shards
         if group.rank > 0:
             # Dropout and other random ops draw differently on each rank (rank 0 keeps the
             # single-process stream).
             seed_everything((spec.seed + 1_000_003 * group.rank) % 2**32)
         optimizer = _registry().build_optimizer(spec.optimizer, model.parameters(), device)
+        if sharding.sharded:
+            sharding.attach(optimizer)
+            checkpoints.shards = sharding
         rule = spec.health.spike
         spike = spike_check(rule, device) if rule is not None else None
         amp = AmpStep(spec, wrapped, optimizer, made.loss_fn, precision, device, spike)
@@ -184,6 +190,8 @@ def build_parts(
             precision_reason=precision.reason,
         )
         learned = learned_parts(model, optimizer, schedule, amp.scaler, amp.spike)
+        if sharding.sharded:  # through the checkpoints' Distributed Checkpoint instead
+            learned.update(model=None, optimizer=None)
         feeder = _feeder(spec, device, group, made.dataset, channels_last, data)
         telemetry = StepTelemetry(
             spec.telemetry,
@@ -208,7 +216,7 @@ def build_parts(
             feeder=feeder,
             amp=amp,
             state=state,
-            run_state=RunState(state, learned, group, device, ctx.attempt),
+            run_state=RunState(state, learned, group, device, ctx.attempt, spec.parallelism),
             checkpoints=checkpoints,
             publisher=publisher,
             guardian=guardian,

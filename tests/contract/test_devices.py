@@ -57,3 +57,31 @@ def test_out_of_bounds_is_refused_and_the_bounds_are_listed(field: str, value: i
     limits = spec_limits()
     assert limits["devices"] == {"minimum": 1, "maximum": 8}
     assert limits["collective_timeout_s"] == {"minimum": 5, "maximum": 3600}
+
+
+def test_fsdp_shards_across_devices_and_is_refused_on_one_naming_the_field() -> None:
+    spec = parse_spec({**BASE, "devices": 2, "parallelism": "fsdp"})
+    assert (spec.parallelism, spec.activation_checkpointing) == ("fsdp", False)
+    assert parse_spec(BASE).parallelism == "ddp"
+    message = refusal(parallelism="fsdp")
+    assert "parallelism fsdp needs devices > 1 (got devices 1)" in message
+    assert "use ddp" in message
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("parallelism", "zero3"),
+        ("parallelism", "FSDP"),
+        ("parallelism", 1),
+        ("parallelism", None),
+        ("parallelism", ["fsdp"]),
+        ("activation_checkpointing", "yes"),
+        ("activation_checkpointing", 1),
+        ("activation_checkpointing", "true"),
+        ("activation_checkpointing", None),
+    ],
+)
+def test_hostile_sharding_values_are_refused_naming_the_field(field: str, value: Any) -> None:
+    message = refusal(devices=2, **{field: value})
+    assert message.splitlines()[1] == field  # pydantic's first line under the count: the loc

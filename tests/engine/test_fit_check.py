@@ -17,7 +17,7 @@ from amptrain.contract.errors import TooLargeError
 from amptrain.contract.sizing import DataShape, mlp_parameters
 from amptrain.contract.spec import parse_spec
 from amptrain.engine import RunContext, Trainer
-from amptrain.engine.fit_check import device_memory, estimate
+from amptrain.engine.fit_check import check_fits, device_memory, estimate
 
 
 def _spec(model_args: dict[str, Any], **extra: Any) -> Any:
@@ -125,3 +125,21 @@ def test_on_a_cpu_what_other_processes_hold_is_not_available(
     with pytest.raises(TooLargeError) as err:
         Trainer(_spec({"width": 2048, "depth": 4}), RunContext(checkpoint_dir=None))
     assert "but the training process has 128.0 MiB available here" in err.value.message
+
+
+def test_fsdp_fits_where_ddp_does_not_and_a_ddp_refusal_says_so(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Per process, fsdp needs its shard of the state: between the two estimates, fsdp fits."""
+    info = DataInfo("classification", (64,), 10)
+    ddp = _spec({"width": 2048, "depth": 4}, devices=2)
+    fsdp = ddp.model_copy(update={"parallelism": "fsdp"})
+    needs = [estimate(s, info, "fp32") for s in (ddp, fsdp)]
+    assert needs[0] is not None and needs[1] is not None
+    assert needs[1].total < needs[0].total
+    between = needs[0].total + needs[1].total  # the two processes' share: the mean each
+    monkeypatch.setattr(host_memory, "available", lambda root=host_memory.ROOT: between)
+    check_fits(fsdp, info, torch.device("cpu"), "fp32")
+    with pytest.raises(TooLargeError) as err:
+        check_fits(ddp, info, torch.device("cpu"), "fp32")
+    assert "shard the model state across the 2 devices (parallelism: fsdp)" in err.value.message
