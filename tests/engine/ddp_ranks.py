@@ -34,6 +34,7 @@ import torch
 import torch.distributed as dist
 
 from amptrain.contract.spec import parse_spec
+from amptrain.core.lifeline import leave_process_group
 from amptrain.engine import RunContext, Trainer
 from amptrain.engine.distributed import Group, Ranks
 from tests.support.sinks import ListSink
@@ -216,6 +217,9 @@ def main(out: str) -> None:
     finally:
         dist.destroy_process_group()
     torch.save(results, os.path.join(out, f"rank{ranks.rank}.pt"))
+    # As the worker's rank does: gloo's interpreter teardown can abort (SIGABRT) a rank
+    # whose results are already written, failing the launch.
+    leave_process_group(0)
 
 
 if __name__ == "__main__":
