@@ -16,6 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, Field, model_validator
 
+from amptrain.contract.alerts import MAX_RULES_PER_JOB_SPEC, JobAlert, is_step_series
 from amptrain.contract.eval_choice import EVAL_CHOICES
 from amptrain.contract.health_spec import MAX_SPIKE_WINDOW as MAX_SPIKE_WINDOW
 from amptrain.contract.health_spec import MAX_STEPS as MAX_STEPS
@@ -295,6 +296,11 @@ class JobSpec(_Strict):
     weights: WeightsSpec | None = None
     """Start from an operator-provided safetensors file (fine-tuning); null: the model's
     own initialisation."""
+    alerts: list[JobAlert] = Field(default_factory=list, max_length=MAX_RULES_PER_JOB_SPEC)
+    """Alert rules of this job alone (see ``POST /alerts/rules``; their scope is this job):
+    e.g. an ``early_stop`` on ``eval_loss``, or a webhook on ``diverged``. Each becomes a
+    rule of the submitter, listed by ``GET /alerts/rules`` (its secret via
+    ``POST /alerts/rules/{id}/secret``)."""
 
     @model_validator(mode="after")
     def _accumulation_divides_batch(self) -> JobSpec:
@@ -331,6 +337,15 @@ class JobSpec(_Strict):
                 "parallelism fsdp needs devices > 1 (got devices 1): sharding the model "
                 "across one device saves nothing; use ddp (the default) or more devices"
             )
+        for i, alert in enumerate(self.alerts):
+            series = getattr(alert.when, "series", None)
+            named = self.eval.metrics
+            eval_series = series is not None and not is_step_series(series)
+            if eval_series and named is not None and series not in named:
+                raise ValueError(
+                    f"alerts.{i}.when.series {series!r} is not among eval.metrics "
+                    f"({', '.join(named)}): the rule would never see a value"
+                )
         if self.devices > 1 and self.auto_micro_batch:
             raise ValueError(
                 f"auto_micro_batch needs devices 1 (got devices {self.devices}): one process "

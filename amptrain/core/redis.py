@@ -61,6 +61,11 @@ def _name(name: str) -> str:
     return name
 
 
+CANCEL_KEY_TTL_S = 7 * 24 * 3600
+"""A cancel key (:meth:`Keys.cancel`) outlives any grace period; the job's status in SQL is
+the truth, the key only hurries the worker."""
+
+
 class Keys:
     """Every key name, in one place. Job-scoped keys accept only generated job ids."""
 

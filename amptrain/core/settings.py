@@ -25,6 +25,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from amptrain.contract.alerts import MAX_RULES_PER_OWNER
 from amptrain.contract.spec import MAX_DEVICES
 
 QUEUE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,15}$")
@@ -91,6 +92,8 @@ Queues = Annotated[CommaList, AfterValidator(lambda v: check_queues(v))]
 """Worker queue names: comma-separated, each a name kombu may use as a Redis key."""
 Protocols = Annotated[CommaList, AfterValidator(lambda v: [p.lower() for p in v])]
 """fsspec protocols, comma-separated, compared in lower case."""
+WebhookHosts = Annotated[CommaList, AfterValidator(lambda v: check_webhook_hosts(v))]
+"""``AMPTRAIN_WEBHOOK_ALLOWED_HOSTS``: comma-separated host names or ``*.domain``."""
 Roots = Annotated[list[str], NoDecode, BeforeValidator(lambda v: _roots(v))]
 """Data roots: a JSON list, ``os.pathsep``-separated directories, or comma-separated URLs."""
 
@@ -221,6 +224,25 @@ class Settings(BaseSettings):
     """An open WebSocket or SSE stream re-checks its token (revoked? expired?) at its next
     message once this long has passed since the last check."""
 
+    webhook_allowed_hosts: WebhookHosts = Field(default_factory=list)
+    """Hosts alert webhooks may go to, comma-separated: exact names (``hooks.slack.com``)
+    or ``*.example.com`` for its subdomains. Empty: no webhooks (a rule's ``notify`` is
+    refused with a 422)."""
+    webhook_allow_private: bool = False
+    """Let webhooks reach private, loopback and link-local addresses. Off: an allow-listed
+    name that resolves to one is refused (SSRF); tests on loopback turn it on."""
+    webhook_timeout_seconds: float = Field(default=5.0, gt=0, le=60)
+    """Connect, write and read timeout of one webhook request."""
+    webhook_concurrency: int = Field(default=8, ge=1, le=64)
+    """Webhooks sent at once by one API process: a hanging receiver holds one of these."""
+    webhook_backoff_seconds: float = Field(default=5.0, gt=0, le=3600)
+    """Wait before the first retry; each later retry waits twice as long..."""
+    webhook_backoff_max_seconds: float = Field(default=600.0, gt=0, le=86400)
+    """...up to this."""
+    webhook_poll_seconds: float = Field(default=1.0, gt=0, le=60)
+    """How often the sender looks for due deliveries."""
+    max_alert_rules_per_user: int = Field(default=100, ge=1, le=MAX_RULES_PER_OWNER)
+    """Alert rules one user may have (``POST /alerts/rules`` answers 429 beyond)."""
     _redis_derived: bool = PrivateAttr(default=False)
 
     @model_validator(mode="after")
@@ -297,6 +319,20 @@ def _roots(value: Any) -> Any:
         sep = "," if "://" in text else os.pathsep
         return [part.strip() for part in text.split(sep) if part.strip()]
     return value
+
+
+_HOST = re.compile(r"^(\*\.)?[a-z0-9]([a-z0-9-]{0,62})(\.[a-z0-9]([a-z0-9-]{0,62}))*$")
+
+
+def check_webhook_hosts(value: list[str]) -> list[str]:
+    """Lower-cased host names (``*.`` for subdomains), or a ValueError naming the bad one."""
+    hosts = [h.lower().rstrip(".") for h in value]
+    for host in hosts:
+        if not _HOST.match(host) or len(host) > 253:
+            raise ValueError(
+                f"AMPTRAIN_WEBHOOK_ALLOWED_HOSTS: {host[:60]!r} is not a host name or *.domain"
+            )
+    return hosts
 
 
 def check_queues(value: list[str]) -> list[str]:

@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from amptrain.core import redis as core_redis
 from amptrain.core.settings import Settings
 from amptrain.server import observability
+from amptrain.server.delivery import DeliverySender
 from amptrain.server.dispatcher import Dispatcher
 from amptrain.server.limits import AuthFailures, LiveSlots, RateLimiter
 from amptrain.server.live.hub import LiveHub
@@ -49,6 +50,7 @@ class Services:
     auth_failures: AuthFailures
     live_slots: LiveSlots
     token_checks: TokenChecks
+    sender: DeliverySender
     stop_event: threading.Event = field(default_factory=threading.Event)
     threads: list[threading.Thread] = field(default_factory=list)
     closers: list[Callable[[], None]] = field(default_factory=list)
@@ -75,12 +77,15 @@ class Services:
             AuthFailures(settings.auth_failure_rate_limit, client),
             LiveSlots(client, settings.max_live_connections_per_user),
             TokenChecks(session_factory, settings.token_recheck_seconds),
+            DeliverySender(settings, session_factory),
         )
 
     def start(self) -> None:
-        """Ensure the admin token, then start the recorder and the dispatcher loops."""
+        """Ensure the admin token, then start the recorder, the dispatcher and the webhook
+        sender loops."""
         ensure_admin_token(self.settings, self.session_factory)
         self._spawn("amptrain-dispatcher", self.dispatcher.run)
+        self._spawn("amptrain-webhooks", self.sender.run)
         self._start_recorder()
 
     async def aclose(self) -> None:
@@ -94,6 +99,7 @@ class Services:
         """Stop the loops, wait for them, and close connections."""
         self.stop_event.set()
         self.dispatcher.wake()
+        self.sender.wake()
         for thread in self.threads:
             thread.join(timeout)
             if thread.is_alive():

@@ -112,6 +112,12 @@ class Job(Base):
     """Per parameter (module path), the skipped fp16 steps it overflowed first in, most
     first (shown as ``summary.overflow_counts``); counted from the job's
     ``gradient_overflow`` warnings by :func:`amptrain.store.recording.refresh_overflow_counts`."""
+    stop_reason: Mapped[dict[str, Any] | None] = mapped_column(sa.JSON)
+    """Why a cancel was requested by an alert rule (``{"rule", "name", "event", ...}``);
+    null: a user's cancel. The concluding event carries it as ``stopped_by``."""
+    stop_outcome: Mapped[str | None] = mapped_column(sa.String(16))
+    """The status a requested stop ends in: null (``cancelled``), or ``succeeded`` for an
+    early stop (see :func:`amptrain.store.jobs.finish`)."""
 
 
 class JobEvent(Base):
@@ -272,3 +278,64 @@ class MetricSummaryState(Base):
     stream_ms: Mapped[int] = mapped_column(sa.BigInteger)
     stream_seq: Mapped[int] = mapped_column(sa.BigInteger)
     top: Mapped[int]
+
+
+class AlertRule(Base):
+    """A user's alert rule (:class:`amptrain.contract.alerts.RuleSpec` as ``spec``). Only
+    its owner's jobs are ever matched. ``job_id``: a rule of that one job (its spec's
+    ``alerts``, or ``scope.job_id``); ``secret`` signs its webhooks."""
+
+    __tablename__ = "alert_rules"
+    __table_args__ = (sa.Index(None, "owner", "id"), sa.Index(None, "job_id"))
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    owner: Mapped[str] = mapped_column(sa.String(200))
+    name: Mapped[str] = mapped_column(sa.String(100))
+    kind: Mapped[str] = mapped_column(sa.String(16))
+    job_id: Mapped[str | None] = mapped_column(sa.ForeignKey("jobs.id", ondelete="CASCADE"))
+    spec: Mapped[dict[str, Any]] = mapped_column(sa.JSON)
+    secret: Mapped[str] = mapped_column(sa.String(64))
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class AlertFiring(Base):
+    """A rule matched: stored in the recorder's transaction with the data that caused it.
+    Unique per (rule, job, attempt, key): a replayed batch fires nothing twice. ``key``
+    names what fired (``step:120``, ``event:<entry id>``, ``stall:<step>``)."""
+
+    __tablename__ = "alert_firings"
+    __table_args__ = (sa.UniqueConstraint("rule_id", "job_id", "attempt", "key"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    rule_id: Mapped[int] = mapped_column(sa.ForeignKey("alert_rules.id", ondelete="CASCADE"))
+    job_id: Mapped[str] = mapped_column(sa.ForeignKey("jobs.id", ondelete="CASCADE"))
+    attempt: Mapped[int]
+    key: Mapped[str] = mapped_column(sa.String(80))
+    step: Mapped[int | None]
+    data: Mapped[dict[str, Any]] = mapped_column(sa.JSON, default=dict)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class AlertDelivery(Base):
+    """One webhook to send for a firing: the database is the outbox. ``status``
+    ``pending`` until ``delivered`` or ``failed`` (retries spent); a sender holds a row
+    while ``claim`` is its token and ``claimed_until`` (database clock) is ahead.
+    ``history``: one ``{"at", "status_code", "error"}`` per attempt (at most
+    ``max_retries + 1``)."""
+
+    __tablename__ = "alert_deliveries"
+    __table_args__ = (sa.Index(None, "status", "next_at"), sa.Index(None, "rule_id", "id"))
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    firing_id: Mapped[int] = mapped_column(sa.ForeignKey("alert_firings.id", ondelete="CASCADE"))
+    rule_id: Mapped[int] = mapped_column(sa.ForeignKey("alert_rules.id", ondelete="CASCADE"))
+    url: Mapped[str] = mapped_column(sa.String(2048))
+    format: Mapped[str] = mapped_column(sa.String(8))
+    status: Mapped[str] = mapped_column(sa.String(12), default="pending")
+    attempts: Mapped[int] = mapped_column(default=0)
+    max_retries: Mapped[int]
+    next_at: Mapped[float] = mapped_column(sa.Float(precision=53))
+    claim: Mapped[str | None] = mapped_column(sa.String(32))
+    claimed_until: Mapped[float | None] = mapped_column(sa.Float(precision=53))
+    history: Mapped[list[dict[str, Any]]] = mapped_column(sa.JSON, default=list)
+    created_at: Mapped[datetime] = mapped_column(UTCDateTime, default=utcnow)

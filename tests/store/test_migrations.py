@@ -23,6 +23,9 @@ TABLES = {
     "metric_summaries",
     "metric_summary_state",
     "metric_values",
+    "alert_rules",
+    "alert_firings",
+    "alert_deliveries",
 }
 
 

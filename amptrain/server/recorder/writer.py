@@ -18,8 +18,9 @@ import redis
 from sqlalchemy.orm import Session, sessionmaker
 
 from amptrain.contract.stream import STREAM_MAXLEN, encode, text
-from amptrain.core.redis import Keys
+from amptrain.core.redis import CANCEL_KEY_TTL_S, Keys
 from amptrain.server import observability
+from amptrain.server.recorder import alerting
 from amptrain.server.recorder.entries import Entry, parse
 from amptrain.server.recorder.group import ConsumerGroup
 from amptrain.server.recorder.owner import Ownership
@@ -64,6 +65,8 @@ class BatchWriter:
                 if batch.ends and recording.mark_done(s, job_id, batch.ends):
                     ends.append(job_id)
             recording.refresh_overflow_counts(s, overflowed)
+            # Alert rules, in this transaction: a firing is stored with what caused it.
+            stopping = alerting.evaluate(s, batches)
             lost = [job_id for job_id in taken if not self.ownership.hold(job_id)]
             if lost:
                 # Someone else owns these jobs now: leave their entries to them, redo the rest.
@@ -80,6 +83,9 @@ class BatchWriter:
             {Keys.recorded(j): text(e[-1][0]) for j, e in taken.items()},
             self.stream_ttl_s,
         )
+        for job_id in stopping:
+            # Like a user's cancel: the SQL status is the truth, the key only hurries it.
+            self.redis.set(Keys.cancel(job_id), "1", ex=CANCEL_KEY_TTL_S)
         for job_id in ends:
             self.finish_stream(job_id)
         return sum(map(len, taken.values()))

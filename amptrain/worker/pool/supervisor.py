@@ -19,7 +19,7 @@ from amptrain.core import redis as amptrain_redis
 from amptrain.core.enums import JobStatus
 from amptrain.core.logs import bind, log_context
 from amptrain.core.settings import Settings
-from amptrain.store import jobs
+from amptrain.store import jobs, stops
 from amptrain.store.db import make_engine, make_session_factory
 from amptrain.worker.child.protocol import Launch, PrecisionChosen
 from amptrain.worker.pool import shape
@@ -217,6 +217,14 @@ class Supervisor:
                 # A retry (the error is in the event), or a precision fallback.
                 fallback = out.failure.fallback_to if out.failure else None
                 done = jobs.release(s, job_id, attempt, fallback_to=fallback)
+            elif status == JobStatus.CANCELLED:
+                # A stop on request ends as the request said: an alert rule's early stop
+                # ends succeeded, and the event names the rule that stopped it.
+                stopped = stops.finish_stopped(s, job_id, attempt)
+                done = stopped is not None
+                if stopped is not None:
+                    status, kind = stopped.status, str(stopped.status)
+                    data = {"stopped_by": stopped.reason} if stopped.reason else data
             else:
                 done = jobs.finish(s, job_id, attempt, status, error)
         if done:  # the status is the fenced truth; the event only tells it

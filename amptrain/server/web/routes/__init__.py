@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from amptrain.server.web.routes import (
+    alerts,
     catalog,
     checkpoints,
     comparisons,
@@ -29,5 +30,6 @@ ROUTERS: tuple[APIRouter, ...] = (
     live.router,
     workers.router,
     comparisons.router,
+    alerts.router,
     ui.router,
 )

@@ -17,7 +17,7 @@ from amptrain.contract.catalog import validate_components
 from amptrain.contract.job_ids import JOB_ID_PREFIX
 from amptrain.contract.spec import JobSpec
 from amptrain.core.enums import JobStatus
-from amptrain.core.redis import Keys
+from amptrain.core.redis import CANCEL_KEY_TTL_S, Keys
 from amptrain.server.dispatcher import queue_for
 from amptrain.server.web.admission import no_worker_notice, queue_workers, service_policy
 from amptrain.server.web.deps import (
@@ -37,6 +37,7 @@ from amptrain.server.web.errors import (
     error_responses,
     field_problems,
 )
+from amptrain.server.web.routes.alerts import create_rules, url_problems
 from amptrain.server.web.schemas import JobOut, JobPage, PrecisionSegmentOut
 from amptrain.store import job_reads, quotas
 from amptrain.store import jobs as repo
@@ -44,7 +45,6 @@ from amptrain.store.models import Job
 
 router = APIRouter(prefix="/jobs", tags=["jobs"], responses=error_responses(401, 422))
 
-CANCEL_KEY_TTL_S = 7 * 24 * 3600  # outlives any grace period; the job's status is the truth
 _STATUSES = [s.value for s in JobStatus]
 STATUS_LIST = rf"^({'|'.join(_STATUSES)})(,({'|'.join(_STATUSES)}))*$"
 """What ``GET /jobs?status=`` takes, as the schema documents it (spaces around commas are
@@ -105,6 +105,7 @@ def submit_job(
                 "type": "enum",
             }
         )
+    problems += url_problems(spec.alerts, services.settings, ("alerts",))
     if problems:
         raise ValidationFailed(field_problems(problems))
     digest = request_hash(spec)
@@ -127,6 +128,7 @@ def submit_job(
         if existing is None:
             raise
         return _replay(existing, digest, response, user.is_admin)
+    create_rules(session, user.name, spec.alerts, services.settings, job_id=job.id)
     job_id, queue_name, dispatcher = job.id, job.queue, services.dispatcher
     after_commit(session, lambda: dispatcher.submit(job_id, queue_name))
     return JobOut.from_job(job, admin=user.is_admin).model_copy(
