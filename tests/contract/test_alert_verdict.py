@@ -139,7 +139,7 @@ def test_rule_bounds_name_the_field(rule: dict[str, object], field: str) -> None
 
 def test_job_spec_alerts_are_checked_against_its_eval_metrics() -> None:
     alert = {"name": "es", "when": {"kind": "early_stop", "series": "perplexity"}}
-    with pytest.raises(ValidationError, match="not among eval.metrics"):
+    with pytest.raises(ValidationError, match=r"not among eval\.metrics"):
         parse_spec(mlp_job(alerts=[alert], eval={"metrics": ["eval_loss", "accuracy"]}))
     spec = parse_spec(
         mlp_job(alerts=[{**alert, "when": {"kind": "early_stop", "series": "eval_loss"}}])
