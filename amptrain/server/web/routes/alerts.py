@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Annotated, Any
 from urllib.parse import urlsplit
 
-from fastapi import APIRouter, Query, Response, status
+from fastapi import APIRouter, Path, Query, Response, status
 from pydantic import BaseModel
 from sqlalchemy.orm import Session
 
@@ -189,6 +189,10 @@ def list_rules(
     )
 
 
+RuleId = Annotated[int, Path(ge=1, le=2**62, description="The rule's id.")]
+"""Bounded: ids are 64-bit columns, and a larger number would be a 500, not a 404."""
+
+
 def _visible_rule(session: Session, user: Principal, rule_id: int) -> AlertRule:
     rule = repo.get_rule(session, rule_id)
     if rule is None or not user.can_see(rule):
@@ -197,7 +201,7 @@ def _visible_rule(session: Session, user: Principal, rule_id: int) -> AlertRule:
 
 
 @router.get("/rules/{rule_id}", response_model=RuleOut, responses=error_responses(404))
-def read_rule(rule_id: int, session: SessionDep, user: CurrentUser) -> RuleOut:
+def read_rule(rule_id: RuleId, session: SessionDep, user: CurrentUser) -> RuleOut:
     """One rule (without its secret)."""
     return RuleOut.of(_visible_rule(session, user, rule_id))
 
@@ -205,7 +209,7 @@ def read_rule(rule_id: int, session: SessionDep, user: CurrentUser) -> RuleOut:
 @router.delete(
     "/rules/{rule_id}", status_code=status.HTTP_204_NO_CONTENT, responses=error_responses(404)
 )
-def delete_rule(rule_id: int, session: SessionDep, user: CurrentUser) -> Response:
+def delete_rule(rule_id: RuleId, session: SessionDep, user: CurrentUser) -> Response:
     """Delete a rule, its firings and its deliveries (pending ones are never sent)."""
     _visible_rule(session, user, rule_id)
     repo.delete_rule(session, rule_id)
@@ -213,7 +217,7 @@ def delete_rule(rule_id: int, session: SessionDep, user: CurrentUser) -> Respons
 
 
 @router.post("/rules/{rule_id}/secret", response_model=RuleCreated, responses=error_responses(404))
-def rotate_secret(rule_id: int, session: SessionDep, user: CurrentUser) -> RuleCreated:
+def rotate_secret(rule_id: RuleId, session: SessionDep, user: CurrentUser) -> RuleCreated:
     """A new signing secret for the rule, shown once (the old one stops signing now): how
     the owner of a rule created from a job spec's ``alerts`` gets its secret."""
     rule = _visible_rule(session, user, rule_id)
@@ -226,7 +230,7 @@ def rotate_secret(rule_id: int, session: SessionDep, user: CurrentUser) -> RuleC
     "/rules/{rule_id}/deliveries", response_model=DeliveryPage, responses=error_responses(404)
 )
 def rule_deliveries(
-    rule_id: int,
+    rule_id: RuleId,
     session: SessionDep,
     user: CurrentUser,
     before: Annotated[int, Query(ge=0, le=2**62)] = 0,
