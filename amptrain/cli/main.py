@@ -88,6 +88,12 @@ COMMANDS: dict[str, Lazy] = {
     "logs": Lazy(
         "amptrain.client.commands:logs", "Print a job's lifecycle events.", "client", _CLIENT
     ),
+    "alerts": Lazy(
+        "amptrain.client.alerts:alerts",
+        "Alert rules: list, add, rm, deliveries.",
+        "client",
+        _CLIENT,
+    ),
     "export": Lazy(
         "amptrain.client.commands:export",
         "Export a job's checkpoint as safetensors for the next job's weights.",

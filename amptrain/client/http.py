@@ -162,6 +162,25 @@ class Client:
     def cancel(self, job_id: str) -> dict[str, Any]:
         return dict(self._call("POST", f"/jobs/{job_id}/cancel"))
 
+    def alert_rules(self) -> list[dict[str, Any]]:
+        return list(self._call("GET", "/alerts/rules", params={"limit": 200})["items"])
+
+    def add_alert_rule(self, rule: dict[str, Any]) -> dict[str, Any]:
+        return dict(self._call("POST", "/alerts/rules", json=rule))
+
+    def delete_alert_rule(self, rule_id: int) -> None:
+        try:
+            response = self.http.delete(f"/alerts/rules/{rule_id}")
+        except httpx.TransportError as exc:
+            raise ApiError(0, "unreachable", f"{self.config.url}: {exc}") from None
+        if response.status_code >= 400:
+            body = response.json()
+            raise ApiError(response.status_code, body.get("error", "?"), body.get("detail"))
+
+    def alert_deliveries(self, rule_id: int, limit: int = 50) -> list[dict[str, Any]]:
+        page = self._call("GET", f"/alerts/rules/{rule_id}/deliveries", params={"limit": limit})
+        return list(page["items"])
+
     def events(self, job_id: str) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = []
         after = "0"

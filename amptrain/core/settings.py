@@ -241,6 +241,9 @@ class Settings(BaseSettings):
     """...up to this."""
     webhook_poll_seconds: float = Field(default=1.0, gt=0, le=60)
     """How often the sender looks for due deliveries."""
+    alert_stall_poll_seconds: float = Field(default=10.0, gt=0, le=3600)
+    """How often each API process looks for running jobs that made no progress (the
+    ``no_progress`` alert rules)."""
     max_alert_rules_per_user: int = Field(default=100, ge=1, le=MAX_RULES_PER_OWNER)
     """Alert rules one user may have (``POST /alerts/rules`` answers 429 beyond)."""
     _redis_derived: bool = PrivateAttr(default=False)

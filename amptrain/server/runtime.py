@@ -28,6 +28,7 @@ from amptrain.server.dispatcher import Dispatcher
 from amptrain.server.limits import AuthFailures, LiveSlots, RateLimiter
 from amptrain.server.live.hub import LiveHub
 from amptrain.server.recorder.process import make_recorder
+from amptrain.server.stall_watch import StallWatch
 from amptrain.server.token_checks import TokenChecks
 from amptrain.store import tokens
 from amptrain.store.db import make_engine, make_session_factory, needs_migrated
@@ -86,6 +87,10 @@ class Services:
         ensure_admin_token(self.settings, self.session_factory)
         self._spawn("amptrain-dispatcher", self.dispatcher.run)
         self._spawn("amptrain-webhooks", self.sender.run)
+        stalls = StallWatch(
+            self.session_factory, self.redis, self.settings.alert_stall_poll_seconds
+        )
+        self._spawn("amptrain-stall-watch", stalls.run)
         self._start_recorder()
 
     async def aclose(self) -> None:

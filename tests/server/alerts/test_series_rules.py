@@ -9,6 +9,7 @@ import sqlalchemy as sa
 from amptrain.store import stops
 from amptrain.store.models import AlertFiring, Job
 from tests.server.alerts.conftest import started_job
+from tests.support.receiver import Receiver, verify
 from tests.support.stack import Stack, wait_until
 
 
@@ -92,3 +93,41 @@ def test_series_rules_fire_once_and_stop_as_asked(stack: Stack) -> None:
     finally:
         dev.close()
         prod.close()
+
+
+def test_no_progress_fires_once_per_stall_and_stops(stack: Stack, receiver: Receiver) -> None:
+    rule = stack.client.post(
+        "/alerts/rules",
+        json={
+            "name": "stuck",
+            "when": {"kind": "no_progress", "seconds": 5},
+            "notify": {"url": receiver.url()},
+            "stop": True,
+        },
+    ).json()
+    job = started_job(stack, stack.client)
+    try:
+        job.steps(1, 3)
+        wait_until(lambda: stack.job(job.job_id)["step"] == 3, 30, "the steps recorded")
+        (request,) = wait_until(lambda: receiver.requests, 60, "the no-progress webhook")
+        assert verify(rule["secret"], request)
+        body = receiver.bodies()[0]
+        assert body["rule"]["id"] == rule["id"] and body["step"] == 3
+        assert body["data"]["stalled_s"] >= 5
+        assert stack.job(job.job_id)["status"] == "cancelling"
+        (stop,) = [e for e in stack.events(job.job_id) if e["type"] == "alert_stop"]
+        assert stop["data"]["rule"]["name"] == "stuck"
+        # Later rounds see the same stall: no second firing, no second request.
+        wait_until(
+            lambda: (
+                stack.client.get(f"/alerts/rules/{rule['id']}/deliveries").json()["items"][0][
+                    "status"
+                ]
+                == "delivered"
+            ),
+            30,
+            "the delivery recorded",
+        )
+        assert len(receiver.requests) == 1
+    finally:
+        job.close()

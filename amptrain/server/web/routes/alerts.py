@@ -145,7 +145,7 @@ def create_rules(
     "/rules",
     status_code=status.HTTP_201_CREATED,
     response_model=RuleCreated,
-    responses=error_responses(429),
+    responses=error_responses(400, 413, 429),
 )
 def create_rule(
     spec: RuleSpec, session: SessionDep, user: CurrentUser, services: ServicesDep

@@ -1,4 +1,4 @@
-// The single page: routes live in the URL fragment (#/jobs, #/jobs/ID, #/compare, #/workers),
+// The single page: routes live in the URL fragment (#/jobs, #/jobs/ID, #/compare, #/workers, #/alerts),
 // so the server serves one index.html and the token never appears in a URL.
 import { token, whenUnauthorized } from "./api.js";
 import { clear, h } from "./dom.js";
@@ -7,6 +7,7 @@ import * as jobs from "./pages/jobs.js";
 import * as job from "./pages/job.js";
 import * as compare from "./pages/compare.js";
 import * as workers from "./pages/workers.js";
+import * as alerts from "./pages/alerts.js";
 
 const main = document.getElementById("main");
 let unmount = null;
@@ -21,6 +22,7 @@ function route() {
     case "jobs": return parts[1] ? { page: job, name: "jobs", args: { id: parts[1] } } : { page: jobs, name: "jobs", args: {} };
     case "compare": return { page: compare, name: "compare", args: { id: parts[1], jobs: params.get("jobs") } };
     case "workers": return { page: workers, name: "workers", args: {} };
+    case "alerts": return { page: alerts, name: "alerts", args: {} };
     default: return { page: jobs, name: "jobs", args: {} };
   }
 }
