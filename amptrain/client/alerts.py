@@ -1,7 +1,7 @@
 """``amptrain alerts list|add|rm|deliveries``: a user's alert rules on a running server.
 
 ``add`` takes a rule file (JSON or YAML, the body of ``POST /alerts/rules``) or, for the
-common case, flags: ``--event diverged --url https://hooks.example.com/x --stop``. The
+common case, flags: ``--event diverged --webhook https://hooks.example.com/x --stop``. The
 rule's signing secret is printed once, when it is created.
 """
 
@@ -73,7 +73,7 @@ def _actions(spec: dict[str, Any]) -> str:
     type=click.Choice(ALERT_EVENTS),
     help="Fire on this event (repeatable).",
 )
-@click.option("--url", "hook", help="Webhook to notify (its host must be allow-listed).")
+@click.option("--webhook", "hook", help="URL to notify (its host must be allow-listed).")
 @click.option("--slack", is_flag=True, help="Send a Slack-compatible body.")
 @click.option("--stop", is_flag=True, help="Stop the job (with a checkpoint) when it fires.")
 @click.option("--jobs", "pattern", help="Only jobs whose name matches (* and ?).")
@@ -99,7 +99,7 @@ def add(
             raise click.BadParameter(str(exc), param_hint="RULE_FILE") from None
     else:
         if not events:
-            raise click.UsageError("give a RULE_FILE, or --event (and --url and/or --stop)")
+            raise click.UsageError("give a RULE_FILE, or --event (and --webhook and/or --stop)")
         rule = {"name": name or "+".join(events), "when": {"kind": "event", "events": list(events)}}
         if hook:
             rule["notify"] = {"url": hook, "format": "slack" if slack else "json"}
