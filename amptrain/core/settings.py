@@ -98,7 +98,35 @@ Roots = Annotated[list[str], NoDecode, BeforeValidator(lambda v: _roots(v))]
 """Data roots: a JSON list, ``os.pathsep``-separated directories, or comma-separated URLs."""
 
 
-class Settings(BaseSettings):
+class AlertSettings(BaseSettings):
+    """The alert rules' settings (webhook destinations, sending, no-progress checks): a part
+    of :class:`Settings`, read with its ``AMPTRAIN_`` prefix like every other."""
+
+    webhook_allowed_hosts: WebhookHosts = Field(default_factory=list)
+    """Hosts alert webhooks may go to, comma-separated: exact names (``hooks.slack.com``)
+    or ``*.example.com`` for its subdomains. Empty: no webhooks (a rule's ``notify`` is
+    refused with a 422)."""
+    webhook_allow_private: bool = False
+    """Let webhooks reach private, loopback and link-local addresses. Off: an allow-listed
+    name that resolves to one is refused (SSRF); tests on loopback turn it on."""
+    webhook_timeout_seconds: float = Field(default=5.0, gt=0, le=60)
+    """Connect, write and read timeout of one webhook request."""
+    webhook_concurrency: int = Field(default=8, ge=1, le=64)
+    """Webhooks sent at once by one API process: a hanging receiver holds one of these."""
+    webhook_backoff_seconds: float = Field(default=5.0, gt=0, le=3600)
+    """Wait before the first retry; each later retry waits twice as long..."""
+    webhook_backoff_max_seconds: float = Field(default=600.0, gt=0, le=86400)
+    """...up to this."""
+    webhook_poll_seconds: float = Field(default=1.0, gt=0, le=60)
+    """How often the sender looks for due deliveries."""
+    alert_stall_poll_seconds: float = Field(default=10.0, gt=0, le=3600)
+    """How often each API process looks for running jobs that made no progress (the
+    ``no_progress`` alert rules)."""
+    max_alert_rules_per_user: int = Field(default=100, ge=1, le=MAX_RULES_PER_OWNER)
+    """Alert rules one user may have (``POST /alerts/rules`` answers 429 beyond)."""
+
+
+class Settings(AlertSettings):
     """Service settings. Paths left unset derive from ``data_dir``."""
 
     model_config = SettingsConfigDict(env_prefix="AMPTRAIN_", extra="ignore")
@@ -224,28 +252,6 @@ class Settings(BaseSettings):
     """An open WebSocket or SSE stream re-checks its token (revoked? expired?) at its next
     message once this long has passed since the last check."""
 
-    webhook_allowed_hosts: WebhookHosts = Field(default_factory=list)
-    """Hosts alert webhooks may go to, comma-separated: exact names (``hooks.slack.com``)
-    or ``*.example.com`` for its subdomains. Empty: no webhooks (a rule's ``notify`` is
-    refused with a 422)."""
-    webhook_allow_private: bool = False
-    """Let webhooks reach private, loopback and link-local addresses. Off: an allow-listed
-    name that resolves to one is refused (SSRF); tests on loopback turn it on."""
-    webhook_timeout_seconds: float = Field(default=5.0, gt=0, le=60)
-    """Connect, write and read timeout of one webhook request."""
-    webhook_concurrency: int = Field(default=8, ge=1, le=64)
-    """Webhooks sent at once by one API process: a hanging receiver holds one of these."""
-    webhook_backoff_seconds: float = Field(default=5.0, gt=0, le=3600)
-    """Wait before the first retry; each later retry waits twice as long..."""
-    webhook_backoff_max_seconds: float = Field(default=600.0, gt=0, le=86400)
-    """...up to this."""
-    webhook_poll_seconds: float = Field(default=1.0, gt=0, le=60)
-    """How often the sender looks for due deliveries."""
-    alert_stall_poll_seconds: float = Field(default=10.0, gt=0, le=3600)
-    """How often each API process looks for running jobs that made no progress (the
-    ``no_progress`` alert rules)."""
-    max_alert_rules_per_user: int = Field(default=100, ge=1, le=MAX_RULES_PER_OWNER)
-    """Alert rules one user may have (``POST /alerts/rules`` answers 429 beyond)."""
     _redis_derived: bool = PrivateAttr(default=False)
 
     @model_validator(mode="after")
