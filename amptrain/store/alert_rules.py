@@ -15,6 +15,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from amptrain.contract.alerts import JobAlert, RuleSpec
+from amptrain.core.enums import FINISHED_STATUSES
 from amptrain.store.models import AlertRule, Job
 
 
@@ -32,7 +33,19 @@ def create_rule(
 ) -> AlertRule:
     """Add a rule of ``owner`` (``job_id``: scoped to that job, which must be the owner's:
     the caller checked). Raises :class:`TooManyRules` beyond ``limit`` rules per owner."""
-    count = s.scalar(sa.select(sa.func.count()).where(AlertRule.owner == owner)) or 0
+    # Rules of finished jobs (a spec's ``alerts``, ``scope.job_id``) watch nothing any
+    # more: they do not count, or every job submitted with alerts would use the limit up.
+    r = AlertRule
+    live = sa.or_(r.job_id.is_(None), Job.status.not_in([str(x) for x in FINISHED_STATUSES]))
+    count = (
+        s.scalar(
+            sa.select(sa.func.count())
+            .select_from(r)
+            .outerjoin(Job, Job.id == r.job_id)
+            .where(r.owner == owner, live)
+        )
+        or 0
+    )
     if count >= limit:
         raise TooManyRules(f"{owner} already has {count} alert rules (at most {limit})")
     scoped = job_id or (spec.scope.job_id if isinstance(spec, RuleSpec) else None)
@@ -96,36 +109,32 @@ def rules_for_jobs(
     s: Session, job_ids: Iterable[str], kinds: Iterable[str] | None = None
 ) -> dict[str, tuple[WatchedJob, list[Watch]]]:
     """Per job, the job and the rules that watch it: its owner's rules whose scope is
-    all jobs, a pattern its name matches, or this job. Never another owner's rule. Two
-    queries whatever the number of jobs and rules."""
+    all jobs, a pattern its name matches, or this job. Never another owner's rule. One
+    query whatever the number of jobs and rules; each rule's spec is parsed once."""
     ids = sorted(set(job_ids))
     if not ids:
         return {}
-    jobs = [
-        WatchedJob(*row)
-        for row in s.execute(
-            sa.select(Job.id, Job.name, Job.owner, Job.status, Job.attempt).where(Job.id.in_(ids))
-        )
-    ]
-    owners = {j.owner for j in jobs}
-    if not owners:
-        return {}
     r = AlertRule
-    query = sa.select(r.id, r.name, r.owner, r.job_id, r.spec).where(
-        r.owner.in_(owners), sa.or_(r.job_id.is_(None), r.job_id.in_(ids))
+    # One query: the batch's jobs joined to their owners' rules (nothing when none has any).
+    query = (
+        sa.select(
+            Job.id, Job.name, Job.owner, Job.status, Job.attempt, r.id, r.name, r.job_id, r.spec
+        )
+        .join(r, r.owner == Job.owner)
+        .where(Job.id.in_(ids), sa.or_(r.job_id.is_(None), r.job_id == Job.id))
+        .order_by(Job.id, r.id)
     )
     if kinds is not None:
         query = query.where(r.kind.in_(list(kinds)))
-    by_owner: dict[str, list[tuple[str | None, Watch]]] = {}
-    for rid, name, owner, job_id, spec in s.execute(query.order_by(r.id)):
-        by_owner.setdefault(owner, []).append(
-            (job_id, Watch(rid, name, RuleSpec.model_validate(spec)))
-        )
     out: dict[str, tuple[WatchedJob, list[Watch]]] = {}
-    for job in jobs:
-        mine = [w for job_id, w in by_owner.get(job.owner, []) if _applies(w, job_id, job)]
-        if mine:
-            out[job.id] = (job, mine)
+    parsed: dict[int, Watch] = {}
+    for jid, jname, owner, status, attempt, rid, rname, rule_job, spec in s.execute(query):
+        watch = parsed.get(rid)
+        if watch is None:
+            watch = parsed[rid] = Watch(rid, rname, RuleSpec.model_validate(spec))
+        job = WatchedJob(jid, jname, owner, status, attempt)
+        if _applies(watch, rule_job, job):
+            out.setdefault(jid, (job, []))[1].append(watch)
     return out
 
 
