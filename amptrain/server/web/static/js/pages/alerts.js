@@ -42,7 +42,10 @@ function deliveryRow(d) {
 }
 
 async function ruleCard(rule) {
-  const { items } = await api(`/alerts/rules/${rule.id}/deliveries`, { params: { limit: 20 } });
+  // Only a rule that notifies has deliveries: one request per such rule, not per rule.
+  const { items } = rule.spec.notify
+    ? await api(`/alerts/rules/${rule.id}/deliveries`, { params: { limit: 20 } })
+    : { items: [] };
   const table = items.length
     ? h("table", { class: "small" },
       h("thead", {}, h("tr", {}, ["job", "step", "status", "attempts", "last outcome"].map((t) => h("th", {}, t)))),
