@@ -20,7 +20,7 @@ import httpx
 from sqlalchemy.orm import Session, sessionmaker
 
 from amptrain.core.settings import Settings
-from amptrain.server import webhooks
+from amptrain.server import observability, webhooks
 from amptrain.store import deliveries
 from amptrain.store.deliveries import Due
 
@@ -100,6 +100,7 @@ class DeliverySender:
                 )
             if not recorded:
                 log.warning("delivery %d: claim lost before its outcome was recorded", due.id)
+            observability.webhook_attempt(_outcome(outcome, due))
         except Exception:
             log.exception("delivery %d: sending failed", due.id)
         finally:
@@ -112,3 +113,12 @@ class DeliverySender:
         return float(
             min(base * 2 ** min(attempts_before, 30), self.settings.webhook_backoff_max_seconds)
         )
+
+
+def _outcome(outcome: webhooks.Outcome, due: Due) -> str:
+    """The ``amptrain_webhook_attempts`` label of one attempt."""
+    if outcome.delivered:
+        return "delivered"
+    if outcome.status_code is None and not outcome.retry:
+        return "refused"
+    return "retry" if outcome.retry and due.attempts < due.max_retries else "failed"

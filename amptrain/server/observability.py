@@ -63,6 +63,18 @@ RECORDER_LAST_POINT = Gauge(
     "Step time of the newest point committed (lag now = time() - this).",
 )
 
+WEBHOOK_ATTEMPTS = Counter(
+    "amptrain_webhook_attempts",
+    "Alert webhook requests this process made, by outcome: delivered, retry (will be "
+    "tried again), failed (the receiver's final answer or retries spent), refused (the "
+    "destination is not allowed).",
+    ["outcome"],
+)
+
+
+def webhook_attempt(outcome: str) -> None:
+    WEBHOOK_ATTEMPTS.labels(outcome).inc()
+
 
 def points_recorded(inserted: int, points: Iterable[dict[str, Any]]) -> None:
     """The recorder committed a batch: ``inserted`` new rows out of ``points`` (replays add none)."""

@@ -66,7 +66,7 @@ def test_every_rule_names_only_exported_metrics(exported: set[str]) -> None:
     assert {"AmptrainJobsFailing", "AmptrainRecorderLagging", "AmptrainQueueWaitHigh"} <= {
         r["alert"] for r in rules
     }
-    assert any(r["alert"] == "AmptrainWorkersGone" for r in rules)
+    assert {"AmptrainWorkersGone", "AmptrainWebhooksFailing"} <= {r["alert"] for r in rules}
     for rule in rules:
         expr = str(rule["expr"])
         assert expr.count("(") == expr.count(")"), rule["alert"]
@@ -80,6 +80,7 @@ def test_every_rule_names_only_exported_metrics(exported: set[str]) -> None:
 def test_the_check_is_not_a_rubber_stamp(exported: set[str]) -> None:
     assert "amptrain_recorder_lag_seconds_bucket" in exported
     assert "amptrain_worker_slots" in exported and "amptrain_jobs" in exported
+    assert "amptrain_webhook_attempts_total" in exported
     assert "amptrain_recorder_lag_bucket" not in exported
 
 

@@ -97,5 +97,9 @@ def test_rules_are_bounded_and_their_owners_alone(stack: Stack, receiver: Receiv
         )
     r = alice.post("/alerts/rules", json={**hook, "stop": True})
     assert r.status_code == 429, r.text
+    # A new secret, shown once, for the owner alone.
+    assert bob.post(f"/alerts/rules/{rule['id']}/secret").status_code == 404
+    rotated = alice.post(f"/alerts/rules/{rule['id']}/secret").json()["secret"]
+    assert len(rotated) == 64 and rotated != rule["secret"]
     assert alice.delete(f"/alerts/rules/{rule['id']}").status_code == 204
     assert alice.get(f"/alerts/rules/{rule['id']}").status_code == 404
