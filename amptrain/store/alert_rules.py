@@ -6,17 +6,21 @@ Functions take a Session and never commit: the caller owns the transaction.
 
 from __future__ import annotations
 
+import logging
 import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
 import sqlalchemy as sa
+from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from amptrain.contract.alerts import JobAlert, RuleSpec
 from amptrain.core.enums import FINISHED_STATUSES
 from amptrain.store.models import AlertRule, Job
+
+log = logging.getLogger(__name__)
 
 
 class TooManyRules(Exception):
@@ -131,7 +135,13 @@ def rules_for_jobs(
     for jid, jname, owner, status, attempt, rid, rname, rule_job, spec in s.execute(query):
         watch = parsed.get(rid)
         if watch is None:
-            watch = parsed[rid] = Watch(rid, rname, RuleSpec.model_validate(spec))
+            try:
+                watch = parsed[rid] = Watch(rid, rname, RuleSpec.model_validate(spec))
+            except ValidationError:
+                # Valid when created; a later release may bound it tighter. One stale rule
+                # must never stop the recorder (this runs in its batch transaction).
+                log.warning("alert rule %d no longer validates; skipped", rid)
+                continue
         job = WatchedJob(jid, jname, owner, status, attempt)
         if _applies(watch, rule_job, job):
             out.setdefault(jid, (job, []))[1].append(watch)

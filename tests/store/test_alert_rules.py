@@ -64,3 +64,14 @@ def test_a_replayed_firing_is_stored_once(sf: sessionmaker[Session]) -> None:
         assert len(due) == 2 and deliveries.claim(s, 10, 30) == []  # held by the first claim
         assert deliveries.record_attempt(s, due[0], {"error": "x"}, False, 0.0)
         assert not deliveries.record_attempt(s, due[0], {"error": "x"}, False, 0.0)  # claim spent
+
+
+def test_a_rule_that_no_longer_validates_is_skipped(sf: sessionmaker[Session]) -> None:
+    with sf.begin() as s:
+        job = _job(s, "alice", "x")
+        stale = alert_rules.create_rule(s, "alice", _rule(name="stale"), 10)
+        good = alert_rules.create_rule(s, "alice", _rule(name="good"), 10).id
+        stale.spec = {**stale.spec, "when": {"kind": "deviation", "series": "loss", "z": -1}}
+    with sf() as s:
+        (_, watches) = alert_rules.rules_for_jobs(s, [job])[job]
+    assert [w.id for w in watches] == [good]

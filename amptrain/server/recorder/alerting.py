@@ -28,6 +28,7 @@ from amptrain.contract.alerts import (
     is_step_series,
 )
 from amptrain.contract.metrics import EVAL_KIND
+from amptrain.server.event_view import owner_view
 from amptrain.server.recorder.entries import Batch
 from amptrain.store import alert_rules, deliveries, stops
 from amptrain.store.alert_rules import Watch, WatchedJob
@@ -63,7 +64,10 @@ def _hits(
             name = verdict.event_hit(when, ev["type"], ev.get("data"))
             if name is not None:
                 key = f"event:{ev['type']}:{ev['step']}:{ev['time']!r}"
-                detail = {"event": name, "type": ev["type"], "data": ev.get("data") or {}}
+                # The owner's view: where it ran (hosts, pids) is an admin's detail, and
+                # the receiver is the rule owner's.
+                data = owner_view(ev.get("data") or {})
+                detail = {"event": name, "type": ev["type"], "data": data}
                 found.append((ev["attempt"], key, verdict.Hit(ev["step"] or 0, detail)))
         return found
     if isinstance(when, EarlyStopWhen):

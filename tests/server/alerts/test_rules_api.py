@@ -52,7 +52,20 @@ def test_rules_are_bounded_and_their_owners_alone(stack: Stack, receiver: Receiv
     assert [x["id"] for x in bob.get("/alerts/rules").json()["items"]] == [bob_rule["id"]]
     assert "secret" not in alice.get(f"/alerts/rules/{rule['id']}").json()
 
+    on_start = {"name": "started", "when": {"kind": "event", "events": ["started"]}}
+    started_rule = alice.post(
+        "/alerts/rules", json={**on_start, "notify": {"url": receiver.url("/start")}}
+    )
+    assert started_rule.status_code == 201, started_rule.text
     job = started_job(stack, alice)
+    # Where it ran is an admin's detail: a webhook of the owner's never carries it.
+    job.events.publish(
+        job.job_id,
+        job.attempt,
+        "started",
+        0,
+        {"worker": "amptrain-7@gpu-host", "process": {"pid": 7}},
+    )
     try:
         r = bob.post("/alerts/rules", json={**everything, "scope": {"job_id": job.job_id}})
         assert fields(r) == {"scope.job_id"}
@@ -64,12 +77,13 @@ def test_rules_are_bounded_and_their_owners_alone(stack: Stack, receiver: Receiv
         job.events.conclude(
             job.job_id, job.attempt, "failed", 5, {"error": error}, end_status="failed"
         )
-        (request,) = wait_until(lambda: receiver.requests, 30, "the webhook")
+        (request,) = wait_until(
+            lambda: [r for r in receiver.requests if r["path"] == "/alice"], 30, "the webhook"
+        )
     finally:
         job.close()
-    assert request["path"] == "/alice"
     assert verify(rule["secret"], request)
-    body = receiver.bodies()[0]
+    (body,) = receiver.bodies("/alice")
     assert (
         request["headers"]["Idempotency-Key"] == body["id"] == f"amptrain-firing-{body['firing']}"
     )
@@ -86,11 +100,14 @@ def test_rules_are_bounded_and_their_owners_alone(stack: Stack, receiver: Receiv
     (delivery,) = page["items"]
     assert delivery["attempts"] == 1 and delivery["history"][0]["status_code"] == 204
     # One event, one firing, one request; nothing reached Bob.
-    assert len(receiver.requests) == 1
+    assert len(receiver.bodies("/alice")) == 1 and receiver.bodies("/bob") == []
+    starts = wait_until(lambda: len(receiver.bodies("/start")) == 2 and receiver.requests, 30, "")
+    shown = b"".join(r["body"] for r in starts if r["path"] == "/start")
+    assert b"gpu-host" not in shown and b'"pid"' not in shown
     assert bob.get(f"/alerts/rules/{bob_rule['id']}/deliveries").json()["items"] == []
 
     # Bounded count per user (AMPTRAIN_MAX_ALERT_RULES_PER_USER=4 here).
-    for i in range(3):
+    for i in range(2):
         assert (
             alice.post("/alerts/rules", json={**hook, "name": f"n{i}", "stop": True}).status_code
             == 201
