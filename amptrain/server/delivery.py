@@ -120,5 +120,5 @@ def _outcome(outcome: webhooks.Outcome, due: Due) -> str:
     if outcome.delivered:
         return "delivered"
     if outcome.status_code is None and not outcome.retry:
-        return "refused"
+        return "refused"  # the destination is not allowed (nothing was sent)
     return "retry" if outcome.retry and due.attempts < due.max_retries else "failed"

@@ -40,6 +40,10 @@ class Refused(Exception):
     """The destination is not allowed (its host, or an address it resolves to)."""
 
 
+class Unresolved(Exception):
+    """The host did not resolve now (DNS down or slow): worth a retry."""
+
+
 def host_allowed(host: str, allowed: list[str]) -> bool:
     """``host`` is on the allow-list: an exact entry, or under a ``*.domain`` entry."""
     name = host.lower().rstrip(".")
@@ -70,7 +74,7 @@ def resolve(host: str, port: int, allow_private: bool) -> str:
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except OSError as exc:
-        raise Refused(f"cannot resolve {host[:60]!r}: {exc}") from None
+        raise Unresolved(f"cannot resolve {host[:60]!r}: {exc}") from None
     addresses = list(dict.fromkeys(str(info[4][0]) for info in infos))
     if not addresses:
         raise Refused(f"{host[:60]!r} resolves to no address")
@@ -137,6 +141,8 @@ def send(client: httpx.Client, due: Due, policy: Policy) -> Outcome:
         request = _request(due, policy)
     except Refused as exc:
         return Outcome(False, False, None, str(exc)[:ERROR_MAX])
+    except Unresolved as exc:
+        return Outcome(False, True, None, str(exc)[:ERROR_MAX])
     try:
         with client.stream(
             request.method,

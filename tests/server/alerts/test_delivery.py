@@ -127,11 +127,15 @@ def test_allow_listed_names_resolving_to_disallowed_addresses_are_refused() -> N
     receiver = Receiver()
     try:
         strict = webhooks.Policy(["localhost", "127.0.0.1"], allow_private=False, timeout_s=2)
+        loose_names = webhooks.Policy(["*.invalid"], allow_private=False, timeout_s=2)
         with webhooks.make_client(strict) as client:
             for url in (receiver.url(), f"http://localhost:{receiver.port}/hook"):
                 out = webhooks.send(client, _due(url), strict)
                 assert not out.delivered and not out.retry
                 assert "disallowed address" in (out.error or "")
+            # A name that does not resolve now is retried later, not given up on.
+            out = webhooks.send(client, _due("http://localhost.invalid/h"), loose_names)
+            assert out.retry and "cannot resolve" in (out.error or "")
             # Not on the allow-list at all: refused before any lookup.
             out = webhooks.send(client, _due("http://example.com/h"), strict)
             assert "not on AMPTRAIN_WEBHOOK_ALLOWED_HOSTS" in (out.error or "")

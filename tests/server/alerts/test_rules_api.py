@@ -38,6 +38,14 @@ def test_rules_are_bounded_and_their_owners_alone(stack: Stack, receiver: Receiv
     )
     assert fields(r) == {"when.deviation.window"}
 
+    # A job spec's own alerts are checked the same way, naming the rule in the spec.
+    spec = {
+        "model": {"name": "mlp", "args": {}},
+        "dataset": {"name": "synthetic-classification", "args": {}},
+        "max_steps": 5,
+        "alerts": [{**hook, "notify": {"url": "https://example.com/h"}}],
+    }
+    assert fields(alice.post("/jobs", json=spec)) == {"alerts.0.notify.url"}
     created = alice.post("/alerts/rules", json={**hook, "notify": {"url": receiver.url("/alice")}})
     assert created.status_code == 201, created.text
     rule = created.json()
