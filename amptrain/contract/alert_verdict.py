@@ -9,6 +9,7 @@ finite (SQL keeps non-finite values as null).
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
@@ -67,21 +68,32 @@ def deviation_hits(when: DeviationWhen, before: Sequence[float], new: Sequence[P
     """The new points more than ``z`` standard deviations (population) from the mean of the
     ``window`` finite values before each; ``before``: the finite values preceding ``new``,
     oldest first. No decision until a whole window is there; a constant window fires on
-    any other value."""
-    window = list(before)[-when.window :]
+    any other value.
+
+    O(1) per point (the recorder runs this on every step): the window's sums slide with it,
+    taken about a value of the window (``shift``) so that a series with a large mean and a
+    small spread keeps its precision (the shifted-data variance)."""
+    window: deque[float] = deque(list(before)[-when.window :])
+    shift = window[0] if window else 0.0
+    s1 = sum(v - shift for v in window)
+    s2 = sum((v - shift) ** 2 for v in window)
     hits: list[Hit] = []
     for step, value in new:
         if value is None:
             continue
-        if len(window) >= when.window:
-            mean = sum(window) / len(window)
-            std = math.sqrt(sum((v - mean) ** 2 for v in window) / len(window))
+        n = len(window)
+        if n >= when.window:
+            mean = shift + s1 / n
+            std = math.sqrt(max(0.0, (s2 - s1 * s1 / n) / n))
             far = abs(value - mean) > when.z * std if std > 0 else value != mean
             if far:
                 z = abs(value - mean) / std if std > 0 else None
                 detail = {"series": when.series, "value": value, "mean": mean, "std": std}
                 hits.append(Hit(step, {**detail, "z": z, "z_limit": when.z}))
-        window = [*window, value][-when.window :]
+            old = window.popleft() - shift
+            s1, s2 = s1 - old, s2 - old * old
+        window.append(value)
+        s1, s2 = s1 + (value - shift), s2 + (value - shift) ** 2
     return hits
 
 

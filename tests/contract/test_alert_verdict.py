@@ -147,3 +147,31 @@ def test_job_spec_alerts_are_checked_against_its_eval_metrics() -> None:
     assert spec.alerts[0].stops
     with pytest.raises(ValidationError):
         parse_spec(mlp_job(alerts=[alert] * 11))
+
+
+def test_deviation_keeps_its_precision_on_a_large_mean() -> None:
+    """The sliding sums are shifted: a series near 1e6 with a spread of 1e-3 still gives
+    the spread, not the rounding error of 1e12-sized squares."""
+    when = DeviationWhen(kind="deviation", series="loss", window=20, z=4.0)
+    base = [1e6 + (0.001 if i % 2 else -0.001) for i in range(40)]
+    pts = [(i, v) for i, v in enumerate(base[20:], start=21)]
+    assert v.deviation_hits(when, base[:20], pts) == []
+    (hit,) = v.deviation_hits(when, base[:20], [*pts, (99, 1e6 + 0.01)])
+    assert hit.step == 99 and abs(hit.detail["std"] - 0.001) < 1e-6
+
+
+def test_deviation_matches_the_plain_window_statistics() -> None:
+    import random
+    import statistics
+
+    rng = random.Random(4)
+    series = [rng.gauss(3.0, 1.0) for _ in range(300)]
+    when = DeviationWhen(kind="deviation", series="loss", window=25, z=2.0)
+    got = [h.step for h in v.deviation_hits(when, series[:25], list(enumerate(series[25:], 25)))]
+    expected = [
+        i
+        for i in range(25, 300)
+        if abs(series[i] - statistics.fmean(series[i - 25 : i]))
+        > 2.0 * statistics.pstdev(series[i - 25 : i])
+    ]
+    assert got == expected

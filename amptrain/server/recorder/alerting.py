@@ -13,7 +13,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from amptrain.contract import alert_verdict as verdict
@@ -30,9 +29,9 @@ from amptrain.contract.alerts import (
 from amptrain.contract.metrics import EVAL_KIND
 from amptrain.server.event_view import owner_view
 from amptrain.server.recorder.entries import Batch
-from amptrain.store import alert_rules, deliveries, stops
+from amptrain.store import alert_rules, alert_windows, deliveries, stops
 from amptrain.store.alert_rules import Watch, WatchedJob
-from amptrain.store.models import MetricPoint, MetricValue
+from amptrain.store.alert_windows import Key
 
 BATCH_KINDS = ("event", "threshold", "deviation", "early_stop")
 """The rule kinds a batch can fire; ``no_progress`` is the absence of batches
@@ -43,18 +42,46 @@ def evaluate(s: Session, batches: Mapping[str, Batch]) -> list[str]:
     """Fire every rule the batch matches; the jobs asked to stop (for their cancel key)."""
     busy = [j for j, b in batches.items() if b.points or b.values or b.events]
     watched = alert_rules.rules_for_jobs(s, busy, BATCH_KINDS)
+    series = _SeriesView(s, batches, watched)
     stopped: list[str] = []
     for job_id, (job, watches) in watched.items():
         batch = batches[job_id]
         for watch in watches:
-            for attempt, key, hit in _hits(s, watch, job, batch):
+            for attempt, key, hit in _hits(s, watch, job, batch, series):
                 if act(s, watch, job, attempt, key, hit):
                     stopped.append(job_id)
     return stopped
 
 
+class _SeriesView:
+    """The batch's new values of each watched (job, series) of the current attempt, and
+    the finite values before them that the rules need (a threshold the last one, a
+    deviation its window): all read in ONE query for the batch, each part by index."""
+
+    def __init__(
+        self,
+        s: Session,
+        batches: Mapping[str, Batch],
+        watched: Mapping[str, tuple[WatchedJob, list[Watch]]],
+    ) -> None:
+        self.new: dict[Key, list[verdict.Point]] = {}
+        needs: dict[Key, tuple[int, int, int]] = {}  # -> (attempt, first new step, count)
+        for job_id, (job, watches) in watched.items():
+            for watch in watches:
+                when = watch.spec.when
+                if not isinstance(when, ThresholdWhen | DeviationWhen):
+                    continue
+                key = (job_id, when.series)
+                new = self.new.setdefault(key, _new_points(batches[job_id], job, when.series))
+                if new:
+                    count = when.window if isinstance(when, DeviationWhen) else 1
+                    _, _, had = needs.get(key, (0, 0, 0))
+                    needs[key] = (job.attempt, new[0][0], max(had, count))
+        self.before = alert_windows.before(s, needs)
+
+
 def _hits(
-    s: Session, watch: Watch, job: WatchedJob, batch: Batch
+    s: Session, watch: Watch, job: WatchedJob, batch: Batch, series: _SeriesView
 ) -> list[tuple[int, str, verdict.Hit]]:
     """(attempt, firing key, hit) of everything this rule matches in the batch."""
     when = watch.spec.when
@@ -73,18 +100,17 @@ def _hits(
     if isinstance(when, EarlyStopWhen):
         if not any(v["kind"] == EVAL_KIND and v["name"] == when.series for v in batch.values):
             return []
-        hit = verdict.early_stop(when, _eval_series(s, job.id, when.series))
+        hit = verdict.early_stop(when, alert_windows.eval_series(s, job.id, when.series))
         return [(job.attempt, "early_stop", hit)] if hit is not None else []
     assert isinstance(when, ThresholdWhen | DeviationWhen)
-    new = _new_points(batch, job, when.series)
+    new = series.new.get((job.id, when.series), [])
     if not new:
         return []
-    first = new[0][0]
+    before = series.before.get((job.id, when.series), [])
     if isinstance(when, ThresholdWhen):
-        before = _before(s, job, when.series, first, 1)
         hits = verdict.threshold_hits(when, before[-1] if before else None, new)
     else:
-        hits = verdict.deviation_hits(when, _before(s, job, when.series, first, when.window), new)
+        hits = verdict.deviation_hits(when, before[-when.window :], new)
     return [(job.attempt, f"step:{h.step}", h) for h in hits]
 
 
@@ -99,44 +125,6 @@ def _new_points(batch: Batch, job: WatchedJob, series: str) -> list[verdict.Poin
             if v["attempt"] == job.attempt and v["kind"] == EVAL_KIND and v["name"] == series
         ]
     return sorted((step, finite_or_none(value)) for step, value in rows)
-
-
-def _before(s: Session, job: WatchedJob, series: str, step: int, count: int) -> list[float]:
-    """The ``count`` finite values of ``series`` before ``step`` in the current attempt,
-    oldest first (one indexed read)."""
-    if is_step_series(series):
-        col = MetricPoint.__table__.c[series]
-        p = MetricPoint
-        query = sa.select(col).where(p.job_id == job.id, p.attempt == job.attempt, p.step < step)
-        query = query.where(col.is_not(None)).order_by(p.step.desc())
-    else:
-        v = MetricValue
-        query = sa.select(v.value).where(
-            v.job_id == job.id,
-            v.kind == EVAL_KIND,
-            v.name == series,
-            v.attempt == job.attempt,
-            v.step < step,
-            v.value.is_not(None),
-        )
-        query = query.order_by(v.step.desc())
-    values = [finite_or_none(x) for x in s.scalars(query.limit(count))]
-    return [x for x in reversed(values) if x is not None]
-
-
-def _eval_series(s: Session, job_id: str, series: str) -> list[verdict.Point]:
-    """The job's effective evaluation series: per step the newest attempt's value (a
-    resumed attempt re-evaluates steps after its checkpoint)."""
-    v = MetricValue
-    rows = s.execute(
-        sa.select(v.step, v.attempt, v.value)
-        .where(v.job_id == job_id, v.kind == EVAL_KIND, v.name == series)
-        .order_by(v.step, v.attempt)
-    )
-    newest: dict[int, float | None] = {}
-    for step, _attempt, value in rows:
-        newest[step] = finite_or_none(value)
-    return sorted(newest.items())
 
 
 def act(

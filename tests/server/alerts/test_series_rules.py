@@ -13,8 +13,19 @@ from tests.support.receiver import Receiver, verify
 from tests.support.stack import Stack, wait_until
 
 
-def test_series_rules_fire_once_and_stop_as_asked(stack: Stack) -> None:
+def test_series_rules_fire_once_and_stop_as_asked(stack: Stack, receiver: Receiver) -> None:
     c = stack.client
+    # A threshold on an evaluation series, read from the evaluations before the batch's.
+    low = c.post(
+        "/alerts/rules",
+        json={
+            "name": "good loss",
+            "scope": {"name": "prod-*"},
+            "when": {"kind": "threshold", "series": "eval_loss", "below": 0.55},
+            "notify": {"url": receiver.url()},
+        },
+    )
+    assert low.status_code == 201, low.text
     spike = c.post(
         "/alerts/rules",
         json={
@@ -43,6 +54,7 @@ def test_series_rules_fire_once_and_stop_as_asked(stack: Stack) -> None:
     assert r.status_code == 201, r.text
     rules = c.get("/alerts/rules").json()["items"]
     assert {x["name"]: x["job_id"] for x in rules} == {
+        "good loss": None,
         "grad spike": None,
         "plateau": r.json()["id"],
     }
@@ -88,7 +100,12 @@ def test_series_rules_fire_once_and_stop_as_asked(stack: Stack) -> None:
             cancelled = stops.finish_stopped(s, dev.job_id, dev.attempt)
             assert cancelled is not None and cancelled.status == "cancelled"
             firings = s.execute(sa.select(AlertFiring.job_id, AlertFiring.key)).all()
-            assert sorted(firings) == sorted([(dev.job_id, "step:9"), (prod.job_id, "early_stop")])
+            expected = [
+                (dev.job_id, "step:9"),
+                (prod.job_id, "step:20"),
+                (prod.job_id, "early_stop"),
+            ]
+            assert sorted(firings) == sorted(expected)  # 0.499 at 30: no second crossing
             assert s.get(Job, prod.job_id).stop_outcome == "succeeded"  # type: ignore[union-attr]
     finally:
         dev.close()
