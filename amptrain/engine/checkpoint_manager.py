@@ -103,7 +103,7 @@ class RunState:
 
 
 class CheckpointManager:
-    """One job's checkpoints: save (the leader writes), prune, find, load, discard."""
+    """One job's checkpoints: save (the leader writes), prune (never a checkpoint a fork pinned), find, load, discard."""
 
     def __init__(
         self,
@@ -236,7 +236,16 @@ class CheckpointManager:
         newest_healthy = self.find(healthy=True)
         if newest_healthy is not None:
             keep.add(newest_healthy)
-        for step in [s for s in self._index if s not in keep]:
+        doomed = [s for s in self._index if s not in keep]
+        if doomed and self._store is not None:
+            # A fork waiting to start from one of them pinned it (the API pins it before it
+            # checks it exists): the fork's first state must still be there when it starts.
+            # Read now, not indexed: pins come and go while this job trains. The leader reads
+            # for every rank, so their indexes agree; a kept one is pruned once unpinned.
+            seen = sorted(self._store.pinned()) if self._group.leader else None
+            pinned = set(self._group.leader_value(seen) or ())
+            doomed = [s for s in doomed if s not in pinned]
+        for step in doomed:
             self._remove(step)
 
     def _remove(self, step: int) -> None:
