@@ -134,6 +134,9 @@ def fork_spec(parent: dict[str, Any], request: ForkRequest) -> JobSpec:
         for key in request.overrides
         if key not in OVERRIDABLE
     ]
+    if parent.get("parallelism") == "fsdp":
+        msg = "forks of parallelism fsdp jobs are not supported yet: their checkpoints are sharded"
+        problems.append({"loc": (), "msg": msg, "type": "unsupported"})
     if problems:
         raise ForkRefused(problems)
     merged = _merge(parent, request.overrides)
