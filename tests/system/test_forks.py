@@ -8,6 +8,7 @@ import safetensors.torch
 import torch
 
 from amptrain.contract.layout import checkpoint_name
+from tests.client.test_client_cli import amptrain
 from tests.support.specs import service_job
 from tests.support.stack import Stack
 
@@ -67,3 +68,20 @@ def test_a_fork_starts_from_its_parents_checkpoint_bitwise(stack: Stack) -> None
     directory = stack.root / "checkpoints" / parent
     assert not list(directory.glob("*.pin-*"))
     assert (directory / checkpoint_name(4)).exists()
+
+    the_command_line_forks_and_shows_lineage(stack, parent)
+
+
+def the_command_line_forks_and_shows_lineage(stack: Stack, parent: str) -> None:
+    """``amptrain fork`` (in the same test: one stack)."""
+    done = amptrain(stack, "fork", parent[:10], "--step", "8", "--set", "optimizer.lr=0.0005")
+    assert done.returncode == 0, done.stderr
+    child = stack.job(done.stdout.strip())
+    assert child["forked_from"] == {"job": parent, "step": 8}
+    assert child["spec"]["optimizer"]["lr"] == 0.0005
+    assert f"⑂ {parent[:11]}@8" in amptrain(stack, "jobs").stdout
+    stack.client.post(f"/jobs/{child['id']}/cancel")
+    refused = amptrain(stack, "fork", parent, "--step", "5", "--set", "model.name=cnn")
+    assert refused.returncode == 2 and "overrides.model" in refused.stderr, refused.stderr
+    missing = amptrain(stack, "fork", parent, "--step", "5")
+    assert missing.returncode == 2 and "forkable steps: 4, 8, 12" in missing.stderr
