@@ -19,6 +19,16 @@ differ is what the checkpoint's state stays valid under:
   samples; a fork at another batch size is a fresh job from the exported weights.
 - Anything else is no spec field: refused as unknown.
 
+``precision``: an explicit one is trained in (the scaler starts fresh when fp16 is new);
+``auto`` (also when inherited) is the precision the checkpoint was written in, as for a
+resume, so a fork without overrides stays bitwise.
+
+The checkpoint a fork waits for is pinned (:mod:`amptrain.core.checkpoint_pins`). Not
+covered, and said so by the fork failing as ``resume_mismatch`` naming the step: a prune
+that read the pins just before the API wrote its pin (the pruner reads them right before it
+removes), and a parent's retry that goes back before the fork step and discards the later
+checkpoints (its lineage rule, which pins do not override).
+
 Torch-free: the API validates with it; the worker only reads the stored lineage.
 """
 
