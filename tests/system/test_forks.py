@@ -4,6 +4,7 @@ its own steps only, and releases the pin it held on the parent's checkpoint."""
 
 from __future__ import annotations
 
+import pytest
 import safetensors.torch
 import torch
 
@@ -11,6 +12,8 @@ from amptrain.contract.layout import checkpoint_name
 from tests.client.test_client_cli import amptrain
 from tests.support.specs import service_job
 from tests.support.stack import Stack
+
+pytestmark = pytest.mark.slow
 
 
 def weights_at(stack: Stack, job_id: str, step: int) -> dict[str, torch.Tensor]:
@@ -74,13 +77,16 @@ def test_a_fork_starts_from_its_parents_checkpoint_bitwise(stack: Stack) -> None
 
 def the_command_line_forks_and_shows_lineage(stack: Stack, parent: str) -> None:
     """``amptrain fork`` (in the same test: one stack)."""
-    done = amptrain(stack, "fork", parent[:10], "--step", "8", "--set", "optimizer.lr=0.0005")
+    sets = ("--set", "optimizer.lr=0.0005", "--set", "max_steps=100000")  # cancelled unfinished
+    done = amptrain(stack, "fork", parent[:10], "--step", "8", *sets)
     assert done.returncode == 0, done.stderr
     child = stack.job(done.stdout.strip())
+    stack.client.post(f"/jobs/{child['id']}/cancel")
     assert child["forked_from"] == {"job": parent, "step": 8}
     assert child["spec"]["optimizer"]["lr"] == 0.0005
     assert f"⑂ {parent[:11]}@8" in amptrain(stack, "jobs").stdout
-    stack.client.post(f"/jobs/{child['id']}/cancel")
+    watched = amptrain(stack, "watch", child["id"])
+    assert watched.returncode == 1 and f"⑂ {parent[:11]}@8" in watched.stderr, watched.stderr
     refused = amptrain(stack, "fork", parent, "--step", "5", "--set", "model.name=cnn")
     assert refused.returncode == 2 and "overrides.model" in refused.stderr, refused.stderr
     missing = amptrain(stack, "fork", parent, "--step", "5")

@@ -37,7 +37,7 @@ FORKABLE_LISTED = 100
     "/{job_id}/fork",
     status_code=status.HTTP_201_CREATED,
     response_model=JobOut,
-    responses=error_responses(409, 429),
+    responses=error_responses(400, 409, 413, 429),
 )
 def fork_job(
     job_id: str,
