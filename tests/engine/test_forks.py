@@ -24,9 +24,8 @@ FORK = "j_" + "c" * 32
 
 
 def spec(max_steps: int, **overrides: Any) -> dict[str, Any]:
-    return mlp_job(
-        max_steps, precision="fp32", batch_size=8, checkpoint={"every_steps": 2}, **overrides
-    )
+    fields = {"precision": "fp32", "batch_size": 8, "checkpoint": {"every_steps": 2}}
+    return mlp_job(max_steps, **{**fields, **overrides})
 
 
 def fork(tmp_path: Path, child: dict[str, Any], fork_id: str = FORK) -> tuple[Trainer, ListSink]:
@@ -79,3 +78,11 @@ def test_a_parent_checkpoint_that_is_gone_is_refused(parent: Path) -> None:
         path.unlink()
     with pytest.raises(ResumeMismatchError, match="no checkpoint at step 2"):
         fork(parent, spec(3))
+
+
+def test_precision_auto_trains_on_in_the_checkpoints_precision(parent: Path) -> None:
+    """``auto`` (inherited, or asked for) is what the parent's checkpoint was written in,
+    as for a resume: measuring again could choose otherwise and break bitwise."""
+    trainer, _ = fork(parent, spec(3, precision="auto"))
+    assert trainer.parts.precision.effective == "fp32"
+    assert "recorded by the checkpoint" in trainer.parts.precision.reason
