@@ -94,6 +94,12 @@ COMMANDS: dict[str, Lazy] = {
         "client",
         _CLIENT,
     ),
+    "fork": Lazy(
+        "amptrain.client.fork_command:fork",
+        "Start a new job from a job's checkpoint, with spec fields changed.",
+        "client",
+        _CLIENT,
+    ),
     "export": Lazy(
         "amptrain.client.commands:export",
         "Export a job's checkpoint as safetensors for the next job's weights.",

@@ -97,7 +97,7 @@ def submit(
     if job.get("notice"):
         console.print(f"[yellow]note[/] {job['notice']}")
     if follow:
-        sys.exit(_watch(client, job["id"], as_json=False))
+        sys.exit(watch_job(client, job["id"], as_json=False))
 
 
 @click.command()
@@ -113,10 +113,10 @@ def watch(job_id: str, as_json: bool, from_start: bool, url: str | None, token: 
     """Follow a job live: progress, loss, loss scale, skipped steps, memory, samples/s.
     JOB_ID may be a unique prefix of the id."""
     client = make_client(url, token)
-    sys.exit(_watch(client, _resolved(client, job_id), as_json, from_start))
+    sys.exit(watch_job(client, resolved_id(client, job_id), as_json, from_start))
 
 
-def _resolved(client: Client, ref: str) -> str:
+def resolved_id(client: Client, ref: str) -> str:
     """The whole id of the job ``ref`` names (an id or a unique prefix of one)."""
     try:
         return client.resolve(ref)
@@ -124,9 +124,11 @@ def _resolved(client: Client, ref: str) -> str:
         fail(exc)
 
 
-def _watch(client: Client, job_id: str, as_json: bool, from_start: bool = True) -> int:
+def watch_job(client: Client, job_id: str, as_json: bool, from_start: bool = True) -> int:
     try:
         job = client.job(job_id)
+        if job.get("forked_from"):
+            console.print(f"{job['name']}{lineage(job)}: its own steps follow that checkpoint")
         # A watch joins a running job where it is now: replaying 60,000 steps first showed
         # nothing current and a meaningless ETA.
         after = None if from_start else client.newest_cursor(job_id)
@@ -255,7 +257,7 @@ def jobs(status: str | None, limit: int, as_json: bool, url: str | None, token: 
     for j in items:
         table.add_row(
             j["id"],
-            j["name"],
+            j["name"] + lineage(j),
             j["status"],
             f"{j['step']}/{j['max_steps']}",
             j["precision"]["effective"] or j["precision"]["requested"] or "",
@@ -263,6 +265,13 @@ def jobs(status: str | None, limit: int, as_json: bool, url: str | None, token: 
             _age(j["created_at"]),
         )
     out.print(table)
+
+
+def lineage(job: dict[str, Any]) -> str:
+    """`` ⑂ j_3f2a9c01b@500`` for a fork (its parent's id as ``amptrain jobs`` shortens it
+    at a terminal, and the step), else nothing."""
+    origin = job.get("forked_from")
+    return f" ⑂ {origin['job'][: ID_SHOWN - 1]}@{origin['step']}" if origin else ""
 
 
 def _age(created_at: str) -> str:
@@ -284,7 +293,7 @@ def cancel(job_id: str, url: str | None, token: str | None) -> None:
     unique prefix of the id."""
     client = make_client(url, token)
     try:
-        job = client.cancel(_resolved(client, job_id))
+        job = client.cancel(resolved_id(client, job_id))
     except ApiError as exc:
         fail(exc)
     click.echo(f"{job['id']} {job['status']}")
@@ -301,7 +310,7 @@ def logs(job_id: str, as_json: bool, url: str | None, token: str | None) -> None
     each, runs of checkpoints as one. JOB_ID may be a unique prefix of the id."""
     client = make_client(url, token)
     try:
-        events = client.events(_resolved(client, job_id))
+        events = client.events(resolved_id(client, job_id))
     except ApiError as exc:
         fail(exc)
     if as_json:
@@ -324,7 +333,7 @@ def export(job_id: str, name: str, step: int | None, url: str | None, token: str
     the ``weights.path`` a next job starts from. JOB_ID may be a unique prefix of the id."""
     client = make_client(url, token)
     try:
-        done = client.export(_resolved(client, job_id), name, step)
+        done = client.export(resolved_id(client, job_id), name, step)
     except ApiError as exc:
         fail(exc)
     click.echo(f"weights.path: {done['path']}  ({done['size']} bytes)")

@@ -159,6 +159,10 @@ class Client:
         path = f"/jobs/{job_id}/checkpoints/{step}/export"
         return dict(self._call("POST", path, json={"name": name}))
 
+    def fork(self, job_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        """``POST /jobs/{id}/fork`` (``{"step", "overrides", "name"}``): the new job."""
+        return dict(self._call("POST", f"/jobs/{job_id}/fork", json=body))
+
     def cancel(self, job_id: str) -> dict[str, Any]:
         return dict(self._call("POST", f"/jobs/{job_id}/cancel"))
 

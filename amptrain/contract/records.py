@@ -42,6 +42,12 @@ float dtypes other than the model's), and with ``strict: false`` what was left o
 ``missing`` (kept their initialisation), ``unexpected`` (in the file only), ``shape``
 (``{name: [file shape, model shape]}``); each list shortened, with its full count."""
 
+FORK_EVENT = "forked"
+"""A fork's first attempt started from its parent's checkpoint (see
+:mod:`amptrain.contract.forks`), at that step: ``from_job``, ``from_step``, and
+``optimizer``: ``kept`` (the parent's optimizer state with the fork's hyper-parameters) or
+``fresh`` (another kind of optimizer). The fork's own checkpoint of that step follows it."""
+
 DATA_EVENT = "data"
 """Once, at the start of an attempt: how its training data is fed. ``loader`` (``processes``,
 ``threads`` or ``device``), ``loader_workers`` (processes; 0 for threads or the device), and
@@ -71,6 +77,7 @@ ENGINE_EVENTS: tuple[str, ...] = (
     PRECISION_FALLBACK,
     ROLLBACK_EVENT,
     WEIGHTS_EVENT,
+    FORK_EVENT,
     CONFUSION_MATRIX,  # eval.metrics asked for it: after each eval record (see eval_choice)
     DATA_EVENT,
     DATA_SKIPPED_EVENT,

@@ -24,7 +24,14 @@ import torch
 from fsspec.implementations.local import LocalFileSystem
 
 from amptrain.contract.errors import ResumeMismatchError
-from amptrain.contract.layout import checkpoint_name, checkpoint_step, shards_name, weights_name
+from amptrain.contract.layout import (
+    checkpoint_name,
+    checkpoint_step,
+    pin_name,
+    pinned_step,
+    shards_name,
+    weights_name,
+)
 
 CHECKPOINT_FORMAT = 3
 """What :meth:`~amptrain.engine.loop.Trainer.state_dict` writes and the only format
@@ -134,6 +141,18 @@ class CheckpointStore:
         """Steps of the complete checkpoints present, oldest first."""
         names = (os.path.basename(p) for p in self._fs.ls(self._root, detail=False))
         return sorted(step for n in names if (step := checkpoint_step(n)) is not None)
+
+    def pinned(self) -> set[int]:
+        """Steps a fork has pinned (``step-N.pin-<fork>``): pruning keeps them. Read at every
+        prune, not indexed: the API pins while this job trains."""
+        names = (os.path.basename(p) for p in self._fs.ls(self._root, detail=False))
+        return {step for n in names if (step := pinned_step(n)) is not None}
+
+    def release_pin(self, step: int, fork_id: str) -> None:
+        """Remove a fork's pin of ``step`` (none there: nothing to do)."""
+        path = self.path(pin_name(step, fork_id))
+        if self._fs.exists(path):
+            self._fs.rm(path)
 
     def latest(self) -> str | None:
         """Path of the newest complete checkpoint (as :meth:`load` takes it), or None."""

@@ -94,6 +94,25 @@ class RunState:
         rng = state["rng_per_rank"][self._group.rank] if self._group.parallel else state["rng"]
         restore_rng(rng, self._cuda)
 
+    def load_fork(self, state: dict[str, Any]) -> bool:
+        """A fork's start (:mod:`~amptrain.engine.forks`): every part as a resume loads it,
+        except that the optimizer keeps this run's hyper-parameters (lr, betas, weight
+        decay...) over the loaded state, and starts with fresh state when the checkpoint's
+        is another kind's (its parameter groups' options differ). Whether it was kept."""
+        check_resumable(state, self._group.world_size, self.parallelism)
+        kept = True
+        for name, component in self._components.items():
+            if component is None or not state.get(name):
+                continue
+            if isinstance(component, _Optimizer):
+                kept = component.load_keeping_options(state[name])
+            else:
+                component.load_state_dict(state[name])
+        self.train.load_state_dict(state)
+        rng = state["rng_per_rank"][self._group.rank] if self._group.parallel else state["rng"]
+        restore_rng(rng, self._cuda)
+        return kept
+
     def load_learned(self, state: dict[str, Any]) -> None:
         """A rollback: the components' states only (see :data:`LEARNED`)."""
         check_resumable(state, self._group.world_size, self.parallelism)
@@ -103,7 +122,7 @@ class RunState:
 
 
 class CheckpointManager:
-    """One job's checkpoints: save (the leader writes), prune, find, load, discard."""
+    """One job's checkpoints: save (the leader writes), prune (never a checkpoint a fork pinned), find, load, discard."""
 
     def __init__(
         self,
@@ -236,7 +255,16 @@ class CheckpointManager:
         newest_healthy = self.find(healthy=True)
         if newest_healthy is not None:
             keep.add(newest_healthy)
-        for step in [s for s in self._index if s not in keep]:
+        doomed = [s for s in self._index if s not in keep]
+        if doomed and self._store is not None:
+            # A fork waiting to start from one of them pinned it (the API pins it before it
+            # checks it exists): the fork's first state must still be there when it starts.
+            # Read now, not indexed: pins come and go while this job trains. The leader reads
+            # for every rank, so their indexes agree; a kept one is pruned once unpinned.
+            seen = sorted(self._store.pinned()) if self._group.leader else None
+            pinned = set(self._group.leader_value(seen) or ())
+            doomed = [s for s in doomed if s not in pinned]
+        for step in doomed:
             self._remove(step)
 
     def _remove(self, step: int) -> None:
@@ -279,3 +307,19 @@ class _Optimizer:
             for key in ("fused", "foreach"):
                 if key in self._optimizer.defaults:
                     group[key] = self._optimizer.defaults[key]
+
+    def load_keeping_options(self, state: dict[str, Any]) -> bool:
+        """Load the state (moments, step counts) and keep every built group option (a
+        fork's hyper-parameters); False, loading nothing, when the state is another kind
+        of optimizer's (its groups hold other options)."""
+        groups = self._optimizer.param_groups
+        saved = state.get("param_groups") or []
+        if len(saved) != len(groups) or any(
+            set(old) != set(new) for old, new in zip(saved, groups, strict=True)
+        ):
+            return False
+        options = [{k: v for k, v in g.items() if k != "params"} for g in groups]
+        self._optimizer.load_state_dict(state)
+        for group, own in zip(self._optimizer.param_groups, options, strict=True):
+            group.update(own)
+        return True

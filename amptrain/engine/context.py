@@ -20,6 +20,21 @@ def _never_stop() -> str | None:
     return None
 
 
+@dataclass(frozen=True)
+class ForkOrigin:
+    """Where a fork starts (:mod:`amptrain.contract.forks`): its parent's checkpoint."""
+
+    checkpoint_dir: str
+    """The parent's checkpoint directory (local path or fsspec URL): only read."""
+    step: int
+    """The parent's checkpoint to start from."""
+    parent: str
+    """The parent job's id (for the event)."""
+    fork_id: str
+    """This job's id: names its pin beside the parent's checkpoint, released once this run
+    holds its own copy."""
+
+
 @dataclass
 class RunContext:
     """Where this run writes, how it is told to stop, and what the worker already measured."""
@@ -54,6 +69,8 @@ class RunContext:
     ranks: Ranks | None = None
     """This process's place in a data-parallel run (``Ranks.from_env`` under torchrun); None:
     a single process. A stop request on any rank stops every rank at the same flush."""
+    fork: ForkOrigin | None = None
+    """A fork: with no checkpoint of its own yet, the run starts from its parent's."""
     precision_override: str | None = None
     """After a precision fallback (``health.fallback``): the precision this attempt trains in
     instead of the spec's, decided by the attempt fp16 left (not measured again)."""

@@ -29,12 +29,14 @@ from amptrain.components.array_files import PATH_CHARS, open_data_file
 from amptrain.contract.data_access import PathRefused
 from amptrain.contract.errors import InvalidSpecError
 from amptrain.contract.layout import checkpoint_name
-from amptrain.contract.records import WEIGHTS_EVENT
+from amptrain.contract.records import FORK_EVENT, WEIGHTS_EVENT
 from amptrain.contract.spec import WeightsSpec
 from amptrain.contract.text import control_character, quote
 from amptrain.contract.weights import FIELD, MAX_HEADER_BYTES, MAX_WEIGHTS_BYTES, locate_weights
 from amptrain.engine.checkpoint_manager import CheckpointManager, RunState
-from amptrain.engine.context import RunContext
+from amptrain.engine.context import ForkOrigin, RunContext
+from amptrain.engine.forks import release_pin, start_from_parent
+from amptrain.engine.guardian import Verdict
 
 LISTED = 20
 """Names an event lists of each kind left out (the counts are always whole)."""
@@ -62,12 +64,22 @@ class Start:
     event: str | None = None
     step: int = 0
     data: Mapping[str, Any] = field(default_factory=dict)
+    fork: ForkOrigin | None = None
+    """A fork's origin, whose pin :meth:`kept` releases."""
 
     @property
     def checkpoint_now(self) -> bool:
         """Weights are checkpointed at once (step 0), so a later attempt resumes from the
-        job's own copy, never reading the file again (an operator may replace it meanwhile)."""
-        return self.event == WEIGHTS_EVENT
+        job's own copy, never reading the file again (an operator may replace it meanwhile);
+        a fork's first state too (its parent may prune it once released)."""
+        return self.event in (WEIGHTS_EVENT, FORK_EVENT)
+
+    def kept(self, verdict: Verdict, checkpoints: CheckpointManager, leader: bool) -> Verdict:
+        """After the checkpoint :attr:`checkpoint_now` asked for (``verdict``: its flush's):
+        once a fork holds its own copy of its first state, its parent may prune its own."""
+        if self.fork is not None and leader and checkpoints.last_saved == self.step:
+            release_pin(self.fork)
+        return verdict
 
 
 def begin(
@@ -77,11 +89,14 @@ def begin(
     model: torch.nn.Module,
     weights: WeightsSpec | None,
 ) -> Start:
-    """Resume ``run`` from its newest checkpoint (see ``RunContext.resume``), else load the
-    weights the spec names into ``model``, else start as built."""
+    """Resume ``run`` from its newest checkpoint (see ``RunContext.resume``), else (a fork)
+    from its parent's, else load the weights the spec names into ``model``, else start as
+    built."""
     step = checkpoints.resume(run, ctx.recorded) if ctx.resume else None
     if step is not None:
         return Start("resumed", step, {"from_step": step, "name": checkpoint_name(step)})
+    if ctx.fork is not None:
+        return Start(FORK_EVENT, ctx.fork.step, start_from_parent(run, ctx.fork), ctx.fork)
     if weights is None:
         return Start()
     data = load_initial_weights(model, weights, ctx.weights_roots)

@@ -218,7 +218,7 @@ class Trainer:
             return Continue()
         verdict = self.telemetry.event(start.event, start.step, **start.data)
         if start.checkpoint_now and isinstance(verdict, Continue):
-            return self.save_checkpoint()
+            return start.kept(self.save_checkpoint(), self.checkpoints, self.group.leader)
         return verdict
 
     def _accumulate(self) -> torch.Tensor:

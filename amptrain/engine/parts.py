@@ -33,6 +33,7 @@ from amptrain.engine.distributed import Group, check_launch, rank_device
 from amptrain.engine.evaluation import Evaluator, build_evaluator
 from amptrain.engine.fallback import fallback_target
 from amptrain.engine.fit_check import check_fits
+from amptrain.engine.forks import read_parent_checkpoint
 from amptrain.engine.guardian import Guardian
 from amptrain.engine.initial_weights import export_bytes
 from amptrain.engine.layer_norms import LayerNorms
@@ -261,6 +262,8 @@ def _decide_auto(
         if ctx.resume and checkpoints.enabled:
             resume_from = checkpoints.find(recorded=ctx.recorded)
         peek = checkpoints.load(resume_from) if resume_from is not None else None
+        if peek is None and ctx.fork is not None:  # a fork trains on as its parent did
+            peek = read_parent_checkpoint(ctx.fork)
         recorded = _recorded_precision(peek, rule, device)
         if recorded is None:
             recorded = _measured(spec, ctx, device, rule, made, model, channels_last)

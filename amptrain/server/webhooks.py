@@ -21,12 +21,15 @@ import ipaddress
 import json
 import socket
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import httpx
 
+from amptrain.contract.alerts import JobAlert
+from amptrain.core.settings import Settings
 from amptrain.store.deliveries import Due
 
 SIGNATURE_HEADER = "X-Amptrain-Signature"
@@ -82,6 +85,30 @@ def resolve(host: str, port: int, allow_private: bool) -> str:
         if not address_allowed(address, allow_private):
             raise Refused(f"{host[:60]!r} resolves to {address}, a disallowed address")
     return addresses[0]
+
+
+def url_problems(
+    rules: Sequence[JobAlert], settings: Settings, loc: tuple[Any, ...] | None
+) -> list[dict[str, Any]]:
+    """A 422 problem (pydantic's shape, for ``field_problems``) per rule whose webhook host
+    is not on the operator's allow-list. ``loc``: where the list of rules is in the body
+    (``("alerts",)``); None: the body is the one rule."""
+    problems = []
+    for i, rule in enumerate(rules):
+        if rule.notify is None:
+            continue
+        host = urlsplit(rule.notify.url).hostname or ""
+        if not host_allowed(host, settings.webhook_allowed_hosts):
+            where = () if loc is None else (*loc, i)
+            problems.append(
+                {
+                    "loc": (*where, "notify", "url"),
+                    "msg": f"webhook host {host[:60]!r} is not on this service's allow-list "
+                    "(AMPTRAIN_WEBHOOK_ALLOWED_HOSTS)",
+                    "type": "value_error",
+                }
+            )
+    return problems
 
 
 @dataclass(frozen=True)

@@ -114,3 +114,13 @@ def precision_history(s: Session, job_id: str) -> list[dict[str, Any]]:
         if not history or history[-1]["precision"] != segment["precision"]:
             history.append(segment)
     return history
+
+
+def forks_of(s: Session, job_id: str, owner: str | None, limit: int) -> tuple[list[Job], bool]:
+    """Up to ``limit`` forks of the job, newest first (``owner`` None: everyone's), and
+    whether it has more."""
+    query = sa.select(Job).where(Job.parent_id == job_id)
+    if owner is not None:
+        query = query.where(Job.owner == owner)
+    rows = s.scalars(query.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)).all()
+    return list(rows[:limit]), len(rows) > limit

@@ -47,10 +47,11 @@ def create_job(
     queue: str,
     idempotency_key: str | None = None,
     request_hash: str | None = None,
+    fork_of: tuple[str, int] | None = None,
 ) -> Job:
     """Add a queued job and its ``queued`` event. A concurrent duplicate
     ``(owner, idempotency_key)`` raises IntegrityError at flush: roll back and use
-    :func:`find_by_idempotency_key`."""
+    :func:`find_by_idempotency_key`. ``fork_of``: ``(parent id, step)`` of a fork."""
     job = Job(
         name=spec.name,
         owner=owner,
@@ -63,10 +64,15 @@ def create_job(
         idempotency_key=idempotency_key,
         request_hash=request_hash,
         summary={},
+        parent_id=fork_of[0] if fork_of else None,
+        fork_step=fork_of[1] if fork_of else None,
     )
     s.add(job)
     s.flush()
-    insert_event(s, job.id, 0, "queued", None, {"queue": queue})
+    data: dict[str, Any] = {"queue": queue}
+    if fork_of is not None:
+        data["forked_from"] = {"job": fork_of[0], "step": fork_of[1]}
+    insert_event(s, job.id, 0, "queued", None, data)
     return job
 
 

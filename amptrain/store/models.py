@@ -108,6 +108,11 @@ class Job(Base):
     eval_summary: Mapped[dict[str, Any] | None] = mapped_column(sa.JSON)
     """The newest evaluation, ``{"step", "attempt", "values"}`` (shown as ``summary.eval``):
     its own column so the recorder's per-batch ``summary`` update never overwrites it."""
+    parent_id: Mapped[str | None] = mapped_column(sa.String(40), index=True)
+    """A fork's parent: the job whose checkpoint at ``fork_step`` is its first state (null
+    for a job that started afresh; :mod:`amptrain.contract.forks`)."""
+    fork_step: Mapped[int | None]
+    """A fork's first state: the parent's checkpoint of this step; its own steps follow it."""
     overflow_counts: Mapped[dict[str, int] | None] = mapped_column(sa.JSON)
     """Per parameter (module path), the skipped fp16 steps it overflowed first in, most
     first (shown as ``summary.overflow_counts``); counted from the job's

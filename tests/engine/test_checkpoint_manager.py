@@ -81,3 +81,26 @@ def test_a_damaged_sidecar_is_not_trusted(tmp_path: Path, sidecar: str) -> None:
     store.save(3, state(3, False, attempt=1), CheckpointMeta(3, healthy=False, attempt=1))
     (tmp_path / "step-000000003.json").write_text(sidecar)
     assert manager(tmp_path).newest_healthy(3) is None  # the checkpoint itself says unhealthy
+
+
+def test_keep_last_never_removes_a_checkpoint_a_fork_pinned(tmp_path: Path) -> None:
+    """The API pins a checkpoint for a fork while its job still trains (a file beside it,
+    ``amptrain.core.checkpoint_pins``); pruning keeps it until the pin goes, then prunes it
+    with the next save."""
+    from amptrain.contract.layout import pin_name
+    from amptrain.core.checkpoint_pins import CheckpointPins
+
+    fork = "j_" + "f" * 32
+    job = manager(tmp_path / "j_parent", keep_last=1)
+    job.save(state(2, False, attempt=1))
+    pins = CheckpointPins(str(tmp_path), "j_parent")
+    pins.pin(2, fork)
+    for step in (4, 6):
+        job.save(state(step, False, attempt=1))
+    assert job.steps() == [2, 6] and pins.steps() == [2, 6]
+    assert (tmp_path / "j_parent" / pin_name(2, fork)).exists()
+    pins.release(2, fork)
+    pins.release(2, fork)  # twice (the fork's start and its end): harmless
+    job.save(state(8, False, attempt=1))
+    assert job.steps() == [8] and pins.steps() == [8]
+    assert sorted(os.listdir(tmp_path / "j_parent")) == ["step-000000008.json", "step-000000008.pt"]

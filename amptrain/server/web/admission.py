@@ -6,12 +6,18 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 import redis
 
-from amptrain.contract.admission import ServicePolicy, WorkerMemory
+from amptrain.contract.admission import ServicePolicy, WorkerMemory, admission_problems
+from amptrain.contract.catalog import validate_components
+from amptrain.contract.spec import JobSpec
 from amptrain.core import presence
 from amptrain.core.settings import Settings
+from amptrain.server.dispatcher import queue_for
+from amptrain.server.runtime import Services
+from amptrain.server.webhooks import url_problems
 
 log = logging.getLogger(__name__)
 
@@ -52,3 +58,37 @@ def no_worker_notice(queue: str, workers: Sequence[WorkerMemory] | None) -> str 
         f"no live worker takes jobs of queue {queue} now: the job waits until one starts "
         f"(a worker started with -Q and --devices-per-job to match)"
     )
+
+
+def submission_problems(
+    spec: JobSpec, owner: str, services: Services, size: int
+) -> tuple[list[dict[str, Any]], list[WorkerMemory] | None]:
+    """What refuses ``spec`` (``size``: its bytes as stored) beyond its own validation, as
+    pydantic error dicts: its components' arguments, the service's limits, the spec's size,
+    its queue and its alerts' webhook hosts; and the queue's live workers (None: unknown). A submit and a fork alike."""
+    problems = validate_components(spec)
+    workers = queue_workers(services.redis, queue_for(spec))
+    policy = service_policy(services.settings, workers or ())
+    problems += admission_problems(spec, owner, policy)
+    limit = services.settings.max_spec_bytes
+    if size > limit:
+        problems.append(
+            {
+                "loc": (),
+                "msg": f"the spec is {size} bytes as JSON; at most {limit} are accepted",
+                "type": "too_long",
+            }
+        )
+    queues = services.settings.routable_queues
+    if spec.queue is not None and spec.queue not in queues:
+        problems.append(
+            {
+                "loc": ("queue",),
+                # The name last: a quote followed by a long text reads as one long value.
+                "msg": f"the queues of this service are {', '.join(queues)}"
+                f" (shape queues -xN take jobs of devices N), not {spec.queue!r}",
+                "type": "enum",
+            }
+        )
+    problems += url_problems(spec.alerts, services.settings, ("alerts",))
+    return problems, workers

@@ -79,6 +79,34 @@ SummaryOut = create_model(
 """The metric table's ``summary`` fields (:data:`amptrain.contract.metrics.SUMMARY_FIELDS`)."""
 
 
+class ForkedFrom(BaseModel):
+    """A fork's origin: the parent job and the step of its checkpoint the fork started from
+    (the fork's own steps begin after it)."""
+
+    job: str
+    step: int
+
+
+class ForkOut(BaseModel):
+    id: str
+    name: str
+    status: str
+    step: int
+    """The fork's latest step."""
+    fork_step: int
+    """The parent's checkpoint it started from."""
+
+
+class ForksOut(BaseModel):
+    items: list[ForkOut]
+    """The newest forks the caller may see, at most :data:`FORKS_SHOWN`."""
+    more: bool
+    """More forks exist than are listed."""
+
+
+FORKS_SHOWN = 20
+
+
 class JobOut(BaseModel):
     id: str
     name: str
@@ -101,6 +129,10 @@ class JobOut(BaseModel):
     precision_history: list[PrecisionSegmentOut] | None = None
     """Only in ``GET /jobs/{id}``: each precision the job trained in and from which step
     (more than one entry after a ``health.fallback``); null elsewhere."""
+    forked_from: ForkedFrom | None = None
+    """A fork's parent and step (``POST /jobs/{id}/fork``); null for a job that started afresh."""
+    forks: ForksOut | None = None
+    """Only in ``GET /jobs/{id}``: the job's forks, newest first; null elsewhere."""
     notice: str | None = None
     """Only in the answer to a submit: why the job may wait (no live worker takes jobs of
     its queue now); null otherwise."""
@@ -136,6 +168,11 @@ class JobOut(BaseModel):
                 **{k: summary.get(k) for k in SUMMARY_FIELDS},
                 eval=job.eval_summary,
                 overflow_counts=job.overflow_counts or {},
+            ),
+            forked_from=(
+                ForkedFrom(job=job.parent_id, step=job.fork_step)
+                if job.parent_id is not None and job.fork_step is not None
+                else None
             ),
         )
 

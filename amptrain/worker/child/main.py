@@ -35,6 +35,7 @@ from amptrain.worker.child.protocol import (
 )
 
 if TYPE_CHECKING:  # torch and Redis: only once a launch is in hand
+    from amptrain.engine.context import ForkOrigin
     from amptrain.engine.distributed import Ranks
     from amptrain.worker.child.sink_process import ProcessSink
 
@@ -118,6 +119,7 @@ def train(launch: Launch, sink: Sink | None, ranks: Ranks | None = None) -> Fini
             precision_cache=FileCache(launch.precision_cache) if launch.precision_cache else None,
             ranks=ranks,
             precision_override=launch.precision_override,
+            fork=fork_origin(launch),
         )
         result = Trainer(spec, ctx).train()
     except Exception as exc:
@@ -143,6 +145,16 @@ def train(launch: Launch, sink: Sink | None, ranks: Ranks | None = None) -> Fini
         skipped_steps=result.skipped_steps,
         dropped_records=result.dropped_records,
     )
+
+
+def fork_origin(launch: Launch) -> ForkOrigin | None:
+    """The engine's view of a fork's first state (None for any other job)."""
+    from amptrain.engine.context import ForkOrigin
+
+    fork = launch.fork
+    if fork is None:
+        return None
+    return ForkOrigin(fork.checkpoint_dir, fork.step, fork.parent, launch.job_id)
 
 
 def add_deterministic_env(env: MutableMapping[str, str]) -> None:

@@ -23,6 +23,16 @@ class _Message(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
+class ForkStart(_Message):
+    """A fork's first state: its parent's checkpoint (see :mod:`amptrain.contract.forks`)."""
+
+    parent: str
+    step: int
+    checkpoint_dir: str
+    """The parent's checkpoint directory, built by the supervisor from the service's
+    checkpoint root and the parent's id."""
+
+
 class Launch(_Message):
     """What one attempt needs; travels as JSON on the child's stdin."""
 
@@ -49,6 +59,8 @@ class Launch(_Message):
     precision_override: str | None = None
     """After a precision fallback: the precision this attempt trains in (see
     :attr:`amptrain.engine.context.RunContext.precision_override`)."""
+    fork: ForkStart | None = None
+    """A fork's parent checkpoint: used while the job has no checkpoint of its own."""
 
 
 class Accepted(_Message):

@@ -10,8 +10,10 @@ from typing import Any
 
 from amptrain.contract.data_access import PathRefused, user_roots
 from amptrain.contract.layout import job_checkpoint_url
+from amptrain.core.checkpoint_pins import CheckpointPins
 from amptrain.core.settings import Settings
-from amptrain.worker.child.protocol import Launch
+from amptrain.store.models import Job
+from amptrain.worker.child.protocol import ForkStart, Launch
 from amptrain.worker.main import devices
 
 log = logging.getLogger(__name__)
@@ -34,6 +36,39 @@ class Claim:
     """Precision fallbacks so far: each adds an attempt to the retry budget."""
     precision_override: str | None = None
     """After a fallback: the precision this attempt trains in instead of the spec's."""
+    fork_of: tuple[str, int] | None = None
+    """A fork's parent job and step (:mod:`amptrain.contract.forks`)."""
+
+    @classmethod
+    def of_job(cls, job: Job, attempt: int) -> Claim:
+        """The claim of ``attempt`` (its claim's fencing token) on the job's row."""
+        fork = job.parent_id, job.fork_step
+        return cls(
+            job.id,
+            attempt,
+            dict(job.spec),
+            job.max_attempts,
+            job.owner,
+            fallbacks=job.fallbacks,
+            precision_override=job.precision_override,
+            fork_of=(fork[0], fork[1]) if fork[0] is not None and fork[1] is not None else None,
+        )
+
+    def with_fork_step(self, recorded: dict[int, int]) -> dict[int, int]:
+        """The resume bound (``recorded``: per attempt, its newest recorded step) of this
+        attempt: a fork's steps through its fork step are its parent's recorded history, so
+        its own checkpoint of that step (its first, written before any step) is resumable."""
+        if self.fork_of is None:
+            return recorded
+        floor = self.fork_of[1]
+        return {a: max(recorded.get(a, 0), floor) for a in range(1, self.attempt)}
+
+    def release_pin(self, settings: Settings) -> None:
+        """The job ended: a fork releases its pin on the parent's checkpoint (usually done
+        already by its first checkpoint; not when it ended before that)."""
+        if self.fork_of is not None:
+            parent, step = self.fork_of
+            CheckpointPins(settings.checkpoint_url, parent).release(step, self.job_id)
 
     @property
     def attempts_left(self) -> bool:
@@ -56,6 +91,18 @@ def launch(settings: Settings, claim: Claim, recorded: dict[int, int] | None = N
         cpu_bf16_probe=devices.cpu_bf16_probe(devices.known_report()),
         precision_cache=str(settings.data_dir / PRECISION_CACHE),
         precision_override=claim.precision_override,
+        fork=fork_start(settings, claim),
+    )
+
+
+def fork_start(settings: Settings, claim: Claim) -> ForkStart | None:
+    """Where a fork's first state is: the parent's directory in the service's checkpoint
+    store (the parent's id comes from SQL, never from the user's text)."""
+    if claim.fork_of is None:
+        return None
+    parent, step = claim.fork_of
+    return ForkStart(
+        parent=parent, step=step, checkpoint_dir=job_checkpoint_url(settings.checkpoint_url, parent)
     )
 
 

@@ -84,15 +84,7 @@ class Supervisor:
                 why = "no such job" if job is None else f"it is {job.status}"
                 log.info("job %s not claimable (%s); message dropped", job_id, why)
                 return None
-            claim = Claim(
-                job_id,
-                attempt,
-                dict(job.spec),
-                job.max_attempts,
-                job.owner,
-                fallbacks=job.fallbacks,
-                precision_override=job.precision_override,
-            )
+            claim = Claim.of_job(job, attempt)
         bind(attempt=attempt)
         log.info("job %s claimed as attempt %d by %s", job_id, attempt, self.worker)
         return claim
@@ -128,7 +120,7 @@ class Supervisor:
         if claim.attempt == 1:
             return None
         wait_s = self.settings.lease_seconds / 3
-        return resume_bound(self.sessions, self.redis, claim.job_id, wait_s)
+        return claim.with_fork_step(resume_bound(self.sessions, self.redis, claim.job_id, wait_s))
 
     def _child(self, launch: Launch) -> ChildProcess:
         """The process that trains this attempt: the warm spare when one takes the launch,
@@ -230,6 +222,8 @@ class Supervisor:
         if done:  # the status is the fenced truth; the event only tells it
             end = None if status == JobStatus.QUEUED else status
             self.events.conclude(job_id, attempt, kind, step, data, end_status=end)
+            if end is not None:
+                claim.release_pin(self.settings)
 
 
 def _end_step(out: Outcome, error: dict[str, Any] | None) -> int:

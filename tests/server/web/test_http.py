@@ -155,7 +155,12 @@ def test_submit_read_and_idempotency(api_stack: Stack) -> None:
     }
     assert job["spec"]["model"] == {"name": "mlp", "args": {}}
     # The notice is the submit's only; the precision history GET /jobs/{id}'s.
-    assert c.get(f"/jobs/{job['id']}").json() == {**job, "notice": None, "precision_history": []}
+    assert c.get(f"/jobs/{job['id']}").json() == {
+        **job,
+        "notice": None,
+        "precision_history": [],
+        "forks": {"items": [], "more": False},
+    }
 
     again = c.post("/jobs", json=cpu_job(), headers={"Idempotency-Key": "k1"})
     assert again.status_code == 200 and again.json()["id"] == job["id"]

@@ -10,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Annotated, Any
-from urllib.parse import urlsplit
 
 from fastapi import APIRouter, Path, Query, Response, status
 from pydantic import BaseModel
@@ -28,7 +27,7 @@ from amptrain.server.web.errors import (
     error_responses,
     field_problems,
 )
-from amptrain.server.webhooks import host_allowed
+from amptrain.server.webhooks import url_problems
 from amptrain.store import alert_rules as repo
 from amptrain.store import deliveries
 from amptrain.store.jobs import get_job
@@ -95,30 +94,6 @@ class DeliveryOut(BaseModel):
 class DeliveryPage(BaseModel):
     items: list[DeliveryOut]
     next_before: int | None
-
-
-def url_problems(
-    rules: Sequence[JobAlert], settings: Settings, loc: tuple[Any, ...] | None
-) -> list[dict[str, Any]]:
-    """A 422 problem (pydantic's shape, for ``field_problems``) per rule whose webhook host
-    is not on the operator's allow-list. ``loc``: where the list of rules is in the body
-    (``("alerts",)``); None: the body is the one rule."""
-    problems = []
-    for i, rule in enumerate(rules):
-        if rule.notify is None:
-            continue
-        host = urlsplit(rule.notify.url).hostname or ""
-        if not host_allowed(host, settings.webhook_allowed_hosts):
-            where = () if loc is None else (*loc, i)
-            problems.append(
-                {
-                    "loc": (*where, "notify", "url"),
-                    "msg": f"webhook host {host[:60]!r} is not on this service's allow-list "
-                    "(AMPTRAIN_WEBHOOK_ALLOWED_HOSTS)",
-                    "type": "value_error",
-                }
-            )
-    return problems
 
 
 def create_rules(

@@ -12,14 +12,13 @@ from typing import Annotated
 from fastapi import APIRouter, Header, Query, Response, status
 from sqlalchemy.exc import IntegrityError
 
-from amptrain.contract.admission import admission_problems
-from amptrain.contract.catalog import validate_components
 from amptrain.contract.job_ids import JOB_ID_PREFIX
 from amptrain.contract.spec import JobSpec
+from amptrain.core.checkpoint_pins import CheckpointPins
 from amptrain.core.enums import JobStatus
 from amptrain.core.redis import CANCEL_KEY_TTL_S, Keys
 from amptrain.server.dispatcher import queue_for
-from amptrain.server.web.admission import no_worker_notice, queue_workers, service_policy
+from amptrain.server.web.admission import no_worker_notice, submission_problems
 from amptrain.server.web.deps import (
     CurrentUser,
     ServicesDep,
@@ -37,8 +36,15 @@ from amptrain.server.web.errors import (
     error_responses,
     field_problems,
 )
-from amptrain.server.web.routes.alerts import create_rules, url_problems
-from amptrain.server.web.schemas import JobOut, JobPage, PrecisionSegmentOut
+from amptrain.server.web.routes.alerts import create_rules
+from amptrain.server.web.schemas import (
+    FORKS_SHOWN,
+    ForkOut,
+    ForksOut,
+    JobOut,
+    JobPage,
+    PrecisionSegmentOut,
+)
 from amptrain.store import job_reads, quotas
 from amptrain.store import jobs as repo
 from amptrain.store.models import Job
@@ -81,31 +87,7 @@ def submit_job(
     """Queue a training job. With an ``Idempotency-Key`` the same key and body return the
     original job (200); the same key with another body is a 409. A caller already holding
     ``AMPTRAIN_MAX_ACTIVE_JOBS_PER_USER`` unfinished jobs gets 429 (admins are exempt)."""
-    problems = validate_components(spec)
-    workers = queue_workers(services.redis, queue_for(spec))
-    policy = service_policy(services.settings, workers or ())
-    problems += admission_problems(spec, user.name, policy)
-    size = len(canonical_spec(spec))
-    if size > services.settings.max_spec_bytes:
-        problems.append(
-            {
-                "loc": (),
-                "msg": f"the spec is {size} bytes as JSON; at most "
-                f"{services.settings.max_spec_bytes} are accepted",
-                "type": "too_long",
-            }
-        )
-    if spec.queue is not None and spec.queue not in services.settings.routable_queues:
-        problems.append(
-            {
-                "loc": ("queue",),
-                # The name last: a quote followed by a long text reads as one long value.
-                "msg": f"the queues of this service are {', '.join(services.settings.routable_queues)}"
-                f" (shape queues -xN take jobs of devices N), not {spec.queue!r}",
-                "type": "enum",
-            }
-        )
-    problems += url_problems(spec.alerts, services.settings, ("alerts",))
+    problems, workers = submission_problems(spec, user.name, services, len(canonical_spec(spec)))
     if problems:
         raise ValidationFailed(field_problems(problems))
     digest = request_hash(spec)
@@ -114,7 +96,7 @@ def submit_job(
         if existing is not None:
             return _replay(existing, digest, response, user.is_admin)
     if not user.is_admin:
-        _check_active_jobs(session, user.name, services.settings.max_active_jobs_per_user)
+        check_active_jobs(session, user.name, services.settings.max_active_jobs_per_user)
     try:
         job = repo.create_job(session, spec, user.name, queue_for(spec), idempotency_key, digest)
     except IntegrityError:
@@ -136,7 +118,7 @@ def submit_job(
     )
 
 
-def _check_active_jobs(session: SessionDep, owner: str, limit: int) -> None:
+def check_active_jobs(session: SessionDep, owner: str, limit: int) -> None:
     quotas.lock_owner(session, owner)
     in_use = quotas.active_jobs(session, owner)
     if in_use >= limit:
@@ -257,9 +239,17 @@ def read_job(job_id: str, session: SessionDep, user: CurrentUser) -> JobOut:
     summary."""
     job = visible_job(session, user, job_id)
     history = [PrecisionSegmentOut(**h) for h in job_reads.precision_history(session, job_id)]
+    forks, more = job_reads.forks_of(session, job_id, user.owner_filter, FORKS_SHOWN)
+    listed = ForksOut(
+        items=[
+            ForkOut(id=f.id, name=f.name, status=f.status, step=f.step, fork_step=f.fork_step or 0)
+            for f in forks
+        ],
+        more=more,
+    )
     release_connection(session)  # before FastAPI's response-validation hop
     return JobOut.from_job(job, admin=user.is_admin).model_copy(
-        update={"precision_history": history}
+        update={"precision_history": history, "forks": listed}
     )
 
 
@@ -274,7 +264,7 @@ def cancel_job(
 ) -> JobOut:
     """Stop a job: a queued one ends ``cancelled`` at once, a running one turns ``cancelling``
     and its worker stops at the next step boundary. A finished job is a 409."""
-    visible_job(session, user, job_id)
+    job = visible_job(session, user, job_id)
     try:
         new_status = repo.request_cancel(session, job_id)
     except repo.JobFinished as exc:
@@ -284,5 +274,10 @@ def cancel_job(
     if new_status == JobStatus.CANCELLING:
         client = services.redis
         after_commit(session, lambda: client.set(Keys.cancel(job_id), "1", ex=CANCEL_KEY_TTL_S))
+    elif job.parent_id is not None and job.fork_step is not None:
+        # A fork cancelled while queued never takes its own copy of the parent's checkpoint.
+        pins = CheckpointPins(services.settings.checkpoint_url, job.parent_id)
+        step = job.fork_step
+        after_commit(session, lambda: pins.release(step, job_id))
     session.expire_all()
     return JobOut.from_job(visible_job(session, user, job_id), admin=user.is_admin)

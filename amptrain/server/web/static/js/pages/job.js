@@ -6,6 +6,7 @@ import { ChartGroup, chartDefs } from "../charts.js";
 import { FINISHED, clear, fmtBytes, fmtNum, fmtPow2, h, progressBar, statusBadge } from "../dom.js";
 import { EvalCharts } from "../evals.js";
 import { LayerNormChart } from "../layer_norms.js";
+import { ParentOverlay, forkForm, lineageLinks } from "../lineage.js";
 import { LiveFeed } from "../live.js";
 import { showOffenders } from "../offenders.js";
 import { describeSpans, precisionSpans } from "../segments.js";
@@ -38,6 +39,7 @@ export function mount(root, { id }) {
   const evalsSlot = h("div", {});
   const offendersEl = h("div", { class: "offenders small", id: "overflow-offenders" });
   const layers = new LayerNormChart(); // shown once the job has any (telemetry.layer_grad_norms_every)
+  const parentOverlay = new ParentOverlay(); // a fork: its loss over its parent's
   const ready = catalog().then((cat) => {
     const defs = chartDefs(cat);
     fields = [...new Set(defs.flatMap((c) => [...c.fields, ...c.extra]))];
@@ -70,6 +72,7 @@ export function mount(root, { id }) {
       h("button", { type: "button", onclick: () => group.resetZoom() }, "Reset zoom"),
       h("span", { class: "muted small" }, "drag to zoom, double-click to reset"), liveState),
     chartsEl,
+    parentOverlay.el,
     evalsSlot,
     layers.el,
     h("div", { class: "grid2", style: "margin-top:14px" },
@@ -163,7 +166,8 @@ export function mount(root, { id }) {
       h("div", {}, h("h1", { id: "job-name" }, job.name), h("div", { class: "small muted mono" }, job.id),
         h("div", { style: "margin-top:6px" }, statusBadge(status), " ",
           cancellable ? h("button", { class: "danger", onclick: cancel }, "Cancel") : null, " ",
-          h("a", { href: `#/compare?jobs=${encodeURIComponent(job.id)}`, class: "small" }, "compare…"))),
+          h("a", { href: `#/compare?jobs=${encodeURIComponent(job.id)}`, class: "small" }, "compare…")),
+        lineageLinks(job)),
       h("div", {}, h("div", { class: "big", id: "step", dataset: { step: String(job.step) } }, `step ${job.step} / ${job.max_steps}`),
         progressBar(job.step, job.max_steps)),
       h("dl", { class: "kv" },
@@ -230,9 +234,15 @@ export function mount(root, { id }) {
 
   async function loadCheckpoints() {
     const list = await api(`${path}/checkpoints`);
-    clear(checkpointsEl, list.items.length ? list.items.map((c) => h("div", {},
-      h("button", { class: "link", onclick: () => download(c.url, `${id}-step${c.step}.pt`) }, `step ${c.step}`),
-      h("span", { class: "muted" }, ` ${fmtBytes(c.size)}`))) : h("span", { class: "muted" }, "none yet"));
+    clear(checkpointsEl, list.items.length ? list.items.map((c) => {
+      // A fork of this checkpoint: its small form opens under the row.
+      const slot = h("div", {});
+      const toggle = () => clear(slot, slot.firstChild ? null : forkForm(job, c.step, () => clear(slot)));
+      return h("div", { class: "checkpoint", dataset: { step: String(c.step) } },
+        h("button", { class: "link", onclick: () => download(c.url, `${id}-step${c.step}.pt`) }, `step ${c.step}`),
+        h("span", { class: "muted" }, ` ${fmtBytes(c.size)} `),
+        h("button", { type: "button", class: "fork", onclick: toggle }, "Fork"), slot);
+    }) : h("span", { class: "muted" }, "none yet"));
   }
 
   (async () => {
@@ -245,7 +255,8 @@ export function mount(root, { id }) {
     if (!job) return;
     specEl.textContent = JSON.stringify(job.spec, null, 2);
     const cursor = await history;
-    await Promise.all([loadEvents(), loadEvals(), loadLayerNorms(), loadCheckpoints().catch(() => {})]);
+    await Promise.all([loadEvents(), loadEvals(), loadLayerNorms(), loadCheckpoints().catch(() => {}),
+      parentOverlay.load(job).catch(() => {})]);
     if (stopped) return;
     feed = new LiveFeed(id, cursor, {
       onMetric,
@@ -255,7 +266,7 @@ export function mount(root, { id }) {
         onLifecycle(ev);
         if (timeline.add(ev) && ev.type === "checkpoint") loadCheckpoints().catch(() => {});
       },
-      onEnd: () => poll(),
+      onEnd: () => poll().then(() => parentOverlay.load(job)).catch(() => {}),
       onState: (s) => { liveState.textContent = s; liveState.dataset.state = s; },
     });
     feed.start();
@@ -270,5 +281,6 @@ export function mount(root, { id }) {
     group.destroy();
     evals?.destroy();
     layers.destroy();
+    parentOverlay.close();
   };
 }
