@@ -1,12 +1,10 @@
 """Alert rules, their firings and webhook deliveries (the database as the outbox), and a
 job's stop reason and outcome (an alert's stop; an early stop ends ``succeeded``).
 
-Self-contained: it only adds tables and two nullable columns, so it can be re-chained
-after any other revision (numbered 0012 on its branch; chained after the forks' 0013,
-the head when the branches met).
+It only adds tables and two nullable columns.
 
 Revision ID: 0012
-Revises: 0013
+Revises: 0011
 Create Date: 2026-12-06
 
 """
@@ -17,7 +15,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0012"
-down_revision: str | Sequence[str] | None = "0013"
+down_revision: str | Sequence[str] | None = "0011"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -2,10 +2,7 @@
 (``POST /jobs/{id}/fork``). Both nullable with no default: metadata-only on PostgreSQL,
 however many jobs there are. Indexed by parent: a job lists its forks.
 
-Numbered 0013 for the forks branch; ``down_revision`` is the head when it was written (the
-integrator re-chains it after other branches' revisions).
-
-Revision ID: 0013
+Revision ID: 0011
 Revises: 0010
 Create Date: 2026-12-06
 
@@ -16,7 +13,7 @@ from collections.abc import Sequence
 import sqlalchemy as sa
 from alembic import op
 
-revision: str = "0013"
+revision: str = "0011"
 down_revision: str | Sequence[str] | None = "0010"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
