@@ -34,6 +34,9 @@ MAX_RUNTIME_S = 30 * 24 * 3600
 MAX_SEED = 2**32 - 1
 MAX_DEVICES = 8
 """Most data-parallel processes (GPUs) one job may ask for: one machine's worth."""
+MAX_NODES = 16
+"""Most machines (workers) one job may train on at once (``nodes``); a service may allow
+fewer (``AMPTRAIN_MAX_NODES``)."""
 MIN_COLLECTIVE_TIMEOUT_S = 5
 MAX_COLLECTIVE_TIMEOUT_S = 3600
 MAX_ARGS = 64
@@ -191,7 +194,7 @@ class JobSpec(_Strict):
     """A declarative training job. Only ``model``, ``dataset`` and ``max_steps`` are required.
 
     Rules across fields (each a 422 naming the problem): ``grad_accum_steps`` x ``devices``
-    divides ``batch_size``; ``auto_micro_batch`` needs ``devices`` 1; ``queue`` is one of
+    (x ``nodes``) divides ``batch_size``; ``auto_micro_batch`` needs ``devices`` and ``nodes`` 1; ``queue`` is one of
     the service's queues; a model's arguments fit one another (a ``transformer``'s
     ``n_heads`` divides its ``d_model``) and what the dataset yields."""
 
@@ -223,6 +226,14 @@ class JobSpec(_Strict):
     """Data-parallel processes, one per GPU of one machine (DDP: NCCL on CUDA, gloo on a CPU).
     Each takes its contiguous share of every global batch; the result matches one device
     accumulating the same micro-batches. Resuming needs the same number of devices."""
+    nodes: int = Field(default=1, ge=1, le=MAX_NODES, strict=True)
+    """Machines (workers of the job's queue) training this one job together, each running
+    ``devices`` processes: the world is ``nodes`` x ``devices`` processes, which share every
+    global batch as ``devices`` alone does. The nodes are reserved all at once (the job waits,
+    holding no worker, while too few have a free slot) and rendezvous through PyTorch's c10d
+    on the first one; a node that fails ends the attempt on all of them. The service sets
+    the rendezvous address and ports, never the spec. Resuming needs the same
+    ``nodes`` x ``devices``."""
     collective_timeout_s: int = Field(
         default=600, ge=MIN_COLLECTIVE_TIMEOUT_S, le=MAX_COLLECTIVE_TIMEOUT_S
     )
@@ -281,16 +292,18 @@ class JobSpec(_Strict):
 
     @model_validator(mode="after")
     def _accumulation_divides_batch(self) -> JobSpec:
-        if self.devices == 1 and self.batch_size % self.grad_accum_steps:
+        if self.world_size == 1 and self.batch_size % self.grad_accum_steps:
             raise ValueError(
                 f"grad_accum_steps ({self.grad_accum_steps}) must divide batch_size ({self.batch_size})"
             )
-        share = self.devices * self.grad_accum_steps
+        share = self.world_size * self.grad_accum_steps
         if self.batch_size % share:
+            nodes = "nodes x " if self.nodes > 1 else ""
+            count = f"{self.nodes} x " if self.nodes > 1 else ""
             raise ValueError(
-                f"batch_size ({self.batch_size}) must be divisible by devices x grad_accum_steps "
-                f"({self.devices} x {self.grad_accum_steps} = {share}): every device takes an "
-                "equal share of micro-batches"
+                f"batch_size ({self.batch_size}) must be divisible by {nodes}devices x "
+                f"grad_accum_steps ({count}{self.devices} x {self.grad_accum_steps} = {share}): "
+                "every device takes an equal share of micro-batches"
             )
         every, spike = self.checkpoint.every_steps, self.health.spike
         if spike is not None and spike.action == "rollback" and every >= self.max_steps:
@@ -298,9 +311,9 @@ class JobSpec(_Strict):
                 f"health.spike.action rollback needs checkpoint.every_steps ({every}) below "
                 f"max_steps ({self.max_steps}): else no checkpoint precedes a spike"
             )
-        if self.devices > 1 and self.health.spike is not None:
+        if self.world_size > 1 and self.health.spike is not None:
             raise ValueError(
-                f"health.spike needs devices 1 (got devices {self.devices}): each process "
+                f"health.spike needs {self._one_process()}: each process "
                 "sees its own share's loss, and agreeing on a spike before the optimizer "
                 "step would cost a collective every step"
             )
@@ -309,18 +322,28 @@ class JobSpec(_Strict):
                 f"health.fallback {self.health.fallback!r} needs precision fp16 or auto (got "
                 f"{self.precision!r}): a fallback only ever leaves fp16"
             )
-        if self.devices > 1 and self.auto_micro_batch:
+        if self.world_size > 1 and self.auto_micro_batch:
             raise ValueError(
-                f"auto_micro_batch needs devices 1 (got devices {self.devices}): one process "
+                f"auto_micro_batch needs {self._one_process()}: one process "
                 "halving its micro-batch after running out of memory would fall out of step "
                 "with the others; raise grad_accum_steps instead"
             )
         return self
 
+    def _one_process(self) -> str:
+        if self.nodes == 1:
+            return f"devices 1 (got devices {self.devices})"
+        return f"devices 1 and nodes 1 (got devices {self.devices}, nodes {self.nodes})"
+
+    @property
+    def world_size(self) -> int:
+        """Data-parallel processes in all: ``nodes`` x ``devices``."""
+        return self.nodes * self.devices
+
     @property
     def micro_batch_size(self) -> int:
         """Samples one device puts through one forward pass."""
-        return self.batch_size // (self.grad_accum_steps * self.devices)
+        return self.batch_size // (self.grad_accum_steps * self.world_size)
 
 
 def parse_spec(data: dict[str, Any]) -> JobSpec:
