@@ -34,11 +34,21 @@ class Claim:
     """Precision fallbacks so far: each adds an attempt to the retry budget."""
     precision_override: str | None = None
     """After a fallback: the precision this attempt trains in instead of the spec's."""
+    unplaced: int = 0
+    """Multi-node attempts given back unplaced so far: each adds an attempt to the budget."""
+    queue: str = "gpu"
+    """The job's queue: where a multi-node job's other nodes are asked to join."""
+
+    @property
+    def nodes(self) -> int:
+        value = self.spec.get("nodes", 1)
+        return value if isinstance(value, int) and value > 1 else 1
 
     @property
     def attempts_left(self) -> bool:
-        """Another attempt is within the retry budget (``max_attempts`` + fallbacks)."""
-        return self.attempt < self.max_attempts + self.fallbacks
+        """Another attempt is within the retry budget (``max_attempts`` + fallbacks +
+        unplaced)."""
+        return self.attempt < self.max_attempts + self.fallbacks + self.unplaced
 
 
 def launch(settings: Settings, claim: Claim, recorded: dict[int, int] | None = None) -> Launch:
