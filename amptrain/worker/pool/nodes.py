@@ -102,7 +102,10 @@ class NodeGroup(RankGroup):
             if node:
                 everyone.append(self._outcomes.get(node, NodeOutcome(member, None)))
         outcome = nodes_outcome(everyone, self.outcome_wait_s)
-        log.info("multi-node attempt of %d nodes ended: %s", len(everyone), outcome.type)
+        log.info(
+            "multi-node attempt ended: %s",
+            "; ".join(f"{o.member.name}: {_ended(o.result)}" for o in everyone),
+        )
         return outcome
 
     def _read_inbox(self) -> list[ControlMessage]:
@@ -173,3 +176,12 @@ class NodeGroup(RankGroup):
             self.reservation.close()
         except Exception as exc:  # it expires with its TTL
             log.warning("multi-node reservation not ended: %s", exc)
+
+
+def _ended(result: Finished | Failed | None) -> str:
+    """How one node ended, for the log: ``finished at step 40``, ``cancelled at step 5``."""
+    if result is None:
+        return "no outcome"
+    if isinstance(result, Finished):
+        return f"finished at step {result.final_step}"
+    return f"{result.code} at step {result.step}"

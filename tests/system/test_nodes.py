@@ -1,0 +1,191 @@
+"""One job on two machines (``nodes: 2``), each machine an ``amptrain worker`` on this host
+(loopback: two torchrun agents with ``--rdzv-endpoint 127.0.0.1:PORT --nnodes 2`` form one
+world), through the real service: the service's maximum, the all-or-nothing placement
+(a job that cannot get its nodes waits, says why and holds no worker), a world of two
+nodes that trains like one process accumulating the same micro-batches, a rank killed on
+one node (every node's attempt ends, the retry resumes from the checkpoint, every step
+is recorded once, the error names the node), and a cancel that stops both nodes at one
+step. The probe plugin's gate holds a rank at a known step."""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+import time
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from amptrain.cli.embedded_redis import EmbeddedRedis
+from tests.components.test_plugins import write_dist_info
+from tests.support.stack import Stack, wait_until
+from tests.system.test_ddp_jobs import PROBE, alive, checkpointed, started
+from tests.system.test_e2e_service import wait_for_points
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+STEPS = 16
+WAIT_S = 5  # AMPTRAIN_NODE_WAIT_SECONDS: how long a leader waits for the other node
+COLLECTIVE_S = 10
+
+
+def nodes_job(name: str, nodes: int = 2, **probe: Any) -> dict[str, Any]:
+    """fp32 on the CPU: two nodes of one process each split what one process accumulates."""
+    return {
+        "name": name,
+        "model": {"name": "ddp-probe", "args": {"width": 8, **probe}},
+        "dataset": {"name": "synthetic-classification", "args": {"features": 8}},
+        "device": "cpu",
+        "precision": "fp32",
+        "nodes": nodes,
+        "devices": 1,
+        "grad_accum_steps": 1 if nodes > 1 else 2,
+        "batch_size": 8,
+        "max_steps": STEPS,
+        "telemetry": {"flush_every_steps": 2},
+        "checkpoint": {"every_steps": 5, "keep_last": 10},
+        "collective_timeout_s": COLLECTIVE_S,
+    }
+
+
+@pytest.fixture
+def nodes_stack(database_url: str, redis_server: EmbeddedRedis, tmp_path: Path) -> Iterator[Stack]:
+    site = tmp_path / "site"
+    project = tomllib.loads((PROBE / "pyproject.toml").read_text())["project"]
+    write_dist_info(site, project["name"], project["entry-points"])
+    s = Stack(tmp_path, database_url, redis_server)
+    s.env["PYTHONPATH"] = os.pathsep.join(map(str, [site, PROBE / "src", ROOT]))
+    s.env["AMPTRAIN_WORKER_METRICS_PORT"] = "0"
+    s.env["AMPTRAIN_MAX_NODES"] = "2"
+    s.env["AMPTRAIN_NODE_ADDRESS"] = "127.0.0.1"
+    low = random.randrange(42000, 60000, 100)  # apart from a parallel run's ranges
+    s.env["AMPTRAIN_RDZV_PORTS"] = f"{low}-{low + 99}"
+    s.env["AMPTRAIN_NODE_WAIT_SECONDS"] = str(WAIT_S)
+    s.start_api()
+    yield s
+    s.close()
+
+
+def events_of(stack: Stack, job_id: str, kind: str) -> list[dict[str, Any]]:
+    return [e for e in stack.events(job_id) if e["type"] == kind]
+
+
+def first_start(stack: Stack, job_id: str) -> tuple[int, dict[str, Any]]:
+    """The attempt that first started training, and its ``started`` event's process (an
+    attempt that could not reserve its nodes in time never starts)."""
+
+    def find() -> tuple[int, dict[str, Any]] | None:
+        for e in stack.events(job_id):
+            if e["type"] == "started":
+                return int(e["attempt"]), dict(e["data"]["process"])
+        return None
+
+    return wait_until(find, 180, f"{job_id} to start")
+
+
+def node_pids(process: dict[str, Any]) -> dict[int, int]:
+    """Global rank -> pid, over every node of a ``started`` event's process."""
+    return {r["rank"]: r["pid"] for node in process["nodes"] for r in node["ranks"]}
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_two_node_job_waits_holding_nothing_then_trains_like_one_process(
+    nodes_stack: Stack,
+) -> None:
+    stack = nodes_stack
+    r = stack.client.post("/jobs", json=nodes_job("too-many", nodes=4))
+    assert r.status_code == 422, r.text
+    assert "at most 2 nodes on this service; got 4" in r.text and '"nodes"' in r.text
+
+    stack.start_worker("a", "cpu")
+    two = stack.submit(nodes_job("two-nodes"))
+    said = wait_until(lambda: events_of(stack, two["id"], "waiting_for_nodes"), 60, "the wait")
+    assert said[0]["data"]["message"].startswith(
+        "needs 2 workers with a free cpu slot (queue cpu); 1 has one"
+    )
+    # It holds nothing: the one worker trains a one-process job meanwhile (the reference:
+    # one process accumulating the two micro-batches the two nodes split).
+    one = stack.submit(nodes_job("one-process", nodes=1))
+    done = stack.wait_for_status(one["id"], "succeeded", "failed", timeout=120)
+    assert done["status"] == "succeeded", done["error"]
+    waiting = stack.job(two["id"])
+    assert waiting["status"] == "queued" and waiting["error"] is None
+
+    stack.start_worker("b", "cpu")
+    done = stack.wait_for_status(two["id"], "succeeded", "failed", timeout=180)
+    assert done["status"] == "succeeded", done["error"]
+    process = started(stack, two["id"], done["attempt"])["process"]
+    assert sorted(n["worker"] for n in process["nodes"]) == ["a@test", "b@test"]
+    assert sorted(node_pids(process)) == [0, 1] and process["world_size"] == 2
+    assert [n["address"] for n in process["nodes"]] == ["127.0.0.1"] * 2
+
+    ours, reference = (wait_for_points(stack, j["id"], STEPS) for j in (two, one))
+    assert [p["step"] for p in ours] == list(range(1, STEPS + 1))
+    # The same micro-batches, gradients all-reduced: the losses agree to float32 rounding.
+    # Not bitwise: the reported loss is reduced differently (each node's mean, averaged
+    # across the world, against one process's accumulated mean), which differs by an ulp
+    # already at step 1, before any update; the weights stay in step (tests/engine/
+    # test_ddp.py holds DDP's weights bitwise to one process's).
+    assert [p["loss"] for p in ours] == pytest.approx([p["loss"] for p in reference], rel=1e-6)
+    items = stack.client.get(f"/jobs/{two['id']}/checkpoints").json()["items"]
+    assert sorted(c["step"] for c in items) == [5, 10, 15, 16]  # rank 0's, once each
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_lost_rank_ends_every_node_and_a_cancel_stops_both_at_one_step(
+    nodes_stack: Stack, tmp_path: Path
+) -> None:
+    stack = nodes_stack
+    stack.start_worker("a", "cpu")
+    stack.start_worker("b", "cpu")
+    gate = tmp_path / "go"
+    job = stack.submit(nodes_job("lose-a-rank", hang_rank=1, hang_at=12, hang_until=str(gate)))
+    attempt, process = first_start(stack, job["id"])
+    pids = node_pids(process)
+    wait_until(lambda: checkpointed(stack, job["id"], 10), 120, "checkpoint 10")
+    killed_at = time.monotonic()
+    os.kill(pids[1], signal.SIGKILL)
+    wait_until(lambda: not any(map(alive, pids.values())), COLLECTIVE_S + 20, "every rank to end")
+    ended_in = time.monotonic() - killed_at
+    assert ended_in < COLLECTIVE_S + 20
+    gate.touch()
+
+    done = stack.wait_for_status(job["id"], "succeeded", "failed", timeout=180)
+    assert done["status"] == "succeeded" and done["attempt"] > attempt, done["error"]
+    resumed = events_of(stack, job["id"], "resumed")
+    assert [(e["attempt"], e["data"]["from_step"]) for e in resumed] == [(done["attempt"], 10)]
+    points = wait_for_points(stack, job["id"], STEPS)
+    assert [p["step"] for p in points] == list(range(1, STEPS + 1))
+    (requeued,) = events_of(stack, job["id"], "requeued")
+    lost = next(n for n in process["nodes"] if any(r["rank"] == 1 for r in n["ranks"]))
+    named = f"node {lost['node']} ({lost['worker']}, 127.0.0.1)"
+    assert named in requeued["data"]["error"]["message"], requeued
+
+    # Cancel while rank 1 is held at step 5: both nodes stop at the flush that carries it.
+    gate2 = tmp_path / "go2"
+    job = stack.submit(nodes_job("cancel", hang_rank=1, hang_at=5, hang_until=str(gate2)))
+    attempt, process = first_start(stack, job["id"])
+    assert stack.client.post(f"/jobs/{job['id']}/cancel").status_code == 202
+
+    def logs() -> str:
+        return stack.log_tail("a", 400) + "\n" + stack.log_tail("b", 400)
+
+    wait_until(lambda: f"attempt {attempt}: asked child to cancel" in logs(), 30, "the cancel")
+    gate2.touch()
+    done = stack.wait_for_status(job["id"], "cancelled", "failed", timeout=120)
+    assert done["status"] == "cancelled", done["error"]
+    mine = f"{job['id']} #{attempt}]"
+    ended = wait_until(
+        lambda: re.search(rf"{re.escape(mine)}.*multi-node attempt ended: (.*)", logs()),
+        30,
+        "the nodes' ends",
+    )
+    steps = re.findall(r"cancelled at step (\d+)", ended[1])
+    assert len(steps) == 2 and steps[0] == steps[1], ended[1]
+    assert not any(map(alive, node_pids(process).values()))
