@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,6 +24,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session, sessionmaker
 
+    from tests.support.netns import Network
     from tests.support.stack import Stack
 
 
@@ -97,6 +98,21 @@ def api_stack(database_url: str, redis_server: EmbeddedRedis, tmp_path: Path) ->
     stack.start_api()
     yield stack
     stack.close()
+
+
+@pytest.fixture
+def netns_hosts() -> Iterator[Callable[[int], Network]]:
+    """``netns_hosts(n)``: ``n`` hosts as network namespaces on a bridge, each its own
+    address (tests/support/netns.py); all cleaned up after the test, pass or fail. Skips
+    where namespaces cannot be made (not root), except under ``CI``, which runs as root."""
+    from tests.support.netns import netns_unavailable, networks
+
+    if reason := netns_unavailable():
+        if os.environ.get("CI"):
+            pytest.fail(f"CI must run the multi-host tests: {reason}")
+        pytest.skip(reason)
+    with networks() as make:
+        yield make
 
 
 def cuda_available() -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import shutil
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 import redis
@@ -37,9 +38,17 @@ def redis_server_binary() -> str:
 
 
 class EmbeddedRedis:
-    """``redis-server`` listening on a unix socket in ``directory`` (no TCP port to collide on)."""
+    """``redis-server`` listening on a unix socket in ``directory`` (no TCP port to collide on),
+    and on TCP ``port`` of the ``bind`` addresses too when both are given (tests whose
+    processes live in other network namespaces reach it that way: :attr:`tcp_url`)."""
 
-    def __init__(self, directory: Path, *, appendonly: bool = True) -> None:
+    def __init__(
+        self, directory: Path, *, appendonly: bool = True, bind: Sequence[str] = (), port: int = 0
+    ) -> None:
+        if bool(bind) != bool(port):
+            raise ValueError("a TCP listener needs both bind addresses and a port")
+        self.bind = tuple(bind)
+        self.port = port
         self.directory = Path(directory)
         # Its append-only file holds every job's telemetry: private to this user.
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -51,10 +60,18 @@ class EmbeddedRedis:
     def url(self) -> str:
         return f"unix://{self.socket}"
 
+    @property
+    def tcp_url(self) -> str:
+        """The URL on the first bind address (only with a TCP listener)."""
+        if not self.port:
+            raise ValueError("this redis-server listens on its unix socket only")
+        return f"redis://{self.bind[0]}:{self.port}/0"
+
     def start(self, timeout: float = 10.0) -> EmbeddedRedis:
         args = [
             redis_server_binary(),
-            "--port", "0",
+            "--port", str(self.port),
+            *(["--bind", *self.bind] if self.bind else []),
             "--unixsocket", str(self.socket),
             "--unixsocketperm", "700",
             "--dir", str(self.directory),
