@@ -17,9 +17,11 @@ from __future__ import annotations
 import logging
 import signal
 import time
+from typing import Any
 
 import redis
 
+from amptrain.core import redis as amptrain_redis
 from amptrain.core.logs import log_context
 from amptrain.core.settings import Settings
 from amptrain.worker.child.protocol import Failed, Finished, Launch, PrecisionChosen, encode
@@ -33,6 +35,9 @@ log = logging.getLogger(__name__)
 
 POLL_S = 0.1
 CHECK_EVERY_S = 1.0  # how often a training follower looks for its reservation
+CHECK_TIMEOUT_S = 0.5
+"""A look for the reservation gives up this soon: a node cut off from Redis must keep
+watching its ranks (their failures, their teardown), not wait on a socket."""
 
 
 class Follower:
@@ -43,7 +48,9 @@ class Follower:
         self.worker = worker
         self.pool_slot = pool_slot
         self.redis = client
-        self.slot = JobSlot(client, worker, pool_slot, settings.lease_seconds)
+        self.probe = amptrain_redis.client(settings.redis_url, CHECK_TIMEOUT_S)
+        # What the slot shows is best effort: never worth a long wait on a lost network.
+        self.slot = JobSlot(self.probe, worker, pool_slot, settings.lease_seconds)
 
     def run(self, job_id: str, attempt: int) -> None:
         with log_context(job_id=job_id, worker=self.worker):
@@ -58,6 +65,7 @@ class Follower:
                     self._train(res, member, fields)
             finally:
                 self.slot.clear()
+                self.probe.close()
 
     def _join(self, res: Reservation) -> Member | None:
         fields = res.fields()
@@ -116,17 +124,18 @@ class Follower:
         self.slot.note(reservation="training")
         try:
             result = self._watch(res, member, group)
-            res.tell(
-                node_message(
-                    "outcome",
-                    member,
-                    result=encode(result) if result else None,
-                    holds_rank0=group.holds_rank0,
-                    lost_ranks=group.lost_ranks,
-                )
+            message = node_message(
+                "outcome",
+                member,
+                result=encode(result) if result else None,
+                holds_rank0=group.holds_rank0,
+                lost_ranks=group.lost_ranks,
             )
-            log.info("%s #%d: told the leader this node's outcome", res.job_id, res.attempt)
+            if _tell(res, message):
+                log.info("%s #%d: told the leader this node's outcome", res.job_id, res.attempt)
         finally:
+            if group.alive():  # an exception above: nothing may outlive the attempt
+                group.abort()
             group.close()
 
     def _watch(
@@ -135,18 +144,22 @@ class Follower:
         result: Finished | Failed | None = None
         told_ranks = stopping = False
         next_check = time.monotonic() + CHECK_EVERY_S
+        next_refresh = time.monotonic() + self.settings.heartbeat_seconds
+        probe = Reservation(self.probe, res.job_id, res.attempt)
         while not group.finished():
             for msg in group.messages(POLL_S):
                 if isinstance(msg, Finished | Failed):
                     result = msg
                 elif isinstance(msg, PrecisionChosen):
                     told_ranks = self._tell_ranks(res, member, group, told_ranks)
-                    res.tell(node_message("precision", member, message=msg.model_dump()))
+                    _tell(res, node_message("precision", member, message=msg.model_dump()))
             told_ranks = self._tell_ranks(res, member, group, told_ranks)
+            if time.monotonic() >= next_refresh:
+                next_refresh = time.monotonic() + self.settings.heartbeat_seconds
+                self.slot.refresh()
             if time.monotonic() >= next_check:
                 next_check = time.monotonic() + CHECK_EVERY_S
-                self.slot.refresh()
-                if not self._leader_alive(res):
+                if not self._leader_alive(probe):
                     log.warning(
                         "%s #%d: the reservation is gone (the leader ended the attempt or "
                         "died); killing this node's ranks",
@@ -171,7 +184,7 @@ class Follower:
         if len(infos) < group.devices:
             return False
         ranks = sorted(({"rank": int(i["rank"]), "pid": int(i["pid"])} for i in infos), key=str)
-        res.tell(node_message("ranks", member, ranks=ranks))
+        _tell(res, node_message("ranks", member, ranks=ranks))
         return True
 
     def _leader_alive(self, res: Reservation) -> bool:
@@ -179,3 +192,14 @@ class Follower:
             return res.fields() is not None
         except redis.RedisError:
             return True  # a Redis blip is no lost leader; the collectives time out anyway
+
+
+def _tell(res: Reservation, message: dict[str, Any]) -> bool:
+    """Tell the leader; False when Redis cannot be reached (this node is cut off: the
+    leader stops waiting for it within its bound, and the ranks' collectives time out)."""
+    try:
+        res.tell(message)
+    except redis.RedisError as exc:
+        log.warning("%s #%d: could not tell the leader: %s", res.job_id, res.attempt, exc)
+        return False
+    return True

@@ -85,6 +85,10 @@ class NodeArgs:
     """This node's address as the others reach it (``AMPTRAIN_NODE_ADDRESS``)."""
     join_timeout_s: int
     """How long the rendezvous waits for every node (they were reserved before)."""
+    is_host: bool = False
+    """This node hosts the rendezvous's store (the leader). Said, not guessed: torch's
+    guess matches the endpoint against this machine's names and addresses, which any
+    loopback endpoint, or an alias of the leader's address, gets wrong."""
 
 
 def rendezvous_timeout(spec: dict[str, Any]) -> int:
@@ -110,7 +114,7 @@ def launcher_args(devices: int, run_dir: Path, nodes: NodeArgs | None = None) ->
             "--rdzv-id",
             nodes.rdzv_id,
             "--rdzv-conf",
-            f"join_timeout={nodes.join_timeout_s}",
+            f"join_timeout={nodes.join_timeout_s},is_host={str(nodes.is_host).lower()}",
             "--local-addr",
             nodes.local_addr,
         ]

@@ -212,6 +212,7 @@ class Supervisor:
             rdzv_id=placed.rdzv_id,
             local_addr=placed.members[0].address,
             join_timeout_s=rendezvous_timeout(launch.spec),
+            is_host=True,
         )
         return NodeGroup(
             launch,

@@ -56,7 +56,7 @@ def test_a_node_of_a_multi_node_attempt_joins_a_c10d_rendezvous_and_never_restar
         "--rdzv-backend": "c10d",
         "--rdzv-endpoint": "10.0.0.1:29400",
         "--rdzv-id": "j_ab-3",
-        "--rdzv-conf": "join_timeout=45",
+        "--rdzv-conf": "join_timeout=45,is_host=false",
         "--local-addr": "10.0.0.2",
         "--nproc-per-node": "1",
         "--max-restarts": "0",
