@@ -71,6 +71,7 @@ _DETAIL: dict[str, Callable[[dict[str, Any]], str]] = {
     ROLLBACK_EVENT: lambda d: str(d.get("message") or ""),
     WEIGHTS_EVENT: _weights,
     "queued": lambda d: f"on queue {d['queue']}" if d.get("queue") else "",
+    "waiting_for_nodes": lambda d: str(d.get("message") or ""),
     "checkpoint": lambda d: "",
     "checkpoints": lambda d: str(d.get("message") or ""),
 }

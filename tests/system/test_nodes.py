@@ -105,6 +105,13 @@ def test_a_two_node_job_waits_holding_nothing_then_trains_like_one_process(
 
     stack.start_worker("a", "cpu")
     two = stack.submit(nodes_job("two-nodes"))
+
+    def reserved() -> list[dict[str, Any]]:
+        slots = [j for w in stack.client.get("/workers").json()["items"] for j in w["current_jobs"]]
+        return [j for j in slots if j.get("reservation") == "waiting"]
+
+    (slot,) = wait_until(reserved, 60, "GET /workers to show the reservation")
+    assert (slot["job_id"], slot["node"]) == (two["id"], 0)
     said = wait_until(lambda: events_of(stack, two["id"], "waiting_for_nodes"), 60, "the wait")
     assert said[0]["data"]["message"].startswith(
         "needs 2 workers with a free cpu slot (queue cpu); 1 has one"
@@ -124,6 +131,10 @@ def test_a_two_node_job_waits_holding_nothing_then_trains_like_one_process(
     assert sorted(n["worker"] for n in process["nodes"]) == ["a@test", "b@test"]
     assert sorted(node_pids(process)) == [0, 1] and process["world_size"] == 2
     assert [n["address"] for n in process["nodes"]] == ["127.0.0.1"] * 2
+    shown = stack.job(two["id"])  # GET /jobs/{id} (an admin's token): the nodes, ranks
+    assert shown["nodes_attempt"] == done["attempt"]
+    assert sorted(n["worker"] for n in shown["nodes"]) == ["a@test", "b@test"]
+    assert sorted(r["rank"] for n in shown["nodes"] for r in n["ranks"]) == [0, 1]
 
     ours, reference = (wait_for_points(stack, j["id"], STEPS) for j in (two, one))
     assert [p["step"] for p in ours] == list(range(1, STEPS + 1))
