@@ -200,3 +200,25 @@ def test_a_lost_rank_ends_every_node_and_a_cancel_stops_both_at_one_step(
     steps = re.findall(r"cancelled at step (\d+)", ended[1])
     assert len(steps) == 2 and steps[0] == steps[1], ended[1]
     assert not any(map(alive, node_pids(process).values()))
+
+    # A drain of the follower's worker (SIGTERM to `amptrain worker` alone, as Kubernetes
+    # sends it) reaches its ranks: both nodes checkpoint at one step, the job goes back.
+    gate3 = tmp_path / "go3"
+    job = stack.submit(nodes_job("drain", hang_rank=1, hang_at=5, hang_until=str(gate3)))
+    attempt, process = first_start(stack, job["id"])
+    follower = next(n for n in process["nodes"] if n["node"] == 1)["worker"].removesuffix("@test")
+    stack.processes[follower].send_signal(signal.SIGTERM)
+    wait_until(lambda: "asking this node's ranks to stop" in logs(), 30, "the drain")
+    gate3.touch()
+    mine = f"{job['id']} #{attempt}]"
+    ended = wait_until(
+        lambda: re.search(rf"{re.escape(mine)}.*multi-node attempt ended: (.*)", logs()),
+        60,
+        "the nodes' ends",
+    )
+    steps = re.findall(r"preempted at step (\d+)", ended[1])
+    assert len(steps) == 2 and steps[0] == steps[1], ended[1]
+    (requeued,) = wait_until(lambda: events_of(stack, job["id"], "requeued"), 30, "requeued")
+    assert requeued["attempt"] == attempt and not requeued["data"].get("error"), requeued
+    assert checkpointed(stack, job["id"], int(steps[0]))
+    assert not any(map(alive, node_pids(process).values()))

@@ -303,6 +303,11 @@ class Supervisor:
                 "job %s attempt %d lost its lease; another attempt owns it", job_id, attempt
             )
             return
+        drained_elsewhere = out.failure is not None and out.failure.code == "preempted"
+        if claim.nodes > 1 and out.stop_requested is None and drained_elsewhere:
+            # Another node drained: every node checkpointed at one step on the ranks'
+            # agreement, as when this one drains. The job goes back, nothing charged.
+            out.stop_requested = "preempt"
         status, error = final_state(claim, out, runtime_limit(self.settings, claim))
         step = _end_step(out, error)
         kind = "requeued" if status == JobStatus.QUEUED else str(status)
