@@ -222,3 +222,31 @@ def test_a_lost_rank_ends_every_node_and_a_cancel_stops_both_at_one_step(
     assert requeued["attempt"] == attempt and not requeued["data"].get("error"), requeued
     assert checkpointed(stack, job["id"], int(steps[0]))
     assert not any(map(alive, node_pids(process).values()))
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_a_dead_leader_leaves_no_follower_training_and_a_waiting_job_cancels(
+    nodes_stack: Stack, tmp_path: Path
+) -> None:
+    stack = nodes_stack
+    stack.start_worker("a", "cpu")
+    stack.start_worker("b", "cpu")
+    gate = tmp_path / "go"  # rank 1 waits at step 5: the job is mid-way when its leader dies
+    job = stack.submit(nodes_job("lose-the-leader", hang_rank=1, hang_at=5, hang_until=str(gate)))
+    attempt, process = first_start(stack, job["id"])
+    leader, follower = sorted(process["nodes"], key=lambda n: n["node"])
+    followers = [r["pid"] for r in follower["ranks"]]
+    killed_at = time.monotonic()
+    stack.kill(leader["worker"].removesuffix("@test"))  # SIGKILL: worker, pool, launcher
+    lease_s = float(stack.env["AMPTRAIN_LEASE_SECONDS"])
+    wait_until(
+        lambda: not any(map(alive, followers)), lease_s + COLLECTIVE_S + 20, "the follower's ranks"
+    )
+    assert time.monotonic() - killed_at < lease_s + COLLECTIVE_S + 20
+    gate.touch()
+    # The reconciler takes the job back once the lease expired; one worker is left, so it
+    # waits for a second one, and a cancel ends it wherever it is (placing or queued).
+    wait_until(lambda: stack.job(job["id"])["attempt"] > attempt, 60, "the job to be taken back")
+    assert stack.client.post(f"/jobs/{job['id']}/cancel").status_code == 202
+    done = stack.wait_for_status(job["id"], "cancelled", "failed", "succeeded", timeout=60)
+    assert done["status"] == "cancelled", done
