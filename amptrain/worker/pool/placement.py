@@ -35,8 +35,6 @@ from amptrain.worker.pool.watch import Lease
 log = logging.getLogger(__name__)
 
 POLL_S = 0.1
-WAITING_FOR_NODES = "waiting_for_nodes"
-"""The event of an attempt given back because its nodes could not all be reserved."""
 
 SendJoin = Callable[[str, str, int], None]
 """Sends one ``amptrain.join_job`` message: (queue, job id, attempt)."""

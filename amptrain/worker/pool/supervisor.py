@@ -15,6 +15,7 @@ from typing import Any
 import redis
 from sqlalchemy.orm import Session, sessionmaker
 
+from amptrain.contract.records import WAITING_FOR_NODES
 from amptrain.core import redis as amptrain_redis
 from amptrain.core.enums import JobStatus
 from amptrain.core.logs import bind, log_context
@@ -27,13 +28,7 @@ from amptrain.worker.pool.child_handle import ChildProcess
 from amptrain.worker.pool.claim import Claim, launch, runtime_limit
 from amptrain.worker.pool.events import LifecycleEvents
 from amptrain.worker.pool.nodes import NodeGroup
-from amptrain.worker.pool.placement import (
-    WAITING_FOR_NODES,
-    NotPlaced,
-    Placed,
-    Placement,
-    SendJoin,
-)
+from amptrain.worker.pool.placement import NotPlaced, Placed, Placement, SendJoin
 from amptrain.worker.pool.ranks import (
     NodeArgs,
     RankGroup,
