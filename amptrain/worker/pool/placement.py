@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from amptrain.core import presence
 from amptrain.core.enums import JobStatus
 from amptrain.core.settings import Settings
+from amptrain.worker.main import drain
 from amptrain.worker.pool.claim import Claim
 from amptrain.worker.pool.reservation import Member, Reservation, Shape
 from amptrain.worker.pool.slot import JobSlot
@@ -58,16 +59,17 @@ class NotPlaced:
     event: dict[str, Any] | None = None
 
 
-def free_port(address: str, ports: tuple[int, int]) -> int | None:
-    """A port of ``ports`` that binds on ``address`` now, from a random start (two slots
-    of one worker placing at once rarely pick the same); None when every one is taken."""
+def free_port(ports: tuple[int, int]) -> int | None:
+    """A port of ``ports`` free on every interface now (the rendezvous store listens on
+    all of them), from a random start (two slots of one worker placing at once rarely
+    pick the same); None when every one is taken."""
     low, high = ports
     count = high - low + 1
     start = random.randrange(count)
     for i in range(count):
         port = low + (start + i) % count
         with socket.socket() as s, contextlib.suppress(OSError):
-            s.bind((address, port))
+            s.bind(("", port))
             return port
     return None
 
@@ -112,7 +114,7 @@ class Placement:
     def reserve(self, claim: Claim) -> Placed | NotPlaced:
         shape = Shape(self.slot.pool_slot.devices_per_job, bool(self.slot.pool_slot.gpus))
         address = self.settings.rendezvous_address
-        port = free_port(address, self.settings.rdzv_ports)
+        port = free_port(self.settings.rdzv_ports)
         if port is None:  # every port of the range is in use here: like a full worker
             low, high = self.settings.rdzv_ports
             message = f"no free rendezvous port in {low}-{high} on {address}"
@@ -123,8 +125,13 @@ class Placement:
         ttl = self.settings.lease_seconds
         res.create(claim.nodes, shape, leader, endpoint, ttl)
         self.slot.start(claim.job_id, claim.attempt, {"node": 0, "reservation": "waiting"})
-        for _ in range(claim.nodes - 1):
-            self.send_join(claim.queue, claim.job_id, claim.attempt)
+        try:
+            for _ in range(claim.nodes - 1):
+                self.send_join(claim.queue, claim.job_id, claim.attempt)
+        except Exception as exc:  # kombu raises many kinds; all mean "not sent"
+            res.delete()
+            why = f"could not ask queue {claim.queue} for nodes ({type(exc).__name__}: {exc})"
+            return NotPlaced("unplaced", self._event(claim, why[:300], 1))
         log.info(
             "job %s: reserving %d nodes (rendezvous %s), waiting up to %g s",
             claim.job_id,
@@ -158,6 +165,8 @@ class Placement:
                     return NotPlaced("lease_lost")
                 if status == JobStatus.CANCELLING:
                     return NotPlaced("cancelled")
+            if drain.draining():  # this worker stops: give the job back now, not later
+                return NotPlaced("unplaced", self._event(claim, "the first node drains", 1))
             time.sleep(POLL_S)
         return None
 
@@ -173,7 +182,7 @@ class Placement:
         wait = self.settings.node_wait_seconds
         log.warning("job %s not placed: %s; again in %g s", claim.job_id, message, wait)
         return {
-            "message": f"{message}; waited {wait:g} s, tries again in {wait:g} s",
+            "message": f"{message}; the job is dispatched again in {wait:g} s",
             "nodes": claim.nodes,
             "available": have,
             "queue": claim.queue,
