@@ -26,6 +26,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from amptrain.contract.spec import MAX_DEVICES, MAX_NODES
+from amptrain.core.nodes import NodeAddress, PortRange
 
 QUEUE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,15}$")
 """At most 16 characters: the width of ``jobs.queue``."""
@@ -49,63 +50,6 @@ def parse_shape_queue(queue: str) -> tuple[str, int] | None:
         return None
     base, devices = queue[: m.start()], int(m[1])
     return (base, devices) if devices > 1 and shape_queue(base, devices) == queue else None
-
-
-HOST_NAME = re.compile(
-    r"^(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,62}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,62}[A-Za-z0-9])?)*$"
-)
-MAX_RDZV_PORTS = 10_000
-"""Widest rendezvous port range: one port per multi-node attempt led by this worker."""
-
-
-def check_node_address(value: str) -> str:
-    """An IP address or a DNS host name (what the other nodes connect to), or empty (then
-    :func:`detect_node_address` picks one); a ValueError naming the setting otherwise."""
-    if not value:
-        return value
-    try:
-        return str(ipaddress.ip_address(value))
-    except ValueError:
-        pass
-    if not HOST_NAME.match(value):
-        raise ValueError(
-            f"AMPTRAIN_NODE_ADDRESS: {value[:60]!r} is neither an IP address nor a host name"
-        )
-    return value
-
-
-def detect_node_address() -> str:
-    """The address of the interface this machine routes outwards through (a UDP socket
-    "connected" to a documentation address sends nothing), else 127.0.0.1: a guess, right
-    on a machine with one network; set ``AMPTRAIN_NODE_ADDRESS`` on any other."""
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            s.connect(("192.0.2.1", 9))  # TEST-NET-1: never routed to anyone
-            return str(s.getsockname()[0])
-        except OSError:
-            return "127.0.0.1"
-
-
-def parse_port_range(value: Any) -> Any:
-    """``"29400-29499"`` -> ``(29400, 29499)``; a ValueError naming the setting otherwise."""
-    if not isinstance(value, str):
-        return value
-    m = re.fullmatch(r"\s*([0-9]{1,5})\s*-\s*([0-9]{1,5})\s*", value)
-    if m is None:
-        raise ValueError(f"AMPTRAIN_RDZV_PORTS: {value[:40]!r} is not a range such as 29400-29499")
-    return (int(m[1]), int(m[2]))
-
-
-def check_port_range(value: tuple[int, int]) -> tuple[int, int]:
-    low, high = value
-    if not 1024 <= low <= high <= 65535 or high - low >= MAX_RDZV_PORTS:
-        raise ValueError(
-            f"AMPTRAIN_RDZV_PORTS: {low}-{high} must lie within 1024-65535, low to high, "
-            f"at most {MAX_RDZV_PORTS} ports"
-        )
-    return value
 
 
 def _comma_list(value: Any) -> Any:
@@ -149,13 +93,6 @@ Queues = Annotated[CommaList, AfterValidator(lambda v: check_queues(v))]
 Protocols = Annotated[CommaList, AfterValidator(lambda v: [p.lower() for p in v])]
 """fsspec protocols, comma-separated, compared in lower case."""
 Roots = Annotated[list[str], NoDecode, BeforeValidator(lambda v: _roots(v))]
-NodeAddress = Annotated[str, AfterValidator(lambda v: check_node_address(v.strip()))]
-PortRange = Annotated[
-    tuple[int, int],
-    NoDecode,
-    BeforeValidator(lambda v: parse_port_range(v)),
-    AfterValidator(lambda v: check_port_range(v)),
-]
 """Data roots: a JSON list, ``os.pathsep``-separated directories, or comma-separated URLs."""
 
 
@@ -282,31 +219,19 @@ class Settings(BaseSettings):
     """Proxies whose ``X-Forwarded-For`` names the client: IP addresses or networks
     (comma-separated), or ``*`` where only the proxy reaches the API; default none."""
     max_nodes: int = Field(default=MAX_NODES, ge=1, le=MAX_NODES)
-    """Most ``nodes`` a job may ask for on this service (more is a 422 naming ``nodes``): how
-    many workers of one queue it can reserve at once."""
+    """Most ``nodes`` a job may ask for here (more is a 422 naming ``nodes``)."""
     node_address: NodeAddress = ""
-    """This worker's address as the other nodes of a multi-node job reach it (an IP address
-    or host name): the c10d rendezvous endpoint when it leads a job. Empty: the address of
-    the interface it routes outwards through (127.0.0.1 without one); set it on a machine
-    with several networks (Kubernetes: the pod IP, from the downward API)."""
+    """Where the other nodes of a multi-node job reach this worker (IP or host name); empty:
+    the address it routes outwards through (:func:`amptrain.core.nodes.node_address`)."""
     rdzv_ports: PortRange = (29400, 29499)
-    """Ports (``LOW-HIGH``) a worker leading a multi-node job picks the rendezvous port
-    from (the first free one); the other nodes must reach them, and torch's collective
-    ports (gloo/NCCL pick their own) between all nodes."""
+    """``LOW-HIGH``: the ports a leading worker picks the c10d rendezvous port from."""
     node_wait_seconds: float = Field(default=60.0, ge=1, le=3600)
-    """How long the first node of a multi-node job waits for the others to join; then it
-    gives the job back (no attempt charged), which waits visibly and is dispatched again
-    after as long."""
+    """How long a multi-node job's first node waits for the others (then: given back)."""
     token_recheck_seconds: float = Field(default=5.0, gt=0)
     """An open WebSocket or SSE stream re-checks its token (revoked? expired?) at its next
     message once this long has passed since the last check."""
 
     _redis_derived: bool = PrivateAttr(default=False)
-
-    @property
-    def rendezvous_address(self) -> str:
-        """Where the other nodes reach this one: ``node_address`` or a detected one."""
-        return self.node_address or detect_node_address()
 
     @model_validator(mode="after")
     def _derive_defaults(self) -> Settings:

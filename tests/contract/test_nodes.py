@@ -12,6 +12,7 @@ from pydantic import ValidationError
 from amptrain.contract.admission import ServicePolicy, admission_problems
 from amptrain.contract.limits import spec_limits
 from amptrain.contract.spec import MAX_NODES, parse_spec
+from amptrain.core.nodes import node_address
 from amptrain.core.settings import Settings
 
 BASE: dict[str, Any] = {
@@ -72,9 +73,9 @@ def test_the_service_maximum_is_a_problem_naming_nodes() -> None:
 
 def test_worker_settings_are_bounded_and_name_the_setting() -> None:
     s = Settings(rdzv_ports="30000-30009", node_address="10.1.2.3", node_wait_seconds=5)
-    assert (s.rdzv_ports, s.rendezvous_address) == ((30000, 30009), "10.1.2.3")
-    assert Settings(node_address="worker-1.amptrain.svc").rendezvous_address.startswith("worker")
-    assert Settings().rendezvous_address  # detected: an address, never empty
+    assert (s.rdzv_ports, node_address(s.node_address)) == ((30000, 30009), "10.1.2.3")
+    assert Settings(node_address="worker-1.amptrain.svc").node_address.startswith("worker")
+    assert node_address(Settings().node_address)  # detected: an address, never empty
     for bad, named in [
         ({"rdzv_ports": "80-90"}, "AMPTRAIN_RDZV_PORTS"),
         ({"rdzv_ports": "30010-30000"}, "AMPTRAIN_RDZV_PORTS"),

@@ -23,10 +23,11 @@ import redis
 
 from amptrain.core import redis as amptrain_redis
 from amptrain.core.logs import log_context
+from amptrain.core.nodes import node_address
 from amptrain.core.settings import Settings
 from amptrain.worker.child.protocol import Failed, Finished, Launch, PrecisionChosen, encode
 from amptrain.worker.main import drain
-from amptrain.worker.pool.nodes import node_message
+from amptrain.worker.pool.nodes import node_message, node_outcome
 from amptrain.worker.pool.ranks import NodeArgs, RankGroup, rendezvous_timeout, slot_gpus
 from amptrain.worker.pool.reservation import GO, Member, Reservation
 from amptrain.worker.pool.slot import JobSlot, PoolSlot
@@ -87,7 +88,9 @@ class Follower:
                 "gpu" if self.pool_slot.gpus else "cpu",
             )
             return None
-        member = res.join(self.worker, self.settings.rendezvous_address, self.pool_slot.index)
+        member = res.join(
+            self.worker, node_address(self.settings.node_address), self.pool_slot.index
+        )
         if member is None:
             log.info("join of %s #%d: reservation full or gone; dropped", res.job_id, res.attempt)
         else:
@@ -124,12 +127,13 @@ class Follower:
         self.slot.note(reservation="training")
         try:
             result = self._watch(res, member, group)
+            mine = node_outcome(group, member, result)
             message = node_message(
                 "outcome",
                 member,
                 result=encode(result) if result else None,
-                holds_rank0=group.holds_rank0,
-                lost_ranks=group.lost_ranks,
+                holds_rank0=mine.holds_rank0,
+                lost_ranks=mine.lost_ranks,
             )
             if _tell(res, message):
                 log.info("%s #%d: told the leader this node's outcome", res.job_id, res.attempt)

@@ -39,6 +39,17 @@ OUTCOME_GRACE_S = 15.0
 after its own ranks ended (their launchers tear down, Redis round trips)."""
 
 
+def node_outcome(group: RankGroup, member: Member, result: Finished | Failed | None) -> NodeOutcome:
+    """This node's outcome: its ranks' result, whether the world's rank 0 (the publisher)
+    ran here, and whether a rank here ended without a result (killed, crashed)."""
+    return NodeOutcome(
+        member,
+        result,
+        holds_rank0=any(int(i["rank"]) == 0 for i in group.rank_infos()),
+        lost_ranks=any(r is None for r in group.results().values()),
+    )
+
+
 def node_message(kind: str, member: Member, **data: Any) -> dict[str, Any]:
     """A follower's message to the leader (``ranks``, ``precision`` or ``outcome``)."""
     return {"type": kind, "node": member.node, **data}
@@ -78,7 +89,7 @@ class NodeGroup(RankGroup):
         out: list[ControlMessage] = []
         for msg in super().messages(timeout):
             if isinstance(msg, Finished | Failed):  # this node's part: combined below
-                self._mine = NodeOutcome(self.members[0], msg, self.holds_rank0, self.lost_ranks)
+                self._mine = node_outcome(self, self.members[0], msg)
                 self._mine_at = time.monotonic()
             else:
                 out.append(msg)

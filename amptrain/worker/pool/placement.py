@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from amptrain.core import presence
 from amptrain.core.enums import JobStatus
+from amptrain.core.nodes import node_address
 from amptrain.core.settings import Settings
 from amptrain.worker.main import drain
 from amptrain.worker.pool.claim import Claim
@@ -113,7 +114,7 @@ class Placement:
 
     def reserve(self, claim: Claim) -> Placed | NotPlaced:
         shape = Shape(self.slot.pool_slot.devices_per_job, bool(self.slot.pool_slot.gpus))
-        address = self.settings.rendezvous_address
+        address = node_address(self.settings.node_address)
         port = free_port(self.settings.rdzv_ports)
         if port is None:  # every port of the range is in use here: like a full worker
             low, high = self.settings.rdzv_ports

@@ -132,6 +132,12 @@ def launcher_args(devices: int, run_dir: Path, nodes: NodeArgs | None = None) ->
     ]
 
 
+def launcher_command(devices: int, run_dir: Path, nodes: NodeArgs | None) -> list[str]:
+    """The launcher, tied to this (supervising) process, with torchrun's arguments."""
+    args = launcher_args(devices, run_dir, nodes)
+    return [sys.executable, "-m", "amptrain.worker.child.launcher", str(os.getpid()), *args]
+
+
 def attempt_outcome(
     results: dict[int, ControlMessage | None], launcher_code: int | None
 ) -> Finished | Failed:
@@ -180,19 +186,12 @@ class RankGroup(ChildProcess):
         nodes: NodeArgs | None = None,
     ) -> None:
         self.devices = devices
-        self.nodes = nodes
         self.gpus = gpus
         self.run_dir = RunDir(Path(tempfile.mkdtemp(prefix=f"amptrain-{launch.job_id}-")))
         self.run_dir.write_atomic(self.run_dir.launch, launch.model_dump_json())
         self.run_dir.control.touch()
         self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "amptrain.worker.child.launcher",
-                str(os.getpid()),
-                *launcher_args(devices, self.run_dir.path, nodes),
-            ],
+            launcher_command(devices, self.run_dir.path, nodes),
             stdin=subprocess.DEVNULL,
             env=child_env(gpus, passthrough=passthrough),
             text=True,  # (no pipes: only for the type ChildProcess declares)
@@ -271,16 +270,6 @@ class RankGroup(ChildProcess):
         rank, pid, rendezvous port)."""
         infos = (self.run_dir.read_json(self.run_dir.rank_info(r)) for r in range(self.devices))
         return [info for info in infos if info is not None]
-
-    @property
-    def holds_rank0(self) -> bool:
-        """Whether the world's rank 0 (the publisher) runs on this node."""
-        return any(int(i["rank"]) == 0 for i in self.rank_infos())
-
-    @property
-    def lost_ranks(self) -> bool:
-        """Whether a rank of this node ended without a result (killed, crashed)."""
-        return any(r is None for r in self.results().values())
 
     def _rank_pids(self, ranks: set[int] | None = None) -> list[int]:
         """Ranks still alive, by pid (a pid is checked to be this attempt's rank first)."""

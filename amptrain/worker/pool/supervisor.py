@@ -15,7 +15,6 @@ from typing import Any
 import redis
 from sqlalchemy.orm import Session, sessionmaker
 
-from amptrain.contract.records import WAITING_FOR_NODES
 from amptrain.core import redis as amptrain_redis
 from amptrain.core.enums import JobStatus
 from amptrain.core.logs import bind, log_context
@@ -27,13 +26,11 @@ from amptrain.worker.pool import shape
 from amptrain.worker.pool.child_handle import ChildProcess
 from amptrain.worker.pool.claim import Claim, launch, runtime_limit
 from amptrain.worker.pool.events import LifecycleEvents
-from amptrain.worker.pool.nodes import NodeGroup
-from amptrain.worker.pool.placement import NotPlaced, Placed, Placement, SendJoin
+from amptrain.worker.pool.leader import Leader
+from amptrain.worker.pool.placement import SendJoin
 from amptrain.worker.pool.ranks import (
-    NodeArgs,
     RankGroup,
     devices_of,
-    rendezvous_timeout,
     slot_gpus,
 )
 from amptrain.worker.pool.resume_bound import resume_bound
@@ -55,10 +52,9 @@ class Supervisor:
         session_factory: sessionmaker[Session] | None = None,
         redis_client: redis.Redis | None = None,
         spares: SpareKeeper | None = None,
-        send_join: SendJoin | None = None,
+        send_join: SendJoin,
     ) -> None:
         self.settings = settings
-        self.send_join = send_join  # how a multi-node job's leader asks for its other nodes
         self.spares = spares  # None: every attempt starts a fresh (cold) training process
         self.worker = worker
         self.sessions = session_factory or make_session_factory(make_engine(settings.database_url))
@@ -68,6 +64,8 @@ class Supervisor:
         # What this pool process runs, for GET /workers and the worker's /metrics.
         self.slot = JobSlot(self.redis, worker, pool_slot, settings.lease_seconds)
         self.events = LifecycleEvents(self.redis)
+        # Node 0 of a multi-node job; send_join asks the job's queue for the other nodes.
+        self.leader = Leader(settings, self.sessions, self.redis, self.slot, self.events, send_join)
 
     # -- the whole life of one attempt -------------------------------------------------
 
@@ -85,50 +83,10 @@ class Supervisor:
                 return
             if claim.nodes == 1:
                 self._run(claim)
-                return
-            placed = self._place(claim)
-            if placed is not None:
-                self._run(claim, placed)
-
-    def _place(self, claim: Claim) -> Placed | None:
-        """Reserve the other nodes of a multi-node attempt; None: it does not train (given
-        back unplaced, cancelled, or fenced out), which is concluded here."""
-        if self.send_join is None:
-            raise RuntimeError("a multi-node job needs a supervisor that can send joins")
-        placement = Placement(self.settings, self.sessions, self.redis, self.slot, self.send_join)
-        try:
-            placed = placement.reserve(claim)
-        except BaseException:
-            self.slot.clear()
-            raise
-        if isinstance(placed, Placed):
-            return placed
-        self.slot.clear()
-        self._not_placed(claim, placed)
-        return None
-
-    def _not_placed(self, claim: Claim, why: NotPlaced) -> None:
-        if why.why == "lease_lost":
-            log.warning(
-                "job %s attempt %d lost its lease while placing", claim.job_id, claim.attempt
-            )
-        elif why.why == "cancelled":
-            self._conclude(claim, Outcome(stop_requested="cancel"))
-        else:
-            # No training was tried: the budget is not charged, and the job waits a while
-            # before it is dispatched again, so it never spins through the workers.
-            wait = self.settings.node_wait_seconds
-            with self.sessions.begin() as s:
-                done = jobs.release(s, claim.job_id, claim.attempt, unplaced_wait_s=wait)
-            if done:
-                self.events.conclude(
-                    claim.job_id,
-                    claim.attempt,
-                    WAITING_FOR_NODES,
-                    0,
-                    why.event or {},
-                    end_status=None,
-                )
+            elif isinstance(placed := self.leader.place(claim), Outcome):
+                self._conclude(claim, placed)
+            elif placed:
+                self._run(claim, self.leader)
 
     def _claim(self, job_id: str) -> Claim | None:
         with self.sessions.begin() as s:
@@ -155,21 +113,13 @@ class Supervisor:
         log.info("job %s claimed as attempt %d by %s", job_id, attempt, self.worker)
         return claim
 
-    def _run(self, claim: Claim, placed: Placed | None = None) -> None:
-        extra = {"node": 0, "nodes": claim.nodes, "reservation": "training"} if placed else None
-        self.slot.start(claim.job_id, claim.attempt, extra)
+    def _run(self, claim: Claim, leader: Leader | None = None) -> None:
+        self.slot.start(claim.job_id, claim.attempt)
         try:
             this = launch(self.settings, claim, self._resume_bound(claim))
-            if placed is not None:
-                if not placed.reservation.go(this.model_dump_json()):
-                    # It expired: a follower saw it gone and left. Nothing trained.
-                    self._not_placed(
-                        claim, NotPlaced("unplaced", {"message": "reservation expired"})
-                    )
-                    return
-                child: ChildProcess = self._nodes(this, placed)
-            else:
-                child = self._child(this)
+            child = leader.start(claim, this) if leader else self._child(this)
+            if child is None:
+                return  # the reservation expired before go: given back, nothing trained
             watch = AttemptWatch(
                 self.settings,
                 self.sessions,
@@ -198,27 +148,6 @@ class Supervisor:
             return None
         wait_s = self.settings.lease_seconds / 3
         return resume_bound(self.sessions, self.redis, claim.job_id, wait_s)
-
-    def _nodes(self, launch: Launch, placed: Placed) -> NodeGroup:
-        """Node 0 of a multi-node attempt: its launcher joins the rendezvous it hosts."""
-        args = NodeArgs(
-            nodes=len(placed.members),
-            endpoint=placed.endpoint,
-            rdzv_id=placed.rdzv_id,
-            local_addr=placed.members[0].address,
-            join_timeout_s=rendezvous_timeout(launch.spec),
-            is_host=True,
-        )
-        return NodeGroup(
-            launch,
-            self.slot.pool_slot.devices_per_job,
-            slot_gpus(self.slot.pool_slot),
-            self.settings.child_env_passthrough,
-            args,
-            placed.reservation,
-            placed.members,
-            self.settings.lease_seconds,
-        )
 
     def _child(self, launch: Launch) -> ChildProcess:
         """The process that trains this attempt: the warm spare when one takes the launch,
@@ -298,11 +227,6 @@ class Supervisor:
                 "job %s attempt %d lost its lease; another attempt owns it", job_id, attempt
             )
             return
-        drained_elsewhere = out.failure is not None and out.failure.code == "preempted"
-        if claim.nodes > 1 and out.stop_requested is None and drained_elsewhere:
-            # Another node drained: every node checkpointed at one step on the ranks'
-            # agreement, as when this one drains. The job goes back, nothing charged.
-            out.stop_requested = "preempt"
         status, error = final_state(claim, out, runtime_limit(self.settings, claim))
         step = _end_step(out, error)
         kind = "requeued" if status == JobStatus.QUEUED else str(status)
