@@ -22,6 +22,9 @@ from typing import Any
 import pytest
 
 from amptrain.cli.embedded_redis import EmbeddedRedis
+from amptrain.core.enums import TaskName
+from amptrain.core.settings import Settings
+from amptrain.server.dispatcher import make_celery
 from tests.components.test_plugins import write_dist_info
 from tests.support.stack import Stack, wait_until
 from tests.system.test_ddp_jobs import PROBE, alive, checkpointed, started
@@ -231,6 +234,23 @@ def test_a_dead_leader_leaves_no_follower_training_and_a_waiting_job_cancels(
     stack = nodes_stack
     stack.start_worker("a", "cpu")
     stack.start_worker("b", "cpu")
+    # Anyone who can write to the broker can send a join: malformed ones are dropped, and
+    # one naming no reservation takes nothing.
+    celery = make_celery(Settings(redis_url=stack.redis_server.url))
+    some_job = "j_" + "0" * 32
+    bad = [[], [some_job], ["../etc", 1], [some_job, True], [some_job, 0], [some_job, "1"]]
+    for i, args in enumerate([*bad, [some_job, 1, 2]]):
+        celery.send_task(TaskName.JOIN_JOB, args=args, queue="cpu", task_id=f"bad-join-{i}")
+    celery.send_task(TaskName.JOIN_JOB, args=[some_job, 3], queue="cpu", task_id="no-such")
+
+    def logs() -> str:
+        return stack.log_tail("a", 400) + stack.log_tail("b", 400)
+
+    for i in range(len(bad) + 1):
+        wait_until(lambda i=i: f"message bad-join-{i}: expected" in logs(), 60, f"bad join {i}")
+    wait_until(lambda: f"join of {some_job} #3: no such reservation" in logs(), 60, "no-such")
+    assert "Traceback" not in logs()
+
     gate = tmp_path / "go"  # rank 1 waits at step 5: the job is mid-way when its leader dies
     job = stack.submit(nodes_job("lose-the-leader", hang_rank=1, hang_at=5, hang_until=str(gate)))
     attempt, process = first_start(stack, job["id"])
