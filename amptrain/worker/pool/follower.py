@@ -101,7 +101,11 @@ class Follower:
         """The reservation once it says go; None when it went away. Bounded by the leader's
         wait (it deletes the reservation then) and by its TTL (the leader died)."""
         deadline = time.monotonic() + self.settings.node_wait_seconds + self.settings.lease_seconds
+        next_refresh = time.monotonic() + self.settings.heartbeat_seconds
         while time.monotonic() < deadline:
+            if time.monotonic() >= next_refresh:  # the slot's entry lapses with the lease
+                next_refresh = time.monotonic() + self.settings.heartbeat_seconds
+                self.slot.refresh()
             fields = res.fields()
             if fields is None:
                 log.info("%s #%d: reservation ended before go", res.job_id, res.attempt)
