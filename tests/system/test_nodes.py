@@ -151,6 +151,7 @@ def test_a_two_node_job_waits_holding_nothing_then_trains_like_one_process(
     assert sorted(c["step"] for c in items) == [5, 10, 15, 16]  # rank 0's, once each
 
 
+@pytest.mark.timeout(600)  # 55 s alone, 83 s beside two busy cores: four jobs, one retried
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_a_lost_rank_ends_every_node_and_a_cancel_stops_both_at_one_step(
     nodes_stack: Stack, tmp_path: Path

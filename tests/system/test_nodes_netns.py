@@ -72,6 +72,7 @@ class NetnsStack(Stack):
         super().close()
 
 
+@pytest.mark.timeout(600)  # about 100 s alone: two jobs, one retried after a cable cut
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
 def test_two_hosts_train_one_job_and_a_cut_cable_ends_the_attempt_everywhere(
     netns_hosts: Callable[[int], Network], database_url: str, tmp_path: Path
