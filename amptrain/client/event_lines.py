@@ -12,7 +12,12 @@ from typing import Any
 
 from amptrain.contract.layers import layer_line
 from amptrain.contract.metrics import EVAL_METRICS, show
-from amptrain.contract.records import PRECISION_FALLBACK, ROLLBACK_EVENT, WEIGHTS_EVENT
+from amptrain.contract.records import (
+    PRECISION_FALLBACK,
+    ROLLBACK_EVENT,
+    WAITING_FOR_NODES,
+    WEIGHTS_EVENT,
+)
 
 Event = dict[str, Any]
 CHECKPOINTS_SHOWN = 3
@@ -71,6 +76,7 @@ _DETAIL: dict[str, Callable[[dict[str, Any]], str]] = {
     ROLLBACK_EVENT: lambda d: str(d.get("message") or ""),
     WEIGHTS_EVENT: _weights,
     "queued": lambda d: f"on queue {d['queue']}" if d.get("queue") else "",
+    WAITING_FOR_NODES: lambda d: str(d.get("message") or ""),
     "checkpoint": lambda d: "",
     "checkpoints": lambda d: str(d.get("message") or ""),
 }

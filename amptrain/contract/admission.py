@@ -45,6 +45,8 @@ class ServicePolicy:
     workers: Sequence[WorkerMemory] = ()
     """The live workers of the job's queue that report their memory: a spec whose host
     memory fits none of them is refused (none known: the worker checks before allocating)."""
+    max_nodes: int | None = None
+    """Most ``nodes`` a spec may ask for (the service's ``AMPTRAIN_MAX_NODES``)."""
 
 
 def spec_size(spec: JobSpec) -> sizing.SpecSize | None:
@@ -75,6 +77,13 @@ def spec_size(spec: JobSpec) -> sizing.SpecSize | None:
 def admission_problems(spec: JobSpec, owner: str, policy: ServicePolicy) -> list[dict[str, Any]]:
     """``[{"loc": [...], "msg": ...}]`` for what this service refuses; empty = admitted."""
     problems = _path_problems(spec, owner, policy)
+    if policy.max_nodes is not None and spec.nodes > policy.max_nodes:
+        problems.append(
+            {
+                "loc": ["nodes"],
+                "msg": f"at most {policy.max_nodes} nodes on this service; got {spec.nodes}",
+            }
+        )
     limit = policy.runtime_limit_s
     if spec.max_runtime_s is not None and limit is not None and spec.max_runtime_s > limit:
         problems.append(

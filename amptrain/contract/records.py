@@ -29,6 +29,9 @@ next attempt resumes from, 0: the start), ``checkpoint`` (its name, null: none),
 (the first non-finite gradient's parameter of the last skipped step, when known) and
 ``message``."""
 
+WAITING_FOR_NODES = "waiting_for_nodes"
+"""A multi-node attempt could not reserve all its nodes in time and went back to the queue
+(nothing charged): ``{"message", "nodes", "available", "queue", "retry_after_s"}``."""
 ROLLBACK_EVENT = "rollback"
 """The event of a ``health.spike`` rollback (``action: rollback``), at the step the run went
 on from. Its data: ``spike_step``; ``name``, the checkpoint gone back to, and ``from_step``,

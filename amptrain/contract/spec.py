@@ -36,6 +36,9 @@ MAX_RUNTIME_S = 30 * 24 * 3600
 MAX_SEED = 2**32 - 1
 MAX_DEVICES = 8
 """Most data-parallel processes (GPUs) one job may ask for: one machine's worth."""
+MAX_NODES = 16
+"""Most machines (workers) one job may train on at once (``nodes``); a service may allow
+fewer (``AMPTRAIN_MAX_NODES``)."""
 MIN_COLLECTIVE_TIMEOUT_S = 5
 MAX_COLLECTIVE_TIMEOUT_S = 3600
 MAX_ARGS = 64
@@ -193,8 +196,8 @@ class JobSpec(_Strict):
     """A declarative training job. Only ``model``, ``dataset`` and ``max_steps`` are required.
 
     Rules across fields (each a 422 naming the problem): ``grad_accum_steps`` x ``devices``
-    divides ``batch_size``; ``auto_micro_batch`` needs ``devices`` 1; ``parallelism: fsdp``
-    needs ``devices`` > 1; ``queue`` is one of
+    (x ``nodes``) divides ``batch_size``; ``auto_micro_batch`` needs ``devices`` and ``nodes``
+    1; ``parallelism: fsdp`` needs more than one process (``devices`` x ``nodes``); ``queue`` is one of
     the service's queues; a model's arguments fit one another (a ``transformer``'s
     ``n_heads`` divides its ``d_model``) and what the dataset yields."""
 
@@ -226,15 +229,23 @@ class JobSpec(_Strict):
     """Data-parallel processes, one per GPU of one machine (DDP: NCCL on CUDA, gloo on a CPU).
     Each takes its contiguous share of every global batch; the result matches one device
     accumulating the same micro-batches. Resuming needs the same number of devices."""
+    nodes: int = Field(default=1, ge=1, le=MAX_NODES, strict=True)
+    """Machines (workers of the job's queue) training this one job together, each running
+    ``devices`` processes: the world is ``nodes`` x ``devices`` processes, which share every
+    global batch as ``devices`` alone does. The nodes are reserved all at once (the job waits,
+    holding no worker, while too few have a free slot) and rendezvous through PyTorch's c10d
+    on the first one; a node that fails ends the attempt on all of them. The service sets
+    the rendezvous address and ports, never the spec. Resuming needs the same
+    ``nodes`` x ``devices``."""
     parallelism: Parallelism = "ddp"
     """How ``devices`` > 1 hold the model. ``ddp``: every device keeps a full copy of the
     weights, gradients and optimizer state. ``fsdp``: PyTorch FSDP2 shards them across the
     devices (per block, then the whole model), so each holds about 1/``devices`` of that
     state plus one block gathered at a time; weights are gathered in the job's precision
     (bf16/fp16) with fp32 master weights and fp32 gradient reduction, and checkpoints are
-    sharded (PyTorch Distributed Checkpoint). Needs ``devices`` > 1 (one device has nothing
-    to shard with: a 422). Resuming needs the same number of devices and the same
-    ``parallelism``."""
+    sharded (PyTorch Distributed Checkpoint). Needs more than one process (``devices`` x
+    ``nodes``; one has nothing to shard with: a 422). Resuming needs the same number of
+    processes and the same ``parallelism``."""
     activation_checkpointing: bool = Field(default=False, strict=True)
     """Keep only each block's input in the forward pass and recompute the rest in the
     backward (non-reentrant ``torch.utils.checkpoint``): less activation memory for about one
@@ -304,16 +315,18 @@ class JobSpec(_Strict):
 
     @model_validator(mode="after")
     def _accumulation_divides_batch(self) -> JobSpec:
-        if self.devices == 1 and self.batch_size % self.grad_accum_steps:
+        if self.world_size == 1 and self.batch_size % self.grad_accum_steps:
             raise ValueError(
                 f"grad_accum_steps ({self.grad_accum_steps}) must divide batch_size ({self.batch_size})"
             )
-        share = self.devices * self.grad_accum_steps
+        share = self.world_size * self.grad_accum_steps
         if self.batch_size % share:
+            nodes = "nodes x " if self.nodes > 1 else ""
+            count = f"{self.nodes} x " if self.nodes > 1 else ""
             raise ValueError(
-                f"batch_size ({self.batch_size}) must be divisible by devices x grad_accum_steps "
-                f"({self.devices} x {self.grad_accum_steps} = {share}): every device takes an "
-                "equal share of micro-batches"
+                f"batch_size ({self.batch_size}) must be divisible by {nodes}devices x "
+                f"grad_accum_steps ({count}{self.devices} x {self.grad_accum_steps} = {share}): "
+                "every device takes an equal share of micro-batches"
             )
         every, spike = self.checkpoint.every_steps, self.health.spike
         if spike is not None and spike.action == "rollback" and every >= self.max_steps:
@@ -321,9 +334,9 @@ class JobSpec(_Strict):
                 f"health.spike.action rollback needs checkpoint.every_steps ({every}) below "
                 f"max_steps ({self.max_steps}): else no checkpoint precedes a spike"
             )
-        if self.devices > 1 and self.health.spike is not None:
+        if self.world_size > 1 and self.health.spike is not None:
             raise ValueError(
-                f"health.spike needs devices 1 (got devices {self.devices}): each process "
+                f"health.spike needs {self._one_process()}: each process "
                 "sees its own share's loss, and agreeing on a spike before the optimizer "
                 "step would cost a collective every step"
             )
@@ -332,10 +345,10 @@ class JobSpec(_Strict):
                 f"health.fallback {self.health.fallback!r} needs precision fp16 or auto (got "
                 f"{self.precision!r}): a fallback only ever leaves fp16"
             )
-        if self.parallelism == "fsdp" and self.devices == 1:
+        if self.parallelism == "fsdp" and self.world_size == 1:
             raise ValueError(
-                "parallelism fsdp needs devices > 1 (got devices 1): sharding the model "
-                "across one device saves nothing; use ddp (the default) or more devices"
+                "parallelism fsdp needs devices > 1 (got devices 1 and nodes 1): sharding the "
+                "model across one process saves nothing; use ddp (the default) or more devices"
             )
         for i, alert in enumerate(self.alerts):
             series = getattr(alert.when, "series", None)
@@ -346,18 +359,28 @@ class JobSpec(_Strict):
                     f"alerts.{i}.when.series {series!r} is not among eval.metrics "
                     f"({', '.join(named)}): the rule would never see a value"
                 )
-        if self.devices > 1 and self.auto_micro_batch:
+        if self.world_size > 1 and self.auto_micro_batch:
             raise ValueError(
-                f"auto_micro_batch needs devices 1 (got devices {self.devices}): one process "
+                f"auto_micro_batch needs {self._one_process()}: one process "
                 "halving its micro-batch after running out of memory would fall out of step "
                 "with the others; raise grad_accum_steps instead"
             )
         return self
 
+    def _one_process(self) -> str:
+        if self.nodes == 1:
+            return f"devices 1 (got devices {self.devices})"
+        return f"devices 1 and nodes 1 (got devices {self.devices}, nodes {self.nodes})"
+
+    @property
+    def world_size(self) -> int:
+        """Data-parallel processes in all: ``nodes`` x ``devices``."""
+        return self.nodes * self.devices
+
     @property
     def micro_batch_size(self) -> int:
         """Samples one device puts through one forward pass."""
-        return self.batch_size // (self.grad_accum_steps * self.devices)
+        return self.batch_size // (self.grad_accum_steps * self.world_size)
 
 
 def parse_spec(data: dict[str, Any]) -> JobSpec:

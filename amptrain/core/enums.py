@@ -39,3 +39,5 @@ class TaskName(StrEnum):
     """Celery task names: the API sends by name and never imports the worker."""
 
     RUN_JOB = "amptrain.run_job"
+    JOIN_JOB = "amptrain.join_job"
+    """A multi-node job's other nodes: ``(job_id, attempt)``, sent by its first node."""

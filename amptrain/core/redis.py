@@ -110,6 +110,18 @@ class Keys:
         return f"amptrain:job:{_job(job_id)}:cancel"
 
     @staticmethod
+    def reservation(job_id: str) -> str:
+        """Hash: the nodes reserved for a multi-node attempt (``nodes`` > 1), written by its
+        first node, joined by the others; expires unless the first node renews it."""
+        return f"amptrain:job:{_job(job_id)}:nodes"
+
+    @staticmethod
+    def node_inbox(job_id: str, attempt: int) -> str:
+        """List: what the other nodes of a multi-node attempt tell its first node (the
+        precision chosen, each node's outcome), one JSON message each."""
+        return f"amptrain:job:{_job(job_id)}:nodes:{int(attempt)}:inbox"
+
+    @staticmethod
     def recorder_owner(job_id: str) -> str:
         """redis-py Lock: which API process records this job's stream."""
         return f"amptrain:recorder:job:{_job(job_id)}"

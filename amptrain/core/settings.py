@@ -26,7 +26,8 @@ from pydantic import (
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from amptrain.contract.alerts import MAX_RULES_PER_OWNER
-from amptrain.contract.spec import MAX_DEVICES
+from amptrain.contract.spec import MAX_DEVICES, MAX_NODES
+from amptrain.core.nodes import NodeAddress, PortRange
 
 QUEUE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,15}$")
 """At most 16 characters: the width of ``jobs.queue``."""
@@ -248,6 +249,15 @@ class Settings(AlertSettings):
     forwarded_allow_ips: Proxies = Field(default_factory=list)
     """Proxies whose ``X-Forwarded-For`` names the client: IP addresses or networks
     (comma-separated), or ``*`` where only the proxy reaches the API; default none."""
+    max_nodes: int = Field(default=MAX_NODES, ge=1, le=MAX_NODES)
+    """Most ``nodes`` a job may ask for here (more is a 422 naming ``nodes``)."""
+    node_address: NodeAddress = ""
+    """Where the other nodes of a multi-node job reach this worker (IP or host name); empty:
+    the address it routes outwards through (:func:`amptrain.core.nodes.node_address`)."""
+    rdzv_ports: PortRange = (29400, 29499)
+    """``LOW-HIGH``: the ports a leading worker picks the c10d rendezvous port from."""
+    node_wait_seconds: float = Field(default=60.0, ge=1, le=3600)
+    """How long a multi-node job's first node waits for the others (then: given back)."""
     token_recheck_seconds: float = Field(default=5.0, gt=0)
     """An open WebSocket or SSE stream re-checks its token (revoked? expired?) at its next
     message once this long has passed since the last check."""

@@ -207,10 +207,15 @@ def rank_device(spec_device: torch.device, ranks: Ranks | None) -> torch.device:
 
 
 def check_launch(spec: JobSpec, ranks: Ranks | None) -> None:
-    """The spec's ``devices`` must be the number of processes actually started."""
+    """The spec's ``nodes`` x ``devices`` must be the number of processes actually started."""
     started = ranks.world_size if ranks else 1
-    if started == spec.devices:
+    if started == spec.world_size:
         return
+    if spec.nodes > 1:
+        raise InvalidSpecError(
+            f"nodes: the spec asks for {spec.nodes} nodes x {spec.devices} device(s) = "
+            f"{spec.world_size} data-parallel processes but {started} were started"
+        )
     how = (
         f"launch it with `python -m torch.distributed.run --standalone --nproc-per-node "
         f"{spec.devices} -m amptrain.cli.train SPEC`"

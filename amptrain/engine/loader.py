@@ -330,7 +330,7 @@ def _require_window(spec: JobSpec, dataset: Any, workers: int) -> None:
     info = getattr(dataset, "info", None)
     if info is None:  # not a dataset the engine built (a test's stand-in): nothing to size
         return
-    micro = max(1, spec.batch_size // (spec.grad_accum_steps * spec.devices))
+    micro = max(1, spec.batch_size // (spec.grad_accum_steps * spec.world_size))
     sample = math.prod(info.input_shape) * (8 if info.token_inputs else 4)
     target = 8 * (math.prod(info.input_shape) if info.task == "language_model" else 1)
     batches = workers * PREFETCH_FACTOR + 1

@@ -51,11 +51,11 @@ def smaller_micro_batch(spec: JobSpec, step: int, old: int, grad_accum: int, pea
     Raises OutOfMemoryError, naming the micro-batch and what to change, when the spec does
     not allow shrinking or it cannot shrink further."""
     smaller = _largest_divisor_at_most(spec.batch_size, old // 2)
-    if spec.auto_micro_batch and spec.devices == 1 and smaller >= 1:
+    if spec.auto_micro_batch and spec.world_size == 1 and smaller >= 1:
         return smaller
-    if spec.devices > 1:
+    if spec.world_size > 1:
         # One rank cannot change its micro-batch alone: the others would wait on it.
-        hint = "with devices > 1 the micro-batch cannot shrink: raise grad_accum_steps or lower batch_size"
+        hint = "with devices or nodes > 1 the micro-batch cannot shrink: raise grad_accum_steps or lower batch_size"
     elif spec.auto_micro_batch:
         hint = "the micro-batch cannot shrink below 1"
     else:

@@ -124,3 +124,20 @@ def forks_of(s: Session, job_id: str, owner: str | None, limit: int) -> tuple[li
         query = query.where(Job.owner == owner)
     rows = s.scalars(query.order_by(Job.created_at.desc(), Job.id.desc()).limit(limit + 1)).all()
     return list(rows[:limit]), len(rows) > limit
+
+
+def nodes(s: Session, job_id: str) -> tuple[int, list[dict[str, Any]]] | None:
+    """The machines of the newest attempt that started on several (``nodes`` > 1): that
+    attempt and, per node, ``{"node", "worker", "address", "ranks": [{"rank", "pid"}]}`` as
+    its ``started`` event recorded them; None for a job that never started on several."""
+    e = JobEvent
+    row = s.execute(
+        sa.select(e.attempt, e.data)
+        .where(e.job_id == job_id, e.type == "started")
+        .order_by(e.id.desc())
+        .limit(1)
+    ).first()
+    if row is None:
+        return None
+    found = ((row.data or {}).get("process") or {}).get("nodes")
+    return (row.attempt, list(found)) if isinstance(found, list) else None

@@ -13,6 +13,7 @@ row lock (and SQLite its write lock) until the caller commits.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import sqlalchemy as sa
@@ -175,16 +176,27 @@ def finish(
     return _returning(s, job_id, stmt) is not None
 
 
-def release(s: Session, job_id: str, attempt: int, fallback_to: str | None = None) -> bool:
+def release(
+    s: Session,
+    job_id: str,
+    attempt: int,
+    fallback_to: str | None = None,
+    unplaced_wait_s: float | None = None,
+) -> bool:
     """Give the job back (graceful shutdown, retry): running -> queued and undispatched,
     so the dispatcher sends it again. A job being cancelled ends ``cancelled`` instead.
     ``fallback_to``: a precision fallback; later attempts train in that precision, and the
-    retry budget grows by one (a fallback is no failed attempt)."""
+    retry budget grows by one (a fallback is no failed attempt). ``unplaced_wait_s``: a
+    multi-node attempt that could not reserve its nodes; the budget grows by one (nothing
+    was tried) and the job is not dispatched again for that many seconds."""
     c = jobs_t.c
     cancelling = c.status == JobStatus.CANCELLING
     fallback: dict[str, Any] = {}
     if fallback_to is not None:
         fallback = {"precision_override": fallback_to, "fallbacks": c.fallbacks + 1}
+    if unplaced_wait_s is not None:
+        after = utcnow() + timedelta(seconds=unplaced_wait_s)
+        fallback |= {"unplaced": c.unplaced + 1, "dispatch_after": _dt(after)}
     stmt = (
         jobs_t.update()
         .where(*_fenced(job_id, attempt))
@@ -327,9 +339,10 @@ def _reap_event(status: JobStatus, err: dict[str, Any]) -> tuple[str, dict[str, 
 
 
 def _attempts_left() -> sa.ColumnElement[bool]:
-    """The retry budget: ``max_attempts``, plus one attempt per precision fallback."""
+    """The retry budget: ``max_attempts``, plus one attempt per precision fallback and per
+    multi-node attempt that could not reserve its nodes."""
     c = jobs_t.c
-    return c.attempt < c.max_attempts + c.fallbacks
+    return c.attempt < c.max_attempts + c.fallbacks + c.unplaced
 
 
 def _fenced(job_id: str, attempt: int) -> tuple[sa.ColumnElement[bool], ...]:

@@ -88,6 +88,11 @@ class Job(Base):
     fallbacks: Mapped[int] = mapped_column(server_default="0")
     """Precision fallbacks so far (``health.fallback``): each one adds an attempt to the
     retry budget, ``max_attempts + fallbacks``, since a fallback is no failed attempt."""
+    unplaced: Mapped[int] = mapped_column(server_default="0")
+    """Attempts of a multi-node job given back because the other nodes could not be
+    reserved in time: each adds one to the retry budget (no training was tried)."""
+    dispatch_after: Mapped[datetime | None] = mapped_column(UTCDateTime)
+    """Not dispatched again before this (a multi-node job that waits for nodes)."""
     precision_override: Mapped[str | None] = mapped_column(sa.String(8))
     """After a fallback: the precision every later attempt trains in instead of the spec's."""
     # Epoch seconds from the DATABASE clock (db_now()), never a worker's clock.

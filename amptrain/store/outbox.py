@@ -20,13 +20,15 @@ from amptrain.store.models import Job, utcnow
 def undispatched(s: Session, created_before: datetime, limit: int) -> list[tuple[str, str]]:
     """``(job_id, queue)`` of queued jobs no broker got yet, oldest first. A job created
     after ``created_before`` is skipped on its first attempt: the process that created it
-    is still sending it."""
+    is still sending it. A job given back until a later ``dispatch_after`` (a multi-node
+    job waiting for nodes) is skipped until then."""
     rows = s.execute(
         sa.select(Job.id, Job.queue)
         .where(
             Job.status == JobStatus.QUEUED,
             Job.dispatched_at.is_(None),
             sa.or_(Job.created_at < created_before, Job.attempt > 0),
+            sa.or_(Job.dispatch_after.is_(None), Job.dispatch_after < utcnow()),
         )
         .order_by(Job.created_at)
         .limit(limit)

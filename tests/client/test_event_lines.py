@@ -37,3 +37,15 @@ def test_a_weights_event_says_what_was_loaded_and_what_was_left_out() -> None:
     assert line.endswith(
         "weights 4 tensors from base.safetensors (cast from float16); left out: 2 reshaped"
     )
+
+
+def test_a_job_waiting_for_its_nodes_prints_the_reason() -> None:
+    message = "needs 2 workers with a free cpu slot (queue cpu); 1 has one; waited 60 s"
+    ev = {
+        "type": "waiting_for_nodes",
+        "step": 0,
+        "time": 1_700_000_000,
+        "data": {"message": message, "nodes": 2, "available": 1, "queue": "cpu"},
+    }
+    line = Text.from_markup(event_line(ev)).plain
+    assert line.endswith(f"waiting_for_nodes {message}")

@@ -244,3 +244,37 @@ def test_queued_queues_names_each_waiting_queue_once(sf: sessionmaker[Session]) 
         assert sorted(jobs.queued_queues(s)) == ["cpu-x2"]
         assert jobs.claim(s, a, "w", 60) == 1
         assert jobs.queued_queues(s) == ["cpu-x2"]  # the other one still waits
+
+
+def test_an_unplaced_multi_node_attempt_is_not_charged_and_waits_before_dispatch(
+    sf: sessionmaker[Session],
+) -> None:
+    from datetime import timedelta
+
+    from amptrain.store import outbox
+    from amptrain.store.models import utcnow
+
+    job_id = new_job(sf, max_attempts=2, nodes=2)
+    for attempt in (1, 2, 3):  # three waits for nodes: each an attempt, none charged
+        with sf.begin() as s:
+            assert jobs.claim(s, job_id, "w", EXPIRED) == attempt  # expired lease at once
+            assert jobs.release(s, job_id, attempt, unplaced_wait_s=60)
+    with sf() as s:
+        job = s.get(Job, job_id)
+        assert job is not None and (job.status, job.attempt, job.unplaced) == ("queued", 3, 3)
+        # The sweep leaves it alone until dispatch_after, then sends it again.
+        assert outbox.undispatched(s, utcnow(), 10) == []
+        later = s.execute(
+            sa.update(Job).where(Job.id == job_id).values(dispatch_after=utcnow() - timedelta(1))
+        )
+        assert later.rowcount == 1
+        assert outbox.undispatched(s, utcnow(), 10) == [(job_id, "cpu")]
+    # The budget is max_attempts + unplaced: the two real attempts (4 and 5) are both had.
+    with sf.begin() as s:
+        assert jobs.claim(s, job_id, "w", EXPIRED) == 4
+    with sf.begin() as s:
+        assert jobs.reap_expired(s, job_id, 4) == "queued"
+    with sf.begin() as s:
+        assert jobs.claim(s, job_id, "w", EXPIRED) == 5
+    with sf.begin() as s:
+        assert jobs.reap_expired(s, job_id, 5) == "failed"

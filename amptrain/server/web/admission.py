@@ -35,6 +35,7 @@ def service_policy(settings: Settings, workers: Sequence[WorkerMemory] = ()) -> 
         max_job_memory_bytes=int(cap * GIB) if cap is not None else None,
         runtime_limit_s=settings.job_runtime_limit_seconds,
         workers=tuple(workers),
+        max_nodes=settings.max_nodes,
     )
 
 

@@ -107,6 +107,25 @@ class ForksOut(BaseModel):
 FORKS_SHOWN = 20
 
 
+class NodeRankOut(BaseModel):
+    rank: int
+    """Its rank in the whole world (rank 0 publishes the series and writes checkpoints)."""
+    pid: int | None = None
+    """Admins only: the process id on its machine."""
+
+
+class NodeOut(BaseModel):
+    """One machine of a ``nodes`` > 1 attempt."""
+
+    node: int
+    """0: the first node, which hosts the rendezvous and records the job's state."""
+    worker: str | None = None
+    """Admins only: the worker (its name says where the job runs)."""
+    address: str | None = None
+    """Admins only: the node's address on the network its ranks talk over."""
+    ranks: list[NodeRankOut]
+
+
 class JobOut(BaseModel):
     id: str
     name: str
@@ -133,6 +152,11 @@ class JobOut(BaseModel):
     """A fork's parent and step (``POST /jobs/{id}/fork``); null for a job that started afresh."""
     forks: ForksOut | None = None
     """Only in ``GET /jobs/{id}``: the job's forks, newest first; null elsewhere."""
+    nodes: list[NodeOut] | None = None
+    """Only in ``GET /jobs/{id}`` of a job that started on several machines (``nodes`` >
+    1): the newest such attempt's nodes and their ranks; null otherwise."""
+    nodes_attempt: int | None = None
+    """The attempt ``nodes`` describes."""
     notice: str | None = None
     """Only in the answer to a submit: why the job may wait (no live worker takes jobs of
     its queue now); null otherwise."""

@@ -3,7 +3,7 @@
 The supervisor starts ``K`` of these through :mod:`amptrain.worker.child.launcher`
 (torchrun) and talks to them through the attempt's :class:`~amptrain.worker.child.run_dir.RunDir`
 ``DIR``: each rank reads the launch there, says its pid there before it trains, and
-writes how it ended there; rank 0 alone publishes telemetry and appends the control
+writes how it ended there (files named by its rank on this node); the world's rank 0 alone publishes telemetry and appends the control
 messages (accepted, precision) the single-process child sends on its pipe. Stop signals
 are those of :mod:`amptrain.worker.child.main` (SIGUSR1 cancel; SIGUSR2/SIGTERM preempt); the
 engine makes the ranks agree on a stop at a flush, so signalling any one rank stops all.
@@ -56,10 +56,17 @@ def main(argv: list[str]) -> int:
     if not die_with(int(os.environ.get(LAUNCHER_PID_ENV, "-1"))):
         return ORPHANED  # the launcher is gone: nobody would stop this rank
     run_dir = RunDir(Path(argv[0]))
-    rank = int(os.environ["RANK"])
+    # Files are per node (LOCAL_RANK); the one publisher is the world's rank 0, which on a
+    # multi-node attempt may live on any node (c10d decides).
+    rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", os.environ["RANK"]))
     launch = Launch.model_validate_json(run_dir.launch.read_text(encoding="utf-8"))
-    info = {"rank": rank, "pid": os.getpid(), "master_port": os.environ.get("MASTER_PORT")}
-    run_dir.write_atomic(run_dir.rank_info(rank), json.dumps(info))
+    info = {
+        "rank": rank,
+        "local_rank": local,
+        "pid": os.getpid(),
+        "master_port": os.environ.get("MASTER_PORT"),
+    }
+    run_dir.write_atomic(run_dir.rank_info(local), json.dumps(info))
     if rank == 0:
         with run_dir.control.open("a", encoding="utf-8") as stream:
             control = Control(stream)
@@ -67,7 +74,7 @@ def main(argv: list[str]) -> int:
             outcome = train_rank(launch, control)
     else:
         outcome = train_rank(launch, None)
-    run_dir.write_atomic(run_dir.result(rank), encode(outcome))
+    run_dir.write_atomic(run_dir.result(local), encode(outcome))
     # A stop on request (cancel, preempt) checkpointed: not a failure for torchrun either.
     stopped = isinstance(outcome, Failed) and outcome.code in ("cancelled", "preempted")
     return 0 if isinstance(outcome, Finished) or stopped else 1

@@ -5,10 +5,10 @@ torchrun forwards no stdin and closes inherited descriptors, so the ranks of a
 worker's user can read:
 
 - ``launch.json``: the attempt's :class:`~amptrain.worker.child.protocol.Launch` (written once);
-- ``rank-{r}.json``: rank r's pid and rendezvous port, written before it trains, so the
+- ``rank-{r}.json``: the pid, global rank and rendezvous port of this node's rank r, written before it trains, so the
   supervisor can signal it and, on a lost lease, kill it by pid;
 - ``control``: rank 0's control messages (one JSON line each, appended);
-- ``result-{r}.json``: how rank r ended, a :class:`~amptrain.worker.child.protocol.Finished` or
+- ``result-{r}.json``: how this node's rank r ended, a :class:`~amptrain.worker.child.protocol.Finished` or
   :class:`~amptrain.worker.child.protocol.Failed` (written atomically when it ends).
 """
 

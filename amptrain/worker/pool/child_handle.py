@@ -33,9 +33,9 @@ log = logging.getLogger(__name__)
 PASSED_NAMES = frozenset(
     {"PATH", "HOME", "LANG", "TMPDIR", "PYTHONPATH", "PYTHONUNBUFFERED", "VIRTUAL_ENV", "TZ"}
 )
-PASSED_PREFIXES = ("LC_", "CUDA_", "NCCL_", "OMP_", "MKL_", "PYTORCH_", "TORCH_")
+PASSED_PREFIXES = ("LC_", "CUDA_", "NCCL_", "GLOO_", "OMP_", "MKL_", "PYTORCH_", "TORCH_")
 """Variables the child inherits: locale, paths, and what tunes CUDA, NCCL, OpenMP, MKL and
-PyTorch. Nothing of amptrain's own configuration (``AMPTRAIN_*``) and no other secret."""
+PyTorch (GLOO_SOCKET_IFNAME picks a multi-node job's network). Nothing of amptrain's own configuration (``AMPTRAIN_*``) and no other secret."""
 
 
 def child_env(

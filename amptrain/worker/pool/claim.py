@@ -38,6 +38,10 @@ class Claim:
     """After a fallback: the precision this attempt trains in instead of the spec's."""
     fork_of: tuple[str, int] | None = None
     """A fork's parent job and step (:mod:`amptrain.contract.forks`)."""
+    unplaced: int = 0
+    """Multi-node attempts given back unplaced so far: each adds an attempt to the budget."""
+    queue: str = "gpu"
+    """The job's queue: where a multi-node job's other nodes are asked to join."""
 
     @classmethod
     def of_job(cls, job: Job, attempt: int) -> Claim:
@@ -52,6 +56,8 @@ class Claim:
             fallbacks=job.fallbacks,
             precision_override=job.precision_override,
             fork_of=(fork[0], fork[1]) if fork[0] is not None and fork[1] is not None else None,
+            unplaced=job.unplaced,
+            queue=job.queue,
         )
 
     def with_fork_step(self, recorded: dict[int, int]) -> dict[int, int]:
@@ -71,9 +77,15 @@ class Claim:
             CheckpointPins(settings.checkpoint_url, parent).release(step, self.job_id)
 
     @property
+    def nodes(self) -> int:
+        value = self.spec.get("nodes", 1)
+        return value if isinstance(value, int) and value > 1 else 1
+
+    @property
     def attempts_left(self) -> bool:
-        """Another attempt is within the retry budget (``max_attempts`` + fallbacks)."""
-        return self.attempt < self.max_attempts + self.fallbacks
+        """Another attempt is within the retry budget (``max_attempts`` + fallbacks +
+        unplaced)."""
+        return self.attempt < self.max_attempts + self.fallbacks + self.unplaced
 
 
 def launch(settings: Settings, claim: Claim, recorded: dict[int, int] | None = None) -> Launch:

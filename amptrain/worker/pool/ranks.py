@@ -32,6 +32,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -71,12 +72,54 @@ def slot_gpus(pool_slot: PoolSlot) -> str | None:
     return ",".join(pool_slot.gpus) if pool_slot.gpus else None
 
 
-def launcher_args(devices: int, run_dir: Path) -> list[str]:
-    """torchrun's arguments: one machine, a free port, no restarts, ``devices`` ranks."""
+@dataclass(frozen=True)
+class NodeArgs:
+    """This node's part of a multi-node attempt: how many nodes, where they rendezvous."""
+
+    nodes: int
+    endpoint: str
+    """``HOST:PORT`` of the c10d rendezvous, on the first node (the leader)."""
+    rdzv_id: str
+    """``JOB-ATTEMPT``: agents of another attempt never join this one's rendezvous."""
+    local_addr: str
+    """This node's address as the others reach it (``AMPTRAIN_NODE_ADDRESS``)."""
+    join_timeout_s: int
+    """How long the rendezvous waits for every node (they were reserved before)."""
+    is_host: bool = False
+    """This node hosts the rendezvous's store (the leader). Said, not guessed: torch's
+    guess matches the endpoint against this machine's names and addresses, which any
+    loopback endpoint, or an alias of the leader's address, gets wrong."""
+
+
+def rendezvous_timeout(spec: dict[str, Any]) -> int:
+    """How long a node's launcher waits for the others at the rendezvous: the job's
+    collective timeout (the nodes were reserved first), at least 30 s (torch's imports)."""
+    value = spec.get("collective_timeout_s", 600)
+    return max(30, value if isinstance(value, int) else 600)
+
+
+def launcher_args(devices: int, run_dir: Path, nodes: NodeArgs | None = None) -> list[str]:
+    """torchrun's arguments: no restarts, ``devices`` ranks; one machine on a free port, or
+    with ``nodes`` one node of a c10d rendezvous."""
+    if nodes is None:
+        where = ["--standalone", "--nnodes", "1"]
+    else:
+        where = [
+            "--nnodes",
+            str(nodes.nodes),
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            nodes.endpoint,
+            "--rdzv-id",
+            nodes.rdzv_id,
+            "--rdzv-conf",
+            f"join_timeout={nodes.join_timeout_s},is_host={str(nodes.is_host).lower()}",
+            "--local-addr",
+            nodes.local_addr,
+        ]
     return [
-        "--standalone",
-        "--nnodes",
-        "1",
+        *where,
         "--nproc-per-node",
         str(devices),
         "--max-restarts",
@@ -87,6 +130,12 @@ def launcher_args(devices: int, run_dir: Path) -> list[str]:
         "amptrain.worker.child.rank",
         str(run_dir),
     ]
+
+
+def launcher_command(devices: int, run_dir: Path, nodes: NodeArgs | None) -> list[str]:
+    """The launcher, tied to this (supervising) process, with torchrun's arguments."""
+    args = launcher_args(devices, run_dir, nodes)
+    return [sys.executable, "-m", "amptrain.worker.child.launcher", str(os.getpid()), *args]
 
 
 def attempt_outcome(
@@ -129,7 +178,12 @@ class RankGroup(ChildProcess):
     """The launcher and its ranks, behind :class:`ChildProcess`'s interface."""
 
     def __init__(
-        self, launch: Launch, devices: int, gpus: str | None, passthrough: Sequence[str] = ()
+        self,
+        launch: Launch,
+        devices: int,
+        gpus: str | None,
+        passthrough: Sequence[str] = (),
+        nodes: NodeArgs | None = None,
     ) -> None:
         self.devices = devices
         self.gpus = gpus
@@ -137,13 +191,7 @@ class RankGroup(ChildProcess):
         self.run_dir.write_atomic(self.run_dir.launch, launch.model_dump_json())
         self.run_dir.control.touch()
         self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "amptrain.worker.child.launcher",
-                str(os.getpid()),
-                *launcher_args(devices, self.run_dir.path),
-            ],
+            launcher_command(devices, self.run_dir.path, nodes),
             stdin=subprocess.DEVNULL,
             env=child_env(gpus, passthrough=passthrough),
             text=True,  # (no pipes: only for the type ChildProcess declares)
@@ -218,7 +266,8 @@ class RankGroup(ChildProcess):
     # -- the ranks' processes ----------------------------------------------------------
 
     def rank_infos(self) -> list[dict[str, Any]]:
-        """What each rank that has started says of itself (rank, pid, rendezvous port)."""
+        """What each rank of this node that has started says of itself (global and local
+        rank, pid, rendezvous port)."""
         infos = (self.run_dir.read_json(self.run_dir.rank_info(r)) for r in range(self.devices))
         return [info for info in infos if info is not None]
 
@@ -227,7 +276,7 @@ class RankGroup(ChildProcess):
         mine = str(self.run_dir.path).encode()
         alive = []
         for info in self.rank_infos():
-            if ranks is not None and int(info["rank"]) not in ranks:
+            if ranks is not None and _local(info) not in ranks:
                 continue
             pid = int(info["pid"])
             try:
@@ -267,7 +316,8 @@ class RankGroup(ChildProcess):
             self.proc.kill()
 
     def signal(self, signum: signal.Signals) -> None:
-        """Stop requests go to rank 0 (the engine makes every rank agree at a flush); a
+        """Stop requests go to this node's first rank (the engine makes every rank of every
+        node agree at a flush); a
         request before the ranks exist waits for them. SIGTERM goes to the launcher, which
         forwards it to every rank."""
         if signum == signal.SIGTERM:
@@ -279,7 +329,7 @@ class RankGroup(ChildProcess):
     def _deliver_pending(self) -> None:
         if self._pending is None or not self.alive():
             return
-        ranks = {int(i["rank"]): int(i["pid"]) for i in self.rank_infos()}
+        ranks = {_local(i): int(i["pid"]) for i in self.rank_infos()}
         if 0 in ranks:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(ranks[0], self._pending)
@@ -301,7 +351,7 @@ class RankGroup(ChildProcess):
 
     def describe(self) -> dict[str, Any]:
         """The processes, as the ``started`` event shows them."""
-        infos = sorted(self.rank_infos(), key=lambda i: int(i["rank"]))
+        infos = sorted(self.rank_infos(), key=_local)
         ports = {str(i.get("master_port")) for i in infos if i.get("master_port")}
         return {
             "pid": self.accepted.pid if self.accepted else None,
@@ -320,3 +370,8 @@ class RankGroup(ChildProcess):
             shutil.rmtree(self.run_dir.path, ignore_errors=True)
         else:  # never: the watch returns only once the launcher exited
             log.error("launcher %d still runs; keeping %s", self.pid, self.run_dir.path)
+
+
+def _local(info: dict[str, Any]) -> int:
+    """A rank's index on its node (files and signals are per node)."""
+    return int(info.get("local_rank", info["rank"]))

@@ -66,8 +66,11 @@ class JobSlot:
         self.ttl_s = ttl_s
         self.data: dict[str, Any] = {}
 
-    def start(self, job_id: str, attempt: int) -> None:
+    def start(self, job_id: str, attempt: int, extra: dict[str, Any] | None = None) -> None:
+        """Show the job this slot runs; ``extra``: a multi-node attempt's node and the
+        state of its reservation (``waiting``, ``training``)."""
         self.data = {
+            **(extra or {}),
             "job_id": job_id,
             "attempt": attempt,
             "gpu": self.pool_slot.gpu,
@@ -77,6 +80,12 @@ class JobSlot:
             "since": time.time(),
         }
         self._publish()
+
+    def note(self, **fields: Any) -> None:
+        """Change what the slot shows of its job (a reservation that now trains)."""
+        if self.data:
+            self.data.update(fields)
+            self._publish()
 
     def refresh(self) -> None:
         """Copy the newest metric point of this attempt into the slot; never raises."""

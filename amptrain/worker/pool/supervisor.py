@@ -26,7 +26,13 @@ from amptrain.worker.pool import shape
 from amptrain.worker.pool.child_handle import ChildProcess
 from amptrain.worker.pool.claim import Claim, launch, runtime_limit
 from amptrain.worker.pool.events import LifecycleEvents
-from amptrain.worker.pool.ranks import RankGroup, devices_of, slot_gpus
+from amptrain.worker.pool.leader import Leader
+from amptrain.worker.pool.placement import SendJoin
+from amptrain.worker.pool.ranks import (
+    RankGroup,
+    devices_of,
+    slot_gpus,
+)
 from amptrain.worker.pool.resume_bound import resume_bound
 from amptrain.worker.pool.slot import JobSlot, PoolSlot
 from amptrain.worker.pool.spare import SpareKeeper
@@ -46,6 +52,7 @@ class Supervisor:
         session_factory: sessionmaker[Session] | None = None,
         redis_client: redis.Redis | None = None,
         spares: SpareKeeper | None = None,
+        send_join: SendJoin,
     ) -> None:
         self.settings = settings
         self.spares = spares  # None: every attempt starts a fresh (cold) training process
@@ -57,6 +64,8 @@ class Supervisor:
         # What this pool process runs, for GET /workers and the worker's /metrics.
         self.slot = JobSlot(self.redis, worker, pool_slot, settings.lease_seconds)
         self.events = LifecycleEvents(self.redis)
+        # Node 0 of a multi-node job; send_join asks the job's queue for the other nodes.
+        self.leader = Leader(settings, self.sessions, self.redis, self.slot, self.events, send_join)
 
     # -- the whole life of one attempt -------------------------------------------------
 
@@ -72,7 +81,12 @@ class Supervisor:
                 )
                 self._conclude(claim, Outcome(failure=mismatch.failure))
                 return
-            self._run(claim)
+            if claim.nodes == 1:
+                self._run(claim)
+            elif isinstance(placed := self.leader.place(claim), Outcome):
+                self._conclude(claim, placed)
+            elif placed:
+                self._run(claim, self.leader)
 
     def _claim(self, job_id: str) -> Claim | None:
         with self.sessions.begin() as s:
@@ -89,10 +103,13 @@ class Supervisor:
         log.info("job %s claimed as attempt %d by %s", job_id, attempt, self.worker)
         return claim
 
-    def _run(self, claim: Claim) -> None:
+    def _run(self, claim: Claim, leader: Leader | None = None) -> None:
         self.slot.start(claim.job_id, claim.attempt)
         try:
-            child = self._child(launch(self.settings, claim, self._resume_bound(claim)))
+            this = launch(self.settings, claim, self._resume_bound(claim))
+            child = leader.start(claim, this) if leader else self._child(this)
+            if child is None:
+                return  # the reservation expired before go: given back, nothing trained
             watch = AttemptWatch(
                 self.settings,
                 self.sessions,

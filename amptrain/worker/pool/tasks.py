@@ -18,6 +18,7 @@ from celery import Task
 from celery.signals import worker_process_init, worker_process_shutdown
 from sqlalchemy.orm import Session, sessionmaker
 
+from amptrain.contract.job_ids import JOB_ID
 from amptrain.core import redis as amptrain_redis
 from amptrain.core.enums import TaskName
 from amptrain.core.lifeline import die_with
@@ -25,6 +26,7 @@ from amptrain.core.settings import get_settings
 from amptrain.store.db import make_engine, make_session_factory
 from amptrain.worker.main import devices, drain
 from amptrain.worker.main.celery_app import app
+from amptrain.worker.pool.follower import Follower
 from amptrain.worker.pool.slot import PoolSlot
 from amptrain.worker.pool.spare import SpareKeeper
 from amptrain.worker.pool.supervisor import Supervisor
@@ -94,4 +96,39 @@ def run_job(self: Task, *args: Any, **kwargs: Any) -> None:
         session_factory=sessions,
         redis_client=client,
         spares=_spares,
+        send_join=_send_join,
     ).run(args[0])
+
+
+def _send_join(queue: str, job_id: str, attempt: int) -> None:
+    """Ask ``queue`` for one more node of a multi-node attempt (ids only)."""
+    app.send_task(TaskName.JOIN_JOB, args=[job_id, attempt], queue=queue, ignore_result=True)
+
+
+@app.task(name=TaskName.JOIN_JOB, bind=True, ignore_result=True)
+def join_job(self: Task, *args: Any, **kwargs: Any) -> None:
+    # As run_job: a malformed message is logged and dropped.
+    well_formed = (
+        len(args) == 2
+        and not kwargs
+        and isinstance(args[0], str)
+        and type(args[1]) is int
+        and args[1] > 0
+        and JOB_ID.fullmatch(args[0]) is not None
+    )
+    if not well_formed:
+        log.error(
+            "dropped %s message %s: expected a job id and an attempt, got args=%.200r "
+            "kwargs=%.200r",
+            TaskName.JOIN_JOB,
+            self.request.id,
+            args,
+            kwargs,
+        )
+        return
+    hostname = self.request.hostname or "worker"
+    _, client = _connections()
+    settings = get_settings()
+    if client is None:  # a recycled pool process: one client for this message
+        client = amptrain_redis.client(settings.redis_url, amptrain_redis.WORKER_TIMEOUT_S)
+    Follower(settings, hostname, _pool_slot, client).run(args[0], args[1])

@@ -25,7 +25,7 @@ def final_state(
         return JobStatus.SUCCEEDED, None
     if out.stop_requested == "cancel":
         return JobStatus.CANCELLED, None
-    if out.stop_requested == "preempt":
+    if out.stop_requested == "preempt" or _drained_elsewhere(claim, out):
         return JobStatus.QUEUED, None
     if out.stop_requested == "timeout":
         return JobStatus.FAILED, timed_out(out, runtime_limit_s)
@@ -39,6 +39,12 @@ def final_state(
         )
         return JobStatus.QUEUED, failure.error()
     return JobStatus.FAILED, failure.error()
+
+
+def _drained_elsewhere(claim: Claim, out: Outcome) -> bool:
+    """Another node of a multi-node attempt drained: every node checkpointed at one step on
+    the ranks' agreement, as when this one drains (back to the queue, nothing charged)."""
+    return claim.nodes > 1 and out.failure is not None and out.failure.code == "preempted"
 
 
 def timed_out(out: Outcome, runtime_limit_s: float) -> dict[str, Any]:

@@ -42,3 +42,23 @@ def test_torchrun_never_restarts_and_the_slot_gpus_are_all_visible_to_the_ranks(
     assert args[-3:] == ["-m", "amptrain.worker.child.rank", "/run/x"]
     assert slot_gpus(PoolSlot(0, ("2", "3"), 2)) == "2,3"
     assert slot_gpus(PoolSlot(0, (), 2)) is None
+
+
+def test_a_node_of_a_multi_node_attempt_joins_a_c10d_rendezvous_and_never_restarts() -> None:
+    from amptrain.worker.pool.ranks import NodeArgs
+
+    nodes = NodeArgs(2, "10.0.0.1:29400", "j_ab-3", "10.0.0.2", 45)
+    args = launcher_args(1, Path("/run/x"), nodes)
+    assert "--standalone" not in args
+    pairs = dict(zip(args[:-3:2], args[1:-3:2], strict=True))
+    assert pairs == {
+        "--nnodes": "2",
+        "--rdzv-backend": "c10d",
+        "--rdzv-endpoint": "10.0.0.1:29400",
+        "--rdzv-id": "j_ab-3",
+        "--rdzv-conf": "join_timeout=45,is_host=false",
+        "--local-addr": "10.0.0.2",
+        "--nproc-per-node": "1",
+        "--max-restarts": "0",
+        "--monitor-interval": "0.2",
+    }

@@ -7,7 +7,7 @@ import binascii
 import hashlib
 import json
 from datetime import UTC, datetime
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Response, status
 from sqlalchemy.exc import IntegrityError
@@ -43,6 +43,8 @@ from amptrain.server.web.schemas import (
     ForksOut,
     JobOut,
     JobPage,
+    NodeOut,
+    NodeRankOut,
     PrecisionSegmentOut,
 )
 from amptrain.store import job_reads, quotas
@@ -247,10 +249,35 @@ def read_job(job_id: str, session: SessionDep, user: CurrentUser) -> JobOut:
         ],
         more=more,
     )
+    placed = job_reads.nodes(session, job_id)
     release_connection(session)  # before FastAPI's response-validation hop
-    return JobOut.from_job(job, admin=user.is_admin).model_copy(
-        update={"precision_history": history, "forks": listed}
-    )
+    update: dict[str, Any] = {"precision_history": history, "forks": listed}
+    if placed is not None:
+        update |= {"nodes_attempt": placed[0], "nodes": _nodes(placed[1], user.is_admin)}
+    return JobOut.from_job(job, admin=user.is_admin).model_copy(update=update)
+
+
+def _nodes(found: list[dict[str, Any]], admin: bool) -> list[NodeOut]:
+    """The nodes as ``admin`` (or the job's owner, who sees no worker, address or pid) reads
+    them; malformed entries (an event is data a worker wrote) are left out."""
+    out = []
+    for node in found:
+        try:
+            ranks = [
+                NodeRankOut(rank=int(r["rank"]), pid=int(r["pid"]) if admin else None)
+                for r in node.get("ranks") or []
+            ]
+            out.append(
+                NodeOut(
+                    node=int(node["node"]),
+                    worker=str(node["worker"]) if admin else None,
+                    address=str(node["address"]) if admin else None,
+                    ranks=ranks,
+                )
+            )
+        except (KeyError, TypeError, ValueError):
+            continue
+    return out
 
 
 @router.post(

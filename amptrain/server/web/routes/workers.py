@@ -27,8 +27,10 @@ def list_workers(services: ServicesDep, session: SessionDep, user: CurrentUser) 
     (unix seconds), ``memory_available_bytes`` and ``memory_total_bytes`` (what a
     training process could get there, measured while it ran no job; the API checks
     submitted specs against it) and ``current_jobs`` (slot, job id, attempt, ``gpu`` and
-    ``gpus``, latest step, throughput, loss scale, memory). Of a job the caller
-    may not see only ``slot``, ``gpu`` and ``gpus`` are shown. Where workers run
+    ``gpus``, latest step, throughput, loss scale, memory; for a node of a multi-node
+    job its ``node`` index and ``reservation``: ``waiting`` while the nodes are being
+    reserved, ``training`` once they train). Of a job the caller may not see only
+    ``slot``, ``gpu``, ``gpus`` and ``reservation`` are shown. Where workers run
     (``name``, ``hostname`` and the pids) is shown to admins only.
     """
     try:
@@ -50,6 +52,11 @@ def _hide_foreign_jobs(session: SessionDep, owner: str, workers: list[dict[str, 
         w["current_jobs"] = [
             j
             if j.get("job_id") in mine
-            else {"slot": j.get("slot"), "gpu": j.get("gpu"), "gpus": j.get("gpus")}
+            else {
+                "slot": j.get("slot"),
+                "gpu": j.get("gpu"),
+                "gpus": j.get("gpus"),
+                **({"reservation": j["reservation"]} if j.get("reservation") else {}),
+            }
             for j in w["current_jobs"]
         ]

@@ -176,6 +176,8 @@ export function mount(root, { id }) {
         spans.length ? h("dt", {}, "precisions") : null,
         spans.length ? h("dd", { id: "precision-history", class: "small" }, describeSpans(spans)) : null,
         h("dt", {}, "attempt"), h("dd", {}, `${Math.max(job.attempt, liveStart?.attempt || 0)}${job.worker ? ` on ${job.worker}` : ""}`),
+        job.nodes ? h("dt", {}, "nodes") : null,
+        job.nodes ? h("dd", { id: "nodes", class: "small" }, describeNodes(job)) : null,
         h("dt", {}, "owner"), h("dd", {}, job.owner)),
       h("dl", { class: "kv" }, summaryMetrics.flatMap((m) => [
         h("dt", {}, m.name.replaceAll("_", " ")),
@@ -283,4 +285,13 @@ export function mount(root, { id }) {
     layers.destroy();
     parentOverlay.close();
   };
+}
+
+// A multi-node attempt's machines and their ranks: "attempt 2: node 0 a@host (10.0.0.2) ranks 0,1 · node 1 …".
+function describeNodes(job) {
+  const nodes = job.nodes.map((n) => {
+    const where = n.worker ? ` ${n.worker}${n.address ? ` (${n.address})` : ""}` : "";
+    return `node ${n.node}${where} rank${n.ranks.length === 1 ? "" : "s"} ${n.ranks.map((r) => r.rank).join(",") || "–"}`;
+  });
+  return `attempt ${job.nodes_attempt}: ${nodes.join(" · ")}`;
 }

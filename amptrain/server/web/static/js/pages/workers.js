@@ -35,6 +35,7 @@ export function mount(root) {
           h("div", {}, h("div", { class: "small muted" }, "Current jobs"),
             (w.current_jobs || []).length ? w.current_jobs.map((j) => h("div", {},
               j.job_id ? h("a", { href: `#/jobs/${encodeURIComponent(j.job_id)}` }, j.job_id) : h("span", { class: "muted" }, "(another user's job)"),
+              j.reservation ? ` · ${reservationText(j)}` : "",
               j.step != null ? ` · step ${j.step}` : "", j.samples_per_second != null ? ` · ${fmtNum(j.samples_per_second, 3)} samples/s` : "")) : h("span", { class: "muted" }, "idle")))))
         : h("p", { class: "muted" }, "No live workers."));
     } catch (e) {
@@ -44,4 +45,10 @@ export function mount(root) {
   }
   poll();
   return () => { stopped = true; clearTimeout(timer); };
+}
+
+// A slot holding a node of a multi-node job: reserved (waiting for the other nodes) or training.
+function reservationText(j) {
+  const node = j.node != null ? `node ${j.node}` : "a node";
+  return j.reservation === "waiting" ? `${node} reserved, waiting for the other nodes` : `${node} of a multi-node job`;
 }
