@@ -14,7 +14,6 @@ import random
 import re
 import signal
 import time
-import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -25,14 +24,13 @@ from amptrain.cli.embedded_redis import EmbeddedRedis
 from amptrain.core.enums import TaskName
 from amptrain.core.settings import Settings
 from amptrain.server.dispatcher import make_celery
-from tests.components.test_plugins import write_dist_info
+from tests.support.probe import ROOT, probe_paths
 from tests.support.stack import Stack, wait_until
-from tests.system.test_ddp_jobs import PROBE, alive, checkpointed, started
+from tests.system.test_ddp_jobs import alive, checkpointed, started
 from tests.system.test_e2e_service import wait_for_points
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
 STEPS = 16
 WAIT_S = 5  # AMPTRAIN_NODE_WAIT_SECONDS: how long a leader waits for the other node
 COLLECTIVE_S = 10
@@ -59,11 +57,8 @@ def nodes_job(name: str, nodes: int = 2, **probe: Any) -> dict[str, Any]:
 
 @pytest.fixture
 def nodes_stack(database_url: str, redis_server: EmbeddedRedis, tmp_path: Path) -> Iterator[Stack]:
-    site = tmp_path / "site"
-    project = tomllib.loads((PROBE / "pyproject.toml").read_text())["project"]
-    write_dist_info(site, project["name"], project["entry-points"])
     s = Stack(tmp_path, database_url, redis_server)
-    s.env["PYTHONPATH"] = os.pathsep.join(map(str, [site, PROBE / "src", ROOT]))
+    s.env["PYTHONPATH"] = os.pathsep.join(map(str, [*probe_paths(tmp_path), ROOT]))
     s.env["AMPTRAIN_WORKER_METRICS_PORT"] = "0"
     s.env["AMPTRAIN_MAX_NODES"] = "2"
     s.env["AMPTRAIN_NODE_ADDRESS"] = "127.0.0.1"

@@ -12,23 +12,21 @@ from __future__ import annotations
 import os
 import subprocess
 import time
-import tomllib
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from amptrain.cli.embedded_redis import EmbeddedRedis
-from tests.components.test_plugins import write_dist_info
 from tests.support.netns import IFNAME, Host, Network
+from tests.support.probe import ROOT, probe_paths
 from tests.support.stack import Stack, wait_until
-from tests.system.test_ddp_jobs import PROBE, alive, checkpointed
+from tests.system.test_ddp_jobs import alive, checkpointed
 from tests.system.test_e2e_service import wait_for_points
 from tests.system.test_nodes import COLLECTIVE_S, STEPS, first_start, node_pids, nodes_job
 
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[2]
 MARGIN_S = 20  # two busy cores: rank teardown and the monitor's polls
 
 
@@ -79,12 +77,9 @@ def test_two_hosts_train_one_job_and_a_cut_cable_ends_the_attempt_everywhere(
 ) -> None:
     net = netns_hosts(2)
     redis = net.start_redis()
-    site = tmp_path / "site"
-    project = tomllib.loads((PROBE / "pyproject.toml").read_text())["project"]
-    write_dist_info(site, project["name"], project["entry-points"])
     hosts = {f"h{i}": h for i, h in enumerate(net.hosts)}
     stack = NetnsStack(tmp_path, database_url, redis, hosts)
-    stack.env["PYTHONPATH"] = os.pathsep.join(map(str, [site, PROBE / "src", ROOT]))
+    stack.env["PYTHONPATH"] = os.pathsep.join(map(str, [*probe_paths(tmp_path), ROOT]))
     stack.env["AMPTRAIN_WORKER_METRICS_PORT"] = "0"
     stack.env["AMPTRAIN_NODE_WAIT_SECONDS"] = "5"
     try:
