@@ -347,7 +347,7 @@ class JobSpec(_Strict):
             )
         if self.parallelism == "fsdp" and self.world_size == 1:
             raise ValueError(
-                "parallelism fsdp needs devices > 1 (got devices 1 and nodes 1): sharding the "
+                "parallelism fsdp needs devices > 1 (got devices 1) or nodes > 1: sharding the "
                 "model across one process saves nothing; use ddp (the default) or more devices"
             )
         for i, alert in enumerate(self.alerts):

@@ -357,4 +357,4 @@ def test_with_several_devices_an_oom_fails_the_attempt_instead_of_halving() -> N
     with pytest.raises(OutOfMemoryError) as info:
         smaller_micro_batch(spec(devices=2), step=3, old=4, grad_accum=1, peak=2**20)
     assert "4 x 1 accumulation steps x 2 devices" in info.value.message
-    assert "with devices > 1 the micro-batch cannot shrink" in info.value.message
+    assert "with devices or nodes > 1 the micro-batch cannot shrink" in info.value.message

@@ -106,7 +106,14 @@ def test_kill_9_worker_resumes_on_the_other_and_matches_an_uninterrupted_run(
     gate = stack.root / "go-on"
     job = stack.submit(probe_job(hang_rank=0, hang_at=HELD_AT, hang_until=str(gate)))
     victim = owner(stack, job["id"])
-    wait_until(lambda: 80 in checkpoints(stack, job["id"]), 120, "a checkpoint at step 80")
+    # The checkpoint's file, and the points through its step in SQL: a retry resumes only
+    # from a checkpoint whose steps are recorded (the file alone once gave a resume from 40,
+    # the kill coming before step 80's points had left the sink).
+    wait_until(
+        lambda: 80 in checkpoints(stack, job["id"]) and stack.job(job["id"])["step"] >= 80,
+        120,
+        "a checkpoint at step 80 and the points through it recorded",
+    )
     stack.kill(victim, signal.SIGKILL)  # the worker, its pool process and the training child
     gate.touch()  # the resumed attempt counts its forward passes anew: never held again
 
