@@ -162,16 +162,3 @@ def screenshot(page: Page, name: str, tmp_path: Path) -> Path:
     ARTIFACTS.mkdir(exist_ok=True)
     shutil.copy(target, ARTIFACTS / target.name)
     return target
-
-
-def new_token(stack: Stack, name: str) -> str:
-    """A non-admin token for ``name`` (it sees only its own jobs)."""
-    from amptrain.store import tokens
-    from amptrain.store.db import make_engine, make_session_factory
-
-    engine = make_engine(stack.env["AMPTRAIN_DATABASE_URL"])
-    try:
-        with make_session_factory(engine).begin() as s:
-            return tokens.create_token(s, name)
-    finally:
-        engine.dispose()

@@ -17,10 +17,10 @@ except ImportError:  # outside CI a missing playwright skips, like a missing bro
         raise
     pytest.skip("playwright is not installed (pip install -e '.[dev]')", allow_module_level=True)
 
-from tests.server.alerts.conftest import WEBHOOK_ENV, started_job, user_client
+from tests.server.alerts.conftest import WEBHOOK_ENV, started_job
 from tests.server.web.dashboard.conftest import running_stack, screenshot, sign_in
 from tests.support.receiver import Receiver
-from tests.support.stack import Stack, wait_until
+from tests.support.stack import Stack, user_client, wait_until
 
 
 @pytest.fixture(scope="module")
