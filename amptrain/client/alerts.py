@@ -7,7 +7,6 @@ rule's signing secret is printed once, when it is created.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from amptrain.client.commands import connection_options, fail, make_client
+from amptrain.client.commands import connection_options, fail, fetch_listing, make_client
 from amptrain.client.http import ApiError
 from amptrain.contract.alerts import ALERT_EVENTS
 from amptrain.contract.spec_file import load_spec_file
@@ -32,12 +31,8 @@ def alerts() -> None:
 @connection_options
 def list_rules(as_json: bool, url: str | None, token: str | None) -> None:
     """List your alert rules."""
-    try:
-        rules = make_client(url, token).alert_rules()
-    except ApiError as exc:
-        fail(exc)
-    if as_json:
-        click.echo(json.dumps(rules, indent=2))
+    rules = fetch_listing(lambda: make_client(url, token).alert_rules(), as_json)
+    if rules is None:
         return
     table = Table("id", "name", "kind", "scope", "actions", box=box.SIMPLE, pad_edge=False)
     for r in rules:
@@ -134,12 +129,8 @@ def remove(rule_id: int, url: str | None, token: str | None) -> None:
 @connection_options
 def deliveries(rule_id: int, limit: int, as_json: bool, url: str | None, token: str | None) -> None:
     """A rule's webhook deliveries, newest first, with their last outcome."""
-    try:
-        items = make_client(url, token).alert_deliveries(rule_id, limit)
-    except ApiError as exc:
-        fail(exc)
-    if as_json:
-        click.echo(json.dumps(items, indent=2))
+    items = fetch_listing(lambda: make_client(url, token).alert_deliveries(rule_id, limit), as_json)
+    if items is None:
         return
     table = Table("id", "job", "step", "status", "attempts", "last", box=box.SIMPLE, pad_edge=False)
     for d in items:

@@ -72,6 +72,32 @@ def fail(exc: ApiError) -> NoReturn:
     sys.exit(2 if 400 <= exc.status < 500 and exc.status not in (401, 403) else 3)
 
 
+def fetch_listing(
+    fetch: Callable[[], list[dict[str, Any]]], as_json: bool
+) -> list[dict[str, Any]] | None:
+    """The items ``fetch`` asks the API for (an error ends the command: :func:`fail`). With
+    ``--json`` they are printed as one JSON array and None is returned: nothing is left to
+    print."""
+    try:
+        items = fetch()
+    except ApiError as exc:
+        fail(exc)
+    if as_json:
+        click.echo(json.dumps(items, indent=2))
+        return None
+    return items
+
+
+def show_queued(client: Client, job: dict[str, Any], follow: bool) -> None:
+    """Print a new job's id (and the service's note on it); with ``--watch`` follow it live
+    until it ends and exit with its status."""
+    click.echo(job["id"])
+    if job.get("notice"):
+        console.print(f"[yellow]note[/] {job['notice']}")
+    if follow:
+        sys.exit(watch_job(client, job["id"], as_json=False))
+
+
 def load_spec(path: Path) -> dict[str, Any]:
     try:
         return load_spec_file(path)
@@ -93,11 +119,7 @@ def submit(
         job = client.submit(load_spec(spec), idempotency_key)
     except ApiError as exc:
         fail(exc)
-    click.echo(job["id"])
-    if job.get("notice"):
-        console.print(f"[yellow]note[/] {job['notice']}")
-    if follow:
-        sys.exit(watch_job(client, job["id"], as_json=False))
+    show_queued(client, job, follow)
 
 
 @click.command()
@@ -236,12 +258,8 @@ def _num(value: Any) -> str:
 @connection_options
 def jobs(status: str | None, limit: int, as_json: bool, url: str | None, token: str | None) -> None:
     """List jobs, newest first (ids whole when the output is not a terminal)."""
-    try:
-        items = make_client(url, token).jobs(status, limit)
-    except ApiError as exc:
-        fail(exc)
-    if as_json:
-        click.echo(json.dumps(items, indent=2))
+    items = fetch_listing(lambda: make_client(url, token).jobs(status, limit), as_json)
+    if items is None:
         return
     out = Console()
     # Piped or redirected, nothing is cut: a script reads whole ids. At a terminal a

@@ -22,7 +22,7 @@ from amptrain.client.commands import (
     load_spec,
     make_client,
     resolved_id,
-    watch_job,
+    show_queued,
 )
 from amptrain.client.http import ApiError
 
@@ -102,8 +102,4 @@ def fork(
             console.print(f"[red]error[/] {exc.detail.get('message')}; forkable steps: {steps}")
             sys.exit(2)
         fail(exc)
-    click.echo(job["id"])
-    if job.get("notice"):
-        console.print(f"[yellow]note[/] {job['notice']}")
-    if follow:
-        sys.exit(watch_job(client, job["id"], as_json=False))
+    show_queued(client, job, follow)

@@ -13,14 +13,14 @@ API (:mod:`amptrain.server.web.routes.alerts`), not here.
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 from urllib.parse import urlsplit
 
 from pydantic import AfterValidator, Field, model_validator
 
 from amptrain.contract.health_spec import StrictModel
 from amptrain.contract.metrics import BY_NAME, SERIES_NAME, check_series_name
-from amptrain.contract.records import OVERFLOW_WARNING, PRECISION_FALLBACK, ROLLBACK_EVENT
+from amptrain.contract.records import OVERFLOW_WARNING
 from amptrain.contract.records import SPIKE_WARNING as SPIKE_WARNING
 from amptrain.contract.text import check_text
 
@@ -44,25 +44,6 @@ MAX_JOB_ID = 40
 DIVERGED = "diverged"
 """Not an event type of its own: a ``failed`` event whose error code is ``diverged``."""
 
-ALERT_EVENTS: tuple[str, ...] = (
-    "failed",
-    DIVERGED,
-    PRECISION_FALLBACK,
-    ROLLBACK_EVENT,
-    SPIKE_WARNING,
-    OVERFLOW_WARNING,
-    "succeeded",
-    "cancelled",
-    "requeued",
-    "started",
-    "resumed",
-    "early_stopped",
-)
-"""What an ``event`` rule may name: recorded event types, and two warning codes (a
-``warning`` event's ``data.code``) and ``diverged`` (a ``failed`` event's error code),
-which users think of as events of their own. :func:`event_names` maps a recorded event
-to these names."""
-
 AlertEvent = Literal[
     "failed",
     "diverged",
@@ -77,6 +58,11 @@ AlertEvent = Literal[
     "resumed",
     "early_stopped",
 ]
+ALERT_EVENTS: tuple[str, ...] = get_args(AlertEvent)
+"""What an ``event`` rule may name: recorded event types, and two warning codes (a
+``warning`` event's ``data.code``) and ``diverged`` (a ``failed`` event's error code),
+which users think of as events of their own. :func:`event_names` maps a recorded event
+to these names."""
 
 EARLY_STOPPED = "early_stopped"
 """The event of an early-stopping rule that fired: ``rule`` (id and name), ``series``,

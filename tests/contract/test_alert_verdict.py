@@ -10,6 +10,7 @@ from pydantic import ValidationError
 from amptrain.contract import alert_verdict as v
 from amptrain.contract.alerts import (
     ALERT_EVENTS,
+    DIVERGED,
     DeviationWhen,
     EarlyStopWhen,
     EventWhen,
@@ -17,6 +18,12 @@ from amptrain.contract.alerts import (
     RuleSpec,
     ThresholdWhen,
     event_names,
+)
+from amptrain.contract.records import (
+    OVERFLOW_WARNING,
+    PRECISION_FALLBACK,
+    ROLLBACK_EVENT,
+    SPIKE_WARNING,
 )
 from amptrain.contract.spec import parse_spec
 from tests.support.specs import mlp_job
@@ -35,6 +42,8 @@ def test_event_names_map_recorded_events_to_rule_names() -> None:
     assert set(EventWhen.model_json_schema()["properties"]["events"]["items"]["enum"]) == set(
         ALERT_EVENTS
     )
+    records = {DIVERGED, PRECISION_FALLBACK, ROLLBACK_EVENT, SPIKE_WARNING, OVERFLOW_WARNING}
+    assert records <= set(ALERT_EVENTS)  # the names the records use
 
 
 def test_threshold_fires_on_crossing_only() -> None:

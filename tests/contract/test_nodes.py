@@ -14,18 +14,7 @@ from amptrain.contract.limits import spec_limits
 from amptrain.contract.spec import MAX_NODES, parse_spec
 from amptrain.core.nodes import node_address
 from amptrain.core.settings import Settings
-
-BASE: dict[str, Any] = {
-    "model": {"name": "mlp"},
-    "dataset": {"name": "synthetic-classification"},
-    "max_steps": 10,
-}
-
-
-def refusal(**fields: Any) -> str:
-    with pytest.raises(ValidationError) as info:
-        parse_spec({**BASE, **fields})
-    return str(info.value)
+from tests.contract.test_devices import BASE, refusal
 
 
 def test_nodes_share_the_global_batch_with_devices() -> None:

@@ -26,17 +26,15 @@ from __future__ import annotations
 
 import hashlib
 import math
-import os
 import sys
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from amptrain.contract.spec import parse_spec
-from amptrain.core.lifeline import leave_process_group
 from amptrain.engine import RunContext, Trainer
 from amptrain.engine.distributed import Group, Ranks
+from tests.support.ranks import run_scenarios
 from tests.support.sinks import ListSink
 
 OVERFLOW_STEP = 3
@@ -204,22 +202,15 @@ def library(ranks: Ranks, out: str) -> dict[str, Any]:
 
 
 def main(out: str) -> None:
-    ranks = Ranks.from_env(os.environ)
-    assert ranks is not None and ranks.world_size == 2
-    dist.init_process_group("gloo")  # the Trainers join this group and leave it open
-    try:
-        results = {
+    run_scenarios(
+        out,
+        lambda ranks: {
             "fp32": fp32(ranks),
             "fp16": fp16(ranks),
             "bn": bn(ranks),
             "library": library(ranks, out),
-        }
-    finally:
-        dist.destroy_process_group()
-    torch.save(results, os.path.join(out, f"rank{ranks.rank}.pt"))
-    # As the worker's rank does: gloo's interpreter teardown can abort (SIGABRT) a rank
-    # whose results are already written, failing the launch.
-    leave_process_group(0)
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -34,10 +34,10 @@ import torch.distributed as dist
 
 from amptrain.contract.errors import PreemptedError, ResumeMismatchError
 from amptrain.contract.spec import parse_spec
-from amptrain.core.lifeline import leave_process_group
 from amptrain.engine import RunContext, Trainer
 from amptrain.engine.distributed import Ranks
 from amptrain.engine.sharding import blocks, local_state_bytes
+from tests.support.ranks import run_scenarios
 from tests.support.sinks import ListSink
 
 OVERFLOW_STEP = 3
@@ -210,21 +210,16 @@ def resume(ranks: Ranks, out: str) -> dict[str, Any]:
 
 
 def main(out: str) -> None:
-    ranks = Ranks.from_env(os.environ)
-    assert ranks is not None and ranks.world_size == 2
-    dist.init_process_group("gloo")  # the Trainers join this group and leave it open
-    try:
-        results = {
+    run_scenarios(
+        out,
+        lambda ranks: {
             "bf16": compare(transformer_job, ranks, checkpointing=True),
             # 3 held-out chunks: rank 0 evaluates 2, rank 1 one (and one more forward, with fsdp).
             "memory": compare(mlp_job, ranks, checkpointing=False, eval=UNEVEN_EVAL),
             "fp16": fp16(ranks),
             "resume": resume(ranks, out),
-        }
-    finally:
-        dist.destroy_process_group()
-    torch.save(results, os.path.join(out, f"rank{ranks.rank}.pt"))
-    leave_process_group(0)
+        },
+    )
 
 
 if __name__ == "__main__":

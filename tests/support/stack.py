@@ -234,3 +234,25 @@ class Stack:
                     proc.wait()
             del self.processes[name]
         self.client.close()
+
+
+def user_token(stack: Stack, name: str, admin: bool = False) -> str:
+    """A new token for ``name`` (an admin with ``admin``; else it sees only its own jobs)."""
+    from amptrain.store import tokens
+    from amptrain.store.db import make_engine, make_session_factory
+
+    engine = make_engine(stack.env["AMPTRAIN_DATABASE_URL"])
+    try:
+        with make_session_factory(engine).begin() as s:
+            return tokens.create_token(s, name, is_admin=admin)
+    finally:
+        engine.dispose()
+
+
+def user_client(stack: Stack, name: str, admin: bool = False) -> httpx.Client:
+    """A client of the stack's API signed in with a new token for ``name``."""
+    return httpx.Client(
+        base_url=str(stack.client.base_url),
+        headers={"Authorization": f"Bearer {user_token(stack, name, admin)}"},
+        timeout=30,
+    )

@@ -19,9 +19,9 @@ import pytest
 
 from amptrain.cli.embedded_redis import EmbeddedRedis
 from tests.components.test_tensors_hostile import SECRET, Listener
-from tests.server.web.test_http import fields, user_client
+from tests.server.web.test_http import fields
 from tests.support.specs import mlp_job
-from tests.support.stack import Stack
+from tests.support.stack import Stack, user_client
 
 pytestmark = pytest.mark.slow
 

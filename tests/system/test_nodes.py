@@ -14,7 +14,7 @@ import random
 import re
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ from amptrain.core.settings import Settings
 from amptrain.server.dispatcher import make_celery
 from tests.support.probe import ROOT, probe_paths
 from tests.support.stack import Stack, wait_until
-from tests.system.test_ddp_jobs import alive, checkpointed, started
+from tests.system.test_ddp_jobs import alive, checkpointed, ddp_job, started
 from tests.system.test_e2e_service import wait_for_points
 
 pytestmark = pytest.mark.slow
@@ -39,15 +39,10 @@ COLLECTIVE_S = 10
 def nodes_job(name: str, nodes: int = 2, **probe: Any) -> dict[str, Any]:
     """fp32 on the CPU: two nodes of one process each split what one process accumulates."""
     return {
-        "name": name,
-        "model": {"name": "ddp-probe", "args": {"width": 8, **probe}},
-        "dataset": {"name": "synthetic-classification", "args": {"features": 8}},
-        "device": "cpu",
-        "precision": "fp32",
+        **ddp_job(name, **probe),
         "nodes": nodes,
         "devices": 1,
         "grad_accum_steps": 1 if nodes > 1 else 2,
-        "batch_size": 8,
         "max_steps": STEPS,
         "telemetry": {"flush_every_steps": 2},
         "checkpoint": {"every_steps": 5, "keep_last": 10},
@@ -90,6 +85,22 @@ def first_start(stack: Stack, job_id: str) -> tuple[int, dict[str, Any]]:
 def node_pids(process: dict[str, Any]) -> dict[int, int]:
     """Global rank -> pid, over every node of a ``started`` event's process."""
     return {r["rank"]: r["pid"] for node in process["nodes"] for r in node["ranks"]}
+
+
+def ended_at_one_step(
+    logs: Callable[[], str], job_id: str, attempt: int, how: str, timeout: float
+) -> int:
+    """The step at which both nodes' ranks of ``attempt`` ended ``how`` (``cancelled``,
+    ``preempted``): one step, from the log line that says how the multi-node attempt ended."""
+    mine = f"{job_id} #{attempt}]"
+    ended = wait_until(
+        lambda: re.search(rf"{re.escape(mine)}.*multi-node attempt ended: (.*)", logs()),
+        timeout,
+        "the nodes' ends",
+    )
+    steps = re.findall(rf"{how} at step (\d+)", ended[1])
+    assert len(steps) == 2 and steps[0] == steps[1], ended[1]
+    return int(steps[0])
 
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
@@ -190,14 +201,7 @@ def test_a_lost_rank_ends_every_node_and_a_cancel_stops_both_at_one_step(
     gate2.touch()
     done = stack.wait_for_status(job["id"], "cancelled", "failed", timeout=120)
     assert done["status"] == "cancelled", done["error"]
-    mine = f"{job['id']} #{attempt}]"
-    ended = wait_until(
-        lambda: re.search(rf"{re.escape(mine)}.*multi-node attempt ended: (.*)", logs()),
-        30,
-        "the nodes' ends",
-    )
-    steps = re.findall(r"cancelled at step (\d+)", ended[1])
-    assert len(steps) == 2 and steps[0] == steps[1], ended[1]
+    ended_at_one_step(logs, job["id"], attempt, "cancelled", 30)
     assert not any(map(alive, node_pids(process).values()))
 
     # A drain of the follower's worker (SIGTERM to `amptrain worker` alone, as Kubernetes
@@ -209,17 +213,10 @@ def test_a_lost_rank_ends_every_node_and_a_cancel_stops_both_at_one_step(
     stack.processes[follower].send_signal(signal.SIGTERM)
     wait_until(lambda: "asking this node's ranks to stop" in logs(), 30, "the drain")
     gate3.touch()
-    mine = f"{job['id']} #{attempt}]"
-    ended = wait_until(
-        lambda: re.search(rf"{re.escape(mine)}.*multi-node attempt ended: (.*)", logs()),
-        60,
-        "the nodes' ends",
-    )
-    steps = re.findall(r"preempted at step (\d+)", ended[1])
-    assert len(steps) == 2 and steps[0] == steps[1], ended[1]
+    step = ended_at_one_step(logs, job["id"], attempt, "preempted", 60)
     (requeued,) = wait_until(lambda: events_of(stack, job["id"], "requeued"), 30, "requeued")
     assert requeued["attempt"] == attempt and not requeued["data"].get("error"), requeued
-    assert checkpointed(stack, job["id"], int(steps[0]))
+    assert checkpointed(stack, job["id"], step)
     assert not any(map(alive, node_pids(process).values()))
 
 

@@ -74,18 +74,33 @@ def _connections() -> tuple[sessionmaker[Session], redis.Redis] | tuple[None, No
     return _shared
 
 
-@app.task(name=TaskName.RUN_JOB, bind=True, ignore_result=True)
-def run_job(self: Task, *args: Any, **kwargs: Any) -> None:
-    # Any arguments are accepted so that a malformed message is logged and dropped here,
-    # not raised as a task failure: anyone who can write to the broker can send one.
-    if len(args) != 1 or kwargs or not isinstance(args[0], str):
+def _dropped(
+    task: Task,
+    name: str,
+    well_formed: bool,
+    expected: str,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+) -> bool:
+    """Whether a message of the task ``name`` is dropped: one not ``well_formed`` (not the
+    ``expected`` arguments) is logged and dropped, not raised as a task failure: anyone who
+    can write to the broker can send one. The tasks accept any arguments for this."""
+    if not well_formed:
         log.error(
-            "dropped %s message %s: expected one job id, got args=%.200r kwargs=%.200r",
-            TaskName.RUN_JOB,
-            self.request.id,
+            "dropped %s message %s: expected %s, got args=%.200r kwargs=%.200r",
+            name,
+            task.request.id,
+            expected,
             args,
             kwargs,
         )
+    return not well_formed
+
+
+@app.task(name=TaskName.RUN_JOB, bind=True, ignore_result=True)
+def run_job(self: Task, *args: Any, **kwargs: Any) -> None:
+    well_formed = len(args) == 1 and not kwargs and isinstance(args[0], str)
+    if _dropped(self, TaskName.RUN_JOB, well_formed, "one job id", args, kwargs):
         return
     hostname = self.request.hostname or "worker"
     sessions, client = _connections()
@@ -107,7 +122,6 @@ def _send_join(queue: str, job_id: str, attempt: int) -> None:
 
 @app.task(name=TaskName.JOIN_JOB, bind=True, ignore_result=True)
 def join_job(self: Task, *args: Any, **kwargs: Any) -> None:
-    # As run_job: a malformed message is logged and dropped.
     well_formed = (
         len(args) == 2
         and not kwargs
@@ -116,15 +130,7 @@ def join_job(self: Task, *args: Any, **kwargs: Any) -> None:
         and args[1] > 0
         and JOB_ID.fullmatch(args[0]) is not None
     )
-    if not well_formed:
-        log.error(
-            "dropped %s message %s: expected a job id and an attempt, got args=%.200r "
-            "kwargs=%.200r",
-            TaskName.JOIN_JOB,
-            self.request.id,
-            args,
-            kwargs,
-        )
+    if _dropped(self, TaskName.JOIN_JOB, well_formed, "a job id and an attempt", args, kwargs):
         return
     hostname = self.request.hostname or "worker"
     _, client = _connections()

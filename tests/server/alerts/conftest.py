@@ -10,8 +10,6 @@ import httpx
 import pytest
 
 from amptrain.cli.embedded_redis import EmbeddedRedis
-from amptrain.store import tokens
-from amptrain.store.db import make_engine, make_session_factory
 from tests.support.producer import Producer
 from tests.support.receiver import Receiver
 from tests.support.specs import mlp_job
@@ -44,19 +42,6 @@ def receiver() -> Iterator[Receiver]:
     r = Receiver()
     yield r
     r.close()
-
-
-def user_client(stack: Stack, name: str) -> httpx.Client:
-    engine = make_engine(stack.env["AMPTRAIN_DATABASE_URL"])
-    with make_session_factory(engine)() as s:
-        token = tokens.create_token(s, name)
-        s.commit()
-    engine.dispose()
-    return httpx.Client(
-        base_url=str(stack.client.base_url),
-        headers={"Authorization": f"Bearer {token}"},
-        timeout=30,
-    )
 
 
 def started_job(stack: Stack, client: httpx.Client, name: str = "tiny") -> Producer:

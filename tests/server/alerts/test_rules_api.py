@@ -6,9 +6,9 @@ from __future__ import annotations
 import httpx
 
 from amptrain.store import jobs
-from tests.server.alerts.conftest import started_job, user_client
+from tests.server.alerts.conftest import started_job
 from tests.support.receiver import Receiver, verify
-from tests.support.stack import Stack, wait_until
+from tests.support.stack import Stack, user_client, wait_until
 
 
 def fields(response: httpx.Response) -> set[str]:

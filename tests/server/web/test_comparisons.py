@@ -14,9 +14,8 @@ from amptrain.contract.spec import JobSpec
 from amptrain.core import presence
 from amptrain.server.web.routes.comparisons import MAX_RUNS, _wants_tf32
 from tests.server.web.ab_runs import EVALS, RUNS, STEPS, play, spec
-from tests.server.web.test_http import user_client
 from tests.server.web.test_submit_memory import announce
-from tests.support.stack import Stack, wait_until
+from tests.support.stack import Stack, user_client, wait_until
 
 
 def test_a_b_report_from_recorded_points(api_stack: Stack) -> None:

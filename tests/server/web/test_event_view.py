@@ -12,11 +12,10 @@ import pytest
 
 from amptrain.cli.embedded_redis import EmbeddedRedis
 from amptrain.contract.layout import checkpoint_name
-from tests.server.web.test_http import user_client
 from tests.support.live import watch
 from tests.support.producer import Producer
 from tests.support.specs import mlp_job
-from tests.support.stack import Stack, wait_until
+from tests.support.stack import Stack, user_client, wait_until
 
 pytestmark = pytest.mark.slow
 

@@ -10,9 +10,8 @@ from typing import Any
 import httpx
 
 from amptrain.contract.layout import checkpoint_name, pin_name
-from tests.server.web.test_http import user_client
 from tests.support.specs import service_job
-from tests.support.stack import Stack
+from tests.support.stack import Stack, user_client
 
 
 def checkpoints(stack: Stack, job_id: str, *steps: int) -> Path:

@@ -20,8 +20,8 @@ import pytest
 
 from amptrain.cli.embedded_redis import EmbeddedRedis
 from tests.conftest import _database_params
-from tests.server.web.test_http import cpu_job, user_client
-from tests.support.stack import Stack
+from tests.server.web.test_http import cpu_job
+from tests.support.stack import Stack, user_client
 
 SEED = 20261202
 EXAMPLES = 8

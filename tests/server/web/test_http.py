@@ -18,29 +18,16 @@ from amptrain.contract.metrics import METRIC_FIELDS
 from amptrain.contract.records import evaluation, metric
 from amptrain.contract.stream import encode
 from amptrain.core.redis import Keys
-from amptrain.store import jobs, tokens
+from amptrain.store import jobs
 from amptrain.store.db import make_engine, make_session_factory
 from tests.support.specs import mlp_job
-from tests.support.stack import Stack, wait_until
+from tests.support.stack import Stack, user_client, wait_until
 
 ROOT = Path(__file__).resolve().parents[3]
 
 
 def cpu_job(**overrides: Any) -> dict[str, Any]:
     return mlp_job(**{"name": "tiny", "max_steps": 5, **overrides})
-
-
-def user_client(stack: Stack, name: str, admin: bool = False) -> httpx.Client:
-    engine = make_engine(stack.env["AMPTRAIN_DATABASE_URL"])
-    with make_session_factory(engine)() as s:
-        token = tokens.create_token(s, name, is_admin=admin)
-        s.commit()
-    engine.dispose()
-    return httpx.Client(
-        base_url=str(stack.client.base_url),
-        headers={"Authorization": f"Bearer {token}"},
-        timeout=30,
-    )
 
 
 def anonymous(stack: Stack) -> httpx.Client:

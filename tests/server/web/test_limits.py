@@ -19,8 +19,8 @@ from amptrain.cli.embedded_redis import EmbeddedRedis
 from amptrain.contract.spec import JobSpec
 from amptrain.store import jobs
 from amptrain.store.db import make_engine, make_session_factory
-from tests.server.web.test_http import cpu_job, user_client
-from tests.support.stack import Stack, free_port, wait_until
+from tests.server.web.test_http import cpu_job
+from tests.support.stack import Stack, free_port, user_client, wait_until
 
 MiB = 1024 * 1024
 RATE = 30

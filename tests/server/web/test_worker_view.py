@@ -12,8 +12,8 @@ from amptrain.cli.embedded_redis import EmbeddedRedis
 from amptrain.core import presence
 from amptrain.store import jobs
 from amptrain.store.db import make_engine, make_session_factory
-from tests.server.web.test_http import cpu_job, user_client
-from tests.support.stack import Stack
+from tests.server.web.test_http import cpu_job
+from tests.support.stack import Stack, user_client
 
 WORKER = "amptrain-4242@gpu-node-17"
 

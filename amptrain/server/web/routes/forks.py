@@ -14,17 +14,21 @@ from fastapi import APIRouter, status
 from amptrain.contract.forks import ForkRefused, ForkRequest, fork_spec
 from amptrain.core.checkpoint_pins import CheckpointPins
 from amptrain.server.dispatcher import queue_for
-from amptrain.server.web.admission import no_worker_notice, submission_problems
+from amptrain.server.web.admission import submission_problems
 from amptrain.server.web.deps import (
     CurrentUser,
     ServicesDep,
     SessionDep,
-    after_commit,
     visible_job,
 )
 from amptrain.server.web.errors import Conflict, ValidationFailed, error_responses, field_problems
 from amptrain.server.web.routes.alerts import create_rules
-from amptrain.server.web.routes.jobs import canonical_spec, check_active_jobs, request_hash
+from amptrain.server.web.routes.jobs import (
+    canonical_spec,
+    check_active_jobs,
+    dispatch_on_commit,
+    request_hash,
+)
 from amptrain.server.web.schemas import JobOut
 from amptrain.store import jobs as repo
 
@@ -80,11 +84,7 @@ def fork_job(
     if body.step not in steps:
         pins.release(body.step, child.id)  # the raise rolls the child back
         raise Conflict(_not_forkable(parent.id, body.step, steps))
-    child_id, queue_name, dispatcher = child.id, child.queue, services.dispatcher
-    after_commit(session, lambda: dispatcher.submit(child_id, queue_name))
-    return JobOut.from_job(child, admin=user.is_admin).model_copy(
-        update={"notice": no_worker_notice(child.queue, workers)}
-    )
+    return dispatch_on_commit(session, child, user, services, workers)
 
 
 def _not_forkable(job_id: str, step: int, steps: list[int]) -> dict[str, object]:

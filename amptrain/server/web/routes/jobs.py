@@ -6,19 +6,23 @@ import base64
 import binascii
 import hashlib
 import json
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Header, Query, Response, status
 from sqlalchemy.exc import IntegrityError
 
+from amptrain.contract.admission import WorkerMemory
 from amptrain.contract.job_ids import JOB_ID_PREFIX
 from amptrain.contract.spec import JobSpec
 from amptrain.core.checkpoint_pins import CheckpointPins
 from amptrain.core.enums import JobStatus
 from amptrain.core.redis import CANCEL_KEY_TTL_S, Keys
 from amptrain.server.dispatcher import queue_for
+from amptrain.server.runtime import Services
 from amptrain.server.web.admission import no_worker_notice, submission_problems
+from amptrain.server.web.auth import Principal
 from amptrain.server.web.deps import (
     CurrentUser,
     ServicesDep,
@@ -113,6 +117,18 @@ def submit_job(
             raise
         return _replay(existing, digest, response, user.is_admin)
     create_rules(session, user.name, spec.alerts, services.settings, job_id=job.id)
+    return dispatch_on_commit(session, job, user, services, workers)
+
+
+def dispatch_on_commit(
+    session: SessionDep,
+    job: Job,
+    user: Principal,
+    services: Services,
+    workers: Sequence[WorkerMemory] | None,
+) -> JobOut:
+    """Hand the new ``job`` to its queue once the request commits (never on rollback), and
+    answer with it, noting when no live worker (of ``workers``) takes its queue."""
     job_id, queue_name, dispatcher = job.id, job.queue, services.dispatcher
     after_commit(session, lambda: dispatcher.submit(job_id, queue_name))
     return JobOut.from_job(job, admin=user.is_admin).model_copy(

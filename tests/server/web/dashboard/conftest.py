@@ -12,7 +12,8 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -68,20 +69,32 @@ def browser() -> Iterator[Browser]:
         chromium.close()
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    """The API, one Celery worker (queues gpu and cpu) and a private Redis, on SQLite.
-    Jobs on the ``gpu-a100`` queue are never picked up: tests drive those by hand."""
+@contextmanager
+def running_stack(
+    root: Path, *, worker: bool = True, env: Mapping[str, str] | None = None
+) -> Iterator[Stack]:
+    """A stack in ``root`` on SQLite with its own private Redis: the API, and with
+    ``worker`` one Celery worker (queues gpu and cpu); ``env`` is added to its environment.
+    A test module that needs no worker (or other settings) overrides ``stack`` with it."""
     redis_server = EmbeddedRedis(Path(tempfile.mkdtemp(prefix="amp-", dir="/tmp"))).start()
-    root = tmp_path_factory.mktemp("dashboard")
     s = Stack(root, f"sqlite:///{root / 'amptrain.db'}", redis_server)
+    s.env.update(env or {})
     try:
         s.start_api()
-        s.start_worker()
+        if worker:
+            s.start_worker()
         yield s
     finally:
         s.close()
         redis_server.stop()
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """The API, one Celery worker (queues gpu and cpu) and a private Redis, on SQLite.
+    Jobs on the ``gpu-a100`` queue are never picked up: tests drive those by hand."""
+    with running_stack(tmp_path_factory.mktemp("dashboard")) as s:
+        yield s
 
 
 class Console:
@@ -149,16 +162,3 @@ def screenshot(page: Page, name: str, tmp_path: Path) -> Path:
     ARTIFACTS.mkdir(exist_ok=True)
     shutil.copy(target, ARTIFACTS / target.name)
     return target
-
-
-def new_token(stack: Stack, name: str) -> str:
-    """A non-admin token for ``name`` (it sees only its own jobs)."""
-    from amptrain.store import tokens
-    from amptrain.store.db import make_engine, make_session_factory
-
-    engine = make_engine(stack.env["AMPTRAIN_DATABASE_URL"])
-    try:
-        with make_session_factory(engine).begin() as s:
-            return tokens.create_token(s, name)
-    finally:
-        engine.dispose()

@@ -5,7 +5,6 @@ outcome, never another user's rules. API only (no worker): a Producer plays the 
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,25 +17,16 @@ except ImportError:  # outside CI a missing playwright skips, like a missing bro
         raise
     pytest.skip("playwright is not installed (pip install -e '.[dev]')", allow_module_level=True)
 
-from amptrain.cli.embedded_redis import EmbeddedRedis
-from tests.server.alerts.conftest import WEBHOOK_ENV, started_job, user_client
-from tests.server.web.dashboard.conftest import screenshot, sign_in
+from tests.server.alerts.conftest import WEBHOOK_ENV, started_job
+from tests.server.web.dashboard.conftest import running_stack, screenshot, sign_in
 from tests.support.receiver import Receiver
-from tests.support.stack import Stack, wait_until
+from tests.support.stack import Stack, user_client, wait_until
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    redis_server = EmbeddedRedis(Path(tempfile.mkdtemp(prefix="amp-", dir="/tmp"))).start()
-    root = tmp_path_factory.mktemp("alerts-page")
-    s = Stack(root, f"sqlite:///{root / 'amptrain.db'}", redis_server)
-    s.env.update(WEBHOOK_ENV)
-    try:
-        s.start_api()
+    with running_stack(tmp_path_factory.mktemp("alerts-page"), worker=False, env=WEBHOOK_ENV) as s:
         yield s
-    finally:
-        s.close()
-        redis_server.stop()
 
 
 def test_the_alerts_page_lists_rules_and_deliveries(

@@ -28,10 +28,10 @@ from amptrain.core import presence
 from amptrain.store.db import make_engine, make_session_factory
 from amptrain.store.history import rebuild as summary_rebuild
 from tests.server.web.ab_runs import EVALS, RUNS, play, spec
-from tests.server.web.dashboard.conftest import Console, new_token, screenshot, sign_in
+from tests.server.web.dashboard.conftest import Console, screenshot, sign_in
 from tests.support.digits import DIGITS_FOLDER, write_digit_folders
 from tests.support.producer import Producer
-from tests.support.stack import Stack, wait_until
+from tests.support.stack import Stack, user_token, wait_until
 
 STEPS = 1500
 TIMES = "\N{MULTIPLICATION SIGN}"
@@ -240,7 +240,7 @@ def test_comparison_shows_the_ratio_table(page: Page, stack: Stack) -> None:
 
 def test_another_users_jobs_never_show(page: Page, stack: Stack, console: Console) -> None:
     bob = stack.submit(spec(name="bobs-secret-job"))  # the admin's: not alice's either
-    alice_token = new_token(stack, "alice")
+    alice_token = user_token(stack, "alice")
     mine = stack.client.post(
         "/jobs", json=spec(name="alices-job"), headers={"Authorization": f"Bearer {alice_token}"}
     ).json()

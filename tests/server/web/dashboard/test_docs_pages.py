@@ -4,9 +4,7 @@ worker or fetch is a console error, which fails the test (the ``page`` fixture).
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -17,23 +15,15 @@ except ImportError:  # outside CI a missing playwright skips, like a missing bro
         raise
     pytest.skip("playwright is not installed (pip install -e '.[dev]')", allow_module_level=True)
 
-from amptrain.cli.embedded_redis import EmbeddedRedis
-from tests.server.web.dashboard.conftest import Console
+from tests.server.web.dashboard.conftest import Console, running_stack
 from tests.support.stack import Stack
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """The API alone: the documentation pages need no worker."""
-    redis_server = EmbeddedRedis(Path(tempfile.mkdtemp(prefix="amp-", dir="/tmp"))).start()
-    root = tmp_path_factory.mktemp("docs")
-    s = Stack(root, f"sqlite:///{root / 'amptrain.db'}", redis_server)
-    try:
-        s.start_api()
+    with running_stack(tmp_path_factory.mktemp("docs"), worker=False) as s:
         yield s
-    finally:
-        s.close()
-        redis_server.stop()
 
 
 def test_swagger_ui_renders_the_operations(page: Page, stack: Stack) -> None:

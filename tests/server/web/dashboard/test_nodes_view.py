@@ -6,9 +6,7 @@ workers write them (a ``started`` event in SQL, a slot in Redis), so no training
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import redis
@@ -20,11 +18,10 @@ except ImportError:  # outside CI a missing playwright skips, like a missing bro
         raise
     pytest.skip("playwright is not installed (pip install -e '.[dev]')", allow_module_level=True)
 
-from amptrain.cli.embedded_redis import EmbeddedRedis
 from amptrain.core import presence
 from amptrain.store import jobs
 from amptrain.store.db import make_engine, make_session_factory
-from tests.server.web.dashboard.conftest import sign_in
+from tests.server.web.dashboard.conftest import running_stack, sign_in
 from tests.support.specs import mlp_job
 from tests.support.stack import Stack
 
@@ -32,15 +29,8 @@ from tests.support.stack import Stack
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """The API alone: nothing here trains."""
-    redis_server = EmbeddedRedis(Path(tempfile.mkdtemp(prefix="amp-", dir="/tmp"))).start()
-    root = tmp_path_factory.mktemp("nodes-view")
-    s = Stack(root, f"sqlite:///{root / 'amptrain.db'}", redis_server)
-    try:
-        s.start_api()
+    with running_stack(tmp_path_factory.mktemp("nodes-view"), worker=False) as s:
         yield s
-    finally:
-        s.close()
-        redis_server.stop()
 
 
 def test_the_job_page_lists_the_nodes_and_the_workers_page_the_reservation(
