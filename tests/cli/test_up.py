@@ -10,6 +10,7 @@ import pytest
 
 from tests.components.test_plugins import example_plugin_site
 from tests.support.cpu_verdict import expected_measured
+from tests.support.receiver import Receiver, verify
 from tests.support.specs import mlp_job
 from tests.support.stack import free_port, wait_until
 from tests.support.up import finished_job, start_up
@@ -29,7 +30,13 @@ def test_up_runs_a_job_and_stops_cleanly(tmp_path: Path) -> None:
     plugin = os.pathsep.join(
         [*(str(p) for p in example_plugin_site(tmp_path / "site")), *inherited]
     )
-    up = start_up(tmp_path, tmp_path / "data", args=args, settings={"PYTHONPATH": plugin})
+    # Webhooks to the test's receiver on loopback (private addresses are refused unless allowed).
+    hooks = {
+        "AMPTRAIN_WEBHOOK_ALLOWED_HOSTS": "127.0.0.1",
+        "AMPTRAIN_WEBHOOK_ALLOW_PRIVATE": "true",
+    }
+    receiver = Receiver()
+    up = start_up(tmp_path, tmp_path / "data", args=args, settings={"PYTHONPATH": plugin, **hooks})
     try:
         client = up.admin_client()
         assert (tmp_path / "data" / "admin-token").stat().st_mode & 0o777 == 0o600
@@ -72,6 +79,15 @@ def test_up_runs_a_job_and_stops_cleanly(tmp_path: Path) -> None:
             health={"fallback": "bf16", "diverge_nonfinite_steps": 1000},
             max_attempts=1,
         )
+        # An alert rule on the fallback: one signed webhook, from the API process `up` runs.
+        rule = client.post(
+            "/alerts/rules",
+            json={
+                "name": "fell back",
+                "when": {"kind": "event", "events": ["precision_fallback"]},
+                "notify": {"url": receiver.url()},
+            },
+        ).json()
         # Two attempts, each in a fresh training process (the fallback ends the first), beside
         # the long job: 10 s alone, over 120 s once in a loaded CI run.
         fell = finished_job(client, client.post("/jobs", json=fallback).json()["id"], 300)
@@ -80,6 +96,33 @@ def test_up_runs_a_job_and_stops_cleanly(tmp_path: Path) -> None:
         events = client.get(f"/jobs/{fell['id']}/events").json()["items"]
         (why,) = [e["data"] for e in events if e["type"] == "precision_fallback"]
         assert why["trigger"] == "loss_scale_floor" and why["param"] is not None, why
+        deliveries = f"/alerts/rules/{rule['id']}/deliveries"
+        wait_until(
+            lambda: [d["status"] for d in client.get(deliveries).json()["items"]] == ["delivered"],
+            60,
+            "the fallback's webhook delivered",
+        )
+        (request,) = receiver.requests  # one firing, one delivery
+        assert verify(rule["secret"], request)
+        assert receiver.bodies()[0]["job"]["id"] == fell["id"]
+        # A fork of the finished 5-step job at its last checkpoint, with another learning
+        # rate: its series goes on from step 6, and it knows where it came from.
+        fork = client.post(
+            f"/jobs/{job['id']}/fork",
+            json={"step": 5, "overrides": {"max_steps": 7, "optimizer": {"lr": 0.0005}}},
+        )
+        assert fork.status_code == 201, fork.text
+        forked = finished_job(client, fork.json()["id"], 120)
+        assert forked["status"] == "succeeded", (forked["error"], up.tail())
+        assert forked["forked_from"] == {"job": job["id"], "step": 5}
+        wait_until(
+            lambda: (
+                [p["step"] for p in client.get(f"/jobs/{forked['id']}/metrics").json()["items"]]
+                == [6, 7]
+            ),
+            60,
+            "the fork's points, from step 6",
+        )
         assert client.get(f"/jobs/{long['id']}").json()["status"] == "running"
         scraped = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics").text
         assert "amptrain_worker_busy_slots" in scraped  # on the port asked for
@@ -101,6 +144,7 @@ def test_up_runs_a_job_and_stops_cleanly(tmp_path: Path) -> None:
         assert (tmp_path / "data" / "auto-precision.json").exists()
     finally:
         up.stop()
+        receiver.close()
     # Nothing left behind: the API, worker and Redis children are gone.
     assert not (tmp_path / "data" / "redis" / "redis.sock").exists() or _dead_socket(tmp_path)
 
