@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Response, status
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 from sqlalchemy.orm import Session
 
 from amptrain.contract.alerts import ALERT_EVENTS, JobAlert, RuleSpec
@@ -49,17 +49,13 @@ class RuleOut(BaseModel):
     """The rule as created (``when``, ``scope``, ``notify``, ``stop``)."""
     created_at: datetime
 
+    # Read from the row's attributes by pydantic (never its secret: RuleOut has no field
+    # for it; only RuleCreated adds it, once).
+    model_config = ConfigDict(from_attributes=True)
+
     @classmethod
     def of(cls, rule: AlertRule) -> RuleOut:
-        return cls(
-            id=rule.id,
-            name=rule.name,
-            owner=rule.owner,
-            kind=rule.kind,
-            job_id=rule.job_id,
-            spec=rule.spec,
-            created_at=rule.created_at,
-        )
+        return cls.model_validate(rule)
 
 
 class RuleCreated(RuleOut):
