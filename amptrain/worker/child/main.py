@@ -19,7 +19,7 @@ import signal
 import sys
 import traceback
 from collections.abc import MutableMapping
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from amptrain.contract.errors import PrecisionFallbackError, TrainingError, classify_failure
 from amptrain.contract.records import Sink
@@ -55,7 +55,7 @@ class ControlledSink:
     """Publishes telemetry to Redis; the precision decision goes to the supervisor instead,
     which records it (fenced) with the ``started`` event."""
 
-    def __init__(self, inner: Sink, control: Control) -> None:
+    def __init__(self, inner: DeliveringSink, control: Control) -> None:
         self.inner = inner
         self.control = control
 
@@ -69,8 +69,21 @@ class ControlledSink:
         if rest:
             self.inner.write(rest)
 
-    def close(self) -> None:
-        self.inner.close()
+    def close(self, timeout: float = 30.0) -> None:
+        self.inner.close(timeout)
+
+
+class DeliveringSink(Sink, Protocol):
+    """A sink whose close keeps delivering what it holds for up to ``timeout`` seconds."""
+
+    def close(self, timeout: float = 30.0) -> None: ...
+
+
+FAILED_RANK_SINK_CLOSE_S = 5.0
+"""How long a failed rank of a multi-process run keeps delivering at its end. Its peers
+end at the collective timeout; a rank cut off from Redis with its host's cable would wait
+the full 30 s here, and the attempt would end that much later on its node. Nothing is lost
+by giving up: a retry resumes only from a checkpoint whose steps were recorded."""
 
 
 _stop_request: str | None = None
@@ -102,6 +115,7 @@ def train(launch: Launch, sink: Sink | None, ranks: Ranks | None = None) -> Fini
     from amptrain.worker.child.precision_cache import FileCache
 
     probe = launch.cpu_bf16_probe
+    failed = False
     try:
         spec = parse_spec(launch.spec)
         if spec.deterministic:
@@ -123,6 +137,7 @@ def train(launch: Launch, sink: Sink | None, ranks: Ranks | None = None) -> Fini
         )
         result = Trainer(spec, ctx).train()
     except Exception as exc:
+        failed = True
         if not isinstance(exc, TrainingError):
             # The user sees a class and a clean message; the operator gets the traceback,
             # whose text may quote data or the worker's paths.
@@ -137,7 +152,9 @@ def train(launch: Launch, sink: Sink | None, ranks: Ranks | None = None) -> Fini
         )
     finally:
         # The engine never closes the caller's sink: deliver what Redis has not taken yet.
-        if sink is not None:
+        if isinstance(sink, ControlledSink) and failed and ranks is not None:
+            sink.close(FAILED_RANK_SINK_CLOSE_S)
+        elif sink is not None:
             sink.close()
     return Finished(
         final_step=result.final_step,
