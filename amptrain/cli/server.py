@@ -19,7 +19,7 @@ WS_MAX_SIZE = 64 * 1024
 @click.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to listen on.")
 @click.option("--port", default=8000, show_default=True, type=int, help="TCP port.")
-@click.option("--log-level", default="info", show_default=True)
+@click.option("--log-level", default="info", show_default=True, help="uvicorn's log level.")
 def api(host: str, port: int, log_level: str) -> None:
     """Run the HTTP API (recorder and dispatcher included), configured by AMPTRAIN_*."""
     import uvicorn
@@ -77,7 +77,12 @@ def api(host: str, port: int, log_level: str) -> None:
     type=click.IntRange(0, 65535),
     help="Serve Prometheus metrics (the recorder's throughput and lag) on this port; 0: off.",
 )
-@click.option("--metrics-host", default="127.0.0.1", show_default=True)
+@click.option(
+    "--metrics-host",
+    default="127.0.0.1",
+    show_default=True,
+    help="Interface of the recorder's Prometheus endpoint.",
+)
 @click.option(
     "--log-level",
     default="info",

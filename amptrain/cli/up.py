@@ -84,8 +84,10 @@ def _prepare(settings: Settings) -> bool:
 
 
 @click.command()
-@click.option("--host", default="127.0.0.1", show_default=True)
-@click.option("--port", default=8000, show_default=True, type=int)
+@click.option(
+    "--host", default="127.0.0.1", show_default=True, help="Interface the API listens on."
+)
+@click.option("--port", default=8000, show_default=True, type=int, help="The API's TCP port.")
 @click.option(
     "--data-dir",
     type=click.Path(path_type=Path),

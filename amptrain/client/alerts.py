@@ -124,7 +124,13 @@ def remove(rule_id: int, url: str | None, token: str | None) -> None:
 
 @alerts.command("deliveries")
 @click.argument("rule_id", type=click.IntRange(1))
-@click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 200))
+@click.option(
+    "--limit",
+    default=20,
+    show_default=True,
+    type=click.IntRange(1, 200),
+    help="Newest deliveries to list.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print them as one JSON array.")
 @connection_options
 def deliveries(rule_id: int, limit: int, as_json: bool, url: str | None, token: str | None) -> None:

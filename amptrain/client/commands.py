@@ -253,7 +253,13 @@ def _num(value: Any) -> str:
 
 @click.command()
 @click.option("--status", help="Only jobs in these states (comma-separated).")
-@click.option("--limit", default=50, show_default=True, type=click.IntRange(1, 200))
+@click.option(
+    "--limit",
+    default=50,
+    show_default=True,
+    type=click.IntRange(1, 200),
+    help="Newest jobs to list.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the jobs as one JSON array.")
 @connection_options
 def jobs(status: str | None, limit: int, as_json: bool, url: str | None, token: str | None) -> None:

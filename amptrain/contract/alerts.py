@@ -110,12 +110,14 @@ Finite = Annotated[float, Field(ge=-MAX_THRESHOLD, le=MAX_THRESHOLD)]
 
 class EventWhen(StrictModel):
     kind: Literal["event"]
+    """Fire on lifecycle and warning events (``GET /alerts/events`` lists their names)."""
     events: list[AlertEvent] = Field(min_length=1, max_length=len(ALERT_EVENTS))
     """Fire on any of these events of a matching job."""
 
 
 class ThresholdWhen(StrictModel):
     kind: Literal["threshold"]
+    """Fire when a series crosses a value."""
     series: Series
     """A step field (``loss``, ``grad_norm``...) or an evaluation series (``eval_loss``)."""
     above: Finite | None = None
@@ -132,7 +134,9 @@ class ThresholdWhen(StrictModel):
 
 class DeviationWhen(StrictModel):
     kind: Literal["deviation"]
+    """Fire when a series moves far from its recent mean."""
     series: Series
+    """A step field (``loss``, ``grad_norm``...) or an evaluation series (``eval_loss``)."""
     window: int = Field(default=50, ge=2, le=MAX_WINDOW)
     """The recent points the mean and standard deviation are taken over."""
     z: float = Field(default=4.0, gt=0, le=MAX_Z)
@@ -141,6 +145,7 @@ class DeviationWhen(StrictModel):
 
 class NoProgressWhen(StrictModel):
     kind: Literal["no_progress"]
+    """Fire when a running job stops recording steps."""
     seconds: int = Field(ge=MIN_NO_PROGRESS_S, le=MAX_NO_PROGRESS_S)
     """Fire when a running job recorded no step for this long."""
 
@@ -151,10 +156,15 @@ class EarlyStopWhen(StrictModel):
     evaluations in a row. The job ends ``succeeded``."""
 
     kind: Literal["early_stop"]
+    """Stop the job when an evaluation series stops improving or reaches ``target``."""
     series: Series
+    """An evaluation series (``eval_loss``, ``accuracy``...), not a step field."""
     mode: Literal["min", "max"] = "min"
+    """``min``: lower is better (a loss); ``max``: higher is better (an accuracy)."""
     patience: int = Field(default=3, ge=1, le=MAX_PATIENCE)
+    """Evaluations in a row without an improvement before the job stops."""
     min_delta: float = Field(default=0.0, ge=0, le=MAX_THRESHOLD)
+    """How much a value must beat the best so far to count as an improvement."""
     target: Finite | None = None
     """Stop once the series is at or beyond this (below for ``min``, above for ``max``)."""
 
@@ -214,10 +224,12 @@ class Scope(StrictModel):
     name: (
         Annotated[str, Field(min_length=1, max_length=MAX_GLOB), AfterValidator(check_glob)] | None
     ) = None
+    """Jobs whose name matches this pattern (``*`` and ``?`` wildcards)."""
     job_id: (
         Annotated[str, Field(min_length=1, max_length=MAX_JOB_ID, pattern=r"^[A-Za-z0-9_-]+$")]
         | None
     ) = None
+    """The one job with this id."""
 
     @model_validator(mode="after")
     def _one(self) -> Scope:
@@ -230,8 +242,12 @@ class JobAlert(StrictModel):
     """A rule of one job, in its spec's ``alerts`` list (its scope is that job)."""
 
     name: Annotated[str, Field(min_length=1, max_length=MAX_RULE_NAME), AfterValidator(check_text)]
+    """The rule's name, shown in its firings, events and webhooks."""
     when: When
+    """What fires the rule, chosen by its ``kind``: ``event``, ``threshold``, ``deviation``,
+    ``no_progress`` or ``early_stop``."""
     notify: Notify | None = None
+    """A signed webhook for each firing; null: none (then ``stop`` must be set)."""
     stop: bool = False
     """Cancel the job (with a checkpoint) when the rule fires; ``early_stop`` always stops."""
 
@@ -250,6 +266,7 @@ class RuleSpec(JobAlert):
     """``POST /alerts/rules``: a rule over the caller's jobs."""
 
     scope: Scope = Field(default_factory=Scope)
+    """Which of the caller's jobs the rule watches: all of them by default."""
 
 
 def finite_or_none(value: Any) -> float | None:

@@ -103,6 +103,9 @@ class AlertSettings(BaseSettings):
     """The alert rules' settings (webhook destinations, sending, no-progress checks): a part
     of :class:`Settings`, read with its ``AMPTRAIN_`` prefix like every other."""
 
+    # Field docstrings become descriptions: the settings reference is generated from them.
+    model_config = SettingsConfigDict(use_attribute_docstrings=True)
+
     webhook_allowed_hosts: WebhookHosts = Field(default_factory=list)
     """Hosts alert webhooks may go to, comma-separated: exact names (``hooks.slack.com``)
     or ``*.example.com`` for its subdomains. Empty: no webhooks (a rule's ``notify`` is
@@ -130,7 +133,9 @@ class AlertSettings(BaseSettings):
 class Settings(AlertSettings):
     """Service settings. Paths left unset derive from ``data_dir``."""
 
-    model_config = SettingsConfigDict(env_prefix="AMPTRAIN_", extra="ignore")
+    model_config = SettingsConfigDict(
+        env_prefix="AMPTRAIN_", extra="ignore", use_attribute_docstrings=True
+    )
 
     data_dir: Path = Path(".amptrain")
     """Holds the SQLite file, the embedded Redis, checkpoints and the generated admin token."""

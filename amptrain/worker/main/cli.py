@@ -36,7 +36,7 @@ MAX_CONCURRENCY = 64
     "[env AMPTRAIN_WORKER_DEVICES_PER_JOB].",
 )
 @click.option("--name", "-n", default=None, help="Worker name [default: amptrain-PID@HOST].")
-@click.option("--loglevel", "-l", default="INFO", show_default=True)
+@click.option("--loglevel", "-l", default="INFO", show_default=True, help="Celery's log level.")
 @click.option(
     "--metrics-host",
     default="127.0.0.1",
