@@ -88,6 +88,7 @@ def api(host: str, port: int, log_level: str) -> None:
     default="info",
     show_default=True,
     type=click.Choice(["critical", "error", "warning", "info", "debug"], case_sensitive=False),
+    help="The recorder's log level.",
 )
 def recorder(metrics_port: int, metrics_host: str, log_level: str) -> None:
     """Record telemetry from Redis into SQL in a process of its own, until SIGTERM.
