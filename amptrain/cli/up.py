@@ -22,6 +22,7 @@ from pathlib import Path
 import click
 
 from amptrain.cli.embedded_redis import EmbeddedRedis
+from amptrain.cli.guide import GuideBuild
 from amptrain.cli.up_shapes import ShapeWorkers
 from amptrain.cli.up_stop import WORKER_PART, Stopper, say
 from amptrain.core.lifeline import DieWithSpawner
@@ -107,12 +108,19 @@ def _prepare(settings: Settings) -> bool:
     help="The worker's Prometheus port, 0 for none [default: $AMPTRAIN_WORKER_METRICS_PORT "
     "or 9808].",
 )
+@click.option(
+    "--guide/--no-guide",
+    default=True,
+    show_default=True,
+    help="Build (once, when its sources changed) and serve the documentation site at /guide/.",
+)
 def up(
     host: str,
     port: int,
     data_dir: Path | None,
     slots: int | None,
     worker_metrics_port: int | None,
+    guide: bool,
 ) -> None:
     """Run everything on this machine: Redis, database, one worker, the recorder, the API."""
     settings = up_settings(data_dir)
@@ -146,6 +154,9 @@ def up(
     click.echo(f"amptrain is up at http://{host}:{port}/ui/  (data in {settings.data_dir})")
     if not new_token:
         click.echo(f"admin token: see {settings.admin_token_file} or AMPTRAIN_ADMIN_TOKEN")
+    docs = GuideBuild(settings.guide_dir, f"http://{host}:{port}/guide/")
+    if guide:
+        click.echo(docs.start())
 
     stopper = Stopper(parts, redis_server, settings.redis_url, settings.stop_timeout_seconds)
     engine = make_engine(settings.database_url)
@@ -157,9 +168,10 @@ def up(
         gpus=lambda: len(visible_gpus()),
     )
     try:
-        crashed = _run_until_stopped(parts, shapes.poll)
+        crashed = _run_until_stopped(parts, lambda: (shapes.poll(), docs.poll()))
     finally:
         engine.dispose()
+        docs.stop()
     orderly = stopper.stop()
     sys.exit(0 if orderly and not crashed else 1)
 

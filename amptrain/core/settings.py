@@ -329,6 +329,11 @@ class Settings(AlertSettings):
         return self.data_dir / "admin-token"
 
     @property
+    def guide_dir(self) -> Path:
+        """The documentation site ``amptrain up`` builds and the API serves at ``/guide/``."""
+        return self.data_dir / "guide"
+
+    @property
     def broker_url(self) -> str:
         """``redis_url`` spelled the way kombu wants it (unix sockets are ``redis+socket://``)."""
         return celery_broker_url(self.redis_url)

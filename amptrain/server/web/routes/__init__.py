@@ -10,6 +10,7 @@ from amptrain.server.web.routes import (
     checkpoints,
     comparisons,
     forks,
+    guide,
     health,
     jobs,
     live,
@@ -34,4 +35,5 @@ ROUTERS: tuple[APIRouter, ...] = (
     comparisons.router,
     alerts.router,
     ui.router,
+    guide.router,
 )
