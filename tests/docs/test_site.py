@@ -7,7 +7,9 @@ service's origin, nothing is blocked by the page's policy, and search works offl
 from __future__ import annotations
 
 import importlib
+import os
 import re
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -21,6 +23,15 @@ from amptrain.cli.main import COMMANDS
 from amptrain.contract.metrics import EVAL_METRICS, STEP_METRICS
 from amptrain.contract.spec import JobSpec
 from amptrain.core.settings import Settings
+from tests.server.web.dashboard.conftest import running_stack
+from tests.support.stack import Stack
+
+try:
+    from playwright.sync_api import Page, expect
+except ImportError:  # outside CI a missing playwright skips the browser tests only
+    if os.environ.get("CI", "").lower() == "true":
+        raise
+    Page = expect = None  # type: ignore[assignment,misc]
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -120,3 +131,62 @@ def test_the_site_config_fails_the_build_on_a_broken_link(tmp_path: Path) -> Non
     built = mkdocs_build(tmp_path / "mkdocs.yml", tmp_path / "out")
     assert built.returncode != 0
     assert "guide.md" in built.stderr + built.stdout
+
+
+# ---- the built pages in a real browser, served by the API at /guide/ --------------------
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory, site: Path) -> Iterator[Stack]:
+    """The API alone (the pages need no worker), serving this module's build as `amptrain
+    up` leaves it in the data directory."""
+    with running_stack(tmp_path_factory.mktemp("guide"), worker=False) as s:
+        shutil.copytree(site, Settings(data_dir=s.root).guide_dir)
+        yield s
+
+
+PAGES = ("index.html", "tutorials/fp16-fallback.html", "reference/spec.html")
+
+
+def test_the_pages_load_nothing_from_elsewhere(page: Page, stack: Stack) -> None:
+    origin = str(stack.client.base_url)
+    requested: list[str] = []
+    page.on("request", lambda request: requested.append(request.url))
+    for name in PAGES:
+        response = page.goto(f"/guide/{name}")
+        assert response is not None and response.status == 200, name
+        assert "script-src 'self'" in (response.header_value("content-security-policy") or "")
+        expect(page.locator("h1").first).to_be_visible()
+    expect(page.locator("h2#jobspec")).to_be_visible()  # the last page: the generated spec
+    assert requested and all(url.startswith((origin, "data:", "blob:")) for url in requested), [
+        url for url in requested if not url.startswith((origin, "data:", "blob:"))
+    ]
+    # Fonts and scripts are the site's own (Material's Google Fonts are turned off).
+    assert not [url for url in requested if "fonts.g" in url]
+
+
+def test_search_works_offline(page: Page, stack: Stack) -> None:
+    page.goto("/guide/index.html")
+    search = page.locator("input.md-search__input")
+    search.click()
+    # Typed as a person types: the search worker answers each keystroke once its index
+    # (fetched from the site itself) is loaded.
+    search.press_sequentially("fallback", delay=50)
+    result = page.locator(".md-search-result__item a").first
+    expect(result).to_be_visible()
+    result.click()
+    expect(page.locator("h1").first).to_contain_text("fallback")
+
+
+def test_the_guide_answers_404_until_it_is_built(stack: Stack) -> None:
+    """Without a built site (`up --no-guide`, or MkDocs missing) /guide/ says how to get it."""
+    guide = Settings(data_dir=stack.root).guide_dir
+    guide.rename(guide.with_name("guide.off"))
+    try:
+        answer = stack.client.get("/guide/")
+    finally:
+        guide.with_name("guide.off").rename(guide)
+    assert answer.status_code == 404
+    assert answer.json()["error"] == "not_found"
+    assert "docs extra" in answer.json()["detail"]
+    assert stack.client.get("/guide/").status_code == 200
