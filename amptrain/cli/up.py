@@ -167,8 +167,13 @@ def up(
         parts,
         gpus=lambda: len(visible_gpus()),
     )
+
+    def tick() -> None:
+        shapes.poll()
+        docs.poll()
+
     try:
-        crashed = _run_until_stopped(parts, lambda: (shapes.poll(), docs.poll()))
+        crashed = _run_until_stopped(parts, tick)
     finally:
         engine.dispose()
         docs.stop()

@@ -36,7 +36,13 @@ def test_up_runs_a_job_and_stops_cleanly(tmp_path: Path) -> None:
         "AMPTRAIN_WEBHOOK_ALLOW_PRIVATE": "true",
     }
     receiver = Receiver()
-    up = start_up(tmp_path, tmp_path / "data", args=args, settings={"PYTHONPATH": plugin, **hooks})
+    up = start_up(
+        tmp_path,
+        tmp_path / "data",
+        args=args,
+        settings={"PYTHONPATH": plugin, **hooks},
+        guide=True,
+    )
     try:
         client = up.admin_client()
         assert (tmp_path / "data" / "admin-token").stat().st_mode & 0o777 == 0o600
@@ -142,6 +148,12 @@ def test_up_runs_a_job_and_stops_cleanly(tmp_path: Path) -> None:
         assert "measured over" in precision["reason"], precision
         # Kept by the worker beyond the attempt's process: the next such job takes it as is.
         assert (tmp_path / "data" / "auto-precision.json").exists()
+        # The documentation site, built beside the service from this checkout's docs/ (long
+        # done by now: the jobs above took far longer), at the address `up` printed.
+        assert f"docs: http://127.0.0.1:{up.port}/guide/" in up.log.read_text()
+        wait_until(lambda: "docs: ready at" in up.log.read_text(), 120, "the docs built")
+        guide = client.get("/guide/tutorials/first-job.html")
+        assert guide.status_code == 200 and "Your first job" in guide.text
     finally:
         up.stop()
         receiver.close()

@@ -65,9 +65,13 @@ def start_up(
     settings: dict[str, str] | None = None,
     log_name: str = "up.log",
     args: tuple[str, ...] = (),
+    guide: bool = False,
 ) -> Up:
     """``amptrain up --data-dir data_dir`` on a free port, CPU only, logging to
-    ``tmp_path/log_name``; ``settings``: the only AMPTRAIN_* variables it gets."""
+    ``tmp_path/log_name``; ``settings``: the only AMPTRAIN_* variables it gets. ``guide``:
+    build and serve the documentation site too (off by default: a build is seconds of CPU
+    that only the test of it needs)."""
+    args = args if guide else (*args, "--no-guide")
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("AMPTRAIN_")}
     env.update(CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1", **(settings or {}))
