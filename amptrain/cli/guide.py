@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import os
 import shutil
 import subprocess
 import sys
@@ -47,6 +48,15 @@ def built_digest(site: Path) -> str | None:
         return (site / DIGEST_FILE).read_text().strip()
     except OSError:
         return None
+
+
+class _Background(DieWithSpawner):
+    """The build dies with ``up`` and runs at a low CPU priority: on a small machine the
+    worker and the API starting beside it, and the first jobs, come first."""
+
+    def __call__(self) -> None:
+        super().__call__()
+        os.nice(10)
 
 
 class GuideBuild:
@@ -91,7 +101,7 @@ class GuideBuild:
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,  # Ctrl-C reaches only `up`, which stops it
-                preexec_fn=DieWithSpawner(),
+                preexec_fn=_Background(),
             )
         return f"docs: {self.url} (building them from {self.root / 'docs'}; ready shortly)"
 
