@@ -94,8 +94,8 @@ _BOUNDS = (
     ("exclusiveMinimum", "> {}"),
     ("maximum", "<= {}"),
     ("exclusiveMaximum", "< {}"),
-    ("minLength", "at least {} characters"),
-    ("maxLength", "at most {} characters"),
+    ("minLength", "length >= {}"),
+    ("maxLength", "length <= {}"),
     ("minItems", "at least {} items"),
     ("maxItems", "at most {} items"),
     ("maxProperties", "at most {} entries"),
@@ -121,7 +121,7 @@ def model_section(title: str, model: dict[str, Any]) -> list[str]:
     for name, prop in model.get("properties", {}).items():
         default = "required" if name in required else code(prop.get("default"))
         if name not in required and "default" not in prop:
-            default = "(computed)"
+            default = "its fields' defaults" if "$ref" in prop else "(computed)"
         lines.append(
             f"| `{name}` | {schema_type(prop)} | {default} | {bounds(prop)} | "
             f"{plain(prop.get('description'))} |"
