@@ -5,7 +5,7 @@ The site's sources (``mkdocs.yml`` and ``docs/``) live in the repository beside 
 package, not in the wheel: ``up`` from a checkout (the README's run command installs it
 editable, with the ``docs`` extra) builds them with MkDocs in a child process of its own
 while the service starts, so nothing waits for it, into a staging folder that replaces
-:attr:`Settings.guide_dir` only once the build succeeded. Each build is keyed by a digest
+:data:`~amptrain.core.settings.GUIDE_DIR` only once the build succeeded. Each build is keyed by a digest
 of its sources (the pages, ``mkdocs.yml`` and the package's code, from which the reference
 pages are generated): a later ``up`` with nothing changed serves the folder as it is.
 Without MkDocs, or without the sources (an installed wheel), ``up`` starts all the same

@@ -26,7 +26,7 @@ from amptrain.cli.guide import GuideBuild
 from amptrain.cli.up_shapes import ShapeWorkers
 from amptrain.cli.up_stop import WORKER_PART, Stopper, say
 from amptrain.core.lifeline import DieWithSpawner
-from amptrain.core.settings import Settings
+from amptrain.core.settings import GUIDE_DIR, Settings
 from amptrain.store.db import make_engine, make_session_factory
 from amptrain.worker.main.cli import MAX_CONCURRENCY
 from amptrain.worker.main.devices import visible_gpus
@@ -154,7 +154,7 @@ def up(
     click.echo(f"amptrain is up at http://{host}:{port}/ui/  (data in {settings.data_dir})")
     if not new_token:
         click.echo(f"admin token: see {settings.admin_token_file} or AMPTRAIN_ADMIN_TOKEN")
-    docs = GuideBuild(settings.guide_dir, f"http://{host}:{port}/guide/")
+    docs = GuideBuild(settings.data_dir / GUIDE_DIR, f"http://{host}:{port}/guide/")
     if guide:
         click.echo(docs.start())
 

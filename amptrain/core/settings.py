@@ -33,6 +33,9 @@ QUEUE_NAME = re.compile(r"^[a-z0-9][a-z0-9._-]{0,15}$")
 """At most 16 characters: the width of ``jobs.queue``."""
 TRANSPORT_KEYS = frozenset({"unacked", "unacked_index", "unacked_mutex", "celery", "celeryev"})
 """Redis keys kombu's Redis transport uses for itself; a queue of that name would overwrite them."""
+GUIDE_DIR = "guide"
+"""The documentation site's folder in the data directory: ``amptrain up`` builds it there
+and the API serves it at ``/guide/``."""
 SHAPE_SUFFIX = re.compile(r"-x([0-9]+)$")
 """How a shape queue's name ends (see :func:`shape_queue`): ``-x2`` .. ``-x{MAX_DEVICES}``."""
 
@@ -133,9 +136,7 @@ class AlertSettings(BaseSettings):
 class Settings(AlertSettings):
     """Service settings. Paths left unset derive from ``data_dir``."""
 
-    model_config = SettingsConfigDict(
-        env_prefix="AMPTRAIN_", extra="ignore", use_attribute_docstrings=True
-    )
+    model_config = SettingsConfigDict(env_prefix="AMPTRAIN_", extra="ignore")
 
     data_dir: Path = Path(".amptrain")
     """Holds the SQLite file, the embedded Redis, checkpoints and the generated admin token."""
@@ -327,11 +328,6 @@ class Settings(AlertSettings):
     @property
     def admin_token_file(self) -> Path:
         return self.data_dir / "admin-token"
-
-    @property
-    def guide_dir(self) -> Path:
-        """The documentation site ``amptrain up`` builds and the API serves at ``/guide/``."""
-        return self.data_dir / "guide"
 
     @property
     def broker_url(self) -> str:

@@ -22,7 +22,7 @@ import yaml
 from amptrain.cli.main import COMMANDS
 from amptrain.contract.metrics import EVAL_METRICS, STEP_METRICS
 from amptrain.contract.spec import JobSpec
-from amptrain.core.settings import Settings
+from amptrain.core.settings import GUIDE_DIR, Settings
 from tests.server.web.dashboard.conftest import running_stack
 from tests.support.stack import Stack
 
@@ -141,7 +141,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, site: Path) -> Iterator[Stac
     """The API alone (the pages need no worker), serving this module's build as `amptrain
     up` leaves it in the data directory."""
     with running_stack(tmp_path_factory.mktemp("guide"), worker=False) as s:
-        shutil.copytree(site, Settings(data_dir=s.root).guide_dir)
+        shutil.copytree(site, s.root / GUIDE_DIR)
         yield s
 
 
@@ -180,7 +180,7 @@ def test_search_works_offline(page: Page, stack: Stack) -> None:
 
 def test_the_guide_answers_404_until_it_is_built(stack: Stack) -> None:
     """Without a built site (`up --no-guide`, or MkDocs missing) /guide/ says how to get it."""
-    guide = Settings(data_dir=stack.root).guide_dir
+    guide = stack.root / GUIDE_DIR
     guide.rename(guide.with_name("guide.off"))
     try:
         answer = stack.client.get("/guide/")

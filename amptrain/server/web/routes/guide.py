@@ -1,5 +1,5 @@
 """The documentation site under ``/guide/``: the folder ``amptrain up`` builds with MkDocs
-(:attr:`Settings.guide_dir`, see :mod:`amptrain.cli.guide`), served as static files.
+(``{data_dir}/guide``: :data:`amptrain.core.settings.GUIDE_DIR`, see :mod:`amptrain.cli.guide`), served as static files.
 
 ``/docs`` stays FastAPI's Swagger UI. Each page gets a Content-Security-Policy that keeps
 it to the service's own origin, its inline scripts allowed by hash as on ``/docs``
@@ -18,6 +18,7 @@ from fastapi.responses import RedirectResponse, Response
 from starlette.staticfiles import StaticFiles
 from starlette.types import Scope
 
+from amptrain.core.settings import GUIDE_DIR
 from amptrain.server.web.deps import ServicesDep
 from amptrain.server.web.docs_csp import policy_for
 from amptrain.server.web.errors import NotFound
@@ -53,7 +54,7 @@ def to_guide() -> RedirectResponse:
 @router.api_route("/guide/{path:path}", methods=["GET", "HEAD"])
 async def guide_file(path: str, request: Request, services: ServicesDep) -> Response:
     """A file of the built site; ``/guide/`` is its home page."""
-    site = services.settings.guide_dir
+    site = services.settings.data_dir / GUIDE_DIR
     if not (site / "index.html").is_file():
         raise NotFound(
             "the documentation site is not built here: `amptrain up` builds it from a "
