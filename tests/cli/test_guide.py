@@ -4,6 +4,7 @@ when its sources change; without sources ``up`` says where the docs are."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
@@ -73,3 +74,14 @@ def test_a_failed_build_keeps_the_site_and_says_so(
 def test_without_sources_up_says_where_the_docs_are(tmp_path: Path) -> None:
     line = GuideBuild(tmp_path / "guide", URL, tmp_path).start()
     assert "no docs/ to build" in line and not (tmp_path / "guide").exists()
+
+
+def test_without_mkdocs_up_says_how_to_get_the_docs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = project(tmp_path / "src", "Home")
+    monkeypatch.setitem(sys.modules, "mkdocs", None)  # what Python reports for "not installed"
+    build = GuideBuild(tmp_path / "guide", URL, root)
+    line = build.start()
+    assert 'pip install -e ".[docs]"' in line and build.proc is None
+    assert not (tmp_path / "guide").exists()
