@@ -44,7 +44,8 @@ class Chart:
     marks: bool = False
     """Mark skipped and non-finite steps."""
     empty: str | None = None
-    """Shown instead of an empty chart (e.g. no loss scale outside fp16)."""
+    """Shown instead of the chart when the job has none of its values, after the job's
+    precision (``fp32 needs no loss scaling: ...``)."""
 
 
 @dataclass(frozen=True)
@@ -82,6 +83,9 @@ class Metric:
     better: Literal["higher", "lower"] | None = None
     """Evaluation metrics: which way is an improvement (the accuracy verdict and the
     dashboard use it); None for step fields."""
+    bounds: tuple[float, float] | None = None
+    """The lowest and highest value it can take (a fraction: ``(0, 1)``); the dashboard's
+    axes stay within them. None: unbounded (a loss, a perplexity)."""
 
     @property
     def is_float(self) -> bool:
@@ -95,7 +99,7 @@ CHARTS: tuple[Chart, ...] = (
         "Loss scale",
         log="log2",
         marks=True,
-        empty="No loss scale: only fp16 scales the loss.",
+        empty="needs no loss scaling: only fp16 scales the loss.",
     ),
     Chart("grad_norm", "Grad norm", log="toggle", smooth=True, marks=True),
     Chart("lr", "Learning rate", log="toggle"),
@@ -202,6 +206,9 @@ STEP_METRICS: tuple[Metric, ...] = (
 
 Task = Literal["classification", "language_model"]
 
+FRACTION = (0.0, 1.0)
+"""The bounds of a metric that is a fraction of samples, tokens or an area under a curve."""
+
 EVAL_METRICS: tuple[Metric, ...] = (
     Metric(
         "eval_loss",
@@ -218,6 +225,7 @@ EVAL_METRICS: tuple[Metric, ...] = (
         label="acc",
         summary=True,
         better="higher",
+        bounds=FRACTION,
     ),
     Metric(
         "top5_accuracy",
@@ -225,6 +233,7 @@ EVAL_METRICS: tuple[Metric, ...] = (
         "Classification with more than 5 classes: fraction whose label is in the top 5.",
         label="top5",
         better="higher",
+        bounds=FRACTION,
     ),
     Metric(
         "perplexity",
@@ -240,6 +249,7 @@ EVAL_METRICS: tuple[Metric, ...] = (
         "Language model: fraction of held-out tokens predicted exactly (argmax).",
         label="tok acc",
         better="higher",
+        bounds=FRACTION,
     ),
     Metric(
         "f1_macro",
@@ -247,6 +257,7 @@ EVAL_METRICS: tuple[Metric, ...] = (
         "Classification: F1 score per class, averaged over the classes (macro; 0-1).",
         label="f1",
         better="higher",
+        bounds=FRACTION,
     ),
     Metric(
         "precision_macro",
@@ -254,6 +265,7 @@ EVAL_METRICS: tuple[Metric, ...] = (
         "Classification: precision per class, averaged over the classes (macro; 0-1).",
         label="prec",
         better="higher",
+        bounds=FRACTION,
     ),
     Metric(
         "recall_macro",
@@ -261,6 +273,7 @@ EVAL_METRICS: tuple[Metric, ...] = (
         "Classification: recall per class, averaged over the classes (macro; 0-1).",
         label="recall",
         better="higher",
+        bounds=FRACTION,
     ),
     Metric(
         "auroc_macro",
@@ -269,6 +282,7 @@ EVAL_METRICS: tuple[Metric, ...] = (
         "probabilities (exact), averaged over the classes (macro; 0-1).",
         label="auroc",
         better="higher",
+        bounds=FRACTION,
     ),
 )
 """The built-in evaluation metrics; which a job computes depends on its dataset's task

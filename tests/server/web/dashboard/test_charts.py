@@ -55,7 +55,7 @@ def noise(i: int) -> float:
 
 
 def shot(page: Page, name: str, tmp_path: Path) -> None:
-    """The whole page (every chart), under .artifacts/ and, when set, SHOTS."""
+    """The whole page (every chart), in the kept screenshots folder and, when set, SHOTS."""
     target = screenshot(page, name, tmp_path)
     page.screenshot(path=str(target), full_page=True)
     if SHOTS:
