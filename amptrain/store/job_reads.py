@@ -65,7 +65,8 @@ def job_names(s: Session, job_ids: Collection[str]) -> dict[str, str]:
     """The names of those of ``job_ids`` that exist, by id."""
     if not job_ids:
         return {}
-    return dict(s.execute(sa.select(Job.id, Job.name).where(Job.id.in_(job_ids))).tuples())
+    rows = s.execute(sa.select(Job.id, Job.name).where(Job.id.in_(job_ids)))
+    return {job_id: name for job_id, name in rows}
 
 
 def count_by_status(s: Session) -> dict[str, int]:

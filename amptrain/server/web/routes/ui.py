@@ -10,9 +10,8 @@ upgrade). A Content-Security-Policy keeps the pages to their own origin.
 from __future__ import annotations
 
 import os
-from pathlib import Path
-
 from ipaddress import ip_address
+from pathlib import Path
 from typing import Any
 
 from fastapi import APIRouter, Request

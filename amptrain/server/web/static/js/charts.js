@@ -4,7 +4,7 @@
 // at full resolution; live updates keep zoom and cursor.
 import { YLabels, logScale, yAxis } from "./axes.js";
 import { fmtBytes, fmtNum, fmtPow2, fmtTime, h } from "./dom.js";
-import { axisTitle, newestWhenIdle, refreshLegend, titled } from "./legend.js";
+import { axisTitle, exposeScales, newestWhenIdle, refreshLegend, titled } from "./legend.js";
 import { EventMarks, describeMarks, drawMarks } from "./marks.js";
 import { drawSpans } from "./segments.js";
 import { smoothSeries } from "./series.js";
@@ -248,8 +248,8 @@ class Chart {
       cursor: { sync: { key: this.group.syncKey }, drag: { x: true, y: false } },
       hooks: {
         setScale: [(u, key) => { if (key === "x") { this.group.scaleChanged(this, u.scales.x.min, u.scales.x.max); this.describe(); } }],
-        drawClear: [(u) => drawSpans(u, this.group.spans, (step) => this.stepToX(step))],
-        draw: [(u) => {
+        drawClear: [(u) => { this.el.dataset.spanLabels = drawSpans(u, this.group.spans, (step) => this.stepToX(step)).join(" "); }],
+        draw: [exposeScales(this.el), (u) => {
           this.yLabels.place(u);
           drawMarks(this, u);
           this.eventMarks.place(u, this.group.events, (step) => this.stepToX(step));

@@ -5,7 +5,7 @@
 import { YLabels, boundedRange, runRange, yAxis } from "./axes.js";
 import { fmtNum, h } from "./dom.js";
 import { STEP_INCRS } from "./charts.js";
-import { axisTitle, newestWhenIdle, refreshLegend, titled } from "./legend.js";
+import { axisTitle, exposeScales, newestWhenIdle, refreshLegend, titled } from "./legend.js";
 
 const uPlot = window.uPlot;
 
@@ -58,7 +58,7 @@ export class EvalCharts {
       series: [{ label: "step", value: newestWhenIdle(String) },
         { label, stroke: "#2b8a3e", width: 1.5, spanGaps: true, points: { show: true }, value: newestWhenIdle((v) => fmtNum(v, 4)) }],
       axes: [{ incrs: STEP_INCRS, ...titled("step") }, { ...yAxis(axis, 130), ...titled(axisTitle(name, def.unit)) }],
-      hooks: { draw: [(u) => axis.yLabels.place(u)] } }, [[], []], plotEl);
+      hooks: { draw: [(u) => axis.yLabels.place(u), exposeScales(el)] } }, [[], []], plotEl);
     const resize = new ResizeObserver(() => {
       if (plotEl.clientWidth && plotEl.clientWidth !== plot.width) plot.setSize({ width: plotEl.clientWidth, height: 180 });
     });

@@ -32,3 +32,15 @@ export function axisTitle(name, unit) {
 export function titled(label) {
   return { label, labelSize: 18, labelFont: "11px sans-serif", labelGap: 2 };
 }
+
+/** A uPlot draw hook writing what the canvas shows into `el`'s data-* (tests and tooling
+ * read it; the canvas cannot be): ``data-axes`` (the titles, "step|loss"), ``data-x-range``
+ * and ``data-y-range`` ("min,max"). */
+export function exposeScales(el) {
+  const range = (s) => [s.min, s.max].map((v) => (v == null ? "" : String(+v.toPrecision(6)))).join(",");
+  return (u) => {
+    el.dataset.axes = u.axes.map((a) => a.label || "").join("|");
+    el.dataset.xRange = range(u.scales.x);
+    el.dataset.yRange = range(u.scales.y);
+  };
+}

@@ -5,7 +5,7 @@
 import { YLabels, boundedRange, logScale, runRange, yAxis } from "./axes.js";
 import { STEP_INCRS } from "./charts.js";
 import { fmtBytes, fmtNum, fmtPow2, h } from "./dom.js";
-import { newest, titled } from "./legend.js";
+import { exposeScales, newest, titled } from "./legend.js";
 import { identicalLines } from "./overlay_data.js";
 
 const uPlot = window.uPlot;
@@ -95,7 +95,7 @@ export class OverlayPlot {
       hooks: {
         setCursor: [(u) => this.#readout(u, legendOf, readout)],
         setScale: [(u, key) => { if (key === "x") this.onScale(u.scales.x.min, u.scales.x.max); }],
-        draw: [(u) => this.yLabels.place(u), ...(zero ? [(u) => drawZero(u)] : [])],
+        draw: [(u) => this.yLabels.place(u), exposeScales(this.el), ...(zero ? [(u) => drawZero(u)] : [])],
       },
     };
     this.plot = new uPlot(opts, data, this.plotEl);

@@ -26,12 +26,14 @@ function lastStep(s) {
   return Number.isFinite(s.to) ? s.to : null;
 }
 
-/** The spans as bands behind the lines, each labelled; ``toX`` maps a step to the x axis.
+/** The spans as bands behind the lines, each labelled; ``toX`` maps a step to the x axis;
+ * returns the labels drawn ("fp16@0": a precision and the step its band begins after).
  * A band covers the steps whose points the chart shows in that precision: a span whose
  * steps were all trained again in the next one (a fallback with no checkpoint to resume
  * from) has none, so it draws nothing (its label over the next one's read "if16"). */
 export function drawSpans(u, spans, toX) {
-  if (!spans.length) return;
+  const drawn = [];
+  if (!spans.length) return drawn;
   const { left, top, width, height } = u.bbox;
   const px = devicePixelRatio || 1;
   const ctx = u.ctx;
@@ -49,8 +51,10 @@ export function drawSpans(u, spans, toX) {
     if (x1 - x0 < text + 6 * px) continue;
     ctx.globalAlpha = 0.9;
     ctx.fillText(s.precision, x0 + 3 * px, top + height - 4 * px);
+    drawn.push(`${s.precision}@${s.from}`);
   }
   ctx.restore();
+  return drawn;
 }
 
 const range = (a, b) => (a === b ? `step ${a}` : `steps ${a}–${b}`);

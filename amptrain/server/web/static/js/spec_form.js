@@ -127,7 +127,7 @@ export function specForm(catalog, { onSubmit, submitLabel = "Submit job", extra 
       "Evaluate on the held-out split after every this many steps; 0: only at the end."),
     field("eval.batches", "eval.batches", h("input", { type: "number", step: "1", placeholder: "20" }), "Batches per evaluation."),
     field("eval.at_end", "eval.at_end", choice("true", ["true", "false"]), "Evaluate after the last step."),
-    field("health.fallback", "health.fallback", choice("auto for precision auto, else none", FALLBACKS),
+    field("health.fallback", "health.fallback", choice("by precision", FALLBACKS),
       "What an unhealthy fp16 run does: none fails naming the step; bf16, fp32 or auto go on in that precision from the last healthy checkpoint."),
     field("health.max_consecutive_skips", "health.max_consecutive_skips", h("input", { type: "number", step: "1", placeholder: "(no limit)" }),
       "fp16: unhealthy after more than this many consecutive skipped steps."),
