@@ -31,7 +31,7 @@ WIDE = {"width": 1400, "height": 900}
 BROWSERS = ("chromium-headless-shell", "chromium", "chromium-browser", "google-chrome")
 SCREENSHOTS = Path(
     os.environ.get("AMPTRAIN_SCREENSHOT_DIR")
-    or Path(__file__).resolve().parents[3] / ".ci" / "screenshots"
+    or Path(__file__).resolve().parents[4] / ".ci" / "screenshots"
 )
 """Screenshots land here (``$AMPTRAIN_SCREENSHOT_DIR``, default ``.ci/screenshots/``,
 ignored by git and kept by CI) as well as in pytest's tmp dir."""

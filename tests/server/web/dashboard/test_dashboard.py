@@ -488,7 +488,9 @@ def test_sign_in_workers_and_the_form_name_what_a_newcomer_needs(
     models = form.locator("[name='model.name'] option")
     assert sorted(models.evaluate_all("os => os.map((o) => o.value)")) == sorted(catalog["models"])
     datasets = form.locator("[name='dataset.name'] option")
-    assert datasets.evaluate_all("os => os.map((o) => o.value)") == list(catalog["datasets"])
+    assert sorted(datasets.evaluate_all("os => os.map((o) => o.value)")) == sorted(
+        catalog["datasets"]
+    )
     fallback = form.locator("[name='health.fallback'] option")
     assert fallback.evaluate_all("os => os.map((o) => o.value)") == ["", *get_args(Fallback)]
     assert form.locator("[name=seed]").get_attribute("max") == str(

@@ -113,14 +113,17 @@ export function overlayPanel(preselected) {
     const log = def.log === "log2" ? 2 : def.log === "toggle" && state.log ? 10 : 0;
     const xLabel = state.x === "time" ? "seconds" : "step";
     const what = def.field.replaceAll("_", " ");
-    overlay.draw(lines, { kind: def.kind, log, xLabel, yLabel: axisTitle(def.field, def.unit), bounds: def.bounds, what: `${what} curves` });
+    // By step, the x axis spans the longest run (a lone evaluation at its end is not drawn
+    // at the middle of an axis twice its length).
+    const xMax = state.x === "step" ? Math.max(0, ...jobs.map((j) => j.max_steps || 0)) || null : null;
+    overlay.draw(lines, { kind: def.kind, log, xLabel, xMax, yLabel: axisTitle(def.field, def.unit), bounds: def.bounds, what: `${what} curves` });
     // Run by run (a seed group's runs too), each minus the baseline run.
     const base = runs[baseRun];
     const diffs = runs.filter((_, i) => i !== baseRun).map((r, i) => {
       const [xs, ys] = difference(r.line, base?.line);
       return { ...lineStyle(i + 1), label: `${r.job.name} − ${base.job.name}`, xs, ys };
     });
-    diff.draw(diffs, { kind: def.kind === "bytes" ? "bytes" : "", zero: true, xLabel, yLabel: `Δ ${axisTitle(def.field, def.unit)}` });
+    diff.draw(diffs, { kind: def.kind === "bytes" ? "bytes" : "", zero: true, xLabel, xMax, yLabel: `Δ ${axisTitle(def.field, def.unit)}` });
     note.textContent = jobs.length ? `${def.title}${weight ? `, smoothed at ${weight}${answers.some((a) => a.some((i) => "bucket_last" in i)) ? " over each bucket's last point" : ""}` : ""}.` : "Nothing picked yet.";
     diffNote.textContent = runs.length > 1 ? `Each run minus ${base.job.name} at the same ${state.x === "time" ? "time" : "step"}.` : "Pick a second run to see its difference to this one.";
     Object.assign(plotEl.dataset, { metric: def.value, field: def.field, series: lines.map((l) => l.label).join(","), jobs: jobs.map((j) => j.id).join(","),

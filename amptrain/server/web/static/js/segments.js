@@ -39,6 +39,10 @@ export function drawSpans(u, spans, toX) {
   const ctx = u.ctx;
   ctx.save();
   ctx.font = `${10 * px}px sans-serif`;
+  // Set, not inherited: uPlot leaves its last axis' alignment on the context ("right"), which
+  // drew each label ending at its band's edge, its start hidden under the y axis ("if16").
+  ctx.textAlign = "left";
+  ctx.textBaseline = "alphabetic";
   for (const s of spans) {
     const x0 = Math.max(left, u.valToPos(toX(s.from), "x", true));
     const x1 = Number.isFinite(s.to) ? Math.min(left + width, u.valToPos(toX(s.to), "x", true)) : left + width;
@@ -50,7 +54,7 @@ export function drawSpans(u, spans, toX) {
     const text = ctx.measureText(s.precision).width;
     if (x1 - x0 < text + 6 * px) continue;
     ctx.globalAlpha = 0.9;
-    ctx.fillText(s.precision, x0 + 3 * px, top + height - 4 * px);
+    ctx.fillText(s.precision, x0 + 3 * px, top + height - 12 * px); // above the event marks' diamonds
     drawn.push(`${s.precision}@${s.from}`);
   }
   ctx.restore();
