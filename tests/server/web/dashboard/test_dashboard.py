@@ -486,6 +486,7 @@ def test_sign_in_workers_and_the_form_name_what_a_newcomer_needs(
     page.click("#new-job")
     form = page.locator("form.spec")
     models = form.locator("[name='model.name'] option")
+    expect(models).to_have_count(len(catalog["models"]))
     assert sorted(models.evaluate_all("os => os.map((o) => o.value)")) == sorted(catalog["models"])
     datasets = form.locator("[name='dataset.name'] option")
     assert sorted(datasets.evaluate_all("os => os.map((o) => o.value)")) == sorted(

@@ -21,7 +21,7 @@ from amptrain.contract.records import PRECISION_FALLBACK
 from tests.server.web.ab_runs import spec
 from tests.server.web.dashboard.conftest import WIDE, screenshot, sign_in
 from tests.support.producer import Producer
-from tests.support.stack import Stack
+from tests.support.stack import Stack, wait_until
 
 DASH = "\N{EN DASH}"
 HEALTHY = 10
@@ -66,6 +66,22 @@ def test_the_steps_of_each_precision_are_marked_after_a_fallback(
     page: Page, stack: Stack, tmp_path: Path
 ) -> None:
     job_id = fall_back(stack, "fallback", TRIGGER, HEALTHY)
+    # The API gives the fallback as fields, and where fp16 stopped.
+    history = wait_until(
+        lambda: len(h := stack.job(job_id)["precision_history"]) == 2 and h,
+        30,
+        "the attempts' events to be recorded",
+    )
+    fp16, bf16 = history
+    assert (fp16["from_step"], fp16["until_step"], fp16["fallback"]) == (0, TRIGGER, None)
+    assert (bf16["from_step"], bf16["until_step"], bf16["attempt"]) == (HEALTHY, None, 2)
+    assert bf16["fallback"] == {
+        "trigger": "loss_scale_floor",
+        "trigger_step": TRIGGER,
+        "to": "bf16",
+        "resume_from": HEALTHY,
+        "param": "fc1.weight",
+    }
     page.set_viewport_size(WIDE)
     sign_in(page, stack.token)
     page.goto(f"/ui/#/jobs/{job_id}")
