@@ -27,25 +27,10 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from amptrain.contract.charts import CHARTS
+
 MetricType = Literal["int", "float", "bool", "bytes", "ints"]
 """``bytes`` is an integer count of bytes (a 64-bit column); ``ints`` a list of integers."""
-
-
-@dataclass(frozen=True)
-class Chart:
-    """One chart of a job's page: the metrics whose ``chart`` is its ``key`` share it."""
-
-    key: str
-    title: str
-    log: Literal["toggle", "log2"] | None = None
-    """``toggle``: a log-axis checkbox; ``log2``: always a base-2 log axis."""
-    smooth: bool = False
-    """Offer EMA smoothing (drawn over the raw line)."""
-    marks: bool = False
-    """Mark skipped and non-finite steps."""
-    empty: str | None = None
-    """Shown instead of the chart when the job has none of its values, after the job's
-    precision (``fp32 needs no loss scaling: ...``)."""
 
 
 @dataclass(frozen=True)
@@ -68,7 +53,8 @@ class Metric:
     summary: bool = False
     """Its newest value is in a job's ``summary`` and in the command lines' progress."""
     chart: str | None = None
-    """The :class:`Chart` that draws it (its ``key``); None: not drawn."""
+    """The :class:`~amptrain.contract.charts.Chart` that draws it (its ``key``); None: not
+    drawn."""
     parallel: bool = False
     """Only data-parallel runs (devices > 1) carry it; null for one device."""
     optional: bool = False
@@ -91,21 +77,6 @@ class Metric:
     def is_float(self) -> bool:
         return self.type == "float"
 
-
-CHARTS: tuple[Chart, ...] = (
-    Chart("loss", "Loss", log="toggle", smooth=True, marks=True),
-    Chart(
-        "loss_scale",
-        "Loss scale",
-        log="log2",
-        marks=True,
-        empty="needs no loss scaling: only fp16 scales the loss.",
-    ),
-    Chart("grad_norm", "Grad norm", log="toggle", smooth=True, marks=True),
-    Chart("lr", "Learning rate", log="toggle"),
-    Chart("memory", "Memory"),
-    Chart("throughput", "Samples/s", smooth=True),
-)
 
 STEP_METRICS: tuple[Metric, ...] = (
     Metric("step", "int", "Optimizer step, 1-based."),
