@@ -114,7 +114,9 @@ export function yAxis(chart, fallbackPx, minPx = 0) {
 export function boundedRange(bounds) {
   return (u, min, max) => {
     if (min == null || max == null) return bounds ? [...bounds] : [0, 1];
-    const [lo, hi] = window.uPlot.rangeNum(min, max, 0.1, true);
+    // A flat line around its value (uPlot's own range put a line of zeros on 0..100).
+    const flat = Math.abs(min) * 0.1 || 1;
+    const [lo, hi] = min === max ? [min - flat, max + flat] : window.uPlot.rangeNum(min, max, 0.1, true);
     if (!bounds) return [lo, hi];
     const out = [Math.max(bounds[0], lo), Math.min(bounds[1], hi)];
     return out[1] > out[0] ? out : [...bounds];

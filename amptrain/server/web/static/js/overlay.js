@@ -59,7 +59,7 @@ export class OverlayPlot {
     this.resize.observe(this.plotEl);
   }
 
-  draw(lines, { kind = "", log = 0, zero = false, xLabel = "step", yLabel = "", xMax = null, bounds = null, what = "curves" } = {}) {
+  draw(lines, { kind = "", log = 0, zero = false, xLabel = "step", yLabel = "", xMax = null, bounds = null, what = null } = {}) {
     this.destroy();
     const positive = (ys) => (log ? ys.map((y) => (y > 0 ? y : null)) : ys);
     const tables = [];
@@ -88,7 +88,7 @@ export class OverlayPlot {
       width: this.plotEl.clientWidth || this.el.clientWidth || 800, height: this.height, series, bands,
       legend: { show: false },
       scales: { x: { time: false, ...(xMax ? { range: runRange(() => xMax) } : {}) },
-        y: log ? logScale(log) : bounds ? { range: boundedRange(bounds) } : {} },
+        y: log ? logScale(log) : bounds || zero ? { range: boundedRange(bounds) } : {} },
       axes: [{ ...titled(xLabel === "step" ? "step" : "elapsed time"), ...(xLabel === "step" ? { incrs: STEP_INCRS, space: 60 } : { space: 60, values: (u, vs) => vs.map((v) => `${fmtNum(v, 3)} s`) }) },
         { ...yAxis(axis, this.height - 50), ...(yLabel ? titled(yLabel) : {}) }],
       cursor: { sync: { key: this.syncKey }, drag: { x: true, y: false } },
@@ -107,7 +107,7 @@ export class OverlayPlot {
   /** Lines with the same points lie on top of each other, so only the last drawn is seen:
    * say so ("3 runs have identical loss curves: a, b, c"). */
   #same(lines, what) {
-    const groups = identicalLines(lines);
+    const groups = what ? identicalLines(lines) : []; // a difference panel names none
     this.sameEl.hidden = !groups.length;
     this.sameEl.textContent = groups.map((g) => `${g.length} runs have identical ${what}: ${g.map((l) => l.label).join(", ")} (drawn on top of each other).`).join(" ");
     this.sameEl.dataset.groups = groups.map((g) => g.map((l) => l.label).join("+")).join(",");
