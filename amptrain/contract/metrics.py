@@ -27,24 +27,10 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+from amptrain.contract.charts import CHARTS
+
 MetricType = Literal["int", "float", "bool", "bytes", "ints"]
 """``bytes`` is an integer count of bytes (a 64-bit column); ``ints`` a list of integers."""
-
-
-@dataclass(frozen=True)
-class Chart:
-    """One chart of a job's page: the metrics whose ``chart`` is its ``key`` share it."""
-
-    key: str
-    title: str
-    log: Literal["toggle", "log2"] | None = None
-    """``toggle``: a log-axis checkbox; ``log2``: always a base-2 log axis."""
-    smooth: bool = False
-    """Offer EMA smoothing (drawn over the raw line)."""
-    marks: bool = False
-    """Mark skipped and non-finite steps."""
-    empty: str | None = None
-    """Shown instead of an empty chart (e.g. no loss scale outside fp16)."""
 
 
 @dataclass(frozen=True)
@@ -67,7 +53,8 @@ class Metric:
     summary: bool = False
     """Its newest value is in a job's ``summary`` and in the command lines' progress."""
     chart: str | None = None
-    """The :class:`Chart` that draws it (its ``key``); None: not drawn."""
+    """The :class:`~amptrain.contract.charts.Chart` that draws it (its ``key``); None: not
+    drawn."""
     parallel: bool = False
     """Only data-parallel runs (devices > 1) carry it; null for one device."""
     optional: bool = False
@@ -82,26 +69,14 @@ class Metric:
     better: Literal["higher", "lower"] | None = None
     """Evaluation metrics: which way is an improvement (the accuracy verdict and the
     dashboard use it); None for step fields."""
+    bounds: tuple[float, float] | None = None
+    """The lowest and highest value it can take (a fraction: ``(0, 1)``); the dashboard's
+    axes stay within them. None: unbounded (a loss, a perplexity)."""
 
     @property
     def is_float(self) -> bool:
         return self.type == "float"
 
-
-CHARTS: tuple[Chart, ...] = (
-    Chart("loss", "Loss", log="toggle", smooth=True, marks=True),
-    Chart(
-        "loss_scale",
-        "Loss scale",
-        log="log2",
-        marks=True,
-        empty="No loss scale: only fp16 scales the loss.",
-    ),
-    Chart("grad_norm", "Grad norm", log="toggle", smooth=True, marks=True),
-    Chart("lr", "Learning rate", log="toggle"),
-    Chart("memory", "Memory"),
-    Chart("throughput", "Samples/s", smooth=True),
-)
 
 STEP_METRICS: tuple[Metric, ...] = (
     Metric("step", "int", "Optimizer step, 1-based."),
@@ -202,6 +177,9 @@ STEP_METRICS: tuple[Metric, ...] = (
 
 Task = Literal["classification", "language_model"]
 
+FRACTION = (0.0, 1.0)
+"""The bounds of a metric that is a fraction of samples, tokens or an area under a curve."""
+
 EVAL_METRICS: tuple[Metric, ...] = (
     Metric(
         "eval_loss",
@@ -218,6 +196,7 @@ EVAL_METRICS: tuple[Metric, ...] = (
         label="acc",
         summary=True,
         better="higher",
+        bounds=FRACTION,
     ),
     Metric(
         "top5_accuracy",
@@ -225,6 +204,7 @@ EVAL_METRICS: tuple[Metric, ...] = (
         "Classification with more than 5 classes: fraction whose label is in the top 5.",
         label="top5",
         better="higher",
+        bounds=FRACTION,
     ),
     Metric(
         "perplexity",
@@ -240,6 +220,7 @@ EVAL_METRICS: tuple[Metric, ...] = (
         "Language model: fraction of held-out tokens predicted exactly (argmax).",
         label="tok acc",
         better="higher",
+        bounds=FRACTION,
     ),
     Metric(
         "f1_macro",
@@ -247,6 +228,7 @@ EVAL_METRICS: tuple[Metric, ...] = (
         "Classification: F1 score per class, averaged over the classes (macro; 0-1).",
         label="f1",
         better="higher",
+        bounds=FRACTION,
     ),
     Metric(
         "precision_macro",
@@ -254,6 +236,7 @@ EVAL_METRICS: tuple[Metric, ...] = (
         "Classification: precision per class, averaged over the classes (macro; 0-1).",
         label="prec",
         better="higher",
+        bounds=FRACTION,
     ),
     Metric(
         "recall_macro",
@@ -261,6 +244,7 @@ EVAL_METRICS: tuple[Metric, ...] = (
         "Classification: recall per class, averaged over the classes (macro; 0-1).",
         label="recall",
         better="higher",
+        bounds=FRACTION,
     ),
     Metric(
         "auroc_macro",
@@ -269,6 +253,7 @@ EVAL_METRICS: tuple[Metric, ...] = (
         "probabilities (exact), averaged over the classes (macro; 0-1).",
         label="auroc",
         better="higher",
+        bounds=FRACTION,
     ),
 )
 """The built-in evaluation metrics; which a job computes depends on its dataset's task

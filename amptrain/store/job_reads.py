@@ -18,6 +18,10 @@ from amptrain.store.models import Job, JobEvent
 PageKey = tuple[datetime, str]
 """``(created_at, id)`` of the last job on a page: the next page starts below it."""
 
+FALLBACK_FIELDS = ("trigger", "trigger_step", "to", "resume_from", "param")
+"""What ``precision_history`` keeps of a ``precision_fallback`` event's data (its message is
+the entry's ``reason``)."""
+
 
 def page_of_jobs(
     s: Session,
@@ -57,6 +61,14 @@ def owned_job_ids(s: Session, owner: str, job_ids: Collection[str]) -> set[str]:
     return set(s.scalars(sa.select(Job.id).where(Job.id.in_(job_ids), Job.owner == owner)))
 
 
+def job_names(s: Session, job_ids: Collection[str]) -> dict[str, str]:
+    """The names of those of ``job_ids`` that exist, by id."""
+    if not job_ids:
+        return {}
+    rows = s.execute(sa.select(Job.id, Job.name).where(Job.id.in_(job_ids)))
+    return {job_id: name for job_id, name in rows}
+
+
 def count_by_status(s: Session) -> dict[str, int]:
     """How many jobs are in each status (statuses without jobs are absent)."""
     rows = s.execute(sa.select(Job.status, sa.func.count()).group_by(Job.status))
@@ -81,11 +93,14 @@ def first_claims_after(
 
 
 def precision_history(s: Session, job_id: str) -> list[dict[str, Any]]:
-    """The job's precisions over its steps, from its events: ``{"from_step", "precision",
-    "attempt", "reason"}`` per change, oldest first. An attempt trains in the precision its
-    ``started`` event names from the step its ``resumed`` event names (0 without one); an attempt
-    after a ``precision_fallback`` gives that event's message as its reason. A resume in the
-    same precision starts no new entry."""
+    """The job's precisions over its steps, from its events: ``{"from_step", "until_step",
+    "precision", "attempt", "reason", "fallback"}`` per change, oldest first. An attempt
+    trains in the precision its ``started`` event names from the step its ``resumed`` event
+    names (0 without one); an attempt after a ``precision_fallback`` gives that event's
+    message as its reason and its structured fields as ``fallback`` (``trigger``,
+    ``trigger_step``, ``to``, ``resume_from``, ``param``), and the entry before it
+    ends at the trigger step (``until_step``; null: it trained on until the next entry or
+    the end). A resume in the same precision starts no new entry."""
     e = JobEvent
     rows = s.execute(
         sa.select(e.attempt, e.type, e.data)
@@ -93,26 +108,31 @@ def precision_history(s: Session, job_id: str) -> list[dict[str, Any]]:
         .order_by(e.id)
     )
     segments: dict[int, dict[str, Any]] = {}
-    why_next: str | None = None
+    fell_back: dict[str, Any] | None = None
     for attempt, kind, data in rows:
         if kind == "started":
             chosen = data.get("precision") or {}
-            reason = why_next or chosen.get("reason")
             segments[attempt] = {
                 "from_step": 0,
+                "until_step": None,
                 "precision": chosen.get("effective"),
                 "attempt": attempt,
-                "reason": reason,
+                "reason": fell_back.get("message") if fell_back else chosen.get("reason"),
+                "fallback": {k: fell_back.get(k) for k in FALLBACK_FIELDS} if fell_back else None,
             }
-            why_next = None
+            fell_back = None
         elif kind == "resumed" and attempt in segments:
             segments[attempt]["from_step"] = int(data.get("from_step") or 0)
         elif kind == PRECISION_FALLBACK:
-            why_next = data.get("message")
+            fell_back = data
+            if attempt in segments and isinstance(data.get("trigger_step"), int):
+                segments[attempt]["until_step"] = data["trigger_step"]
     history: list[dict[str, Any]] = []
     for segment in segments.values():
         if not history or history[-1]["precision"] != segment["precision"]:
             history.append(segment)
+        elif segment["until_step"] is not None:
+            history[-1]["until_step"] = segment["until_step"]
     return history
 
 

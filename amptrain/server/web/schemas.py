@@ -21,15 +21,36 @@ class PrecisionOut(BaseModel):
     """Why ``auto`` (or a fallback) chose ``effective``."""
 
 
+class PrecisionFallbackOut(BaseModel):
+    """The ``precision_fallback`` event that began a precision entry, as its fields (the
+    precision it left is the previous entry's)."""
+
+    trigger: str | None = None
+    """``loss_scale_floor``, ``consecutive_skips`` or ``nonfinite_loss``."""
+    trigger_step: int | None = None
+    """The step at which the precision it left became unhealthy."""
+    to: str | None = None
+    """The precision it went on in."""
+    resume_from: int | None = None
+    """The step of the healthy checkpoint it resumed from; 0: the start (there was none)."""
+    param: str | None = None
+    """The first parameter whose gradient was not finite, when known."""
+
+
 class PrecisionSegmentOut(BaseModel):
     """From ``from_step`` on (until the next entry), the job trained in ``precision``."""
 
     from_step: int
+    until_step: int | None = None
+    """The step a fallback left this precision at (its steps after that were trained
+    again in the next one); null: it trained until the next entry began, or to the end."""
     precision: str | None
     attempt: int
     """The attempt that began it."""
     reason: str | None
     """Why: the precision policy's reason, or the ``precision_fallback`` that led here."""
+    fallback: PrecisionFallbackOut | None = None
+    """The fallback that led here, as its fields; null for the first entry."""
 
 
 class ErrorOut(BaseModel):

@@ -39,8 +39,18 @@ def test_only_admins_see_where_jobs_run(
         (seen,) = alice.get("/workers").json()["items"]
         assert "name" not in seen and "hostname" not in seen and "pid" not in seen
         assert seen["queues"] == ["cpu"] and seen["concurrency"] == 1
+        # The job by its name too (the dashboard shows names, not ids).
+        name = alice.get(f"/jobs/{job}").json()["name"]
         assert seen["current_jobs"] == [
-            {"slot": 0, "job_id": job, "attempt": 1, "gpu": None, "gpus": [], "step": 3}
+            {
+                "slot": 0,
+                "job_id": job,
+                "name": name,
+                "attempt": 1,
+                "gpu": None,
+                "gpus": [],
+                "step": 3,
+            }
         ]
         assert "gpu-node-17" not in alice.get("/workers").text
 

@@ -10,12 +10,16 @@ upgrade). A Content-Security-Policy keeps the pages to their own origin.
 from __future__ import annotations
 
 import os
+from ipaddress import ip_address
 from pathlib import Path
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import RedirectResponse, Response
 from starlette.staticfiles import StaticFiles
 from starlette.types import Scope
+
+from amptrain.server.web.deps import ServicesDep
 
 STATIC_DIR = Path(__file__).resolve().parents[1] / "static"
 IMMUTABLE = "public, max-age=31536000, immutable"
@@ -56,6 +60,30 @@ _static = _Static(directory=STATIC_DIR)
 def to_dashboard() -> RedirectResponse:
     """The service's root opens the dashboard."""
     return RedirectResponse("/ui/", status_code=307)
+
+
+TOKEN_COMMAND = "amptrain token create NAME"
+"""Makes another API token (``cli/tokens.py``), run where the service's database is reachable."""
+
+
+@router.get("/ui/signin-hints.json")
+def signin_hints(request: Request, services: ServicesDep) -> dict[str, Any]:
+    """What the sign-in page tells a person about where a token comes from: the command that
+    makes one and, for a browser on the service's own machine, the file ``amptrain up`` saved
+    the admin token to (its path is nobody else's business, and means nothing elsewhere)."""
+    token_file = services.settings.admin_token_file
+    local = request.client is not None and _loopback(request.client.host)
+    return {
+        "token_file": str(token_file) if local and token_file.is_file() else None,
+        "create_command": TOKEN_COMMAND,
+    }
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 @router.api_route("/ui/{path:path}", methods=["GET", "HEAD"])

@@ -10,7 +10,7 @@ from amptrain.core import presence
 from amptrain.server.event_view import worker_view
 from amptrain.server.web.deps import CurrentUser, ServicesDep, SessionDep
 from amptrain.server.web.errors import Unavailable, error_responses
-from amptrain.store.job_reads import owned_job_ids
+from amptrain.store.job_reads import job_names, owned_job_ids
 
 router = APIRouter(tags=["workers"], responses=error_responses(401, 503))
 
@@ -26,8 +26,8 @@ def list_workers(services: ServicesDep, session: SessionDep, user: CurrentUser) 
     (the capability report), ``versions``, ``started_at``, ``last_heartbeat``
     (unix seconds), ``memory_available_bytes`` and ``memory_total_bytes`` (what a
     training process could get there, measured while it ran no job; the API checks
-    submitted specs against it) and ``current_jobs`` (slot, job id, attempt, ``gpu`` and
-    ``gpus``, latest step, throughput, loss scale, memory; for a node of a multi-node
+    submitted specs against it) and ``current_jobs`` (slot, job id and ``name``, attempt,
+    ``gpu`` and ``gpus``, latest step, throughput, loss scale, memory; for a node of a multi-node
     job its ``node`` index and ``reservation``: ``waiting`` while the nodes are being
     reserved, ``training`` once they train). Of a job the caller may not see only
     ``slot``, ``gpu``, ``gpus`` and ``reservation`` are shown. Where workers run
@@ -40,7 +40,19 @@ def list_workers(services: ServicesDep, session: SessionDep, user: CurrentUser) 
     if not user.is_admin:
         _hide_foreign_jobs(session, user.name, workers)
         workers = [worker_view(w) for w in workers]
+    _name_jobs(session, workers)
     return {"items": workers}
+
+
+def _name_jobs(session: SessionDep, workers: list[dict[str, Any]]) -> None:
+    """Each shown job's name beside its id: people know their jobs by name."""
+    names = job_names(
+        session, {j.get("job_id") for w in workers for j in w["current_jobs"]} - {None}
+    )
+    for w in workers:
+        for j in w["current_jobs"]:
+            if j.get("job_id") in names:
+                j["name"] = names[j["job_id"]]
 
 
 def _hide_foreign_jobs(session: SessionDep, owner: str, workers: list[dict[str, Any]]) -> None:

@@ -26,9 +26,15 @@ if TYPE_CHECKING:
     from playwright.sync_api import Browser, ConsoleMessage, Page
 
 VIEWPORT = {"width": 1280, "height": 800}
+WIDE = {"width": 1400, "height": 900}
+"""The size issue 43's dashboard views are checked and photographed at."""
 BROWSERS = ("chromium-headless-shell", "chromium", "chromium-browser", "google-chrome")
-ARTIFACTS = Path(__file__).resolve().parents[4] / ".artifacts"
-"""Screenshots land here (ignored by git) as well as in pytest's tmp dir."""
+SCREENSHOTS = Path(
+    os.environ.get("AMPTRAIN_SCREENSHOT_DIR")
+    or Path(__file__).resolve().parents[4] / ".ci" / "screenshots"
+)
+"""Screenshots land here (``$AMPTRAIN_SCREENSHOT_DIR``, default ``.ci/screenshots/``,
+ignored by git and kept by CI) as well as in pytest's tmp dir."""
 
 
 def chromium_path() -> str | None:
@@ -155,10 +161,13 @@ def sign_in(page: Page, token: str) -> None:
     page.wait_for_selector("#jobs")
 
 
-def screenshot(page: Page, name: str, tmp_path: Path) -> Path:
-    """Save a PNG both under pytest's tmp dir and under .artifacts/ (kept by CI)."""
+def screenshot(page: Page, name: str, tmp_path: Path, *, full_page: bool = False) -> Path:
+    """Save a PNG both under pytest's tmp dir and under :data:`SCREENSHOTS` (kept by CI),
+    and print where."""
     target = tmp_path / f"{name}.png"
-    page.screenshot(path=str(target), full_page=False)
-    ARTIFACTS.mkdir(exist_ok=True)
-    shutil.copy(target, ARTIFACTS / target.name)
+    page.screenshot(path=str(target), full_page=full_page)
+    SCREENSHOTS.mkdir(parents=True, exist_ok=True)
+    kept = SCREENSHOTS / target.name
+    shutil.copy(target, kept)
+    print(f"screenshot: {kept}")
     return target

@@ -28,7 +28,7 @@ except ImportError:  # outside CI a missing playwright skips, like a missing bro
 from amptrain.store.db import make_engine, make_session_factory
 from amptrain.store.history import rebuild as summary_rebuild
 from tests.server.web.ab_runs import spec
-from tests.server.web.dashboard.conftest import screenshot, sign_in
+from tests.server.web.dashboard.conftest import WIDE, screenshot, sign_in
 from tests.support.producer import Producer
 from tests.support.specs import service_job
 from tests.support.stack import Stack
@@ -55,7 +55,7 @@ def noise(i: int) -> float:
 
 
 def shot(page: Page, name: str, tmp_path: Path) -> None:
-    """The whole page (every chart), under .artifacts/ and, when set, SHOTS."""
+    """The whole page (every chart), in the kept screenshots folder and, when set, SHOTS."""
     target = screenshot(page, name, tmp_path)
     page.screenshot(path=str(target), full_page=True)
     if SHOTS:
@@ -294,19 +294,74 @@ def test_the_timeline_filters_collapses_dates_and_marks_the_charts(
     )
     for when in page.locator("#timeline li .t").all_text_contents():
         assert day in when, (day, when)
-    # Marked on every chart at their steps, with what happened.
+    # Marked on every chart drawn (this run records a loss and a learning rate; the other
+    # charts are one-line notes) at their steps, with what happened.
     loss = page.locator("[data-chart=loss]")
     warning = loss.locator(".event-mark[data-type=warning][data-step='305'] i")
     expect(warning).to_have_attribute("title", re.compile("step 305: Warning at step 305"))
     expect(loss.locator(".event-mark[data-type=micro_batch][data-step='5']")).to_have_count(1)
-    expect(page.locator(".event-mark[data-type=warning]")).to_have_count(6)
+    expect(page.locator("[data-chart][data-empty='0']")).to_have_count(2)
+    expect(page.locator(".event-mark[data-type=warning]")).to_have_count(2)
     # The evaluation charts' axes read as the step charts' do.
     expect(page.locator("[data-eval-chart=accuracy]")).to_have_attribute("data-points", "3")
     assert_readable_y_axis(page, "accuracy", "[data-eval-chart=accuracy]")
     # This run reports no grad norms: nothing there is non-finite, only not reported.
-    expect(page.locator("[data-chart=grad_norm]")).to_have_attribute("data-non-finite", "0")
+    expect(page.locator("[data-chart=grad_norm] .empty-note")).to_have_text(
+        "No grad norm recorded in this run."
+    )
     page.locator("#timeline-filters [data-filter=checkpoint]").uncheck()
     expect(checkpoints).to_be_hidden()
     expect(page.locator("#timeline [data-type=warning]")).to_be_visible()
     page.locator("#timeline-filters [data-filter=checkpoint]").check()
     expect(checkpoints).to_be_visible()
+
+
+def test_an_fp32_job_reads_without_hovering(page: Page, stack: Stack, tmp_path: Path) -> None:
+    """Issue 43, at 1400x900: an fp32 job's loss scale is a one-line note, not an empty
+    chart (so is any chart with nothing recorded); each legend reads the newest values before
+    anything is hovered; every axis has a title; its one evaluation (at the last step) sits on
+    an x axis from 0 to the run's 300 steps (uPlot padded a lone point to 600), and accuracy's
+    y axis stays within the catalog's 0..1 (its padding reached above 1)."""
+    page.set_viewport_size(WIDE)
+    n = 300
+    job = stack.submit(spec(name="fp32-plain", max_steps=n, precision="fp32"))
+    feed = Producer(stack.env["AMPTRAIN_REDIS_URL"], stack.env["AMPTRAIN_DATABASE_URL"], job["id"])
+    try:
+        feed.start("fp32")
+        feed.steps(1, n)
+        feed.evals(n, eval_loss=0.12, accuracy=0.995)
+        feed.finish("succeeded", n)
+    finally:
+        feed.close()
+    stack.recorded_history(job["id"], n)
+    open_job(page, stack, job["id"])
+
+    scale = page.locator("[data-chart=loss_scale]")
+    expect(scale).to_have_attribute("data-empty", "1")
+    expect(scale.locator(".empty-note")).to_have_text(
+        "fp32 needs no loss scaling: only fp16 scales the loss."
+    )
+    expect(scale.locator(".plot")).to_be_hidden()
+    memory = page.locator("[data-chart=memory]")  # this stand-in records no memory
+    expect(memory.locator(".empty-note")).to_have_text("No memory recorded in this run.")
+    loss = page.locator("[data-chart=loss]")
+    expect(loss).to_have_attribute("data-empty", "0")
+    expect(loss.locator(".plot")).to_be_visible()
+    # The newest values, with nothing hovered: step 300 and its loss, raw and smoothed.
+    values = loss.locator(".u-legend .u-series .u-value")
+    expect(values.first).to_have_text(str(n))
+    texts = values.all_inner_texts()
+    assert "\N{EN DASH}" not in texts and abs(float(texts[1]) - 1 / n) < 1e-6, texts
+    expect(loss).to_have_attribute("data-axes", "step|loss")
+    expect(page.locator("[data-chart=lr]")).to_have_attribute("data-axes", "step|learning rate")
+
+    accuracy = page.locator("[data-eval-chart=accuracy]")
+    expect(accuracy).to_have_attribute("data-points", "1")
+    expect(accuracy).to_have_attribute("data-axes", "step|accuracy")
+    expect(accuracy).to_have_attribute("data-x-range", f"0,{n}")
+    low, high = (float(v) for v in (accuracy.get_attribute("data-y-range") or "").split(","))
+    assert 0 <= low < 0.995 < high <= 1, (low, high)
+    expect(accuracy.locator(".u-legend .u-value").nth(1)).to_have_text("0.995")
+    eval_loss = page.locator("[data-eval-chart=eval_loss]")
+    expect(eval_loss).to_have_attribute("data-x-range", f"0,{n}")
+    shot(page, "job-fp32-issue43", tmp_path)

@@ -22,7 +22,7 @@ except ImportError:  # outside CI a missing playwright skips, like a missing bro
     pytest.skip("playwright is not installed (pip install -e '.[dev]')", allow_module_level=True)
 
 from tests.server.web.ab_runs import EVALS, RUNS, STEPS, spec
-from tests.server.web.dashboard.conftest import Console, screenshot, sign_in
+from tests.server.web.dashboard.conftest import WIDE, Console, screenshot, sign_in
 from tests.support.producer import Producer
 from tests.support.stack import Stack
 
@@ -153,13 +153,24 @@ def test_group_by_seed_draws_a_mean_and_a_band(
     expect(overlay).to_have_attribute("data-bands", "0")
     page.check("#overlay-group")
     expect(overlay).to_have_attribute("data-groups", "seed-1+seed-2+seed-3,bf16-run")
-    expect(overlay).to_have_attribute("data-series", f"seed-1 {TIMES}3 seeds,bf16-run")
+    # Named by what its runs share (issue 43: it read "seed-1 x3 seeds").
+    lr = stack.job(runs["seed-1"]["id"])["spec"]["optimizer"]["lr"]
+    group = f"fp32 · lr {lr:.0e}".replace("e-0", "e-") + " · 3 seeds"
+    expect(overlay).to_have_attribute("data-series", f"{group},bf16-run")
     expect(overlay).to_have_attribute("data-bands", "1")
     expect(page.locator("#overlay .overlay-key").first).to_contain_text("mean of 3")
-    expect(page.locator("#overlay-diff")).to_have_attribute(
-        "data-series", f"bf16-run {MINUS} seed-1 {TIMES}3 seeds"
+    # The difference chart takes every run against the baseline, a group's runs too.
+    diff = page.locator("#overlay-diff")
+    others = ("seed-2", "seed-3", "bf16-run")
+    expect(diff).to_have_attribute("data-series", ",".join(f"{n} {MINUS} seed-1" for n in others))
+    page.select_option("#overlay-baseline", runs["bf16-run"]["id"])
+    others = ("seed-1", "seed-2", "seed-3")
+    expect(diff).to_have_attribute("data-series", ",".join(f"{n} {MINUS} bf16-run" for n in others))
+    expect(page.locator("#overlay-diff-note")).to_have_text(
+        "Each run minus bf16-run at the same step."
     )
     expect(page).to_have_url(re.compile(r"group=1"))
+    expect(page).to_have_url(re.compile(f"baseline={runs['bf16-run']['id']}"))
     screenshot(page, "compare-after-grouped", tmp_path)
 
 
@@ -201,7 +212,10 @@ def test_the_picker_pages_through_the_job_list(
     page.reload()
     page.click("#pick-more")
     expect(page.locator("#pick-more")).to_be_hidden()
-    expect(page.locator("#pick-jobs label")).to_have_count(104)
+    # Every job of the module's stack (the played runs, these 100, any other test's).
+    total = len(stack.client.get("/jobs", params={"limit": 200}).json()["items"])
+    assert total >= 104
+    expect(page.locator("#pick-jobs label")).to_have_count(total)
 
 
 def test_smoothing_reads_one_point_per_bucket(page: Page, stack: Stack) -> None:
@@ -269,3 +283,34 @@ def test_a_link_naming_thousands_of_jobs_is_cut_before_any_is_read(
     expect(note).to_be_visible()
     expect(note).to_contain_text("2 entries that are not job ids were ignored")
     expect(note).to_contain_text("only the first 20 of its 3000 jobs were picked")
+
+
+def test_identical_curves_are_named_and_a_flat_metric_reads_sane_ticks(
+    page: Page, stack: Stack, tmp_path: Path
+) -> None:
+    """Issue 43: three runs with the same points drew only the last one, and a flat line's
+    ticks read "0.612 0.612 0.612 0.612"; an evaluation's y axis stays within its 0..1.
+    Last in the module: its three jobs would change the filter's count above."""
+    same = [stack.submit(spec(name=f"same-{c}", seed=7, precision="fp32")) for c in "abc"]
+    for job in same:
+        play(stack, job["id"], "fp32", 7, 0.6)
+    for job in same:
+        stack.recorded_history(job["id"], STEPS)
+    page.set_viewport_size(WIDE)
+    sign_in(page, stack.token)
+    page.goto(f"/ui/#/compare?jobs={','.join(j['id'] for j in same)}")
+    note = page.locator("#overlay .overlay-same")
+    expect(note).to_have_text(
+        "3 runs have identical loss curves: same-a, same-b, same-c (drawn on top of each other)."
+    )
+    expect(page.locator("#overlay")).to_have_attribute("data-axes", "step|loss")
+    page.select_option("#overlay-metric", "eval:accuracy")
+    expect(note).to_contain_text("3 runs have identical accuracy curves")
+    # Every evaluation read 0.93: a flat line, its ticks each a different number within 0..1.
+    overlay = page.locator("#overlay")
+    expect(overlay).to_have_attribute("data-x-range", f"0,{STEPS}")
+    low, high = (float(v) for v in (overlay.get_attribute("data-y-range") or "").split(","))
+    assert 0 <= low < EVALS["fp32"]["accuracy"] < high <= 1, (low, high)
+    labels = page.locator("#overlay .y-labels span").all_inner_texts()
+    assert len(labels) >= 2 and len(set(labels)) == len(labels), labels
+    screenshot(page, "compare-identical-curves", tmp_path)

@@ -12,6 +12,7 @@ import re
 import sqlite3
 import time
 from pathlib import Path
+from typing import get_args
 
 import pytest
 import redis
@@ -23,12 +24,13 @@ except ImportError:  # outside CI a missing playwright skips, like a missing bro
         raise
     pytest.skip("playwright is not installed (pip install -e '.[dev]')", allow_module_level=True)
 
+from amptrain.contract.health_spec import Fallback
 from amptrain.contract.records import OVERFLOW_WARNING
 from amptrain.core import presence
 from amptrain.store.db import make_engine, make_session_factory
 from amptrain.store.history import rebuild as summary_rebuild
 from tests.server.web.ab_runs import EVALS, RUNS, play, spec
-from tests.server.web.dashboard.conftest import Console, screenshot, sign_in
+from tests.server.web.dashboard.conftest import WIDE, Console, screenshot, sign_in
 from tests.support.digits import DIGITS_FOLDER, write_digit_folders
 from tests.support.producer import Producer
 from tests.support.stack import Stack, user_token, wait_until
@@ -226,16 +228,33 @@ def test_comparison_shows_the_ratio_table(page: Page, stack: Stack) -> None:
     expect(lost).to_have_text("lost")
     expect(lost).to_have_attribute("title", re.compile(r"accuracy -1\.50 points"))
     expect(table.locator("tr[data-precision=fp16] [data-eval=points]")).to_have_text("-1.50")
+    # The verdict in one line, from the API's ratios (its samples/s) and accuracy verdicts.
+    expect(page.locator("#comparison-headline")).to_have_text(
+        f"bf16: 2.50{TIMES} fp32's throughput, accuracy kept · "
+        f"fp16: 2.00{TIMES} fp32's throughput, accuracy lost"
+    )
     expect(page.locator("#comparison-curves canvas")).to_have_count(1)
+    expect(page.locator("#comparison-curves")).to_have_attribute("data-axes", "step|loss")
     # The held-out curves side by side: a chart per eval metric, a line per precision, with
-    # each arm's mid-run and final evaluation.
+    # each arm's mid-run and final evaluation, on an x axis spanning the run and (accuracy)
+    # a y axis within 0..1.
     for name in EVALS["fp32"]:
         chart = page.locator(f"#comparison-evals [data-eval-curve={name}]")
         expect(chart.locator("canvas")).to_have_count(1)
         expect(chart).to_have_attribute("data-series", "3")
-        legend = chart.locator(".u-legend .u-series")
-        expect(legend).to_have_count(4)  # the step and the three precisions
-        expect(legend.nth(3)).to_contain_text("fp16")
+        keys = chart.locator(".overlay-key")
+        expect(keys).to_have_count(3)
+        expect(keys.nth(2)).to_contain_text("fp16")
+        plot = chart.locator("[data-x-range]")
+        expect(plot).to_have_attribute("data-x-range", "0,50")
+    low, high = (
+        float(v)
+        for v in (
+            page.locator("[data-eval-curve=accuracy] [data-y-range]").get_attribute("data-y-range")
+            or ""
+        ).split(",")
+    )
+    assert low >= 0 and high <= 1, (low, high)
 
 
 def test_another_users_jobs_never_show(page: Page, stack: Stack, console: Console) -> None:
@@ -428,3 +447,69 @@ def test_a_folder_of_images_trains_from_the_form_and_its_classes_show(
     expect(page.locator("#timeline [data-type=data]")).to_contain_text(
         "10 classes: 0, 1, 2, 3, 4, 5, 6, 7, 8, 9"
     )
+
+
+def test_sign_in_workers_and_the_form_name_what_a_newcomer_needs(
+    page: Page, stack: Stack, tmp_path: Path
+) -> None:
+    """Issue 43, at 1400x900: the sign-in page says where the admin token is (the file
+    `amptrain up` saves it to) and how to make another; the workers page shows a running
+    job's name (its id as the tooltip); the new-job form has seed, evaluation and health
+    fields, the catalog's every model and dataset, and makes the fp16 fallback demo."""
+    page.set_viewport_size(WIDE)
+    token_file = stack.root / "admin-token"  # what `amptrain up` writes; this stack sets the env
+    token_file.write_text(stack.token)
+    page.goto("/ui/")
+    expect(page.locator("#token-file")).to_have_text(str(token_file))
+    expect(page.locator("#token-command")).to_have_text("amptrain token create NAME")
+    screenshot(page, "signin-where-the-token-is", tmp_path)
+
+    job = stack.submit(spec(name="named-on-a-worker"))
+    client = redis.Redis.from_url(stack.env["AMPTRAIN_REDIS_URL"])
+    presence.publish_worker(client, "busy@host", {"queues": ["gpu-a100"], "concurrency": 1}, 600)
+    presence.publish_slot(client, "busy@host", 0, {"job_id": job["id"], "step": 7}, 600)
+    try:
+        sign_in(page, stack.token)
+        page.goto("/ui/#/workers")
+        link = page.locator("[data-worker='busy@host'] a.job-link")
+        expect(link).to_have_text("named-on-a-worker")
+        expect(link).to_have_attribute("title", job["id"])
+        expect(link).to_have_attribute("href", f"#/jobs/{job['id']}")
+        screenshot(page, "workers-job-names", tmp_path)
+    finally:
+        presence.clear_slot(client, "busy@host", 0)
+        presence.remove_worker(client, "busy@host")
+        client.close()
+
+    catalog = stack.client.get("/catalog").json()
+    page.goto("/ui/#/jobs")
+    page.click("#new-job")
+    form = page.locator("form.spec")
+    models = form.locator("[name='model.name'] option")
+    expect(models).to_have_count(len(catalog["models"]))
+    assert sorted(models.evaluate_all("os => os.map((o) => o.value)")) == sorted(catalog["models"])
+    datasets = form.locator("[name='dataset.name'] option")
+    assert sorted(datasets.evaluate_all("os => os.map((o) => o.value)")) == sorted(
+        catalog["datasets"]
+    )
+    fallback = form.locator("[name='health.fallback'] option")
+    assert fallback.evaluate_all("os => os.map((o) => o.value)") == ["", *get_args(Fallback)]
+    assert form.locator("[name=seed]").get_attribute("max") == str(
+        catalog["limits"]["seed"]["maximum"]
+    )
+    # The fallback demo, on a queue no worker serves (this test reads the spec it made).
+    form.locator("[name=name]").fill("fallback-from-the-form")
+    form.locator("[name=max_steps]").fill("40")
+    form.locator("[name=precision]").select_option("fp16")
+    form.locator("[name=queue]").fill("gpu-a100")
+    form.locator("[name=seed]").fill("3")
+    form.locator("[name='dataset.args.feature_scale']").fill("1e6")
+    form.locator("[name='eval.every_steps']").fill("10")
+    form.locator("[name='health.fallback']").select_option("bf16")
+    screenshot(page, "form-seed-eval-health", tmp_path, full_page=True)
+    form.locator("button[type=submit]").click()
+    page.wait_for_url(re.compile(r"#/jobs/j_"))
+    made = stack.job(page.url.rsplit("/", 1)[-1])["spec"]
+    assert (made["seed"], made["precision"], made["health"]["fallback"]) == (3, "fp16", "bf16")
+    assert made["eval"]["every_steps"] == 10
+    assert made["dataset"]["args"]["feature_scale"] == 1e6

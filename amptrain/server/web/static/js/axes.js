@@ -109,6 +109,29 @@ export function yAxis(chart, fallbackPx, minPx = 0) {
   };
 }
 
+/** A uPlot y range: the data's, padded, kept within the metric's ``bounds`` ([lo, hi] from
+ * the catalog, e.g. a fraction's [0, 1]; null: unbounded). */
+export function boundedRange(bounds) {
+  return (u, min, max) => {
+    if (min == null || max == null) return bounds ? [...bounds] : [0, 1];
+    // A flat line around its value (uPlot's own range put a line of zeros on 0..100).
+    const flat = Math.abs(min) * 0.1 || 1;
+    const [lo, hi] = min === max ? [min - flat, max + flat] : window.uPlot.rangeNum(min, max, 0.1, true);
+    if (!bounds) return [lo, hi];
+    const out = [Math.max(bounds[0], lo), Math.min(bounds[1], hi)];
+    return out[1] > out[0] ? out : [...bounds];
+  };
+}
+
+/** A uPlot x range from step 0 to the run's last step (``last()``: max_steps; no step lies
+ * beyond it), else to the data's (uPlot pads a lone point's x range: 60 read 0..120). */
+export function runRange(last) {
+  return (u, min, max) => {
+    const end = last() || max;
+    return [0, end > 0 ? end : 1];
+  };
+}
+
 /** A log scale over the data's own range (uPlot's snaps to whole powers, squashing it). */
 export function logScale(base) {
   return {

@@ -4,6 +4,7 @@
 // at full resolution; live updates keep zoom and cursor.
 import { YLabels, logScale, yAxis } from "./axes.js";
 import { fmtBytes, fmtNum, fmtPow2, fmtTime, h } from "./dom.js";
+import { axisTitle, exposeScales, newestWhenIdle, refreshLegend, titled } from "./legend.js";
 import { EventMarks, describeMarks, drawMarks } from "./marks.js";
 import { drawSpans } from "./segments.js";
 import { smoothSeries } from "./series.js";
@@ -24,11 +25,15 @@ export function chartDefs({ charts, metrics }) {
   return charts.map((c) => {
     const mine = metrics.filter((m) => m.chart === c.key);
     const fields = mine.map((m) => m.name);
+    const units = [...new Set(mine.map((m) => m.unit).filter(Boolean))];
+    const name = c.title.toLowerCase();
     return {
       key: c.key, title: c.title, fields, watch: fields.includes("grad_norm") ? "grad_norm" : "loss",
       extra: c.marks ? ["skipped", "loss"] : [], smooth: c.smooth, marks: c.marks,
       log: c.log === "log2" ? 2 : c.log, empty: c.empty,
       bytes: mine.length > 0 && mine.every((m) => m.unit === "bytes"),
+      // The y axis' title: the chart's name and its metrics' unit, unless the name is the unit.
+      yTitle: units.length === 1 && units[0] !== name ? axisTitle(name, units[0]) : name,
     };
   });
 }
@@ -49,6 +54,14 @@ export class ChartGroup {
     this.pending = false;
     this.zoomTimer = null;
     this.spans = []; // the job's precisions over its steps (segments.js)
+    this.precision = null; // the job's precision: named by an empty chart's note
+  }
+
+  /** The job's (effective) precision, for the note of a chart it records nothing for. */
+  setPrecision(precision) {
+    if (precision === this.precision) return;
+    this.precision = precision;
+    for (const c of this.charts) c.describe();
   }
 
   /** Mark the steps of each precision (after a fallback) on every chart. */
@@ -169,12 +182,13 @@ class Chart {
     this.eventMarks = new EventMarks(this.plotEl);
     this.yTicks = [];
     this.marksEl = h("div", { class: "marks", dataset: { marksFor: def.key } });
+    this.noteEl = h("p", { class: "muted small empty-note", hidden: true });
     const logBox = def.log === "toggle"
       ? h("label", { class: "small muted" }, h("input", { type: "checkbox", checked: this.log, onchange: (e) => group.setLog(this, e.target.checked) }), " log")
       : def.log === 2 ? h("span", { class: "small muted" }, "log2") : null;
     this.smoothNote = def.smooth ? h("span", { class: "small muted smooth-note" }) : null;
     this.el = h("section", { class: "chart", dataset: { chart: def.key, points: "0", marks: "0" } },
-      h("header", {}, h("strong", {}, def.title), this.smoothNote, logBox), this.plotEl, this.marksEl);
+      h("header", {}, h("strong", {}, def.title), this.smoothNote, logBox), this.noteEl, this.plotEl, this.marksEl);
     this.resize = new ResizeObserver(() => {
       if (this.plot && this.plotEl.clientWidth && this.plotEl.clientWidth !== this.plot.width) {
         this.plot.setSize({ width: this.plotEl.clientWidth, height: HEIGHT });
@@ -211,8 +225,9 @@ class Chart {
   build() {
     if (this.plot) this.plot.destroy();
     const time = this.group.xMode === "time";
-    const value = this.def.bytes ? (u, v) => fmtBytes(v) : this.def.log === 2 ? (u, v) => fmtPow2(v) : (u, v) => fmtNum(v);
-    const series = [{ label: time ? "time" : "step", value: time ? (u, v) => (v == null ? "–" : fmtTime(v)) : (u, v) => v ?? "–" }];
+    // Off the plot, the legend reads each line's newest value (legend.js).
+    const value = newestWhenIdle(this.def.bytes ? fmtBytes : this.def.log === 2 ? fmtPow2 : (v) => fmtNum(v));
+    const series = [{ label: time ? "time" : "step", value: newestWhenIdle(time ? fmtTime : String) }];
     // A point between gaps (one finite step before a run diverged) has no line: draw it.
     const points = { show: false, filter: isolated };
     this.def.fields.forEach((f, i) => {
@@ -228,12 +243,13 @@ class Chart {
     const opts = {
       width: this.width, height: HEIGHT, series, legend: { live: true },
       scales: { x: { time }, y: this.log ? logScale(this.def.log === 2 ? 2 : 10) : {} },
-      axes: [time ? { space: 60 } : { space: 60, incrs: STEP_INCRS }, yAxis(this, HEIGHT - 50, time ? TIME_LABEL_HALF : 0)],
+      axes: [{ ...titled(time ? "wall time" : "step"), ...(time ? { space: 60 } : { space: 60, incrs: STEP_INCRS }) },
+        { ...yAxis(this, HEIGHT - 50, time ? TIME_LABEL_HALF : 0), ...titled(this.def.yTitle) }],
       cursor: { sync: { key: this.group.syncKey }, drag: { x: true, y: false } },
       hooks: {
         setScale: [(u, key) => { if (key === "x") { this.group.scaleChanged(this, u.scales.x.min, u.scales.x.max); this.describe(); } }],
-        drawClear: [(u) => drawSpans(u, this.group.spans, (step) => this.stepToX(step))],
-        draw: [(u) => {
+        drawClear: [(u) => { this.el.dataset.spanLabels = drawSpans(u, this.group.spans, (step) => this.stepToX(step)).join(" "); }],
+        draw: [exposeScales(this.el), (u) => {
           this.yLabels.place(u);
           drawMarks(this, u);
           this.eventMarks.place(u, this.group.events, (step) => this.stepToX(step));
@@ -259,6 +275,7 @@ class Chart {
       const keep = this.group.zoom && !reset;
       this.plot.setData(this.data(), !keep);
       if (keep) this.plot.setScale("x", this.group.zoom);
+      refreshLegend(this.plot);
     } finally {
       this.updating = false;
     }
@@ -284,9 +301,18 @@ class Chart {
       this.smoothNote.textContent = this.smoothed() ? (every > 1 ? `smoothed over 1 point per ${every} steps` : "smoothed over every step") : "";
       this.smoothNote.title = every > 1 ? "The history is downsampled: the smoothed line reads each bucket's last point, not its kept minimum and maximum. Zoom in to smooth over every step." : "";
     }
-    const empty = this.series.length > 0 && this.def.fields.every((f) => this.series.cols[f].every((v) => v === null));
-    if (empty && this.def.empty) {
-      this.marksEl.replaceChildren(h("span", { class: "muted" }, this.def.empty));
+    // A chart with nothing to draw is a one-line note, not an empty plot: the catalog's
+    // reason after the job's precision ("fp32 needs no loss scaling: ..."), else what is missing.
+    const empty = this.def.fields.every((f) => this.series.cols[f].every((v) => v === null));
+    const note = !empty ? "" : this.series.length === 0 ? "No steps recorded yet."
+      : this.def.empty ? `${this.group.precision || "This precision"} ${this.def.empty}` : `No ${this.def.title.toLowerCase()} recorded in this run.`;
+    this.noteEl.textContent = note;
+    this.noteEl.hidden = !empty;
+    this.plotEl.hidden = empty;
+    this.el.classList.toggle("empty", empty);
+    this.el.dataset.empty = empty ? "1" : "0";
+    if (empty) {
+      this.marksEl.replaceChildren();
       return;
     }
     if (this.def.marks) describeMarks(this, this.view());

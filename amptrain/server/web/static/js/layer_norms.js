@@ -4,6 +4,7 @@
 // newest norm (the ones to watch when training blows up). Hidden until the job has any.
 import { fmtNum, h } from "./dom.js";
 import { STEP_INCRS } from "./charts.js";
+import { exposeScales, newestWhenIdle, refreshLegend, titled } from "./legend.js";
 
 const uPlot = window.uPlot;
 const TOP_N = 8;
@@ -39,7 +40,7 @@ export class LayerNormChart {
     const positive = (v) => (v > 0 ? v : null); // a log axis: zero and null are gaps
     const data = [steps, ...shown.map((l) => steps.map((s) => positive(this.records.get(s)[l])))];
     if (!this.plot || shown.join("\n") !== this.shown.join("\n")) this.#build(shown, data);
-    else this.plot.setData(data);
+    else { this.plot.setData(data); refreshLegend(this.plot); }
     this.el.dataset.points = String(steps.length);
     this.el.dataset.layers = String(layers.length);
     this.el.dataset.shown = shown.join(",");
@@ -49,11 +50,12 @@ export class LayerNormChart {
   #build(shown, data) {
     this.plot?.destroy();
     this.shown = shown;
-    const series = [{ label: "step" }, ...shown.map((l, i) => ({
-      label: l, stroke: COLORS[i % COLORS.length], width: 1.25, spanGaps: true, value: (u, v) => fmtNum(v, 4) }))];
+    const series = [{ label: "step", value: newestWhenIdle(String) }, ...shown.map((l, i) => ({
+      label: l, stroke: COLORS[i % COLORS.length], width: 1.25, spanGaps: true, value: newestWhenIdle((v) => fmtNum(v, 4)) }))];
     this.plot = new uPlot({ width: this.plotEl.clientWidth || this.el.clientWidth || 600, height: 220,
       scales: { x: { time: false }, y: { distr: 3, log: 10 } }, series,
-      axes: [{ incrs: STEP_INCRS }, { size: 64, values: (u, vs) => vs.map((v) => fmtNum(v, 3)) }] }, data, this.plotEl);
+      axes: [{ incrs: STEP_INCRS, ...titled("step") }, { size: 64, values: (u, vs) => vs.map((v) => fmtNum(v, 3)), ...titled("gradient norm") }],
+      hooks: { draw: [exposeScales(this.el)] } }, data, this.plotEl);
   }
 
   destroy() {

@@ -92,7 +92,7 @@ export class ParentOverlay {
       clear(this.el, h("h2", {}, "Loss with its parent"), parent ? null : h("div", { class: "muted small" }, "The parent's history is not visible to you."), body);
       this.plot = new OverlayPlot(body, { height: 220, syncKey: `fork-${job.id}` });
     }
-    this.plot.draw(lines);
+    this.plot.draw(lines, { yLabel: "loss", what: "loss curves" });
   }
 
   close() {

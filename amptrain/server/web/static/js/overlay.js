@@ -2,9 +2,11 @@
 // near-identical runs stay distinguishable where they overlap), an optional min-max band
 // (a seed group), and a legend that draws the pattern and reads the values under the cursor.
 // The y axis is the job page's (axes.js: DOM labels, unique, the axis sized to them).
-import { YLabels, logScale, yAxis } from "./axes.js";
+import { YLabels, boundedRange, logScale, runRange, yAxis } from "./axes.js";
 import { STEP_INCRS } from "./charts.js";
 import { fmtBytes, fmtNum, fmtPow2, h } from "./dom.js";
+import { exposeScales, newest, titled } from "./legend.js";
+import { identicalLines } from "./overlay_data.js";
 
 const uPlot = window.uPlot;
 const COLORS = ["#2f6fde", "#d9480f", "#2b8a3e", "#862e9c", "#e67700", "#0b7285"];
@@ -34,7 +36,10 @@ function valueFormat(kind) {
 
 /** A chart of `lines` ([{label, color, dash, width, xs, ys, band: {min, max}?}], sharing
  * their xs when banded) in `el`. `kind`: "bytes", "log2" or "" (the y ticks); `log`: 0, 2
- * or 10; `zero`: draw the y = 0 line (a difference panel); `xLabel`: "step" or "seconds". */
+ * or 10; `zero`: draw the y = 0 line (a difference panel); `xLabel`: "step" or "seconds";
+ * `yLabel`: the y axis' title; `xMax`: the x axis runs from 0 to it (the runs' length);
+ * `bounds`: [lo, hi] the y axis stays within (a fraction's 0..1); `what`: what a line is
+ * ("loss curves"), for the note naming lines drawn on top of each other. */
 export class OverlayPlot {
   constructor(el, { height = 260, syncKey = "overlay", onScale = () => {} } = {}) {
     this.el = el;
@@ -43,9 +48,10 @@ export class OverlayPlot {
     this.onScale = onScale;
     this.plot = null;
     this.legendEl = h("div", { class: "overlay-legend small" });
+    this.sameEl = h("p", { class: "small overlay-same", hidden: true });
     this.plotEl = h("div", { class: "overlay-plot" });
     this.yLabels = new YLabels(this.plotEl);
-    el.replaceChildren(this.plotEl, this.legendEl);
+    el.replaceChildren(this.sameEl, this.plotEl, this.legendEl);
     this.resize = new ResizeObserver(() => {
       const width = this.plotEl.clientWidth;
       if (this.plot && width && width !== this.plot.width) this.plot.setSize({ width, height: this.height });
@@ -53,7 +59,7 @@ export class OverlayPlot {
     this.resize.observe(this.plotEl);
   }
 
-  draw(lines, { kind = "", log = 0, zero = false, xLabel = "step" } = {}) {
+  draw(lines, { kind = "", log = 0, zero = false, xLabel = "step", yLabel = "", xMax = null, bounds = null, what = null } = {}) {
     this.destroy();
     const positive = (ys) => (log ? ys.map((y) => (y > 0 ? y : null)) : ys);
     const tables = [];
@@ -68,7 +74,8 @@ export class OverlayPlot {
         tables.push([l.xs, positive(l.ys), positive(l.band.min), positive(l.band.max)]);
         const edge = { stroke: `${l.color}66`, width: 1, spanGaps: true, points: { show: false } };
         series.push({ ...edge, label: `${l.label} min` }, { ...edge, label: `${l.label} max` });
-        bands.push({ series: [series.length - 1, series.length - 2], fill: `${l.color}33` });
+        // 30% opaque: at 20% a seed group's band over a white card was barely seen.
+        bands.push({ series: [series.length - 1, series.length - 2], fill: `${l.color}4d` });
       } else {
         tables.push([l.xs, positive(l.ys)]);
       }
@@ -80,18 +87,30 @@ export class OverlayPlot {
     const opts = {
       width: this.plotEl.clientWidth || this.el.clientWidth || 800, height: this.height, series, bands,
       legend: { show: false },
-      scales: { x: { time: false }, y: log ? logScale(log) : {} },
-      axes: [xLabel === "step" ? { incrs: STEP_INCRS, space: 60 } : { space: 60, values: (u, vs) => vs.map((v) => `${fmtNum(v, 3)} s`) },
-        yAxis(axis, this.height - 50)],
+      scales: { x: { time: false, ...(xMax ? { range: runRange(() => xMax) } : {}) },
+        y: log ? logScale(log) : bounds || zero ? { range: boundedRange(bounds) } : {} },
+      axes: [{ ...titled(xLabel === "step" ? "step" : "elapsed time"), ...(xLabel === "step" ? { incrs: STEP_INCRS, space: 60 } : { space: 60, values: (u, vs) => vs.map((v) => `${fmtNum(v, 3)} s`) }) },
+        { ...yAxis(axis, this.height - 50), ...(yLabel ? titled(yLabel) : {}) }],
       cursor: { sync: { key: this.syncKey }, drag: { x: true, y: false } },
       hooks: {
         setCursor: [(u) => this.#readout(u, legendOf, readout)],
         setScale: [(u, key) => { if (key === "x") this.onScale(u.scales.x.min, u.scales.x.max); }],
-        draw: [(u) => this.yLabels.place(u), ...(zero ? [(u) => drawZero(u)] : [])],
+        draw: [(u) => this.yLabels.place(u), exposeScales(this.el), ...(zero ? [(u) => drawZero(u)] : [])],
       },
     };
     this.plot = new uPlot(opts, data, this.plotEl);
     this.#legend(lines);
+    this.#readout(this.plot, legendOf, readout);
+    this.#same(lines, what);
+  }
+
+  /** Lines with the same points lie on top of each other, so only the last drawn is seen:
+   * say so ("3 runs have identical loss curves: a, b, c"). */
+  #same(lines, what) {
+    const groups = what ? identicalLines(lines) : []; // a difference panel names none
+    this.sameEl.hidden = !groups.length;
+    this.sameEl.textContent = groups.map((g) => `${g.length} runs have identical ${what}: ${g.map((l) => l.label).join(", ")} (drawn on top of each other).`).join(" ");
+    this.sameEl.dataset.groups = groups.map((g) => g.map((l) => l.label).join("+")).join(",");
   }
 
   /** Show steps min..max (the other panel was zoomed); null for everything. */
@@ -108,10 +127,11 @@ export class OverlayPlot {
       swatch(l), ` ${l.label}${l.band ? ` (mean of ${l.band.count}, band min–max)` : ""} `, this.values[i])));
   }
 
+  /** The values at the hovered step, or each line's newest value while none is hovered. */
   #readout(u, legendOf, fmt) {
     const idx = u.cursor.idx;
     legendOf.forEach((s, i) => {
-      const v = idx === null || idx === undefined ? null : u.data[s][idx];
+      const v = idx === null || idx === undefined ? newest(u.data[s]) : u.data[s][idx];
       this.values[i].textContent = v === null || v === undefined ? "" : fmt(v);
     });
   }

@@ -92,3 +92,57 @@ export function baselineIndex(jobs) {
   const i = jobs.findIndex((j) => (j.precision?.effective || j.precision?.requested || j.spec?.precision) === "fp32");
   return i === -1 ? 0 : i;
 }
+
+/** Groups (of 2 or more) of lines with the same points: drawn on top of each other, only the
+ * last is seen. Values equal to 12 significant digits count as the same. */
+export function identicalLines(lines) {
+  const key = (l) => JSON.stringify([l.xs, l.ys.map((y) => (y === null ? null : Number(y.toPrecision(12))))]);
+  const groups = new Map();
+  for (const l of lines) {
+    if (!l.xs.length) continue;
+    const k = key(l);
+    if (!groups.has(k)) groups.set(k, []);
+    groups.get(k).push(l);
+  }
+  return [...groups.values()].filter((g) => g.length > 1);
+}
+
+/** A spec as {"optimizer.lr": 0.001, ...}: the leaves by their dotted path. */
+function leaves(obj, prefix = "", out = {}) {
+  for (const [k, v] of Object.entries(obj || {})) {
+    const path = prefix ? `${prefix}.${k}` : k;
+    if (v && typeof v === "object" && !Array.isArray(v)) leaves(v, path, out);
+    else out[path] = v;
+  }
+  return out;
+}
+
+/** A spec value as a label reads it: 0.001 as 1e-3, 1000000 as 1e6. */
+function short(v) {
+  if (typeof v === "number" && v !== 0 && (Math.abs(v) < 1e-2 || Math.abs(v) >= 1e5)) return v.toExponential().replace(/\.?0*e\+?/, "e");
+  return Array.isArray(v) ? v.join(",") : String(v);
+}
+
+/** What names a spec field in a label: component names by their value alone ("mlp"), other
+ * fields by their last part ("lr 1e-3"). */
+function part(path, v) {
+  return path === "precision" || path.endsWith(".name") ? short(v) : `${path.split(".").at(-1)} ${short(v)}`;
+}
+
+/** Each seed group's label, from what its runs share: the precision they trained in, the
+ * spec fields that set the groups apart (up to three; the learning rate when nothing
+ * does), and how many seeds: "bf16 · lr 1e-3 · 3 seeds". A lone run keeps its job's name. */
+export function groupLabels(groups) {
+  const specs = groups.map((g) => leaves(g[0].job.spec));
+  const paths = [...new Set(specs.flatMap((s) => Object.keys(s)))]
+    .filter((p) => p !== "seed" && p !== "name" && p !== "precision")
+    .filter((p) => new Set(specs.map((s) => JSON.stringify(s[p]))).size > 1);
+  const shown = paths.length ? paths.slice(0, 3) : ["optimizer.lr"];
+  return groups.map((g, i) => {
+    if (g.length === 1) return g[0].job.name;
+    const job = g[0].job;
+    const precision = job.precision?.effective || job.spec?.precision || "?";
+    const fields = shown.filter((p) => specs[i][p] !== undefined).map((p) => part(p, specs[i][p]));
+    return [precision, ...fields, `${g.length} seeds`].join(" · ");
+  });
+}

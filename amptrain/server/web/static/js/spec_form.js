@@ -6,6 +6,14 @@
 import { h, clear } from "./dom.js";
 
 const DEVICES = ["auto", "cpu", "cuda"];
+/** ``health.fallback``'s choices (contract/health_spec.py's Fallback; a browser test checks
+ * they match the API's schema). */
+const FALLBACKS = ["none", "auto", "bf16", "fp32"];
+
+/** A select of "default (…)" and `choices`. */
+function choice(defaultText, choices) {
+  return h("select", {}, h("option", { value: "" }, `default (${defaultText})`), choices.map((c) => h("option", { value: c }, c)));
+}
 
 /** A form element; `onSubmit(spec)` returns a Promise that rejects with an ApiError. */
 export function specForm(catalog, { onSubmit, submitLabel = "Submit job", extra = null, omit = [] }) {
@@ -102,6 +110,8 @@ export function specForm(catalog, { onSubmit, submitLabel = "Submit job", extra 
     field("max_steps", "max_steps (required)", h("input", { type: "number", step: "1", value: "200" })),
     omit.includes("precision") ? null : field("precision", "precision", precision),
     field("batch_size", "batch_size", h("input", { type: "number", step: "1", placeholder: "64" })),
+    field("seed", "seed", h("input", { type: "number", step: "1", placeholder: "0" }),
+      "Seeds every random number generator: runs that differ only by seed form a seed group on the compare page."),
     field("device", "device", h("select", {}, DEVICES.map((d) => h("option", { value: d }, d)))),
     field("queue", "queue", h("input", { type: "text", placeholder: "(by device)" })),
     field("weights.path", "weights.path", h("input", { type: "text", placeholder: "(none)" }),
@@ -110,13 +120,27 @@ export function specForm(catalog, { onSubmit, submitLabel = "Submit job", extra 
       h("option", { value: "true" }, "true"), h("option", { value: "false" }, "false")),
       "false: load what matches (e.g. a new head) and report what was left out."),
   ));
+  // Held-out evaluation and the numerics guardian: a fallback demo (fp16 with health.fallback
+  // bf16 and a dataset's feature_scale 1e6) is made from here.
+  const checks = h("fieldset", { id: "spec-checks" }, h("legend", {}, "Evaluation and health"), h("div", { class: "fields" },
+    field("eval.every_steps", "eval.every_steps", h("input", { type: "number", step: "1", placeholder: "0 (at the end only)" }),
+      "Evaluate on the held-out split after every this many steps; 0: only at the end."),
+    field("eval.batches", "eval.batches", h("input", { type: "number", step: "1", placeholder: "20" }), "Batches per evaluation."),
+    field("eval.at_end", "eval.at_end", choice("true", ["true", "false"]), "Evaluate after the last step."),
+    field("health.fallback", "health.fallback", choice("by precision", FALLBACKS),
+      "What an unhealthy fp16 run does: none fails naming the step; bf16, fp32 or auto go on in that precision from the last healthy checkpoint."),
+    field("health.max_consecutive_skips", "health.max_consecutive_skips", h("input", { type: "number", step: "1", placeholder: "(no limit)" }),
+      "fp16: unhealthy after more than this many consecutive skipped steps."),
+    field("health.warn_loss_scale_below", "health.warn_loss_scale_below", h("input", { type: "number", step: "any", placeholder: "128" }),
+      "fp16: a warning when the loss scale falls below this."),
+  ));
   const form = h("form", { class: "spec", novalidate: true, onsubmit: submit },
     general,
     componentSet("model", "Model", catalog.models, "model.args"),
     componentSet("dataset", "Dataset", catalog.datasets, "dataset.args"),
     componentSet("optimizer", "Optimizer", catalog.optimizers, "optimizer"),
     componentSet("schedule", "Schedule", catalog.schedules, "schedule"),
-    extra, formError,
+    checks, extra, formError,
     h("button", { class: "primary", type: "submit" }, submitLabel));
 
   function collect() {

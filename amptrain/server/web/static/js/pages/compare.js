@@ -1,27 +1,33 @@
 // Compare runs: overlay any metric of any jobs (overlay_panel.js), or run a precision A/B
 // comparison (POST /comparisons: one spec, one job per precision) and read its ratio table,
 // the accuracy verdict and the held-out curves of every arm side by side.
-import { api, ApiError } from "../api.js";
+import { api, ApiError, catalog } from "../api.js";
 import { FINISHED, clear, fmtAge, fmtBytes, fmtNum, h, statusBadge } from "../dom.js";
-import { STEP_INCRS } from "../charts.js";
+import { axisTitle } from "../legend.js";
+import { OverlayPlot, lineStyle } from "../overlay.js";
 import { overlayPanel } from "../overlay_panel.js";
 import { describeSpans, precisionSpans } from "../segments.js";
 import { specForm } from "../spec_form.js";
 
-const uPlot = window.uPlot;
-const COLORS = ["#2f6fde", "#d9480f", "#2b8a3e", "#862e9c", "#e67700", "#0b7285"];
 const POLL_MS = 3000;
 
 export function mount(root, args) {
   return args.id ? report(root, args.id) : overview(root, args.jobs ? args.jobs.split(",") : []);
 }
 
-/** A comparison's overlaid eval curves: rows of [step, ...] joined on the step axis by uPlot.join. */
-function overlayChart(el, names, curves, { height = 260, points = false } = {}) {
-  const data = curves.length ? uPlot.join(curves) : [[]];
-  const series = [{ label: "step" }, ...names.map((n, i) => ({ label: n, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true, points: { show: points }, value: (u, v) => fmtNum(v) }))];
-  return new uPlot({ width: el.clientWidth || 800, height, series, scales: { x: { time: false } },
-    axes: [{ incrs: STEP_INCRS }, { size: 64, values: (u, vs) => vs.map((v) => fmtNum(v, 3)) }], cursor: { drag: { x: true, y: false } } }, data, el);
+/** The comparison in one line, from its verdict data: each arm's throughput against the
+ * baseline's (the API's samples/s) and whether it kept its accuracy, e.g.
+ * "bf16: 1.03× fp32's throughput, accuracy kept". */
+export function headline(c) {
+  if (!c.baseline) return "No fp32 run: nothing to compare against.";
+  const arms = c.runs.filter((r) => r.precision !== c.baseline);
+  const parts = arms.map((r) => {
+    const speed = r.ratios.throughput == null ? "throughput not measured yet" : `${r.ratios.throughput.toFixed(2)}× ${c.baseline}'s throughput`;
+    const kept = r.verdict.kept_accuracy;
+    const accuracy = kept === true ? "accuracy kept" : kept === false ? "accuracy lost" : r.status === "failed" ? "failed" : "accuracy not evaluated yet";
+    return `${r.precision}: ${speed}, ${accuracy}`;
+  });
+  return parts.join(" · ") || `Only ${c.baseline} was run.`;
 }
 
 function overview(root, preselected) {
@@ -93,43 +99,51 @@ function accuracyCells(r) {
 function report(root, id) {
   const head = h("div", { class: "card", id: "comparison" }, h("span", { class: "muted" }, "Loading…"));
   const plotEl = h("div", { id: "comparison-curves" });
+  const lossPlot = new OverlayPlot(plotEl, { height: 280, syncKey: `comparison-${id}` });
+  const defs = catalog().then((cat) => Object.fromEntries((cat.eval_metrics || []).map((m) => [m.name, m])));
   const evalEl = h("div", { class: "charts", id: "comparison-evals" }, h("p", { class: "muted small" }, "No evaluation yet."));
   root.append(h("div", { class: "small", style: "margin-bottom:6px" }, h("a", { href: "#/compare" }, "← Compare")), head,
     h("div", { class: "card" }, h("h2", {}, "Loss by step"), plotEl),
     h("div", { class: "card" }, h("h2", {}, "Held-out evaluation by step"),
       h("p", { class: "small muted" }, "Every arm evaluated on the same held-out samples, one line per precision."), evalEl));
-  let plot = null;
   let evalPlots = [];
   let evalKey = "";
   let timer = null;
   let stopped = false;
+  let lossKey = "";
 
   /** One chart per eval metric, each arm's series side by side; redrawn when a run evaluated again. */
   async function drawEvals(c) {
     const key = c.runs.map((r) => `${r.job_id}:${r.eval_step}`).join(",");
     if (key === evalKey || !c.runs.some((r) => r.eval_step !== null)) return;
     evalKey = key;
-    const pages = await Promise.all(c.runs.map((r) => api(`/jobs/${encodeURIComponent(r.job_id)}/evals`, { params: { limit: 10000 } })));
+    const [pages, metrics] = await Promise.all([
+      Promise.all(c.runs.map((r) => api(`/jobs/${encodeURIComponent(r.job_id)}/evals`, { params: { limit: 10000 } }))), defs]);
     if (stopped) return;
     const names = [...new Set(pages.flatMap((p) => p.items.flatMap((i) => Object.keys(i.values))))];
-    evalPlots.forEach((p) => p.destroy());
+    evalPlots.forEach((p) => p.close());
     evalPlots = [];
     evalEl.replaceChildren();
     for (const name of names) {
-      const curves = pages.map((p) => {
-        const items = p.items.filter((i) => name in i.values);
-        return [items.map((i) => i.step), items.map((i) => i.values[name])];
+      const lines = pages.map((p, i) => {
+        const items = p.items.filter((it) => name in it.values);
+        return { label: c.runs[i].precision, ...lineStyle(i), xs: items.map((it) => it.step), ys: items.map((it) => it.values[name]) };
       });
+      const plotBox = h("div", {});
       const el = h("div", { class: "card chart", dataset: { evalCurve: name, series: String(c.runs.length) } },
-        h("header", {}, h("strong", {}, `eval: ${name.replaceAll("_", " ")}`)));
+        h("header", {}, h("strong", {}, `eval: ${name.replaceAll("_", " ")}`)), plotBox);
       evalEl.append(el);
-      evalPlots.push(overlayChart(el, c.runs.map((r) => r.precision), curves, { height: 200, points: true }));
+      // Each run's points on an axis from step 0 to the runs' length, and within the metric's range.
+      const plot = new OverlayPlot(plotBox, { height: 200, syncKey: `comparison-${id}` });
+      plot.draw(lines, { xMax: runLength(c), bounds: metrics[name]?.bounds || null, yLabel: axisTitle(name, metrics[name]?.unit),
+        what: `${name.replaceAll("_", " ")} curves` });
+      evalPlots.push(plot);
     }
   }
 
   function render(c) {
     const base = c.baseline;
-    clear(head, h("h1", {}, c.name), h("p", { class: "small muted" },
+    clear(head, h("h1", {}, c.name), h("p", { class: "headline", id: "comparison-headline" }, headline(c)), h("p", { class: "small muted" },
       base ? `Ratios against the ${base} run. Throughput: mean samples/s after the first 10% of steps; final loss: mean of the last 10% of steps.` : "No fp32 run: no ratios."),
     h("table", { id: "ratio-table" },
       h("thead", {}, h("tr", {}, ["Precision", "Job", "Status", "Trained in", "Samples/s", `× ${base || "base"}`, "Peak memory", `× ${base || "base"}`, "Final loss", `× ${base || "base"}`, "Accuracy", "Δ points", "Accuracy kept"]
@@ -145,12 +159,12 @@ function report(root, id) {
         h("td", { class: "num" }, fmtNum(r.final_loss, 4)), ratioCell(r.ratios.final_loss, "final_loss"),
         ...accuracyCells(r))))),
     h("p", { class: "small muted" }, `Accuracy kept: at most ${c.tolerance.accuracy_points} points of accuracy lost and ${(c.tolerance.eval_loss_relative * 100).toFixed(1)}% more eval loss than ${base || "the baseline"}, on the final evaluation.`));
-    const names = Object.keys(c.loss_curves.loss);
-    const data = [c.loss_curves.step, ...names.map((n) => c.loss_curves.loss[n])];
-    const series = [{ label: "step" }, ...names.map((n, i) => ({ label: n, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true, value: (u, v) => fmtNum(v) }))];
-    if (plot) plot.setData(data);
-    else plot = new uPlot({ width: plotEl.clientWidth || 800, height: 280, series, scales: { x: { time: false } },
-      axes: [{ incrs: STEP_INCRS }, { size: 64, values: (u, vs) => vs.map((v) => fmtNum(v, 3)) }], cursor: { drag: { x: true, y: false } } }, data, plotEl);
+    // Each arm's color and dash pattern (identical curves are named above the plot).
+    const curves = c.loss_curves;
+    const lines = Object.keys(curves.loss).map((n, i) => ({ label: n, ...lineStyle(i), xs: curves.step, ys: curves.loss[n] }));
+    const key = JSON.stringify(curves);
+    if (key !== lossKey) lossPlot.draw(lines, { xMax: runLength(c), yLabel: "loss", what: "loss curves" });
+    lossKey = key;
   }
 
   // After every run finished, the recorder may still be storing the last points: poll
@@ -171,5 +185,10 @@ function report(root, id) {
     }
   }
   poll();
-  return () => { stopped = true; clearTimeout(timer); plot?.destroy(); evalPlots.forEach((p) => p.destroy()); };
+  return () => { stopped = true; clearTimeout(timer); lossPlot.close(); evalPlots.forEach((p) => p.close()); };
+}
+
+/** The longest arm's max_steps: the x axes run from 0 to it. */
+function runLength(c) {
+  return Math.max(0, ...c.runs.map((r) => r.max_steps || 0)) || null;
 }

@@ -9,7 +9,7 @@ import { LayerNormChart } from "../layer_norms.js";
 import { ParentOverlay, forkForm, lineageLinks } from "../lineage.js";
 import { LiveFeed } from "../live.js";
 import { showOffenders } from "../offenders.js";
-import { describeSpans, precisionSpans } from "../segments.js";
+import { describeSpans, fallbackReason, precisionSpans } from "../segments.js";
 import { Series } from "../series.js";
 import { Timeline } from "../timeline.js";
 import { readState, writeState } from "../urlstate.js";
@@ -160,6 +160,10 @@ export function mount(root, { id }) {
     const s = job.summary || {};
     const spans = precisionSpans(job.precision_history);
     group.setSpans(spans);
+    group.setPrecision(p.effective || (p.requested !== "auto" ? p.requested : null));
+    evals.bound(job.max_steps);
+    // A fallback's reason in one sentence from its fields; the policy's own text in the tooltip.
+    const why = fallbackReason(spans) || p.reason || "–";
     const status = liveStart && liveStart.attempt > job.attempt ? "running" : job.status;
     const cancellable = !FINISHED.has(status) && status !== "cancelling";
     clear(head, h("div", { class: "job-head" },
@@ -172,7 +176,7 @@ export function mount(root, { id }) {
         progressBar(job.step, job.max_steps)),
       h("dl", { class: "kv" },
         h("dt", {}, "precision"), h("dd", { id: "precision", title: p.reason || "" }, p.effective ? `${p.effective} (asked ${p.requested})` : `${p.requested} (not started)`),
-        h("dt", {}, "why"), h("dd", { class: "small" }, p.reason || "–"),
+        h("dt", {}, "why"), h("dd", { class: "small", id: "precision-why", title: p.reason || "" }, why),
         spans.length ? h("dt", {}, "precisions") : null,
         spans.length ? h("dd", { id: "precision-history", class: "small" }, describeSpans(spans)) : null,
         h("dt", {}, "attempt"), h("dd", {}, `${Math.max(job.attempt, liveStart?.attempt || 0)}${job.worker ? ` on ${job.worker}` : ""}`),

@@ -34,7 +34,9 @@ export function mount(root) {
             h("div", { class: "mono" }, Object.entries(w.versions || {}).map(([k, v]) => `${k} ${v ?? "–"}`).join(" · ") || "–")),
           h("div", {}, h("div", { class: "small muted" }, "Current jobs"),
             (w.current_jobs || []).length ? w.current_jobs.map((j) => h("div", {},
-              j.job_id ? h("a", { href: `#/jobs/${encodeURIComponent(j.job_id)}` }, j.job_id) : h("span", { class: "muted" }, "(another user's job)"),
+              // The job by its name (people know their jobs by name), its id in the tooltip.
+              j.job_id ? h("a", { href: `#/jobs/${encodeURIComponent(j.job_id)}`, title: j.job_id, class: "job-link", dataset: { jobId: j.job_id } }, j.name || j.job_id)
+                : h("span", { class: "muted" }, "(another user's job)"),
               j.reservation ? ` · ${reservationText(j)}` : "",
               j.step != null ? ` · step ${j.step}` : "", j.samples_per_second != null ? ` · ${fmtNum(j.samples_per_second, 3)} samples/s` : "")) : h("span", { class: "muted" }, "idle")))))
         : h("p", { class: "muted" }, "No live workers."));
