@@ -24,6 +24,7 @@ import click
 from amptrain.cli.embedded_redis import EmbeddedRedis
 from amptrain.cli.up_shapes import ShapeWorkers
 from amptrain.cli.up_stop import WORKER_PART, Stopper, say
+from amptrain.contract.local_server import client_url, remove_record, write_record
 from amptrain.core.lifeline import DieWithSpawner
 from amptrain.core.settings import Settings
 from amptrain.store.db import make_engine, make_session_factory
@@ -105,12 +106,16 @@ def _prepare(settings: Settings) -> bool:
     help="The worker's Prometheus port, 0 for none [default: $AMPTRAIN_WORKER_METRICS_PORT "
     "or 9808].",
 )
+@click.option(
+    "--verbose", is_flag=True, help="Also Celery's banner and Celery's and uvicorn's info lines."
+)
 def up(
     host: str,
     port: int,
     data_dir: Path | None,
     slots: int | None,
     worker_metrics_port: int | None,
+    verbose: bool,
 ) -> None:
     """Run everything on this machine: Redis, database, one worker, the recorder, the API."""
     settings = up_settings(data_dir)
@@ -126,7 +131,9 @@ def up(
         raise
 
     env = child_env(settings)
-    worker = ["worker", "--queues", ",".join(settings.queues)]
+    # The terminal shows amptrain's lines; the libraries' own info lines with --verbose.
+    quiet = [] if verbose else ["--quiet"]
+    worker = ["worker", "--queues", ",".join(settings.queues), *quiet]
     if slots is not None:
         worker += ["--concurrency", str(slots)]
     if worker_metrics_port is not None:
@@ -140,8 +147,11 @@ def up(
         # AMPTRAIN_RECORDER_IN_API keeps it in the API.
         env["AMPTRAIN_RECORDER_IN_API"] = "false"
         parts["recorder"] = _spawn(["recorder"], env)
-    parts["api"] = _spawn(["api", "--host", host, "--port", str(port)], env)
-    click.echo(f"amptrain is up at http://{host}:{port}/ui/  (data in {settings.data_dir})")
+    parts["api"] = _spawn(["api", "--host", host, "--port", str(port), *quiet], env)
+    # The command-line client finds this server by this record (while `up` lives).
+    url = client_url(host, port)
+    write_record(settings.data_dir, url, os.getpid())
+    click.echo(f"amptrain is up at {url}/ui/  (data in {settings.data_dir})")
     if not new_token:
         click.echo(f"admin token: see {settings.admin_token_file} or AMPTRAIN_ADMIN_TOKEN")
 
@@ -150,7 +160,7 @@ def up(
     shapes = ShapeWorkers(
         make_session_factory(engine),
         tuple(settings.queues),
-        lambda args: _spawn(args, env),
+        lambda args: _spawn([*args, *quiet], env),
         parts,
         gpus=lambda: len(visible_gpus()),
     )
@@ -158,6 +168,7 @@ def up(
         crashed = _run_until_stopped(parts, shapes.poll)
     finally:
         engine.dispose()
+        remove_record(settings.data_dir, os.getpid())
     orderly = stopper.stop()
     sys.exit(0 if orderly and not crashed else 1)
 

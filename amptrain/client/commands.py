@@ -53,7 +53,9 @@ def connection_options(fn: F) -> F:
         "--token", help="API token (default: AMPTRAIN_TOKEN, config file, data dir)."
     )(fn)
     fn = click.option(
-        "--url", help="Server URL (default: AMPTRAIN_URL, config file, http://127.0.0.1:8000)."
+        "--url",
+        help="Server URL (default: AMPTRAIN_URL, config file, the running `amptrain up` of "
+        "the data directory, http://127.0.0.1:8000).",
     )(fn)
     return fn
 

@@ -60,11 +60,6 @@ def steady_rate(newest: Sequence[tuple[float, float]], steps: int) -> float | No
     return sum(rate * ms for rate, ms in window) / 1000.0 / seconds if seconds > 0 else None
 
 
-def usable(rate: Any, ms: Any) -> bool:
-    """Whether a step's rate and time count towards the steady rate."""
-    return _finite(rate) and _finite(ms) and ms > 0
-
-
 class ProgressView:
     """Feed it each metric point in order (:meth:`add`); it returns the values to show."""
 
@@ -77,7 +72,7 @@ class ProgressView:
     def add(self, point: dict[str, Any]) -> dict[str, Any]:
         shown = dict(point)
         rate, ms = point.get("samples_per_second"), point.get("step_time_ms")
-        if usable(rate, ms):
+        if _finite(rate) and _finite(ms) and ms > 0:
             self._window.append((rate, ms))
             self._steps += 1
         if self._window:

@@ -45,15 +45,18 @@ log = logging.getLogger(__name__)
 SWEEP_BATCH = 200
 
 
-def queue_for(spec: JobSpec) -> str:
+def queue_for(spec: JobSpec, cpu_only: bool = False) -> str:
     """The Celery queue a job goes to: the spec's ``queue`` if it names one, else the queue
-    of its shape: ``cpu`` when it asks for the CPU, else ``gpu``, for one device, and
+    of its shape: ``cpu`` when it asks for the CPU (or, with ``device: auto``, when
+    ``cpu_only``: the live workers have no GPU, so it trains on the CPU: see
+    :func:`amptrain.server.web.admission.job_queue`), else ``gpu``, for one device, and
     ``cpu-x{N}`` / ``gpu-x{N}`` for ``devices: N``, which only workers started with
     ``--devices-per-job N`` consume (routing by queue, as Celery fleets do: each pool
     process owns its N devices before it takes a message)."""
     if spec.queue:
         return spec.queue
-    return shape_queue("cpu" if spec.device == "cpu" else "gpu", spec.devices)
+    on_cpu = spec.device == "cpu" or (cpu_only and spec.device == "auto")
+    return shape_queue("cpu" if on_cpu else "gpu", spec.devices)
 
 
 class Dispatcher:

@@ -19,7 +19,6 @@ from amptrain.contract.spec import JobSpec
 from amptrain.core.checkpoint_pins import CheckpointPins
 from amptrain.core.enums import JobStatus
 from amptrain.core.redis import CANCEL_KEY_TTL_S, Keys
-from amptrain.server.dispatcher import queue_for
 from amptrain.server.runtime import Services
 from amptrain.server.web.admission import no_worker_notice, submission_problems
 from amptrain.server.web.auth import Principal
@@ -93,7 +92,9 @@ def submit_job(
     """Queue a training job. With an ``Idempotency-Key`` the same key and body return the
     original job (200); the same key with another body is a 409. A caller already holding
     ``AMPTRAIN_MAX_ACTIVE_JOBS_PER_USER`` unfinished jobs gets 429 (admins are exempt)."""
-    problems, workers = submission_problems(spec, user.name, services, len(canonical_spec(spec)))
+    problems, queue, workers = submission_problems(
+        spec, user.name, services, len(canonical_spec(spec))
+    )
     if problems:
         raise ValidationFailed(field_problems(problems))
     digest = request_hash(spec)
@@ -104,7 +105,7 @@ def submit_job(
     if not user.is_admin:
         check_active_jobs(session, user.name, services.settings.max_active_jobs_per_user)
     try:
-        job = repo.create_job(session, spec, user.name, queue_for(spec), idempotency_key, digest)
+        job = repo.create_job(session, spec, user.name, queue, idempotency_key, digest)
     except IntegrityError:
         # A concurrent request with the same key won the insert.
         session.rollback()
