@@ -31,6 +31,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from amptrain.contract.spec import JobSpec
 from amptrain.core import presence
 from amptrain.core.enums import TaskName
+from amptrain.core.queue_order import send_priority
 from amptrain.core.redis import Keys
 from amptrain.core.settings import Settings, shape_queue
 from amptrain.server import reconciler
@@ -116,8 +117,10 @@ class Dispatcher:
                 next_sweep = time.monotonic() + self.interval
         self._resign()
 
-    def send(self, job_id: str, queue_name: str) -> bool:
-        """Publish one job and mark it dispatched; False when the broker refused."""
+    def send(self, job_id: str, queue_name: str, attempt: int = 0) -> bool:
+        """Publish one job (ahead of the jobs that never ran when it ran before: ``attempt``,
+        :mod:`amptrain.core.queue_order`) and mark it dispatched; False when the broker
+        refused."""
         allowed = self.settings.routable_queues
         if queue_name not in allowed:
             # The API checked the queue against the settings of its day; an operator may
@@ -127,7 +130,11 @@ class Dispatcher:
             return True
         try:
             self.celery.send_task(
-                TaskName.RUN_JOB, args=[job_id], queue=queue_name, ignore_result=True
+                TaskName.RUN_JOB,
+                args=[job_id],
+                queue=queue_name,
+                priority=send_priority(attempt),
+                ignore_result=True,
             )
         except Exception as exc:  # kombu raises many kinds; all mean "not sent, retry later"
             log.warning("dispatch of %s to %s failed (will retry): %s", job_id, queue_name, exc)
@@ -166,8 +173,8 @@ class Dispatcher:
         with self.sessions() as s:
             rows = outbox.undispatched(s, utcnow() - self.sweep_min_age, SWEEP_BATCH)
         sent = 0
-        for job_id, queue_name in rows:
-            if not self.send(job_id, queue_name):
+        for job_id, queue_name, attempt in rows:
+            if not self.send(job_id, queue_name, attempt):
                 break  # broker down: try again next sweep rather than time out per job
             sent += 1
         if sent:
