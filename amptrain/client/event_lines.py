@@ -6,6 +6,8 @@ showed server paths); ``--json`` still gives every event whole.
 
 from __future__ import annotations
 
+import re
+import textwrap
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -27,9 +29,11 @@ CHECKPOINTS_SHOWN = 3
 def _error(data: dict[str, Any]) -> str:
     nested = data.get("error")
     error: dict[str, Any] = nested if isinstance(nested, dict) else data
-    message = error.get("message") or error.get("reason") or ""
+    message = str(error.get("message") or error.get("reason") or "")
     code = error.get("code")
-    return f"{code}: {message}" if code and message else str(message or code or "")
+    if code and message and not message.startswith(str(code)):  # not "diverged: diverged at"
+        return f"{code}: {message}"
+    return message or str(code or "")
 
 
 def _started(data: dict[str, Any]) -> str:
@@ -93,17 +97,43 @@ def _generic(data: dict[str, Any]) -> str:
 
 
 def event_line(ev: Event, width: int | None = None) -> str:
-    """``HH:MM:SS type step N detail``, cut to ``width`` characters (rich markup aside)."""
+    """``HH:MM:SS type step N detail``, the step said once (a detail's own "step N" or
+    "at step N" of the same step left out); within ``width`` the detail wraps onto lines
+    indented under the type, never cut (rich markup aside)."""
     stamp = time.strftime("%H:%M:%S", time.localtime(ev.get("time") or time.time()))
     data = ev.get("data") or {}
-    detail = _DETAIL.get(ev["type"], _generic)(data)
     step = "" if not ev.get("step") else f" step {ev['step']}"
-    plain = f"{stamp} {ev['type']}{step}"
-    if detail and width is not None:
-        room = width - len(plain) - 1
-        detail = detail if len(detail) <= room else detail[: max(room - 1, 0)] + "…"
-    tail = f" {_escape(detail)}" if detail else ""
-    return f"[dim]{stamp}[/] [cyan]{ev['type']}[/]{step}{tail}"
+    detail = _once(_DETAIL.get(ev["type"], _generic)(data), ev.get("step"))
+    head = f"[dim]{stamp}[/] [cyan]{ev['type']}[/]{step}"
+    if not detail:
+        return head
+    if width is None:
+        return f"{head} {_escape(detail)}"
+    plain = f"{stamp} {ev['type']}{step} "
+    lines = textwrap.wrap(
+        detail,
+        max(width, len(plain) + MIN_DETAIL),
+        initial_indent=" " * len(plain),
+        subsequent_indent=" " * CONTINUATION_INDENT,
+        break_on_hyphens=False,
+    )
+    first, *rest = lines or [""]
+    return "\n".join([f"{head} {_escape(first.lstrip())}", *map(_escape, rest)])
+
+
+CONTINUATION_INDENT = 9
+"""A wrapped event's continuation lines start under its type (after ``HH:MM:SS ``)."""
+MIN_DETAIL = 20
+"""Room a detail keeps on the first line however narrow the terminal."""
+
+
+def _once(detail: str, step: Any) -> str:
+    """``detail`` without the event's own step again: "step 3 skipped ..." -> "skipped ...",
+    "unhealthy at step 3: ..." -> "unhealthy: ..." (another step's number stays)."""
+    if not step:
+        return detail
+    detail = re.sub(rf"^step {int(step)}\b[:,]?\s*", "", detail)
+    return re.sub(rf" at step {int(step)}\b", "", detail)
 
 
 def eval_names(values: dict[str, Any]) -> list[str]:
