@@ -40,8 +40,8 @@ from amptrain.client.event_lines import (
     with_headline,
 )
 from amptrain.client.http import ApiError, Client, resolve_config
-from amptrain.contract.metrics import progress_line
-from amptrain.contract.progress import ProgressView
+from amptrain.client.progress_bar import StatsProgress, placed
+from amptrain.contract.progress import LAST_LOSS_LABEL, ProgressView, progress_line
 from amptrain.contract.spec_file import load_spec_file
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -174,22 +174,29 @@ async def _follow(
     with _progress(disable=as_json) as progress:
         name = _short(job["name"])
         room = _stats_room(progress.console.width, name, job["max_steps"])
-        task = progress.add_task(name, total=job["max_steps"], completed=job["step"], stats="…")
+        task = progress.add_task(
+            name, total=job["max_steps"], completed=job["step"], stats="…", below=""
+        )
         point: dict[str, Any] | None = None
         view = ProgressView()  # smoothed loss, steady-state samples/s
         headline = None  # the newest evaluation's accuracy (or loss), kept in view
+
+        def fields(point: dict[str, Any]) -> dict[str, Any]:
+            line = functools.partial(progress_line, point, smoothed_loss=True)
+            whole = functools.partial(with_headline, line, headline)
+            return placed(lambda w: whole(UNCUT_WIDTH if w is None else w), room, width)
+
+        width = progress.console.width
         async for msg in client.watch(job["id"], after=after, on_reconnect=reconnecting):
             if as_json:
                 click.echo(json.dumps(msg))
             if msg["type"] == "metric":
                 point = view.add(msg["data"])
-                stats = with_headline(functools.partial(progress_line, point), headline, room)
-                progress.update(task, completed=point["step"], stats=stats)
+                progress.update(task, completed=point["step"], **fields(point))
             elif msg["type"] == "eval":
                 headline = eval_headline(msg["data"]["values"])
                 if point is not None:
-                    stats = with_headline(functools.partial(progress_line, point), headline, room)
-                    progress.update(task, stats=stats)
+                    progress.update(task, **fields(point))
                 if not as_json:
                     progress.console.print(eval_line(msg["data"], progress.console.width))
             elif msg["type"] == "layer_grad_norm" and not as_json:
@@ -235,16 +242,16 @@ def _short(name: str) -> str:
     return name if len(name) <= NAME_WIDTH else name[: NAME_WIDTH - 1] + "…"
 
 
-def _progress(disable: bool) -> Progress:
-    return Progress(
+def _progress(disable: bool, out: Console | None = None) -> Progress:
+    return StatsProgress(
         TextColumn("{task.description}", style="bold", markup=False),
-        BarColumn(bar_width=_bar_width(console.width)),
+        BarColumn(bar_width=_bar_width((out or console).width)),
         MofNCompleteColumn(),
         TimeElapsedColumn(),
         TextColumn("eta"),
         TimeRemainingColumn(),
         TextColumn("{task.fields[stats]}"),
-        console=console,
+        console=out or console,
         disable=disable,
     )
 
@@ -270,7 +277,15 @@ def jobs(status: str | None, limit: int, as_json: bool, url: str | None, token: 
         out = Console(width=UNCUT_WIDTH)
     # No vertical rules: at 80 columns their 22 characters are what the id and time need.
     table = Table(
-        "id", "name", "status", "step", "precision", "loss", "age", box=box.SIMPLE, pad_edge=False
+        "id",
+        "name",
+        "status",
+        "step",
+        "precision",
+        LAST_LOSS_LABEL,
+        "age",
+        box=box.SIMPLE,
+        pad_edge=False,
     )
     # The id keeps enough to be a unique prefix; the name gives way first.
     table.columns[0].min_width = ID_SHOWN

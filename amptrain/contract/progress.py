@@ -22,6 +22,8 @@ from collections.abc import Sequence
 from itertools import count
 from typing import Any, TypeGuard
 
+from amptrain.contract.metrics import BY_NAME, SUMMARY_FIELDS, show
+
 STEADY_WINDOW = 100
 """Steps the steady-state samples/s is measured over (at most)."""
 WARMUP_FRACTION = 0.1
@@ -87,3 +89,35 @@ class ProgressView:
 
 def _finite(value: Any) -> TypeGuard[float]:
     return isinstance(value, int | float) and math.isfinite(value)
+
+
+LAST_LOSS_LABEL = "last loss"
+"""How ``amptrain jobs`` and ``amptrain train``'s last line label the newest step's own
+(raw) loss, ``summary.loss``: the figure the API returns."""
+LAST_LOSS_DOC = (
+    "The newest recorded step's own loss, raw (not smoothed; the command lines' progress "
+    f"bar shows a moving average, labelled {'smoothed loss'!r}): what `amptrain jobs` "
+    f"shows as {LAST_LOSS_LABEL!r}."
+)
+"""What ``summary.loss`` is."""
+SMOOTHED_LOSS_LABEL = "smoothed loss"
+"""How a progress line labels the moving average it shows instead of the step's own loss
+(:class:`~amptrain.contract.progress.ProgressView`): ``amptrain jobs`` and the API's
+``summary.loss`` show the newest step's raw loss (:data:`LAST_LOSS_LABEL`)."""
+
+
+def progress_line(
+    values: dict[str, Any], width: int | None = None, smoothed_loss: bool = False
+) -> str:
+    """The summary fields of a record, as both command lines show them; the last fields
+    are left out until the line fits ``width`` characters (the first always stays).
+    ``smoothed_loss``: ``values["loss"]`` is the moving average, and says so."""
+    shown = [n for n in SUMMARY_FIELDS if values.get(n) is not None or not BY_NAME[n].optional]
+    parts = [show(name, values.get(name)) for name in shown]
+    if smoothed_loss and "loss" in shown:
+        label = BY_NAME["loss"].label or "loss"
+        at = shown.index("loss")
+        parts[at] = SMOOTHED_LOSS_LABEL + parts[at].removeprefix(label)
+    while width is not None and len(parts) > 1 and len(" · ".join(parts)) > width:
+        parts.pop()
+    return " · ".join(parts)

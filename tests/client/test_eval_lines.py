@@ -7,7 +7,7 @@ import functools
 
 from amptrain.client.commands import _short, _stats_room
 from amptrain.client.event_lines import eval_headline, eval_line, layer_norms_line, with_headline
-from amptrain.contract.metrics import progress_line
+from amptrain.contract.progress import progress_line
 
 
 def test_an_evaluation_is_one_short_line_accuracy_first() -> None:
