@@ -11,6 +11,7 @@ import re
 import signal
 import subprocess
 import sys
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,18 @@ def test_submit_watch_exits_zero_and_the_other_commands_work(
     now = amptrain(api_stack, "watch", job_id, "--json")
     assert now.returncode == 0 and '"type": "metric"' not in now.stdout
     assert '"type": "end"' in now.stdout
+    # At a terminal, a watch of the finished job tells what already happened (each event
+    # once) and the job's own elapsed time, not the watch's.
+    env = {**api_stack.env, "AMPTRAIN_URL": f"http://127.0.0.1:{api_stack.port}"}
+    env["AMPTRAIN_TOKEN"] = api_stack.token
+    cmd = [sys.executable, "-m", "amptrain.cli.main", "watch", job_id]
+    screen = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", at_terminal(cmd, env, columns=80))
+    assert all(len(line) <= 80 for line in screen.splitlines()), screen
+    for kind in ("queued on queue", "started attempt 1", "succeeded"):
+        assert len(re.findall(rf"\d\d:\d\d:\d\d {kind}", screen)) == 1, (kind, screen)
+    job = api_stack.job(job_id)
+    ran = datetime.fromisoformat(job["finished_at"]) - datetime.fromisoformat(job["started_at"])
+    assert f" {timedelta(seconds=int(ran.total_seconds()))} " in screen, (ran, screen)
     finished = amptrain(api_stack, "cancel", job_id)
     assert finished.returncode == 2 and "already succeeded" in finished.stderr
 

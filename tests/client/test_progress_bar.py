@@ -9,8 +9,7 @@ import re
 
 from rich.console import Console
 
-from amptrain.client import commands
-from amptrain.client.progress_bar import placed
+from amptrain.client.progress_bar import bar, placed, stats_room
 from amptrain.contract.progress import ProgressView, progress_line
 
 POINT = {
@@ -26,11 +25,11 @@ POINT = {
 
 def render(width: int) -> list[str]:
     out = Console(file=io.StringIO(), width=width, force_terminal=True, color_system=None)
-    progress = commands._progress(disable=False, out=out)
+    progress = bar(out)
     task = progress.add_task("fallback-demo", total=300, completed=120, stats="", below="")
     point = ProgressView().add(POINT)
     fields = functools.partial(progress_line, point, smoothed_loss=True)
-    room = commands._stats_room(width, "fallback-demo", 300)
+    room = stats_room(width, "fallback-demo", 300)
     progress.update(task, **placed(fields, room, width))
     out.print(progress.get_renderable())
     text = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", out.file.getvalue())  # type: ignore[attr-defined]
