@@ -68,17 +68,20 @@ def fail(exc: ApiError) -> NoReturn:
 
 
 def fetch_listing(
-    fetch: Callable[[], list[dict[str, Any]]], as_json: bool
+    fetch: Callable[[], list[dict[str, Any]]], as_json: bool, empty: str = ""
 ) -> list[dict[str, Any]] | None:
     """The items ``fetch`` asks the API for (an error ends the command: :func:`fail`). With
     ``--json`` they are printed as one JSON array and None is returned: nothing is left to
-    print."""
+    print; so it is when there are none, after ``empty`` (what to do next) is printed."""
     try:
         items = fetch()
     except ApiError as exc:
         fail(exc)
     if as_json:
         click.echo(json.dumps(items, indent=2))
+        return None
+    if not items and empty:
+        click.echo(empty)  # a header over nothing said nothing
         return None
     return items
 
@@ -262,7 +265,9 @@ def _num(value: Any) -> str:
 @connection_options
 def jobs(status: str | None, limit: int, as_json: bool, url: str | None, token: str | None) -> None:
     """List jobs, newest first (ids whole when the output is not a terminal)."""
-    items = fetch_listing(lambda: make_client(url, token).jobs(status, limit), as_json)
+    none = f"No {status} jobs." if status else "No jobs yet."
+    empty = f"{none} Submit one: amptrain submit amptrain/examples/mlp.yaml --watch"
+    items = fetch_listing(lambda: make_client(url, token).jobs(status, limit), as_json, empty)
     if items is None:
         return
     out = Console()

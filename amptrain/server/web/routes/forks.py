@@ -42,6 +42,7 @@ FORKABLE_LISTED = 100
     status_code=status.HTTP_201_CREATED,
     response_model=JobOut,
     responses=error_responses(400, 409, 413, 429),
+    summary="Fork a job from one of its checkpoints",
 )
 def fork_job(
     job_id: str,

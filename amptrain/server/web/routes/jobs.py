@@ -78,6 +78,7 @@ def request_hash(spec: JobSpec) -> str:
     status_code=status.HTTP_201_CREATED,
     response_model=JobOut,
     responses=error_responses(400, 409, 413, 429),
+    summary="Submit a job",
 )
 def submit_job(
     spec: JobSpec,
@@ -158,7 +159,7 @@ def _replay(job: Job, digest: str, response: Response, admin: bool) -> JobOut:
     return JobOut.from_job(job, admin=admin)
 
 
-@router.get("", response_model=JobPage)
+@router.get("", response_model=JobPage, summary="List jobs")
 def list_jobs(
     session: SessionDep,
     user: CurrentUser,
@@ -252,7 +253,7 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
     return created_at, job_id
 
 
-@router.get("/{job_id}", response_model=JobOut, responses=error_responses(404))
+@router.get("/{job_id}", response_model=JobOut, responses=error_responses(404), summary="Get a job")
 def read_job(job_id: str, session: SessionDep, user: CurrentUser) -> JobOut:
     """One job: status, progress, precision (and its history), error and latest metrics
     summary."""
@@ -302,6 +303,7 @@ def _nodes(found: list[dict[str, Any]], admin: bool) -> list[NodeOut]:
     status_code=status.HTTP_202_ACCEPTED,
     response_model=JobOut,
     responses=error_responses(404, 409, 429),
+    summary="Cancel a job",
 )
 def cancel_job(
     job_id: str, session: SessionDep, user: CurrentUser, services: ServicesDep
