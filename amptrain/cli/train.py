@@ -44,6 +44,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from amptrain.client.event_lines import event_line
 from amptrain.client.progress_bar import StatsProgress, placed
 from amptrain.contract.catalog import validate_components, validate_refs
 from amptrain.contract.errors import TrainingError, classify_failure
@@ -123,10 +124,8 @@ class ConsoleSink:
 
     def _show_event(self, item: dict[str, Any]) -> None:
         data = item["data"]
-        if item["type"] == "warning":
-            self.console.print(
-                f"[yellow]warning[/] step {item['step']}: {escape(str(data.get('message', data)))}"
-            )
+        if item["type"] in ("warning", ROLLBACK_EVENT):  # as `watch` prints them: the step once
+            self.console.print(event_line(item, self.console.width), soft_wrap=True)
         elif item["type"] == "precision":
             self.console.print(
                 f"precision: {data['effective']} on {data['device']} (requested {data['requested']}: {data['reason']})",
@@ -134,10 +133,6 @@ class ConsoleSink:
             )
         elif item["type"] == "resumed":
             self.console.print(f"resumed from step {data.get('from_step', item['step'])}")
-        elif item["type"] == ROLLBACK_EVENT:
-            self.console.print(
-                f"[yellow]rollback[/] step {item['step']}: {escape(str(data.get('message', data)))}"
-            )
         elif item["type"] == "micro_batch":
             self.console.print(f"[yellow]micro-batch halved[/]: {escape(str(data))}")
 
