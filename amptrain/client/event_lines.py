@@ -15,6 +15,7 @@ from typing import Any
 from amptrain.contract.layers import layer_line
 from amptrain.contract.metrics import EVAL_METRICS, show
 from amptrain.contract.records import (
+    OVERFLOW_WARNING,
     PRECISION_FALLBACK,
     ROLLBACK_EVENT,
     WAITING_FOR_NODES,
@@ -182,16 +183,33 @@ MIN_STATS = 12
 
 def collapsed(events: Iterable[Event]) -> Iterator[Event]:
     """``events`` with each run of consecutive checkpoints as one ``checkpoints`` event
-    (its ``data.steps`` the run's steps): 130 checkpoint lines said nothing 3 would not."""
+    (its ``data.steps`` the run's steps), and each run of consecutive skipped-step warnings
+    (fp16 overflows) as one warning: 130 checkpoint lines, or 30 "step N skipped" lines,
+    said nothing 3 would not."""
     run: list[Event] = []
     for ev in events:
-        if ev["type"] == "checkpoint":
+        if run and _run_kind(ev) != _run_kind(run[0]):
+            yield from _flush(run)
+            run = []
+        if _run_kind(ev) is not None:
             run.append(ev)
-            continue
-        yield from _flush(run)
-        run = []
-        yield ev
+        else:
+            yield ev
     yield from _flush(run)
+
+
+def _run_kind(ev: Event) -> str | None:
+    if ev["type"] == "checkpoint":
+        return "checkpoint"
+    if ev["type"] == "warning" and (ev.get("data") or {}).get("code") == OVERFLOW_WARNING:
+        return OVERFLOW_WARNING
+    return None
+
+
+def _named(steps: list[Any]) -> str:
+    if len(steps) > 2 * CHECKPOINTS_SHOWN:
+        steps = [*steps[:CHECKPOINTS_SHOWN], "…", *steps[-CHECKPOINTS_SHOWN:]]
+    return ", ".join(map(str, steps))
 
 
 def _flush(run: list[Event]) -> Iterator[Event]:
@@ -199,11 +217,14 @@ def _flush(run: list[Event]) -> Iterator[Event]:
         yield from run
         return
     steps = [ev["step"] for ev in run]
-    if len(steps) > 2 * CHECKPOINTS_SHOWN:
-        named = [*steps[:CHECKPOINTS_SHOWN], "…", *steps[-CHECKPOINTS_SHOWN:]]
-    else:
-        named = steps
-    text = f"{len(run)} checkpoints at steps {', '.join(map(str, named))}"
+    if _run_kind(run[0]) == OVERFLOW_WARNING:
+        first = run[0].get("data") or {}
+        text = f"{len(run)} steps skipped for inf/NaN gradients (steps {_named(steps)})"
+        if first.get("param"):
+            text += f"; the first non-finite gradient: {first['param']} ({first.get('norm')})"
+        yield {**run[0], "step": None, "data": {"message": text}}
+        return
+    text = f"{len(run)} checkpoints at steps {_named(steps)}"
     yield {**run[-1], "type": "checkpoints", "step": None, "data": {"message": text}}
 
 

@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from rich.text import Text
 
-from amptrain.client.event_lines import event_line
+from amptrain.client.event_lines import collapsed, event_line
 
 
 def test_a_precision_fallback_reads_as_one_line_naming_both_precisions_and_why() -> None:
@@ -89,3 +89,21 @@ def test_a_job_waiting_for_its_nodes_prints_the_reason() -> None:
     }
     line = Text.from_markup(event_line(ev)).plain
     assert line.endswith(f"waiting_for_nodes {message}")
+
+
+def test_a_run_of_skipped_steps_reads_as_one_line() -> None:
+    """30 fp16 overflows in a row were 30 (wrapped: 60) lines of `logs` saying one thing."""
+    data = {"code": "gradient_overflow", "param": "net.9.weight", "norm": "nan"}
+    skipped = [
+        {"type": "warning", "step": i, "time": 1_700_000_000 + i, "data": {**data, "message": f"step {i} skipped"}}
+        for i in range(1, 31)
+    ]  # fmt: skip
+    started = {"type": "started", "step": 0, "time": 1_700_000_000, "data": {"attempt": 1}}
+    other = {"type": "warning", "step": 31, "time": 1_700_000_100, "data": {"message": "slow"}}
+    shown = [Text.from_markup(event_line(ev)).plain for ev in collapsed([started, *skipped, other])]
+    assert len(shown) == 3, shown
+    assert shown[1].endswith(
+        "warning 30 steps skipped for inf/NaN gradients (steps 1, 2, 3, …, 28, 29, 30); "
+        "the first non-finite gradient: net.9.weight (nan)"
+    )
+    assert shown[2].endswith("warning step 31 slow")
