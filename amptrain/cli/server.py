@@ -20,13 +20,16 @@ WS_MAX_SIZE = 64 * 1024
 @click.option("--host", default="127.0.0.1", show_default=True, help="Interface to listen on.")
 @click.option("--port", default=8000, show_default=True, type=int, help="TCP port.")
 @click.option("--log-level", default="info", show_default=True, help="uvicorn's log level.")
-def api(host: str, port: int, log_level: str) -> None:
+@click.option(
+    "--quiet", is_flag=True, help="uvicorn's own lines only at warning and above (amptrain up)."
+)
+def api(host: str, port: int, log_level: str, quiet: bool) -> None:
     """Run the HTTP API (recorder and dispatcher included), configured by AMPTRAIN_*."""
     import uvicorn
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
     from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
-    from amptrain.core.logs import configure_logging
+    from amptrain.core.logs import configure_logging, quiet_libraries
     from amptrain.core.settings import get_settings
     from amptrain.server.http_guard import (
         ConnectionGuard,
@@ -39,6 +42,8 @@ def api(host: str, port: int, log_level: str) -> None:
     os.umask(0o077)  # the SQLite file, the admin token: readable by this user only
     # One format for our loggers and uvicorn's (log_config=None: uvicorn adds no handlers).
     configure_logging(settings.log_format, component="api", level=log_level)
+    if quiet:
+        quiet_libraries()
     for name in ("uvicorn.access", "uvicorn.error"):  # WebSocket handshakes log to .error
         logging.getLogger(name).addFilter(strip_query_strings)
     _tune_gc()
@@ -60,7 +65,7 @@ def api(host: str, port: int, log_level: str) -> None:
         # Explicit: left unset, uvicorn believes X-Forwarded-For from 127.0.0.1 (its default),
         # i.e. from any local client, which could then name the address it is throttled as.
         forwarded_allow_ips=settings.forwarded_allow_ips,
-        log_level=log_level,
+        log_level="warning" if quiet else log_level,  # uvicorn sets its loggers' level to it
         log_config=None,
         ws=guarded_ws(WebSocketsSansIOProtocol, guard),
         ws_per_message_deflate=False,

@@ -26,6 +26,7 @@ Rank 0 writes the records and the progress; the other ranks print only their err
 
 from __future__ import annotations
 
+import functools
 import json
 import signal
 import sys
@@ -43,11 +44,13 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
+from amptrain.client.event_lines import event_line
+from amptrain.client.progress_bar import StatsProgress, placed
 from amptrain.contract.catalog import validate_components, validate_refs
 from amptrain.contract.errors import TrainingError, classify_failure
 from amptrain.contract.layers import layer_line
-from amptrain.contract.metrics import progress_line
-from amptrain.contract.progress import ProgressView
+from amptrain.contract.metrics import show
+from amptrain.contract.progress import LAST_LOSS_LABEL, ProgressView, progress_line
 from amptrain.contract.records import ROLLBACK_EVENT
 from amptrain.contract.spec import ComponentRef, JobSpec, parse_spec
 from amptrain.contract.spec_file import load_spec_file
@@ -114,15 +117,15 @@ class ConsoleSink:
         self.out.flush()
         if self.last_metric is not None:
             m = self.last_metric
-            stats = progress_line(m, width=self.console.width - _FIXED_COLUMNS)
-            self.progress.update(self.task, completed=m["step"], stats=stats)
+            stats = functools.partial(progress_line, m, smoothed_loss=True)
+            width = self.console.width
+            fields = placed(stats, width - _FIXED_COLUMNS, width)
+            self.progress.update(self.task, completed=m["step"], **fields)
 
     def _show_event(self, item: dict[str, Any]) -> None:
         data = item["data"]
-        if item["type"] == "warning":
-            self.console.print(
-                f"[yellow]warning[/] step {item['step']}: {escape(str(data.get('message', data)))}"
-            )
+        if item["type"] in ("warning", ROLLBACK_EVENT):  # as `watch` prints them: the step once
+            self.console.print(event_line(item, self.console.width), soft_wrap=True)
         elif item["type"] == "precision":
             self.console.print(
                 f"precision: {data['effective']} on {data['device']} (requested {data['requested']}: {data['reason']})",
@@ -130,10 +133,6 @@ class ConsoleSink:
             )
         elif item["type"] == "resumed":
             self.console.print(f"resumed from step {data.get('from_step', item['step'])}")
-        elif item["type"] == ROLLBACK_EVENT:
-            self.console.print(
-                f"[yellow]rollback[/] step {item['step']}: {escape(str(data.get('message', data)))}"
-            )
         elif item["type"] == "micro_batch":
             self.console.print(f"[yellow]micro-batch halved[/]: {escape(str(data))}")
 
@@ -173,7 +172,7 @@ _FIXED_COLUMNS = 50
 
 
 def _progress(console: Console, total: int) -> tuple[Progress, Any]:
-    progress = Progress(
+    progress = StatsProgress(
         TextColumn("[bold]train"),
         BarColumn(bar_width=20),
         MofNCompleteColumn(),
@@ -181,7 +180,7 @@ def _progress(console: Console, total: int) -> tuple[Progress, Any]:
         TextColumn("{task.fields[stats]}"),
         console=console,
     )
-    return progress, progress.add_task("train", total=total, stats="")
+    return progress, progress.add_task("train", total=total, stats="", below="")
 
 
 class RankResult:
@@ -275,8 +274,9 @@ def run(
         return 0
     last = result.last_record or {}
     console.print(
-        f"done: {result.final_step} steps, {result.precision.effective}, final loss "
-        f"{last.get('loss')}, {result.skipped_steps} skipped steps"
+        f"done: {result.final_step} steps, {result.precision.effective}, "
+        f"{show('loss', last.get('loss')).replace('loss', LAST_LOSS_LABEL, 1)}, "
+        f"{result.skipped_steps} skipped steps"
         + (f", {result.dropped_records} records dropped" if result.dropped_records else "")
     )
     return 0

@@ -25,6 +25,7 @@ from amptrain.cli.embedded_redis import EmbeddedRedis
 from amptrain.cli.guide import GuideBuild
 from amptrain.cli.up_shapes import ShapeWorkers
 from amptrain.cli.up_stop import WORKER_PART, Stopper, say
+from amptrain.contract.local_server import client_url, remove_record, write_record
 from amptrain.core.lifeline import DieWithSpawner
 from amptrain.core.settings import GUIDE_DIR, Settings
 from amptrain.store.db import make_engine, make_session_factory
@@ -114,6 +115,9 @@ def _prepare(settings: Settings) -> bool:
     show_default=True,
     help="Build (once, when its sources changed) and serve the documentation site at /guide/.",
 )
+@click.option(
+    "--verbose", is_flag=True, help="Also Celery's banner and Celery's and uvicorn's info lines."
+)
 def up(
     host: str,
     port: int,
@@ -121,6 +125,7 @@ def up(
     slots: int | None,
     worker_metrics_port: int | None,
     guide: bool,
+    verbose: bool,
 ) -> None:
     """Run everything on this machine: Redis, database, one worker, the recorder, the API."""
     settings = up_settings(data_dir)
@@ -136,7 +141,9 @@ def up(
         raise
 
     env = child_env(settings)
-    worker = ["worker", "--queues", ",".join(settings.queues)]
+    # The terminal shows amptrain's lines; the libraries' own info lines with --verbose.
+    quiet = [] if verbose else ["--quiet"]
+    worker = ["worker", "--queues", ",".join(settings.queues), *quiet]
     if slots is not None:
         worker += ["--concurrency", str(slots)]
     if worker_metrics_port is not None:
@@ -150,11 +157,14 @@ def up(
         # AMPTRAIN_RECORDER_IN_API keeps it in the API.
         env["AMPTRAIN_RECORDER_IN_API"] = "false"
         parts["recorder"] = _spawn(["recorder"], env)
-    parts["api"] = _spawn(["api", "--host", host, "--port", str(port)], env)
-    click.echo(f"amptrain is up at http://{host}:{port}/ui/  (data in {settings.data_dir})")
+    parts["api"] = _spawn(["api", "--host", host, "--port", str(port), *quiet], env)
+    # The command-line client finds this server by this record (while `up` lives).
+    url = client_url(host, port)
+    write_record(settings.data_dir, url, os.getpid())
+    click.echo(f"amptrain is up at {url}/ui/  (data in {settings.data_dir})")
     if not new_token:
         click.echo(f"admin token: see {settings.admin_token_file} or AMPTRAIN_ADMIN_TOKEN")
-    docs = GuideBuild(settings.data_dir / GUIDE_DIR, f"http://{host}:{port}/guide/")
+    docs = GuideBuild(settings.data_dir / GUIDE_DIR, f"{url}/guide/")
     if guide:
         click.echo(docs.start())
 
@@ -163,7 +173,7 @@ def up(
     shapes = ShapeWorkers(
         make_session_factory(engine),
         tuple(settings.queues),
-        lambda args: _spawn(args, env),
+        lambda args: _spawn([*args, *quiet], env),
         parts,
         gpus=lambda: len(visible_gpus()),
     )
@@ -177,6 +187,7 @@ def up(
     finally:
         engine.dispose()
         docs.stop()
+        remove_record(settings.data_dir, os.getpid())
     orderly = stopper.stop()
     sys.exit(0 if orderly and not crashed else 1)
 

@@ -31,7 +31,8 @@ def alerts() -> None:
 @connection_options
 def list_rules(as_json: bool, url: str | None, token: str | None) -> None:
     """List your alert rules."""
-    rules = fetch_listing(lambda: make_client(url, token).alert_rules(), as_json)
+    empty = "No alert rules yet. Add one: amptrain alerts add --help"
+    rules = fetch_listing(lambda: make_client(url, token).alert_rules(), as_json, empty)
     if rules is None:
         return
     table = Table("id", "name", "kind", "scope", "actions", box=box.SIMPLE, pad_edge=False)
@@ -135,7 +136,9 @@ def remove(rule_id: int, url: str | None, token: str | None) -> None:
 @connection_options
 def deliveries(rule_id: int, limit: int, as_json: bool, url: str | None, token: str | None) -> None:
     """A rule's webhook deliveries, newest first, with their last outcome."""
-    items = fetch_listing(lambda: make_client(url, token).alert_deliveries(rule_id, limit), as_json)
+    empty = f"No deliveries of rule {rule_id} yet: it has not fired."
+    fetch = lambda: make_client(url, token).alert_deliveries(rule_id, limit)  # noqa: E731
+    items = fetch_listing(fetch, as_json, empty)
     if items is None:
         return
     table = Table("id", "job", "step", "status", "attempts", "last", box=box.SIMPLE, pad_edge=False)

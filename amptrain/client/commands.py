@@ -13,7 +13,8 @@ import asyncio
 import functools
 import json
 import sys
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Collection
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
@@ -21,14 +22,6 @@ from typing import Any, NoReturn, TypeVar
 import click
 from rich import box
 from rich.console import Console
-from rich.progress import (
-    BarColumn,
-    MofNCompleteColumn,
-    Progress,
-    TextColumn,
-    TimeElapsedColumn,
-    TimeRemainingColumn,
-)
 from rich.table import Table
 
 from amptrain.client.event_lines import (
@@ -40,8 +33,8 @@ from amptrain.client.event_lines import (
     with_headline,
 )
 from amptrain.client.http import ApiError, Client, resolve_config
-from amptrain.contract.metrics import progress_line
-from amptrain.contract.progress import ProgressView
+from amptrain.client.progress_bar import bar, job_times, placed, short, stats_room
+from amptrain.contract.progress import LAST_LOSS_LABEL, ProgressView, progress_line
 from amptrain.contract.spec_file import load_spec_file
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -53,7 +46,9 @@ def connection_options(fn: F) -> F:
         "--token", help="API token (default: AMPTRAIN_TOKEN, config file, data dir)."
     )(fn)
     fn = click.option(
-        "--url", help="Server URL (default: AMPTRAIN_URL, config file, http://127.0.0.1:8000)."
+        "--url",
+        help="Server URL (default: AMPTRAIN_URL, config file, the running `amptrain up` of "
+        "the data directory, http://127.0.0.1:8000).",
     )(fn)
     return fn
 
@@ -73,17 +68,20 @@ def fail(exc: ApiError) -> NoReturn:
 
 
 def fetch_listing(
-    fetch: Callable[[], list[dict[str, Any]]], as_json: bool
+    fetch: Callable[[], list[dict[str, Any]]], as_json: bool, empty: str = ""
 ) -> list[dict[str, Any]] | None:
     """The items ``fetch`` asks the API for (an error ends the command: :func:`fail`). With
     ``--json`` they are printed as one JSON array and None is returned: nothing is left to
-    print."""
+    print; so it is when there are none, after ``empty`` (what to do next) is printed."""
     try:
         items = fetch()
     except ApiError as exc:
         fail(exc)
     if as_json:
         click.echo(json.dumps(items, indent=2))
+        return None
+    if not items and empty:
+        click.echo(empty)  # a header over nothing said nothing
         return None
     return items
 
@@ -154,7 +152,8 @@ def watch_job(client: Client, job_id: str, as_json: bool, from_start: bool = Tru
         # A watch joins a running job where it is now: replaying 60,000 steps first showed
         # nothing current and a meaningless ETA.
         after = None if from_start else client.newest_cursor(job_id)
-        return asyncio.run(_follow(client, job, as_json, after))
+        seen = set() if as_json else _past_events(client, job_id)
+        return asyncio.run(_follow(client, job, as_json, after, seen))
     except ApiError as exc:
         fail(exc)
     except KeyboardInterrupt:
@@ -163,38 +162,64 @@ def watch_job(client: Client, job_id: str, as_json: bool, from_start: bool = Tru
 
 
 async def _follow(
-    client: Client, job: dict[str, Any], as_json: bool, after: str | None = None
+    client: Client,
+    job: dict[str, Any],
+    as_json: bool,
+    after: str | None = None,
+    seen: Collection[tuple[Any, ...]] = (),
 ) -> int:
+    """Follow ``job`` live from ``after``; ``seen``: the events already printed (by
+    :func:`event_key`), not printed again when the stream replays them."""
+
     def reconnecting(cursor: str | None, reason: str) -> None:
         console.print(f"[dim]{reason}; resuming after {cursor}[/]")
 
     status = "unknown"
-    with _progress(disable=as_json) as progress:
-        name = _short(job["name"])
-        room = _stats_room(progress.console.width, name, job["max_steps"])
-        task = progress.add_task(name, total=job["max_steps"], completed=job["step"], stats="…")
+    with bar(console, disable=as_json) as progress:
+        name = short(job["name"])
+        room = stats_room(progress.console.width, name, job["max_steps"])
+        since, until = job_times(job)
+        task = progress.add_task(
+            name,
+            total=job["max_steps"],
+            completed=job["step"],
+            stats="…",
+            below="",
+            since=since,
+            until=until,
+        )
         point: dict[str, Any] | None = None
         view = ProgressView()  # smoothed loss, steady-state samples/s
         headline = None  # the newest evaluation's accuracy (or loss), kept in view
+
+        def fields(point: dict[str, Any]) -> dict[str, Any]:
+            line = functools.partial(progress_line, point, smoothed_loss=True)
+            whole = functools.partial(with_headline, line, headline)
+            return placed(lambda w: whole(UNCUT_WIDTH if w is None else w), room, width)
+
+        width = progress.console.width
         async for msg in client.watch(job["id"], after=after, on_reconnect=reconnecting):
             if as_json:
                 click.echo(json.dumps(msg))
             if msg["type"] == "metric":
                 point = view.add(msg["data"])
-                stats = with_headline(functools.partial(progress_line, point), headline, room)
-                progress.update(task, completed=point["step"], stats=stats)
+                progress.update(task, completed=point["step"], **fields(point))
             elif msg["type"] == "eval":
                 headline = eval_headline(msg["data"]["values"])
                 if point is not None:
-                    stats = with_headline(functools.partial(progress_line, point), headline, room)
-                    progress.update(task, stats=stats)
+                    progress.update(task, **fields(point))
                 if not as_json:
                     progress.console.print(eval_line(msg["data"], progress.console.width))
             elif msg["type"] == "layer_grad_norm" and not as_json:
                 progress.console.print(layer_norms_line(msg["data"], progress.console.width))
-            elif msg["type"] == "event" and not as_json:
+            elif msg["type"] == "event" and not as_json and event_key(msg["data"]) not in seen:
                 progress.console.print(event_line(msg["data"], progress.console.width))
+                if msg["data"]["type"] == "started" and not job.get("started_at"):
+                    job["started_at"] = msg["data"]["time"]  # its clock runs from here on
+                    progress.update(task, since=msg["data"]["time"])
             elif msg["type"] == "end":
+                until = until or time.time()
+                progress.update(task, until=until)
                 status = msg["data"]["status"]
                 if status == "succeeded":
                     progress.update(task, completed=msg["data"].get("step") or job["max_steps"])
@@ -206,45 +231,27 @@ async def _follow(
     return 0 if status == "succeeded" else 1
 
 
+def event_key(ev: dict[str, Any]) -> tuple[Any, ...]:
+    """What tells one event from another in both the API's list and the live stream (the
+    stream's copy may not have the row's id yet)."""
+    return (ev.get("attempt"), ev.get("type"), ev.get("step"), ev.get("time"))
+
+
+def _past_events(client: Client, job_id: str) -> set[tuple[Any, ...]]:
+    """Print the events the job already had (a watch joins it where it is: what happened
+    before, started, fell back, is told first), and return their keys."""
+    past = client.events(job_id)
+    width = console.width if console.is_terminal else None
+    for ev in collapsed(past):
+        console.print(event_line(ev, width), soft_wrap=True)
+    return {event_key(ev) for ev in past}
+
+
 UNCUT_WIDTH = 10_000
 ID_SHOWN = 12
 """At a narrow terminal ``amptrain jobs`` shows at least this much of each id (``j_`` and
 nine hex digits, then …): enough to be a unique prefix to type back."""
 """Output width when it is not a terminal: a table takes only what its cells need."""
-
-NAME_WIDTH = 16
-"""A longer job name is cut (with …) so that step/total, elapsed and ETA always fit."""
-_TIMES = len(" 0:00:00 eta 0:00:00 ")
-
-
-def _bar_width(width: int) -> int:
-    return 10 if width < 100 else 20
-
-
-def _stats_room(width: int, name: str, max_steps: int) -> int:
-    """What a line of ``width`` leaves for the metric fields once the columns that must
-    stay (name, bar, step/total, elapsed, ETA) have theirs; the fields then drop from
-    the end (lowest priority first) until they fit."""
-    steps = 2 * len(str(max_steps)) + 1
-    return width - len(name) - 1 - _bar_width(width) - 1 - steps - _TIMES
-
-
-def _short(name: str) -> str:
-    return name if len(name) <= NAME_WIDTH else name[: NAME_WIDTH - 1] + "…"
-
-
-def _progress(disable: bool) -> Progress:
-    return Progress(
-        TextColumn("{task.description}", style="bold", markup=False),
-        BarColumn(bar_width=_bar_width(console.width)),
-        MofNCompleteColumn(),
-        TimeElapsedColumn(),
-        TextColumn("eta"),
-        TimeRemainingColumn(),
-        TextColumn("{task.fields[stats]}"),
-        console=console,
-        disable=disable,
-    )
 
 
 def _num(value: Any) -> str:
@@ -264,7 +271,9 @@ def _num(value: Any) -> str:
 @connection_options
 def jobs(status: str | None, limit: int, as_json: bool, url: str | None, token: str | None) -> None:
     """List jobs, newest first (ids whole when the output is not a terminal)."""
-    items = fetch_listing(lambda: make_client(url, token).jobs(status, limit), as_json)
+    none = f"No {status} jobs." if status else "No jobs yet."
+    empty = f"{none} Submit one: amptrain submit amptrain/examples/mlp.yaml --watch"
+    items = fetch_listing(lambda: make_client(url, token).jobs(status, limit), as_json, empty)
     if items is None:
         return
     out = Console()
@@ -274,7 +283,15 @@ def jobs(status: str | None, limit: int, as_json: bool, url: str | None, token: 
         out = Console(width=UNCUT_WIDTH)
     # No vertical rules: at 80 columns their 22 characters are what the id and time need.
     table = Table(
-        "id", "name", "status", "step", "precision", "loss", "age", box=box.SIMPLE, pad_edge=False
+        "id",
+        "name",
+        "status",
+        "step",
+        "precision",
+        LAST_LOSS_LABEL,
+        "age",
+        box=box.SIMPLE,
+        pad_edge=False,
     )
     # The id keeps enough to be a unique prefix; the name gives way first.
     table.columns[0].min_width = ID_SHOWN

@@ -6,6 +6,8 @@ showed server paths); ``--json`` still gives every event whole.
 
 from __future__ import annotations
 
+import re
+import textwrap
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
@@ -13,6 +15,7 @@ from typing import Any
 from amptrain.contract.layers import layer_line
 from amptrain.contract.metrics import EVAL_METRICS, show
 from amptrain.contract.records import (
+    OVERFLOW_WARNING,
     PRECISION_FALLBACK,
     ROLLBACK_EVENT,
     WAITING_FOR_NODES,
@@ -27,9 +30,11 @@ CHECKPOINTS_SHOWN = 3
 def _error(data: dict[str, Any]) -> str:
     nested = data.get("error")
     error: dict[str, Any] = nested if isinstance(nested, dict) else data
-    message = error.get("message") or error.get("reason") or ""
+    message = str(error.get("message") or error.get("reason") or "")
     code = error.get("code")
-    return f"{code}: {message}" if code and message else str(message or code or "")
+    if code and message and not message.startswith(str(code)):  # not "diverged: diverged at"
+        return f"{code}: {message}"
+    return message or str(code or "")
 
 
 def _started(data: dict[str, Any]) -> str:
@@ -93,17 +98,43 @@ def _generic(data: dict[str, Any]) -> str:
 
 
 def event_line(ev: Event, width: int | None = None) -> str:
-    """``HH:MM:SS type step N detail``, cut to ``width`` characters (rich markup aside)."""
+    """``HH:MM:SS type step N detail``, the step said once (a detail's own "step N" or
+    "at step N" of the same step left out); within ``width`` the detail wraps onto lines
+    indented under the type, never cut (rich markup aside)."""
     stamp = time.strftime("%H:%M:%S", time.localtime(ev.get("time") or time.time()))
     data = ev.get("data") or {}
-    detail = _DETAIL.get(ev["type"], _generic)(data)
     step = "" if not ev.get("step") else f" step {ev['step']}"
-    plain = f"{stamp} {ev['type']}{step}"
-    if detail and width is not None:
-        room = width - len(plain) - 1
-        detail = detail if len(detail) <= room else detail[: max(room - 1, 0)] + "…"
-    tail = f" {_escape(detail)}" if detail else ""
-    return f"[dim]{stamp}[/] [cyan]{ev['type']}[/]{step}{tail}"
+    detail = _once(_DETAIL.get(ev["type"], _generic)(data), ev.get("step"))
+    head = f"[dim]{stamp}[/] [cyan]{ev['type']}[/]{step}"
+    if not detail:
+        return head
+    if width is None:
+        return f"{head} {_escape(detail)}"
+    plain = f"{stamp} {ev['type']}{step} "
+    lines = textwrap.wrap(
+        detail,
+        max(width, len(plain) + MIN_DETAIL),
+        initial_indent=" " * len(plain),
+        subsequent_indent=" " * CONTINUATION_INDENT,
+        break_on_hyphens=False,
+    )
+    first, *rest = lines or [""]
+    return "\n".join([f"{head} {_escape(first.lstrip())}", *map(_escape, rest)])
+
+
+CONTINUATION_INDENT = 9
+"""A wrapped event's continuation lines start under its type (after ``HH:MM:SS ``)."""
+MIN_DETAIL = 20
+"""Room a detail keeps on the first line however narrow the terminal."""
+
+
+def _once(detail: str, step: Any) -> str:
+    """``detail`` without the event's own step again: "step 3 skipped ..." -> "skipped ...",
+    "unhealthy at step 3: ..." -> "unhealthy: ..." (another step's number stays)."""
+    if not step:
+        return detail
+    detail = re.sub(rf"^step {int(step)}\b[:,]?\s*", "", detail)
+    return re.sub(rf" at step {int(step)}\b", "", detail)
 
 
 def eval_names(values: dict[str, Any]) -> list[str]:
@@ -152,16 +183,33 @@ MIN_STATS = 12
 
 def collapsed(events: Iterable[Event]) -> Iterator[Event]:
     """``events`` with each run of consecutive checkpoints as one ``checkpoints`` event
-    (its ``data.steps`` the run's steps): 130 checkpoint lines said nothing 3 would not."""
+    (its ``data.steps`` the run's steps), and each run of consecutive skipped-step warnings
+    (fp16 overflows) as one warning: 130 checkpoint lines, or 30 "step N skipped" lines,
+    said nothing 3 would not."""
     run: list[Event] = []
     for ev in events:
-        if ev["type"] == "checkpoint":
+        if run and _run_kind(ev) != _run_kind(run[0]):
+            yield from _flush(run)
+            run = []
+        if _run_kind(ev) is not None:
             run.append(ev)
-            continue
-        yield from _flush(run)
-        run = []
-        yield ev
+        else:
+            yield ev
     yield from _flush(run)
+
+
+def _run_kind(ev: Event) -> str | None:
+    if ev["type"] == "checkpoint":
+        return "checkpoint"
+    if ev["type"] == "warning" and (ev.get("data") or {}).get("code") == OVERFLOW_WARNING:
+        return OVERFLOW_WARNING
+    return None
+
+
+def _named(steps: list[Any]) -> str:
+    if len(steps) > 2 * CHECKPOINTS_SHOWN:
+        steps = [*steps[:CHECKPOINTS_SHOWN], "…", *steps[-CHECKPOINTS_SHOWN:]]
+    return ", ".join(map(str, steps))
 
 
 def _flush(run: list[Event]) -> Iterator[Event]:
@@ -169,11 +217,14 @@ def _flush(run: list[Event]) -> Iterator[Event]:
         yield from run
         return
     steps = [ev["step"] for ev in run]
-    if len(steps) > 2 * CHECKPOINTS_SHOWN:
-        named = [*steps[:CHECKPOINTS_SHOWN], "…", *steps[-CHECKPOINTS_SHOWN:]]
-    else:
-        named = steps
-    text = f"{len(run)} checkpoints at steps {', '.join(map(str, named))}"
+    if _run_kind(run[0]) == OVERFLOW_WARNING:
+        first = run[0].get("data") or {}
+        text = f"{len(run)} steps skipped for inf/NaN gradients (steps {_named(steps)})"
+        if first.get("param"):
+            text += f"; the first non-finite gradient: {first['param']} ({first.get('norm')})"
+        yield {**run[0], "step": None, "data": {"message": text}}
+        return
+    text = f"{len(run)} checkpoints at steps {_named(steps)}"
     yield {**run[-1], "type": "checkpoints", "step": None, "data": {"message": text}}
 
 

@@ -1,15 +1,20 @@
 """A Python client of the amptrain HTTP and WebSocket API (used by ``amptrain submit`` & co).
 
-Where the server and the token come from, first match wins:
+Where the server comes from, first match wins (the client says which in its errors):
 
-1. explicit arguments (the CLI's ``--url`` / ``--token``);
-2. the environment: ``AMPTRAIN_URL``, ``AMPTRAIN_TOKEN``;
+1. the CLI's ``--url``;
+2. the environment's ``AMPTRAIN_URL``;
 3. a config file, ``$XDG_CONFIG_HOME/amptrain/config.toml`` (default
    ``~/.config/amptrain/config.toml``), e.g. ``url = "http://gpu-box:8000"`` and
    ``token = "..."``; ``AMPTRAIN_CONFIG`` names another file;
-4. for the token only: the admin token ``amptrain up`` saved in the data directory
-   (``$AMPTRAIN_DATA_DIR/admin-token``, default ``./.amptrain/admin-token``);
-5. the URL defaults to ``http://127.0.0.1:8000``.
+4. the server a running ``amptrain up`` recorded in the data directory
+   (``$AMPTRAIN_DATA_DIR/server.json``, default ``./.amptrain/server.json``), followed only
+   while that ``up`` is alive and only to an http(s) URL
+   (:mod:`amptrain.contract.local_server`);
+5. ``http://127.0.0.1:8000``.
+
+The token: ``--token``, ``AMPTRAIN_TOKEN``, the config file, else the admin token
+``amptrain up`` saved in the same data directory (``admin-token``).
 
 :meth:`Client.watch` follows a job over the WebSocket and reconnects by itself after a
 dropped connection or a ``gap``, resuming from the last cursor it received, so the
@@ -23,7 +28,7 @@ import json
 import os
 import tomllib
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +37,7 @@ import websockets
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
 from amptrain.contract.job_ids import JOB_ID, JOB_ID_PREFIX
+from amptrain.contract.local_server import RECORD_NAME, running_server
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 
@@ -40,6 +46,14 @@ DEFAULT_URL = "http://127.0.0.1:8000"
 class ClientConfig:
     url: str
     token: str | None
+    source: str = field(default="given", compare=False)
+    """Where ``url`` came from, as errors name it (``--url``, ``AMPTRAIN_URL``, the config
+    file, ``amptrain up``'s record, the default)."""
+
+    @property
+    def where(self) -> str:
+        """``http://127.0.0.1:18400 (from amptrain up, pid 4242)``: the URL and its source."""
+        return f"{self.url} ({self.source})"
 
 
 def config_path() -> Path:
@@ -49,24 +63,38 @@ def config_path() -> Path:
     return Path(base) / "amptrain" / "config.toml"
 
 
+def data_dir() -> Path:
+    """The data directory ``amptrain up`` uses here by default (its token and record)."""
+    return Path(os.environ.get("AMPTRAIN_DATA_DIR") or ".amptrain")
+
+
 def resolve_config(url: str | None = None, token: str | None = None) -> ClientConfig:
     """The server URL and token, by the precedence in the module docstring."""
-    url = url or os.environ.get("AMPTRAIN_URL")
+    source = "from --url"
+    if not url and os.environ.get("AMPTRAIN_URL"):
+        url, source = os.environ["AMPTRAIN_URL"], "from AMPTRAIN_URL"
     token = token or os.environ.get("AMPTRAIN_TOKEN")
     path = config_path()
     if (not url or not token) and path.is_file():
         data = tomllib.loads(path.read_text())
-        url = url or data.get("url")
+        if not url and data.get("url"):
+            url, source = data["url"], f"from {path}"
         token = token or data.get("token")
+    if not url:
+        up = running_server(data_dir())
+        if up is not None:
+            url, source = up.url, f"from amptrain up, pid {up.pid}"
+        else:
+            url = DEFAULT_URL
+            source = f"the default: no running amptrain up recorded in {data_dir() / RECORD_NAME}"
     if not token:
         token = _saved_admin_token()
-    return ClientConfig((url or DEFAULT_URL).rstrip("/"), token)
+    return ClientConfig(url.rstrip("/"), token, source)
 
 
 def _saved_admin_token() -> str | None:
-    data_dir = Path(os.environ.get("AMPTRAIN_DATA_DIR") or ".amptrain")
     try:
-        return (data_dir / "admin-token").read_text().strip() or None
+        return (data_dir() / "admin-token").read_text().strip() or None
     except OSError:
         return None
 
@@ -98,7 +126,7 @@ class Client:
         try:
             response = self.http.request(method, path, **kwargs)
         except httpx.TransportError as exc:
-            raise ApiError(0, "unreachable", f"{self.config.url}: {exc}") from None
+            raise ApiError(0, "unreachable", f"{self.config.where}: {exc}") from None
         if response.status_code >= 400:
             try:
                 body = response.json()
@@ -176,7 +204,7 @@ class Client:
         try:
             response = self.http.delete(f"/alerts/rules/{rule_id}")
         except httpx.TransportError as exc:
-            raise ApiError(0, "unreachable", f"{self.config.url}: {exc}") from None
+            raise ApiError(0, "unreachable", f"{self.config.where}: {exc}") from None
         if response.status_code >= 400:
             body = response.json()
             raise ApiError(response.status_code, body.get("error", "?"), body.get("detail"))

@@ -371,13 +371,3 @@ def show(name: str, value: Any) -> str:
         exact = value.is_integer() and abs(value) < 2**53  # a loss scale of 65536, say
         return f"{label} {int(value)}" if exact else f"{label} {value:.4g}"
     return f"{label} {value}"
-
-
-def progress_line(values: dict[str, Any], width: int | None = None) -> str:
-    """The summary fields of a record, as both command lines show them; the last fields
-    are left out until the line fits ``width`` characters (the first always stays)."""
-    shown = [n for n in SUMMARY_FIELDS if values.get(n) is not None or not BY_NAME[n].optional]
-    parts = [show(name, values.get(name)) for name in shown]
-    while width is not None and len(parts) > 1 and len(" · ".join(parts)) > width:
-        parts.pop()
-    return " · ".join(parts)

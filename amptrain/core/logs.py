@@ -141,6 +141,18 @@ def configure_logging(
         lib.propagate = True
 
 
+LIBRARY_LOGGERS = ("celery", "kombu", "uvicorn", "uvicorn.error", "uvicorn.access")
+"""The loggers of the libraries amptrain runs on (their children follow them)."""
+
+
+def quiet_libraries(level: int = logging.WARNING) -> None:
+    """Keep Celery's and uvicorn's own lines below ``level`` out (amptrain's lines keep the
+    process's level): ``amptrain up``'s terminal shows what amptrain says, not "Connected
+    to redis+socket://..." or "Waiting for application startup"."""
+    for name in LIBRARY_LOGGERS:
+        logging.getLogger(name).setLevel(level)
+
+
 _UNSAFE = re.compile(r"[^A-Za-z0-9.:_\-\[\] ,/@]")
 """Everything but what addresses, ports and host lists are written with."""
 

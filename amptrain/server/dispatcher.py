@@ -31,6 +31,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from amptrain.contract.spec import JobSpec
 from amptrain.core import presence
 from amptrain.core.enums import TaskName
+from amptrain.core.queue_order import send_priority
 from amptrain.core.redis import Keys
 from amptrain.core.settings import Settings, shape_queue
 from amptrain.server import reconciler
@@ -45,15 +46,18 @@ log = logging.getLogger(__name__)
 SWEEP_BATCH = 200
 
 
-def queue_for(spec: JobSpec) -> str:
+def queue_for(spec: JobSpec, cpu_only: bool = False) -> str:
     """The Celery queue a job goes to: the spec's ``queue`` if it names one, else the queue
-    of its shape: ``cpu`` when it asks for the CPU, else ``gpu``, for one device, and
+    of its shape: ``cpu`` when it asks for the CPU (or, with ``device: auto``, when
+    ``cpu_only``: the live workers have no GPU, so it trains on the CPU: see
+    :func:`amptrain.server.web.admission.job_queue`), else ``gpu``, for one device, and
     ``cpu-x{N}`` / ``gpu-x{N}`` for ``devices: N``, which only workers started with
     ``--devices-per-job N`` consume (routing by queue, as Celery fleets do: each pool
     process owns its N devices before it takes a message)."""
     if spec.queue:
         return spec.queue
-    return shape_queue("cpu" if spec.device == "cpu" else "gpu", spec.devices)
+    on_cpu = spec.device == "cpu" or (cpu_only and spec.device == "auto")
+    return shape_queue("cpu" if on_cpu else "gpu", spec.devices)
 
 
 class Dispatcher:
@@ -113,8 +117,10 @@ class Dispatcher:
                 next_sweep = time.monotonic() + self.interval
         self._resign()
 
-    def send(self, job_id: str, queue_name: str) -> bool:
-        """Publish one job and mark it dispatched; False when the broker refused."""
+    def send(self, job_id: str, queue_name: str, attempt: int = 0) -> bool:
+        """Publish one job (ahead of the jobs that never ran when it ran before: ``attempt``,
+        :mod:`amptrain.core.queue_order`) and mark it dispatched; False when the broker
+        refused."""
         allowed = self.settings.routable_queues
         if queue_name not in allowed:
             # The API checked the queue against the settings of its day; an operator may
@@ -124,7 +130,11 @@ class Dispatcher:
             return True
         try:
             self.celery.send_task(
-                TaskName.RUN_JOB, args=[job_id], queue=queue_name, ignore_result=True
+                TaskName.RUN_JOB,
+                args=[job_id],
+                queue=queue_name,
+                priority=send_priority(attempt),
+                ignore_result=True,
             )
         except Exception as exc:  # kombu raises many kinds; all mean "not sent, retry later"
             log.warning("dispatch of %s to %s failed (will retry): %s", job_id, queue_name, exc)
@@ -163,8 +173,8 @@ class Dispatcher:
         with self.sessions() as s:
             rows = outbox.undispatched(s, utcnow() - self.sweep_min_age, SWEEP_BATCH)
         sent = 0
-        for job_id, queue_name in rows:
-            if not self.send(job_id, queue_name):
+        for job_id, queue_name, attempt in rows:
+            if not self.send(job_id, queue_name, attempt):
                 break  # broker down: try again next sweep rather than time out per job
             sent += 1
         if sent:

@@ -6,9 +6,9 @@ it is as fresh as the recorder and never disagrees with ``GET /jobs/{id}/metrics
 
 The report's numbers, per job:
 
-- ``throughput``: mean ``samples_per_second`` over the steady state, i.e. the steps
-  after the first :data:`WARMUP_FRACTION` of the recorded ones (compilation,
-  allocator warm-up and the first loss-scale backoffs make early steps unrepresentative);
+- ``throughput``: the steady-state samples/s of the job's current attempt, the one
+  definition (:func:`amptrain.store.history.throughput.steady_rate`) that is also its
+  ``summary.samples_per_second`` in the job list;
 - ``peak_memory``: the highest ``memory_peak`` recorded;
 - ``final_loss``: mean of the finite losses of the last :data:`FINAL_FRACTION` of the
   recorded steps (at least 1, at most :data:`FINAL_MAX_STEPS`), so one noisy batch does
@@ -31,10 +31,10 @@ from sqlalchemy.orm import Mapped, Session, mapped_column
 from amptrain.core.enums import JobStatus
 from amptrain.store import accuracy, job_reads
 from amptrain.store.history.downsample import downsample
+from amptrain.store.history.throughput import steady_rate
 from amptrain.store.history.window import is_finite
 from amptrain.store.models import Base, Job, MetricPoint, UTCDateTime, utcnow
 
-WARMUP_FRACTION = 0.1
 FINAL_FRACTION = 0.1
 FINAL_MAX_STEPS = 100
 CURVE_POINTS = 1000
@@ -122,21 +122,12 @@ def _run_numbers(s: Session, precision: str, job: Job) -> dict[str, Any]:
     p = MetricPoint
     c = MetricPoint.__table__.c  # the metric columns (named by the metric table)
     effective = _effective(p)
-    lo, hi, count = s.execute(
-        sa.select(sa.func.min(p.step), sa.func.max(p.step), sa.func.count()).where(
-            p.job_id == job.id, effective
-        )
-    ).one()
+    count = s.scalar(sa.select(sa.func.count()).where(p.job_id == job.id, effective))
     numbers: dict[str, Any] = {"throughput": None, "peak_memory": None, "final_loss": None}
     if count:
-        steady_from = lo + int((hi - lo + 1) * WARMUP_FRACTION)
         final_n = max(1, min(FINAL_MAX_STEPS, int(count * FINAL_FRACTION)))
         mine = (p.job_id == job.id, effective)
-        numbers["throughput"] = s.scalar(
-            sa.select(sa.func.avg(c.samples_per_second)).where(
-                *mine, p.step >= steady_from, is_finite(c.samples_per_second)
-            )
-        )
+        numbers["throughput"] = steady_rate(s, job.id, job.attempt)
         numbers["peak_memory"] = s.scalar(sa.select(sa.func.max(c.memory_peak)).where(*mine))
         last = (
             sa.select(c.loss)

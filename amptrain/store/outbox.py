@@ -17,13 +17,13 @@ from amptrain.core.enums import JobStatus
 from amptrain.store.models import Job, utcnow
 
 
-def undispatched(s: Session, created_before: datetime, limit: int) -> list[tuple[str, str]]:
-    """``(job_id, queue)`` of queued jobs no broker got yet, oldest first. A job created
-    after ``created_before`` is skipped on its first attempt: the process that created it
-    is still sending it. A job given back until a later ``dispatch_after`` (a multi-node
-    job waiting for nodes) is skipped until then."""
+def undispatched(s: Session, created_before: datetime, limit: int) -> list[tuple[str, str, int]]:
+    """``(job_id, queue, attempt)`` of queued jobs no broker got yet, in the order they were
+    submitted. A job created after ``created_before`` is skipped on its first attempt: the
+    process that created it is still sending it. A job given back until a later
+    ``dispatch_after`` (a multi-node job waiting for nodes) is skipped until then."""
     rows = s.execute(
-        sa.select(Job.id, Job.queue)
+        sa.select(Job.id, Job.queue, Job.attempt)
         .where(
             Job.status == JobStatus.QUEUED,
             Job.dispatched_at.is_(None),
@@ -33,7 +33,22 @@ def undispatched(s: Session, created_before: datetime, limit: int) -> list[tuple
         .order_by(Job.created_at)
         .limit(limit)
     )
-    return [(r.id, r.queue) for r in rows]
+    return [(r.id, r.queue, r.attempt) for r in rows]
+
+
+def returned(s: Session, job_id: str) -> tuple[str, int] | None:
+    """``(queue, attempt)`` of this job if it ran, came back to its queue and waits to be
+    sent again now (not held back by ``dispatch_after``); else None."""
+    row = s.execute(
+        sa.select(Job.queue, Job.attempt).where(
+            Job.id == job_id,
+            Job.status == JobStatus.QUEUED,
+            Job.dispatched_at.is_(None),
+            Job.attempt > 0,
+            sa.or_(Job.dispatch_after.is_(None), Job.dispatch_after < utcnow()),
+        )
+    ).first()
+    return (row.queue, row.attempt) if row is not None else None
 
 
 def mark_dispatched(s: Session, job_id: str) -> None:

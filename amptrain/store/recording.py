@@ -17,13 +17,12 @@ from sqlalchemy.orm import Session
 
 from amptrain.contract.jsonsafe import finite
 from amptrain.contract.metrics import SUMMARY_FIELDS
-from amptrain.contract.progress import STEADY_WINDOW
 from amptrain.contract.records import OVERFLOW_WARNING
 from amptrain.core.enums import FINISHED_STATUSES
 from amptrain.store.db import dialect_insert
 from amptrain.store.history import point_writes
-from amptrain.store.history.window import is_finite
-from amptrain.store.models import Job, JobEvent, MetricPoint
+from amptrain.store.history.throughput import steady_rate
+from amptrain.store.models import Job, JobEvent
 
 
 class Recordable(NamedTuple):
@@ -171,26 +170,6 @@ def update_progress(
         .values(step=sa.bindparam("b_step"), summary=sa.bindparam("b_summary")),
         rows,
     )
-
-
-def steady_rate(s: Session, job_id: str, attempt: int) -> float | None:
-    """The attempt's steady-state samples/s (:data:`~amptrain.contract.progress.STEADY_RATE_DOC`):
-    over its last STEADY_WINDOW steps with a finite rate and a positive step time, their
-    samples over their seconds; None without such a step."""
-    p = MetricPoint
-    c = MetricPoint.__table__.c  # the metric columns (named by the metric table)
-    rate, ms = c.samples_per_second, c.step_time_ms
-    last = (
-        sa.select(rate.label("rate"), ms.label("ms"))
-        .where(p.job_id == job_id, p.attempt == attempt, is_finite(rate), is_finite(ms), ms > 0)
-        .order_by(p.step.desc())
-        .limit(STEADY_WINDOW)
-        .subquery()
-    )
-    samples, seconds = s.execute(
-        sa.select(sa.func.sum(last.c.rate * last.c.ms), sa.func.sum(last.c.ms))
-    ).one()
-    return float(samples / seconds) if seconds else None
 
 
 def mark_done(s: Session, job_id: str, end_attempts: list[int]) -> bool:

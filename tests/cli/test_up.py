@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -46,6 +48,11 @@ def test_up_runs_a_job_and_stops_cleanly(tmp_path: Path) -> None:
     try:
         client = up.admin_client()
         assert (tmp_path / "data" / "admin-token").stat().st_mode & 0o777 == 0o600
+        # The command line finds this `up` on its port by the data directory alone, and,
+        # with nothing submitted yet, says what to do.
+        listed = cli(tmp_path, "jobs")
+        assert listed.returncode == 0, listed.stderr
+        assert "No jobs yet" in listed.stdout and "amptrain submit" in listed.stdout
         # Two slots: a short job finishes while a long one holds the other.
         long = client.post("/jobs", json=mlp_job(name="long", max_steps=200_000)).json()
         wait_until(
@@ -64,6 +71,10 @@ def test_up_runs_a_job_and_stops_cleanly(tmp_path: Path) -> None:
         ).json()
         done = finished_job(client, job["id"], 120)
         assert done["status"] == "succeeded", up.tail()
+        # A CPU-only machine: the job went to the cpu queue, where it trained.
+        queued = client.get(f"/jobs/{job['id']}/events").json()["items"][0]
+        assert (queued["type"], queued["data"]["queue"]) == ("queued", "cpu"), queued
+        assert job["id"] in cli(tmp_path, "jobs").stdout
         # Evaluated once at the end on the held-out split, the plugin's metric beside accuracy.
         wait_until(
             lambda: client.get(f"/jobs/{job['id']}/evals").json()["items"],
@@ -157,8 +168,30 @@ def test_up_runs_a_job_and_stops_cleanly(tmp_path: Path) -> None:
     finally:
         up.stop()
         receiver.close()
+    # The terminal shows amptrain's lines: not Celery's banner, its root warning or its info
+    # lines, nor uvicorn's; and the record the command line followed is gone with `up`.
+    log = up.log.read_text()
+    assert f"amptrain is up at http://127.0.0.1:{up.port}/ui/" in log
+    for theirs in (
+        "SecurityWarning",
+        "[tasks]",
+        "-------------- ",
+        "celery.worker.consumer",
+        "Uvicorn running",
+    ):
+        assert theirs not in log, (theirs, log[-3000:])  # fmt: skip
+    assert not (tmp_path / "data" / "server.json").exists()
     # Nothing left behind: the API, worker and Redis children are gone.
     assert not (tmp_path / "data" / "redis" / "redis.sock").exists() or _dead_socket(tmp_path)
+
+
+def cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """``amptrain ARGS`` as a person beside `up` runs it: no URL or token given, the data
+    directory `up` was started with."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AMPTRAIN_")}
+    env |= {"AMPTRAIN_DATA_DIR": str(tmp_path / "data"), "XDG_CONFIG_HOME": str(tmp_path)}
+    command = [sys.executable, "-m", "amptrain.cli.main", *args]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
 
 
 def _dead_socket(tmp_path: Path) -> bool:

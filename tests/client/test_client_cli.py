@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import signal
 import subprocess
 import sys
+from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +19,11 @@ import pytest
 import yaml
 
 from amptrain.cli.embedded_redis import EmbeddedRedis
-from amptrain.client.http import Client, ClientConfig, resolve_config
+from amptrain.client.http import ApiError, Client, ClientConfig, resolve_config
+from amptrain.contract.local_server import write_record
 from tests.support.producer import Producer
 from tests.support.specs import service_job
-from tests.support.stack import Stack, wait_until
+from tests.support.stack import Stack, free_port, wait_until
 from tests.support.terminal import at_terminal
 
 pytestmark = pytest.mark.slow
@@ -71,6 +74,18 @@ def test_submit_watch_exits_zero_and_the_other_commands_work(
     now = amptrain(api_stack, "watch", job_id, "--json")
     assert now.returncode == 0 and '"type": "metric"' not in now.stdout
     assert '"type": "end"' in now.stdout
+    # At a terminal, a watch of the finished job tells what already happened (each event
+    # once) and the job's own elapsed time, not the watch's.
+    env = {**api_stack.env, "AMPTRAIN_URL": f"http://127.0.0.1:{api_stack.port}"}
+    env["AMPTRAIN_TOKEN"] = api_stack.token
+    cmd = [sys.executable, "-m", "amptrain.cli.main", "watch", job_id]
+    screen = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", at_terminal(cmd, env, columns=80))
+    assert all(len(line) <= 80 for line in screen.splitlines()), screen
+    for kind in ("queued on queue", "started attempt 1", "succeeded"):
+        assert len(re.findall(rf"\d\d:\d\d:\d\d {kind}", screen)) == 1, (kind, screen)
+    job = api_stack.job(job_id)
+    ran = datetime.fromisoformat(job["finished_at"]) - datetime.fromisoformat(job["started_at"])
+    assert f" {timedelta(seconds=int(ran.total_seconds()))} " in screen, (ran, screen)
     finished = amptrain(api_stack, "cancel", job_id)
     assert finished.returncode == 2 and "already succeeded" in finished.stderr
 
@@ -172,6 +187,31 @@ def test_url_and_token_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv("AMPTRAIN_TOKEN", "from-env")
     assert resolve_config() == ClientConfig("http://box:9000", "from-env")
     assert resolve_config("http://flag:1", "flag") == ClientConfig("http://flag:1", "flag")
+
+
+def test_the_client_finds_the_running_up_and_says_where_it_tried(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`amptrain up --port N` records its URL in the data directory: `amptrain jobs` goes
+    there (not to :8000) while that `up` lives; an unreachable server is named with where
+    its URL came from."""
+    for name in ("AMPTRAIN_URL", "AMPTRAIN_TOKEN", "AMPTRAIN_CONFIG", "AMPTRAIN_DATA_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    monkeypatch.chdir(tmp_path)
+    default = resolve_config()
+    assert default.url == "http://127.0.0.1:8000" and "no running amptrain up" in default.source
+    port = free_port()  # nothing listens there
+    (tmp_path / ".amptrain").mkdir()
+    write_record(tmp_path / ".amptrain", f"http://127.0.0.1:{port}", os.getpid())
+    found = resolve_config()
+    assert found.url == f"http://127.0.0.1:{port}" and found.source.startswith("from amptrain up")
+    with pytest.raises(ApiError) as info:
+        Client(found, timeout=5).jobs()
+    assert info.value.code == "unreachable"
+    assert f"http://127.0.0.1:{port} (from amptrain up, pid {os.getpid()})" in info.value.detail
+    monkeypatch.setenv("AMPTRAIN_URL", "http://elsewhere:1")  # an explicit choice wins
+    assert resolve_config().where == "http://elsewhere:1 (from AMPTRAIN_URL)"
 
 
 def test_jobs_at_an_80_column_terminal_fit_and_show_a_prefix_to_type_back(

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import functools
 
-from amptrain.client.commands import _short, _stats_room
 from amptrain.client.event_lines import eval_headline, eval_line, layer_norms_line, with_headline
-from amptrain.contract.metrics import progress_line
+from amptrain.client.progress_bar import short as _short
+from amptrain.client.progress_bar import stats_room as _stats_room
+from amptrain.contract.progress import progress_line
 
 
 def test_an_evaluation_is_one_short_line_accuracy_first() -> None:

@@ -64,3 +64,32 @@ def test_a_stored_spec_parses_again_as_the_worker_reads_it(example: str) -> None
     spec = parse_spec(load_spec_file(root / example))
     stored = json.loads(json.dumps(spec.model_dump(mode="json")))
     assert parse_spec(stored) == spec
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("1e6", 1e6), ("1E-3", 1e-3), (".5", 0.5), ("-2e+3", -2000.0), ("1.0e6", 1e6), ("2", 2)],
+)
+def test_yaml_numbers_parse_as_users_expect(tmp_path: Path, text: str, value: float) -> None:
+    """``feature_scale: 1e6`` (the README's fallback demo) is a number, not ``'1e6'``."""
+    path = tmp_path / "spec.yaml"
+    path.write_text(f"dataset: {{name: synthetic-classification, args: {{feature_scale: {text}}}}}")
+    got = load_spec_file(path)["dataset"]["args"]["feature_scale"]
+    assert got == value and type(got) is type(value)
+
+
+@pytest.mark.parametrize("text", ['"1e6"', "'1E-3'", "1e6x", "e6", "1e"])
+def test_quoted_or_other_text_stays_a_string(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "spec.yaml"
+    path.write_text(f"name: {text}\n")
+    assert isinstance(load_spec_file(path)["name"], str)
+    assert yaml.safe_load("x: 1e6")["x"] == "1e6"  # PyYAML's own safe loader is untouched
+
+
+def test_feature_scale_1e6_is_a_valid_spec(tmp_path: Path) -> None:
+    path = tmp_path / "spec.yaml"
+    path.write_text(
+        "model: {name: mlp}\nmax_steps: 3\n"
+        "dataset: {name: synthetic-classification, args: {features: 16, feature_scale: 1e6}}\n"
+    )
+    assert parse_spec(load_spec_file(path)).dataset.args["feature_scale"] == 1e6

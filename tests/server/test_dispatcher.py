@@ -20,6 +20,7 @@ from amptrain.core.enums import TaskName
 from amptrain.core.redis import Keys
 from amptrain.core.settings import Settings
 from amptrain.server import reconciler
+from amptrain.server.broker import queue_lists
 from amptrain.server.dispatcher import Dispatcher
 from amptrain.store import jobs, migrate
 from amptrain.store.db import make_engine, make_session_factory
@@ -29,10 +30,12 @@ from tests.support.stack import Stack, wait_until
 
 
 def queued_messages(server: EmbeddedRedis, queue: str) -> list[dict[str, Any]]:
-    """The Celery messages waiting in ``queue`` (kombu's Redis transport keeps a list per queue)."""
+    """The Celery messages waiting in ``queue``: kombu's Redis transport keeps a list per
+    priority step of a queue (a worker empties the first before it takes from the next),
+    each newest first."""
     client = redis.Redis(unix_socket_path=str(server.socket))
     try:
-        raw = client.lrange(queue, 0, -1)
+        raw = [m for key in queue_lists(queue) for m in client.lrange(key, 0, -1)]
     finally:
         client.close()
     out = []
@@ -205,8 +208,11 @@ def test_reconciler_requeues_or_fails_attempts_whose_lease_expired(dispatcher: D
         }
     assert types == {retry: ["queued", "warning"], last: ["queued", "failed"]}
     assert reconciler.reap_expired_leases(dispatcher.sessions) == 0
+    fresh = new_job(dispatcher)  # submitted after `retry`, sent before it is re-sent
+    assert dispatcher.send(fresh, "cpu")
     assert dispatcher.sweep_once() == 1  # the requeued job goes back to the broker
-    assert queued_job_ids(dispatcher, "cpu") == [retry]
+    # ... ahead of the job submitted after it: it keeps its place.
+    assert queued_job_ids(dispatcher, "cpu") == [retry, fresh]
 
 
 def test_lost_dispatches_are_sent_again(dispatcher: Dispatcher) -> None:
@@ -229,8 +235,11 @@ def forget_lost(d: Dispatcher) -> int:
 
 
 def queued_job_ids(d: Dispatcher, queue: str) -> list[str]:
+    """The job ids in ``queue`` in the order a worker takes them: the priority lists in
+    step order, each oldest first (kombu LPUSHes and BRPOPs)."""
     out = []
-    for item in d.redis.lrange(queue, 0, -1):
-        args, _, _ = json.loads(base64.b64decode(json.loads(item)["body"]))
-        out.append(args[0])
-    return out[::-1]  # kombu LPUSHes: oldest last
+    for key in queue_lists(queue):
+        for item in reversed(d.redis.lrange(key, 0, -1)):
+            args, _, _ = json.loads(base64.b64decode(json.loads(item)["body"]))
+            out.append(args[0])
+    return out

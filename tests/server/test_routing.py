@@ -141,3 +141,28 @@ def test_submit_routes_by_shape_and_the_allow_list_names_what_is_allowed(
         assert problem["field"] == "queue"
         assert "gpu-x2" in problem["message"] and "cpu-x8" in problem["message"], problem
         assert "gpu-a100-x2" in problem["message"]  # derived from AMPTRAIN_QUEUES as well
+
+
+def _worker(client: redis.Redis, name: str, queues: list[str], gpu: bool) -> None:
+    devices: list[dict[str, Any]] = [{"type": "cpu"}, *([{"type": "cuda", "index": 0}] * gpu)]
+    info = {"queues": queues, "devices": devices, "memory_available_bytes": 2**34}
+    presence.publish_worker(client, name, info, ttl_s=600)
+
+
+def test_a_device_auto_job_goes_where_the_machine_can_run_it(redis_server: EmbeddedRedis) -> None:
+    """On a CPU-only machine (`amptrain up`: one worker of gpu and cpu, no GPU) a job that
+    leaves the device to the service is queued on ``cpu``, where it trains, not on ``gpu``;
+    once a worker with a GPU takes ``gpu`` jobs, ``gpu`` again."""
+    from amptrain.server.web.admission import job_queue
+
+    client = redis.Redis.from_url(redis_server.url)
+    auto, cuda = spec(device="auto"), spec(device="cuda")
+    assert job_queue(client, auto) == "gpu"  # no live worker: nothing known, as before
+    _worker(client, "up@cpu-box", ["gpu", "cpu"], gpu=False)
+    assert job_queue(client, auto) == "cpu"
+    assert job_queue(client, spec(device="auto", devices=2)) == "gpu-x2"  # no cpu-x2 worker
+    assert job_queue(client, cuda) == "gpu"  # asked for a GPU: it waits for one
+    assert job_queue(client, spec(device="auto", queue="gpu")) == "gpu"  # named: kept
+    _worker(client, "w@gpu-box", ["gpu"], gpu=True)
+    assert job_queue(client, auto) == "gpu"
+    client.close()

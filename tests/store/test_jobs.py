@@ -268,7 +268,8 @@ def test_an_unplaced_multi_node_attempt_is_not_charged_and_waits_before_dispatch
             sa.update(Job).where(Job.id == job_id).values(dispatch_after=utcnow() - timedelta(1))
         )
         assert later.rowcount == 1
-        assert outbox.undispatched(s, utcnow(), 10) == [(job_id, "cpu")]
+        assert outbox.undispatched(s, utcnow(), 10) == [(job_id, "cpu", 3)]
+        assert outbox.returned(s, job_id) == ("cpu", 3)
     # The budget is max_attempts + unplaced: the two real attempts (4 and 5) are both had.
     with sf.begin() as s:
         assert jobs.claim(s, job_id, "w", EXPIRED) == 4

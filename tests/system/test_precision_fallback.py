@@ -24,6 +24,9 @@ def test_an_fp16_job_beyond_fp16s_range_falls_back_to_bf16_and_succeeds(stack: S
         max_attempts=1,  # a fallback is no failed attempt: one is enough
     )
     job = stack.submit(spec)
+    # Submitted after it, to the same queue and the one slot: it waits for the fallen-back
+    # job's second attempt too (which keeps its place), not just for its first.
+    after = stack.submit(service_job("fp32", 2, name="submitted-after"))
     done = stack.wait_for_status(job["id"], "succeeded", "failed", timeout=120)
     assert done["status"] == "succeeded", done["error"]
     assert done["attempt"] == 2 and done["precision"]["effective"] == "bf16"
@@ -46,3 +49,13 @@ def test_an_fp16_job_beyond_fp16s_range_falls_back_to_bf16_and_succeeds(stack: S
     segments = [(h["precision"], h["from_step"], h["attempt"]) for h in done["precision_history"]]
     assert segments == [("fp16", 0, 1), ("bf16", 0, 2)]
     assert "fp16 became unhealthy at step 3" in done["precision_history"][1]["reason"]
+
+    later = stack.wait_for_status(after["id"], "succeeded", "failed", timeout=120)
+    assert later["status"] == "succeeded", later["error"]
+    started = {
+        (e["data"]["attempt"], j["id"]): e["time"]
+        for j in (job, after)
+        for e in stack.events(j["id"])
+        if e["type"] == "started"
+    }
+    assert started[(1, job["id"])] < started[(2, job["id"])] < started[(1, after["id"])], started

@@ -14,7 +14,7 @@ from amptrain.contract.admission import ServicePolicy, WorkerMemory, admission_p
 from amptrain.contract.catalog import validate_components
 from amptrain.contract.spec import JobSpec
 from amptrain.core import presence
-from amptrain.core.settings import Settings
+from amptrain.core.settings import Settings, shape_queue
 from amptrain.server.dispatcher import queue_for
 from amptrain.server.runtime import Services
 from amptrain.server.webhooks import url_problems
@@ -50,6 +50,18 @@ def queue_workers(client: redis.Redis, queue: str) -> list[WorkerMemory] | None:
         return None
 
 
+def job_queue(client: redis.Redis, spec: JobSpec) -> str:
+    """The queue a new job goes to (:func:`~amptrain.server.dispatcher.queue_for`), knowing
+    the machine: a ``device: auto`` job goes to the ``cpu`` queue when the live workers of
+    its ``gpu`` queue have no GPU and a worker takes the ``cpu`` one (``amptrain up`` on a
+    CPU-only machine: the job trains on the CPU, and "queued on queue gpu" said otherwise).
+    With no live worker, or Redis not answering, ``gpu`` as before."""
+    gpu = queue_workers(client, shape_queue("gpu", spec.devices))
+    cpu = queue_workers(client, shape_queue("cpu", spec.devices))
+    cpu_only = gpu is not None and bool(cpu) and not any(w.gpu for w in gpu)
+    return queue_for(spec, cpu_only=cpu_only)
+
+
 def no_worker_notice(queue: str, workers: Sequence[WorkerMemory] | None) -> str | None:
     """What a submitter should know when no live worker takes jobs of ``queue`` (the job
     is queued all the same and starts once one does); None when one does, or unknown."""
@@ -63,12 +75,14 @@ def no_worker_notice(queue: str, workers: Sequence[WorkerMemory] | None) -> str 
 
 def submission_problems(
     spec: JobSpec, owner: str, services: Services, size: int
-) -> tuple[list[dict[str, Any]], list[WorkerMemory] | None]:
+) -> tuple[list[dict[str, Any]], str, list[WorkerMemory] | None]:
     """What refuses ``spec`` (``size``: its bytes as stored) beyond its own validation, as
     pydantic error dicts: its components' arguments, the service's limits, the spec's size,
-    its queue and its alerts' webhook hosts; and the queue's live workers (None: unknown). A submit and a fork alike."""
+    its queue and its alerts' webhook hosts; the queue it goes to (:func:`job_queue`) and
+    that queue's live workers (None: unknown). A submit and a fork alike."""
     problems = validate_components(spec)
-    workers = queue_workers(services.redis, queue_for(spec))
+    queue = job_queue(services.redis, spec)
+    workers = queue_workers(services.redis, queue)
     policy = service_policy(services.settings, workers or ())
     problems += admission_problems(spec, owner, policy)
     limit = services.settings.max_spec_bytes
@@ -92,4 +106,4 @@ def submission_problems(
             }
         )
     problems += url_problems(spec.alerts, services.settings, ("alerts",))
-    return problems, workers
+    return problems, queue, workers

@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import BaseModel, Field, create_model
 
 from amptrain.contract.metrics import BY_NAME, SUMMARY_FIELDS, python_type
-from amptrain.contract.progress import STEADY_RATE_DOC
+from amptrain.contract.progress import LAST_LOSS_DOC, STEADY_RATE_DOC
 from amptrain.store.models import Job
 
 
@@ -65,6 +65,7 @@ _SUMMARY: dict[str, Any] = {
     for name in SUMMARY_FIELDS
 }
 _SUMMARY["samples_per_second"] = (float | None, Field(None, description=STEADY_RATE_DOC))
+_SUMMARY["loss"] = (float | None, Field(None, description=LAST_LOSS_DOC))
 
 
 class EvalSummaryOut(BaseModel):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import warnings
 
 import click
 
@@ -38,6 +39,12 @@ MAX_CONCURRENCY = 64
 @click.option("--name", "-n", default=None, help="Worker name [default: amptrain-PID@HOST].")
 @click.option("--loglevel", "-l", default="INFO", show_default=True, help="Celery's log level.")
 @click.option(
+    "--quiet",
+    is_flag=True,
+    help="amptrain's lines only: no Celery banner, Celery's own lines at WARNING and above "
+    "(amptrain up without --verbose).",
+)
+@click.option(
     "--metrics-host",
     default="127.0.0.1",
     show_default=True,
@@ -60,10 +67,13 @@ def worker(
     devices_per_job: int,
     name: str | None,
     loglevel: str,
+    quiet: bool,
     metrics_host: str,
     metrics_port: int,
 ) -> None:
     """Run a Celery worker that trains jobs (configured by AMPTRAIN_* variables)."""
+    from celery.exceptions import SecurityWarning
+
     from amptrain.core.settings import get_settings
     from amptrain.worker.main import devices
     from amptrain.worker.main.celery_app import app
@@ -84,11 +94,16 @@ def worker(
         metrics_host=metrics_host,
         metrics_port=metrics_port,
         devices_per_job=devices_per_job,
+        quiet=quiet,
         slot_gpus=[list(devices.slot_gpus(i, gpus, devices_per_job)) for i in range(n)],
     )
     WorkerLifecycle(options, get_settings()).connect()
+    # Celery's 8-line advice to run as another user is not one a container (where root is
+    # the norm) can act on: the worker says it in one line when ready (WorkerLifecycle).
+    warnings.filterwarnings("ignore", category=SecurityWarning)
     app.worker_main(
         [
+            *(["--quiet"] if quiet else []),  # celery's own option: no ASCII banner
             "worker",
             "--pool=prefork",  # solo cannot terminate a task and loses broker heartbeats
             f"--concurrency={n}",

@@ -20,7 +20,7 @@ import redis
 from celery.signals import setup_logging, worker_ready, worker_shutdown, worker_shutting_down
 
 from amptrain.core import redis as amptrain_redis
-from amptrain.core.logs import configure_logging
+from amptrain.core.logs import configure_logging, quiet_libraries
 from amptrain.core.settings import Settings, get_settings
 from amptrain.worker.main import devices, drain, metrics
 from amptrain.worker.main.presence import Presence
@@ -37,6 +37,8 @@ class WorkerOptions:
     metrics_host: str
     metrics_port: int
     devices_per_job: int = 1
+    quiet: bool = False
+    """Celery's own log lines only at WARNING and above (``amptrain worker --quiet``)."""
     slot_gpus: list[list[str]] = field(default_factory=list)
     """Per pool process (by index), the GPUs it owns (see :func:`amptrain.worker.main.devices.slot_gpus`)."""
 
@@ -57,9 +59,15 @@ class WorkerLifecycle:
 
     def connect(self) -> None:
         """Receive Celery's signals (strong references: this object lives as long as the worker)."""
+        setup_logging.connect(self.on_setup_logging, weak=False)
         worker_ready.connect(self.on_ready, weak=False)
         worker_shutting_down.connect(self.on_shutting_down, weak=False)
         worker_shutdown.connect(self.on_shutdown, weak=False)
+
+    def on_setup_logging(self, **_: Any) -> None:
+        """After :func:`_setup_logging` (connected first): quiet Celery if asked."""
+        if self.options.quiet:
+            quiet_libraries()
 
     def _redis(self) -> redis.Redis:
         return amptrain_redis.client(self.settings.redis_url, amptrain_redis.WORKER_TIMEOUT_S)
@@ -69,6 +77,8 @@ class WorkerLifecycle:
         hostname = getattr(sender, "hostname", None)
         if not hostname:
             return
+        if os.geteuid() == 0:
+            log.info("worker %s runs as root (usual in a container)", hostname)
         client = self._redis()
         info = {
             "queues": self.options.queues,

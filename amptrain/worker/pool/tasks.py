@@ -27,6 +27,7 @@ from amptrain.store.db import make_engine, make_session_factory
 from amptrain.worker.main import devices, drain
 from amptrain.worker.main.celery_app import app
 from amptrain.worker.pool.follower import Follower
+from amptrain.worker.pool.send_back import send_back
 from amptrain.worker.pool.slot import PoolSlot
 from amptrain.worker.pool.spare import SpareKeeper
 from amptrain.worker.pool.supervisor import Supervisor
@@ -104,15 +105,25 @@ def run_job(self: Task, *args: Any, **kwargs: Any) -> None:
         return
     hostname = self.request.hostname or "worker"
     sessions, client = _connections()
-    Supervisor(
-        get_settings(),
+    settings = get_settings()
+    supervisor = Supervisor(
+        settings,
         hostname,
         _pool_slot,
         session_factory=sessions,
         redis_client=client,
         spares=_spares,
         send_join=_send_join,
-    ).run(args[0])
+    )
+    supervisor.run(args[0])
+    # Before this process takes its next message: a job it gave back goes first.
+    send_back(settings, supervisor.sessions, args[0], _send_run)
+
+
+def _send_run(job_id: str, queue: str, priority: int) -> None:
+    app.send_task(
+        TaskName.RUN_JOB, args=[job_id], queue=queue, priority=priority, ignore_result=True
+    )
 
 
 def _send_join(queue: str, job_id: str, attempt: int) -> None:

@@ -51,6 +51,8 @@ def play(
                 step,
                 loss=values["loss"] + (5.0 if step <= STEPS - 10 else 0.0),
                 samples_per_second=1.0 if warm else values["samples_per_second"],
+                # 32 samples a step: the time a step of that rate took.
+                step_time_ms=32_000 / (1.0 if warm else values["samples_per_second"]),
                 memory_peak=int(values["memory_peak"] * step / STEPS),
                 skipped=False,
                 skipped_steps=0,

@@ -61,6 +61,14 @@ def test_a_b_report_from_recorded_points(api_stack: Stack) -> None:
     assert runs["fp16"]["final_loss"] == pytest.approx(0.55)
     assert runs["fp16"]["ratios"]["final_loss"] == pytest.approx(1.1)
     assert runs["fp32"]["ratios"] == {"throughput": 1.0, "peak_memory": 1.0, "final_loss": 1.0}
+    # One steady-state samples/s: the comparison, the job list and the job's summary agree.
+    listed = {j["id"]: j for j in c.get("/jobs", params={"limit": 10}).json()["items"]}
+    for run in runs.values():
+        summary = api_stack.job(run["job_id"])["summary"]
+        assert summary["samples_per_second"] == pytest.approx(run["throughput"])
+        assert (
+            listed[run["job_id"]]["summary"]["samples_per_second"] == summary["samples_per_second"]
+        )
     # Each run's precisions over its steps (more than one after a health.fallback).
     for precision, run in runs.items():
         assert [(h["precision"], h["from_step"]) for h in run["precision_history"]] == [

@@ -117,6 +117,7 @@ def create_rules(
     status_code=status.HTTP_201_CREATED,
     response_model=RuleCreated,
     responses=error_responses(400, 413, 429),
+    summary="Create an alert rule",
 )
 def create_rule(
     spec: RuleSpec, session: SessionDep, user: CurrentUser, services: ServicesDep
@@ -143,7 +144,7 @@ def create_rule(
     return RuleCreated(**RuleOut.of(rule).model_dump(), secret=rule.secret)
 
 
-@router.get("/rules", response_model=RulePage)
+@router.get("/rules", response_model=RulePage, summary="List alert rules")
 def list_rules(
     session: SessionDep,
     user: CurrentUser,
@@ -171,14 +172,22 @@ def _visible_rule(session: Session, user: Principal, rule_id: int) -> AlertRule:
     return rule
 
 
-@router.get("/rules/{rule_id}", response_model=RuleOut, responses=error_responses(404))
+@router.get(
+    "/rules/{rule_id}",
+    response_model=RuleOut,
+    responses=error_responses(404),
+    summary="Get an alert rule",
+)
 def read_rule(rule_id: RuleId, session: SessionDep, user: CurrentUser) -> RuleOut:
     """One rule (without its secret)."""
     return RuleOut.of(_visible_rule(session, user, rule_id))
 
 
 @router.delete(
-    "/rules/{rule_id}", status_code=status.HTTP_204_NO_CONTENT, responses=error_responses(404)
+    "/rules/{rule_id}",
+    status_code=status.HTTP_204_NO_CONTENT,
+    responses=error_responses(404),
+    summary="Delete an alert rule",
 )
 def delete_rule(rule_id: RuleId, session: SessionDep, user: CurrentUser) -> Response:
     """Delete a rule, its firings and its deliveries (pending ones are never sent)."""
@@ -187,7 +196,12 @@ def delete_rule(rule_id: RuleId, session: SessionDep, user: CurrentUser) -> Resp
     return Response(status_code=status.HTTP_204_NO_CONTENT)
 
 
-@router.post("/rules/{rule_id}/secret", response_model=RuleCreated, responses=error_responses(404))
+@router.post(
+    "/rules/{rule_id}/secret",
+    response_model=RuleCreated,
+    responses=error_responses(404),
+    summary="Rotate a rule's signing secret",
+)
 def rotate_secret(rule_id: RuleId, session: SessionDep, user: CurrentUser) -> RuleCreated:
     """A new signing secret for the rule, shown once (the old one stops signing now): how
     the owner of a rule created from a job spec's ``alerts`` gets its secret."""
@@ -198,7 +212,10 @@ def rotate_secret(rule_id: RuleId, session: SessionDep, user: CurrentUser) -> Ru
 
 
 @router.get(
-    "/rules/{rule_id}/deliveries", response_model=DeliveryPage, responses=error_responses(404)
+    "/rules/{rule_id}/deliveries",
+    response_model=DeliveryPage,
+    responses=error_responses(404),
+    summary="A rule's webhook deliveries",
 )
 def rule_deliveries(
     rule_id: RuleId,
@@ -219,7 +236,7 @@ def rule_deliveries(
     )
 
 
-@router.get("/events", response_model=list[str])
+@router.get("/events", response_model=list[str], summary="Events an alert rule may watch")
 def alert_events(user: CurrentUser) -> list[str]:
     """The event names a rule's ``when.events`` may list."""
     return list(ALERT_EVENTS)

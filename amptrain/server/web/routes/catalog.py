@@ -20,7 +20,7 @@ def _catalog() -> dict[str, Any]:
     return core_catalog.catalog()
 
 
-@router.get("/catalog")
+@router.get("/catalog", summary="Models, datasets and metrics a spec may name")
 def get_catalog(user: CurrentUser) -> dict[str, Any]:
     """The registered models, datasets, optimizers and precisions with their arguments."""
     return _catalog()

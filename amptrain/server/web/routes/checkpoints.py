@@ -54,7 +54,7 @@ def _listing(base: str, job_id: str) -> list[dict[str, Any]]:
     return list(fs.ls(root, detail=True))
 
 
-@router.get("/{job_id}/checkpoints", response_model=CheckpointList)
+@router.get("/{job_id}/checkpoints", response_model=CheckpointList, summary="A job's checkpoints")
 def list_checkpoints(
     job_id: str, session: SessionDep, user: CurrentUser, services: ServicesDep
 ) -> CheckpointList:
@@ -91,7 +91,11 @@ def _open(base: str, job_id: str, step: str, format: Format) -> tuple[Any, str]:
         raise NotFound(f"job {job_id} has no {what} at step {step}") from None
 
 
-@router.get("/{job_id}/checkpoints/{step}", response_class=StreamingResponse)
+@router.get(
+    "/{job_id}/checkpoints/{step}",
+    response_class=StreamingResponse,
+    summary="Download a checkpoint",
+)
 def download_checkpoint(
     job_id: str,
     step: Step,
@@ -139,6 +143,7 @@ class ExportOut(BaseModel):
     status_code=status.HTTP_201_CREATED,
     response_model=ExportOut,
     responses=error_responses(400, 409),
+    summary="Export a checkpoint's weights as safetensors",
 )
 def export_checkpoint(
     job_id: str,

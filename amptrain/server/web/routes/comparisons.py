@@ -144,6 +144,7 @@ class ComparisonList(BaseModel):
     status_code=status.HTTP_201_CREATED,
     response_model=ComparisonOut,
     responses=error_responses(400, 413, 429),
+    summary="Start a precision comparison",
 )
 def create_comparison(
     body: ComparisonIn, session: SessionDep, user: CurrentUser, services: ServicesDep
@@ -210,7 +211,7 @@ def _wants_tf32(spec: JobSpec, precisions: list[str], workers: list[WorkerMemory
     )
 
 
-@router.get("", response_model=ComparisonList)
+@router.get("", response_model=ComparisonList, summary="List comparisons")
 def list_comparisons(
     session: SessionDep,
     user: CurrentUser,
@@ -226,7 +227,12 @@ def list_comparisons(
     )
 
 
-@router.get("/{comparison_id}", response_model=ComparisonOut, responses=error_responses(404))
+@router.get(
+    "/{comparison_id}",
+    response_model=ComparisonOut,
+    responses=error_responses(404),
+    summary="A comparison's report",
+)
 def read_comparison(
     comparison_id: str,
     session: SessionDep,

@@ -13,7 +13,6 @@ from fastapi import APIRouter, status
 
 from amptrain.contract.forks import ForkRefused, ForkRequest, fork_spec
 from amptrain.core.checkpoint_pins import CheckpointPins
-from amptrain.server.dispatcher import queue_for
 from amptrain.server.web.admission import submission_problems
 from amptrain.server.web.deps import (
     CurrentUser,
@@ -43,6 +42,7 @@ FORKABLE_LISTED = 100
     status_code=status.HTTP_201_CREATED,
     response_model=JobOut,
     responses=error_responses(400, 409, 413, 429),
+    summary="Fork a job from one of its checkpoints",
 )
 def fork_job(
     job_id: str,
@@ -62,7 +62,9 @@ def fork_job(
         spec = fork_spec(parent.spec, body)
     except ForkRefused as exc:
         raise ValidationFailed(field_problems(exc.problems)) from None
-    problems, workers = submission_problems(spec, user.name, services, len(canonical_spec(spec)))
+    problems, queue, workers = submission_problems(
+        spec, user.name, services, len(canonical_spec(spec))
+    )
     if problems:
         where = [{**p, "loc": ("overrides", *p.get("loc", ()))} for p in problems]
         raise ValidationFailed(field_problems(where))
@@ -72,7 +74,7 @@ def fork_job(
         session,
         spec,
         user.name,
-        queue_for(spec),
+        queue,
         request_hash=request_hash(spec),
         fork_of=(parent.id, body.step),
     )

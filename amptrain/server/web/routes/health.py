@@ -13,13 +13,15 @@ from amptrain.store.db import ping
 router = APIRouter(tags=["health"])
 
 
-@router.get("/healthz")
+@router.get("/healthz", summary="Liveness: the process serves")
 def healthz() -> dict[str, str]:
     """The process is up and serving."""
     return {"status": "ok"}
 
 
-@router.get("/readyz", responses=error_responses(503))
+@router.get(
+    "/readyz", responses=error_responses(503), summary="Readiness: database and Redis reachable"
+)
 def readyz(services: ServicesDep) -> dict[str, Any]:
     """The database and Redis are reachable; 503 naming the failing one otherwise."""
     checks = {"database": _check_database(services), "redis": _check_redis(services)}

@@ -19,7 +19,6 @@ from amptrain.contract.spec import JobSpec
 from amptrain.core.checkpoint_pins import CheckpointPins
 from amptrain.core.enums import JobStatus
 from amptrain.core.redis import CANCEL_KEY_TTL_S, Keys
-from amptrain.server.dispatcher import queue_for
 from amptrain.server.runtime import Services
 from amptrain.server.web.admission import no_worker_notice, submission_problems
 from amptrain.server.web.auth import Principal
@@ -79,6 +78,7 @@ def request_hash(spec: JobSpec) -> str:
     status_code=status.HTTP_201_CREATED,
     response_model=JobOut,
     responses=error_responses(400, 409, 413, 429),
+    summary="Submit a job",
 )
 def submit_job(
     spec: JobSpec,
@@ -93,7 +93,9 @@ def submit_job(
     """Queue a training job. With an ``Idempotency-Key`` the same key and body return the
     original job (200); the same key with another body is a 409. A caller already holding
     ``AMPTRAIN_MAX_ACTIVE_JOBS_PER_USER`` unfinished jobs gets 429 (admins are exempt)."""
-    problems, workers = submission_problems(spec, user.name, services, len(canonical_spec(spec)))
+    problems, queue, workers = submission_problems(
+        spec, user.name, services, len(canonical_spec(spec))
+    )
     if problems:
         raise ValidationFailed(field_problems(problems))
     digest = request_hash(spec)
@@ -104,7 +106,7 @@ def submit_job(
     if not user.is_admin:
         check_active_jobs(session, user.name, services.settings.max_active_jobs_per_user)
     try:
-        job = repo.create_job(session, spec, user.name, queue_for(spec), idempotency_key, digest)
+        job = repo.create_job(session, spec, user.name, queue, idempotency_key, digest)
     except IntegrityError:
         # A concurrent request with the same key won the insert.
         session.rollback()
@@ -157,7 +159,7 @@ def _replay(job: Job, digest: str, response: Response, admin: bool) -> JobOut:
     return JobOut.from_job(job, admin=admin)
 
 
-@router.get("", response_model=JobPage)
+@router.get("", response_model=JobPage, summary="List jobs")
 def list_jobs(
     session: SessionDep,
     user: CurrentUser,
@@ -251,7 +253,7 @@ def decode_cursor(cursor: str) -> tuple[datetime, str]:
     return created_at, job_id
 
 
-@router.get("/{job_id}", response_model=JobOut, responses=error_responses(404))
+@router.get("/{job_id}", response_model=JobOut, responses=error_responses(404), summary="Get a job")
 def read_job(job_id: str, session: SessionDep, user: CurrentUser) -> JobOut:
     """One job: status, progress, precision (and its history), error and latest metrics
     summary."""
@@ -301,6 +303,7 @@ def _nodes(found: list[dict[str, Any]], admin: bool) -> list[NodeOut]:
     status_code=status.HTTP_202_ACCEPTED,
     response_model=JobOut,
     responses=error_responses(404, 409, 429),
+    summary="Cancel a job",
 )
 def cancel_job(
     job_id: str, session: SessionDep, user: CurrentUser, services: ServicesDep

@@ -304,6 +304,7 @@ class _SSEResponse(StreamingResponse):
     "/{job_id}/stream",
     response_class=StreamingResponse,
     responses=error_responses(401, 404, 422, 429),
+    summary="Follow a job live (Server-Sent Events)",
 )
 def watch_sse(
     job_id: str,

@@ -35,7 +35,12 @@ class MeOut(BaseModel):
     limits: LimitsOut
 
 
-@router.get("/me", response_model=MeOut, responses=error_responses(401))
+@router.get(
+    "/me",
+    response_model=MeOut,
+    responses=error_responses(401),
+    summary="The caller: who the token belongs to",
+)
 def read_me(user: CurrentUser, session: SessionDep, services: ServicesDep) -> MeOut:
     """The caller's token: name, role, expiry, and the per-user limits with current use."""
     settings = services.settings

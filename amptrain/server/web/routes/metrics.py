@@ -17,7 +17,7 @@ from amptrain.server.web.deps import ServicesDep
 router = APIRouter(tags=["health"])
 
 
-@router.get("/metrics", response_class=Response)
+@router.get("/metrics", response_class=Response, summary="Prometheus metrics")
 def prometheus_metrics(services: ServicesDep) -> Response:
     """Jobs by status, queue depth, dispatch latency, recorder, watchers, request latency."""
     return Response(exposition(services.metrics_registry), media_type=CONTENT_TYPE_LATEST)

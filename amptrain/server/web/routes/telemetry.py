@@ -60,6 +60,7 @@ EVALS_WINDOW = (
     "/{job_id}/metrics",
     response_model=MetricPage,
     response_model_exclude_unset=True,
+    summary="A job's metric points",
 )
 def read_metrics(
     job_id: str,
@@ -113,7 +114,12 @@ def window_budget(
 
 
 # Unset fields stay out: ``downsampled`` belongs to max_points answers only.
-@router.get("/{job_id}/evals", response_model=EvalPage, response_model_exclude_unset=True)
+@router.get(
+    "/{job_id}/evals",
+    response_model=EvalPage,
+    response_model_exclude_unset=True,
+    summary="A job's evaluations",
+)
 def read_evals(
     job_id: str,
     session: SessionDep,
@@ -148,7 +154,10 @@ LAYER_NORMS_WINDOW = (
 
 
 @router.get(
-    "/{job_id}/layer-norms", response_model=LayerNormsPage, response_model_exclude_unset=True
+    "/{job_id}/layer-norms",
+    response_model=LayerNormsPage,
+    response_model_exclude_unset=True,
+    summary="A job's per-layer gradient norms",
 )
 def read_layer_norms(
     job_id: str,
@@ -188,7 +197,7 @@ def read_layer_norms(
     return LayerNormsPage(items=[LayerNormsOut(**i) for i in found], next_cursor=next_cursor)
 
 
-@router.get("/{job_id}/events", response_model=EventPage)
+@router.get("/{job_id}/events", response_model=EventPage, summary="A job's lifecycle events")
 def read_events(
     job_id: str,
     session: SessionDep,

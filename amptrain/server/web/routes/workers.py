@@ -15,7 +15,7 @@ from amptrain.store.job_reads import job_names, owned_job_ids
 router = APIRouter(tags=["workers"], responses=error_responses(401, 503))
 
 
-@router.get("/workers")
+@router.get("/workers", summary="Live workers and their jobs")
 def list_workers(services: ServicesDep, session: SessionDep, user: CurrentUser) -> dict[str, Any]:
     """Workers that heartbeated within their TTL, newest first.
 
