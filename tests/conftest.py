@@ -79,10 +79,10 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
 @pytest.fixture
 def sf(database_url: str) -> Iterator[sessionmaker[Session]]:
     """A session factory on ``database_url`` migrated to head (the engine is disposed after)."""
-    from amptrain.store import migrate
     from amptrain.store.db import make_engine, make_session_factory
+    from tests.support.databases import migrated
 
-    migrate.upgrade(database_url)
+    migrated(database_url)
     engine = make_engine(database_url)
     yield make_session_factory(engine)
     engine.dispose()
