@@ -144,9 +144,9 @@ def _skip_gpu_tests_without_cuda(items: list[pytest.Item]) -> None:
 
 
 def _one_database_per_end_to_end_test(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """An end-to-end test (marked ``slow``) runs against one database, not each: with
-    PostgreSQL configured, a module's end-to-end tests alternate between SQLite and
-    PostgreSQL in the order they are written (not the order they run in, which
+    """An end-to-end test (marked ``slow``, or on ``api_stack``) runs against one database,
+    not each: with PostgreSQL configured, a module's end-to-end tests alternate between
+    SQLite and PostgreSQL in the order they are written (not the order they run in, which
     pytest-randomly shuffles), so both backends run the service end to end while each
     test's processes start once. Every statement of the store runs on both backends in the
     store's and the services' own tests."""
@@ -179,9 +179,13 @@ def _one_database_per_end_to_end_test(config: pytest.Config, items: list[pytest.
 
 
 def _end_to_end_variant(item: pytest.Item) -> tuple[str, ...] | None:
-    """A slow test's identity without its database (None for other tests)."""
+    """An end-to-end test's identity without its database (None for other tests): a test
+    marked ``slow``, or one on ``api_stack`` (a real uvicorn: its start, not the test's
+    requests, is most of such a test's cost, and its SQL runs on both backends in the
+    store's tests)."""
     params = getattr(getattr(item, "callspec", None), "params", {})
-    if item.get_closest_marker("slow") is None or "database_url" not in params:
+    end_to_end = item.get_closest_marker("slow") or "api_stack" in getattr(item, "fixturenames", ())
+    if not end_to_end or "database_url" not in params:
         return None
     return (
         item.path.name,
