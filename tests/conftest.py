@@ -144,7 +144,7 @@ def _skip_gpu_tests_without_cuda(items: list[pytest.Item]) -> None:
 
 
 def _one_database_per_end_to_end_test(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """An end-to-end test (marked ``slow``, or on ``api_stack``) runs against one database,
+    """An end-to-end test (marked ``slow``, or on a stack) runs against one database,
     not each: with PostgreSQL configured, a module's end-to-end tests alternate between
     SQLite and PostgreSQL in the order they are written (not the order they run in, which
     pytest-randomly shuffles), so both backends run the service end to end while each
@@ -178,13 +178,18 @@ def _one_database_per_end_to_end_test(config: pytest.Config, items: list[pytest.
         items[:] = keep
 
 
+STACK_FIXTURES = frozenset({"api_stack", "stack"})
+"""The fixtures that start the service's processes for a test (tests/support/stack.py)."""
+
+
 def _end_to_end_variant(item: pytest.Item) -> tuple[str, ...] | None:
     """An end-to-end test's identity without its database (None for other tests): a test
-    marked ``slow``, or one on ``api_stack`` (a real uvicorn: its start, not the test's
-    requests, is most of such a test's cost, and its SQL runs on both backends in the
-    store's tests)."""
+    marked ``slow``, or one on ``api_stack`` or a module's ``stack`` (a real uvicorn: its
+    start, not the test's requests, is most of such a test's cost, and its SQL runs on both
+    backends in the store's tests)."""
     params = getattr(getattr(item, "callspec", None), "params", {})
-    end_to_end = item.get_closest_marker("slow") or "api_stack" in getattr(item, "fixturenames", ())
+    stacks = STACK_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+    end_to_end = item.get_closest_marker("slow") or stacks
     if not end_to_end or "database_url" not in params:
         return None
     return (
