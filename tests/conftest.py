@@ -127,11 +127,35 @@ def cuda_available() -> bool:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     _skip_gpu_tests_without_cuda(items)
     _one_database_per_end_to_end_test(config, items)
-    # Longest first: the test processes share out the end-to-end tests at the start instead
-    # of one of them finishing a minute-long test alone at the end (a stable sort).
-    items.sort(
-        key=lambda item: not (item.get_closest_marker("slow") or item.get_closest_marker("heavy"))
-    )
+    items[:] = _long_tests_first_in_every_process(items)
+
+
+def _long_tests_first_in_every_process(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The long tests (``slow`` or ``heavy``) start the run in every test process, not just
+    the first: xdist's worksteal hands each process a contiguous slice of this order (the
+    first quarter to the first process, and so on) and an idle process steals the tail of
+    the longest queue. With the long tests merely sorted first they all sat in the first
+    process's slice, and the others stole them late: minute-long tests ran alone in the
+    run's last minutes. Here every slice starts with its share of them (dealt in turn, in
+    their sorted order), and every tail holds short tests to steal."""
+    long = [i for i in items if i.get_closest_marker("slow") or i.get_closest_marker("heavy")]
+    short = [
+        i for i in items if not (i.get_closest_marker("slow") or i.get_closest_marker("heavy"))
+    ]
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    # The slice sizes worksteal.check_schedule sends: what is left over the processes left.
+    sizes, left = [], len(items)
+    for remaining in range(workers, 0, -1):
+        sizes.append(left // remaining)
+        left -= sizes[-1]
+    heads: list[list[pytest.Item]] = [[] for _ in sizes]
+    for n, item in enumerate(long):
+        heads[n % len(heads)].append(item)
+    ordered: list[pytest.Item] = []
+    for size, head in zip(sizes, heads, strict=True):
+        ordered += head + short[: max(0, size - len(head))]
+        del short[: max(0, size - len(head))]
+    return ordered + short
 
 
 def _skip_gpu_tests_without_cuda(items: list[pytest.Item]) -> None:
