@@ -79,10 +79,10 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
 @pytest.fixture
 def sf(database_url: str) -> Iterator[sessionmaker[Session]]:
     """A session factory on ``database_url`` migrated to head (the engine is disposed after)."""
-    from amptrain.store import migrate
     from amptrain.store.db import make_engine, make_session_factory
+    from tests.support.databases import migrated
 
-    migrate.upgrade(database_url)
+    migrated(database_url)
     engine = make_engine(database_url)
     yield make_session_factory(engine)
     engine.dispose()
@@ -127,11 +127,35 @@ def cuda_available() -> bool:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     _skip_gpu_tests_without_cuda(items)
     _one_database_per_end_to_end_test(config, items)
-    # Longest first: the test processes share out the end-to-end tests at the start instead
-    # of one of them finishing a minute-long test alone at the end (a stable sort).
-    items.sort(
-        key=lambda item: not (item.get_closest_marker("slow") or item.get_closest_marker("heavy"))
-    )
+    items[:] = _long_tests_first_in_every_process(items)
+
+
+def _long_tests_first_in_every_process(items: list[pytest.Item]) -> list[pytest.Item]:
+    """The long tests (``slow`` or ``heavy``) start the run in every test process, not just
+    the first: xdist's worksteal hands each process a contiguous slice of this order (the
+    first quarter to the first process, and so on) and an idle process steals the tail of
+    the longest queue. With the long tests merely sorted first they all sat in the first
+    process's slice, and the others stole them late: minute-long tests ran alone in the
+    run's last minutes. Here every slice starts with its share of them (dealt in turn, in
+    their sorted order), and every tail holds short tests to steal."""
+    long = [i for i in items if i.get_closest_marker("slow") or i.get_closest_marker("heavy")]
+    short = [
+        i for i in items if not (i.get_closest_marker("slow") or i.get_closest_marker("heavy"))
+    ]
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    # The slice sizes worksteal.check_schedule sends: what is left over the processes left.
+    sizes, left = [], len(items)
+    for remaining in range(workers, 0, -1):
+        sizes.append(left // remaining)
+        left -= sizes[-1]
+    heads: list[list[pytest.Item]] = [[] for _ in sizes]
+    for n, item in enumerate(long):
+        heads[n % len(heads)].append(item)
+    ordered: list[pytest.Item] = []
+    for size, head in zip(sizes, heads, strict=True):
+        ordered += head + short[: max(0, size - len(head))]
+        del short[: max(0, size - len(head))]
+    return ordered + short
 
 
 def _skip_gpu_tests_without_cuda(items: list[pytest.Item]) -> None:
@@ -144,9 +168,9 @@ def _skip_gpu_tests_without_cuda(items: list[pytest.Item]) -> None:
 
 
 def _one_database_per_end_to_end_test(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """An end-to-end test (marked ``slow``) runs against one database, not each: with
-    PostgreSQL configured, a module's end-to-end tests alternate between SQLite and
-    PostgreSQL in the order they are written (not the order they run in, which
+    """An end-to-end test (marked ``slow``, or on a stack) runs against one database,
+    not each: with PostgreSQL configured, a module's end-to-end tests alternate between
+    SQLite and PostgreSQL in the order they are written (not the order they run in, which
     pytest-randomly shuffles), so both backends run the service end to end while each
     test's processes start once. Every statement of the store runs on both backends in the
     store's and the services' own tests."""
@@ -178,10 +202,19 @@ def _one_database_per_end_to_end_test(config: pytest.Config, items: list[pytest.
         items[:] = keep
 
 
+STACK_FIXTURES = frozenset({"api_stack", "stack"})
+"""The fixtures that start the service's processes for a test (tests/support/stack.py)."""
+
+
 def _end_to_end_variant(item: pytest.Item) -> tuple[str, ...] | None:
-    """A slow test's identity without its database (None for other tests)."""
+    """An end-to-end test's identity without its database (None for other tests): a test
+    marked ``slow``, or one on ``api_stack`` or a module's ``stack`` (a real uvicorn: its
+    start, not the test's requests, is most of such a test's cost, and its SQL runs on both
+    backends in the store's tests)."""
     params = getattr(getattr(item, "callspec", None), "params", {})
-    if item.get_closest_marker("slow") is None or "database_url" not in params:
+    stacks = STACK_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+    end_to_end = item.get_closest_marker("slow") or stacks
+    if not end_to_end or "database_url" not in params:
         return None
     return (
         item.path.name,

@@ -111,9 +111,9 @@ class Stack:
         self._migrate(database_url)
 
     def _migrate(self, database_url: str) -> None:
-        from amptrain.store import migrate
+        from tests.support.databases import migrated
 
-        migrate.upgrade(database_url)
+        migrated(database_url)
 
     def entry(self, name: str) -> list[str]:
         """What starts component ``name``, before its arguments: the ``amptrain`` command

@@ -9,13 +9,13 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
-from amptrain.store import migrate
 from amptrain.store.db import make_engine, make_session_factory
+from tests.support.databases import migrated
 
 
 @pytest.fixture
 def db(database_url: str) -> Iterator[tuple[sa.Engine, sessionmaker[Session]]]:
-    migrate.upgrade(database_url)
+    migrated(database_url)
     engine = make_engine(database_url)
     yield engine, make_session_factory(engine)
     engine.dispose()
