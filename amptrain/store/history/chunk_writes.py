@@ -1,0 +1,224 @@
+"""Appending a batch's values to the series' chunks (``metric_chunks``), inside the caller's
+transaction: the recorder's batch, or migration 0014 moving old rows.
+
+Which series exist is the metric table's decision: every per-step field of
+:data:`~amptrain.contract.metrics.STEP_METRICS` that is a number (:data:`STEP_SERIES`: all
+but ``step`` itself, the key, and the per-rank memory list, which stays a JSON column of
+``metric_points``) is a ``step`` series; each evaluation metric and each layer's gradient
+norm is a series of its kind (:data:`~amptrain.contract.metrics.VALUE_KINDS`).
+
+A value lands in the chunk ``(job, kind, name, step // 256, attempt)``: the key alone says
+where it goes, so at-least-once delivery is harmless. The touched chunks are read by
+primary key, decoded, given the steps they lack (a step already there keeps its first
+value, as ``ON CONFLICT DO NOTHING`` did for rows), re-encoded and upserted in one
+executemany; a replayed or re-sent range adds no step and writes nothing.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+from sqlalchemy.orm import Session
+
+from amptrain.contract.metrics import STEP_METRICS
+from amptrain.store.history import chunk_codec
+from amptrain.store.history.chunk_codec import CHUNK_STEPS, Decoded
+
+STEP_KIND = "step"
+"""``metric_chunks.kind`` of the per-step fields (the named series use their own kinds)."""
+STEP_SERIES: tuple[str, ...] = tuple(
+    m.name for m in STEP_METRICS if m.name != "step" and m.type in ("int", "float", "bool", "bytes")
+)
+"""The per-step fields stored as series, in the metric table's order."""
+_SHIFT = CHUNK_STEPS.bit_length() - 1
+
+Key = tuple[str, str, str, int, int]
+"""``(job_id, kind, name, chunk, attempt)``: a chunk's primary key."""
+
+
+class _Part:
+    """New values of one chunk, in arrival order: steps, values (None = null), times."""
+
+    __slots__ = ("steps", "times", "values")
+
+    def __init__(self) -> None:
+        self.steps: list[int] = []
+        self.values: list[Any] = []
+        self.times: list[float] = []
+
+
+def append(
+    s: Session, points: Sequence[Mapping[str, Any]], values: Sequence[Mapping[str, Any]]
+) -> int:
+    """Add the points (dicts with ``job_id``, ``attempt``, ``step``, ``time`` and the step
+    fields) and the named values (``job_id``, ``attempt``, ``step``, ``kind``, ``name``,
+    ``value``, ``time``) to their chunks; the number of chunks written."""
+    parts: dict[Key, _Part] = {}
+    _points_into(parts, points)
+    for v in values:
+        step = v["step"]
+        key = (v["job_id"], v["kind"], v["name"], step >> _SHIFT, v["attempt"])
+        part = parts.get(key)
+        if part is None:
+            part = parts[key] = _Part()
+        part.steps.append(step)
+        part.values.append(v["value"])
+        part.times.append(v["time"])
+    if not parts:
+        return 0
+    rows = merge(parts, read(s, list(parts)))
+    upsert(s, rows)
+    return len(rows)
+
+
+def _points_into(parts: dict[Key, _Part], points: Iterable[Mapping[str, Any]]) -> None:
+    groups: dict[tuple[str, int, int], list[Mapping[str, Any]]] = defaultdict(list)
+    for p in points:
+        groups[(p["job_id"], p["step"] >> _SHIFT, p["attempt"])].append(p)
+    for (job_id, chunk, attempt), group in groups.items():
+        steps = [p["step"] for p in group]
+        times = [p["time"] for p in group]
+        for name in STEP_SERIES:
+            part = parts[(job_id, STEP_KIND, name, chunk, attempt)] = _Part()
+            part.steps, part.times = steps, times
+            part.values = [p.get(name) for p in group]
+
+
+Stored = tuple[Decoded, float, float]
+"""A stored chunk: its contents and the wall clock of its first and last value."""
+
+
+def read(s: Session, keys: list[Key]) -> dict[Key, Stored]:
+    """The stored chunks among ``keys``, by primary key: on PostgreSQL one statement for all
+    (a join with the unnested keys), on SQLite one cached statement per key (no round
+    trips to save there)."""
+    conn: Any = s.connection().connection.driver_connection
+    out: dict[Key, Stored] = {}
+    if s.get_bind().dialect.name == "sqlite":
+        for key in keys:
+            for first_time, last_time, data in conn.execute(_ONE, key):
+                out[key] = (chunk_codec.decode(key[3] << _SHIFT, data), first_time, last_time)
+        return out
+    columns = [list(c) for c in zip(*keys, strict=True)]
+    with conn.cursor() as cur:
+        for job_id, kind, name, chunk, attempt, first_time, last_time, data in cur.execute(
+            _MANY, columns
+        ):
+            decoded = chunk_codec.decode(chunk << _SHIFT, bytes(data))
+            out[(job_id, kind, name, chunk, attempt)] = (decoded, first_time, last_time)
+    return out
+
+
+_KEY = ("job_id", "kind", "name", "chunk", "attempt")
+_ONE = (
+    "SELECT time_first, time_last, data FROM metric_chunks "
+    "WHERE job_id = ? AND kind = ? AND name = ? AND chunk = ? AND attempt = ?"
+)
+_MANY = (
+    "SELECT c.job_id, c.kind, c.name, c.chunk, c.attempt, c.time_first, c.time_last, c.data "
+    "FROM unnest(%s::text[], %s::text[], %s::text[], %s::int[], %s::int[]) "
+    "AS k(job_id, kind, name, chunk, attempt) JOIN metric_chunks c ON c.job_id = k.job_id "
+    "AND c.kind = k.kind AND c.name = k.name AND c.chunk = k.chunk AND c.attempt = k.attempt"
+)
+
+
+def merge(parts: Mapping[Key, _Part], stored: Mapping[Key, Stored]) -> list[tuple[Any, ...]]:
+    """The rows (:data:`COLUMNS`) of every chunk that gains a step; a step already stored
+    (or repeated in ``parts``) keeps its first value."""
+    merged: dict[Key, tuple[Decoded, float, float]] = {}
+    for key, part in parts.items():
+        old = stored.get(key)
+        steps = np.asarray(part.steps, dtype=np.int64)
+        nulls = np.fromiter((v is None for v in part.values), bool, len(part.values))
+        values = np.array([np.nan if v is None else v for v in part.values], dtype=np.float64)
+        times = np.asarray(part.times, dtype=np.float64)
+        _, first_seen = np.unique(steps, return_index=True)  # sorted steps, first arrival
+        if old is not None:
+            first_seen = first_seen[~np.isin(steps[first_seen], old[0].steps)]
+        if not len(first_seen):
+            continue  # a replay: nothing new
+        steps, values, nulls, times = (a[first_seen] for a in (steps, values, nulls, times))
+        t_first, t_last = float(times[0]), float(times[-1])
+        if old is not None:
+            o = old[0]
+            o_nulls = o.nulls if o.nulls is not None else np.zeros(len(o.steps), bool)
+            t_first = old[1] if o.steps[0] < steps[0] else t_first
+            t_last = old[2] if o.steps[-1] > steps[-1] else t_last
+            order = np.argsort(np.concatenate([o.steps, steps]), kind="stable")
+            steps = np.concatenate([o.steps, steps])[order]
+            values = np.concatenate([o.values, values])[order]
+            nulls = np.concatenate([o_nulls, nulls])[order]
+        merged[key] = (Decoded(steps, values, nulls), t_first, t_last)
+    return [_row(key, d, t0, t1, _skipped(key, d, merged, stored)) for key, (d, t0, t1) in merged.items()]
+
+
+def _skipped(
+    key: Key, d: Decoded, merged: Mapping[Key, Stored], stored: Mapping[Key, Stored]
+) -> int:
+    """How many of the chunk's steps were skipped: from the same attempt's ``skipped``
+    series (written with every step series of a point)."""
+    if key[1] != STEP_KIND:
+        return 0
+    flag_key = (key[0], STEP_KIND, "skipped", key[3], key[4])
+    flags = merged.get(flag_key) or stored.get(flag_key)
+    if flags is None:
+        return 0
+    return int(np.count_nonzero(flags[0].values[np.isin(flags[0].steps, d.steps)] == 1))
+
+
+def _row(key: Key, d: Decoded, t_first: float, t_last: float, skipped: int) -> tuple[Any, ...]:
+    finite = np.isfinite(d.values)
+    lows = d.values[finite]
+    nulls = d.nulls if d.nulls is not None else np.zeros(len(d.steps), bool)
+    return (
+        *key,
+        int(d.steps[0]),
+        int(d.steps[-1]),
+        len(d.steps),
+        int(len(d.steps) - np.count_nonzero(finite)),
+        skipped,
+        float(lows.min()) if len(lows) else None,
+        float(lows.max()) if len(lows) else None,
+        None if nulls[0] else float(d.values[0]),
+        None if nulls[-1] else float(d.values[-1]),
+        t_first,
+        t_last,
+        chunk_codec.encode(key[3] << _SHIFT, d.steps, d.values, nulls),
+    )
+
+
+COLUMNS = (
+    *_KEY,
+    "first_step",
+    "last_step",
+    "count",
+    "non_finite",
+    "skipped",
+    "low",
+    "high",
+    "first",
+    "last",
+    "time_first",
+    "time_last",
+    "data",
+)
+_UPSERT = (
+    f"INSERT INTO metric_chunks ({', '.join(COLUMNS)}) VALUES ({{marks}}) "
+    f"ON CONFLICT ({', '.join(_KEY)}) DO UPDATE SET "
+    + ", ".join(f"{c} = excluded.{c}" for c in COLUMNS[len(_KEY) :])
+)
+
+
+def upsert(s: Session, rows: list[tuple[Any, ...]]) -> None:
+    """Write whole chunks (rows of :data:`COLUMNS`) through one prepared statement."""
+    if not rows:
+        return
+    conn: Any = s.connection().connection.driver_connection
+    if s.get_bind().dialect.name == "sqlite":
+        conn.executemany(_UPSERT.format(marks=", ".join("?" * len(COLUMNS))), rows)
+        return
+    with conn.cursor() as cur:
+        cur.executemany(_UPSERT.format(marks=", ".join(["%s"] * len(COLUMNS))), rows)
