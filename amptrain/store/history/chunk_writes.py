@@ -152,7 +152,10 @@ def merge(parts: Mapping[Key, _Part], stored: Mapping[Key, Stored]) -> list[tupl
             values = np.concatenate([o.values, values])[order]
             nulls = np.concatenate([o_nulls, nulls])[order]
         merged[key] = (Decoded(steps, values, nulls), t_first, t_last)
-    return [_row(key, d, t0, t1, _skipped(key, d, merged, stored)) for key, (d, t0, t1) in merged.items()]
+    return [
+        _row(key, d, t0, t1, _skipped(key, d, merged, stored))
+        for key, (d, t0, t1) in merged.items()
+    ]
 
 
 def _skipped(

@@ -96,4 +96,6 @@ def _effective(attempts: list[chunk_codec.Decoded]) -> tuple[numpy.ndarray, nump
 def _block(
     series: tuple[str, str], steps: list[numpy.ndarray], values: list[numpy.ndarray]
 ) -> SeriesBlock:
-    return SeriesBlock(KINDS.get(series[0], series[0]), series[1], *map(numpy.concatenate, (steps, values)))
+    return SeriesBlock(
+        KINDS.get(series[0], series[0]), series[1], *map(numpy.concatenate, (steps, values))
+    )
