@@ -34,7 +34,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import SPEC, throwaway_pg  # noqa: E402
+from bench.common import SPEC, throwaway_pg
 
 GOAL = 8.0
 LAYERS = 256

@@ -22,10 +22,10 @@ to a byte or two a value. NaN and the infinities keep their bit patterns.
 from __future__ import annotations
 
 import struct
+import sys
 import zlib
+from array import array
 from dataclasses import dataclass
-
-import numpy as np
 
 VERSION = 1
 """Bumped when the layout changes; a reader refuses a version it does not know."""
@@ -34,57 +34,77 @@ CHUNK_STEPS = 256
 batch stays a few KiB."""
 GAPS = 1
 NULLS = 2
-_HEADER = struct.Struct("<BBH")
+HEADER = struct.Struct("<BBH")
+_SWAP = sys.byteorder != "little"
 
 
 @dataclass(frozen=True, slots=True)
 class Decoded:
-    """A chunk's steps (int64, ascending), values (float64; NaN where null) and null mask
-    (None when no value is null)."""
+    """A chunk's steps (ascending), values (NaN where null) and null flags (None when no
+    value is null). Standard-library arrays: the recorder (an API process) does without
+    numpy; a reader wraps them with ``numpy.frombuffer`` at no cost."""
 
-    steps: np.ndarray
-    values: np.ndarray
-    nulls: np.ndarray | None
+    steps: array[int]
+    values: array[float]
+    nulls: list[bool] | None
 
 
-def encode(first_aligned: int, steps: np.ndarray, values: np.ndarray, nulls: np.ndarray) -> bytes:
+def encode(
+    first_aligned: int, steps: array[int], values: array[float], nulls: list[bool] | None
+) -> bytes:
     """Pack ascending ``steps`` (all in ``first_aligned .. first_aligned + 255``), their
-    float64 ``values`` and boolean ``nulls``."""
+    ``values`` (typecode ``d``) and null flags."""
     n = len(steps)
     flags = 0
     parts: list[bytes] = []
-    offsets = steps - first_aligned
-    if n and not (offsets[-1] - offsets[0] + 1 == n):
+    if n and steps[-1] - steps[0] + 1 != n:
         flags |= GAPS
-        parts.append(offsets.astype(np.uint8).tobytes())
+        parts.append(bytes(s - first_aligned for s in steps))
     elif n:
-        parts.append(bytes((int(offsets[0]),)))  # contiguous: the first offset is enough
-    if nulls.any():
+        parts.append(bytes((steps[0] - first_aligned,)))  # contiguous: the first is enough
+    if nulls is not None and any(nulls):
         flags |= NULLS
-        parts.append(np.packbits(nulls).tobytes())
-    raw = np.ascontiguousarray(values, dtype="<f8").view(np.uint8).reshape(n, 8)
-    parts.append(zlib.compress(raw.T.tobytes(), 1))
-    return _HEADER.pack(VERSION, flags, n) + b"".join(parts)
+        bits = bytearray((n + 7) // 8)
+        for i, null in enumerate(nulls):
+            if null:
+                bits[i >> 3] |= 0x80 >> (i & 7)  # numpy.packbits' bit order
+        parts.append(bytes(bits))
+    if _SWAP:
+        values = array("d", values)
+        values.byteswap()
+    raw = values.tobytes()
+    shuffled = b"".join(raw[i::8] for i in range(8))
+    parts.append(zlib.compress(shuffled, 1))
+    return HEADER.pack(VERSION, flags, n) + b"".join(parts)
 
 
 def decode(first_aligned: int, data: bytes) -> Decoded:
     """The inverse of :func:`encode`."""
-    version, flags, n = _HEADER.unpack_from(data)
+    version, flags, n = HEADER.unpack_from(data)
     if version != VERSION:
         raise ValueError(f"metric chunk format {version} is not known to this version")
-    pos = _HEADER.size
+    pos = HEADER.size
     if flags & GAPS:
-        offsets = np.frombuffer(data, np.uint8, n, pos).astype(np.int64)
+        steps = array("q", (first_aligned + o for o in data[pos : pos + n]))
         pos += n
+    elif n:
+        start = first_aligned + data[pos]
+        steps = array("q", range(start, start + n))
+        pos += 1
     else:
-        start = data[pos] if n else 0
-        offsets = np.arange(start, start + n, dtype=np.int64)
-        pos += 1 if n else 0
+        steps = array("q")
     nulls = None
     if flags & NULLS:
         size = (n + 7) // 8
-        nulls = np.unpackbits(np.frombuffer(data, np.uint8, size, pos), count=n).astype(bool)
+        bits = data[pos : pos + size]
+        nulls = [bool(bits[i >> 3] & (0x80 >> (i & 7))) for i in range(n)]
         pos += size
-    shuffled = np.frombuffer(zlib.decompress(data[pos:]), np.uint8).reshape(8, n)
-    values = np.ascontiguousarray(shuffled.T).view("<f8").reshape(n)
-    return Decoded(offsets + first_aligned, values.astype(np.float64), nulls)
+    shuffled = zlib.decompress(data[pos:])
+    raw = bytearray(8 * n)
+    for i in range(8):
+        raw[i::8] = shuffled[i * n : (i + 1) * n]
+    values = array("d")
+    values.frombytes(bytes(raw))
+    if _SWAP:
+        values.byteswap()
+    return Decoded(steps, values, nulls)

@@ -16,11 +16,12 @@ executemany; a replayed or re-sent range adds no step and writes nothing.
 
 from __future__ import annotations
 
+from array import array
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
+from math import isfinite
 from typing import Any
 
-import numpy as np
 from sqlalchemy.orm import Session
 
 from amptrain.contract.metrics import STEP_METRICS
@@ -128,65 +129,67 @@ _MANY = (
 def merge(parts: Mapping[Key, _Part], stored: Mapping[Key, Stored]) -> list[tuple[Any, ...]]:
     """The rows (:data:`COLUMNS`) of every chunk that gains a step; a step already stored
     (or repeated in ``parts``) keeps its first value."""
-    merged: dict[Key, tuple[Decoded, float, float]] = {}
+    merged: dict[Key, Stored] = {}
     for key, part in parts.items():
         old = stored.get(key)
-        steps = np.asarray(part.steps, dtype=np.int64)
-        nulls = np.fromiter((v is None for v in part.values), bool, len(part.values))
-        values = np.array([np.nan if v is None else v for v in part.values], dtype=np.float64)
-        times = np.asarray(part.times, dtype=np.float64)
-        _, first_seen = np.unique(steps, return_index=True)  # sorted steps, first arrival
-        if old is not None:
-            first_seen = first_seen[~np.isin(steps[first_seen], old[0].steps)]
-        if not len(first_seen):
+        have = set(old[0].steps) if old is not None else set()
+        new: dict[int, tuple[Any, float]] = {}
+        for step, value, at in zip(part.steps, part.values, part.times, strict=True):
+            if step not in have and step not in new:
+                new[step] = (value, at)
+        if not new:
             continue  # a replay: nothing new
-        steps, values, nulls, times = (a[first_seen] for a in (steps, values, nulls, times))
-        t_first, t_last = float(times[0]), float(times[-1])
+        first, last = min(new), max(new)
+        t_first, t_last = new[first][1], new[last][1]
+        entries = [(step, v) for step, (v, _) in new.items()]
         if old is not None:
             o = old[0]
-            o_nulls = o.nulls if o.nulls is not None else np.zeros(len(o.steps), bool)
-            t_first = old[1] if o.steps[0] < steps[0] else t_first
-            t_last = old[2] if o.steps[-1] > steps[-1] else t_last
-            order = np.argsort(np.concatenate([o.steps, steps]), kind="stable")
-            steps = np.concatenate([o.steps, steps])[order]
-            values = np.concatenate([o.values, values])[order]
-            nulls = np.concatenate([o_nulls, nulls])[order]
-        merged[key] = (Decoded(steps, values, nulls), t_first, t_last)
-    return [
-        _row(key, d, t0, t1, _skipped(key, d, merged, stored))
-        for key, (d, t0, t1) in merged.items()
-    ]
+            nulls = o.nulls or [False] * len(o.steps)
+            entries += [
+                (step, None if null else v)
+                for step, v, null in zip(o.steps, o.values, nulls, strict=True)
+            ]
+            t_first = old[1] if o.steps[0] < first else t_first
+            t_last = old[2] if o.steps[-1] > last else t_last
+        entries.sort(key=_first)
+        steps = array("q", [e[0] for e in entries])
+        values = array("d", [_NAN if e[1] is None else e[1] for e in entries])
+        flags = [e[1] is None for e in entries]
+        merged[key] = (Decoded(steps, values, flags if any(flags) else None), t_first, t_last)
+    return [_row(key, *m, _skipped(key, merged, stored)) for key, m in merged.items()]
 
 
-def _skipped(
-    key: Key, d: Decoded, merged: Mapping[Key, Stored], stored: Mapping[Key, Stored]
-) -> int:
+_NAN = float("nan")
+
+
+def _first(entry: tuple[int, Any]) -> int:
+    return entry[0]
+
+
+def _skipped(key: Key, merged: Mapping[Key, Stored], stored: Mapping[Key, Stored]) -> int:
     """How many of the chunk's steps were skipped: from the same attempt's ``skipped``
-    series (written with every step series of a point)."""
+    series (written with every step series of a point, so over the same steps)."""
     if key[1] != STEP_KIND:
         return 0
     flag_key = (key[0], STEP_KIND, "skipped", key[3], key[4])
     flags = merged.get(flag_key) or stored.get(flag_key)
-    if flags is None:
-        return 0
-    return int(np.count_nonzero(flags[0].values[np.isin(flags[0].steps, d.steps)] == 1))
+    return 0 if flags is None else sum(1 for v in flags[0].values if v == 1)
 
 
 def _row(key: Key, d: Decoded, t_first: float, t_last: float, skipped: int) -> tuple[Any, ...]:
-    finite = np.isfinite(d.values)
-    lows = d.values[finite]
-    nulls = d.nulls if d.nulls is not None else np.zeros(len(d.steps), bool)
+    finite = [v for v in d.values if isfinite(v)]
+    nulls = d.nulls
     return (
         *key,
-        int(d.steps[0]),
-        int(d.steps[-1]),
+        d.steps[0],
+        d.steps[-1],
         len(d.steps),
-        int(len(d.steps) - np.count_nonzero(finite)),
+        len(d.steps) - len(finite),
         skipped,
-        float(lows.min()) if len(lows) else None,
-        float(lows.max()) if len(lows) else None,
-        None if nulls[0] else float(d.values[0]),
-        None if nulls[-1] else float(d.values[-1]),
+        min(finite) if finite else None,
+        max(finite) if finite else None,
+        None if nulls and nulls[0] else d.values[0],
+        None if nulls and nulls[-1] else d.values[-1],
         t_first,
         t_last,
         chunk_codec.encode(key[3] << _SHIFT, d.steps, d.values, nulls),
