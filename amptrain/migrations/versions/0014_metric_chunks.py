@@ -84,7 +84,8 @@ def move_rows(s: Session) -> None:
             if not rows:
                 break
             after = rows[-1]["id"]
-            chunk_writes.append(s, rows if as_points else [], [] if as_points else rows)
+            points, values = (rows, []) if as_points else ([], rows)
+            chunk_writes.append(s, points, values, pack=True)
     s.flush()
 
 

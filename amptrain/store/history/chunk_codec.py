@@ -6,10 +6,13 @@ A chunk holds the values of one series of one attempt at the steps of one aligne
 - a header ``<BBH``: format version (:data:`VERSION`), flags, the number of values ``n``;
 - when the steps are not ``first_step .. first_step + n - 1`` (flag :data:`GAPS`): ``n``
   uint8 offsets of each step from the chunk's first aligned step (a chunk spans 256 steps);
-- when some values were null (flag :data:`NULLS`): ``ceil(n / 8)`` bytes of
-  ``numpy.packbits`` of the null mask (a null value is stored as NaN beside it);
-- the values as float64, byte-shuffled (every value's byte 0, then every byte 1, ...) and
-  compressed with zlib level 1: the filter Blosc and HDF5 use for slowly varying floats.
+- when some values were null (flag :data:`NULLS`): ``n`` bytes, 1 for a null value (stored
+  as NaN among the values);
+- the values as float64, byte-shuffled (every value's byte 0, then every byte 1, ...) and,
+  once the chunk is closed (flag :data:`PACKED`: its last aligned step recorded, or
+  written by the migration), compressed with zlib level 1: the filter Blosc and HDF5 use
+  for slowly varying floats. An open chunk is rewritten by every recorder batch that
+  reaches it, so it is compressed once, when it closes, not at every rewrite.
 
 Why float64 and not float32: the store must give back exactly what was recorded (``lr``,
 ``time``, memory byte counts and ``samples_per_second`` are not float32 numbers, and every
@@ -34,6 +37,7 @@ CHUNK_STEPS = 256
 batch stays a few KiB."""
 GAPS = 1
 NULLS = 2
+PACKED = 4
 HEADER = struct.Struct("<BBH")
 _SWAP = sys.byteorder != "little"
 
@@ -46,14 +50,19 @@ class Decoded:
 
     steps: array[int]
     values: array[float]
-    nulls: list[bool] | None
+    nulls: bytes | None
+    """One byte a value, 1 where null."""
 
 
 def encode(
-    first_aligned: int, steps: array[int], values: array[float], nulls: list[bool] | None
+    first_aligned: int,
+    steps: array[int],
+    values: array[float],
+    nulls: bytes | None,
+    pack: bool,
 ) -> bytes:
     """Pack ascending ``steps`` (all in ``first_aligned .. first_aligned + 255``), their
-    ``values`` (typecode ``d``) and null flags."""
+    ``values`` (typecode ``d``) and null flags; ``pack``: compress (a closed chunk)."""
     n = len(steps)
     flags = 0
     parts: list[bytes] = []
@@ -64,17 +73,16 @@ def encode(
         parts.append(bytes((steps[0] - first_aligned,)))  # contiguous: the first is enough
     if nulls is not None and any(nulls):
         flags |= NULLS
-        bits = bytearray((n + 7) // 8)
-        for i, null in enumerate(nulls):
-            if null:
-                bits[i >> 3] |= 0x80 >> (i & 7)  # numpy.packbits' bit order
-        parts.append(bytes(bits))
+        parts.append(nulls)
     if _SWAP:
         values = array("d", values)
         values.byteswap()
     raw = values.tobytes()
     shuffled = b"".join(raw[i::8] for i in range(8))
-    parts.append(zlib.compress(shuffled, 1))
+    if pack:
+        flags |= PACKED
+        shuffled = zlib.compress(shuffled, 1)
+    parts.append(shuffled)
     return HEADER.pack(VERSION, flags, n) + b"".join(parts)
 
 
@@ -95,11 +103,9 @@ def decode(first_aligned: int, data: bytes) -> Decoded:
         steps = array("q")
     nulls = None
     if flags & NULLS:
-        size = (n + 7) // 8
-        bits = data[pos : pos + size]
-        nulls = [bool(bits[i >> 3] & (0x80 >> (i & 7))) for i in range(n)]
-        pos += size
-    shuffled = zlib.decompress(data[pos:])
+        nulls = data[pos : pos + n]
+        pos += n
+    shuffled = zlib.decompress(data[pos:]) if flags & PACKED else data[pos:]
     raw = bytearray(8 * n)
     for i in range(8):
         raw[i::8] = shuffled[i * n : (i + 1) * n]

@@ -52,11 +52,15 @@ class _Part:
 
 
 def append(
-    s: Session, points: Sequence[Mapping[str, Any]], values: Sequence[Mapping[str, Any]]
+    s: Session,
+    points: Sequence[Mapping[str, Any]],
+    values: Sequence[Mapping[str, Any]],
+    pack: bool = False,
 ) -> int:
     """Add the points (dicts with ``job_id``, ``attempt``, ``step``, ``time`` and the step
     fields) and the named values (``job_id``, ``attempt``, ``step``, ``kind``, ``name``,
-    ``value``, ``time``) to their chunks; the number of chunks written."""
+    ``value``, ``time``) to their chunks; the number of chunks written. ``pack``: as for
+    :func:`merge`."""
     parts: dict[Key, _Part] = {}
     _points_into(parts, points)
     for v in values:
@@ -70,7 +74,7 @@ def append(
         part.times.append(v["time"])
     if not parts:
         return 0
-    rows = merge(parts, read(s, list(parts)))
+    rows = merge(parts, read(s, list(parts)), pack)
     upsert(s, rows)
     return len(rows)
 
@@ -126,9 +130,12 @@ _MANY = (
 )
 
 
-def merge(parts: Mapping[Key, _Part], stored: Mapping[Key, Stored]) -> list[tuple[Any, ...]]:
+def merge(
+    parts: Mapping[Key, _Part], stored: Mapping[Key, Stored], pack: bool = False
+) -> list[tuple[Any, ...]]:
     """The rows (:data:`COLUMNS`) of every chunk that gains a step; a step already stored
-    (or repeated in ``parts``) keeps its first value."""
+    (or repeated in ``parts``) keeps its first value. ``pack``: compress every chunk, open
+    or not (the migration's, whose chunks will not grow)."""
     merged: dict[Key, Stored] = {}
     for key, part in parts.items():
         old = stored.get(key)
@@ -144,7 +151,7 @@ def merge(parts: Mapping[Key, _Part], stored: Mapping[Key, Stored]) -> list[tupl
         entries = [(step, v) for step, (v, _) in new.items()]
         if old is not None:
             o = old[0]
-            nulls = o.nulls or [False] * len(o.steps)
+            nulls = o.nulls or bytes(len(o.steps))
             entries += [
                 (step, None if null else v)
                 for step, v, null in zip(o.steps, o.values, nulls, strict=True)
@@ -154,9 +161,9 @@ def merge(parts: Mapping[Key, _Part], stored: Mapping[Key, Stored]) -> list[tupl
         entries.sort(key=_first)
         steps = array("q", [e[0] for e in entries])
         values = array("d", [_NAN if e[1] is None else e[1] for e in entries])
-        flags = [e[1] is None for e in entries]
+        flags = bytes([e[1] is None for e in entries])
         merged[key] = (Decoded(steps, values, flags if any(flags) else None), t_first, t_last)
-    return [_row(key, *m, _skipped(key, merged, stored)) for key, m in merged.items()]
+    return [_row(key, *m, _skipped(key, merged, stored), pack) for key, m in merged.items()]
 
 
 _NAN = float("nan")
@@ -176,7 +183,15 @@ def _skipped(key: Key, merged: Mapping[Key, Stored], stored: Mapping[Key, Stored
     return 0 if flags is None else sum(1 for v in flags[0].values if v == 1)
 
 
-def _row(key: Key, d: Decoded, t_first: float, t_last: float, skipped: int) -> tuple[Any, ...]:
+def _closed(key: Key, d: Decoded) -> bool:
+    """The chunk's last aligned step is recorded: an attempt records its steps in order,
+    so no later batch adds to it (a rare late one still can: it is then repacked)."""
+    return d.steps[-1] == (key[3] << _SHIFT) + CHUNK_STEPS - 1
+
+
+def _row(
+    key: Key, d: Decoded, t_first: float, t_last: float, skipped: int, pack: bool
+) -> tuple[Any, ...]:
     finite = [v for v in d.values if isfinite(v)]
     nulls = d.nulls
     return (
@@ -192,7 +207,7 @@ def _row(key: Key, d: Decoded, t_first: float, t_last: float, skipped: int) -> t
         None if nulls and nulls[-1] else d.values[-1],
         t_first,
         t_last,
-        chunk_codec.encode(key[3] << _SHIFT, d.steps, d.values, nulls),
+        chunk_codec.encode(key[3] << _SHIFT, d.steps, d.values, nulls, pack or _closed(key, d)),
     )
 
 

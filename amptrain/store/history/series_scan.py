@@ -97,8 +97,10 @@ def decode(first_aligned: int, data: bytes) -> tuple[numpy.ndarray, numpy.ndarra
         steps = numpy.arange(start, start + n, dtype=numpy.int64)
         pos += 1 if n else 0
     if flags & chunk_codec.NULLS:
-        pos += (n + 7) // 8  # a null value is stored as NaN: the mask is not needed here
-    shuffled = numpy.frombuffer(zlib.decompress(data[pos:]), numpy.uint8).reshape(8, n)
+        pos += n  # a null value is stored as NaN: the mask is not needed here
+    packed = data[pos:]
+    raw = zlib.decompress(packed) if flags & chunk_codec.PACKED else packed
+    shuffled = numpy.frombuffer(raw, numpy.uint8).reshape(8, n)
     return steps, numpy.ascontiguousarray(shuffled.T).view("<f8").reshape(n).astype(numpy.float64)
 
 
