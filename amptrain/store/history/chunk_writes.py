@@ -160,13 +160,28 @@ def merge(
             t_last = old[2] if o.steps[-1] > last else t_last
         entries.sort(key=_first)
         steps = array("q", [e[0] for e in entries])
-        values = array("d", [_NAN if e[1] is None else e[1] for e in entries])
+        try:
+            values = array("d", [_NAN if e[1] is None else e[1] for e in entries])
+        except (TypeError, OverflowError):
+            # Not a number (a malformed entry that took the decoder's generic route): null,
+            # rather than a batch that fails at every retry.
+            entries = [(step, _number(v)) for step, v in entries]
+            values = array("d", [_NAN if e[1] is None else e[1] for e in entries])
         flags = bytes([e[1] is None for e in entries])
         merged[key] = (Decoded(steps, values, flags if any(flags) else None), t_first, t_last)
     return [_row(key, *m, _skipped(key, merged, stored), pack) for key, m in merged.items()]
 
 
 _NAN = float("nan")
+
+
+def _number(v: Any) -> float | None:
+    if type(v) not in (int, float, bool):
+        return None
+    try:
+        return float(v)
+    except OverflowError:
+        return None
 
 
 def _first(entry: tuple[int, Any]) -> int:

@@ -152,6 +152,25 @@ def test_scan_streams_the_effective_series_and_replays_write_nothing(
     assert want[("step", "loss")].keys() == set(range(1, 561))
 
 
+def test_a_value_that_is_not_a_number_is_stored_as_null(db: tuple[sa.Engine, Sessions]) -> None:
+    """A malformed entry's field (the stream decoder's generic route keeps any JSON) does
+    not fail the batch at every retry: it reads as null, its neighbours as recorded."""
+    _, sessions = db
+    job_id = new_job(sessions)
+    points = series(job_id, [1, 2, 3])
+    points[1] = points[1] | {"loss": "1.5", "lr": [1], "memory_peak": 10**400}
+    with sessions.begin() as s:
+        chunk_writes.append(s, points, [])
+    got = scanned(sessions, job_id)
+    assert [math.isnan(v) for v in got[("step", "loss")].values()] == [
+        points[0]["loss"] is None or math.isnan(points[0]["loss"]),
+        True,
+        points[2]["loss"] is None or math.isnan(points[2]["loss"]),
+    ]
+    assert math.isnan(got[("step", "lr")][2]) and got[("step", "lr")][3] == points[2]["lr"]
+    assert math.isnan(got[("step", "memory_peak")][2])
+
+
 def reads(sessions: Sessions, job_id: str) -> str:
     """What the history endpoints return for the job, as JSON text."""
     with sessions() as s:
