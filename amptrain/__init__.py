@@ -15,7 +15,8 @@ in the test suite):
 - ``amptrain.store`` (API, recorder, worker supervisor): SQLAlchemy models, migrations,
   the fenced job repository, tokens, the dispatcher's outbox queries: the only place SQL
   is written. ``store.history`` holds a job's metric history: points, step summaries and
-  downsampled reads.
+  downsampled reads, and every series packed in chunks (``metric_chunks``) that
+  ``store.history.series_scan`` streams whole.
 - ``amptrain.engine`` and ``amptrain.components`` (the training process): the precision
   policy, the AMP loop (``engine.loop``: the Trainer; ``engine.train_state``), device-side
   telemetry, the numerics guardian (``engine.guardian``: one verdict per flush, acted on by

@@ -275,8 +275,12 @@ def _trickle(cfg: dict[str, Any], engine: Any, sf: Any, client: Any) -> dict[str
 
 
 class _Servers:
-    """CPU seconds of the redis-server and of the PostgreSQL backends serving the bench's
-    database (its name is in their process title)."""
+    """CPU seconds of the redis-server, of the PostgreSQL backends serving the bench's
+    database (its name is in their process title) and of the server's background processes
+    (WAL writer, checkpointer, background writer, autovacuum, the postmaster): the
+    database's work includes what they do for it. The server may be shared (other test
+    runs on this machine): the background processes then count their work too, so the
+    figure is an upper bound."""
 
     def __init__(self, redis_pid: int | None, url: str) -> None:
         import sqlalchemy as sa
@@ -296,6 +300,8 @@ class _Servers:
                     kind = "redis"
                 elif self.database and line.startswith("postgres:") and self.database in line:
                     kind = "postgres"
+                elif self.database and _postgres_background(p.info["cmdline"] or []):
+                    kind = "postgres_bg"
                 else:
                     continue
                 found[p.pid] = (kind, sum(p.cpu_times()[:2]))
@@ -307,10 +313,21 @@ class _Servers:
         self.before = {pid: cpu for pid, (_, cpu) in self._cpu().items()}
 
     def used(self) -> dict[str, float]:
-        out = {"redis": 0.0, "postgres": 0.0}
+        out = {"redis": 0.0, "postgres": 0.0, "postgres_bg": 0.0}
         for pid, (kind, cpu) in self._cpu().items():
             out[kind] += cpu - self.before.get(pid, 0.0)
         return out
+
+
+_BACKGROUND = ("checkpointer", "background writer", "walwriter", "autovacuum", "logical")
+
+
+def _postgres_background(cmdline: list[str]) -> bool:
+    """A PostgreSQL server's own process: the postmaster or one of its helpers."""
+    line = " ".join(cmdline)
+    if line.startswith("postgres: "):
+        return line[len("postgres: ") :].startswith(_BACKGROUND)
+    return bool(cmdline) and Path(cmdline[0]).name in ("postgres", "postmaster")
 
 
 def _backlog(
@@ -332,7 +349,8 @@ def _backlog(
         "cpu_s": cpu,
         "us_per_point": {
             "recorder": cpu / total * 1e6,
-            "postgres": used["postgres"] / total * 1e6,
+            "postgres": (used["postgres"] + used["postgres_bg"]) / total * 1e6,
+            "postgres_bg": used["postgres_bg"] / total * 1e6,
             "redis": used["redis"] / total * 1e6,
         },
         "load": running.load,

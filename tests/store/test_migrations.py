@@ -23,6 +23,7 @@ TABLES = {
     "metric_summaries",
     "metric_summary_state",
     "metric_values",
+    "metric_chunks",
     "alert_rules",
     "alert_firings",
     "alert_deliveries",

@@ -1,0 +1,127 @@
+"""Every series of a job at full resolution, streamed from its chunks (``metric_chunks``,
+:mod:`amptrain.store.history.chunk_writes`): what a whole-run export reads.
+
+One statement walks the job's range of the chunks' primary key (job, kind, name, chunk,
+attempt) in key order, through a server-side cursor on PostgreSQL (the driver's lazy
+cursor on SQLite), so memory holds one block and one chunk's attempts, whatever the run's
+length. Per step the newest attempt's value wins (the effective series every read
+returns: a retry resumes from a checkpoint and re-records the steps after it).
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import numpy
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from amptrain.contract.metrics import EVAL_KIND, LAYER_NORM_KIND
+from amptrain.store.history import chunk_codec
+from amptrain.store.history.chunk_codec import CHUNK_STEPS
+from amptrain.store.history.chunk_writes import STEP_KIND
+from amptrain.store.models import MetricChunk
+
+BLOCK_VALUES = 65_536
+"""Values per block at most: a block is 1 MiB of steps and values."""
+KINDS = {STEP_KIND: "step", EVAL_KIND: "eval", LAYER_NORM_KIND: "layer"}
+"""``metric_chunks.kind`` -> :attr:`SeriesBlock.kind`."""
+_FETCH = 256
+"""Chunks fetched per round trip."""
+
+
+@dataclass(frozen=True, slots=True)
+class SeriesBlock:
+    kind: str
+    """``"step"`` (a per-step field of contract/metrics.py), ``"eval"`` or ``"layer"``."""
+    name: str
+    """The field, eval metric or layer name."""
+    steps: numpy.ndarray
+    """int64, strictly increasing."""
+    values: numpy.ndarray
+    """float64 (NaN/inf kept as recorded; a null value reads as NaN)."""
+
+
+def scan_run(session: Session, job_id: str) -> Iterator[SeriesBlock]:
+    """Every series of a job's EFFECTIVE history (per step the newest attempt's value, as
+    every read returns), at full resolution, series after series, each in blocks of
+    consecutive steps in step order, without loading the run whole (bounded memory)."""
+    c = MetricChunk
+    query = (
+        sa.select(c.kind, c.name, c.chunk, c.attempt, c.data)
+        .where(c.job_id == job_id)
+        .order_by(c.kind, c.name, c.chunk, c.attempt)
+        .execution_options(stream_results=True, yield_per=_FETCH)
+    )
+    series: tuple[str, str] | None = None
+    chunk = -1
+    attempts: list[tuple[numpy.ndarray, numpy.ndarray]] = []
+    steps: list[numpy.ndarray] = []
+    values: list[numpy.ndarray] = []
+    held = 0
+    for kind, name, idx, _attempt, data in session.execute(query):
+        if (kind, name) != series or idx != chunk:
+            if attempts:
+                s, v = _effective(attempts)
+                steps.append(s)
+                values.append(v)
+                held += len(s)
+                attempts = []
+            if series is not None and ((kind, name) != series or held >= BLOCK_VALUES):
+                yield _block(series, steps, values)
+                steps, values, held = [], [], 0
+            series, chunk = (kind, name), idx
+        attempts.append(decode(idx * CHUNK_STEPS, bytes(data)))
+    if attempts and series is not None:
+        s, v = _effective(attempts)
+        steps.append(s)
+        values.append(v)
+    if series is not None and steps:
+        yield _block(series, steps, values)
+
+
+def decode(first_aligned: int, data: bytes) -> tuple[numpy.ndarray, numpy.ndarray]:
+    """A chunk's steps and values (:func:`amptrain.store.history.chunk_codec.decode`, which
+    stays free of numpy for the recorder) as numpy arrays: six times faster per chunk."""
+    version, flags, n = chunk_codec.HEADER.unpack_from(data)
+    if version != chunk_codec.VERSION:
+        raise ValueError(f"metric chunk format {version} is not known to this version")
+    pos = chunk_codec.HEADER.size
+    if flags & chunk_codec.GAPS:
+        steps = numpy.frombuffer(data, numpy.uint8, n, pos).astype(numpy.int64) + first_aligned
+        pos += n
+    else:
+        start = first_aligned + (data[pos] if n else 0)
+        steps = numpy.arange(start, start + n, dtype=numpy.int64)
+        pos += 1 if n else 0
+    if flags & chunk_codec.NULLS:
+        pos += n  # a null value is stored as NaN: the mask is not needed here
+    packed = data[pos:]
+    raw = zlib.decompress(packed) if flags & chunk_codec.PACKED else packed
+    shuffled = numpy.frombuffer(raw, numpy.uint8).reshape(8, n)
+    return steps, numpy.ascontiguousarray(shuffled.T).view("<f8").reshape(n).astype(numpy.float64)
+
+
+def _effective(
+    attempts: list[tuple[numpy.ndarray, numpy.ndarray]],
+) -> tuple[numpy.ndarray, numpy.ndarray]:
+    """One aligned chunk's steps and values from every attempt's (oldest first): per step
+    the newest attempt's value."""
+    if len(attempts) == 1:
+        return attempts[0]
+    newest_first = attempts[::-1]
+    steps = numpy.concatenate([a[0] for a in newest_first])
+    values = numpy.concatenate([a[1] for a in newest_first])
+    # numpy.unique keeps each step's first occurrence: the newest attempt's.
+    kept, first = numpy.unique(steps, return_index=True)
+    return kept, values[first]
+
+
+def _block(
+    series: tuple[str, str], steps: list[numpy.ndarray], values: list[numpy.ndarray]
+) -> SeriesBlock:
+    return SeriesBlock(
+        KINDS.get(series[0], series[0]), series[1], *map(numpy.concatenate, (steps, values))
+    )
