@@ -9,6 +9,7 @@ from amptrain.server.web.routes import (
     catalog,
     checkpoints,
     comparisons,
+    export,
     forks,
     health,
     jobs,
@@ -32,6 +33,7 @@ ROUTERS: tuple[APIRouter, ...] = (
     live.router,
     workers.router,
     comparisons.router,
+    export.router,
     alerts.router,
     ui.router,
 )
