@@ -153,7 +153,8 @@ def cold_starts(count: int, database_url: str | None) -> list[dict[str, float]]:
         for i in range(count):
             name = f"cold{i}"
             stack.start_worker(name, "cpu")
-            wait_until(lambda: f"{name}@test" in live_workers(stack), 120, f"worker {name} live")
+            live = f"{name}@test"
+            wait_until(lambda: live in live_workers(stack), 120, f"worker {live}")  # noqa: B023
             results.append(one_job(stack))
             print(
                 f"  fresh worker {i + 1}: first metric {results[-1]['watcher']:.2f} s", flush=True
