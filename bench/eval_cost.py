@@ -258,7 +258,7 @@ def main() -> None:
     print(" eval on,  CPU s per run: " + " ".join(f"{t[1]:.3f}" for t in totals))
     print(" inside the evaluator, s: " + " ".join(f"{t[2]:.3f}" for t in totals))
     print(
-        f"per training step (process CPU, median): without eval {off_ms:.3f} ms | "
+        f"per training step (training thread CPU, median): without eval {off_ms:.3f} ms | "
         f"with eval {on_ms:.3f} ms | the evaluations alone {eval_ms:.3f} ms "
         f"({eval_s / evaluations * 1000:.1f} ms per evaluation)"
     )
