@@ -34,7 +34,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.common import SPEC, spread_verdict, throwaway_pg
+from bench.common import SPEC, judge, throwaway_pg
 
 GOAL = 8.0
 LAYERS = 256
@@ -215,7 +215,7 @@ def measure(url: str, args: argparse.Namespace) -> None:
         )
     print(
         f"{db:10s} chunk writes, us of CPU per step-field value in this process (the "
-        f"goal of 1 us is the whole recorder's): {spread_verdict(segments, 1.0)}\n"
+        f"goal of 1 us is the whole recorder's): {judge('chunk write CPU per value (us)', segments, 1.0).line()}\n"
         f"{db:10s} "
         f"scan_run read {scan_rate / 1e6:.1f} M values/s (wall clock, one series after another)"
     )

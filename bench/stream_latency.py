@@ -1,5 +1,6 @@
 """Live telemetry latency and throughput against a real uvicorn (``amptrain api``), a real
-private Redis and SQLite.
+private Redis and SQLite or PostgreSQL (``--database sqlite,postgresql``: each in turn,
+PostgreSQL on a throw-away database of ``--pg``, default ``AMPTRAIN_TEST_DATABASE_URL``).
 
 1. Fan-out: a producer publishes through the worker's own publisher (amptrain.worker.child.sink.
    RedisSink, one XADD per step) at ``--rate`` steps/s while 1, 100 and 500 WebSocket
@@ -17,8 +18,13 @@ private Redis and SQLite.
    the publish rate, the persist rate (records / time until SQL holds the last step)
    and so the largest step rate that runs without a growing recorder lag.
 
+CPU figures count every process doing the work: the API's process tree (the recorder and
+the live hub run in it), the redis-server, and on PostgreSQL every PostgreSQL process
+(backends, WAL writer, checkpointer: :func:`bench.common.postgres_cpu`, so run it on a
+server no one else is loading).
+
     python bench/stream_latency.py [--watchers 1,100,500] [--seconds 10] [--rate 100]
-                                   [--no-batch] [--quick]
+                                   [--no-batch] [--quick] [--database sqlite,postgresql]
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import argparse
 import asyncio
 import json
 import multiprocessing as mp
+import os
 import sys
 import tempfile
 import threading
@@ -42,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from amptrain.cli.embedded_redis import EmbeddedRedis
 from amptrain.contract.records import metric
-from bench.common import SPEC
+from bench.common import SPEC, postgres_cpu, throwaway_pg, tree_cpu
 from bench.lean_watcher import watch
 from tests.support.producer import Producer
 from tests.support.stack import Stack, wait_until
@@ -131,8 +138,7 @@ def fan_out(
         ready.get(timeout=120)
     total = int(args.seconds * args.rate)
     interval = 1.0 / args.rate
-    server = psutil.Process(stack.processes["api"].pid)
-    server_cpu = sum(server.cpu_times()[:2])
+    server_cpu = service_cpu(stack, db_url)
     clients_cpu = [psutil.Process(c.pid) for c in children]
     clients_before = sum(sum(p.cpu_times()[:2]) for p in clients_cpu)
     start = time.perf_counter()
@@ -142,7 +148,7 @@ def fan_out(
         if delay > 0:
             time.sleep(delay)
     produced_for = time.perf_counter() - start
-    server_cpu = sum(server.cpu_times()[:2]) - server_cpu
+    server_cpu = service_cpu(stack, db_url) - server_cpu
     clients_after = sum(sum(p.cpu_times()[:2]) for p in clients_cpu)
     producer.finish(step=total)
     for c in children:
@@ -170,6 +176,15 @@ def fan_out(
     }
 
 
+def service_cpu(stack: Stack, db_url: str) -> float:
+    """CPU seconds so far of what serves the watchers and records the points: the API's
+    process tree, the redis-server, PostgreSQL (all of its processes) when it is the database."""
+    redis_proc = stack.redis_server.process
+    total = tree_cpu(stack.processes["api"].pid)
+    total += tree_cpu(redis_proc.pid) if redis_proc is not None else 0.0
+    return total + (postgres_cpu() if db_url.startswith("postgresql") else 0.0)
+
+
 def throughput(stack: Stack, redis_url: str, db_url: str, args: Any) -> dict[str, Any]:
     job = stack.submit(SPEC)
     producer = Producer(redis_url, db_url, job["id"])
@@ -182,6 +197,7 @@ def throughput(stack: Stack, redis_url: str, db_url: str, args: Any) -> dict[str
         wait_until(lambda: stack.job(job["id"])["step"] >= n, 600, "persisted", interval=0.05)
         persisted_at.append(time.perf_counter())
 
+    cpu = service_cpu(stack, db_url)
     start = time.perf_counter()
     poller = threading.Thread(target=poll)
     poller.start()
@@ -194,9 +210,11 @@ def throughput(stack: Stack, redis_url: str, db_url: str, args: Any) -> dict[str
         producer.sink.write(records)
     published = time.perf_counter() - start
     poller.join()
+    cpu = service_cpu(stack, db_url) - cpu
     producer.finish(step=n)
     producer.close()
     return {
+        "service_cpu_us_per_record": cpu / n * 1e6,
         "records": n,
         "batch": batch,
         "publish_per_s": n / published,
@@ -211,7 +229,7 @@ def fan_out_line(r: dict[str, Any]) -> str:
         f"p50 {r['p50_ms']:.1f} ms  p99 {r['p99_ms']:.1f} ms  max {r['max_ms']:.1f} ms  "
         f"messages {r['messages']} in {r['frames']} frames  lost {r['lost']}  "
         f"repeated {r['repeated']}  got end: {r['ended']}/{r['watchers']}  CPU cores busy: "
-        f"API {r['server_cpu']:.2f}, clients {r['clients_cpu']:.2f}"
+        f"API+Redis+database {r['server_cpu']:.2f}, clients {r['clients_cpu']:.2f}"
     )
 
 
@@ -234,16 +252,38 @@ def main() -> None:
     parser.add_argument(
         "--quick", action="store_true", help="3 s per run, 5,000 records: a smoke run"
     )
+    parser.add_argument(
+        "--database", default="sqlite", help="sqlite, postgresql, or both: sqlite,postgresql"
+    )
+    parser.add_argument("--pg", default=os.environ.get("AMPTRAIN_TEST_DATABASE_URL"))
     args = parser.parse_args()
     if args.quick:
         args.seconds, args.records = min(args.seconds, 3.0), min(args.records, 5_000)
 
+    for database in args.database.split(","):
+        if database == "sqlite":
+            run_on(database, None, args)
+        elif database == "postgresql":
+            if not args.pg:
+                parser.error("postgresql needs --pg URL (or AMPTRAIN_TEST_DATABASE_URL)")
+            url, drop = throwaway_pg(args.pg)
+            try:
+                run_on(database, url, args)
+            finally:
+                drop()
+        else:
+            parser.error(f"--database: sqlite or postgresql, not {database[:40]!r}")
+
+
+def run_on(database: str, db_url: str | None, args: Any) -> None:
+    """Every run of the bench on one database (a SQLite file when ``db_url`` is None)."""
     root = Path(tempfile.mkdtemp(prefix="amp-bench-", dir="/tmp"))
     redis_server = EmbeddedRedis(root / "redis", appendonly=False).start()
-    db_url = f"sqlite:///{root / 'amptrain.db'}"
+    db_url = db_url or f"sqlite:///{root / 'amptrain.db'}"
     stack = Stack(root, db_url, redis_server)
     stack.env["AMPTRAIN_LOG_FORMAT"] = "text"
     modes = [False, True] if args.batch else [False]
+    print(f"\n{database}:", flush=True)
     try:
         stack.start_api()
         for n in [int(x) for x in args.watchers.split(",") if x]:
@@ -255,7 +295,7 @@ def main() -> None:
                 print(
                     f"watchers={n:4d} single/batch: p50 x{single['p50_ms'] / batch['p50_ms']:.1f}"
                     f"  p99 x{single['p99_ms'] / batch['p99_ms']:.1f}  frames "
-                    f"x{single['frames'] / max(batch['frames'], 1):.1f}  API CPU "
+                    f"x{single['frames'] / max(batch['frames'], 1):.1f}  API+Redis+database CPU "
                     f"{single['server_cpu']:.2f} vs {batch['server_cpu']:.2f} cores",
                     flush=True,
                 )
@@ -263,7 +303,8 @@ def main() -> None:
         print(
             f"throughput: {t['records']} records in batches of {t['batch']}: publish "
             f"{t['publish_per_s']:.0f}/s, persisted {t['persist_per_s']:.0f}/s "
-            f"(lag after the last publish {t['lag_after_publish_s']:.2f} s)",
+            f"(lag after the last publish {t['lag_after_publish_s']:.2f} s); API+Redis+database "
+            f"CPU {t['service_cpu_us_per_record']:.0f} us per record",
             flush=True,
         )
     finally:

@@ -101,8 +101,8 @@ COMMANDS: dict[str, Lazy] = {
         _CLIENT,
     ),
     "export": Lazy(
-        "amptrain.client.commands:export",
-        "Export a job's checkpoint as safetensors for the next job's weights.",
+        "amptrain.client.export_command:export",
+        "Export a job's history (Parquet/CSV), or with NAME its checkpoint's weights.",
         "client",
         _CLIENT,
     ),

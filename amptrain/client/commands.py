@@ -362,19 +362,3 @@ def logs(job_id: str, as_json: bool, url: str | None, token: str | None) -> None
     width = out.width if out.is_terminal else None
     for ev in collapsed(events):
         out.print(event_line(ev, width), soft_wrap=True)
-
-
-@click.command()
-@click.argument("job_id")
-@click.argument("name")
-@click.option("--step", type=click.IntRange(0), help="The checkpoint's step (default: the newest).")
-@connection_options
-def export(job_id: str, name: str, step: int | None, url: str | None, token: str | None) -> None:
-    """Export a job's checkpoint as safetensors into your weights root as NAME, and print
-    the ``weights.path`` a next job starts from. JOB_ID may be a unique prefix of the id."""
-    client = make_client(url, token)
-    try:
-        done = client.export(resolved_id(client, job_id), name, step)
-    except ApiError as exc:
-        fail(exc)
-    click.echo(f"weights.path: {done['path']}  ({done['size']} bytes)")

@@ -30,7 +30,7 @@ import tomllib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import httpx
 import websockets
@@ -111,6 +111,17 @@ class ApiError(Exception):
         self.status, self.code, self.detail = status, code, detail
 
 
+def _raise_for(response: httpx.Response) -> None:
+    """ApiError for an error answer (its ``error`` and ``detail``)."""
+    if response.status_code < 400:
+        return
+    try:
+        body = response.json()
+    except ValueError:
+        raise ApiError(response.status_code, "http_error", response.text) from None
+    raise ApiError(response.status_code, body.get("error", "?"), body.get("detail"))
+
+
 class Client:
     """``Client(resolve_config())``: jobs over HTTP, live telemetry over the WebSocket."""
 
@@ -127,13 +138,24 @@ class Client:
             response = self.http.request(method, path, **kwargs)
         except httpx.TransportError as exc:
             raise ApiError(0, "unreachable", f"{self.config.where}: {exc}") from None
-        if response.status_code >= 400:
-            try:
-                body = response.json()
-                raise ApiError(response.status_code, body.get("error", "?"), body.get("detail"))
-            except ValueError:
-                raise ApiError(response.status_code, "http_error", response.text) from None
+        _raise_for(response)
         return response.json()
+
+    def download(self, path: str, params: dict[str, Any], out: BinaryIO) -> int:
+        """Stream ``GET path`` into ``out`` as it arrives (a whole-run export may not fit
+        in memory); the bytes written. ApiError on an error answer or a cut connection."""
+        written = 0
+        try:
+            with self.http.stream("GET", path, params=params) as response:
+                if response.status_code >= 400:
+                    response.read()
+                    _raise_for(response)
+                for piece in response.iter_bytes():
+                    out.write(piece)
+                    written += len(piece)
+        except httpx.TransportError as exc:
+            raise ApiError(0, "unreachable", f"{self.config.url}: {exc}") from None
+        return written
 
     def submit(self, spec: dict[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else {}
