@@ -154,7 +154,7 @@ class Client:
                     out.write(piece)
                     written += len(piece)
         except httpx.TransportError as exc:
-            raise ApiError(0, "unreachable", f"{self.config.url}: {exc}") from None
+            raise ApiError(0, "unreachable", f"{self.config.where}: {exc}") from None
         return written
 
     def submit(self, spec: dict[str, Any], idempotency_key: str | None = None) -> dict[str, Any]:
