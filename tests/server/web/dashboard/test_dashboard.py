@@ -453,15 +453,20 @@ def test_sign_in_workers_and_the_form_name_what_a_newcomer_needs(
     page: Page, stack: Stack, tmp_path: Path
 ) -> None:
     """Issue 43, at 1400x900: the sign-in page says where the admin token is (the file
-    `amptrain up` saves it to) and how to make another; the workers page shows a running
-    job's name (its id as the tooltip); the new-job form has seed, evaluation and health
-    fields, the catalog's every model and dataset, and makes the fp16 fallback demo."""
+    `amptrain up` saves it to) and how to make another, and the header links to /guide/;
+    the workers page shows a running job's name (its id as the tooltip); the new-job form
+    has seed, evaluation and health fields, the catalog's every model and dataset, and
+    makes the fp16 fallback demo."""
     page.set_viewport_size(WIDE)
     token_file = stack.root / "admin-token"  # what `amptrain up` writes; this stack sets the env
     token_file.write_text(stack.token)
     page.goto("/ui/")
     expect(page.locator("#token-file")).to_have_text(str(token_file))
     expect(page.locator("#token-command")).to_have_text("amptrain token create NAME")
+    # The header links to the documentation site `up` serves, signed in or not.
+    guide = page.locator("header a.guide")
+    expect(guide).to_be_visible()
+    expect(guide).to_have_attribute("href", "/guide/")
     screenshot(page, "signin-where-the-token-is", tmp_path)
 
     job = stack.submit(spec(name="named-on-a-worker"))
