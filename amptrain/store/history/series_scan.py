@@ -49,6 +49,16 @@ def scan_run(session: Session, job_id: str) -> Iterator[SeriesBlock]:
     every read returns), at full resolution, series after series, each in blocks of
     consecutive steps in step order, without loading the run whole (bounded memory)."""
     c = MetricChunk
+    # A field no step of the run holds a number for (the loss scale of an fp32 run, the
+    # data-parallel fields of one process) is not a series: its chunks hold only nulls.
+    held_series = set(
+        session.execute(
+            sa.select(c.kind, c.name)
+            .where(c.job_id == job_id)
+            .group_by(c.kind, c.name)
+            .having(sa.func.max(c.high).is_not(None))
+        ).tuples()
+    )
     query = (
         sa.select(c.kind, c.name, c.chunk, c.attempt, c.data)
         .where(c.job_id == job_id)
@@ -62,6 +72,8 @@ def scan_run(session: Session, job_id: str) -> Iterator[SeriesBlock]:
     values: list[numpy.ndarray] = []
     held = 0
     for kind, name, idx, _attempt, data in session.execute(query):
+        if (kind, name) not in held_series:
+            continue
         if (kind, name) != series or idx != chunk:
             if attempts:
                 s, v = _effective(attempts)

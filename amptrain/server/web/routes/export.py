@@ -35,7 +35,12 @@ _FILES: dict[int | str, dict[str, Any]] = {
 }
 
 
-@router.get("/jobs/{job_id}/metrics/export", response_class=StreamingResponse, responses=_FILES)
+@router.get(
+    "/jobs/{job_id}/metrics/export",
+    response_class=StreamingResponse,
+    responses=_FILES,
+    summary="Export a job's whole history (Parquet or CSV)",
+)
 def export_job(
     job_id: str,
     session: SessionDep,
@@ -59,7 +64,10 @@ def export_job(
 
 
 @router.get(
-    "/comparisons/{comparison_id}/export", response_class=StreamingResponse, responses=_FILES
+    "/comparisons/{comparison_id}/export",
+    response_class=StreamingResponse,
+    responses=_FILES,
+    summary="Export every run of a comparison (Parquet or CSV)",
 )
 def export_comparison(
     comparison_id: str,
