@@ -250,9 +250,9 @@ class MetricChunk(Base):
     high: Mapped[float | None] = mapped_column(sa.Float(precision=53))
     first: Mapped[float | None] = mapped_column(sa.Float(precision=53))
     last: Mapped[float | None] = mapped_column(sa.Float(precision=53))
-    time_first: Mapped[float] = mapped_column(sa.Float(precision=53))
+    time_first: Mapped[float | None] = mapped_column(sa.Float(precision=53))
     """Wall clock (epoch seconds) of the first and the last value."""
-    time_last: Mapped[float] = mapped_column(sa.Float(precision=53))
+    time_last: Mapped[float | None] = mapped_column(sa.Float(precision=53))
     data: Mapped[bytes] = mapped_column(sa.LargeBinary)
 
 

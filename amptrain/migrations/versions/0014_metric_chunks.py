@@ -52,8 +52,8 @@ def upgrade() -> None:
         sa.Column("high", sa.Float(precision=53), nullable=True),
         sa.Column("first", sa.Float(precision=53), nullable=True),
         sa.Column("last", sa.Float(precision=53), nullable=True),
-        sa.Column("time_first", sa.Float(precision=53), nullable=False),
-        sa.Column("time_last", sa.Float(precision=53), nullable=False),
+        sa.Column("time_first", sa.Float(precision=53), nullable=True),
+        sa.Column("time_last", sa.Float(precision=53), nullable=True),
         sa.Column("data", sa.LargeBinary(), nullable=False),
         sa.ForeignKeyConstraint(
             ["job_id"], ["jobs.id"], name="fk_metric_chunks_job_id_jobs", ondelete="CASCADE"

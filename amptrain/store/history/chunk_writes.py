@@ -48,7 +48,7 @@ class _Part:
     def __init__(self) -> None:
         self.steps: list[int] = []
         self.values: list[Any] = []
-        self.times: list[float] = []
+        self.times: list[float | None] = []
 
 
 def append(
@@ -92,8 +92,9 @@ def _points_into(parts: dict[Key, _Part], points: Iterable[Mapping[str, Any]]) -
             part.values = [p.get(name) for p in group]
 
 
-Stored = tuple[Decoded, float, float]
-"""A stored chunk: its contents and the wall clock of its first and last value."""
+Stored = tuple[Decoded, float | None, float | None]
+"""A stored chunk: its contents and the wall clock of its first and last value (None: a
+record that carried no time)."""
 
 
 def read(s: Session, keys: list[Key]) -> dict[Key, Stored]:
@@ -140,7 +141,7 @@ def merge(
     for key, part in parts.items():
         old = stored.get(key)
         have = set(old[0].steps) if old is not None else set()
-        new: dict[int, tuple[Any, float]] = {}
+        new: dict[int, tuple[Any, float | None]] = {}
         for step, value, at in zip(part.steps, part.values, part.times, strict=True):
             if step not in have and step not in new:
                 new[step] = (value, at)
@@ -205,7 +206,7 @@ def _closed(key: Key, d: Decoded) -> bool:
 
 
 def _row(
-    key: Key, d: Decoded, t_first: float, t_last: float, skipped: int, pack: bool
+    key: Key, d: Decoded, t_first: float | None, t_last: float | None, skipped: int, pack: bool
 ) -> tuple[Any, ...]:
     finite = [v for v in d.values if isfinite(v)]
     nulls = d.nulls
