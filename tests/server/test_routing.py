@@ -160,6 +160,10 @@ def test_a_device_auto_job_goes_where_the_machine_can_run_it(redis_server: Embed
     assert job_queue(client, auto) == "gpu"  # no live worker: nothing known, as before
     _worker(client, "up@cpu-box", ["gpu", "cpu"], gpu=False)
     assert job_queue(client, auto) == "cpu"
+    # No worker of either two-rank shape yet: the machine's one-device workers decide, and
+    # `up` starts the cpu-x2 worker the waiting job needs.
+    assert job_queue(client, spec(device="auto", devices=2)) == "cpu-x2"
+    _worker(client, "up@cpu-box-x2", ["gpu-x2"], gpu=False)  # a shape worker says no GPU
     assert job_queue(client, spec(device="auto", devices=2)) == "gpu-x2"  # no cpu-x2 worker
     assert job_queue(client, cuda) == "gpu"  # asked for a GPU: it waits for one
     assert job_queue(client, spec(device="auto", queue="gpu")) == "gpu"  # named: kept

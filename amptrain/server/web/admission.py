@@ -55,9 +55,13 @@ def job_queue(client: redis.Redis, spec: JobSpec) -> str:
     the machine: a ``device: auto`` job goes to the ``cpu`` queue when the live workers of
     its ``gpu`` queue have no GPU and a worker takes the ``cpu`` one (``amptrain up`` on a
     CPU-only machine: the job trains on the CPU, and "queued on queue gpu" said otherwise).
-    With no live worker, or Redis not answering, ``gpu`` as before."""
+    With no live worker, or Redis not answering, ``gpu`` as before. A ``devices: N`` job
+    whose shape has no worker of either kind yet (``amptrain up`` starts one when such a job
+    waits) is judged by the one-device workers: they say what the machine has."""
     gpu = queue_workers(client, shape_queue("gpu", spec.devices))
     cpu = queue_workers(client, shape_queue("cpu", spec.devices))
+    if spec.devices > 1 and gpu == [] and cpu == []:
+        gpu, cpu = queue_workers(client, "gpu"), queue_workers(client, "cpu")
     cpu_only = gpu is not None and bool(cpu) and not any(w.gpu for w in gpu)
     return queue_for(spec, cpu_only=cpu_only)
 
