@@ -29,7 +29,8 @@ def _loose(root: Path) -> list[str]:
 def test_up_files_are_private_and_the_access_log_has_no_query(tmp_path: Path) -> None:
     data = tmp_path / "data"
     data.mkdir(mode=0o755)  # an existing, world-readable directory is tightened too
-    up = start_up(tmp_path, data, preexec_fn=lambda: os.umask(0o022))  # up must not rely on it
+    # --verbose: uvicorn's access lines (info) are in up's terminal only then.
+    up = start_up(tmp_path, data, preexec_fn=lambda: os.umask(0o022), args=("--verbose",))
     try:
         client = up.admin_client()
         job = client.post("/jobs", json=service_job(max_steps=20)).json()
