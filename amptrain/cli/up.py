@@ -25,6 +25,7 @@ from amptrain.cli.embedded_redis import EmbeddedRedis
 from amptrain.cli.guide import GuideBuild
 from amptrain.cli.up_shapes import ShapeWorkers
 from amptrain.cli.up_stop import WORKER_PART, Stopper, say
+from amptrain.cli.worker_ready import WorkerReady
 from amptrain.contract.local_server import client_url, remove_record, write_record
 from amptrain.core.lifeline import DieWithSpawner
 from amptrain.core.settings import GUIDE_DIR, Settings
@@ -161,7 +162,10 @@ def up(
     # The command-line client finds this server by this record (while `up` lives).
     url = client_url(host, port)
     write_record(settings.data_dir, url, os.getpid())
-    click.echo(f"amptrain is up at {url}/ui/  (data in {settings.data_dir})")
+    # "Up" once the worker takes jobs: a job submitted before would find no live worker,
+    # be routed as if the machine had a GPU ("queued on queue gpu") and wait.
+    click.echo(f"amptrain is starting at {url}/ui/ (its worker comes up next)")
+    ready = WorkerReady(settings.redis_url, settings.queues[0])
     if not new_token:
         click.echo(f"admin token: see {settings.admin_token_file} or AMPTRAIN_ADMIN_TOKEN")
     docs = GuideBuild(settings.data_dir / GUIDE_DIR, f"{url}/guide/")
@@ -181,11 +185,14 @@ def up(
     def tick() -> None:
         shapes.poll()
         docs.poll()
+        if ready.first_time():
+            click.echo(f"amptrain is up at {url}/ui/  (data in {settings.data_dir})")
 
     try:
         crashed = _run_until_stopped(parts, tick)
     finally:
         engine.dispose()
+        ready.close()
         docs.stop()
         remove_record(settings.data_dir, os.getpid())
     orderly = stopper.stop()

@@ -172,6 +172,8 @@ def test_up_runs_a_job_and_stops_cleanly(tmp_path: Path) -> None:
     # lines, nor uvicorn's; and the record the command line followed is gone with `up`.
     log = up.log.read_text()
     assert f"amptrain is up at http://127.0.0.1:{up.port}/ui/" in log
+    # Said once its worker takes jobs, after the line that it is starting.
+    assert log.index("amptrain is starting at") < log.index("amptrain is up at")
     for theirs in (
         "SecurityWarning",
         "[tasks]",
