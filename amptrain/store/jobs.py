@@ -22,9 +22,9 @@ from sqlalchemy.orm import Session
 from amptrain.contract.spec import JobSpec
 from amptrain.core.enums import ACTIVE_STATUSES, FINISHED_STATUSES, JobStatus
 from amptrain.store.db import db_now
-from amptrain.store.models import Job, JobEvent, UTCDateTime, utcnow
+from amptrain.store.fence import fenced, jobs_t, returning, returning_row, utc
+from amptrain.store.models import Job, JobEvent, utcnow
 
-jobs_t: sa.Table = Job.__table__  # type: ignore[assignment]
 events_t: sa.Table = JobEvent.__table__  # type: ignore[assignment]
 
 
@@ -118,11 +118,11 @@ def claim(s: Session, job_id: str, worker: str, lease_s: float) -> int | None:
             attempt=c.attempt + 1,
             lease_expires_at=now + lease_s,
             worker=worker,
-            started_at=sa.func.coalesce(c.started_at, _dt(utcnow())),
+            started_at=sa.func.coalesce(c.started_at, utc(utcnow())),
         )
         .returning(c.attempt)
     )
-    return _returning(s, job_id, stmt)
+    return returning(s, job_id, stmt)
 
 
 def heartbeat(s: Session, job_id: str, attempt: int, lease_s: float) -> str | None:
@@ -131,11 +131,11 @@ def heartbeat(s: Session, job_id: str, attempt: int, lease_s: float) -> str | No
     c = jobs_t.c
     stmt = (
         jobs_t.update()
-        .where(*_fenced(job_id, attempt))
+        .where(*fenced(job_id, attempt))
         .values(lease_expires_at=db_now() + lease_s)
         .returning(c.status)
     )
-    return _returning(s, job_id, stmt)
+    return returning(s, job_id, stmt)
 
 
 def set_precision(
@@ -144,13 +144,13 @@ def set_precision(
     """Record the precision this attempt actually trains with, and why."""
     stmt = (
         jobs_t.update()
-        .where(*_fenced(job_id, attempt))
+        .where(*fenced(job_id, attempt))
         .values(
             precision_requested=requested, precision_effective=effective, precision_reason=reason
         )
         .returning(jobs_t.c.id)
     )
-    return _returning(s, job_id, stmt) is not None
+    return returning(s, job_id, stmt) is not None
 
 
 def finish(
@@ -162,7 +162,7 @@ def finish(
     err = error or {}
     stmt = (
         jobs_t.update()
-        .where(*_fenced(job_id, attempt))
+        .where(*fenced(job_id, attempt))
         .values(
             status=status,
             finished_at=utcnow(),
@@ -173,7 +173,7 @@ def finish(
         )
         .returning(jobs_t.c.id)
     )
-    return _returning(s, job_id, stmt) is not None
+    return returning(s, job_id, stmt) is not None
 
 
 def release(
@@ -196,13 +196,13 @@ def release(
         fallback = {"precision_override": fallback_to, "fallbacks": c.fallbacks + 1}
     if unplaced_wait_s is not None:
         after = utcnow() + timedelta(seconds=unplaced_wait_s)
-        fallback |= {"unplaced": c.unplaced + 1, "dispatch_after": _dt(after)}
+        fallback |= {"unplaced": c.unplaced + 1, "dispatch_after": utc(after)}
     stmt = (
         jobs_t.update()
-        .where(*_fenced(job_id, attempt))
+        .where(*fenced(job_id, attempt))
         .values(
             status=sa.case((cancelling, JobStatus.CANCELLED), else_=JobStatus.QUEUED),
-            finished_at=sa.case((cancelling, _dt(utcnow())), else_=None),
+            finished_at=sa.case((cancelling, utc(utcnow())), else_=None),
             error_code=sa.case((cancelling, "cancelled"), else_=c.error_code),
             lease_expires_at=None,
             worker=None,
@@ -211,7 +211,7 @@ def release(
         )
         .returning(c.id)
     )
-    return _returning(s, job_id, stmt) is not None
+    return returning(s, job_id, stmt) is not None
 
 
 def request_cancel(s: Session, job_id: str) -> JobStatus:
@@ -219,7 +219,7 @@ def request_cancel(s: Session, job_id: str) -> JobStatus:
     (with a ``cancelled`` event); running ones become ``cancelling`` (the caller then sets
     the Redis cancel key after commit). Raises JobFinished / JobNotFound."""
     c = jobs_t.c
-    now = _dt(utcnow())
+    now = utc(utcnow())
     queued = (
         jobs_t.update()
         .where(c.id == job_id, c.status == JobStatus.QUEUED)
@@ -231,7 +231,7 @@ def request_cancel(s: Session, job_id: str) -> JobStatus:
         )
         .returning(c.attempt)
     )
-    attempt = _returning(s, job_id, queued)
+    attempt = returning(s, job_id, queued)
     if attempt is not None:
         insert_event(s, job_id, attempt, "cancelled", None, {"reason": "cancelled while queued"})
         return JobStatus.CANCELLED
@@ -244,7 +244,7 @@ def request_cancel(s: Session, job_id: str) -> JobStatus:
         )
         .returning(c.status)
     )
-    if _returning(s, job_id, active) is not None:
+    if returning(s, job_id, active) is not None:
         return JobStatus.CANCELLING
     status = s.scalar(sa.select(c.status).where(c.id == job_id))
     if status is None:
@@ -260,13 +260,13 @@ def reject_queued(s: Session, job_id: str, code: str, message: str) -> bool:
         .where(c.id == job_id, c.status == JobStatus.QUEUED)
         .values(
             status=JobStatus.FAILED,
-            finished_at=_dt(utcnow()),
+            finished_at=utc(utcnow()),
             error_code=code,
             error_message=message,
         )
         .returning(c.attempt)
     )
-    attempt = _returning(s, job_id, stmt)
+    attempt = returning(s, job_id, stmt)
     if attempt is None:
         return False
     insert_event(s, job_id, attempt, "failed", None, {"code": code, "message": message})
@@ -301,14 +301,14 @@ def reap_expired(
     final = sa.or_(cancelling, exhausted)
     stmt = (
         jobs_t.update()
-        .where(*_fenced(job_id, attempt), c.lease_expires_at < db_now())
+        .where(*fenced(job_id, attempt), c.lease_expires_at < db_now())
         .values(
             status=sa.case(
                 (cancelling, JobStatus.CANCELLED),
                 (exhausted, JobStatus.FAILED),
                 else_=JobStatus.QUEUED,
             ),
-            finished_at=sa.case((final, _dt(utcnow())), else_=None),
+            finished_at=sa.case((final, utc(utcnow())), else_=None),
             error_code=sa.case((cancelling, "cancelled"), (exhausted, err.get("code")), else_=None),
             error_message=sa.case((exhausted, err.get("message")), else_=None),
             lease_expires_at=None,
@@ -317,7 +317,7 @@ def reap_expired(
         )
         .returning(c.status, c.step)
     )
-    row = _returning_row(s, job_id, stmt)
+    row = returning_row(s, job_id, stmt)
     if row is None:
         return None
     status = JobStatus(row.status)
@@ -345,26 +345,6 @@ def _attempts_left() -> sa.ColumnElement[bool]:
     return c.attempt < c.max_attempts + c.fallbacks + c.unplaced
 
 
-def _fenced(job_id: str, attempt: int) -> tuple[sa.ColumnElement[bool], ...]:
-    c = jobs_t.c
-    return (c.id == job_id, c.attempt == attempt, c.status.in_(ACTIVE_STATUSES))
-
-
-def _returning(s: Session, job_id: str, stmt: sa.Executable) -> Any:
-    row = _returning_row(s, job_id, stmt)
-    return None if row is None else row[0]
-
-
-def _returning_row(s: Session, job_id: str, stmt: sa.Executable) -> sa.Row[Any] | None:
-    s.flush()
-    row = s.execute(stmt).one_or_none()
-    # Core UPDATEs bypass the identity map: drop a stale copy of the job, if loaded.
-    cached = s.identity_map.get(Session.identity_key(Job, job_id))
-    if cached is not None:
-        s.expire(cached)
-    return row
-
-
 def insert_event(
     s: Session,
     job_id: str,
@@ -388,7 +368,3 @@ def insert_event(
             source_id=None,
         )
     )
-
-
-def _dt(value: Any) -> sa.BindParameter[Any]:
-    return sa.literal(value, UTCDateTime())

@@ -15,7 +15,8 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from amptrain.core.enums import ACTIVE_STATUSES, JobStatus
-from amptrain.store.jobs import _dt, _fenced, _returning_row, insert_event, jobs_t
+from amptrain.store.fence import fenced, jobs_t, returning_row, utc
+from amptrain.store.jobs import insert_event
 from amptrain.store.models import utcnow
 
 
@@ -35,16 +36,16 @@ def request_stop(
     c = jobs_t.c
     stmt = (
         jobs_t.update()
-        .where(*_fenced(job_id, attempt), c.status == JobStatus.RUNNING)
+        .where(*fenced(job_id, attempt), c.status == JobStatus.RUNNING)
         .values(
             status=JobStatus.CANCELLING,
-            cancel_requested_at=sa.func.coalesce(c.cancel_requested_at, _dt(utcnow())),
+            cancel_requested_at=sa.func.coalesce(c.cancel_requested_at, utc(utcnow())),
             stop_reason=reason,
             stop_outcome=JobStatus.SUCCEEDED.value if succeed else None,
         )
         .returning(c.id)
     )
-    if _returning_row(s, job_id, stmt) is None:
+    if returning_row(s, job_id, stmt) is None:
         return False
     insert_event(s, job_id, attempt, event, step, reason)
     return True
@@ -62,10 +63,10 @@ def finish_stopped(s: Session, job_id: str, attempt: int) -> Stopped | None:
     outcome = sa.func.coalesce(c.stop_outcome, JobStatus.CANCELLED.value)
     stmt = (
         jobs_t.update()
-        .where(*_fenced(job_id, attempt))
+        .where(*fenced(job_id, attempt))
         .values(
             status=outcome,
-            finished_at=_dt(utcnow()),
+            finished_at=utc(utcnow()),
             lease_expires_at=None,
             error_code=None,
             error_message=None,
@@ -73,7 +74,7 @@ def finish_stopped(s: Session, job_id: str, attempt: int) -> Stopped | None:
         )
         .returning(c.status, c.stop_reason)
     )
-    row = _returning_row(s, job_id, stmt)
+    row = returning_row(s, job_id, stmt)
     if row is None:
         return None
     return Stopped(JobStatus(row.status), row.stop_reason)
