@@ -146,12 +146,12 @@ def test_ctrl_c_stops_cleanly_with_a_checkpoint_and_a_rerun_resumes(tmp_path: Pa
     ]
     proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 120
         while not (out.exists() and out.read_text().count('"kind":"metric"') >= 8):
             assert proc.poll() is None and time.monotonic() < deadline, "training did not start"
             time.sleep(0.05)
         proc.send_signal(signal.SIGINT)
-        _, stderr = proc.communicate(timeout=60)
+        _, stderr = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()

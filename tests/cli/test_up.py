@@ -22,6 +22,11 @@ pytestmark = pytest.mark.slow
 
 # Alone it takes about 35 s; a loaded CI machine (four test processes on two cores, and this
 # test's own long job busy on one of them) took 222 s, 120 s of it waiting on the fallback.
+WAIT_S = 120
+"""A wait for one event: a few seconds alone, ten times that beside busy processes on
+two cores; the deadline only decides how long a failure takes to say so."""
+
+
 @pytest.mark.timeout(600)
 def test_up_runs_a_job_and_stops_cleanly(tmp_path: Path) -> None:
     metrics_port = free_port()
@@ -57,7 +62,7 @@ def test_up_runs_a_job_and_stops_cleanly(tmp_path: Path) -> None:
         long = client.post("/jobs", json=mlp_job(name="long", max_steps=200_000)).json()
         wait_until(
             lambda: client.get(f"/jobs/{long['id']}").json()["step"] > 0,
-            60,
+            WAIT_S,
             "the long job to train",
         )
         job = client.post(
@@ -78,7 +83,7 @@ def test_up_runs_a_job_and_stops_cleanly(tmp_path: Path) -> None:
         # Evaluated once at the end on the held-out split, the plugin's metric beside accuracy.
         wait_until(
             lambda: client.get(f"/jobs/{job['id']}/evals").json()["items"],
-            60,
+            WAIT_S,
             "the job's final evaluation in its history",
         )
         (final,) = client.get(f"/jobs/{job['id']}/evals").json()["items"]
@@ -116,7 +121,7 @@ def test_up_runs_a_job_and_stops_cleanly(tmp_path: Path) -> None:
         deliveries = f"/alerts/rules/{rule['id']}/deliveries"
         wait_until(
             lambda: [d["status"] for d in client.get(deliveries).json()["items"]] == ["delivered"],
-            60,
+            WAIT_S,
             "the fallback's webhook delivered",
         )
         (request,) = receiver.requests  # one firing, one delivery
@@ -137,7 +142,7 @@ def test_up_runs_a_job_and_stops_cleanly(tmp_path: Path) -> None:
                 [p["step"] for p in client.get(f"/jobs/{forked['id']}/metrics").json()["items"]]
                 == [6, 7]
             ),
-            60,
+            WAIT_S,
             "the fork's points, from step 6",
         )
         assert client.get(f"/jobs/{long['id']}").json()["status"] == "running"
@@ -147,7 +152,7 @@ def test_up_runs_a_job_and_stops_cleanly(tmp_path: Path) -> None:
         # Recorded into SQL by the recorder process `up` runs beside the API.
         wait_until(
             lambda: len(client.get(f"/jobs/{job['id']}/metrics").json()["items"]) == 5,
-            60,
+            WAIT_S,
             "the job's 5 points in its history",
         )
         assert "recorder: started" in up.log.read_text()
