@@ -1,7 +1,9 @@
 """Nothing lost: worker death, Redis and API restarts, duplicate deliveries, shutdown, failures.
 
 Every test runs the real processes (uvicorn, Celery workers, training children,
-a private redis-server) and injects the fault the way it happens in production.
+a private redis-server) and injects the fault the way it happens in production. The tests
+share one stack per database and leave it as they found it (a stopped worker is started
+again); those that take Redis down keep a stack of their own.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +23,7 @@ from amptrain.cli.embedded_redis import EmbeddedRedis
 from amptrain.core.settings import Settings
 from amptrain.server.dispatcher import make_celery
 from tests.support.probe import ROOT, probe_paths
+from tests.support.shared_stack import log_since, log_size, running_stack
 from tests.support.specs import service_job
 from tests.support.stack import Stack, wait_until
 from tests.system.test_e2e_service import wait_for_points
@@ -52,16 +56,41 @@ def probe_job(**hold: Any) -> dict[str, Any]:
     return long_job(model={"name": "ddp-probe", "args": {"width": 32, **hold}})
 
 
+@contextmanager
+def faults_stack(root: Path, database_url: str) -> Iterator[Stack]:
+    """The API and two workers (w1, w2), with the probe model installed: it holds a job at a
+    known step (see test_kill_9_worker_...)."""
+    env = {"PYTHONPATH": os.pathsep.join(map(str, [*probe_paths(root), ROOT]))}
+    with running_stack(root, database_url, workers=("w1", "w2"), env=env) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def two_workers(
+    module_database_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
+    """One stack for the tests that leave it as they found it: each submits its own jobs, and
+    one that stops a worker starts it again (tests/support/shared_stack.py)."""
+    with faults_stack(tmp_path_factory.mktemp("faults"), module_database_url) as s:
+        yield s
+
+
 @pytest.fixture
-def two_workers(database_url: str, redis_server: EmbeddedRedis, tmp_path: Path) -> Iterator[Stack]:
-    s = Stack(tmp_path, database_url, redis_server)
-    # The probe model, to hold a job at a known step (see test_kill_9_worker_...).
-    s.env["PYTHONPATH"] = os.pathsep.join(map(str, [*probe_paths(tmp_path), ROOT]))
-    s.start_api()
-    s.start_worker("w1")
-    s.start_worker("w2")
-    yield s
-    s.close()
+def own_two_workers(database_url: str, tmp_path: Path) -> Iterator[Stack]:
+    """A stack of the test's own, for a test that takes the stack's Redis down."""
+    with faults_stack(tmp_path, database_url) as s:
+        yield s
+
+
+@contextmanager
+def restarted(stack: Stack, worker: str) -> Iterator[None]:
+    """Start ``worker`` again at the end if the block stopped it, passed or failed: the
+    module's other tests need both workers."""
+    try:
+        yield
+    finally:
+        if stack.processes[worker].poll() is not None:
+            stack.start_worker(worker)
 
 
 def owner(stack: Stack, job_id: str) -> str:
@@ -114,10 +143,10 @@ def test_kill_9_worker_resumes_on_the_other_and_matches_an_uninterrupted_run(
         120,
         "a checkpoint at step 80 and the points through it recorded",
     )
-    stack.kill(victim, signal.SIGKILL)  # the worker, its pool process and the training child
-    gate.touch()  # the resumed attempt counts its forward passes anew: never held again
-
-    done = stack.wait_for_status(job["id"], "succeeded", "failed", timeout=180)
+    with restarted(stack, victim):
+        stack.kill(victim, signal.SIGKILL)  # the worker, its pool process and training child
+        gate.touch()  # the resumed attempt counts its forward passes anew: never held again
+        done = stack.wait_for_status(job["id"], "succeeded", "failed", timeout=180)
     assert done["status"] == "succeeded", done["error"]
     assert done["attempt"] == 2
     resumed = [e for e in stack.events(job["id"]) if e["type"] == "resumed"]
@@ -139,6 +168,7 @@ def test_kill_9_worker_resumes_on_the_other_and_matches_an_uninterrupted_run(
 
 def test_the_same_task_delivered_twice_trains_once(two_workers: Stack) -> None:
     stack = two_workers
+    logged = {name: log_size(stack, name) for name in ("w1", "w2")}  # this test's lines after
     job = stack.submit(long_job())  # the API sends it once ...
     celery = make_celery(Settings(redis_url=stack.redis_server.url))
     celery.send_task("amptrain.run_job", args=[job["id"]], queue="cpu")  # ... and once more
@@ -146,13 +176,13 @@ def test_the_same_task_delivered_twice_trains_once(two_workers: Stack) -> None:
     assert done["status"] == "succeeded" and done["attempt"] == 1
     assert [e["type"] for e in stack.events(job["id"])].count("started") == 1
     assert {p["attempt"] for p in assert_complete_series(stack, job["id"])} == {1}
-    logs = stack.log_tail("w1", 400) + stack.log_tail("w2", 400)
+    logs = log_since(stack, "w1", logged["w1"]) + log_since(stack, "w2", logged["w2"])
     assert "not claimable" in logs  # the second delivery arrived and did nothing
 
 
 @pytest.mark.parametrize("lose_data", [False, True], ids=["restart", "restart-without-data"])
-def test_redis_restart_mid_job_loses_no_point(two_workers: Stack, lose_data: bool) -> None:
-    stack = two_workers
+def test_redis_restart_mid_job_loses_no_point(own_two_workers: Stack, lose_data: bool) -> None:
+    stack = own_two_workers
     job = stack.submit(long_job())
     # Mid-job by its checkpoint files, not by its recorded steps: under load the recorder
     # once trailed training by the whole run, and then no checkpoint was left to come.
@@ -174,8 +204,10 @@ def test_redis_restart_mid_job_loses_no_point(two_workers: Stack, lose_data: boo
     assert_complete_series(stack, job["id"])
 
 
-def test_job_submitted_while_the_broker_is_down_runs_once_it_is_back(two_workers: Stack) -> None:
-    stack = two_workers
+def test_job_submitted_while_the_broker_is_down_runs_once_it_is_back(
+    own_two_workers: Stack,
+) -> None:
+    stack = own_two_workers
     stack.redis_server.kill()
     r = stack.client.post("/jobs", json=service_job(max_steps=10))
     assert r.status_code == 201 and r.json()["status"] == "queued"
@@ -192,10 +224,10 @@ def test_sigterm_worker_requeues_its_job_which_resumes_and_succeeds(two_workers:
     job = stack.submit(long_job(DRAINED_STEPS))
     victim = owner(stack, job["id"])
     wait_until(lambda: stack.job(job["id"])["step"] >= 50, 60, "some recorded steps")
-    stack.processes[victim].send_signal(signal.SIGTERM)  # `docker stop`: the main process only
-    assert stack.processes[victim].wait(60) == 0  # the drain ends the worker cleanly
-
-    done = stack.wait_for_status(job["id"], "succeeded", "failed", timeout=180)
+    with restarted(stack, victim):
+        stack.processes[victim].send_signal(signal.SIGTERM)  # `docker stop`: the main process
+        assert stack.processes[victim].wait(60) == 0  # the drain ends the worker cleanly
+        done = stack.wait_for_status(job["id"], "succeeded", "failed", timeout=180)
     assert done["status"] == "succeeded" and done["attempt"] == 2, done["error"]
     types = [e["type"] for e in stack.events(job["id"])]
     assert "requeued" in types and "resumed" in types and "failed" not in types
