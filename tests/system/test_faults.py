@@ -19,7 +19,6 @@ import psutil
 import pytest
 import torch
 
-from amptrain.cli.embedded_redis import EmbeddedRedis
 from amptrain.core.settings import Settings
 from amptrain.server.dispatcher import make_celery
 from tests.support.probe import ROOT, probe_paths
@@ -57,11 +56,13 @@ def probe_job(**hold: Any) -> dict[str, Any]:
 
 
 @contextmanager
-def faults_stack(root: Path, database_url: str) -> Iterator[Stack]:
-    """The API and two workers (w1, w2), with the probe model installed: it holds a job at a
-    known step (see test_kill_9_worker_...)."""
-    env = {"PYTHONPATH": os.pathsep.join(map(str, [*probe_paths(root), ROOT]))}
-    with running_stack(root, database_url, workers=("w1", "w2"), env=env) as s:
+def faults_stack(
+    root: Path, database_url: str, workers: tuple[str, ...] = ("w1", "w2"), **env: str
+) -> Iterator[Stack]:
+    """The API and ``workers`` with the probe model installed (it holds a job at a known
+    step: see test_kill_9_worker_...); ``env`` adds to the stack's settings."""
+    env["PYTHONPATH"] = os.pathsep.join(map(str, [*probe_paths(root), ROOT]))
+    with running_stack(root, database_url, workers=workers, env=env) as s:
         yield s
 
 
@@ -274,27 +275,24 @@ def test_diverging_job_fails_naming_the_step(two_workers: Stack) -> None:
 
 
 def test_cancel_of_a_child_stuck_in_a_long_step_is_bounded(
-    database_url: str, redis_server: EmbeddedRedis, tmp_path: Path
+    database_url: str, tmp_path: Path
 ) -> None:
-    stack = Stack(tmp_path, database_url, redis_server)
-    stack.env["AMPTRAIN_CANCEL_GRACE_SECONDS"] = "1"
-    try:
-        stack.start_api()
-        stack.start_worker("w1")
-        slow = service_job(max_steps=100, batch_size=64, telemetry={"flush_every_steps": 1})
-        slow.update(
-            model={"name": "cnn"},
-            dataset={"name": "synthetic-images", "args": {"height": 512, "width": 512}},
+    # A stack of its own: a cancel grace of 1 s. The probe model hangs in step 2 (sleeping,
+    # ignoring stop signals) for good: the child is stuck there however fast the machine
+    # (a CNN step on 512 px images used to stand in for it, 45 s of CPU a run).
+    with faults_stack(tmp_path, database_url, ("w1",), AMPTRAIN_CANCEL_GRACE_SECONDS="1") as stack:
+        stuck = service_job(
+            max_steps=100,
+            telemetry={"flush_every_steps": 1},
+            model={"name": "ddp-probe", "args": {"width": 32, "hang_rank": 0, "hang_at": 2}},
         )
-        job = stack.submit(slow)
-        # Step 1 is recorded, so the child is now inside step 2 (seconds long on a CPU).
+        job = stack.submit(stuck)
+        # Step 1 is recorded, so the child is now inside step 2, never to leave it.
         wait_until(lambda: stack.job(job["id"])["step"] >= 1, 120, "the first step")
         assert stack.client.post(f"/jobs/{job['id']}/cancel").status_code == 202
         done = stack.wait_for_status(job["id"], "cancelled", "failed", "succeeded", timeout=60)
         assert done["status"] == "cancelled"
         assert "ignored the stop request; terminating" in stack.log_tail("w1", 400)
-    finally:
-        stack.close()
 
 
 def test_a_crashed_training_child_is_retried_and_resumes(two_workers: Stack) -> None:
