@@ -5,7 +5,7 @@ database) costs 4-6 s of wall on a quiet two-core machine and 45-85 s in a loade
 more than most end-to-end tests spend on their own requests. Tests that share one stay
 isolated by what they create: their own job ids, or their own user (``user_client``) where
 they list what they see. A test that kills a process of the shared stack restarts it before
-it ends (``Stack.start_worker``, ``Stack.start_api``); one that changes the stack's settings
+it ends (:func:`restarted`, ``Stack.start_api``); one that changes the stack's settings
 keeps a stack of its own.
 
 A module shares with ``module_stack`` (or its own module-scoped fixture on
@@ -52,6 +52,17 @@ def running_stack(
     finally:
         s.close()
         redis_server.stop()
+
+
+@contextmanager
+def restarted(stack: Stack, worker: str) -> Iterator[None]:
+    """Start ``worker`` again at the end if the block stopped it, passed or failed: the
+    tests that share the stack after this one need it."""
+    try:
+        yield
+    finally:
+        if stack.processes[worker].poll() is not None:
+            stack.start_worker(worker)
 
 
 def log_since(stack: Stack, name: str, offset: int) -> str:

@@ -22,7 +22,7 @@ import torch
 from amptrain.core.settings import Settings
 from amptrain.server.dispatcher import make_celery
 from tests.support.probe import ROOT, probe_paths
-from tests.support.shared_stack import log_since, log_size, running_stack
+from tests.support.shared_stack import log_since, log_size, restarted, running_stack
 from tests.support.specs import service_job
 from tests.support.stack import Stack, wait_until
 from tests.system.test_e2e_service import wait_for_points
@@ -81,17 +81,6 @@ def own_two_workers(database_url: str, tmp_path: Path) -> Iterator[Stack]:
     """A stack of the test's own, for a test that takes the stack's Redis down."""
     with faults_stack(tmp_path, database_url) as s:
         yield s
-
-
-@contextmanager
-def restarted(stack: Stack, worker: str) -> Iterator[None]:
-    """Start ``worker`` again at the end if the block stopped it, passed or failed: the
-    module's other tests need both workers."""
-    try:
-        yield
-    finally:
-        if stack.processes[worker].poll() is not None:
-            stack.start_worker(worker)
 
 
 def owner(stack: Stack, job_id: str) -> str:
