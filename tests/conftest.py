@@ -187,7 +187,7 @@ def _one_database_per_end_to_end_test(config: pytest.Config, items: list[pytest.
     if len(databases) < 2:
         return
     where: dict[tuple[str, ...], tuple[str, int]] = {}
-    backends: dict[tuple[str, ...], set[str]] = {}
+    backends: dict[tuple[str, ...], set[str | None]] = {}
     for item in items:
         variant = _end_to_end_variant(item)
         if variant is not None:
