@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import tempfile
-import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -60,20 +59,22 @@ def _database_params() -> list[str]:
 def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
     """An empty database: a SQLite file, and (when AMPTRAIN_TEST_DATABASE_URL is set) a
     throw-away PostgreSQL database created on that server for this one test."""
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'amptrain.db'}"
-        return
-    import sqlalchemy as sa
+    from tests.support.databases import empty_database
 
-    admin_url = sa.make_url(os.environ["AMPTRAIN_TEST_DATABASE_URL"])
-    name = f"amptrain_test_{uuid.uuid4().hex[:12]}"
-    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
-    yield admin_url.set(database=name).render_as_string(hide_password=False)
-    with admin.connect() as conn:
-        conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    admin.dispose()
+    with empty_database(request.param, tmp_path) as url:
+        yield url
+
+
+@pytest.fixture(scope="module", params=_database_params())
+def module_database_url(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[str]:
+    """``database_url`` for a module's tests to share (with its stack: see
+    tests/support/shared_stack.py); the tests still alternate between the databases."""
+    from tests.support.databases import empty_database
+
+    with empty_database(request.param, tmp_path_factory.mktemp("db")) as url:
+        yield url
 
 
 @pytest.fixture
@@ -137,11 +138,19 @@ def _long_tests_first_in_every_process(items: list[pytest.Item]) -> list[pytest.
     the longest queue. With the long tests merely sorted first they all sat in the first
     process's slice, and the others stole them late: minute-long tests ran alone in the
     run's last minutes. Here every slice starts with its share of them (dealt in turn, in
-    their sorted order), and every tail holds short tests to steal."""
+    their sorted order; the tests that share a module's stack as one), and every tail holds
+    short tests to steal."""
+    from tests.support.shared_stack import share_key
+
     long = [i for i in items if i.get_closest_marker("slow") or i.get_closest_marker("heavy")]
     short = [
         i for i in items if not (i.get_closest_marker("slow") or i.get_closest_marker("heavy"))
     ]
+    # The long tests that share a stack go to one process together, one after the other
+    # (dealt apart, every process would start that stack again).
+    units: dict[object, list[pytest.Item]] = {}
+    for item in long:
+        units.setdefault(share_key(item) or item, []).append(item)
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     # The slice sizes worksteal.check_schedule sends: what is left over the processes left.
     sizes, left = [], len(items)
@@ -149,8 +158,8 @@ def _long_tests_first_in_every_process(items: list[pytest.Item]) -> list[pytest.
         sizes.append(left // remaining)
         left -= sizes[-1]
     heads: list[list[pytest.Item]] = [[] for _ in sizes]
-    for n, item in enumerate(long):
-        heads[n % len(heads)].append(item)
+    for unit in units.values():  # each to the process with the fewest so far: in turn for singles
+        min(heads, key=len).extend(unit)
     ordered: list[pytest.Item] = []
     for size, head in zip(sizes, heads, strict=True):
         ordered += head + short[: max(0, size - len(head))]
@@ -178,13 +187,13 @@ def _one_database_per_end_to_end_test(config: pytest.Config, items: list[pytest.
     if len(databases) < 2:
         return
     where: dict[tuple[str, ...], tuple[str, int]] = {}
-    backends: dict[tuple[str, ...], set[str]] = {}
+    backends: dict[tuple[str, ...], set[str | None]] = {}
     for item in items:
         variant = _end_to_end_variant(item)
         if variant is not None:
             path, line, _ = item.location
             where[variant] = min(where.get(variant, (path, line or 0)), (path, line or 0))
-            backends.setdefault(variant, set()).add(item.callspec.params["database_url"])  # type: ignore[attr-defined]
+            backends.setdefault(variant, set()).add(_database_of(item))
     # A test that already chose its one database (the fuzzer's) keeps it.
     where = {v: w for v, w in where.items() if len(backends[v]) > 1}
     index = {v: i for i, v in enumerate(sorted(where, key=lambda v: (where[v], v)))}
@@ -196,13 +205,23 @@ def _one_database_per_end_to_end_test(config: pytest.Config, items: list[pytest.
             keep.append(item)
             continue
         chosen = databases[index[variant] % len(databases)]
-        (keep if item.callspec.params["database_url"] == chosen else dropped).append(item)  # type: ignore[attr-defined]
+        (keep if _database_of(item) == chosen else dropped).append(item)
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = keep
 
 
-STACK_FIXTURES = frozenset({"api_stack", "stack"})
+DATABASE_FIXTURES = ("database_url", "module_database_url")
+"""The parametrised database fixtures: one test's, and one a module's tests share."""
+
+
+def _database_of(item: pytest.Item) -> str | None:
+    """The database ("sqlite", "postgresql") an item runs on, None when it has none."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return next((str(params[f]) for f in DATABASE_FIXTURES if f in params), None)
+
+
+STACK_FIXTURES = frozenset({"api_stack", "stack", "module_stack"})
 """The fixtures that start the service's processes for a test (tests/support/stack.py)."""
 
 
@@ -214,10 +233,10 @@ def _end_to_end_variant(item: pytest.Item) -> tuple[str, ...] | None:
     params = getattr(getattr(item, "callspec", None), "params", {})
     stacks = STACK_FIXTURES.intersection(getattr(item, "fixturenames", ()))
     end_to_end = item.get_closest_marker("slow") or stacks
-    if not end_to_end or "database_url" not in params:
+    if not end_to_end or _database_of(item) is None:
         return None
     return (
         item.path.name,
         item.originalname,  # type: ignore[attr-defined]
-        *(str(v) for k, v in sorted(params.items()) if k != "database_url"),
+        *(str(v) for k, v in sorted(params.items()) if k not in DATABASE_FIXTURES),
     )

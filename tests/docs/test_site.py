@@ -23,7 +23,7 @@ from amptrain.cli.main import COMMANDS
 from amptrain.contract.metrics import EVAL_METRICS, STEP_METRICS
 from amptrain.contract.spec import JobSpec
 from amptrain.core.settings import GUIDE_DIR, Settings
-from tests.server.web.dashboard.conftest import running_stack
+from tests.support.shared_stack import running_stack
 from tests.support.stack import Stack
 
 try:
@@ -140,7 +140,7 @@ def test_the_site_config_fails_the_build_on_a_broken_link(tmp_path: Path) -> Non
 def stack(tmp_path_factory: pytest.TempPathFactory, site: Path) -> Iterator[Stack]:
     """The API alone (the pages need no worker), serving this module's build as `amptrain
     up` leaves it in the data directory."""
-    with running_stack(tmp_path_factory.mktemp("guide"), worker=False) as s:
+    with running_stack(tmp_path_factory.mktemp("guide"), workers=()) as s:
         shutil.copytree(site, s.root / GUIDE_DIR)
         yield s
 

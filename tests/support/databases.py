@@ -12,8 +12,12 @@ PostgreSQL test database, and tests/store/test_migrations.py walks them up and d
 from __future__ import annotations
 
 import atexit
+import os
 import shutil
 import tempfile
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import sqlalchemy as sa
@@ -53,3 +57,23 @@ def _sqlite_template() -> str:
         atexit.register(shutil.rmtree, path.parent, True)
         _template.append(str(path))
     return _template[0]
+
+
+@contextmanager
+def empty_database(kind: str, directory: Path) -> Iterator[str]:
+    """An empty database of ``kind`` ("sqlite": a file in ``directory``; "postgresql": a
+    throw-away database on ``AMPTRAIN_TEST_DATABASE_URL``'s server, dropped after)."""
+    if kind == "sqlite":
+        yield f"sqlite:///{directory / 'amptrain.db'}"
+        return
+    admin_url = sa.make_url(os.environ["AMPTRAIN_TEST_DATABASE_URL"])
+    name = f"amptrain_test_{uuid.uuid4().hex[:12]}"
+    admin = sa.create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(sa.text(f'CREATE DATABASE "{name}"'))
+    try:
+        yield admin_url.set(database=name).render_as_string(hide_password=False)
+    finally:
+        with admin.connect() as conn:
+            conn.execute(sa.text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        admin.dispose()

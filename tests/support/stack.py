@@ -148,14 +148,14 @@ class Stack:
 
     def start_worker(self, name: str = "worker", queues: str = "gpu,cpu", *args: str) -> None:
         """Start ``amptrain worker`` (one pool process) named ``{name}@test``; ``args`` are
-        more options (``--devices-per-job 2``)."""
+        more options (``--devices-per-job 2``). Again after a kill: it waits for a new "ready."."""
+        log = self.root / f"{name}.log"
+        before = log.read_bytes().count(b"ready.") if log.exists() else 0
         self.spawn(
             name,
             ["worker", "--queues", queues, "--concurrency", "1", "--name", f"{name}@test", *args],
         )
-        wait_until(
-            lambda: b"ready." in (self.root / f"{name}.log").read_bytes(), 60, f"{name} to be ready"
-        )
+        wait_until(lambda: log.read_bytes().count(b"ready.") > before, 60, f"{name} to be ready")
 
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
         """Signal a component's whole process group (a worker and its training child)."""

@@ -10,9 +10,16 @@ import pytest
 
 from amptrain.contract.metrics import METRIC_FIELDS
 from tests.support.specs import service_job
-from tests.support.stack import Stack, wait_until
+from tests.support.stack import Stack, user_client, wait_until
 
 pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def stack(module_stack: Stack) -> Stack:
+    """One stack for this module's tests: each submits its own jobs, and the one that lists
+    jobs does it as its own user; the API restart leaves a running API behind."""
+    return module_stack
 
 
 def wait_for_points(stack: Stack, job_id: str, count: int) -> list[dict[str, Any]]:
@@ -76,14 +83,15 @@ def test_cursor_paging_returns_every_point_once(stack: Stack) -> None:
 
 def test_idempotent_resubmission_returns_the_same_job(stack: Stack) -> None:
     spec = service_job(max_steps=5)
-    first = stack.client.post("/jobs", json=spec, headers={"Idempotency-Key": "abc"})
-    again = stack.client.post("/jobs", json=spec, headers={"Idempotency-Key": "abc"})
-    other = stack.client.post(
-        "/jobs", json={**spec, "max_steps": 6}, headers={"Idempotency-Key": "abc"}
-    )
-    assert (first.status_code, again.status_code, other.status_code) == (201, 200, 409)
-    assert again.json()["id"] == first.json()["id"]
-    listed = stack.client.get("/jobs").json()["items"]
+    with user_client(stack, "idempotent") as client:  # sees only its own jobs
+        first = client.post("/jobs", json=spec, headers={"Idempotency-Key": "abc"})
+        again = client.post("/jobs", json=spec, headers={"Idempotency-Key": "abc"})
+        other = client.post(
+            "/jobs", json={**spec, "max_steps": 6}, headers={"Idempotency-Key": "abc"}
+        )
+        assert (first.status_code, again.status_code, other.status_code) == (201, 200, 409)
+        assert again.json()["id"] == first.json()["id"]
+        listed = client.get("/jobs").json()["items"]
     assert [j["id"] for j in listed] == [first.json()["id"]]
 
 

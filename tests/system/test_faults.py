@@ -1,7 +1,9 @@
 """Nothing lost: worker death, Redis and API restarts, duplicate deliveries, shutdown, failures.
 
 Every test runs the real processes (uvicorn, Celery workers, training children,
-a private redis-server) and injects the fault the way it happens in production.
+a private redis-server) and injects the fault the way it happens in production. The tests
+share one stack per database and leave it as they found it (a stopped worker is started
+again); those that take Redis down keep a stack of their own.
 """
 
 from __future__ import annotations
@@ -9,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -16,10 +19,10 @@ import psutil
 import pytest
 import torch
 
-from amptrain.cli.embedded_redis import EmbeddedRedis
 from amptrain.core.settings import Settings
 from amptrain.server.dispatcher import make_celery
 from tests.support.probe import ROOT, probe_paths
+from tests.support.shared_stack import log_since, log_size, restarted, running_stack
 from tests.support.specs import service_job
 from tests.support.stack import Stack, wait_until
 from tests.system.test_e2e_service import wait_for_points
@@ -52,16 +55,32 @@ def probe_job(**hold: Any) -> dict[str, Any]:
     return long_job(model={"name": "ddp-probe", "args": {"width": 32, **hold}})
 
 
+@contextmanager
+def faults_stack(
+    root: Path, database_url: str, workers: tuple[str, ...] = ("w1", "w2"), **env: str
+) -> Iterator[Stack]:
+    """The API and ``workers`` with the probe model installed (it holds a job at a known
+    step: see test_kill_9_worker_...); ``env`` adds to the stack's settings."""
+    env["PYTHONPATH"] = os.pathsep.join(map(str, [*probe_paths(root), ROOT]))
+    with running_stack(root, database_url, workers=workers, env=env) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def two_workers(
+    module_database_url: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Stack]:
+    """One stack for the tests that leave it as they found it: each submits its own jobs, and
+    one that stops a worker starts it again (tests/support/shared_stack.py)."""
+    with faults_stack(tmp_path_factory.mktemp("faults"), module_database_url) as s:
+        yield s
+
+
 @pytest.fixture
-def two_workers(database_url: str, redis_server: EmbeddedRedis, tmp_path: Path) -> Iterator[Stack]:
-    s = Stack(tmp_path, database_url, redis_server)
-    # The probe model, to hold a job at a known step (see test_kill_9_worker_...).
-    s.env["PYTHONPATH"] = os.pathsep.join(map(str, [*probe_paths(tmp_path), ROOT]))
-    s.start_api()
-    s.start_worker("w1")
-    s.start_worker("w2")
-    yield s
-    s.close()
+def own_two_workers(database_url: str, tmp_path: Path) -> Iterator[Stack]:
+    """A stack of the test's own, for a test that takes the stack's Redis down."""
+    with faults_stack(tmp_path, database_url) as s:
+        yield s
 
 
 def owner(stack: Stack, job_id: str) -> str:
@@ -114,10 +133,10 @@ def test_kill_9_worker_resumes_on_the_other_and_matches_an_uninterrupted_run(
         120,
         "a checkpoint at step 80 and the points through it recorded",
     )
-    stack.kill(victim, signal.SIGKILL)  # the worker, its pool process and the training child
-    gate.touch()  # the resumed attempt counts its forward passes anew: never held again
-
-    done = stack.wait_for_status(job["id"], "succeeded", "failed", timeout=180)
+    with restarted(stack, victim):
+        stack.kill(victim, signal.SIGKILL)  # the worker, its pool process and training child
+        gate.touch()  # the resumed attempt counts its forward passes anew: never held again
+        done = stack.wait_for_status(job["id"], "succeeded", "failed", timeout=180)
     assert done["status"] == "succeeded", done["error"]
     assert done["attempt"] == 2
     resumed = [e for e in stack.events(job["id"]) if e["type"] == "resumed"]
@@ -139,6 +158,7 @@ def test_kill_9_worker_resumes_on_the_other_and_matches_an_uninterrupted_run(
 
 def test_the_same_task_delivered_twice_trains_once(two_workers: Stack) -> None:
     stack = two_workers
+    logged = {name: log_size(stack, name) for name in ("w1", "w2")}  # this test's lines after
     job = stack.submit(long_job())  # the API sends it once ...
     celery = make_celery(Settings(redis_url=stack.redis_server.url))
     celery.send_task("amptrain.run_job", args=[job["id"]], queue="cpu")  # ... and once more
@@ -146,13 +166,13 @@ def test_the_same_task_delivered_twice_trains_once(two_workers: Stack) -> None:
     assert done["status"] == "succeeded" and done["attempt"] == 1
     assert [e["type"] for e in stack.events(job["id"])].count("started") == 1
     assert {p["attempt"] for p in assert_complete_series(stack, job["id"])} == {1}
-    logs = stack.log_tail("w1", 400) + stack.log_tail("w2", 400)
+    logs = log_since(stack, "w1", logged["w1"]) + log_since(stack, "w2", logged["w2"])
     assert "not claimable" in logs  # the second delivery arrived and did nothing
 
 
 @pytest.mark.parametrize("lose_data", [False, True], ids=["restart", "restart-without-data"])
-def test_redis_restart_mid_job_loses_no_point(two_workers: Stack, lose_data: bool) -> None:
-    stack = two_workers
+def test_redis_restart_mid_job_loses_no_point(own_two_workers: Stack, lose_data: bool) -> None:
+    stack = own_two_workers
     job = stack.submit(long_job())
     # Mid-job by its checkpoint files, not by its recorded steps: under load the recorder
     # once trailed training by the whole run, and then no checkpoint was left to come.
@@ -174,8 +194,10 @@ def test_redis_restart_mid_job_loses_no_point(two_workers: Stack, lose_data: boo
     assert_complete_series(stack, job["id"])
 
 
-def test_job_submitted_while_the_broker_is_down_runs_once_it_is_back(two_workers: Stack) -> None:
-    stack = two_workers
+def test_job_submitted_while_the_broker_is_down_runs_once_it_is_back(
+    own_two_workers: Stack,
+) -> None:
+    stack = own_two_workers
     stack.redis_server.kill()
     r = stack.client.post("/jobs", json=service_job(max_steps=10))
     assert r.status_code == 201 and r.json()["status"] == "queued"
@@ -192,10 +214,10 @@ def test_sigterm_worker_requeues_its_job_which_resumes_and_succeeds(two_workers:
     job = stack.submit(long_job(DRAINED_STEPS))
     victim = owner(stack, job["id"])
     wait_until(lambda: stack.job(job["id"])["step"] >= 50, 60, "some recorded steps")
-    stack.processes[victim].send_signal(signal.SIGTERM)  # `docker stop`: the main process only
-    assert stack.processes[victim].wait(60) == 0  # the drain ends the worker cleanly
-
-    done = stack.wait_for_status(job["id"], "succeeded", "failed", timeout=180)
+    with restarted(stack, victim):
+        stack.processes[victim].send_signal(signal.SIGTERM)  # `docker stop`: the main process
+        assert stack.processes[victim].wait(60) == 0  # the drain ends the worker cleanly
+        done = stack.wait_for_status(job["id"], "succeeded", "failed", timeout=180)
     assert done["status"] == "succeeded" and done["attempt"] == 2, done["error"]
     types = [e["type"] for e in stack.events(job["id"])]
     assert "requeued" in types and "resumed" in types and "failed" not in types
@@ -242,27 +264,24 @@ def test_diverging_job_fails_naming_the_step(two_workers: Stack) -> None:
 
 
 def test_cancel_of_a_child_stuck_in_a_long_step_is_bounded(
-    database_url: str, redis_server: EmbeddedRedis, tmp_path: Path
+    database_url: str, tmp_path: Path
 ) -> None:
-    stack = Stack(tmp_path, database_url, redis_server)
-    stack.env["AMPTRAIN_CANCEL_GRACE_SECONDS"] = "1"
-    try:
-        stack.start_api()
-        stack.start_worker("w1")
-        slow = service_job(max_steps=100, batch_size=64, telemetry={"flush_every_steps": 1})
-        slow.update(
-            model={"name": "cnn"},
-            dataset={"name": "synthetic-images", "args": {"height": 512, "width": 512}},
+    # A stack of its own: a cancel grace of 1 s. The probe model hangs in step 2 (sleeping,
+    # ignoring stop signals) for good: the child is stuck there however fast the machine
+    # (a CNN step on 512 px images used to stand in for it, 45 s of CPU a run).
+    with faults_stack(tmp_path, database_url, ("w1",), AMPTRAIN_CANCEL_GRACE_SECONDS="1") as stack:
+        stuck = service_job(
+            max_steps=100,
+            telemetry={"flush_every_steps": 1},
+            model={"name": "ddp-probe", "args": {"width": 32, "hang_rank": 0, "hang_at": 2}},
         )
-        job = stack.submit(slow)
-        # Step 1 is recorded, so the child is now inside step 2 (seconds long on a CPU).
+        job = stack.submit(stuck)
+        # Step 1 is recorded, so the child is now inside step 2, never to leave it.
         wait_until(lambda: stack.job(job["id"])["step"] >= 1, 120, "the first step")
         assert stack.client.post(f"/jobs/{job['id']}/cancel").status_code == 202
         done = stack.wait_for_status(job["id"], "cancelled", "failed", "succeeded", timeout=60)
         assert done["status"] == "cancelled"
         assert "ignored the stop request; terminating" in stack.log_tail("w1", 400)
-    finally:
-        stack.close()
 
 
 def test_a_crashed_training_child_is_retried_and_resumes(two_workers: Stack) -> None:

@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from amptrain.cli.embedded_redis import EmbeddedRedis
+from tests.support.shared_stack import running_stack
 from tests.support.stack import Stack
 
 if TYPE_CHECKING:
@@ -73,26 +71,6 @@ def browser() -> Iterator[Browser]:
         chromium = pw.chromium.launch(executable_path=path, headless=True)
         yield chromium
         chromium.close()
-
-
-@contextmanager
-def running_stack(
-    root: Path, *, worker: bool = True, env: Mapping[str, str] | None = None
-) -> Iterator[Stack]:
-    """A stack in ``root`` on SQLite with its own private Redis: the API, and with
-    ``worker`` one Celery worker (queues gpu and cpu); ``env`` is added to its environment.
-    A test module that needs no worker (or other settings) overrides ``stack`` with it."""
-    redis_server = EmbeddedRedis(Path(tempfile.mkdtemp(prefix="amp-", dir="/tmp"))).start()
-    s = Stack(root, f"sqlite:///{root / 'amptrain.db'}", redis_server)
-    s.env.update(env or {})
-    try:
-        s.start_api()
-        if worker:
-            s.start_worker()
-        yield s
-    finally:
-        s.close()
-        redis_server.stop()
 
 
 @pytest.fixture(scope="module")

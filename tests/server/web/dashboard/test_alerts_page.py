@@ -18,14 +18,15 @@ except ImportError:  # outside CI a missing playwright skips, like a missing bro
     pytest.skip("playwright is not installed (pip install -e '.[dev]')", allow_module_level=True)
 
 from tests.server.alerts.conftest import WEBHOOK_ENV, started_job
-from tests.server.web.dashboard.conftest import running_stack, screenshot, sign_in
+from tests.server.web.dashboard.conftest import screenshot, sign_in
 from tests.support.receiver import Receiver
+from tests.support.shared_stack import running_stack
 from tests.support.stack import Stack, user_client, wait_until
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
-    with running_stack(tmp_path_factory.mktemp("alerts-page"), worker=False, env=WEBHOOK_ENV) as s:
+    with running_stack(tmp_path_factory.mktemp("alerts-page"), workers=(), env=WEBHOOK_ENV) as s:
         yield s
 
 

@@ -15,14 +15,15 @@ except ImportError:  # outside CI a missing playwright skips, like a missing bro
         raise
     pytest.skip("playwright is not installed (pip install -e '.[dev]')", allow_module_level=True)
 
-from tests.server.web.dashboard.conftest import Console, running_stack
+from tests.server.web.dashboard.conftest import Console
+from tests.support.shared_stack import running_stack
 from tests.support.stack import Stack
 
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """The API alone: the documentation pages need no worker."""
-    with running_stack(tmp_path_factory.mktemp("docs"), worker=False) as s:
+    with running_stack(tmp_path_factory.mktemp("docs"), workers=()) as s:
         yield s
 
 

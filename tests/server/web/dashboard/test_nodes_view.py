@@ -21,7 +21,8 @@ except ImportError:  # outside CI a missing playwright skips, like a missing bro
 from amptrain.core import presence
 from amptrain.store import jobs
 from amptrain.store.db import make_engine, make_session_factory
-from tests.server.web.dashboard.conftest import running_stack, sign_in
+from tests.server.web.dashboard.conftest import sign_in
+from tests.support.shared_stack import running_stack
 from tests.support.specs import mlp_job
 from tests.support.stack import Stack
 
@@ -29,7 +30,7 @@ from tests.support.stack import Stack
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """The API alone: nothing here trains."""
-    with running_stack(tmp_path_factory.mktemp("nodes-view"), worker=False) as s:
+    with running_stack(tmp_path_factory.mktemp("nodes-view"), workers=()) as s:
         yield s
 
 
