@@ -8,6 +8,7 @@ import cProfile
 import multiprocessing as mp
 import os
 import pstats
+import re
 import shutil
 import tempfile
 import threading
@@ -16,8 +17,38 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import SPEC, throwaway_pg
+from bench.recorder_parts import Parts
 
 # -- the producer process ------------------------------------------------------------------
+
+
+def step_record(step: int, now: float) -> dict[str, Any]:
+    """The step point every job publishes: a training step's fields as the engine fills
+    them on a CPU (no allocator figures)."""
+    from amptrain.contract.records import metric
+
+    return metric(
+        step=step,
+        time=now,
+        loss=1.0 / step,
+        loss_scale=65536.0,
+        skipped=False,
+        grad_norm=0.5,
+        lr=0.1,
+        memory_peak=1000 + step,
+        samples_per_second=512.0,
+        step_time_ms=3.0,
+        skipped_steps=0,
+    )
+
+
+def values_per_point() -> int:
+    """The values a step point records: its fields that hold one (step and time count,
+    as the issue counts "an 11-value step point")."""
+    from amptrain.contract.metrics import METRIC_FIELDS
+
+    record = step_record(1, time.time())
+    return sum(record.get(f) is not None for f in METRIC_FIELDS)
 
 
 def produce(
@@ -28,7 +59,6 @@ def produce(
     producer outruns the recorder on two cores."""
     import redis
 
-    from amptrain.contract.records import metric
     from amptrain.contract.stream import STREAM_MAXLEN, encode
     from amptrain.core.redis import Keys
 
@@ -36,23 +66,7 @@ def produce(
     now = time.time()
     encoded = {
         job_id: [
-            encode(
-                metric(
-                    step=i,
-                    time=now,
-                    loss=1.0 / i,
-                    loss_scale=65536.0,
-                    skipped=False,
-                    grad_norm=0.5,
-                    lr=0.1,
-                    memory_peak=1000 + i,
-                    samples_per_second=512.0,
-                    step_time_ms=3.0,
-                    skipped_steps=0,
-                ),
-                job_id=job_id,
-                attempt=attempt,
-            )
+            encode(step_record(i, now), job_id=job_id, attempt=attempt)
             for i in range(1, per_job + 1)
         ]
         for job_id, attempt in started
@@ -93,15 +107,20 @@ def one_run(cfg: dict[str, Any]) -> dict[str, Any]:
     url, drop = _database(cfg["db"], root, cfg.get("pg"))
     try:
         migrate.upgrade(url)
-        engine = make_engine(url)
-        sf = make_session_factory(engine)
+        # The bench polls SQL on a connection of its own: its backend's CPU is left out of
+        # the database's (the recorder's engine is the one the sessions use).
+        engine = make_engine(url, pool_size=1, max_overflow=0)
+        recorder_engine = make_engine(url)
+        sf = make_session_factory(recorder_engine)
         client = redis.Redis.from_url(server.url, socket_timeout=30)
-        servers = _Servers(server.process.pid if server.process else None, url)
+        servers = _Servers(server.process.pid if server.process else None, url, engine)
+        parts = Parts() if cfg.get("parts") else None
         out = {"live": _live(cfg, server.url, engine, sf, client)}
-        out["backlog"] = _backlog(cfg, server.url, engine, sf, client, servers)
+        out["backlog"] = _backlog(cfg, server.url, engine, sf, client, servers, parts)
         out["trickle"] = _trickle(cfg, engine, sf, client)
         client.close()
         engine.dispose()
+        recorder_engine.dispose()
         return out
     finally:
         server.stop()
@@ -282,12 +301,16 @@ class _Servers:
     runs on this machine): the background processes then count their work too, so the
     figure is an upper bound."""
 
-    def __init__(self, redis_pid: int | None, url: str) -> None:
+    def __init__(self, redis_pid: int | None, url: str, poller: Any) -> None:
         import sqlalchemy as sa
 
         self.redis_pid = redis_pid
         self.database = sa.make_url(url).database if url.startswith("postgresql") else None
         self.before: dict[int, float] = {}
+        self.poller_pid = None
+        if self.database:
+            with poller.connect() as conn:
+                self.poller_pid = conn.execute(sa.text("SELECT pg_backend_pid()")).scalar_one()
 
     def _cpu(self) -> dict[int, tuple[str, float]]:
         import psutil
@@ -296,6 +319,8 @@ class _Servers:
         for p in psutil.process_iter(["pid", "cmdline"]):
             try:
                 line = " ".join(p.info["cmdline"] or [])
+                if p.pid == self.poller_pid:
+                    continue  # the bench's own polling, not the recorder's work
                 if p.pid == self.redis_pid:
                     kind = "redis"
                 elif self.database and line.startswith("postgres:") and self.database in line:
@@ -319,24 +344,36 @@ class _Servers:
         return out
 
 
-_BACKGROUND = ("checkpointer", "background writer", "walwriter", "autovacuum", "logical")
+_BACKGROUND = re.compile(
+    r"postgres: (?:[^:]+: )?(?:checkpointer|background writer|walwriter|autovacuum|logical)"
+)
+"""A helper's process title; a server with a ``cluster_name`` (Debian's ``15/main``) puts
+it after ``postgres:``, so a bare ``postgres: walwriter`` match missed every helper."""
 
 
 def _postgres_background(cmdline: list[str]) -> bool:
     """A PostgreSQL server's own process: the postmaster or one of its helpers."""
     line = " ".join(cmdline)
     if line.startswith("postgres: "):
-        return line[len("postgres: ") :].startswith(_BACKGROUND)
+        return _BACKGROUND.match(line) is not None
     return bool(cmdline) and Path(cmdline[0]).name in ("postgres", "postmaster")
 
 
 def _backlog(
-    cfg: dict[str, Any], redis_url: str, engine: Any, sf: Any, client: Any, servers: _Servers
+    cfg: dict[str, Any],
+    redis_url: str,
+    engine: Any,
+    sf: Any,
+    client: Any,
+    servers: _Servers,
+    parts: Parts | None,
 ) -> dict[str, Any]:
     started = _jobs(sf, cfg["jobs"])
     producer = _Producer(redis_url, started, cfg)
     producer.go()
     producer.done()
+    if parts:
+        parts.reset()
     servers.start()
     running = _Running(cfg, sf, client, len(started))
     done_at = _wait_persisted(engine, started, producer.per_job)
@@ -354,4 +391,5 @@ def _backlog(
             "redis": used["redis"] / total * 1e6,
         },
         "load": running.load,
+        "parts": parts.us_per_point(total, cpu) if parts else {},
     }
