@@ -4,12 +4,14 @@ functions on its path wrapped with a per-thread CPU clock, without a profiler's 
 A part is named by the module attribute the recorder calls through, so the same names
 resolve in a ``--before`` tree; a part that tree lacks is left out (its time stays in
 ``other``). Parts nest inside ``record`` (the writer's transaction) and ``pass`` (one
-loop turn); ``other`` is what the named parts leave of ``pass``.
+loop turn); ``other`` is what the named parts leave of ``pass``. ``gc``, the garbage
+collector's runs in the recorder thread, is also inside the parts that allocate.
 """
 
 from __future__ import annotations
 
 import functools
+import gc
 import importlib
 import threading
 import time
@@ -33,7 +35,7 @@ PARTS: tuple[tuple[str, str, str, str], ...] = (
     ("ack", "amptrain.server.recorder.group", "ConsumerGroup", "ack"),
 )
 """What is timed. The writer imports ``parse`` by name, so it is replaced in the writer."""
-NESTING = ("pass", "record")
+NESTING = ("pass", "record", "gc")
 """Parts that hold others: shown, but not summed into ``other``."""
 
 
@@ -56,6 +58,18 @@ class Parts:
                 continue
             self.cpu[part] = 0.0
             setattr(where, name, self._timed(part, fn))
+        # The garbage collector runs inside whichever part allocates: shown apart as well.
+        self.cpu["gc"] = 0.0
+        self._gc_start = 0.0
+        gc.callbacks.append(self._gc)
+
+    def _gc(self, phase: str, _info: dict[str, Any]) -> None:
+        if threading.current_thread().name != THREAD:
+            return
+        if phase == "start":
+            self._gc_start = time.thread_time()
+        else:
+            self.cpu["gc"] += time.thread_time() - self._gc_start
 
     def _timed(self, part: str, fn: Callable[..., Any]) -> Callable[..., Any]:
         cpu = self.cpu

@@ -102,6 +102,8 @@ def one_run(cfg: dict[str, Any]) -> dict[str, Any]:
     from amptrain.store import migrate
     from amptrain.store.db import make_engine, make_session_factory
 
+    if not cfg.get("untuned_gc"):
+        _tune_gc()
     root = Path(tempfile.mkdtemp(prefix="amp-rt-", dir="/tmp"))
     server = EmbeddedRedis(root / "redis").start()
     url, drop = _database(cfg["db"], root, cfg.get("pg"))
@@ -127,6 +129,16 @@ def one_run(cfg: dict[str, Any]) -> dict[str, Any]:
         if drop:
             drop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _tune_gc() -> None:
+    """The garbage collector as a server process of the tree under test tunes it (the API
+    did before ``amptrain recorder`` did too: a tree that predates the public name has it
+    private)."""
+    from amptrain.cli import server
+
+    tune = getattr(server, "tune_gc", None) or server._tune_gc
+    tune()
 
 
 def _jobs(sf: Any, n: int) -> list[tuple[str, int]]:

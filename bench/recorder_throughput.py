@@ -134,6 +134,11 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="40,000 points over 10 jobs")
     parser.add_argument("--profile", action="store_true", help="cProfile the recorder thread")
     parser.add_argument("--parts", action="store_true", help="CPU per point of each part")
+    parser.add_argument(
+        "--untuned-gc",
+        action="store_true",
+        help="CPython's default garbage collector, not the server processes' tuning",
+    )
     parser.add_argument("--run", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.run:
@@ -180,6 +185,7 @@ def main() -> None:
                         "batch": args.batch,
                         "profile": args.profile,
                         "parts": args.parts,
+                        "untuned_gc": args.untuned_gc,
                     }
                     r = _spawn(cfg, where)
                     if r is None:
