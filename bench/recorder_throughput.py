@@ -51,8 +51,9 @@ sys.path.insert(0, str(ROOT))  # bench.recorder_run
 # The before leg runs the recorder of an exported tree: its amptrain/ comes first.
 sys.path.insert(0, os.environ.get("BENCH_TREE") or str(ROOT))
 
+from bench.recorder_producer import values_per_point  # noqa: E402
 from bench.recorder_report import report  # noqa: E402
-from bench.recorder_run import one_run, values_per_point  # noqa: E402
+from bench.recorder_run import one_run  # noqa: E402
 
 # -- the driver ----------------------------------------------------------------------------
 

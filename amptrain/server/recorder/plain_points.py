@@ -46,9 +46,9 @@ def _reject(_text: str) -> Any:
     raise _NotPlain
 
 
-def is_plain(flat: list[Any]) -> bool:
+def is_plain(flat: list[Any] | None) -> bool:
     """Whether an entry's fields are a one-device metric's, in the sink's order and bytes."""
-    return flat[::2] == KEYS and flat[1] == b"metric"
+    return flat is not None and flat[::2] == KEYS and flat[1] == b"metric"
 
 
 def _scalars(values: list[bytes], **hooks: Any) -> list[Any]:
@@ -59,7 +59,7 @@ def _scalars(values: list[bytes], **hooks: Any) -> list[Any]:
     return parsed
 
 
-def rows(job_id: str, entries: Sequence[tuple[bytes, list[Any]]]) -> list[dict[str, Any]] | None:
+def rows(job_id: str, entries: Sequence[tuple[Any, Any]]) -> list[dict[str, Any]] | None:
     """The rows of plain metric entries (:func:`is_plain`), in stream order, as the
     per-entry route makes them; None when a value is not plain (then that route decides)."""
     floats: list[bytes] = []
