@@ -30,6 +30,11 @@ PARTS: tuple[tuple[str, str, str, str], ...] = (
     ("eval rows", "amptrain.store.history.value_writes", "", "insert"),
     ("eval summary", "amptrain.store.history.value_writes", "", "refresh_summary"),
     ("chunks", "amptrain.store.history.chunk_writes", "", "append"),
+    # Inside "chunks" (shown apart, not summed again): where a chunk write's time goes.
+    ("chunks: read", "amptrain.store.history.chunk_writes", "", "read"),
+    ("chunks: merge", "amptrain.store.history.chunk_writes", "", "merge"),
+    ("chunks: encode (in merge)", "amptrain.store.history.chunk_codec", "", "encode"),
+    ("chunks: upsert", "amptrain.store.history.chunk_writes", "", "upsert"),
     ("alerts", "amptrain.server.recorder.alerting", "", "evaluate"),
     ("commit", "sqlalchemy.orm", "Session", "commit"),
     ("ack", "amptrain.server.recorder.group", "ConsumerGroup", "ack"),
@@ -93,6 +98,6 @@ class Parts:
     def us_per_point(self, points: int, thread_cpu: float) -> dict[str, float]:
         """Each part's CPU in microseconds per point; ``other``: the rest of the thread."""
         out = {part: s / points * 1e6 for part, s in self.cpu.items()}
-        leaves = sum(v for k, v in out.items() if k not in NESTING)
+        leaves = sum(v for k, v in out.items() if k not in NESTING and ": " not in k)
         out["other"] = thread_cpu / points * 1e6 - leaves
         return out
