@@ -1,21 +1,31 @@
 """Recorder throughput: how many metric points per second the real recorder moves from
-Redis Streams into SQL, and how long SQL trails the last publish.
+Redis Streams into SQL, what CPU it and the database spend per point and per recorded
+value, and how long SQL trails the last publish.
 
 Per database (SQLite in a temp file; PostgreSQL in a throw-away database when ``--pg``
 or ``AMPTRAIN_TEST_DATABASE_URL`` names a server) and per insert path, in a process of
 its own: a private redis-server, ``--jobs`` jobs created and claimed, and the real
-recorder's production loop (``Recorder.run`` in a thread) against a producer process
-that publishes ``--points`` points over the jobs in the worker sink's entry format
-(``--batch`` per job per pipeline, like engine flushes), as fast as it can:
+recorder's production loop (``Recorder.run`` in a thread, the garbage collector tuned as
+the server processes tune it) against a producer process that publishes ``--points``
+points over the jobs in the worker sink's entry format (``--batch`` per job per pipeline,
+like engine flushes), as fast as it can:
 
 * backlog: everything published first, then a recorder drains it. persisted/s =
-  points / (SQL holds every job's last step - recorder start). Also the CPU per point
-  of the recorder thread, the database's backends and redis-server: unlike the wall
-  rate, that barely depends on what else the machine runs; recorder and database take
-  turns, so ~1 / (recorder + database CPU per point) is the rate on two idle cores.
+  points / (SQL holds every job's last step - recorder start). The CPU per point and per
+  recorded value (a step point's fields that hold one: 11) of the recorder thread, of the
+  database (the backends serving the bench's database and the server's background
+  processes: WAL writer, checkpointer, background writer, autovacuum; not the bench's own
+  polling connection) and of redis-server. ``--parts``: the recorder's CPU per point by
+  part (decode, each write, the garbage collector, ...).
 * live: the recorder runs while the producer publishes. persisted/s = points / (SQL
   holds every job's last step - first publish); lag = that moment - the last XADD.
 * one job at 100 steps/s: how long each point takes to reach SQL (the linger).
+
+Every leg runs ``--repeat`` times, the legs interleaved; each figure is printed as its
+median and min..max, and the default insert path's CPU per value is judged against issue
+41's goals (1 us recorder + 1 us database on PostgreSQL; within 2x of their sum on
+SQLite, whose database work runs in the recorder thread): "cannot decide" when the
+spread is wider than the margin to the goal.
 
 ``before`` is the recorder as it was at ``--before REV`` (default ``HEAD``, so ``after``
 measures the uncommitted change; ``amptrain/`` exported from git and imported from a temp
@@ -25,7 +35,8 @@ the working tree, on PostgreSQL once per insert method (``copy``: COPY straight 
 table in a savepoint, a replay through a temp table and INSERT ... ON CONFLICT DO
 NOTHING RETURNING; ``values``: single-row INSERTs pipelined).
 
-    python bench/recorder_throughput.py [--quick] [--points 200000] [--jobs 20] [--pg URL]
+    python bench/recorder_throughput.py [--quick] [--repeat 3] [--parts] [--points 200000]
+        [--jobs 20] [--pg URL] [--before REV] [--untuned-gc]
 """
 
 from __future__ import annotations
