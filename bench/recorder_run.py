@@ -5,7 +5,6 @@ against a producer process, and the backlog, live and trickle figures it prints.
 from __future__ import annotations
 
 import cProfile
-import multiprocessing as mp
 import os
 import pstats
 import shutil
@@ -16,58 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import SPEC, throwaway_pg
-
-# -- the producer process ------------------------------------------------------------------
-
-
-def produce(
-    redis_url: str, started: list[tuple[str, int]], per_job: int, batch: int, q: Any, go: Any
-) -> None:
-    """Publish ``per_job`` points to every job, round-robin, ``batch`` at a time: the sink's
-    own entry format and XADD (``MAXLEN ~``), encoded before the clock starts so that the
-    producer outruns the recorder on two cores."""
-    import redis
-
-    from amptrain.contract.records import metric
-    from amptrain.contract.stream import STREAM_MAXLEN, encode
-    from amptrain.core.redis import Keys
-
-    client = redis.Redis.from_url(redis_url, socket_timeout=30)
-    now = time.time()
-    encoded = {
-        job_id: [
-            encode(
-                metric(
-                    step=i,
-                    time=now,
-                    loss=1.0 / i,
-                    loss_scale=65536.0,
-                    skipped=False,
-                    grad_norm=0.5,
-                    lr=0.1,
-                    memory_peak=1000 + i,
-                    samples_per_second=512.0,
-                    step_time_ms=3.0,
-                    skipped_steps=0,
-                ),
-                job_id=job_id,
-                attempt=attempt,
-            )
-            for i in range(1, per_job + 1)
-        ]
-        for job_id, attempt in started
-    }
-    q.put("ready")
-    go.get()
-    first_at = time.time()
-    for first in range(0, per_job, batch):
-        for job_id, fields in encoded.items():
-            pipe = client.pipeline(transaction=False)
-            for f in fields[first : first + batch]:
-                pipe.xadd(Keys.telemetry(job_id), f, maxlen=STREAM_MAXLEN, approximate=True)  # type: ignore[arg-type]
-            pipe.execute()
-    q.put((first_at, time.time()))
-
+from bench.recorder_parts import Parts
+from bench.recorder_producer import Producer
+from bench.recorder_servers import Servers
 
 # -- one run (its own process) -------------------------------------------------------------
 
@@ -88,26 +38,43 @@ def one_run(cfg: dict[str, Any]) -> dict[str, Any]:
     from amptrain.store import migrate
     from amptrain.store.db import make_engine, make_session_factory
 
+    if not cfg.get("untuned_gc"):
+        _tune_gc()
     root = Path(tempfile.mkdtemp(prefix="amp-rt-", dir="/tmp"))
     server = EmbeddedRedis(root / "redis").start()
     url, drop = _database(cfg["db"], root, cfg.get("pg"))
     try:
         migrate.upgrade(url)
-        engine = make_engine(url)
-        sf = make_session_factory(engine)
+        # The bench polls SQL on a connection of its own: its backend's CPU is left out of
+        # the database's (the recorder's engine is the one the sessions use).
+        engine = make_engine(url, pool_size=1, max_overflow=0)
+        recorder_engine = make_engine(url)
+        sf = make_session_factory(recorder_engine)
         client = redis.Redis.from_url(server.url, socket_timeout=30)
-        servers = _Servers(server.process.pid if server.process else None, url)
+        servers = Servers(server.process.pid if server.process else None, url, engine)
+        parts = Parts() if cfg.get("parts") else None
         out = {"live": _live(cfg, server.url, engine, sf, client)}
-        out["backlog"] = _backlog(cfg, server.url, engine, sf, client, servers)
+        out["backlog"] = _backlog(cfg, server.url, engine, sf, client, servers, parts)
         out["trickle"] = _trickle(cfg, engine, sf, client)
         client.close()
         engine.dispose()
+        recorder_engine.dispose()
         return out
     finally:
         server.stop()
         if drop:
             drop()
         shutil.rmtree(root, ignore_errors=True)
+
+
+def _tune_gc() -> None:
+    """The garbage collector as a server process of the tree under test tunes it (the API
+    did before ``amptrain recorder`` did too: a tree that predates the public name has it
+    private)."""
+    from amptrain.cli import server
+
+    tune = getattr(server, "tune_gc", None) or getattr(server, "_tune_gc")  # noqa: B009
+    tune()
 
 
 def _jobs(sf: Any, n: int) -> list[tuple[str, int]]:
@@ -124,25 +91,6 @@ def _jobs(sf: Any, n: int) -> list[tuple[str, int]]:
         assert attempt is not None
         started.append((job_id, attempt))
     return started
-
-
-class _Producer:
-    def __init__(self, redis_url: str, started: list[tuple[str, int]], cfg: dict[str, Any]) -> None:
-        ctx = mp.get_context("spawn")
-        self.q, self.go_q = ctx.Queue(), ctx.Queue()
-        self.per_job = cfg["points"] // cfg["jobs"]
-        args = (redis_url, started, self.per_job, cfg["batch"], self.q, self.go_q)
-        self.proc = ctx.Process(target=produce, args=args, daemon=True)
-        self.proc.start()
-        assert self.q.get(timeout=300) == "ready"
-
-    def go(self) -> None:
-        self.go_q.put("go")
-
-    def done(self) -> tuple[float, float]:
-        first_at, last_at = self.q.get(timeout=1800)
-        self.proc.join(30)
-        return first_at, last_at
 
 
 class _Running:
@@ -214,7 +162,7 @@ def _stored(engine: Any, started: list[tuple[str, int]]) -> int:
 
 def _live(cfg: dict[str, Any], redis_url: str, engine: Any, sf: Any, client: Any) -> dict[str, Any]:
     started = _jobs(sf, cfg["jobs"])
-    producer = _Producer(redis_url, started, cfg)
+    producer = Producer(redis_url, started, cfg)
     running = _Running(cfg, sf, client, len(started))
     running.wait_owned()  # the recorder is blocked on XREADGROUP for every job: publish
     producer.go()
@@ -274,69 +222,21 @@ def _trickle(cfg: dict[str, Any], engine: Any, sf: Any, client: Any) -> dict[str
     return {"p50_s": lags[len(lags) // 2], "max_s": lags[-1]}
 
 
-class _Servers:
-    """CPU seconds of the redis-server, of the PostgreSQL backends serving the bench's
-    database (its name is in their process title) and of the server's background processes
-    (WAL writer, checkpointer, background writer, autovacuum, the postmaster): the
-    database's work includes what they do for it. The server may be shared (other test
-    runs on this machine): the background processes then count their work too, so the
-    figure is an upper bound."""
-
-    def __init__(self, redis_pid: int | None, url: str) -> None:
-        import sqlalchemy as sa
-
-        self.redis_pid = redis_pid
-        self.database = sa.make_url(url).database if url.startswith("postgresql") else None
-        self.before: dict[int, float] = {}
-
-    def _cpu(self) -> dict[int, tuple[str, float]]:
-        import psutil
-
-        found: dict[int, tuple[str, float]] = {}
-        for p in psutil.process_iter(["pid", "cmdline"]):
-            try:
-                line = " ".join(p.info["cmdline"] or [])
-                if p.pid == self.redis_pid:
-                    kind = "redis"
-                elif self.database and line.startswith("postgres:") and self.database in line:
-                    kind = "postgres"
-                elif self.database and _postgres_background(p.info["cmdline"] or []):
-                    kind = "postgres_bg"
-                else:
-                    continue
-                found[p.pid] = (kind, sum(p.cpu_times()[:2]))
-            except (psutil.NoSuchProcess, psutil.AccessDenied):
-                continue
-        return found
-
-    def start(self) -> None:
-        self.before = {pid: cpu for pid, (_, cpu) in self._cpu().items()}
-
-    def used(self) -> dict[str, float]:
-        out = {"redis": 0.0, "postgres": 0.0, "postgres_bg": 0.0}
-        for pid, (kind, cpu) in self._cpu().items():
-            out[kind] += cpu - self.before.get(pid, 0.0)
-        return out
-
-
-_BACKGROUND = ("checkpointer", "background writer", "walwriter", "autovacuum", "logical")
-
-
-def _postgres_background(cmdline: list[str]) -> bool:
-    """A PostgreSQL server's own process: the postmaster or one of its helpers."""
-    line = " ".join(cmdline)
-    if line.startswith("postgres: "):
-        return line[len("postgres: ") :].startswith(_BACKGROUND)
-    return bool(cmdline) and Path(cmdline[0]).name in ("postgres", "postmaster")
-
-
 def _backlog(
-    cfg: dict[str, Any], redis_url: str, engine: Any, sf: Any, client: Any, servers: _Servers
+    cfg: dict[str, Any],
+    redis_url: str,
+    engine: Any,
+    sf: Any,
+    client: Any,
+    servers: Servers,
+    parts: Parts | None,
 ) -> dict[str, Any]:
     started = _jobs(sf, cfg["jobs"])
-    producer = _Producer(redis_url, started, cfg)
+    producer = Producer(redis_url, started, cfg)
     producer.go()
     producer.done()
+    if parts:
+        parts.reset()
     servers.start()
     running = _Running(cfg, sf, client, len(started))
     done_at = _wait_persisted(engine, started, producer.per_job)
@@ -354,4 +254,5 @@ def _backlog(
             "redis": used["redis"] / total * 1e6,
         },
         "load": running.load,
+        "parts": parts.us_per_point(total, cpu) if parts else {},
     }

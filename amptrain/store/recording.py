@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 from datetime import datetime
+from operator import itemgetter
 from typing import Any, NamedTuple
 
 import sqlalchemy as sa
@@ -138,19 +139,17 @@ def _not_yet_recorded(s: Session, rows: list[dict[str, Any]]) -> list[dict[str, 
     return fresh
 
 
-def update_progress(
-    s: Session, batches: Mapping[str, tuple[list[dict[str, Any]], set[tuple[int, int]]]]
-) -> None:
-    """Per job (``job_id -> (points, inserted)``): keep ``step`` and ``summary`` at the
-    newest point this batch actually added for its current attempt (a replay adds
+def update_progress(s: Session, fresh: Mapping[str, list[dict[str, Any]]]) -> None:
+    """Per job (``job_id -> the points this batch actually added``, in stream order): keep
+    ``step`` and ``summary`` at the newest of them for its newest attempt (a replay adds
     nothing, so it changes nothing). One executemany for every job of the batch."""
     rows = []
-    for job_id, (points, inserted) in batches.items():
-        new = [p for p in points if (p["attempt"], p["step"]) in inserted]
+    for job_id, new in fresh.items():
         if not new:
             continue
-        latest_attempt = max(p["attempt"] for p in new)
-        newest = [p for p in new if p["attempt"] == latest_attempt][-1]  # stream order
+        latest_attempt = max(map(_ATTEMPT, new))
+        # The last point of that attempt in stream order: nearly always the very last.
+        newest = next(p for p in reversed(new) if p["attempt"] == latest_attempt)
         summary = {f: finite(newest.get(f)) for f in SUMMARY_FIELDS}
         summary["samples_per_second"] = steady_rate(s, job_id, latest_attempt)
         rows.append(
@@ -170,6 +169,9 @@ def update_progress(
         .values(step=sa.bindparam("b_step"), summary=sa.bindparam("b_summary")),
         rows,
     )
+
+
+_ATTEMPT = itemgetter("attempt")
 
 
 def mark_done(s: Session, job_id: str, end_attempts: list[int]) -> bool:

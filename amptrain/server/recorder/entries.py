@@ -24,6 +24,7 @@ from amptrain.contract.metrics import (
     check_series_name,
 )
 from amptrain.contract.stream import decode, text
+from amptrain.server.recorder import plain_points
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +45,25 @@ class Batch:
 
 
 def parse(job_id: str, entries: Iterable[Entry]) -> Batch:
+    """A job's entries as rows (each list in stream order). Plain metric entries, nearly
+    every entry, are decoded together (:mod:`amptrain.server.recorder.plain_points`); the
+    rest one by one, and everything one by one when a plain entry's value is odd."""
+    entries = [e for e in entries if e[1]]  # a None: trimmed from the stream while pending
+    plain: list[Entry] = []
+    rest: list[Entry] = []
+    for e in entries:
+        (plain if plain_points.is_plain(e[1]) else rest).append(e)
+    rows = plain_points.rows(job_id, plain) if plain else []
+    if rows is None:
+        return _parse(job_id, entries)
+    batch = _parse(job_id, rest)
+    if batch.points:
+        return _parse(job_id, entries)  # other metric entries among them: keep stream order
+    batch.points = [row for row in rows if type(row["step"]) is int]
+    return batch
+
+
+def _parse(job_id: str, entries: Iterable[Entry]) -> Batch:
     batch = Batch()
     for eid, flat in entries:
         if not flat:

@@ -75,7 +75,7 @@ class ConsumerGroup:
         reply: Any = self._reads.xreadgroup(GROUP, self.consumer, {key: last}, count=self.batch)
         return reply[0][1] if reply else []
 
-    def ack(self, acks: dict[str, list[str]], marks: dict[str, str], ttl_s: int) -> None:
+    def ack(self, acks: dict[str, list[Any]], marks: dict[str, str], ttl_s: int) -> None:
         """Acknowledge the entry ids per stream key and set each ``marks`` key to its entry
         id (expiring after ``ttl_s``), in one round trip."""
         pipe = self.redis.pipeline(transaction=False)

@@ -49,12 +49,9 @@ class BatchWriter:
             batches = {job_id: parse(job_id, entries) for job_id, entries in taken.items()}
             points = [p for batch in batches.values() for p in batch.points]
             new = recording.insert_points(s, points, self.insert_method)
-            recording.update_progress(
-                s, {job_id: (b.points, new.get(job_id, set())) for job_id, b in batches.items()}
-            )
-            summary_writes.add_points(
-                s, {job_id: _inserted(b.points, new.get(job_id)) for job_id, b in batches.items()}
-            )
+            fresh = {job_id: _inserted(b.points, new.get(job_id)) for job_id, b in batches.items()}
+            recording.update_progress(s, fresh)
+            summary_writes.add_points(s, fresh)
             # Eval values in the same transaction as the points: acknowledged only with them.
             values = [v for b in batches.values() for v in b.values]
             evaluated = value_writes.insert(s, values)
@@ -82,7 +79,8 @@ class BatchWriter:
         observability.points_recorded(sum(map(len, new.values())), points)
         # Tells the publishers what they may forget: everything up to here is in SQL.
         self.group.ack(
-            {Keys.telemetry(j): [text(eid) for eid, _ in e] for j, e in taken.items()},
+            # Ids as Redis gave them (bytes): XACK takes them as they are.
+            {Keys.telemetry(j): [eid for eid, _ in e] for j, e in taken.items()},
             {Keys.recorded(j): text(e[-1][0]) for j, e in taken.items()},
             self.stream_ttl_s,
         )
@@ -126,5 +124,11 @@ class BatchWriter:
 
 
 def _inserted(points: list[dict[str, Any]], keys: set[tuple[int, int]] | None) -> list[Any]:
-    """The points whose (attempt, step) the insert actually added."""
-    return [p for p in points if (p["attempt"], p["step"]) in keys] if keys else []
+    """The points whose (attempt, step) the insert actually added, in stream order."""
+    if not keys:
+        return []
+    if len(keys) == len(points):
+        # As many keys added as points: the points are distinct and every one was added
+        # (the keys are some of theirs), the batch that replays nothing.
+        return points
+    return [p for p in points if (p["attempt"], p["step"]) in keys]
