@@ -227,9 +227,24 @@ class MetricChunk(Base):
     one attempt, packed (:mod:`amptrain.store.history.chunk_codec`): the values of aligned
     steps ``chunk * 256 .. chunk * 256 + 255``. ``kind`` is ``step`` (a per-step field of the
     metric table, ``name`` the field) or a named series' kind. The primary key is the only
-    index: a series in step order is one range of it, so no plan depends on statistics."""
+    index but the record order's: a series in step order is one range of it, so no plan
+    depends on statistics. The reserved series (``@ms``, ...:
+    :mod:`amptrain.store.history.chunk_parts`) keep what a cursor page shows."""
 
     __tablename__ = "metric_chunks"
+    __table_args__ = (
+        # The record order (migration 0015): per kind and attempt, each cursor chunk by its
+        # newest cursor millisecond, so the chunks after a cursor are one range of it.
+        sa.Index(
+            "ix_metric_chunks_record_order",
+            "job_id",
+            "kind",
+            "attempt",
+            "high",
+            sqlite_where=sa.text("name = '@ms'"),
+            postgresql_where=sa.text("name = '@ms'"),
+        ),
+    )
 
     job_id: Mapped[str] = mapped_column(
         sa.ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True

@@ -1,0 +1,89 @@
+"""Fetching chunks of ``metric_chunks`` for a read, decoded into numpy arrays, by (name,
+chunk) lookups of its primary key (job, kind, name, chunk, attempt): no plan depends on
+planner statistics. Which chunks a read needs: :mod:`~amptrain.store.history.chunk_index`.
+"""
+
+from __future__ import annotations
+
+import zlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from amptrain.store.history import chunk_codec
+from amptrain.store.history.chunk_codec import CHUNK_STEPS
+
+IN_CHUNK = 500
+"""Chunk numbers per ``IN`` list on SQLite (times the names: far below its 32766 limit)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """One decoded chunk: its steps (int64, ascending), values (float64; NaN where null),
+    null flags (None: no value is null) and a named series' place in its records."""
+
+    steps: numpy.ndarray
+    values: numpy.ndarray
+    nulls: numpy.ndarray | None
+    position: int | None
+
+
+Loaded = dict[tuple[str, int, int], Chunk]
+"""Decoded chunks by ``(name, chunk, attempt)``."""
+
+
+def decode(first_aligned: int, data: bytes) -> Chunk:
+    """:func:`amptrain.store.history.chunk_codec.decode` (which stays free of numpy for the
+    recorder) into numpy arrays: several times faster per chunk."""
+    version, flags, n = chunk_codec.HEADER.unpack_from(data)
+    if version != chunk_codec.VERSION:
+        raise ValueError(f"metric chunk format {version} is not known to this version")
+    pos = chunk_codec.HEADER.size
+    position = None
+    if flags & chunk_codec.ORDER:
+        (position,) = chunk_codec.POSITION.unpack_from(data, pos)
+        pos += chunk_codec.POSITION.size
+    if flags & chunk_codec.GAPS:
+        steps = numpy.frombuffer(data, numpy.uint8, n, pos).astype(numpy.int64) + first_aligned
+        pos += n
+    else:
+        start = first_aligned + (data[pos] if n else 0)
+        steps = numpy.arange(start, start + n, dtype=numpy.int64)
+        pos += 1 if n else 0
+    nulls = None
+    if flags & chunk_codec.NULLS:
+        nulls = numpy.frombuffer(data, numpy.uint8, n, pos).astype(bool)
+        pos += n
+    packed = data[pos:]
+    raw = zlib.decompress(packed) if flags & chunk_codec.PACKED else packed
+    shuffled = numpy.frombuffer(raw, numpy.uint8).reshape(8, n)
+    values = numpy.ascontiguousarray(shuffled.T).view("<f8").reshape(n).astype(numpy.float64)
+    return Chunk(steps, values, nulls, position)
+
+
+def load(s: Session, job_id: str, kind: str, names: Sequence[str], chunks: Sequence[int]) -> Loaded:
+    """Every attempt's chunks of the ``names`` series of ``kind`` at the chunk numbers
+    ``chunks``: one statement (per :data:`IN_CHUNK` numbers on SQLite), index lookups by
+    (name, chunk) pairs of the primary key."""
+    out: Loaded = {}
+    if not names or not chunks:
+        return out
+    ordered = sorted(set(chunks))
+    step = IN_CHUNK if s.get_bind().dialect.name == "sqlite" else len(ordered)
+    for i in range(0, len(ordered), step):
+        rows = s.execute(
+            _LOAD,
+            {"job": job_id, "kind": kind, "names": list(names), "chunks": ordered[i : i + step]},
+        )
+        for name, chunk, attempt, data in rows:
+            out[(name, chunk, attempt)] = decode(chunk * CHUNK_STEPS, bytes(data))
+    return out
+
+
+_LOAD = sa.text(
+    "SELECT name, chunk, attempt, data FROM metric_chunks WHERE job_id = :job AND kind = :kind "
+    "AND name IN :names AND chunk IN :chunks"
+).bindparams(sa.bindparam("names", expanding=True), sa.bindparam("chunks", expanding=True))
