@@ -61,7 +61,7 @@ def scan_run(session: Session, job_id: str) -> Iterator[SeriesBlock]:
     )
     query = (
         sa.select(c.kind, c.name, c.chunk, c.attempt, c.data)
-        .where(c.job_id == job_id)
+        .where(c.job_id == job_id, ~c.name.startswith(RESERVED, autoescape=True))
         .order_by(c.kind, c.name, c.chunk, c.attempt)
         .execution_options(stream_results=True, yield_per=_FETCH)
     )
