@@ -139,3 +139,30 @@ def test_newest_cursor_record_size_and_recorded_through(sf: Sessions, r: redis.R
                 s, job_id, kind
             )
         assert values.newest_record_size(s, job_id, LAYER_NORM_KIND) == 2
+
+
+def test_points_at_gives_the_effective_points_as_point_dict(sf: Sessions, r: redis.Redis) -> None:
+    """What the downsampled windows fetch their chosen points with: the effective point at
+    each step asked for (re-recorded steps from attempt 2), as the rows' point_dict."""
+    from amptrain.store.history.chunk_pages import points_at
+
+    job_id = record_run(sf, r)
+    steps = [1, 2, 41, 43, 47, 255, 256, 299, 300, 301, 302, 530, 531, 777, 820, 821, 5000]
+    with sf() as s:
+        rows, _ = row_reads.metric_page(s, job_id, Page(limit=100_000))
+        by_step = {p["step"]: p for p in rows}
+        assert _json(points_at(s, job_id, steps)) == _json(
+            [by_step[step] for step in steps if step in by_step]
+        )
+        fields = ["loss", "memory_peak_per_rank"]
+        assert _json(points_at(s, job_id, steps[::-1], fields)) == _json(
+            [
+                {
+                    k: v
+                    for k, v in by_step[step].items()
+                    if k in {"step", *fields, "attempt", "cursor"}
+                }
+                for step in steps
+                if step in by_step
+            ]
+        )
