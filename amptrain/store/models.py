@@ -241,6 +241,7 @@ class MetricChunk(Base):
             "kind",
             "attempt",
             "high",
+            "chunk",
             sqlite_where=sa.text("name = '@ms'"),
             postgresql_where=sa.text("name = '@ms'"),
         ),

@@ -41,7 +41,7 @@ def upgrade() -> None:
     op.create_index(
         "ix_metric_chunks_record_order",
         "metric_chunks",
-        ["job_id", "kind", "attempt", "high"],
+        ["job_id", "kind", "attempt", "high", "chunk"],
         sqlite_where=_WHERE,
         postgresql_where=_WHERE,
     )

@@ -5,7 +5,7 @@ planner statistics and a read's cost follows what it returns, not the run's leng
 
 The record-order index (``ix_metric_chunks_record_order``, migration 0015) holds, per
 kind and attempt, each :data:`~amptrain.store.history.chunk_parts.MS` chunk by its newest
-cursor millisecond (``high``). An attempt records its steps in stream order, so its chunks
+cursor millisecond (``high``), then its number. An attempt records its steps in stream order, so its chunks
 in step order are in cursor order: the chunks after a cursor are a range of the index.
 """
 
@@ -25,10 +25,14 @@ def names(s: Session, job_id: str, kind: str) -> list[str]:
 
 
 _NAMES = sa.text(
+    # Each step an ORDER BY ... LIMIT 1 (one index seek): a min() there was an aggregate
+    # over the whole range on PostgreSQL without statistics.
     "WITH RECURSIVE n(name) AS ("
-    " SELECT min(name) FROM metric_chunks WHERE job_id = :job AND kind = :kind"
-    " UNION ALL SELECT (SELECT min(c.name) FROM metric_chunks c WHERE c.job_id = :job"
-    " AND c.kind = :kind AND c.name > n.name) FROM n WHERE n.name IS NOT NULL"
+    " SELECT (SELECT name FROM metric_chunks WHERE job_id = :job AND kind = :kind"
+    " ORDER BY name LIMIT 1)"
+    " UNION ALL SELECT (SELECT c.name FROM metric_chunks c WHERE c.job_id = :job"
+    " AND c.kind = :kind AND c.name > n.name ORDER BY c.name LIMIT 1) FROM n"
+    " WHERE n.name IS NOT NULL"
     ") SELECT name FROM n"
 )
 
@@ -43,10 +47,11 @@ def attempts(s: Session, job_id: str, kind: str) -> list[int]:
 _MS_ONLY = f"name = '{MS}'"  # a literal: what lets both databases use the partial index
 _ATTEMPTS = sa.text(
     "WITH RECURSIVE a(attempt) AS ("
-    f" SELECT min(attempt) FROM metric_chunks WHERE job_id = :job AND kind = :kind AND {_MS_ONLY}"
-    " UNION ALL SELECT (SELECT min(c.attempt) FROM metric_chunks c WHERE c.job_id = :job"
-    f" AND c.kind = :kind AND c.{_MS_ONLY} AND c.attempt > a.attempt) FROM a"
-    " WHERE a.attempt IS NOT NULL"
+    " SELECT (SELECT attempt FROM metric_chunks WHERE job_id = :job AND kind = :kind AND "
+    f"{_MS_ONLY} ORDER BY attempt LIMIT 1)"
+    " UNION ALL SELECT (SELECT c.attempt FROM metric_chunks c WHERE c.job_id = :job"
+    f" AND c.kind = :kind AND c.{_MS_ONLY} AND c.attempt > a.attempt ORDER BY c.attempt"
+    " LIMIT 1) FROM a WHERE a.attempt IS NOT NULL"
     ") SELECT attempt FROM a"
 )
 
@@ -86,8 +91,9 @@ def newest_chunks(s: Session, job_id: str, kind: str, attempt: int) -> list[int]
 
 _NEWEST = sa.text(
     "SELECT chunk FROM metric_chunks WHERE job_id = :job AND kind = :kind AND "
-    f"{_MS_ONLY} AND attempt = :attempt AND high >= (SELECT max(high) FROM metric_chunks "
-    f"WHERE job_id = :job AND kind = :kind AND {_MS_ONLY} AND attempt = :attempt)"
+    f"{_MS_ONLY} AND attempt = :attempt AND high >= (SELECT high FROM metric_chunks "
+    f"WHERE job_id = :job AND kind = :kind AND {_MS_ONLY} AND attempt = :attempt "
+    "ORDER BY high DESC LIMIT 1)"
 )
 
 

@@ -72,17 +72,38 @@ def load(s: Session, job_id: str, kind: str, names: Sequence[str], chunks: Seque
     if not names or not chunks:
         return out
     ordered = sorted(set(chunks))
-    step = IN_CHUNK if s.get_bind().dialect.name == "sqlite" else len(ordered)
-    for i in range(0, len(ordered), step):
-        rows = s.execute(
-            _LOAD,
-            {"job": job_id, "kind": kind, "names": list(names), "chunks": ordered[i : i + step]},
-        )
+    if s.get_bind().dialect.name == "postgresql":
+        pairs = [(n, c) for n in names for c in ordered]
+        params = {"job": job_id, "kind": kind, "names": [p[0] for p in pairs]}
+        batches = [s.execute(_LOAD_PG, params | {"chunks": [p[1] for p in pairs]})]
+    else:
+        batches = [
+            s.execute(
+                _LOAD,
+                {
+                    "job": job_id,
+                    "kind": kind,
+                    "names": list(names),
+                    "chunks": ordered[i : i + IN_CHUNK],
+                },
+            )
+            for i in range(0, len(ordered), IN_CHUNK)
+        ]
+    for rows in batches:
         for name, chunk, attempt, data in rows:
             out[(name, chunk, attempt)] = decode(chunk * CHUNK_STEPS, bytes(data))
     return out
 
 
+# PostgreSQL: one primary-key lookup per (name, chunk) pair, forced by LATERAL with OFFSET
+# 0 (which keeps the planner from flattening it). Without statistics, ``name IN (...) AND
+# chunk IN (...)``, or a plain join, filtered the job's whole kind (20-75 ms at 300k steps).
+_LOAD_PG = sa.text(
+    "SELECT c.name, c.chunk, c.attempt, c.data FROM unnest(CAST(:names AS text[]), "
+    "CAST(:chunks AS int[])) AS k(name, chunk) CROSS JOIN LATERAL (SELECT m.name, m.chunk, "
+    "m.attempt, m.data FROM metric_chunks m WHERE m.job_id = :job AND m.kind = :kind "
+    "AND m.name = k.name AND m.chunk = k.chunk OFFSET 0) AS c"
+)
 _LOAD = sa.text(
     "SELECT name, chunk, attempt, data FROM metric_chunks WHERE job_id = :job AND kind = :kind "
     "AND name IN :names AND chunk IN :chunks"

@@ -71,9 +71,6 @@ class Records:
         maps = [{n: a[index] for n, a in m.items()} for m in self.maps()]
         return Records.of([c[index] for c in self.columns()], maps, self.positions)
 
-    def cursor(self, i: int) -> Cursor:
-        return Cursor(int(self.ms[i]), int(self.seq[i]))
-
 
 def assemble(loaded: Loaded, kind: str, names: Sequence[str], effective: bool) -> Records:
     """Every record in ``loaded`` (all attempts' chunks of the same chunk numbers), in
