@@ -95,32 +95,34 @@ def collect(
             part.steps, part.times = steps, times
             part.values = [p.get(name) for p in group]
         if "stream_ms" in group[0]:
-            _point_records(parts, (job_id, chunk, attempt), group)
+            _point_records(parts, (job_id, chunk, attempt), group, steps, times)
     _values_into(parts, values)
     return parts
 
 
 def _point_records(
-    parts: dict[Key, Part], at: tuple[str, int, int], group: list[Mapping[str, Any]]
+    parts: dict[Key, Part],
+    at: tuple[str, int, int],
+    group: list[Mapping[str, Any]],
+    steps: list[int],
+    times: list[float | None],
 ) -> None:
     job_id, chunk, attempt = at
-
-    def part(name: str) -> Part:
-        key = (job_id, STEP_KIND, name, chunk, attempt)
-        found = parts.get(key)
-        if found is None:
-            found = parts[key] = Part()
-        return found
-
+    for name, field in ((MS, "stream_ms"), (SEQ, "stream_seq")):
+        part = parts[(job_id, STEP_KIND, name, chunk, attempt)] = Part()
+        part.steps, part.times = steps, times
+        part.values = [p[field] for p in group]
     for p in group:
-        step, at_time = p["step"], p["time"]
-        part(MS).add(step, p["stream_ms"], at_time)
-        part(SEQ).add(step, p["stream_seq"], at_time)
         ranks = memory_ranks(p.get("memory_peak_per_rank"))
-        if ranks is not None:
-            part(RANKS).add(step, len(ranks), at_time)
-            for i, value in enumerate(ranks):
-                part(rank(i)).add(step, value, at_time)
+        if ranks is None:
+            continue
+        step, at_time = p["step"], p["time"]
+        for name, value in ((RANKS, len(ranks)), *((rank(i), v) for i, v in enumerate(ranks))):
+            key = (job_id, STEP_KIND, name, chunk, attempt)
+            found = parts.get(key)
+            if found is None:
+                found = parts[key] = Part()
+            found.add(step, value, at_time)
 
 
 def memory_ranks(value: Any) -> list[int] | None:
