@@ -22,6 +22,7 @@ from amptrain.store.history.chunk_load import Loaded
 from amptrain.store.history.chunk_parts import MS, SEQ, SHIFT, STEP_KIND, TIME
 
 _I64 = numpy.int64
+_EMPTY = numpy.empty(0, _I64)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,97 +75,98 @@ class Records:
 
 def assemble(loaded: Loaded, kind: str, names: Sequence[str], effective: bool) -> Records:
     """Every record in ``loaded`` (all attempts' chunks of the same chunk numbers), in
-    (chunk, attempt, step) order; ``effective``: only what no newer attempt re-recorded."""
+    (attempt, step) order; ``effective``: only what no newer attempt re-recorded. Each
+    series is joined to the records at once (numpy over all its chunks), not chunk by
+    chunk: a window's points touch a chunk each."""
     time_name = "time" if kind == STEP_KIND else TIME
     wanted = [n for n in names if n not in (MS, SEQ, TIME)]
-    cols: list[list[numpy.ndarray]] = [[], [], [], [], []]
-    vals: dict[str, list[numpy.ndarray]] = {n: [] for n in wanted}
-    nulls: dict[str, list[numpy.ndarray]] = {n: [] for n in wanted}
-    present: dict[str, list[numpy.ndarray]] = {n: [] for n in wanted}
+    series = _by_name(loaded)
+    ms = series.get(MS)
+    if ms is None:
+        ms = _Series(_EMPTY, numpy.empty(0), numpy.empty(0, bool), {})
+    keys, steps, attempts = ms.keys, ms.keys & _STEP_MASK, ms.keys >> 32
+    keep = numpy.ones(len(keys), bool)
+    if effective and kind == STEP_KIND:
+        keep &= attempts == _newest(ms.keys, steps)
+    maps: list[dict[str, numpy.ndarray]] = [{}, {}, {}]
     positions: dict[str, int] = {}
-    newer = _newer_steps(loaded, effective)
-    for (name, chunk, attempt), ms in sorted(loaded.items(), key=_record_order):
-        if name != MS:
-            continue
-        steps = ms.steps
-        keep = numpy.ones(len(steps), bool)
-        if effective and kind == STEP_KIND:
-            keep &= ~numpy.isin(steps, newer.get((MS, chunk, attempt), _EMPTY))
-        holds: dict[str, tuple[numpy.ndarray, numpy.ndarray, numpy.ndarray]] = {}
-        for n in wanted:
-            c = loaded.get((n, chunk, attempt))
-            v, null, there = _aligned(steps, c)
-            if c is not None and c.position is not None:
-                positions.setdefault(n, c.position)
+    for n in wanted:
+        found = series.get(n)
+        values, nulls, there = _joined(keys, found)
+        if found is not None:
+            if found.positions:  # the first chunk's (the order a page lists the names in)
+                positions[n] = found.positions[min(found.positions)]
             if effective and kind != STEP_KIND:
-                there &= ~numpy.isin(steps, newer.get((n, chunk, attempt), _EMPTY))
-            holds[n] = (v, null, there)
-        if effective and kind != STEP_KIND and wanted:
-            keep &= numpy.logical_or.reduce([h[2] for h in holds.values()])
-        seq = loaded[(SEQ, chunk, attempt)]
-        times = _aligned(steps, loaded.get((time_name, chunk, attempt)))[0]
-        attempts = numpy.full(len(steps), attempt, _I64)
-        row = (steps, attempts, ms.values.astype(_I64), seq.values.astype(_I64), times)
-        for col, arr in zip(cols, row, strict=True):
-            col.append(arr[keep])
-        for n, (v, null, there) in holds.items():
-            vals[n].append(v[keep])
-            nulls[n].append(null[keep])
-            present[n].append(there[keep])
-    return Records.of(
-        [_cat(c, numpy.float64 if i == 4 else _I64) for i, c in enumerate(cols)],
-        [
-            {n: _cat(a, numpy.float64) for n, a in vals.items()},
-            {n: _cat(a, bool) for n, a in nulls.items()},
-            {n: _cat(a, bool) for n, a in present.items()},
-        ],
-        positions,
-    )
+                there &= attempts == _newest(found.keys, steps)
+        for m, a in zip(maps, (values, nulls, there), strict=True):
+            m[n] = a
+    if effective and kind != STEP_KIND and wanted:
+        keep &= numpy.logical_or.reduce([maps[2][n] for n in wanted])
+    cols = [
+        steps,
+        attempts,
+        ms.values.astype(_I64),
+        _joined(keys, series.get(SEQ))[0].astype(_I64),
+        _joined(keys, series.get(time_name))[0],
+    ]
+    picked = [{n: a[keep] for n, a in m.items()} for m in maps]
+    return Records.of([c[keep] for c in cols], picked, positions)
 
 
-_EMPTY = numpy.empty(0, _I64)
+_STEP_MASK = (1 << 32) - 1
 
 
-def _record_order(item: tuple[tuple[str, int, int], chunk_load.Chunk]) -> tuple[int, int]:
-    return item[0][1], item[0][2]
+@dataclass(frozen=True, slots=True)
+class _Series:
+    """One series over every loaded chunk, sorted by key ``attempt << 32 | step``."""
+
+    keys: numpy.ndarray
+    values: numpy.ndarray
+    nulls: numpy.ndarray
+    positions: dict[tuple[int, int], int]
+    """(chunk, attempt) -> the name's place, where the chunk keeps one."""
 
 
-def _newer_steps(loaded: Loaded, effective: bool) -> dict[tuple[str, int, int], numpy.ndarray]:
-    """Per (name, chunk, attempt): the steps some newer attempt recorded in that series."""
-    if not effective:
-        return {}
-    by_series: dict[tuple[str, int], list[tuple[int, numpy.ndarray]]] = {}
+def _by_name(loaded: Loaded) -> dict[str, _Series]:
+    parts: dict[str, list[tuple[int, int, chunk_load.Chunk]]] = {}
     for (name, chunk, attempt), c in loaded.items():
-        by_series.setdefault((name, chunk), []).append((attempt, c.steps))
+        parts.setdefault(name, []).append((chunk, attempt, c))
     out = {}
-    for (name, chunk), found in by_series.items():
-        found.sort(key=lambda f: f[0])
-        for i, (attempt, _) in enumerate(found):
-            later = [f[1] for f in found[i + 1 :]]
-            out[(name, chunk, attempt)] = numpy.concatenate(later) if later else _EMPTY
+    for name, found in parts.items():
+        keys = numpy.concatenate([(a << 32) | c.steps for _, a, c in found])
+        values = numpy.concatenate([c.values for _, _, c in found])
+        nulls = numpy.concatenate(
+            [c.nulls if c.nulls is not None else numpy.zeros(len(c.steps), bool) for *_, c in found]
+        )
+        order = numpy.argsort(keys, kind="stable")
+        positions = {(k, a): c.position for k, a, c in found if c.position is not None}
+        out[name] = _Series(keys[order], values[order], nulls[order], positions)
     return out
 
 
-def _aligned(
-    steps: numpy.ndarray, c: chunk_load.Chunk | None
+def _joined(
+    keys: numpy.ndarray, found: _Series | None
 ) -> tuple[numpy.ndarray, numpy.ndarray, numpy.ndarray]:
-    """A series chunk's values at ``steps`` (NaN where absent), its null flags there, and
-    where it holds the step."""
-    n = len(steps)
-    if c is None:
+    """A series' values at the records ``keys`` (NaN where absent), its null flags there,
+    and where it holds the record."""
+    n = len(keys)
+    if found is None or not len(found.keys):
         return numpy.full(n, numpy.nan), numpy.zeros(n, bool), numpy.zeros(n, bool)
-    if len(c.steps) == n and numpy.array_equal(c.steps, steps):
-        null = c.nulls if c.nulls is not None else numpy.zeros(n, bool)
-        return c.values, null, numpy.ones(n, bool)
-    at = numpy.searchsorted(c.steps, steps).clip(0, max(len(c.steps) - 1, 0))
-    there = c.steps[at] == steps if len(c.steps) else numpy.zeros(n, bool)
-    values = numpy.where(there, c.values[at], numpy.nan)
-    null = there & (c.nulls[at] if c.nulls is not None else False)
-    return values, null, there
+    at = numpy.searchsorted(found.keys, keys).clip(0, len(found.keys) - 1)
+    there = found.keys[at] == keys
+    return numpy.where(there, found.values[at], numpy.nan), there & found.nulls[at], there
 
 
-def _cat(parts: list[numpy.ndarray], dtype: type) -> numpy.ndarray:
-    return numpy.concatenate(parts) if parts else numpy.empty(0, dtype)
+def _newest(keys: numpy.ndarray, steps: numpy.ndarray) -> numpy.ndarray:
+    """Per step of ``steps``: the newest attempt among ``keys`` (a series' entries) that
+    holds it (-1 where none does)."""
+    held, inverse = numpy.unique(keys & _STEP_MASK, return_inverse=True)
+    newest = numpy.full(len(held), -1, _I64)
+    numpy.maximum.at(newest, inverse, keys >> 32)
+    if not len(held):
+        return numpy.full(len(steps), -1, _I64)
+    at = numpy.searchsorted(held, steps).clip(0, len(held) - 1)
+    return numpy.where(held[at] == steps, newest[at], -1)
 
 
 def by_cursor(
