@@ -226,15 +226,13 @@ class MetricChunk(Base):
     """Up to :data:`~amptrain.store.history.chunk_codec.CHUNK_STEPS` values of one series of
     one attempt, packed (:mod:`amptrain.store.history.chunk_codec`): the values of aligned
     steps ``chunk * 256 .. chunk * 256 + 255``. ``kind`` is ``step`` (a per-step field of the
-    metric table, ``name`` the field) or a named series' kind. The primary key is the only
-    index but the record order's: a series in step order is one range of it, so no plan
-    depends on statistics. The reserved series (``@ms``, ...:
-    :mod:`amptrain.store.history.chunk_parts`) keep what a cursor page shows."""
+    metric table, ``name`` the field, or reserved: :mod:`~amptrain.store.history.chunk_parts`)
+    or a named series' kind. A series in step order is one range of the primary key, so no
+    plan depends on statistics."""
 
     __tablename__ = "metric_chunks"
     __table_args__ = (
-        # The record order (migration 0015): per kind and attempt, each cursor chunk by its
-        # newest cursor millisecond, so the chunks after a cursor are one range of it.
+        # The record order (0015): per kind and attempt, the cursor chunks in cursor order.
         sa.Index(
             "ix_metric_chunks_record_order",
             "job_id",
