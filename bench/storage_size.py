@@ -68,6 +68,10 @@ def step_points(job_id: str, first: int, n: int, rng: np.random.Generator) -> li
                 "step_time_ms": float(ms[i]),
                 "skipped_steps": int(step // 1000),
                 "world_size": None,
+                "memory_peak_per_rank": None,
+                # The stream cursor, as the recorder's points carry it (its chunks keep it).
+                "stream_ms": 1_700_000_000_000 + step * 25,
+                "stream_seq": 0,
             }
         )
     return out
@@ -174,10 +178,6 @@ def measure(url: str, args: argparse.Namespace) -> None:
     sample = args.sample
     for first in range(0, sample, args.batch):
         rows = step_points(row_job, first, min(args.batch, sample - first), rng)
-        for i, r in enumerate(rows):
-            r.update(
-                stream_ms=1_700_000_000_000 + first + i, stream_seq=0, memory_peak_per_rank=None
-            )
         with sf.begin() as s:
             recording.insert_points(s, rows)
     steps_rows = table_bytes(engine, ["metric_points"]) / (sample * recorded)

@@ -226,10 +226,24 @@ class MetricChunk(Base):
     """Up to :data:`~amptrain.store.history.chunk_codec.CHUNK_STEPS` values of one series of
     one attempt, packed (:mod:`amptrain.store.history.chunk_codec`): the values of aligned
     steps ``chunk * 256 .. chunk * 256 + 255``. ``kind`` is ``step`` (a per-step field of the
-    metric table, ``name`` the field) or a named series' kind. The primary key is the only
-    index: a series in step order is one range of it, so no plan depends on statistics."""
+    metric table, ``name`` the field, or reserved: :mod:`~amptrain.store.history.chunk_parts`)
+    or a named series' kind. A series in step order is one range of the primary key, so no
+    plan depends on statistics."""
 
     __tablename__ = "metric_chunks"
+    __table_args__ = (
+        # The record order (0015): per kind and attempt, the cursor chunks in cursor order.
+        sa.Index(
+            "ix_metric_chunks_record_order",
+            "job_id",
+            "kind",
+            "attempt",
+            "high",
+            "chunk",
+            sqlite_where=sa.text("name = '@ms'"),
+            postgresql_where=sa.text("name = '@ms'"),
+        ),
+    )
 
     job_id: Mapped[str] = mapped_column(
         sa.ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True

@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import importlib
+from typing import Any
+
 import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+from sqlalchemy.orm import Session
 
 from amptrain.contract.spec import JobSpec
 from amptrain.store import migrate
 from amptrain.store.comparisons import Comparison  # noqa: F401  (its table joins Base.metadata)
 from amptrain.store.db import make_engine, make_session_factory
-from amptrain.store.models import Base, JobEvent
+from amptrain.store.history import chunk_codec
+from amptrain.store.models import Base, JobEvent, MetricChunk
 from tests.support.old_schema import create_old_job
 from tests.support.specs import mlp_job
 
@@ -89,3 +94,67 @@ def test_events_written_before_0004_get_a_time_ordered_cursor(database_url: str)
         ("started", f"100500-{rows[1][0]}"),
         ("checkpoint", f"100500-{rows[2][0]}"),
     ]
+
+
+def test_0015_backfills_the_record_series_of_a_previous_version_run_resumably(
+    database_url: str,
+) -> None:
+    """A run recorded at 0014 (rows, and chunks without the reserved series or the names'
+    places): after 0015 every cursor page reads from the chunks what the rows gave; an
+    interrupted backfill run again gives the same chunks; the downgrade takes 0015's
+    additions away and upgrading again brings the same back."""
+    from tests.store.history.test_chunks import a_run, reads, record
+    from tests.store.history.test_summaries import new_job
+    from tests.support import row_reads
+
+    backfill = importlib.import_module("amptrain.migrations.versions.0015_record_series")
+    migrate.upgrade(database_url, "0014")
+    engine = make_engine(database_url)
+    try:
+        sessions = make_session_factory(engine)
+        job_id = new_job(sessions)
+        points, values = a_run(job_id)
+        record(sessions, points, values, 97)
+        with sessions.begin() as s:  # what the previous version's recorder left
+            s.execute(sa.delete(MetricChunk).where(MetricChunk.name.startswith("@")))
+            backfill.strip_places(s)
+            previous = _chunks(s)
+        before = reads(sessions, job_id, row_reads)
+        migrate.upgrade(database_url)
+        assert reads(sessions, job_id) == before
+        with sessions.begin() as s:
+            stored = _chunks(s)
+            assert {k: v for k, v in stored.items() if not k[1].startswith("@")}.keys() == (
+                previous.keys()
+            )
+            # Half done: some reserved series gone, some places still missing.
+            s.execute(sa.delete(MetricChunk).where(MetricChunk.name.in_(["@ms", "@time"])))
+            backfill.strip_places(s)
+        with sessions.begin() as s:
+            backfill.backfill(s)
+        with sessions() as s:
+            assert _chunks(s) == stored
+        migrate.downgrade(database_url, "0014")
+        with sessions() as s:  # the same contents (0015 packed the chunks it rewrote)
+            assert _decoded(_chunks(s)) == _decoded(previous)
+        assert reads(sessions, job_id, row_reads) == before
+        migrate.upgrade(database_url)
+        with sessions() as s:
+            assert _chunks(s) == stored
+    finally:
+        engine.dispose()
+
+
+def _chunks(s: Session) -> dict[tuple[str, str, int, int], bytes]:
+    return {
+        (c.kind, c.name, c.chunk, c.attempt): bytes(c.data)
+        for c in s.scalars(sa.select(MetricChunk))
+    }
+
+
+def _decoded(chunks: dict[tuple[str, str, int, int], bytes]) -> dict[Any, Any]:
+    out = {}
+    for key, data in chunks.items():
+        d = chunk_codec.decode(key[2] * chunk_codec.CHUNK_STEPS, data)
+        out[key] = (d.steps.tolist(), d.values.tobytes(), d.nulls, d.position)
+    return out

@@ -23,6 +23,7 @@ from amptrain.contract.metrics import (
     VALUE_KINDS,
     check_series_name,
 )
+from amptrain.contract.spec import MAX_DEVICES
 from amptrain.contract.stream import decode, text
 from amptrain.server.recorder import plain_points
 
@@ -156,14 +157,19 @@ _PARALLEL = frozenset(k for f in PARALLEL_METRIC_FIELDS for k in (f, f.encode())
 def _parallel(name: str, value: str) -> tuple[str, Any]:
     """A data-parallel run's field as its column holds it: ``world_size`` an int,
     ``memory_peak_per_rank`` JSON text of a list of ints (checked: a malformed value would
-    fail the whole batch's insert on PostgreSQL); null when absent or malformed."""
+    fail the whole batch's insert on PostgreSQL), at most one per rank a job can have (the
+    chunks keep a series per rank); null when absent or malformed."""
     try:
         parsed = json.loads(value)
     except ValueError:
         parsed = None
     if name == "world_size":
         return name, parsed if type(parsed) is int else None
-    ok = isinstance(parsed, list) and all(type(v) is int for v in parsed)
+    ok = (
+        isinstance(parsed, list)
+        and len(parsed) <= MAX_DEVICES
+        and all(type(v) is int and abs(v) < 2**53 for v in parsed)
+    )
     return name, json.dumps(parsed) if ok else None
 
 

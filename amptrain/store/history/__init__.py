@@ -7,11 +7,17 @@
   points; ``summary_reads`` reading a window from them.
 - ``window``, ``raw_window``, ``downsample``: a whole run or a step window in at most N
   points (first/last/min/max per bucket, skipped and non-finite steps kept).
-- ``chunk_codec``, ``chunk_writes``, ``series_scan``: every series of a job (each per-step
-  field, eval metric and layer norm) in ``metric_chunks``, 256 aligned steps of one
-  attempt packed in a row, appended by the recorder in the batch's transaction and
-  streamed whole by :func:`series_scan.scan_run` (the whole-run export's reader). The
-  cursor pages and downsampled reads above still read the per-value rows.
+- ``chunk_codec``, ``chunk_parts``, ``chunk_writes``, ``series_scan``: every series of a
+  job (each per-step field, eval metric and layer norm, and the reserved series that
+  rebuild a record: cursor, record time, per-rank memory) in ``metric_chunks``, 256
+  aligned steps of one attempt packed in a row, appended by the recorder in the batch's
+  transaction and streamed whole by :func:`series_scan.scan_run` (the whole-run export's
+  reader).
+- ``chunk_index`` (which chunks a read needs; numpy-free), ``chunk_load`` (fetching and
+  decoding them), ``chunk_reads`` (records by cursor range or steps, effective or all
+  attempts), ``chunk_pages`` (the cursor pages' dicts, the newest record, ``points_at``):
+  the cursor pages of ``points`` and ``values`` read the chunks; the downsampled reads
+  above still read the per-value rows.
 
 What a job's history costs per step (``bench/storage_size.py``, this machine): the step
 point's row about 27 bytes a value on SQLite, 41 on PostgreSQL, indexes included (~12

@@ -4,6 +4,8 @@ A chunk holds the values of one series of one attempt at the steps of one aligne
 :data:`CHUNK_STEPS` steps (``chunk = step // CHUNK_STEPS``). The bytes are, little-endian:
 
 - a header ``<BBH``: format version (:data:`VERSION`), flags, the number of values ``n``;
+- for a named series (flag :data:`ORDER`): a uint16, the name's place in the records
+  that carry it (a page lists a record's values in the order they were recorded);
 - when the steps are not ``first_step .. first_step + n - 1`` (flag :data:`GAPS`): ``n``
   uint8 offsets of each step from the chunk's first aligned step (a chunk spans 256 steps);
 - when some values were null (flag :data:`NULLS`): ``n`` bytes, 1 for a null value (stored
@@ -38,7 +40,9 @@ batch stays a few KiB."""
 GAPS = 1
 NULLS = 2
 PACKED = 4
+ORDER = 8
 HEADER = struct.Struct("<BBH")
+POSITION = struct.Struct("<H")
 _SWAP = sys.byteorder != "little"
 
 
@@ -52,6 +56,9 @@ class Decoded:
     values: array[float]
     nulls: bytes | None
     """One byte a value, 1 where null."""
+    position: int | None = None
+    """A named series: the name's place in its records (None: a step series, or a chunk
+    written before the place was kept)."""
 
 
 def encode(
@@ -60,12 +67,17 @@ def encode(
     values: array[float],
     nulls: bytes | None,
     pack: bool,
+    position: int | None = None,
 ) -> bytes:
     """Pack ascending ``steps`` (all in ``first_aligned .. first_aligned + 255``), their
-    ``values`` (typecode ``d``) and null flags; ``pack``: compress (a closed chunk)."""
+    ``values`` (typecode ``d``), null flags and a named series' ``position``; ``pack``:
+    compress (a closed chunk)."""
     n = len(steps)
     flags = 0
     parts: list[bytes] = []
+    if position is not None:
+        flags |= ORDER
+        parts.append(POSITION.pack(position))
     if n and steps[-1] - steps[0] + 1 != n:
         flags |= GAPS
         parts.append(bytes(s - first_aligned for s in steps))
@@ -92,6 +104,10 @@ def decode(first_aligned: int, data: bytes) -> Decoded:
     if version != VERSION:
         raise ValueError(f"metric chunk format {version} is not known to this version")
     pos = HEADER.size
+    position = None
+    if flags & ORDER:
+        (position,) = POSITION.unpack_from(data, pos)
+        pos += POSITION.size
     if flags & GAPS:
         steps = array("q", (first_aligned + o for o in data[pos : pos + n]))
         pos += n
@@ -113,4 +129,4 @@ def decode(first_aligned: int, data: bytes) -> Decoded:
     values.frombytes(bytes(raw))
     if _SWAP:
         values.byteswap()
-    return Decoded(steps, values, nulls)
+    return Decoded(steps, values, nulls, position)

@@ -1,11 +1,12 @@
 """Appending a batch's values to the series' chunks (``metric_chunks``), inside the caller's
-transaction: the recorder's batch, or migration 0014 moving old rows.
+transaction: the recorder's batch, or migrations 0014/0015 moving old rows.
 
 Which series exist is the metric table's decision: every per-step field of
 :data:`~amptrain.contract.metrics.STEP_METRICS` that is a number (:data:`STEP_SERIES`: all
-but ``step`` itself, the key, and the per-rank memory list, which stays a JSON column of
-``metric_points``) is a ``step`` series; each evaluation metric and each layer's gradient
-norm is a series of its kind (:data:`~amptrain.contract.metrics.VALUE_KINDS`).
+but ``step`` itself, the key) is a ``step`` series; each evaluation metric and each layer's
+gradient norm is a series of its kind (:data:`~amptrain.contract.metrics.VALUE_KINDS`); the
+reserved series of :mod:`~amptrain.store.history.chunk_parts` keep what else a page shows
+(cursors, record times, the per-rank memory list).
 
 A value lands in the chunk ``(job, kind, name, step // 256, attempt)``: the key alone says
 where it goes, so at-least-once delivery is harmless. The touched chunks are read by
@@ -17,38 +18,18 @@ executemany; a replayed or re-sent range adds no step and writes nothing.
 from __future__ import annotations
 
 from array import array
-from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from math import isfinite
 from typing import Any
 
 from sqlalchemy.orm import Session
 
-from amptrain.contract.metrics import STEP_METRICS
 from amptrain.store.history import chunk_codec
 from amptrain.store.history.chunk_codec import CHUNK_STEPS, Decoded
-
-STEP_KIND = "step"
-"""``metric_chunks.kind`` of the per-step fields (the named series use their own kinds)."""
-STEP_SERIES: tuple[str, ...] = tuple(
-    m.name for m in STEP_METRICS if m.name != "step" and m.type in ("int", "float", "bool", "bytes")
-)
-"""The per-step fields stored as series, in the metric table's order."""
-_SHIFT = CHUNK_STEPS.bit_length() - 1
-
-Key = tuple[str, str, str, int, int]
-"""``(job_id, kind, name, chunk, attempt)``: a chunk's primary key."""
-
-
-class _Part:
-    """New values of one chunk, in arrival order: steps, values (None = null), times."""
-
-    __slots__ = ("steps", "times", "values")
-
-    def __init__(self) -> None:
-        self.steps: list[int] = []
-        self.values: list[Any] = []
-        self.times: list[float | None] = []
+from amptrain.store.history.chunk_parts import SHIFT as _SHIFT
+from amptrain.store.history.chunk_parts import STEP_KIND as STEP_KIND
+from amptrain.store.history.chunk_parts import STEP_SERIES as STEP_SERIES
+from amptrain.store.history.chunk_parts import Key, Part, collect
 
 
 def append(
@@ -56,40 +37,18 @@ def append(
     points: Sequence[Mapping[str, Any]],
     values: Sequence[Mapping[str, Any]],
     pack: bool = False,
+    step_fields: Sequence[str] = STEP_SERIES,
 ) -> int:
-    """Add the points (dicts with ``job_id``, ``attempt``, ``step``, ``time`` and the step
-    fields) and the named values (``job_id``, ``attempt``, ``step``, ``kind``, ``name``,
-    ``value``, ``time``) to their chunks; the number of chunks written. ``pack``: as for
-    :func:`merge`."""
-    parts: dict[Key, _Part] = {}
-    _points_into(parts, points)
-    for v in values:
-        step = v["step"]
-        key = (v["job_id"], v["kind"], v["name"], step >> _SHIFT, v["attempt"])
-        part = parts.get(key)
-        if part is None:
-            part = parts[key] = _Part()
-        part.steps.append(step)
-        part.values.append(v["value"])
-        part.times.append(v["time"])
+    """Add the points and the named values to their chunks (what each holds:
+    :func:`~amptrain.store.history.chunk_parts.collect`); the number of chunks written.
+    ``pack``: as for :func:`merge`; ``step_fields``: the metric table's series to write
+    (migration 0015 writes only the reserved ones)."""
+    parts = collect(points, values, step_fields)
     if not parts:
         return 0
     rows = merge(parts, read(s, list(parts)), pack)
     upsert(s, rows)
     return len(rows)
-
-
-def _points_into(parts: dict[Key, _Part], points: Iterable[Mapping[str, Any]]) -> None:
-    groups: dict[tuple[str, int, int], list[Mapping[str, Any]]] = defaultdict(list)
-    for p in points:
-        groups[(p["job_id"], p["step"] >> _SHIFT, p["attempt"])].append(p)
-    for (job_id, chunk, attempt), group in groups.items():
-        steps = [p["step"] for p in group]
-        times = [p["time"] for p in group]
-        for name in STEP_SERIES:
-            part = parts[(job_id, STEP_KIND, name, chunk, attempt)] = _Part()
-            part.steps, part.times = steps, times
-            part.values = [p.get(name) for p in group]
 
 
 Stored = tuple[Decoded, float | None, float | None]
@@ -132,45 +91,53 @@ _MANY = (
 
 
 def merge(
-    parts: Mapping[Key, _Part], stored: Mapping[Key, Stored], pack: bool = False
+    parts: Mapping[Key, Part], stored: Mapping[Key, Stored], pack: bool = False
 ) -> list[tuple[Any, ...]]:
     """The rows (:data:`COLUMNS`) of every chunk that gains a step; a step already stored
     (or repeated in ``parts``) keeps its first value. ``pack``: compress every chunk, open
     or not (the migration's, whose chunks will not grow)."""
     merged: dict[Key, Stored] = {}
     for key, part in parts.items():
-        old = stored.get(key)
-        have = set(old[0].steps) if old is not None else set()
-        new: dict[int, tuple[Any, float | None]] = {}
-        for step, value, at in zip(part.steps, part.values, part.times, strict=True):
-            if step not in have and step not in new:
-                new[step] = (value, at)
-        if not new:
-            continue  # a replay: nothing new
-        first, last = min(new), max(new)
-        t_first, t_last = new[first][1], new[last][1]
-        entries = [(step, v) for step, (v, _) in new.items()]
-        if old is not None:
-            o = old[0]
-            nulls = o.nulls or bytes(len(o.steps))
-            entries += [
-                (step, None if null else v)
-                for step, v, null in zip(o.steps, o.values, nulls, strict=True)
-            ]
-            t_first = old[1] if o.steps[0] < first else t_first
-            t_last = old[2] if o.steps[-1] > last else t_last
-        entries.sort(key=_first)
-        steps = array("q", [e[0] for e in entries])
-        try:
-            values = array("d", [_NAN if e[1] is None else e[1] for e in entries])
-        except (TypeError, OverflowError):
-            # Not a number (a malformed entry that took the decoder's generic route): null,
-            # rather than a batch that fails at every retry.
-            entries = [(step, _number(v)) for step, v in entries]
-            values = array("d", [_NAN if e[1] is None else e[1] for e in entries])
-        flags = bytes([e[1] is None for e in entries])
-        merged[key] = (Decoded(steps, values, flags if any(flags) else None), t_first, t_last)
+        m = _merged(part, stored.get(key))
+        if m is not None:
+            merged[key] = m
     return [_row(key, *m, _skipped(key, merged, stored), pack) for key, m in merged.items()]
+
+
+def _merged(part: Part, old: Stored | None) -> Stored | None:
+    """A chunk with the part's new steps; None when it gains none (a replay) and no place
+    (a chunk migration 0014 wrote before a name's place was kept)."""
+    have = set(old[0].steps) if old is not None else set()
+    new: dict[int, tuple[Any, float | None]] = {}
+    for step, value, at in zip(part.steps, part.values, part.times, strict=True):
+        if step not in have and step not in new:
+            new[step] = (value, at)
+    position = part.position if old is None or old[0].position is None else old[0].position
+    if not new and (old is None or old[0].position == position):
+        return None
+    entries = [(step, v) for step, (v, _) in new.items()]
+    t_first = new[min(new)][1] if new else None
+    t_last = new[max(new)][1] if new else None
+    if old is not None:
+        o = old[0]
+        nulls = o.nulls or bytes(len(o.steps))
+        entries += [
+            (step, None if null else v)
+            for step, v, null in zip(o.steps, o.values, nulls, strict=True)
+        ]
+        t_first = old[1] if not new or o.steps[0] < min(new) else t_first
+        t_last = old[2] if not new or o.steps[-1] > max(new) else t_last
+    entries.sort(key=_first)
+    steps = array("q", [e[0] for e in entries])
+    try:
+        values = array("d", [_NAN if e[1] is None else e[1] for e in entries])
+    except (TypeError, OverflowError):
+        # Not a number (a malformed entry that took the decoder's generic route): null,
+        # rather than a batch that fails at every retry.
+        entries = [(step, _number(v)) for step, v in entries]
+        values = array("d", [_NAN if e[1] is None else e[1] for e in entries])
+    flags = bytes([e[1] is None for e in entries])
+    return Decoded(steps, values, flags if any(flags) else None, position), t_first, t_last
 
 
 _NAN = float("nan")
@@ -223,7 +190,9 @@ def _row(
         None if nulls and nulls[-1] else d.values[-1],
         t_first,
         t_last,
-        chunk_codec.encode(key[3] << _SHIFT, d.steps, d.values, nulls, pack or _closed(key, d)),
+        chunk_codec.encode(
+            key[3] << _SHIFT, d.steps, d.values, nulls, pack or _closed(key, d), d.position
+        ),
     )
 
 

@@ -1,7 +1,12 @@
 """Reading the recorded metric series: cursor pages, the newest cursor, the effective series.
 
 The cursor (:class:`amptrain.contract.cursor.Cursor`) is the Redis stream entry id the
-point arrived with. One recorder owns a job's stream at a time and commits in stream
+point arrived with. The pages and the newest cursor read the chunks
+(:mod:`~amptrain.store.history.chunk_pages`); ``steps_in``, ``newest_attempt`` and
+``point_dict`` serve the row reads of the windows.
+
+The chunk readers use numpy, imported with the first read: the API starts without it, and
+the recorder and the Celery processes (:func:`recorded_through`, numpy-free) never load it. One recorder owns a job's stream at a time and commits in stream
 order, so paging by ``(stream_ms, stream_seq)`` never repeats or skips a point.
 """
 
@@ -17,6 +22,8 @@ from sqlalchemy.orm import Session, aliased
 
 from amptrain.contract.cursor import Cursor
 from amptrain.contract.metrics import STORED_METRIC_FIELDS
+from amptrain.store.history.chunk_index import recorded_through as recorded_through
+from amptrain.store.history.chunk_parts import STEP_KIND
 from amptrain.store.models import MetricPoint, MetricValue
 
 Attempts = Literal["effective", "all"]
@@ -88,13 +95,14 @@ def metric_page(
     """The points of ``page`` in recording order, as dicts of STORED_METRIC_FIELDS +
     ``attempt`` + ``cursor``; ``effective`` keeps, for each step, only the newest attempt's
     point (the series after a resume), ``all`` every attempt's. And ``next_cursor``
-    (:meth:`Page.next_cursor`)."""
-    p = MetricPoint
-    query = sa.select(p).where(p.job_id == job_id, *page.bounds(p))
-    if page.effective:
-        query = query.where(newest_attempt(p))
-    rows = s.scalars(query.order_by(p.stream_ms, p.stream_seq).limit(page.limit)).all()
-    items = [point_dict(r) for r in rows]
+    (:meth:`Page.next_cursor`). Read from the chunks that can hold the page."""
+    from amptrain.store.history import chunk_pages, chunk_reads
+    from amptrain.store.history.chunk_pages import POINT_SERIES
+
+    rec = chunk_reads.by_cursor(
+        s, job_id, STEP_KIND, page.start, page.upto, page.limit, page.effective, POINT_SERIES
+    )
+    items = chunk_pages.point_dicts(rec, chunk_pages.nan_is_null(s))
     return items, page.next_cursor(items)
 
 
@@ -107,21 +115,13 @@ def newest_attempt(p: Any) -> sa.ColumnElement[bool]:
     )
 
 
-def newest_cursor(
-    s: Session,
-    job_id: str,
-    table: type[MetricPoint] | type[MetricValue] = MetricPoint,
-    *where: sa.ColumnElement[bool],
-) -> Cursor | None:
-    """The cursor of the job's most recently recorded row of ``table`` (a point, or a named
-    series' value) that meets ``where``; None before the first."""
-    row = s.execute(
-        sa.select(table.stream_ms, table.stream_seq)
-        .where(table.job_id == job_id, *where)
-        .order_by(table.stream_ms.desc(), table.stream_seq.desc())
-        .limit(1)
-    ).first()
-    return Cursor(row[0], row[1]) if row else None
+def newest_cursor(s: Session, job_id: str, kind: str = STEP_KIND) -> Cursor | None:
+    """The cursor of the job's most recently recorded ``kind`` record (a point by default,
+    or a named kind's record); None before the first."""
+    from amptrain.store.history import chunk_pages
+
+    found = chunk_pages.newest(s, job_id, kind)
+    return None if found is None else found[0]
 
 
 def point_dict(row: MetricPoint) -> dict[str, Any]:
@@ -131,14 +131,3 @@ def point_dict(row: MetricPoint) -> dict[str, Any]:
     out["attempt"] = row.attempt
     out["cursor"] = str(Cursor(row.stream_ms, row.stream_seq))
     return out
-
-
-def recorded_through(s: Session, job_id: str) -> dict[int, int]:
-    """Per attempt, the newest step of its points in SQL. An attempt's records reach the
-    stream in step order and the recorder commits in stream order, so every step of the
-    attempt up to it (from the checkpoint it resumed from) is recorded."""
-    p = MetricPoint
-    rows = s.execute(
-        sa.select(p.attempt, sa.func.max(p.step)).where(p.job_id == job_id).group_by(p.attempt)
-    )
-    return {int(attempt): int(step) for attempt, step in rows}

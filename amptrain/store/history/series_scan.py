@@ -4,13 +4,13 @@
 One statement walks the job's range of the chunks' primary key (job, kind, name, chunk,
 attempt) in key order, through a server-side cursor on PostgreSQL (the driver's lazy
 cursor on SQLite), so memory holds one block and one chunk's attempts, whatever the run's
-length. Per step the newest attempt's value wins (the effective series every read
+length (the reserved series of :mod:`~amptrain.store.history.chunk_parts` are not
+exported: the cursor and record times are the store's, not the run's). Per step the newest attempt's value wins (the effective series every read
 returns: a retry resumes from a checkpoint and re-records the steps after it).
 """
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -19,9 +19,9 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from amptrain.contract.metrics import EVAL_KIND, LAYER_NORM_KIND
-from amptrain.store.history import chunk_codec
+from amptrain.store.history import chunk_load
 from amptrain.store.history.chunk_codec import CHUNK_STEPS
-from amptrain.store.history.chunk_writes import STEP_KIND
+from amptrain.store.history.chunk_parts import RESERVED, STEP_KIND
 from amptrain.store.models import MetricChunk
 
 BLOCK_VALUES = 65_536
@@ -54,14 +54,14 @@ def scan_run(session: Session, job_id: str) -> Iterator[SeriesBlock]:
     held_series = set(
         session.execute(
             sa.select(c.kind, c.name)
-            .where(c.job_id == job_id)
+            .where(c.job_id == job_id, ~c.name.startswith(RESERVED, autoescape=True))
             .group_by(c.kind, c.name)
             .having(sa.func.max(c.high).is_not(None))
         ).tuples()
     )
     query = (
         sa.select(c.kind, c.name, c.chunk, c.attempt, c.data)
-        .where(c.job_id == job_id)
+        .where(c.job_id == job_id, ~c.name.startswith(RESERVED, autoescape=True))
         .order_by(c.kind, c.name, c.chunk, c.attempt)
         .execution_options(stream_results=True, yield_per=_FETCH)
     )
@@ -95,25 +95,9 @@ def scan_run(session: Session, job_id: str) -> Iterator[SeriesBlock]:
 
 
 def decode(first_aligned: int, data: bytes) -> tuple[numpy.ndarray, numpy.ndarray]:
-    """A chunk's steps and values (:func:`amptrain.store.history.chunk_codec.decode`, which
-    stays free of numpy for the recorder) as numpy arrays: six times faster per chunk."""
-    version, flags, n = chunk_codec.HEADER.unpack_from(data)
-    if version != chunk_codec.VERSION:
-        raise ValueError(f"metric chunk format {version} is not known to this version")
-    pos = chunk_codec.HEADER.size
-    if flags & chunk_codec.GAPS:
-        steps = numpy.frombuffer(data, numpy.uint8, n, pos).astype(numpy.int64) + first_aligned
-        pos += n
-    else:
-        start = first_aligned + (data[pos] if n else 0)
-        steps = numpy.arange(start, start + n, dtype=numpy.int64)
-        pos += 1 if n else 0
-    if flags & chunk_codec.NULLS:
-        pos += n  # a null value is stored as NaN: the mask is not needed here
-    packed = data[pos:]
-    raw = zlib.decompress(packed) if flags & chunk_codec.PACKED else packed
-    shuffled = numpy.frombuffer(raw, numpy.uint8).reshape(8, n)
-    return steps, numpy.ascontiguousarray(shuffled.T).view("<f8").reshape(n).astype(numpy.float64)
+    """A chunk's steps and values (a null value reads as NaN) as numpy arrays."""
+    chunk = chunk_load.decode(first_aligned, data)
+    return chunk.steps, chunk.values
 
 
 def _effective(

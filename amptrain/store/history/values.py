@@ -29,33 +29,13 @@ def eval_page(
     """The ``kind`` records of ``page`` (whole records: up to ``limit`` of them) in recording
     order. ``effective`` keeps, per step and name, only the newest attempt's value (a record
     whose every value was re-evaluated by a newer attempt disappears); ``all`` keeps every
-    attempt's. ``next_cursor`` as for the metric points (:meth:`Page.next_cursor`)."""
-    v = MetricValue
-    where = [v.job_id == job_id, v.kind == kind, *page.bounds(v)]
-    if page.effective:
-        where.append(effective_value(v))
-    # The page's last record first, then every row up to it: whole records only.
-    cursors = (
-        sa.select(v.stream_ms, v.stream_seq)
-        .where(*where)
-        .group_by(v.stream_ms, v.stream_seq)
-        .order_by(v.stream_ms, v.stream_seq)
-        .limit(page.limit)
-        .subquery()
-    )
-    last = s.execute(
-        sa.select(cursors.c.stream_ms, cursors.c.stream_seq)
-        .order_by(cursors.c.stream_ms.desc(), cursors.c.stream_seq.desc())
-        .limit(1)
-    ).first()
-    if last is None:
-        return [], page.next_cursor([])
-    rows = s.execute(
-        sa.select(v.stream_ms, v.stream_seq, v.attempt, v.step, v.time, v.name, v.value)
-        .where(*where, sa.tuple_(v.stream_ms, v.stream_seq) <= sa.tuple_(last[0], last[1]))
-        .order_by(v.stream_ms, v.stream_seq, v.id)
-    ).all()
-    items = eval_items(rows)
+    attempt's. ``next_cursor`` as for the metric points (:meth:`Page.next_cursor`). Read
+    from the chunks that can hold the page."""
+    # numpy with the first read, not at the API's start (amptrain.store.history.points).
+    from amptrain.store.history import chunk_pages, chunk_reads
+
+    rec = chunk_reads.by_cursor(s, job_id, kind, page.start, page.upto, page.limit, page.effective)
+    items = chunk_pages.named_items(rec, chunk_pages.nan_is_null(s))
     return items, page.next_cursor(items)
 
 
@@ -96,17 +76,12 @@ def eval_items(rows: Iterable[Sequence[Any]]) -> list[dict[str, Any]]:
 
 def newest_record_size(s: Session, job_id: str, kind: str = EVAL_KIND) -> int:
     """How many named values the job's newest ``kind`` record holds (its layers, for layer
-    norms); 0 before the first. Two index reads, whatever the run's length."""
-    cursor = newest_cursor(s, job_id, kind)
-    if cursor is None:
-        return 0
-    v = MetricValue
-    count = sa.select(sa.func.count()).where(
-        v.job_id == job_id, v.stream_ms == cursor.ms, v.stream_seq == cursor.seq, v.kind == kind
-    )
-    return int(s.execute(count).scalar_one())
+    norms); 0 before the first. A few index reads, whatever the run's length."""
+    from amptrain.store.history import chunk_pages
+
+    return chunk_pages.record_size(s, job_id, kind)
 
 
 def newest_cursor(s: Session, job_id: str, kind: str = EVAL_KIND) -> Cursor | None:
     """The cursor of the job's most recently recorded ``kind`` record (None before the first)."""
-    return points.newest_cursor(s, job_id, MetricValue, MetricValue.kind == kind)
+    return points.newest_cursor(s, job_id, kind)

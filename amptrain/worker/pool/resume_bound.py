@@ -30,7 +30,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from amptrain.contract.cursor import Cursor
 from amptrain.core.redis import Keys
-from amptrain.store.history.points import recorded_through
+from amptrain.store.history.chunk_index import recorded_through
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from amptrain.server.live.history import History
 from amptrain.server.recorder.entries import parse
 from amptrain.store import events, jobs, migrate, recording
 from amptrain.store.db import make_engine, make_session_factory
-from amptrain.store.history import value_writes
+from amptrain.store.history import chunk_writes, value_writes
 from tests.store.history.test_summaries import new_job
 
 
@@ -27,6 +27,7 @@ def record(sessions: Any, job_id: str, items: list[tuple[str, dict[str, Any]]]) 
     with sessions.begin() as s:
         recording.insert_points(s, batch.points)
         value_writes.insert(s, batch.values)
+        chunk_writes.append(s, batch.points, batch.values)
         recording.insert_events(s, batch.events)
 
 

@@ -19,13 +19,15 @@ from sqlalchemy.orm import Session, sessionmaker
 from amptrain.contract.metrics import EVAL_KIND, LAYER_NORM_KIND
 from amptrain.store import migrate, recording
 from amptrain.store.db import make_engine, make_session_factory
-from amptrain.store.history import chunk_writes, series_scan, value_writes
+from amptrain.store.history import chunk_writes, raw_window, series_scan, value_writes
+from amptrain.store.history import eval_window as eval_window_module
 from amptrain.store.history.downsample import series_window
 from amptrain.store.history.eval_window import eval_window
 from amptrain.store.history.points import Page, metric_page
 from amptrain.store.history.values import eval_page
 from amptrain.store.models import MetricChunk
 from tests.store.history.test_summaries import new_job, series
+from tests.support import row_reads
 
 Sessions = sessionmaker[Session]
 LAYERS = ("enc.0.weight", "enc.0.bias", "head.weight")
@@ -177,16 +179,24 @@ def test_a_value_that_is_not_a_number_is_stored_as_null(db: tuple[sa.Engine, Ses
     assert peak is None or math.isnan(peak[2])
 
 
-def reads(sessions: Sessions, job_id: str) -> str:
-    """What the history endpoints return for the job, as JSON text."""
-    with sessions() as s:
+def reads(sessions: Sessions, job_id: str, pages: Any = None) -> str:
+    """What the history endpoints return for the job, as JSON text; ``pages``: the module
+    serving the cursor pages (the row oracle, tests/support/row_reads.py, before the
+    chunks hold the run)."""
+    metric, evals = (
+        (metric_page, eval_page) if pages is None else (pages.metric_page, pages.eval_page)
+    )
+    with sessions() as s, pytest.MonkeyPatch.context() as patch:
+        if pages is not None:  # the windows' newest cursor from the rows too
+            patch.setattr(raw_window, "newest_cursor", pages.newest_cursor)
+            patch.setattr(eval_window_module, "newest_cursor", pages.newest_value_cursor)
         out = {
-            "metrics": metric_page(s, job_id, Page(limit=10_000)),
-            "all": metric_page(s, job_id, Page(limit=10_000, attempts="all")),
+            "metrics": metric(s, job_id, Page(limit=10_000)),
+            "all": metric(s, job_id, Page(limit=10_000, attempts="all")),
             "window": series_window(s, job_id, 100).__dict__,
             "zoom": series_window(s, job_id, 50, ["loss", "lr"], 100, 400).__dict__,
-            "evals": eval_page(s, job_id, Page(limit=10_000)),
-            "layers": eval_page(s, job_id, Page(limit=10_000), LAYER_NORM_KIND),
+            "evals": evals(s, job_id, Page(limit=10_000)),
+            "layers": evals(s, job_id, Page(limit=10_000), LAYER_NORM_KIND),
             "eval_window": eval_window(s, job_id, 10).__dict__,
             "layer_window": eval_window(s, job_id, 40, 100, 500, LAYER_NORM_KIND).__dict__,
         }
@@ -201,9 +211,9 @@ def test_migration_moves_a_run_of_the_previous_version_resumably(database_url: s
         job_id = new_job(sessions)
         points, values = a_run(job_id)
         record(sessions, points, values, 97, chunks=False)  # the previous recorder's rows
-        before = reads(sessions, job_id)
+        before = reads(sessions, job_id, row_reads)
         migrate.upgrade(database_url)
-        assert reads(sessions, job_id) == before
+        assert reads(sessions, job_id) == before == reads(sessions, job_id, row_reads)
         want = expected(points, values)
         same(scanned(sessions, job_id), want)
         # Run again (as after an interruption): the same chunks, byte for byte.
@@ -216,6 +226,7 @@ def test_migration_moves_a_run_of_the_previous_version_resumably(database_url: s
         with sessions.begin() as s:
             mover = importlib.import_module("amptrain.migrations.versions.0014_metric_chunks")
             mover.move_rows(s)
+            importlib.import_module("amptrain.migrations.versions.0015_record_series").backfill(s)
         with sessions() as s:
             again = {
                 (c.kind, c.name, c.chunk, c.attempt): c.data
@@ -223,6 +234,6 @@ def test_migration_moves_a_run_of_the_previous_version_resumably(database_url: s
             }
         assert again == stored
         migrate.downgrade(database_url, "0013")
-        assert reads(sessions, job_id) == before
+        assert reads(sessions, job_id, row_reads) == before
     finally:
         engine.dispose()

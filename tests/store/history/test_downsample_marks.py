@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from amptrain.contract.spec import JobSpec
 from amptrain.store import jobs
+from amptrain.store.history import chunk_writes
 from amptrain.store.history import rebuild as summary_rebuild
 from amptrain.store.history.downsample import series_window
 from amptrain.store.models import MetricPoint
@@ -54,6 +55,7 @@ def run(db: tuple[sa.Engine, Sessions], steps: int, **special: dict[int, dict[st
     with engine.begin() as conn:
         conn.execute(sa.insert(MetricPoint), rows)
     with sessions.begin() as s:
+        chunk_writes.append(s, rows, [])  # what the cursor reads read
         summary_rebuild.rebuild(s, job_id)  # as the recorder would have kept them
     return job_id
 

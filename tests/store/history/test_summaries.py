@@ -15,9 +15,9 @@ from amptrain.contract.metrics import PARALLEL_METRIC_FIELDS, STORED_METRIC_FIEL
 from amptrain.contract.spec import JobSpec
 from amptrain.store import migrate, recording
 from amptrain.store.db import make_engine, make_session_factory
+from amptrain.store.history import chunk_writes, summary_writes
 from amptrain.store.history import layout as summary_layout
 from amptrain.store.history import rebuild as summary_rebuild
-from amptrain.store.history import summary_writes
 from amptrain.store.history.downsample import series_window
 from amptrain.store.history.raw_window import raw_window
 from amptrain.store.history.summary_reads import open_view
@@ -93,7 +93,15 @@ def record(sessions: Sessions, job_id: str, rows: list[dict[str, Any]], sizes: l
                 inserted = inserted.get(job_id, set())
             new = [p for p in batch if (p["attempt"], p["step"]) in inserted]
             summary_writes.add_points(s, {job_id: new})
+            chunk_writes.append(s, batch, [])  # what the cursor reads read
     assert i >= len(rows)
+
+
+def seed(sessions: Sessions, rows: list[dict[str, Any]]) -> None:
+    """Points written without summaries (e.g. by a script): the rows and their chunks."""
+    with sessions.begin() as s:
+        s.execute(sa.insert(MetricPoint), rows)
+        chunk_writes.append(s, rows, [])
 
 
 def random_sizes(n: int, rng: random.Random) -> list[int]:
@@ -196,12 +204,11 @@ def test_many_jobs_summarised_in_one_transaction_each_get_their_own(
     """The recorder summarises every job of a batch at once: a new job, a growing one, a
     retried one and one whose points were written without summaries, side by side, each
     end with what rebuilding it from its points gives."""
-    engine, sessions = db
+    _, sessions = db
     fresh, growing, retried, seeded = (new_job(sessions) for _ in range(4))
     record(sessions, growing, series(growing, list(range(0, 700)), seed=12), [700])
     record(sessions, retried, series(retried, list(range(0, 900)), seed=13), [900])
-    with engine.begin() as conn:
-        conn.execute(sa.insert(MetricPoint), series(seeded, list(range(0, 500)), seed=14))
+    seed(sessions, series(seeded, list(range(0, 500)), seed=14))
     batch = {
         fresh: series(fresh, list(range(5, 1300)), seed=15),
         growing: series(growing, list(range(700, 2100)), seed=16, ms=T0 + 5000),
@@ -210,6 +217,7 @@ def test_many_jobs_summarised_in_one_transaction_each_get_their_own(
     }
     with sessions.begin() as s:
         inserted = recording.insert_points(s, [p for rows in batch.values() for p in rows])
+        chunk_writes.append(s, [p for rows in batch.values() for p in rows], [])
         summary_writes.add_points(
             s,
             {
@@ -228,12 +236,11 @@ def test_many_jobs_summarised_in_one_transaction_each_get_their_own(
 def test_points_written_without_summaries_are_never_misread(
     db: tuple[sa.Engine, Sessions],
 ) -> None:
-    engine, sessions = db
+    _, sessions = db
     job_id = new_job(sessions)
     rows = series(job_id, list(range(1, 3001)), seed=4)
     record(sessions, job_id, rows[:1000], [1000])
-    with engine.begin() as conn:  # e.g. a script seeding points: no summaries
-        conn.execute(sa.insert(MetricPoint), [{**r, "loss": 99.0} for r in rows[1000:2000]])
+    seed(sessions, [{**r, "loss": 99.0} for r in rows[1000:2000]])  # no summaries
     with sessions() as s:
         assert open_view(s, job_id)[0] is None
         read = series_window(s, job_id, 40)
@@ -241,8 +248,7 @@ def test_points_written_without_summaries_are_never_misread(
     assert 99.0 in [p["loss"] for p in read.items]
     # A job whose first summarised batch finds other points is summarised from all of them.
     other = new_job(sessions)
-    with engine.begin() as conn:
-        conn.execute(sa.insert(MetricPoint), series(other, list(range(1, 2001)), seed=5))
+    seed(sessions, series(other, list(range(1, 2001)), seed=5))
     more = series(other, list(range(2001, 3001)), seed=6, ms=T0 + 5000)
     record(sessions, other, more, [1000])
     same_answer(sessions, other, 40)

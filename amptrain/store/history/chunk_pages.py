@@ -1,0 +1,150 @@
+"""What the cursor pages and the newest-record reads return, rebuilt from the chunks
+(:mod:`~amptrain.store.history.chunk_reads`) exactly as the per-value rows gave it: the same
+dicts, key order, floats and nulls.
+
+A value recorded as NaN reads as null on SQLite (which stores a NaN as NULL) and as NaN on
+PostgreSQL, as the rows did; a null stays null, an infinity stays infinite on both. The
+integer and boolean fields of the metric table come back as ``int`` and ``bool``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import numpy
+from sqlalchemy.orm import Session
+
+from amptrain.contract.cursor import Cursor
+from amptrain.contract.metrics import STEP_METRICS, STORED_METRIC_FIELDS
+from amptrain.store.history import chunk_index, chunk_load, chunk_reads
+from amptrain.store.history.chunk_parts import (
+    MS,
+    RANK_SERIES,
+    RANKS,
+    SEQ,
+    STEP_KIND,
+    STEP_SERIES,
+)
+from amptrain.store.history.chunk_reads import Records
+
+POINT_SERIES = (*STEP_SERIES, RANKS, *RANK_SERIES)
+"""Every series a point is rebuilt from (its cursor's aside)."""
+_TYPES = {m.name: m.type for m in STEP_METRICS}
+_CONVERT = {"int": int, "bytes": int, "bool": bool, "float": float}
+
+
+def nan_is_null(s: Session) -> bool:
+    """SQLite stores a NaN as NULL: a read from rows gave None for it there."""
+    return s.get_bind().dialect.name == "sqlite"
+
+
+def point_dicts(
+    rec: Records, nan_null: bool, fields: Sequence[str] | None = None
+) -> list[dict[str, Any]]:
+    """The records of the step kind as :func:`amptrain.store.history.points.point_dict`
+    gave them (only ``step`` and ``fields`` when given)."""
+    names = [f for f in STORED_METRIC_FIELDS if fields is None or f == "step" or f in fields]
+    columns: dict[str, list[Any]] = {}
+    for f in names:
+        if f == "step":
+            columns[f] = rec.steps.tolist()
+        elif f == "memory_peak_per_rank":
+            columns[f] = _ranks(rec)
+        else:
+            convert = _CONVERT[_TYPES[f]]
+            nulls = (rec.nulls[f] | ~rec.present[f]).tolist()
+            values = rec.values[f].tolist()
+            columns[f] = [
+                _clean(v, n, nan_null, convert) for v, n in zip(values, nulls, strict=True)
+            ]
+    attempts = rec.attempts.tolist()
+    cursors = [f"{m}-{q}" for m, q in zip(rec.ms.tolist(), rec.seq.tolist(), strict=True)]
+    out = []
+    for i in range(len(rec)):
+        item = {f: columns[f][i] for f in names}
+        item["attempt"] = attempts[i]
+        item["cursor"] = cursors[i]
+        out.append(item)
+    return out
+
+
+def _clean(v: float, null: bool, nan_null: bool, convert: Any) -> Any:
+    if null or (v != v and (nan_null or convert is not float)):
+        return None
+    return convert(v)
+
+
+def _ranks(rec: Records) -> list[list[int] | None]:
+    if RANKS not in rec.present:
+        return [None] * len(rec)
+    held = rec.present[RANKS].tolist()
+    sizes = rec.values[RANKS].tolist()
+    ranks = [rec.values[r].tolist() for r in RANK_SERIES if r in rec.values]
+    return [
+        [int(ranks[k][i]) for k in range(int(sizes[i]))] if held[i] else None
+        for i in range(len(rec))
+    ]
+
+
+def named_items(rec: Records, nan_null: bool) -> list[dict[str, Any]]:
+    """The records of a named kind as eval pages gave them: ``step``, ``attempt``, ``time``,
+    ``cursor`` and ``values`` (the names the record holds, in its order)."""
+    order = sorted(rec.values, key=lambda n: (rec.positions.get(n, math.inf), n))
+    present = {n: rec.present[n].tolist() for n in order}
+    values = {n: rec.values[n].tolist() for n in order}
+    nulls = {n: rec.nulls[n].tolist() for n in order}
+    out = []
+    for i, (step, attempt, t, ms, seq) in enumerate(
+        zip(
+            *(c.tolist() for c in (rec.steps, rec.attempts, rec.time, rec.ms, rec.seq)), strict=True
+        )
+    ):
+        held = {
+            n: _clean(values[n][i], nulls[n][i], nan_null, float) for n in order if present[n][i]
+        }
+        out.append(
+            {"step": step, "attempt": attempt, "time": t, "cursor": f"{ms}-{seq}", "values": held}
+        )
+    return out
+
+
+def newest(s: Session, job_id: str, kind: str) -> tuple[Cursor, int, int] | None:
+    """The cursor, attempt and step of the job's most recently recorded ``kind`` record;
+    None before the first. A few index reads, whatever the run's length."""
+    best: tuple[Cursor, int, int] | None = None
+    for attempt in chunk_index.attempts(s, job_id, kind):
+        chunks = chunk_index.newest_chunks(s, job_id, kind, attempt)
+        loaded = chunk_load.load(s, job_id, kind, (MS, SEQ), chunks)
+        for chunk in chunks:
+            ms, seq = loaded[(MS, chunk, attempt)], loaded[(SEQ, chunk, attempt)]
+            i = int(numpy.lexsort((seq.values, ms.values))[-1])
+            found = (Cursor(int(ms.values[i]), int(seq.values[i])), attempt, int(ms.steps[i]))
+            best = found if best is None or found[0] > best[0] else best
+    return best
+
+
+def record_size(s: Session, job_id: str, kind: str) -> int:
+    """How many named values the job's newest ``kind`` record holds; 0 before the first."""
+    found = newest(s, job_id, kind)
+    if found is None:
+        return 0
+    _, attempt, step = found
+    names = [n for n in chunk_index.names(s, job_id, kind) if not n.startswith("@")]
+    rec = chunk_reads.by_steps(s, job_id, kind, [step], names, effective=False)
+    rec = rec.take(rec.attempts == attempt)
+    return sum(bool(held.any()) for held in rec.present.values())
+
+
+def points_at(
+    s: Session, job_id: str, steps: Sequence[int], fields: Sequence[str] | None = None
+) -> list[dict[str, Any]]:
+    """The effective points at ``steps`` (those recorded), in step order, as
+    :func:`amptrain.store.history.points.point_dict` gives them, only ``step`` and
+    ``fields`` when given: one statement for the chunks holding them."""
+    wanted = [f for f in POINT_SERIES if fields is None or f in fields or f.startswith("@")]
+    if fields is not None and "memory_peak_per_rank" not in fields:
+        wanted = [f for f in wanted if not f.startswith("@")]
+    rec = chunk_reads.by_steps(s, job_id, STEP_KIND, steps, wanted, effective=True)
+    return point_dicts(rec, nan_is_null(s), fields)

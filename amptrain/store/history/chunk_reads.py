@@ -1,0 +1,240 @@
+"""Records of one kind rebuilt from the chunks (numpy): by cursor range (the cursor pages) or by
+steps (the windows' chosen points), ``effective`` (per step, and per name for the named
+kinds, the newest attempt's value) or ``all`` attempts.
+
+A record is a step point (kind ``step``) or one evaluation / one step's layer norms: its
+step, attempt, cursor, time and values; the chunks hold them as the series of
+:mod:`~amptrain.store.history.chunk_parts`. Only the chunks that can hold the range are
+read (:mod:`~amptrain.store.history.chunk_load`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy
+from sqlalchemy.orm import Session
+
+from amptrain.contract.cursor import Cursor
+from amptrain.store.history import chunk_index, chunk_load
+from amptrain.store.history.chunk_load import Loaded
+from amptrain.store.history.chunk_parts import MS, SEQ, SHIFT, STEP_KIND, TIME
+
+_I64 = numpy.int64
+_EMPTY = numpy.empty(0, _I64)
+
+
+@dataclass(frozen=True, slots=True)
+class Records:
+    """Records as columns, one row a record (of one attempt at one step)."""
+
+    steps: numpy.ndarray
+    attempts: numpy.ndarray
+    ms: numpy.ndarray
+    seq: numpy.ndarray
+    time: numpy.ndarray
+    """float64: the point's ``time`` field, a named record's time."""
+    values: dict[str, numpy.ndarray]
+    """float64 per name, NaN where null or absent."""
+    nulls: dict[str, numpy.ndarray]
+    """True where the value is null (a stored None, not a NaN)."""
+    present: dict[str, numpy.ndarray]
+    """True where the record holds the name (named kinds: not every record holds every
+    name, and ``effective`` drops the names a newer attempt re-recorded)."""
+    positions: dict[str, int]
+    """A named series' place in its records (the order a page lists a record's values)."""
+
+    def __len__(self) -> int:
+        return len(self.steps)
+
+    @classmethod
+    def of(
+        cls,
+        cols: Sequence[numpy.ndarray],
+        maps: Sequence[dict[str, numpy.ndarray]],
+        positions: dict[str, int],
+    ) -> Records:
+        """From the columns (steps, attempts, ms, seq, time) and the maps (values, nulls,
+        present)."""
+        steps, attempts, ms, seq, time = cols
+        values, nulls, present = maps
+        return cls(steps, attempts, ms, seq, time, values, nulls, present, positions)
+
+    def columns(self) -> tuple[numpy.ndarray, ...]:
+        return (self.steps, self.attempts, self.ms, self.seq, self.time)
+
+    def maps(self) -> tuple[dict[str, numpy.ndarray], ...]:
+        return (self.values, self.nulls, self.present)
+
+    def take(self, index: numpy.ndarray | slice) -> Records:
+        """The records at ``index``."""
+        maps = [{n: a[index] for n, a in m.items()} for m in self.maps()]
+        return Records.of([c[index] for c in self.columns()], maps, self.positions)
+
+
+def assemble(loaded: Loaded, kind: str, names: Sequence[str], effective: bool) -> Records:
+    """Every record in ``loaded`` (all attempts' chunks of the same chunk numbers), in
+    (attempt, step) order; ``effective``: only what no newer attempt re-recorded. Each
+    series is joined to the records at once (numpy over all its chunks), not chunk by
+    chunk: a window's points touch a chunk each."""
+    time_name = "time" if kind == STEP_KIND else TIME
+    wanted = [n for n in names if n not in (MS, SEQ, TIME)]
+    series = _by_name(loaded)
+    ms = series.get(MS)
+    if ms is None:
+        ms = _Series(_EMPTY, numpy.empty(0), numpy.empty(0, bool), {})
+    keys, steps, attempts = ms.keys, ms.keys & _STEP_MASK, ms.keys >> 32
+    keep = numpy.ones(len(keys), bool)
+    if effective and kind == STEP_KIND:
+        keep &= attempts == _newest(ms.keys, steps)
+    maps: list[dict[str, numpy.ndarray]] = [{}, {}, {}]
+    positions: dict[str, int] = {}
+    for n in wanted:
+        found = series.get(n)
+        values, nulls, there = _joined(keys, found)
+        if found is not None:
+            if found.positions:  # the first chunk's (the order a page lists the names in)
+                positions[n] = found.positions[min(found.positions)]
+            if effective and kind != STEP_KIND:
+                there &= attempts == _newest(found.keys, steps)
+        for m, a in zip(maps, (values, nulls, there), strict=True):
+            m[n] = a
+    if effective and kind != STEP_KIND and wanted:
+        keep &= numpy.logical_or.reduce([maps[2][n] for n in wanted])
+    cols = [
+        steps,
+        attempts,
+        ms.values.astype(_I64),
+        _joined(keys, series.get(SEQ))[0].astype(_I64),
+        _joined(keys, series.get(time_name))[0],
+    ]
+    picked = [{n: a[keep] for n, a in m.items()} for m in maps]
+    return Records.of([c[keep] for c in cols], picked, positions)
+
+
+_STEP_MASK = (1 << 32) - 1
+
+
+@dataclass(frozen=True, slots=True)
+class _Series:
+    """One series over every loaded chunk, sorted by key ``attempt << 32 | step``."""
+
+    keys: numpy.ndarray
+    values: numpy.ndarray
+    nulls: numpy.ndarray
+    positions: dict[tuple[int, int], int]
+    """(chunk, attempt) -> the name's place, where the chunk keeps one."""
+
+
+def _by_name(loaded: Loaded) -> dict[str, _Series]:
+    parts: dict[str, list[tuple[int, int, chunk_load.Chunk]]] = {}
+    for (name, chunk, attempt), c in loaded.items():
+        parts.setdefault(name, []).append((chunk, attempt, c))
+    out = {}
+    for name, found in parts.items():
+        keys = numpy.concatenate([(a << 32) | c.steps for _, a, c in found])
+        values = numpy.concatenate([c.values for _, _, c in found])
+        nulls = numpy.concatenate(
+            [c.nulls if c.nulls is not None else numpy.zeros(len(c.steps), bool) for *_, c in found]
+        )
+        order = numpy.argsort(keys, kind="stable")
+        positions = {(k, a): c.position for k, a, c in found if c.position is not None}
+        out[name] = _Series(keys[order], values[order], nulls[order], positions)
+    return out
+
+
+def _joined(
+    keys: numpy.ndarray, found: _Series | None
+) -> tuple[numpy.ndarray, numpy.ndarray, numpy.ndarray]:
+    """A series' values at the records ``keys`` (NaN where absent), its null flags there,
+    and where it holds the record."""
+    n = len(keys)
+    if found is None or not len(found.keys):
+        return numpy.full(n, numpy.nan), numpy.zeros(n, bool), numpy.zeros(n, bool)
+    at = numpy.searchsorted(found.keys, keys).clip(0, len(found.keys) - 1)
+    there = found.keys[at] == keys
+    return numpy.where(there, found.values[at], numpy.nan), there & found.nulls[at], there
+
+
+def _newest(keys: numpy.ndarray, steps: numpy.ndarray) -> numpy.ndarray:
+    """Per step of ``steps``: the newest attempt among ``keys`` (a series' entries) that
+    holds it (-1 where none does)."""
+    held, inverse = numpy.unique(keys & _STEP_MASK, return_inverse=True)
+    newest = numpy.full(len(held), -1, _I64)
+    numpy.maximum.at(newest, inverse, keys >> 32)
+    if not len(held):
+        return numpy.full(len(steps), -1, _I64)
+    at = numpy.searchsorted(held, steps).clip(0, len(held) - 1)
+    return numpy.where(held[at] == steps, newest[at], -1)
+
+
+def by_cursor(
+    s: Session,
+    job_id: str,
+    kind: str,
+    after: Cursor | None,
+    upto: Cursor | None,
+    limit: int,
+    effective: bool,
+    names: Sequence[str] | None = None,
+) -> Records:
+    """The first ``limit`` records of ``kind`` after ``after`` and up to ``upto`` (cursors,
+    inclusive), in cursor order (recording order across attempts). ``names``: the series to
+    read (every one of the kind by default)."""
+    names = list(chunk_index.names(s, job_id, kind) if names is None else names)
+    series = sorted({*names, MS, SEQ, "time" if kind == STEP_KIND else TIME})
+    found: list[Records] = []
+    start = (after.ms if after else 0, -1)
+    for attempt in chunk_index.attempts(s, job_id, kind):
+        got, past, batch = 0, -1, limit // 256 + 2
+        while got < limit:
+            chunks = chunk_index.chunks_after(
+                s, job_id, kind, attempt, (start[0], past), upto.ms if upto else None, batch
+            )
+            if not chunks:
+                break
+            rec = assemble(chunk_load.load(s, job_id, kind, series, chunks), kind, names, effective)
+            rec = rec.take((rec.attempts == attempt) & _within(rec, after, upto))
+            found.append(rec)
+            got += len(rec)
+            if len(chunks) < batch:
+                break  # the attempt's last chunks
+            past, batch = chunks[-1], batch * 2
+    if not found:
+        return assemble({}, kind, names, effective)
+    return _first_by_cursor(found, limit)
+
+
+def _within(rec: Records, after: Cursor | None, upto: Cursor | None) -> numpy.ndarray:
+    keep = numpy.ones(len(rec), bool)
+    if after is not None:
+        keep &= (rec.ms > after.ms) | ((rec.ms == after.ms) & (rec.seq > after.seq))
+    if upto is not None:
+        keep &= (rec.ms < upto.ms) | ((rec.ms == upto.ms) & (rec.seq <= upto.seq))
+    return keep
+
+
+def _first_by_cursor(found: list[Records], limit: int) -> Records:
+    names = list(found[0].values)
+    cols = [numpy.concatenate([r.columns()[i] for r in found]) for i in range(5)]
+    maps = [
+        {n: numpy.concatenate([r.maps()[i][n] for r in found]) for n in names} for i in range(3)
+    ]
+    positions = {k: v for r in found[::-1] for k, v in r.positions.items()}
+    joined = Records.of(cols, maps, positions)
+    order = numpy.lexsort((joined.seq, joined.ms))[:limit]
+    return joined.take(order)
+
+
+def by_steps(
+    s: Session, job_id: str, kind: str, steps: Sequence[int], names: Sequence[str], effective: bool
+) -> Records:
+    """The records of ``kind`` at ``steps`` (every attempt's, or the effective ones), in
+    (step, attempt) order: one statement for the chunks holding them."""
+    wanted = numpy.unique(numpy.asarray(steps, _I64))
+    series = sorted({*names, MS, SEQ, "time" if kind == STEP_KIND else TIME})
+    chunks = numpy.unique(wanted >> SHIFT).tolist()
+    rec = assemble(chunk_load.load(s, job_id, kind, series, chunks), kind, names, effective)
+    rec = rec.take(numpy.isin(rec.steps, wanted))
+    return rec.take(numpy.lexsort((rec.attempts, rec.steps)))
