@@ -19,7 +19,9 @@ from __future__ import annotations
 
 from array import array
 from collections.abc import Mapping, Sequence
+from itertools import islice
 from math import isfinite
+from operator import lt as _lt
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -98,10 +100,42 @@ def merge(
     or not (the migration's, whose chunks will not grow)."""
     merged: dict[Key, Stored] = {}
     for key, part in parts.items():
-        m = _merged(part, stored.get(key))
+        old = stored.get(key)
+        m = _appended(part, old)
+        if m is None:
+            m = _merged(part, old)
         if m is not None:
             merged[key] = m
-    return [_row(key, *m, _skipped(key, merged, stored), pack) for key, m in merged.items()]
+    skipped: dict[Key, int] = {}
+    return [
+        _row(key, *m, _skipped(key, merged, stored, skipped), pack) for key, m in merged.items()
+    ]
+
+
+def _appended(part: Part, old: Stored | None) -> Stored | None:
+    """The common case without per-value work: the part's steps rise strictly, all after the
+    stored chunk's last (an attempt records its steps in order), and every value is a
+    number. None otherwise (a replay, a resent range, a null): :func:`_merged` decides."""
+    steps = part.steps
+    if old is not None and old[0].steps and old[0].steps[-1] >= steps[0]:
+        return None
+    if not all(map(_lt, steps, islice(steps, 1, None))):
+        return None
+    try:
+        values = array("d", part.values)
+    except (TypeError, OverflowError):
+        return None
+    if old is None:
+        return (
+            Decoded(array("q", steps), values, None, part.position),
+            part.times[0],
+            part.times[-1],
+        )
+    o = old[0]
+    nulls = o.nulls + bytes(len(steps)) if o.nulls else None
+    position = part.position if o.position is None else o.position
+    decoded = Decoded(o.steps + array("q", steps), o.values + values, nulls, position)
+    return decoded, old[1], part.times[-1]
 
 
 def _merged(part: Part, old: Stored | None) -> Stored | None:
@@ -156,14 +190,20 @@ def _first(entry: tuple[int, Any]) -> int:
     return entry[0]
 
 
-def _skipped(key: Key, merged: Mapping[Key, Stored], stored: Mapping[Key, Stored]) -> int:
+def _skipped(
+    key: Key, merged: Mapping[Key, Stored], stored: Mapping[Key, Stored], seen: dict[Key, int]
+) -> int:
     """How many of the chunk's steps were skipped: from the same attempt's ``skipped``
-    series (written with every step series of a point, so over the same steps)."""
+    series (written with every step series of a point, so over the same steps); counted
+    once per chunk in ``seen``, not once per series."""
     if key[1] != STEP_KIND:
         return 0
     flag_key = (key[0], STEP_KIND, "skipped", key[3], key[4])
-    flags = merged.get(flag_key) or stored.get(flag_key)
-    return 0 if flags is None else sum(1 for v in flags[0].values if v == 1)
+    count = seen.get(flag_key)
+    if count is None:
+        flags = merged.get(flag_key) or stored.get(flag_key)
+        count = seen[flag_key] = 0 if flags is None else flags[0].values.count(1.0)
+    return count
 
 
 def _closed(key: Key, d: Decoded) -> bool:
@@ -175,17 +215,17 @@ def _closed(key: Key, d: Decoded) -> bool:
 def _row(
     key: Key, d: Decoded, t_first: float | None, t_last: float | None, skipped: int, pack: bool
 ) -> tuple[Any, ...]:
-    finite = [v for v in d.values if isfinite(v)]
     nulls = d.nulls
+    low, high, non_finite = _range(d.values)
     return (
         *key,
         d.steps[0],
         d.steps[-1],
         len(d.steps),
-        len(d.steps) - len(finite),
+        non_finite,
         skipped,
-        min(finite) if finite else None,
-        max(finite) if finite else None,
+        low,
+        high,
         None if nulls and nulls[0] else d.values[0],
         None if nulls and nulls[-1] else d.values[-1],
         t_first,
@@ -194,6 +234,18 @@ def _row(
             key[3] << _SHIFT, d.steps, d.values, nulls, pack or _closed(key, d), d.position
         ),
     )
+
+
+def _range(values: array[float]) -> tuple[float | None, float | None, int]:
+    """The lowest and highest finite value (None: none is) and how many are not finite
+    (NaN, a null, an infinity). A finite sum means every value is finite: then min and max
+    are two loops in C, not a list of the finite ones."""
+    if isfinite(sum(values)):
+        return min(values), max(values), 0
+    finite = [v for v in values if isfinite(v)]
+    if not finite:
+        return None, None, len(values)
+    return min(finite), max(finite), len(values) - len(finite)
 
 
 COLUMNS = (
