@@ -121,21 +121,37 @@ def _appended(part: Part, old: Stored | None) -> Stored | None:
         return None
     if not all(map(_lt, steps, islice(steps, 1, None))):
         return None
-    try:
-        values = array("d", part.values)
-    except (TypeError, OverflowError):
+    got = _numbers(part.values)
+    if got is None:
         return None
+    values, new_nulls = got
     if old is None:
-        return (
-            Decoded(array("q", steps), values, None, part.position),
-            part.times[0],
-            part.times[-1],
-        )
+        decoded = Decoded(array("q", steps), values, new_nulls, part.position)
+        return decoded, part.times[0], part.times[-1]
     o = old[0]
-    nulls = o.nulls + bytes(len(steps)) if o.nulls else None
+    nulls = None
+    if o.nulls or new_nulls:
+        nulls = (o.nulls or bytes(len(o.steps))) + (new_nulls or bytes(len(steps)))
     position = part.position if o.position is None else o.position
     decoded = Decoded(o.steps + array("q", steps), o.values + values, nulls, position)
     return decoded, old[1], part.times[-1]
+
+
+def _numbers(raw: list[Any]) -> tuple[array[float], bytes | None] | None:
+    """The values as float64 (NaN where null) and their null flags (None: no null); None
+    when one is not a number (a malformed entry: :func:`_merged` makes it null)."""
+    try:
+        return array("d", raw), None
+    except (TypeError, OverflowError):
+        pass
+    nulls = raw.count(None)
+    if nulls == len(raw):  # a field this run does not record (memory on a CPU)
+        return array("d", [_NAN]) * nulls, b"\x01" * nulls
+    try:
+        values = array("d", [_NAN if v is None else v for v in raw])
+    except (TypeError, OverflowError):
+        return None
+    return values, bytes([v is None for v in raw]) if nulls else None
 
 
 def _merged(part: Part, old: Stored | None) -> Stored | None:
@@ -242,7 +258,7 @@ def _range(values: array[float]) -> tuple[float | None, float | None, int]:
     are two loops in C, not a list of the finite ones."""
     if isfinite(sum(values)):
         return min(values), max(values), 0
-    finite = [v for v in values if isfinite(v)]
+    finite = list(filter(isfinite, values))
     if not finite:
         return None, None, len(values)
     return min(finite), max(finite), len(values) - len(finite)
