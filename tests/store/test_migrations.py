@@ -156,5 +156,5 @@ def _decoded(chunks: dict[tuple[str, str, int, int], bytes]) -> dict[Any, Any]:
     out = {}
     for key, data in chunks.items():
         d = chunk_codec.decode(key[2] * chunk_codec.CHUNK_STEPS, data)
-        out[key] = (d.steps.tolist(), d.values.tobytes(), d.nulls, d.position)
+        out[key] = (list(d.steps), d.values.tobytes(), d.nulls, d.position)
     return out

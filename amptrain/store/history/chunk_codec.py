@@ -31,6 +31,7 @@ import sys
 import zlib
 from array import array
 from dataclasses import dataclass
+from typing import TypeAlias
 
 VERSION = 1
 """Bumped when the layout changes; a reader refuses a version it does not know."""
@@ -45,14 +46,18 @@ HEADER = struct.Struct("<BBH")
 POSITION = struct.Struct("<H")
 _SWAP = sys.byteorder != "little"
 
+Steps: TypeAlias = "array[int] | range"
+"""A chunk's steps: a ``range`` when they are consecutive (nearly every chunk: the recorder
+extends an open chunk's range without building an array of its steps), else an array."""
+
 
 @dataclass(frozen=True, slots=True)
 class Decoded:
     """A chunk's steps (ascending), values (NaN where null) and null flags (None when no
-    value is null). Standard-library arrays: the recorder (an API process) does without
-    numpy; a reader wraps them with ``numpy.frombuffer`` at no cost."""
+    value is null). Standard-library types: the recorder (an API process) does without
+    numpy; a reader wraps the arrays with ``numpy.frombuffer`` at no cost."""
 
-    steps: array[int]
+    steps: Steps
     values: array[float]
     nulls: bytes | None
     """One byte a value, 1 where null."""
@@ -63,7 +68,7 @@ class Decoded:
 
 def encode(
     first_aligned: int,
-    steps: array[int],
+    steps: Steps,
     values: array[float],
     nulls: bytes | None,
     pack: bool,
@@ -109,14 +114,14 @@ def decode(first_aligned: int, data: bytes) -> Decoded:
         (position,) = POSITION.unpack_from(data, pos)
         pos += POSITION.size
     if flags & GAPS:
-        steps = array("q", (first_aligned + o for o in data[pos : pos + n]))
+        steps: Steps = array("q", (first_aligned + o for o in data[pos : pos + n]))
         pos += n
     elif n:
         start = first_aligned + data[pos]
-        steps = array("q", range(start, start + n))
+        steps = range(start, start + n)
         pos += 1
     else:
-        steps = array("q")
+        steps = range(first_aligned, first_aligned)
     nulls = None
     if flags & NULLS:
         nulls = data[pos : pos + n]
@@ -126,7 +131,7 @@ def decode(first_aligned: int, data: bytes) -> Decoded:
     for i in range(8):
         raw[i::8] = shuffled[i * n : (i + 1) * n]
     values = array("d")
-    values.frombytes(bytes(raw))
+    values.frombytes(raw)
     if _SWAP:
         values.byteswap()
     return Decoded(steps, values, nulls, position)

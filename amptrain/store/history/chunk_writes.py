@@ -27,7 +27,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from amptrain.store.history import chunk_codec
-from amptrain.store.history.chunk_codec import CHUNK_STEPS, Decoded
+from amptrain.store.history.chunk_codec import CHUNK_STEPS, Decoded, Steps
 from amptrain.store.history.chunk_parts import SHIFT as _SHIFT
 from amptrain.store.history.chunk_parts import STEP_KIND as STEP_KIND
 from amptrain.store.history.chunk_parts import STEP_SERIES as STEP_SERIES
@@ -60,14 +60,24 @@ record that carried no time)."""
 
 def read(s: Session, keys: list[Key]) -> dict[Key, Stored]:
     """The stored chunks among ``keys``, by primary key: on PostgreSQL one statement for all
-    (a join with the unnested keys), on SQLite one cached statement per key (no round
-    trips to save there)."""
+    (a join with the unnested keys), on SQLite one per chunk number and attempt."""
     conn: Any = s.connection().connection.driver_connection
     out: dict[Key, Stored] = {}
     if s.get_bind().dialect.name == "sqlite":
-        for key in keys:
-            for first_time, last_time, data in conn.execute(_ONE, key):
-                out[key] = (chunk_codec.decode(key[3] << _SHIFT, data), first_time, last_time)
+        # One statement per chunk number (its names in one IN list): a batch reaches ~15
+        # series of a chunk, and a statement's own cost was most of a live batch's read.
+        by_chunk: dict[tuple[str, str, int, int], list[str]] = {}
+        for job_id, kind, name, chunk, attempt in keys:
+            by_chunk.setdefault((job_id, kind, chunk, attempt), []).append(name)
+        for (job_id, kind, chunk, attempt), names in by_chunk.items():
+            for i in range(0, len(names), _NAMES_PER_READ):
+                some = names[i : i + _NAMES_PER_READ]
+                sql = _ONE.format(marks=", ".join("?" * len(some)))
+                for name, first_time, last_time, data in conn.execute(
+                    sql, (job_id, kind, chunk, attempt, *some)
+                ):
+                    decoded = chunk_codec.decode(chunk << _SHIFT, data)
+                    out[(job_id, kind, name, chunk, attempt)] = (decoded, first_time, last_time)
         return out
     columns = [list(c) for c in zip(*keys, strict=True)]
     with conn.cursor() as cur:
@@ -81,9 +91,11 @@ def read(s: Session, keys: list[Key]) -> dict[Key, Stored]:
 
 _KEY = ("job_id", "kind", "name", "chunk", "attempt")
 _ONE = (
-    "SELECT time_first, time_last, data FROM metric_chunks "
-    "WHERE job_id = ? AND kind = ? AND name = ? AND chunk = ? AND attempt = ?"
+    "SELECT name, time_first, time_last, data FROM metric_chunks "
+    "WHERE job_id = ? AND kind = ? AND chunk = ? AND attempt = ? AND name IN ({marks})"
 )
+_NAMES_PER_READ = 500
+"""Names per SQLite read at most (a layer-norm record can name a few thousand)."""
 _MANY = (
     "SELECT c.job_id, c.kind, c.name, c.chunk, c.attempt, c.time_first, c.time_last, c.data "
     "FROM unnest(%s::text[], %s::text[], %s::text[], %s::int[], %s::int[]) "
@@ -126,15 +138,24 @@ def _appended(part: Part, old: Stored | None) -> Stored | None:
         return None
     values, new_nulls = got
     if old is None:
-        decoded = Decoded(array("q", steps), values, new_nulls, part.position)
+        decoded = Decoded(_extended(range(0), steps), values, new_nulls, part.position)
         return decoded, part.times[0], part.times[-1]
     o = old[0]
     nulls = None
     if o.nulls or new_nulls:
         nulls = (o.nulls or bytes(len(o.steps))) + (new_nulls or bytes(len(steps)))
     position = part.position if o.position is None else o.position
-    decoded = Decoded(o.steps + array("q", steps), o.values + values, nulls, position)
+    decoded = Decoded(_extended(o.steps, steps), o.values + values, nulls, position)
     return decoded, old[1], part.times[-1]
+
+
+def _extended(old: Steps, new: list[int]) -> Steps:
+    """``old`` followed by ``new`` (rising, after it): a range while both are consecutive."""
+    if new[-1] - new[0] + 1 == len(new) and (not old or old[-1] + 1 == new[0]):
+        return range(old[0] if old else new[0], new[-1] + 1)
+    steps = array("q", old)
+    steps.extend(new)
+    return steps
 
 
 def _numbers(raw: list[Any]) -> tuple[array[float], bytes | None] | None:
