@@ -29,6 +29,16 @@ def _cpu(r: dict[str, Any]) -> dict[str, float]:
     }
 
 
+def _trickle(runs: list[dict[str, Any]]) -> str:
+    """The trickle leg's recorder CPU per point (and its chunk writes', with --parts)."""
+    cpu = [r["trickle"]["cpu_us"] for r in runs if "cpu_us" in r["trickle"]]
+    if not cpu:
+        return ""
+    chunks = [r["trickle"]["chunks_us"] for r in runs if r["trickle"].get("chunks_us")]
+    more = f", chunk writes {_spread(chunks)} us" if chunks else ""
+    return f", recorder CPU {_spread(cpu)} us a point{more}"
+
+
 def report(
     db: str,
     results: dict[tuple[str, str | None], list[dict[str, Any]]],
@@ -62,7 +72,7 @@ def report(
             f"{'':27s} live: persisted {_spread([r['live']['persist_per_s'] for r in runs], 0)}"
             f"/s, lag after the last publish {_spread([r['live']['lag_s'] for r in runs], 2)} s;"
             f" one job at 100 steps/s in SQL after "
-            f"{_spread([r['trickle']['p50_s'] for r in runs], 2)} s (median point)",
+            f"{_spread([r['trickle']['p50_s'] for r in runs], 2)} s (median point){_trickle(runs)}",
             flush=True,
         )
         parts = [r["backlog"].get("parts") or {} for r in runs]

@@ -16,7 +16,7 @@ from typing import Any
 
 from bench.common import SPEC, throwaway_pg
 from bench.recorder_parts import Parts
-from bench.recorder_producer import Producer
+from bench.recorder_producer import Producer, step_record
 from bench.recorder_servers import Servers
 
 # -- one run (its own process) -------------------------------------------------------------
@@ -55,7 +55,7 @@ def one_run(cfg: dict[str, Any]) -> dict[str, Any]:
         parts = Parts() if cfg.get("parts") else None
         out = {"live": _live(cfg, server.url, engine, sf, client)}
         out["backlog"] = _backlog(cfg, server.url, engine, sf, client, servers, parts)
-        out["trickle"] = _trickle(cfg, engine, sf, client)
+        out["trickle"] = _trickle(cfg, engine, sf, client, parts)
         client.close()
         engine.dispose()
         recorder_engine.dispose()
@@ -180,16 +180,22 @@ def _live(cfg: dict[str, Any], redis_url: str, engine: Any, sf: Any, client: Any
     }
 
 
-def _trickle(cfg: dict[str, Any], engine: Any, sf: Any, client: Any) -> dict[str, Any]:
-    """One job at 100 steps/s for 3 s: how long each point takes to reach SQL."""
+def _trickle(
+    cfg: dict[str, Any], engine: Any, sf: Any, client: Any, parts: Parts | None
+) -> dict[str, Any]:
+    """One job at 100 steps/s for 3 s (the producer's step points): how long each point
+    takes to reach SQL, and the recorder's CPU per point (its loop's idle turns included)
+    and, with ``parts``, its chunk writes': each batch holds a few points, and rewrites the
+    open chunk of every series."""
     import sqlalchemy as sa
 
-    from amptrain.contract.records import metric
     from amptrain.contract.stream import encode
     from amptrain.core.redis import Keys
     from amptrain.store.models import Job
 
     ((job_id, attempt),) = _jobs(sf, 1)
+    if parts:
+        parts.reset()
     running = _Running(cfg, sf, client, 1)
     running.wait_owned()
     published: list[float] = []
@@ -197,9 +203,7 @@ def _trickle(cfg: dict[str, Any], engine: Any, sf: Any, client: Any) -> dict[str
     def publish() -> None:
         start = time.perf_counter()
         for step in range(1, 301):
-            fields = encode(
-                metric(step=step, time=time.time(), loss=1.0), job_id=job_id, attempt=attempt
-            )
+            fields = encode(step_record(step, time.time()), job_id=job_id, attempt=attempt)
             client.xadd(Keys.telemetry(job_id), fields)
             published.append(time.perf_counter())
             time.sleep(max(0.0, start + step * 0.01 - time.perf_counter()))
@@ -217,9 +221,15 @@ def _trickle(cfg: dict[str, Any], engine: Any, sf: Any, client: Any) -> dict[str
                 seen[k] = now
             time.sleep(0.005)
     thread.join()
-    running.finish()
+    cpu = running.finish()
     lags = sorted(seen[k] - published[k - 1] for k in seen)
-    return {"p50_s": lags[len(lags) // 2], "max_s": lags[-1]}
+    chunks = parts.us_per_point(len(seen), cpu).get("chunks") if parts else None
+    return {
+        "p50_s": lags[len(lags) // 2],
+        "max_s": lags[-1],
+        "cpu_us": cpu / len(seen) * 1e6,
+        "chunks_us": chunks,
+    }
 
 
 def _backlog(

@@ -19,7 +19,9 @@ like engine flushes), as fast as it can:
   part (decode, each write, the garbage collector, ...).
 * live: the recorder runs while the producer publishes. persisted/s = points / (SQL
   holds every job's last step - first publish); lag = that moment - the last XADD.
-* one job at 100 steps/s: how long each point takes to reach SQL (the linger).
+* trickle, one job at 100 steps/s: how long each point takes to reach SQL (the linger),
+  and the recorder's CPU per point at that pace (a batch holds a few points and rewrites
+  the open chunk of every series; ``--parts``: the chunk writes' share).
 
 Every leg runs ``--repeat`` times, the legs interleaved; each figure is printed as its
 median and min..max, and the default insert path's CPU per value is judged against issue
