@@ -150,8 +150,10 @@ def _appended(part: Part, old: Stored | None) -> Stored | None:
 
 
 def _extended(old: Steps, new: list[int]) -> Steps:
-    """``old`` followed by ``new`` (rising, after it): a range while both are consecutive."""
-    if new[-1] - new[0] + 1 == len(new) and (not old or old[-1] + 1 == new[0]):
+    """``old`` followed by ``new`` (rising, after it): a range while both are consecutive
+    (a range ``old`` is; an array may have gaps)."""
+    consecutive = isinstance(old, range) and (not old or old[-1] + 1 == new[0])
+    if consecutive and new[-1] - new[0] + 1 == len(new):
         return range(old[0] if old else new[0], new[-1] + 1)
     steps = array("q", old)
     steps.extend(new)

@@ -6,13 +6,16 @@ version does not know is refused, not misread."""
 from __future__ import annotations
 
 import math
+import random
 import struct
 from array import array
+from typing import Any
 
 import numpy as np
 import pytest
 
-from amptrain.store.history import chunk_codec, series_scan
+from amptrain.store.history import chunk_codec, chunk_parts, chunk_writes, series_scan
+from tests.store.history.test_summaries import series
 
 CASES = {
     "contiguous": (list(range(512, 768)), [0.1 * i for i in range(256)], None),
@@ -53,3 +56,44 @@ def test_an_unknown_format_is_refused() -> None:
     for decode in (chunk_codec.decode, series_scan.decode):
         with pytest.raises(ValueError, match="format"):
             decode(0, bytes(data))
+
+
+def test_a_chunk_appended_batch_by_batch_is_the_chunk_written_at_once() -> None:
+    """The recorder's fast append (rising steps after the stored ones) and the general merge
+    (replays, re-sent ranges, out-of-order steps, malformed values) build the same chunks as
+    one batch of every step: gaps, nulls and NaN where they were, first values kept."""
+    rng = random.Random(3)
+    steps = [s for s in range(1, 1500) if rng.random() > 0.05]  # a few steps never recorded
+    points = series("job", steps, seed=5)
+    for p in rng.sample(points, 20):
+        p["lr"] = "1.5"  # not a number: null, wherever the batch lands
+    at_once = _rows(chunk_writes.merge(chunk_parts.collect(points, []), {}))
+    stored: dict[Any, chunk_writes.Stored] = {}
+    i = 0
+    while i < len(points):
+        n = rng.choice([1, 2, 7, 40, 300])
+        batch = points[i : i + n]
+        if rng.random() < 0.3 and i:  # at-least-once delivery: a range sent again, reordered
+            back = rng.randrange(0, i)
+            batch = rng.sample(points[back:i], min(5, i - back)) + batch
+        parts = chunk_parts.collect(batch, [])
+        for row in chunk_writes.merge(parts, {k: stored[k] for k in parts if k in stored}):
+            stored.update(_rows([row]))
+        i += n
+    by_batch = {
+        key: (list(d.steps), d.values.tobytes(), d.nulls, t_first, t_last)
+        for key, (d, t_first, t_last) in stored.items()
+    }
+    assert by_batch == {
+        key: (list(d.steps), d.values.tobytes(), d.nulls, t_first, t_last)
+        for key, (d, t_first, t_last) in at_once.items()
+    }
+
+
+def _rows(rows: list[tuple[Any, ...]]) -> dict[Any, chunk_writes.Stored]:
+    out = {}
+    for row in rows:
+        key = tuple(row[:5])
+        decoded = chunk_codec.decode(key[3] * chunk_codec.CHUNK_STEPS, row[-1])
+        out[key] = (decoded, row[-3], row[-2])
+    return out
