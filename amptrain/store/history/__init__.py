@@ -7,11 +7,12 @@
   points; ``summary_reads`` reading a window from them.
 - ``window``, ``raw_window``, ``downsample``: a whole run or a step window in at most N
   points (first/last/min/max per bucket, skipped and non-finite steps kept).
-- ``chunk_codec``, ``chunk_parts``, ``chunk_writes``, ``series_scan``: every series of a
-  job (each per-step field, eval metric and layer norm, and the reserved series that
-  rebuild a record: cursor, record time, per-rank memory) in ``metric_chunks``, 256
-  aligned steps of one attempt packed in a row, appended by the recorder in the batch's
-  transaction and streamed whole by :func:`series_scan.scan_run` (the whole-run export's
+- ``chunk_codec``, ``chunk_parts``, ``chunk_merge``, ``chunk_writes``, ``series_scan``:
+  every series of a job (each per-step field, eval metric and layer norm, and the reserved
+  series that rebuild a record: cursor, record time, per-rank memory) in
+  ``metric_chunks``, 256 aligned steps of one attempt packed in a row, appended by the
+  recorder in the batch's transaction (``chunk_merge``: a chunk's contents with a batch's
+  new steps) and streamed whole by :func:`series_scan.scan_run` (the whole-run export's
   reader).
 - ``chunk_index`` (which chunks a read needs; numpy-free), ``chunk_load`` (fetching and
   decoding them), ``chunk_reads`` (records by cursor range or steps, effective or all

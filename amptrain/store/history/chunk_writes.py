@@ -10,24 +10,24 @@ reserved series of :mod:`~amptrain.store.history.chunk_parts` keep what else a p
 
 A value lands in the chunk ``(job, kind, name, step // 256, attempt)``: the key alone says
 where it goes, so at-least-once delivery is harmless. The touched chunks are read by
-primary key, decoded, given the steps they lack (a step already there keeps its first
-value, as ``ON CONFLICT DO NOTHING`` did for rows), re-encoded and upserted in one
-executemany; a replayed or re-sent range adds no step and writes nothing.
+primary key, decoded, given the steps they lack (:mod:`~amptrain.store.history.chunk_merge`:
+a step already there keeps its first value, as ``ON CONFLICT DO NOTHING`` did for rows),
+re-encoded and upserted in one executemany; a replayed or re-sent range adds no step and
+writes nothing.
 """
 
 from __future__ import annotations
 
 from array import array
 from collections.abc import Mapping, Sequence
-from itertools import islice
 from math import isfinite
-from operator import lt as _lt
 from typing import Any
 
 from sqlalchemy.orm import Session
 
-from amptrain.store.history import chunk_codec
-from amptrain.store.history.chunk_codec import CHUNK_STEPS, Decoded, Steps
+from amptrain.store.history import chunk_codec, chunk_merge
+from amptrain.store.history.chunk_codec import CHUNK_STEPS, Decoded
+from amptrain.store.history.chunk_merge import Stored as Stored
 from amptrain.store.history.chunk_parts import SHIFT as _SHIFT
 from amptrain.store.history.chunk_parts import STEP_KIND as STEP_KIND
 from amptrain.store.history.chunk_parts import STEP_SERIES as STEP_SERIES
@@ -51,11 +51,6 @@ def append(
     rows = merge(parts, read(s, list(parts)), pack)
     upsert(s, rows)
     return len(rows)
-
-
-Stored = tuple[Decoded, float | None, float | None]
-"""A stored chunk: its contents and the wall clock of its first and last value (None: a
-record that carried no time)."""
 
 
 def read(s: Session, keys: list[Key]) -> dict[Key, Stored]:
@@ -112,121 +107,13 @@ def merge(
     or not (the migration's, whose chunks will not grow)."""
     merged: dict[Key, Stored] = {}
     for key, part in parts.items():
-        old = stored.get(key)
-        m = _appended(part, old)
-        if m is None:
-            m = _merged(part, old)
+        m = chunk_merge.merged(part, stored.get(key))
         if m is not None:
             merged[key] = m
     skipped: dict[Key, int] = {}
     return [
         _row(key, *m, _skipped(key, merged, stored, skipped), pack) for key, m in merged.items()
     ]
-
-
-def _appended(part: Part, old: Stored | None) -> Stored | None:
-    """The common case without per-value work: the part's steps rise strictly, all after the
-    stored chunk's last (an attempt records its steps in order), and every value is a
-    number. None otherwise (a replay, a resent range, a null): :func:`_merged` decides."""
-    steps = part.steps
-    if old is not None and old[0].steps and old[0].steps[-1] >= steps[0]:
-        return None
-    if not all(map(_lt, steps, islice(steps, 1, None))):
-        return None
-    got = _numbers(part.values)
-    if got is None:
-        return None
-    values, new_nulls = got
-    if old is None:
-        decoded = Decoded(_extended(range(0), steps), values, new_nulls, part.position)
-        return decoded, part.times[0], part.times[-1]
-    o = old[0]
-    nulls = None
-    if o.nulls or new_nulls:
-        nulls = (o.nulls or bytes(len(o.steps))) + (new_nulls or bytes(len(steps)))
-    position = part.position if o.position is None else o.position
-    decoded = Decoded(_extended(o.steps, steps), o.values + values, nulls, position)
-    return decoded, old[1], part.times[-1]
-
-
-def _extended(old: Steps, new: list[int]) -> Steps:
-    """``old`` followed by ``new`` (rising, after it): a range while both are consecutive
-    (a range ``old`` is; an array may have gaps)."""
-    consecutive = isinstance(old, range) and (not old or old[-1] + 1 == new[0])
-    if consecutive and new[-1] - new[0] + 1 == len(new):
-        return range(old[0] if old else new[0], new[-1] + 1)
-    steps = array("q", old)
-    steps.extend(new)
-    return steps
-
-
-def _numbers(raw: list[Any]) -> tuple[array[float], bytes | None] | None:
-    """The values as float64 (NaN where null) and their null flags (None: no null); None
-    when one is not a number (a malformed entry: :func:`_merged` makes it null)."""
-    try:
-        return array("d", raw), None
-    except (TypeError, OverflowError):
-        pass
-    nulls = raw.count(None)
-    if nulls == len(raw):  # a field this run does not record (memory on a CPU)
-        return array("d", [_NAN]) * nulls, b"\x01" * nulls
-    try:
-        values = array("d", [_NAN if v is None else v for v in raw])
-    except (TypeError, OverflowError):
-        return None
-    return values, bytes([v is None for v in raw]) if nulls else None
-
-
-def _merged(part: Part, old: Stored | None) -> Stored | None:
-    """A chunk with the part's new steps; None when it gains none (a replay) and no place
-    (a chunk migration 0014 wrote before a name's place was kept)."""
-    have = set(old[0].steps) if old is not None else set()
-    new: dict[int, tuple[Any, float | None]] = {}
-    for step, value, at in zip(part.steps, part.values, part.times, strict=True):
-        if step not in have and step not in new:
-            new[step] = (value, at)
-    position = part.position if old is None or old[0].position is None else old[0].position
-    if not new and (old is None or old[0].position == position):
-        return None
-    entries = [(step, v) for step, (v, _) in new.items()]
-    t_first = new[min(new)][1] if new else None
-    t_last = new[max(new)][1] if new else None
-    if old is not None:
-        o = old[0]
-        nulls = o.nulls or bytes(len(o.steps))
-        entries += [
-            (step, None if null else v)
-            for step, v, null in zip(o.steps, o.values, nulls, strict=True)
-        ]
-        t_first = old[1] if not new or o.steps[0] < min(new) else t_first
-        t_last = old[2] if not new or o.steps[-1] > max(new) else t_last
-    entries.sort(key=_first)
-    steps = array("q", [e[0] for e in entries])
-    try:
-        values = array("d", [_NAN if e[1] is None else e[1] for e in entries])
-    except (TypeError, OverflowError):
-        # Not a number (a malformed entry that took the decoder's generic route): null,
-        # rather than a batch that fails at every retry.
-        entries = [(step, _number(v)) for step, v in entries]
-        values = array("d", [_NAN if e[1] is None else e[1] for e in entries])
-    flags = bytes([e[1] is None for e in entries])
-    return Decoded(steps, values, flags if any(flags) else None, position), t_first, t_last
-
-
-_NAN = float("nan")
-
-
-def _number(v: Any) -> float | None:
-    if type(v) not in (int, float, bool):
-        return None
-    try:
-        return float(v)
-    except OverflowError:
-        return None
-
-
-def _first(entry: tuple[int, Any]) -> int:
-    return entry[0]
 
 
 def _skipped(
