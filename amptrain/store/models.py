@@ -256,6 +256,43 @@ class MetricChunk(Base):
     data: Mapped[bytes] = mapped_column(sa.LargeBinary)
 
 
+class MetricRollup(Base):
+    """The aggregates of one series of one attempt over aligned chunks (see
+    :mod:`amptrain.store.history.rollups`): level 0 is one chunk (256 steps), level 4 sixteen
+    (4,096 steps), level 8 256 (65,536 steps); ``idx`` is ``chunk >> level``. What a
+    downsampled read needs per bucket without decoding the chunks. The primary key is the
+    only index: a level of a series is one range of it, so no plan depends on statistics."""
+
+    __tablename__ = "metric_rollups"
+
+    job_id: Mapped[str] = mapped_column(
+        sa.ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    kind: Mapped[str] = mapped_column(sa.String(VALUE_KIND_MAX), primary_key=True)
+    name: Mapped[str] = mapped_column(sa.String(LAYER_PATH_MAX), primary_key=True)
+    level: Mapped[int] = mapped_column(primary_key=True, autoincrement=False)
+    idx: Mapped[int] = mapped_column(primary_key=True, autoincrement=False)
+    attempt: Mapped[int] = mapped_column(primary_key=True, autoincrement=False)
+    first_step: Mapped[int]
+    last_step: Mapped[int]
+    count: Mapped[int]
+    non_finite: Mapped[int]
+    """Values that are null, NaN or infinite."""
+    skipped: Mapped[int]
+    """Steps the optimizer skipped (step series; 0 for named series)."""
+    flagged: Mapped[int]
+    """Steps skipped, or whose loss is not finite, or whose grad norm is NaN or infinite
+    (:func:`amptrain.store.history.window.flagged`; step series, else 0)."""
+    first_flag: Mapped[int | None]
+    """The first flagged step."""
+    low: Mapped[float | None] = mapped_column(sa.Float(precision=53))
+    """The lowest finite value (null when none is finite) and the first step holding it."""
+    low_step: Mapped[int | None]
+    high: Mapped[float | None] = mapped_column(sa.Float(precision=53))
+    """The highest finite value and the first step holding it."""
+    high_step: Mapped[int | None]
+
+
 class ApiToken(Base):
     """A bearer token, stored as the sha256 hex of the plaintext."""
 

@@ -24,6 +24,7 @@ TABLES = {
     "metric_summary_state",
     "metric_values",
     "metric_chunks",
+    "metric_rollups",
     "alert_rules",
     "alert_firings",
     "alert_deliveries",

@@ -3,7 +3,7 @@ as ``amptrain recorder``, a process of its own).
 
 - ``service``: :class:`Recorder`, the pass loop: read every owned job's stream through a
   consumer group and hand the entries to the writer.
-- ``writer``: one batch of entries into SQL (points, events, summaries, progress) in one
+- ``writer``: one batch of entries into SQL (points, events, chunks and their roll-ups, progress) in one
   transaction, then the acknowledgement; events relayed into streams; a stream's end.
 - ``entries``: stream entries parsed into rows (hiredis's flat field lists, one pass).
 - ``group``: the consumer group of a job's stream (create, claim what a dead recorder

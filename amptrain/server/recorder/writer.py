@@ -12,7 +12,6 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 import redis
 from sqlalchemy.orm import Session, sessionmaker
@@ -25,7 +24,7 @@ from amptrain.server.recorder.entries import Entry, parse
 from amptrain.server.recorder.group import ConsumerGroup
 from amptrain.server.recorder.owner import Ownership
 from amptrain.store import events, recording
-from amptrain.store.history import chunk_writes, summary_writes, value_writes
+from amptrain.store.history import rollups, value_writes
 
 
 @dataclass
@@ -52,14 +51,12 @@ class BatchWriter:
             recording.update_progress(
                 s, {job_id: (b.points, new.get(job_id, set())) for job_id, b in batches.items()}
             )
-            summary_writes.add_points(
-                s, {job_id: _inserted(b.points, new.get(job_id)) for job_id, b in batches.items()}
-            )
             # Eval values in the same transaction as the points: acknowledged only with them.
             values = [v for b in batches.values() for v in b.values]
             evaluated = value_writes.insert(s, values)
-            # The same values into the series' chunks (what a whole-run export scans).
-            chunk_writes.append(s, points, values)
+            # The same values into the series' chunks (what the whole-run export scans) and
+            # their roll-ups (what the downsampled reads read).
+            rollups.record(s, points, values)
             value_writes.refresh_summary(s, evaluated)
             overflowed: set[str] = set()
             for job_id, batch in batches.items():
@@ -123,8 +120,3 @@ class BatchWriter:
     def finish_stream(self, job_id: str) -> None:
         self.redis.expire(Keys.telemetry(job_id), self.stream_ttl_s)
         self.ownership.release(job_id)
-
-
-def _inserted(points: list[dict[str, Any]], keys: set[tuple[int, int]] | None) -> list[Any]:
-    """The points whose (attempt, step) the insert actually added."""
-    return [p for p in points if (p["attempt"], p["step"]) in keys] if keys else []

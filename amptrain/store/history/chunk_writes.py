@@ -61,6 +61,17 @@ def append(
     fields) and the named values (``job_id``, ``attempt``, ``step``, ``kind``, ``name``,
     ``value``, ``time``) to their chunks; the number of chunks written. ``pack``: as for
     :func:`merge`."""
+    return len(write(s, gather(points, values), pack))
+
+
+Gains = dict[Key, dict[int, tuple[Any, float | None]]]
+"""Per chunk the steps a write added to it: step -> (value, None = null; its time)."""
+
+
+def gather(
+    points: Sequence[Mapping[str, Any]], values: Sequence[Mapping[str, Any]]
+) -> dict[Key, _Part]:
+    """The new values of each chunk, from the recorder's points and named values."""
     parts: dict[Key, _Part] = {}
     _points_into(parts, points)
     for v in values:
@@ -72,11 +83,18 @@ def append(
         part.steps.append(step)
         part.values.append(v["value"])
         part.times.append(v["time"])
+    return parts
+
+
+def write(s: Session, parts: Mapping[Key, _Part], pack: bool = False) -> Gains:
+    """Merge ``parts`` (:func:`gather`) into their stored chunks and upsert the chunks that
+    gained a step; what each gained (the roll-ups' upkeep reads it)."""
     if not parts:
-        return 0
-    rows = merge(parts, read(s, list(parts)), pack)
-    upsert(s, rows)
-    return len(rows)
+        return {}
+    stored = read(s, list(parts))
+    gains = gained(parts, stored)
+    upsert(s, _rows(gains, stored, pack))
+    return gains
 
 
 def _points_into(parts: dict[Key, _Part], points: Iterable[Mapping[str, Any]]) -> None:
@@ -137,7 +155,12 @@ def merge(
     """The rows (:data:`COLUMNS`) of every chunk that gains a step; a step already stored
     (or repeated in ``parts``) keeps its first value. ``pack``: compress every chunk, open
     or not (the migration's, whose chunks will not grow)."""
-    merged: dict[Key, Stored] = {}
+    return _rows(gained(parts, stored), stored, pack)
+
+
+def gained(parts: Mapping[Key, _Part], stored: Mapping[Key, Stored]) -> Gains:
+    """The steps each chunk gains: those of ``parts`` not stored (nor repeated before)."""
+    gains: Gains = {}
     for key, part in parts.items():
         old = stored.get(key)
         have = set(old[0].steps) if old is not None else set()
@@ -145,8 +168,15 @@ def merge(
         for step, value, at in zip(part.steps, part.values, part.times, strict=True):
             if step not in have and step not in new:
                 new[step] = (value, at)
-        if not new:
-            continue  # a replay: nothing new
+        if new:  # else a replay: nothing new
+            gains[key] = new
+    return gains
+
+
+def _rows(gains: Gains, stored: Mapping[Key, Stored], pack: bool) -> list[tuple[Any, ...]]:
+    merged: dict[Key, Stored] = {}
+    for key, new in gains.items():
+        old = stored.get(key)
         first, last = min(new), max(new)
         t_first, t_last = new[first][1], new[last][1]
         entries = [(step, v) for step, (v, _) in new.items()]

@@ -97,6 +97,14 @@ def scan_run(session: Session, job_id: str) -> Iterator[SeriesBlock]:
 def decode(first_aligned: int, data: bytes) -> tuple[numpy.ndarray, numpy.ndarray]:
     """A chunk's steps and values (:func:`amptrain.store.history.chunk_codec.decode`, which
     stays free of numpy for the recorder) as numpy arrays: six times faster per chunk."""
+    steps, values, _ = decode_masked(first_aligned, data)
+    return steps, values
+
+
+def decode_masked(
+    first_aligned: int, data: bytes
+) -> tuple[numpy.ndarray, numpy.ndarray, numpy.ndarray]:
+    """:func:`decode` and a bool array, true where the value was null (stored as NaN)."""
     version, flags, n = chunk_codec.HEADER.unpack_from(data)
     if version != chunk_codec.VERSION:
         raise ValueError(f"metric chunk format {version} is not known to this version")
@@ -109,11 +117,15 @@ def decode(first_aligned: int, data: bytes) -> tuple[numpy.ndarray, numpy.ndarra
         steps = numpy.arange(start, start + n, dtype=numpy.int64)
         pos += 1 if n else 0
     if flags & chunk_codec.NULLS:
-        pos += n  # a null value is stored as NaN: the mask is not needed here
+        nulls = numpy.frombuffer(data, numpy.uint8, n, pos).astype(bool)
+        pos += n
+    else:
+        nulls = numpy.zeros(n, bool)
     packed = data[pos:]
     raw = zlib.decompress(packed) if flags & chunk_codec.PACKED else packed
     shuffled = numpy.frombuffer(raw, numpy.uint8).reshape(8, n)
-    return steps, numpy.ascontiguousarray(shuffled.T).view("<f8").reshape(n).astype(numpy.float64)
+    values = numpy.ascontiguousarray(shuffled.T).view("<f8").reshape(n).astype(numpy.float64)
+    return steps, values, nulls
 
 
 def _effective(

@@ -149,6 +149,23 @@ def _ladder() -> Iterator[int]:
         k += 1
 
 
+def points_between(s: Session, job_id: str, first: int, last: int) -> list[Any]:
+    """The effective points of steps ``first..last`` (per step the newest attempt's), in
+    step order, from ``metric_points``. With :func:`_rows_at`, the one place a downsampled
+    read takes its items' rows: the chunk reader (``chunk_reads.points_at``) replaces both."""
+    p = MetricPoint
+    rows = s.execute(
+        sa.select(p.__table__)
+        .where(p.job_id == job_id, p.step.between(first, last))
+        .order_by(p.step, p.attempt.desc())
+    )
+    out: list[Any] = []
+    for r in rows:
+        if not out or out[-1].step != r.step:
+            out.append(r)
+    return out
+
+
 def _rows_at(s: Session, job_id: str, steps: list[int], *, multi_attempt: bool) -> list[Any]:
     """The points at ``steps`` (the effective one per step), as rows: no ORM objects for
     what only becomes a dict."""

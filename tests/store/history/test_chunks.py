@@ -1,7 +1,8 @@
 """The chunked metric store: what the recorder's batches put in ``metric_chunks`` is, per
 series, the effective history (per step the newest attempt's value) that scan_run
 streams; replays write nothing; migration 0014 moves a run recorded by the previous
-version into the same chunks, resumably, and every read returns what it returned before.
+version into the same chunks (0014) and their roll-ups (0016), resumably, and every read
+returns what it returned before.
 Real SQLite and PostgreSQL."""
 
 from __future__ import annotations
@@ -19,13 +20,14 @@ from sqlalchemy.orm import Session, sessionmaker
 from amptrain.contract.metrics import EVAL_KIND, LAYER_NORM_KIND
 from amptrain.store import migrate, recording
 from amptrain.store.db import make_engine, make_session_factory
-from amptrain.store.history import chunk_writes, series_scan, value_writes
+from amptrain.store.history import chunk_writes, rollups, series_scan, value_writes
 from amptrain.store.history.downsample import series_window
 from amptrain.store.history.eval_window import eval_window
 from amptrain.store.history.points import Page, metric_page
 from amptrain.store.history.values import eval_page
 from amptrain.store.models import MetricChunk
 from tests.store.history.test_summaries import new_job, series
+from tests.support.row_window import raw_window as row_window
 
 Sessions = sessionmaker[Session]
 LAYERS = ("enc.0.weight", "enc.0.bias", "head.weight")
@@ -63,7 +65,7 @@ def record(
             recording.insert_points(s, batch)
             value_writes.insert(s, vals)
             if chunks:
-                chunk_writes.append(s, batch, vals)
+                rollups.record(s, batch, vals)
 
 
 def a_run(job_id: str) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
@@ -177,14 +179,16 @@ def test_a_value_that_is_not_a_number_is_stored_as_null(db: tuple[sa.Engine, Ses
     assert peak is None or math.isnan(peak[2])
 
 
-def reads(sessions: Sessions, job_id: str) -> str:
-    """What the history endpoints return for the job, as JSON text."""
+def reads(sessions: Sessions, job_id: str, *, rows: bool = False) -> str:
+    """What the history endpoints return for the job, as JSON text; ``rows``: the windows
+    from the points (the previous version's reads, tests/support/row_window.py)."""
+    window = row_window if rows else series_window
     with sessions() as s:
         out = {
             "metrics": metric_page(s, job_id, Page(limit=10_000)),
             "all": metric_page(s, job_id, Page(limit=10_000, attempts="all")),
-            "window": series_window(s, job_id, 100).__dict__,
-            "zoom": series_window(s, job_id, 50, ["loss", "lr"], 100, 400).__dict__,
+            "window": window(s, job_id, 100).__dict__,
+            "zoom": window(s, job_id, 50, ["loss", "lr"], 100, 400).__dict__,
             "evals": eval_page(s, job_id, Page(limit=10_000)),
             "layers": eval_page(s, job_id, Page(limit=10_000), LAYER_NORM_KIND),
             "eval_window": eval_window(s, job_id, 10).__dict__,
@@ -201,7 +205,7 @@ def test_migration_moves_a_run_of_the_previous_version_resumably(database_url: s
         job_id = new_job(sessions)
         points, values = a_run(job_id)
         record(sessions, points, values, 97, chunks=False)  # the previous recorder's rows
-        before = reads(sessions, job_id)
+        before = reads(sessions, job_id, rows=True)
         migrate.upgrade(database_url)
         assert reads(sessions, job_id) == before
         want = expected(points, values)
@@ -223,6 +227,6 @@ def test_migration_moves_a_run_of_the_previous_version_resumably(database_url: s
             }
         assert again == stored
         migrate.downgrade(database_url, "0013")
-        assert reads(sessions, job_id) == before
+        assert reads(sessions, job_id, rows=True) == before
     finally:
         engine.dispose()
