@@ -14,16 +14,23 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import numpy
+import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from amptrain.store.history.chunk_codec import CHUNK_STEPS
 from amptrain.store.history.chunk_cover import Node, Piece, Raw, Run, pieces
 from amptrain.store.history.chunk_writes import STEP_KIND
 from amptrain.store.history.rollup_rebuild import array_stats, values_at
-from amptrain.store.history.rollups import FLAG_SERIES, STATS, Stats
+from amptrain.store.history.rollups import FLAG_SERIES, LEVELS, STATS, Stats
 from amptrain.store.history.series_scan import decode_masked
 from amptrain.store.history.summaries import runs as consecutive
+from amptrain.store.models import MetricRollup
 
+KEY_SERIES = "loss"
+"""The step series whose roll-ups count a window's points (every point writes it, a null
+loss too), whose non-finite values are what a mark's ``non_finite`` counts, and whose
+roll-ups carry the flags."""
+_SHIFT = CHUNK_STEPS.bit_length() - 1
 Arrays = tuple[numpy.ndarray, numpy.ndarray, numpy.ndarray]
 """Steps, values (NaN where null) and the null mask of a chunk's effective values."""
 
@@ -166,3 +173,38 @@ _CHUNKS_SQLITE = (
     f"SELECT chunk, data FROM metric_chunks WHERE job_id = ? AND kind = '{STEP_KIND}' "
     "AND name = ? AND chunk BETWEEN ? AND ? AND attempt = ?"
 )
+
+
+def flagged_steps(s: Session, job_id: str, runs: list[Run], lo: int, hi: int) -> set[int]:
+    """Every flagged step of the effective series in ``lo..hi``: the top roll-ups holding
+    flagged steps, their chunks' level-0 roll-ups that do, those chunks decoded (the
+    newest attempt of each step decides)."""
+    r = MetricRollup
+    top = max(LEVELS)
+    series = (r.job_id == job_id, r.kind == STEP_KIND, r.name == KEY_SERIES, r.flagged > 0)
+    first, last = lo >> _SHIFT, hi >> _SHIFT
+    blocks = s.scalars(
+        sa.select(r.idx)
+        .where(*series, r.level == top, r.idx.between(first >> top, last >> top))
+        .distinct()
+    ).all()
+    chunks: set[int] = set()
+    for block in blocks:
+        chunks.update(
+            s.scalars(
+                sa.select(r.idx).where(
+                    *series,
+                    r.level == 0,
+                    r.idx.between(max(first, block << top), min(last, ((block + 1) << top) - 1)),
+                )
+            )
+        )
+    owners = {c: run[2] for c in chunks for run in runs if run[0] <= c <= run[1]}
+    decoded = effective_chunks(s, job_id, FLAG_SERIES, [(a, c) for c, a in owners.items()])
+    out: set[int] = set()
+    for c in owners:
+        steps = decoded.get((KEY_SERIES, c), _EMPTY)[0]
+        _, flagged = flags(decoded, c, steps)
+        held = steps[flagged & (steps >= lo) & (steps <= hi)]
+        out.update(int(x) for x in held)
+    return out

@@ -33,16 +33,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import numpy
-import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from amptrain.store.history.chunk_codec import CHUNK_STEPS
-from amptrain.store.history.chunk_cover import Run, attempt_runs
-from amptrain.store.history.chunk_stats import effective_chunks, flags, range_stats
+from amptrain.store.history.chunk_cover import attempt_runs
 from amptrain.store.history.chunk_writes import STEP_KIND
 from amptrain.store.history.points import newest_cursor
-from amptrain.store.history.rollups import FLAG_SERIES, LEVELS, Stats
+from amptrain.store.history.rollups import Stats
 from amptrain.store.history.window import (
     Window,
     cursor_text,
@@ -53,13 +49,8 @@ from amptrain.store.history.window import (
     room_for_every_flagged,
     window_width,
 )
-from amptrain.store.models import MetricRollup
 
-KEY_SERIES = "loss"
-"""The step series whose roll-ups count a window's points: every point writes it (a null
-loss too), and a non-finite loss is what ``non_finite`` counts."""
 STEP_END = 2**31 - 1
-_SHIFT = CHUNK_STEPS.bit_length() - 1
 
 
 def downsample(
@@ -81,6 +72,10 @@ def series_window(
     """At most ``max_points`` points of steps ``from_step..to_step`` (default: all)."""
     if max_points < 1:
         raise ValueError("max_points must be at least 1")
+    # numpy decodes the chunks: loaded by the first read, not when the API starts (the
+    # recorder, in the same process, stays free of it).
+    from amptrain.store.history.chunk_stats import KEY_SERIES, flagged_steps, range_stats
+
     newest = cursor_text(newest_cursor(s, job_id))
     runs = attempt_runs(s, job_id, STEP_KIND, KEY_SERIES)
     first = 0 if from_step is None else from_step
@@ -101,7 +96,7 @@ def series_window(
     ]
     names = list(dict.fromkeys((KEY_SERIES, *extrema)))
     aggs = [a for a in range_stats(s, job_id, runs, names, ranges) if a[KEY_SERIES].count]
-    steps, marks = _choose(aggs, extrema)
+    steps, marks = _choose(aggs, extrema, KEY_SERIES)
     if room_for_every_flagged(steps, marks, max_points):  # not just each bucket's first
         steps |= flagged_steps(s, job_id, runs, lo, hi)
     lasts = {a[KEY_SERIES].last_step for a in aggs}
@@ -110,14 +105,14 @@ def series_window(
 
 
 def _choose(
-    aggs: list[dict[str, Stats]], extrema: tuple[str, ...]
+    aggs: list[dict[str, Stats]], extrema: tuple[str, ...], key_series: str
 ) -> tuple[set[int], list[dict[str, int]]]:
     """Per bucket's aggregates (of buckets holding points): the steps it keeps, and its
     mark when it holds flagged steps."""
     chosen: set[int] = set()
     marks: list[dict[str, int]] = []
     for a in aggs:
-        key = a[KEY_SERIES]
+        key = a[key_series]
         chosen.update((key.first_step, key.last_step))
         for f in extrema:
             chosen.update(v for v in (a[f].low_step, a[f].high_step) if v is not None)
@@ -133,38 +128,3 @@ def _choose(
                 }
             )
     return chosen, marks
-
-
-def flagged_steps(s: Session, job_id: str, runs: list[Run], lo: int, hi: int) -> set[int]:
-    """Every flagged step of the effective series in ``lo..hi``: the top roll-ups holding
-    flagged steps, their chunks' level-0 roll-ups that do, those chunks decoded (the
-    newest attempt of each step decides)."""
-    r = MetricRollup
-    top = max(LEVELS)
-    series = (r.job_id == job_id, r.kind == STEP_KIND, r.name == KEY_SERIES, r.flagged > 0)
-    first, last = lo >> _SHIFT, hi >> _SHIFT
-    blocks = s.scalars(
-        sa.select(r.idx)
-        .where(*series, r.level == top, r.idx.between(first >> top, last >> top))
-        .distinct()
-    ).all()
-    chunks: set[int] = set()
-    for block in blocks:
-        chunks.update(
-            s.scalars(
-                sa.select(r.idx).where(
-                    *series,
-                    r.level == 0,
-                    r.idx.between(max(first, block << top), min(last, ((block + 1) << top) - 1)),
-                )
-            )
-        )
-    owners = {c: run[2] for c in chunks for run in runs if run[0] <= c <= run[1]}
-    decoded = effective_chunks(s, job_id, FLAG_SERIES, [(a, c) for c, a in owners.items()])
-    out: set[int] = set()
-    for c in owners:
-        steps = decoded.get((KEY_SERIES, c), (numpy.zeros(0, numpy.int64),))[0]
-        _, flagged = flags(decoded, c, steps)
-        held = steps[flagged & (steps >= lo) & (steps <= hi)]
-        out.update(int(x) for x in held)
-    return out

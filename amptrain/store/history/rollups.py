@@ -33,30 +33,42 @@ FLAG_SERIES = ("loss", "grad_norm", "skipped")
 RKey = tuple[str, str, str, int, int, int]
 """``(job_id, kind, name, level, idx, attempt)``: a roll-up's primary key."""
 _KEY = ("job_id", "kind", "name", "level", "idx", "attempt")
-STATS = (
-    "first_step",
-    "last_step",
-    "count",
-    "non_finite",
-    "skipped",
-    "flagged",
-    "first_flag",
-    "low",
-    "low_step",
-    "high",
-    "high_step",
-)
-COLUMNS = (*_KEY, *STATS)
 
 
 class Stats:
-    """The aggregates of some steps of one series (:data:`STATS`)."""
+    """The aggregates of some steps of one series (the columns of :data:`STATS`)."""
 
-    __slots__ = STATS
+    __slots__ = (
+        "count",
+        "first_flag",
+        "first_step",
+        "flagged",
+        "high",
+        "high_step",
+        "last_step",
+        "low",
+        "low_step",
+        "non_finite",
+        "skipped",
+    )
+    first_step: int
+    """The first and last step held (0 while ``count`` is 0)."""
+    last_step: int
+    count: int
+    non_finite: int
+    skipped: int
+    flagged: int
+    first_flag: int | None
+    low: float | None
+    """The lowest finite value and the first step holding it."""
+    low_step: int | None
+    high: float | None
+    """The highest finite value and the first step holding it."""
+    high_step: int | None
 
     def __init__(self, row: Iterable[Any] | None = None) -> None:
         if row is None:
-            row = (None, None, 0, 0, 0, 0, None, None, None, None, None)
+            row = (0, 0, 0, 0, 0, 0, None, None, None, None, None)
         for name, value in zip(STATS, row, strict=True):
             setattr(self, name, value)
 
@@ -66,9 +78,9 @@ class Stats:
 
     def add(self, step: int, value: float | None, skipped: bool, flagged: bool) -> None:
         """Fold in one step (any order; None: a null value)."""
-        if self.first_step is None or step < self.first_step:
+        if not self.count or step < self.first_step:
             self.first_step = step
-        if self.last_step is None or step > self.last_step:
+        if not self.count or step > self.last_step:
             self.last_step = step
         self.count += 1
         self.skipped += skipped
@@ -79,18 +91,20 @@ class Stats:
         if value is None or not isfinite(value):
             self.non_finite += 1
             return
-        if self.low is None or value < self.low or (value == self.low and step < self.low_step):
+        # Ties: the earlier step holds the extreme (steps may come in any order).
+        low, high = self.low, self.high
+        if low is None or value < low or (value == low and step < (self.low_step or 0)):
             self.low, self.low_step = value, step
-        if self.high is None or value > self.high or (value == self.high and step < self.high_step):
+        if high is None or value > high or (value == high and step < (self.high_step or 0)):
             self.high, self.high_step = value, step
 
     def merge(self, o: Stats) -> None:
         """Fold in the aggregates of other steps (ties: the earlier step holds the extreme)."""
-        if o.first_step is None:
+        if not o.count:
             return
-        if self.first_step is None or o.first_step < self.first_step:
+        if not self.count or o.first_step < self.first_step:
             self.first_step = o.first_step
-        if self.last_step is None or o.last_step > self.last_step:
+        if not self.count or o.last_step > self.last_step:
             self.last_step = o.last_step
         self.count += o.count
         self.non_finite += o.non_finite
@@ -106,6 +120,11 @@ class Stats:
             self.high is None or (-o.high, o.high_step) < (-self.high, self.high_step)
         ):
             self.high, self.high_step = o.high, o.high_step
+
+
+STATS: tuple[str, ...] = Stats.__slots__
+"""A roll-up's columns after its key."""
+COLUMNS = (*_KEY, *STATS)
 
 
 def number(v: Any) -> float | None:
@@ -212,7 +231,7 @@ def read(s: Session, keys: list[RKey]) -> dict[RKey, Stats]:
     columns = [list(c) for c in zip(*keys, strict=True)]
     with conn.cursor() as cur:
         for row in cur.execute(_MANY, columns):
-            out[tuple(row[: len(_KEY)])] = Stats(row[len(_KEY) :])  # type: ignore[index]
+            out[tuple(row[: len(_KEY)])] = Stats(row[len(_KEY) :])
     return out
 
 
