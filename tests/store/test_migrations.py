@@ -8,6 +8,7 @@ from alembic.runtime.migration import MigrationContext
 
 from amptrain.contract.spec import JobSpec
 from amptrain.store import migrate
+from amptrain.store.chunk_models import MetricChunk  # noqa: F401  (its tables join Base.metadata)
 from amptrain.store.comparisons import Comparison  # noqa: F401  (its table joins Base.metadata)
 from amptrain.store.db import make_engine, make_session_factory
 from amptrain.store.models import Base, JobEvent

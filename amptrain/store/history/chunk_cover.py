@@ -21,9 +21,9 @@ from itertools import pairwise
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from amptrain.store.chunk_models import MetricRollup
 from amptrain.store.history.chunk_codec import CHUNK_STEPS
 from amptrain.store.history.rollups import LEVELS
-from amptrain.store.models import MetricRollup
 
 _SHIFT = CHUNK_STEPS.bit_length() - 1
 

@@ -17,6 +17,7 @@ import numpy
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from amptrain.store.chunk_models import MetricRollup
 from amptrain.store.history.chunk_codec import CHUNK_STEPS
 from amptrain.store.history.chunk_cover import Node, Piece, Raw, Run, pieces
 from amptrain.store.history.chunk_writes import STEP_KIND
@@ -24,7 +25,6 @@ from amptrain.store.history.rollup_rebuild import array_stats, values_at
 from amptrain.store.history.rollups import FLAG_SERIES, LEVELS, STATS, Stats
 from amptrain.store.history.series_scan import decode_masked
 from amptrain.store.history.summaries import runs as consecutive
-from amptrain.store.models import MetricRollup
 
 KEY_SERIES = "loss"
 """The step series whose roll-ups count a window's points (every point writes it, a null

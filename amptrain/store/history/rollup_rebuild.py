@@ -17,11 +17,11 @@ import numpy
 import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
+from amptrain.store.chunk_models import MetricChunk, MetricRollup
 from amptrain.store.history.chunk_codec import CHUNK_STEPS
 from amptrain.store.history.chunk_writes import STEP_KIND
 from amptrain.store.history.rollups import FLAG_SERIES, LEVELS, Stats, upsert
 from amptrain.store.history.series_scan import decode_masked
-from amptrain.store.models import MetricChunk, MetricRollup
 
 BATCH = 1024
 """Aligned chunk indexes per batch (262,144 steps of a series)."""
@@ -42,7 +42,7 @@ def rebuild(s: Session, job_id: str | None = None) -> None:
         ).one()
         for start in range(span[0], span[1] + 1, BATCH):
             _level0(s, job, kind, name, start, start + BATCH - 1)
-        _fold_levels(s, job, kind, name)
+        fold_levels(s, job, kind, name)
 
 
 def _chunks(
@@ -129,7 +129,7 @@ def values_at(
     return out
 
 
-def _fold_levels(s: Session, job: str, kind: str, name: str) -> None:
+def fold_levels(s: Session, job: str, kind: str, name: str) -> None:
     """Levels above 0 of one series, folded from its level-0 roll-ups in key order."""
     r = MetricRollup
     query = (

@@ -34,23 +34,26 @@ RKey = tuple[str, str, str, int, int, int]
 """``(job_id, kind, name, level, idx, attempt)``: a roll-up's primary key."""
 _KEY = ("job_id", "kind", "name", "level", "idx", "attempt")
 
+STATS = (
+    "first_step",
+    "last_step",
+    "count",
+    "non_finite",
+    "skipped",
+    "flagged",
+    "first_flag",
+    "low",
+    "low_step",
+    "high",
+    "high_step",
+)
+"""A roll-up's columns after its key, in order (the attributes of :class:`Stats`)."""
+
 
 class Stats:
     """The aggregates of some steps of one series (the columns of :data:`STATS`)."""
 
-    __slots__ = (
-        "count",
-        "first_flag",
-        "first_step",
-        "flagged",
-        "high",
-        "high_step",
-        "last_step",
-        "low",
-        "low_step",
-        "non_finite",
-        "skipped",
-    )
+    __slots__ = STATS
     first_step: int
     """The first and last step held (0 while ``count`` is 0)."""
     last_step: int
@@ -122,8 +125,6 @@ class Stats:
             self.high, self.high_step = o.high, o.high_step
 
 
-STATS: tuple[str, ...] = Stats.__slots__
-"""A roll-up's columns after its key."""
 COLUMNS = (*_KEY, *STATS)
 
 

@@ -19,10 +19,10 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from amptrain.contract.metrics import EVAL_KIND, LAYER_NORM_KIND
+from amptrain.store.chunk_models import MetricChunk
 from amptrain.store.history import chunk_codec
 from amptrain.store.history.chunk_codec import CHUNK_STEPS
 from amptrain.store.history.chunk_writes import STEP_KIND
-from amptrain.store.models import MetricChunk
 
 BLOCK_VALUES = 65_536
 """Values per block at most: a block is 1 MiB of steps and values."""

@@ -17,10 +17,10 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
 from amptrain.store import recording
+from amptrain.store.chunk_models import MetricRollup
 from amptrain.store.history import rollup_rebuild, rollups, summary_writes
 from amptrain.store.history.downsample import series_window
 from amptrain.store.history.window import parse_fields
-from amptrain.store.models import MetricRollup
 from tests.store.history.test_summaries import T0, new_job, random_sizes, series
 from tests.support.row_window import raw_window
 from tests.support.summary_window import series_window as summary_window

@@ -19,13 +19,13 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from amptrain.contract.metrics import EVAL_KIND, LAYER_NORM_KIND
 from amptrain.store import migrate, recording
+from amptrain.store.chunk_models import MetricChunk
 from amptrain.store.db import make_engine, make_session_factory
 from amptrain.store.history import chunk_writes, rollups, series_scan, value_writes
 from amptrain.store.history.downsample import series_window
 from amptrain.store.history.eval_window import eval_window
 from amptrain.store.history.points import Page, metric_page
 from amptrain.store.history.values import eval_page
-from amptrain.store.models import MetricChunk
 from tests.store.history.test_summaries import new_job, series
 from tests.support.row_window import raw_window as row_window
 
