@@ -1,17 +1,21 @@
-"""A job's metric history in SQL: points, their step summaries, and downsampled reads.
+"""A job's metric history in SQL: points, chunks and their roll-ups, and downsampled reads.
 
 - ``points``: metric points paged by the one cursor (``GET /jobs/{id}/metrics``).
 - ``point_writes``: the recorder's inserts (PostgreSQL COPY, replays through ON CONFLICT).
-- ``layout``: what a summary node holds; ``summaries`` its aggregates and node reads;
-  ``summary_writes`` keeping them as points arrive; ``rebuild`` rebuilding them from the
-  points; ``summary_reads`` reading a window from them.
-- ``window``, ``raw_window``, ``downsample``: a whole run or a step window in at most N
-  points (first/last/min/max per bucket, skipped and non-finite steps kept).
+- ``window``, ``downsample``: a whole run or a step window in at most N points
+  (first/last/min/max per bucket, skipped and non-finite steps kept), the buckets from the
+  chunks' roll-ups: ``rollups`` (kept by the recorder), ``rollup_rebuild`` (from stored
+  chunks: migration 0016), ``chunk_cover`` (which roll-ups and decoded chunks hold a step
+  range of the effective series across attempts), ``chunk_stats`` (their aggregates).
+- ``layout``, ``summaries``, ``summary_writes``, ``summary_reads``: the step summaries the
+  reads used before the roll-ups; no longer written by the recorder nor read by the API
+  (tests/support/summary_window.py keeps that read as a test oracle). ``rebuild``: a
+  job's summaries, chunks and roll-ups from its rows (points seeded by tests and benches).
 - ``chunk_codec``, ``chunk_writes``, ``series_scan``: every series of a job (each per-step
   field, eval metric and layer norm) in ``metric_chunks``, 256 aligned steps of one
   attempt packed in a row, appended by the recorder in the batch's transaction and
   streamed whole by :func:`series_scan.scan_run` (the whole-run export's reader). The
-  cursor pages and downsampled reads above still read the per-value rows.
+  cursor pages and the evaluation/layer-norm windows still read the per-value rows.
 
 What a job's history costs per step (``bench/storage_size.py``, this machine): the step
 point's row about 27 bytes a value on SQLite, 41 on PostgreSQL, indexes included (~12

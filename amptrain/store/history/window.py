@@ -1,6 +1,6 @@
-"""The pieces every downsampled read shares, whichever way it finds its buckets
-(:mod:`amptrain.store.history.downsample` from the summaries, :mod:`amptrain.store.history.raw_window` from the
-points): what a window holds, which points count as flagged, which fields a request
+"""The pieces every downsampled read shares (:mod:`amptrain.store.history.downsample`, from
+the chunks' roll-ups; the evaluations' :mod:`amptrain.store.history.eval_window`; the test
+oracles of tests/support/): what a window holds, which points count as flagged, which fields a request
 keeps, the fixed ladder of bucket widths and the window's budget of points, and how the
 chosen steps become items."""
 
