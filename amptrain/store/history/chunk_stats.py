@@ -24,7 +24,7 @@ from amptrain.store.history.chunk_writes import STEP_KIND
 from amptrain.store.history.rollup_rebuild import array_stats, values_at
 from amptrain.store.history.rollups import FLAG_SERIES, LEVELS, STATS, Stats
 from amptrain.store.history.series_scan import decode_masked
-from amptrain.store.history.summaries import runs as consecutive
+from amptrain.store.history.window import runs as consecutive
 
 KEY_SERIES = "loss"
 """The step series whose roll-ups count a window's points (every point writes it, a null

@@ -235,3 +235,14 @@ def point_row(r: Any, downsampled: bool, fields: Sequence[str] | None) -> dict[s
     out["cursor"] = str(Cursor(r.stream_ms, r.stream_seq))
     out["downsampled"] = downsampled
     return out
+
+
+def runs(ids: list[int]) -> list[tuple[int, int]]:
+    """Sorted ints as inclusive runs of consecutive values."""
+    runs: list[tuple[int, int]] = []
+    for i in ids:
+        if runs and runs[-1][1] + 1 == i:
+            runs[-1] = (runs[-1][0], i)
+        else:
+            runs.append((i, i))
+    return runs
