@@ -110,11 +110,13 @@ def _nodes(
 
 
 _STATS = ", ".join(f"r.{c}" for c in STATS)
+# LATERAL: one primary-key lookup per key, whatever the planner knows (a never-analysed
+# table can otherwise get a hash join over every row of the table).
 _NODES_PG = (
-    f"SELECT r.name, r.level, r.idx, r.attempt, {_STATS} FROM unnest(%s::text[], "
-    "%s::int[], %s::int[], %s::int[]) AS k(name, level, idx, attempt) JOIN metric_rollups r "
-    f"ON r.job_id = %s AND r.kind = '{STEP_KIND}' AND r.name = k.name AND r.level = k.level "
-    "AND r.idx = k.idx AND r.attempt = k.attempt"
+    f"SELECT k.name, k.level, k.idx, k.attempt, {_STATS} FROM unnest(%s::text[], %s::int[], "
+    "%s::int[], %s::int[]) AS k(name, level, idx, attempt) CROSS JOIN LATERAL (SELECT * FROM "
+    f"metric_rollups r WHERE r.job_id = %s AND r.kind = '{STEP_KIND}' AND r.name = k.name "
+    "AND r.level = k.level AND r.idx = k.idx AND r.attempt = k.attempt) r"
 )
 _NODES_SQLITE = (
     f"SELECT r.idx, {_STATS} FROM metric_rollups r WHERE r.job_id = ? AND r.kind = "
@@ -165,9 +167,10 @@ def _chunk_data(
 
 
 _CHUNKS_PG = (
-    "SELECT c.name, c.chunk, c.attempt, c.data FROM unnest(%s::text[], %s::int[], %s::int[]) "
-    f"AS k(name, chunk, attempt) JOIN metric_chunks c ON c.job_id = %s AND c.kind = '{STEP_KIND}' "
-    "AND c.name = k.name AND c.chunk = k.chunk AND c.attempt = k.attempt"
+    "SELECT k.name, k.chunk, k.attempt, c.data FROM unnest(%s::text[], %s::int[], %s::int[]) "
+    "AS k(name, chunk, attempt) CROSS JOIN LATERAL (SELECT data FROM metric_chunks c WHERE "
+    f"c.job_id = %s AND c.kind = '{STEP_KIND}' AND c.name = k.name AND c.chunk = k.chunk "
+    "AND c.attempt = k.attempt) c"
 )
 _CHUNKS_SQLITE = (
     f"SELECT chunk, data FROM metric_chunks WHERE job_id = ? AND kind = '{STEP_KIND}' "

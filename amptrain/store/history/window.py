@@ -13,6 +13,7 @@ from operator import attrgetter
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 
 from amptrain.contract.cursor import Cursor
@@ -171,14 +172,30 @@ def _rows_at(s: Session, job_id: str, steps: list[int], *, multi_attempt: bool) 
     what only becomes a dict."""
     p = MetricPoint
     rows: list[Any] = []
-    for in_steps in steps_in(s, steps):
-        rows.extend(
-            s.execute(
-                sa.select(p.__table__)
-                .where(p.job_id == job_id, in_steps)
-                .order_by(p.step, p.attempt.desc())
-            ).all()
+    if s.get_bind().dialect.name == "postgresql":
+        # One index lookup per step (LATERAL), whatever the planner knows: ``step =
+        # ANY(...)`` on a never-analysed table was planned as a scan of the job's points.
+        k = sa.func.unnest(sa.bindparam("steps", steps, postgresql.ARRAY(sa.Integer)))
+        wanted = sa.select(k.column_valued("step")).subquery("k")
+        lookup = (
+            sa.select(p.__table__).where(p.job_id == job_id, p.step == wanted.c.step).lateral("p")
         )
+        rows = list(
+            s.execute(
+                sa.select(lookup)
+                .select_from(wanted.join(lookup, sa.true()))
+                .order_by(lookup.c.step, lookup.c.attempt.desc())
+            )
+        )
+    else:
+        for in_steps in steps_in(s, steps):
+            rows.extend(
+                s.execute(
+                    sa.select(p.__table__)
+                    .where(p.job_id == job_id, in_steps)
+                    .order_by(p.step, p.attempt.desc())
+                ).all()
+            )
     if not multi_attempt:
         return rows
     newest: dict[int, Any] = {}
