@@ -90,18 +90,17 @@ def _nodes(
     if not wanted:
         return out
     conn: Any = s.connection().connection.driver_connection
-    if s.get_bind().dialect.name == "postgresql":
-        keys = [
-            list(c)
-            for c in zip(*((nm, n.level, n.idx, n.attempt) for nm, n in wanted), strict=True)
-        ]
-        with conn.cursor() as cur:
-            for name, level, idx, attempt, *row in cur.execute(_NODES_PG, (*keys, job_id)):
-                out[(name, Node(attempt, level, idx))] = Stats(row)
-        return out
     groups: dict[tuple[str, int, int], list[int]] = defaultdict(list)
     for name, n in wanted:
         groups[(name, n.level, n.attempt)].append(n.idx)
+    if s.get_bind().dialect.name == "postgresql":
+        # Every run of consecutive keys as one index range, all in one statement.
+        spans = [(*g, lo, hi) for g, ids in groups.items() for lo, hi in consecutive(sorted(ids))]
+        with conn.cursor() as cur:
+            columns = [list(c) for c in zip(*spans, strict=True)]
+            for name, level, idx, attempt, *row in cur.execute(_NODES_PG, (*columns, job_id)):
+                out[(name, Node(attempt, level, idx))] = Stats(row)
+        return out
     for (name, level, attempt), ids in groups.items():
         for lo, hi in consecutive(sorted(ids)):
             for idx, *row in conn.execute(_NODES_SQLITE, (job_id, name, level, lo, hi, attempt)):
@@ -113,10 +112,11 @@ _STATS = ", ".join(f"r.{c}" for c in STATS)
 # LATERAL: one primary-key lookup per key, whatever the planner knows (a never-analysed
 # table can otherwise get a hash join over every row of the table).
 _NODES_PG = (
-    f"SELECT k.name, k.level, k.idx, k.attempt, {_STATS} FROM unnest(%s::text[], %s::int[], "
-    "%s::int[], %s::int[]) AS k(name, level, idx, attempt) CROSS JOIN LATERAL (SELECT * FROM "
-    f"metric_rollups r WHERE r.job_id = %s AND r.kind = '{STEP_KIND}' AND r.name = k.name "
-    "AND r.level = k.level AND r.idx = k.idx AND r.attempt = k.attempt) r"
+    f"SELECT k.name, k.level, r.idx, k.attempt, {_STATS} FROM unnest(%s::text[], %s::int[], "
+    "%s::int[], %s::int[], %s::int[]) AS k(name, level, attempt, lo, hi) CROSS JOIN LATERAL "
+    f"(SELECT * FROM metric_rollups r WHERE r.job_id = %s AND r.kind = '{STEP_KIND}' AND "
+    "r.name = k.name AND r.level = k.level AND r.idx BETWEEN k.lo AND k.hi "
+    "AND r.attempt = k.attempt) r"
 )
 _NODES_SQLITE = (
     f"SELECT r.idx, {_STATS} FROM metric_rollups r WHERE r.job_id = ? AND r.kind = "
