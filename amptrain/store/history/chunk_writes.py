@@ -42,13 +42,31 @@ def append(
     """Add the points and the named values to their chunks (what each holds:
     :func:`~amptrain.store.history.chunk_parts.collect`); the number of chunks written.
     ``pack``: as for :func:`merge`; ``step_fields``: the metric table's series to write
-    (migration 0015 writes only the reserved ones)."""
-    parts = collect(points, values, step_fields)
+    (migration 0015 writes only the reserved ones). The recorder writes through
+    :func:`amptrain.store.history.rollups.record`, which also keeps the roll-ups."""
+    return len(write(s, collect(points, values, step_fields), pack))
+
+
+Gains = dict[Key, dict[int, tuple[Any, float | None]]]
+"""Per chunk the steps a write added to it: step -> (value, None = null; its time)."""
+
+
+def gather(
+    points: Sequence[Mapping[str, Any]], values: Sequence[Mapping[str, Any]]
+) -> dict[Key, Part]:
+    """The new values of each chunk, from the recorder's points and named values."""
+    return collect(points, values)
+
+
+def write(s: Session, parts: Mapping[Key, Part], pack: bool = False) -> Gains:
+    """Merge ``parts`` (:func:`gather`) into their stored chunks and upsert the chunks that
+    changed; what each gained (the roll-ups' upkeep reads it)."""
     if not parts:
-        return 0
-    rows = merge(parts, read(s, list(parts)), pack)
-    upsert(s, rows)
-    return len(rows)
+        return {}
+    stored = read(s, list(parts))
+    merged, gains = _merge(parts, stored)
+    upsert(s, _rows(merged, stored, pack))
+    return gains
 
 
 Stored = tuple[Decoded, float | None, float | None]
@@ -96,17 +114,36 @@ def merge(
     """The rows (:data:`COLUMNS`) of every chunk that gains a step; a step already stored
     (or repeated in ``parts``) keeps its first value. ``pack``: compress every chunk, open
     or not (the migration's, whose chunks will not grow)."""
+    return _rows(_merge(parts, stored)[0], stored, pack)
+
+
+def _merge(
+    parts: Mapping[Key, Part], stored: Mapping[Key, Stored]
+) -> tuple[dict[Key, Stored], Gains]:
+    """Every chunk that changes (:func:`_merged`) and the steps each gains."""
     merged: dict[Key, Stored] = {}
+    gains: Gains = {}
     for key, part in parts.items():
         m = _merged(part, stored.get(key))
         if m is not None:
-            merged[key] = m
+            merged[key], new = m
+            if new:
+                gains[key] = new
+    return merged, gains
+
+
+def _rows(
+    merged: Mapping[Key, Stored], stored: Mapping[Key, Stored], pack: bool
+) -> list[tuple[Any, ...]]:
     return [_row(key, *m, _skipped(key, merged, stored), pack) for key, m in merged.items()]
 
 
-def _merged(part: Part, old: Stored | None) -> Stored | None:
-    """A chunk with the part's new steps; None when it gains none (a replay) and no place
-    (a chunk migration 0014 wrote before a name's place was kept)."""
+def _merged(
+    part: Part, old: Stored | None
+) -> tuple[Stored, dict[int, tuple[Any, float | None]]] | None:
+    """A chunk with the part's new steps, and those steps (step -> value, time); None when
+    it gains none (a replay) and no place (a chunk migration 0014 wrote before a name's
+    place was kept)."""
     have = set(old[0].steps) if old is not None else set()
     new: dict[int, tuple[Any, float | None]] = {}
     for step, value, at in zip(part.steps, part.values, part.times, strict=True):
@@ -137,7 +174,7 @@ def _merged(part: Part, old: Stored | None) -> Stored | None:
         entries = [(step, _number(v)) for step, v in entries]
         values = array("d", [_NAN if e[1] is None else e[1] for e in entries])
     flags = bytes([e[1] is None for e in entries])
-    return Decoded(steps, values, flags if any(flags) else None, position), t_first, t_last
+    return (Decoded(steps, values, flags if any(flags) else None, position), t_first, t_last), new
 
 
 _NAN = float("nan")
