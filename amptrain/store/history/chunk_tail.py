@@ -130,22 +130,22 @@ def _others(
     chunks: set[int],
     attempt: int | None,
 ) -> dict[tuple[str, int, int], dict[int, Value]]:
-    """The other names' chunks at those chunk numbers, by (name, chunk, attempt): primary-key
-    lookups."""
-    if not names or not chunks:
-        return {}
-    params = {"job": job_id, "kind": kind, "names": list(names), "chunks": sorted(chunks)}
+    """The other names' chunks at those chunk numbers, by (name, chunk, attempt): per name
+    one range of the primary key from the lowest chunk number to the highest (an ``IN``
+    list of chunk numbers is left to a filter by a planner without statistics)."""
     out = {}
-    for name, chunk, a, data in s.execute(_OTHERS, params):
-        if attempt is None or a == attempt:
-            out[(name, int(chunk), int(a))] = _values(int(chunk), data)
+    for name in names if chunks else ():
+        params = {"job": job_id, "kind": kind, "name": name, "lo": min(chunks), "hi": max(chunks)}
+        for chunk, a, data in s.execute(_OTHERS, params):
+            if int(chunk) in chunks and (attempt is None or a == attempt):
+                out[(name, int(chunk), int(a))] = _values(int(chunk), data)
     return out
 
 
 _OTHERS = sa.text(
-    "SELECT name, chunk, attempt, data FROM metric_chunks WHERE job_id = :job AND kind = :kind "
-    "AND name IN :names AND chunk IN :chunks"
-).bindparams(sa.bindparam("names", expanding=True), sa.bindparam("chunks", expanding=True))
+    "SELECT chunk, attempt, data FROM metric_chunks WHERE job_id = :job AND kind = :kind "
+    "AND name = :name AND chunk >= :lo AND chunk <= :hi"
+)
 
 
 def effective_extent(s: Session, job_id: str, kind: str, name: str) -> tuple[int, Value]:
