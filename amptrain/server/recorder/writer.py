@@ -49,6 +49,10 @@ class BatchWriter:
             batches = {job_id: parse(job_id, entries) for job_id, entries in taken.items()}
             points = [p for batch in batches.values() for p in batch.points]
             new = recording.insert_points(s, points, self.insert_method)
+            values = [v for b in batches.values() for v in b.values]
+            # The same values into the series' chunks, before the summary's steady rate and
+            # the alert rules read them there.
+            chunk_writes.append(s, points, values)
             recording.update_progress(
                 s, {job_id: (b.points, new.get(job_id, set())) for job_id, b in batches.items()}
             )
@@ -56,10 +60,7 @@ class BatchWriter:
                 s, {job_id: _inserted(b.points, new.get(job_id)) for job_id, b in batches.items()}
             )
             # Eval values in the same transaction as the points: acknowledged only with them.
-            values = [v for b in batches.values() for v in b.values]
             evaluated = value_writes.insert(s, values)
-            # The same values into the series' chunks (what a whole-run export scans).
-            chunk_writes.append(s, points, values)
             value_writes.refresh_summary(s, evaluated)
             overflowed: set[str] = set()
             for job_id, batch in batches.items():
