@@ -12,6 +12,10 @@
   attempt packed in a row, appended by the recorder in the batch's transaction and
   streamed whole by :func:`series_scan.scan_run` (the whole-run export's reader). The
   cursor pages and downsampled reads above still read the per-value rows.
+- ``chunk_tail``: a series' values from its chunks newest step first, without numpy (of
+  one attempt or the effective series), its effective count and highest value, an
+  attempt's newest cursor millisecond: what ``throughput`` (the steady samples/s), the
+  comparison report, the alert windows and the stall watch read.
 
 What a job's history costs per step (``bench/storage_size.py``, this machine): the step
 point's row about 27 bytes a value on SQLite, 41 on PostgreSQL, indexes included (~12
