@@ -3,8 +3,8 @@ the points before a batch's new ones (a threshold's last value, a deviation's wi
 an evaluation series whole (early stopping). Reads only; the caller owns the transaction.
 
 Both read the series' chunks (:mod:`~amptrain.store.history.chunk_tail`: without numpy, as
-the recorder runs), newest first from the step asked for, so a window's cost follows its
-length, not the run's."""
+the recorder runs): a window newest first from the step asked for, so its cost follows its
+length, not the run's; an evaluation series in one range of the primary key."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 
 from amptrain.contract.alerts import finite_or_none, is_step_series
 from amptrain.contract.metrics import EVAL_KIND
+from amptrain.store.history import chunk_tail
 from amptrain.store.history.chunk_parts import STEP_KIND
 from amptrain.store.history.chunk_tail import newest_first
 
@@ -42,5 +43,5 @@ def before(s: Session, needs: Mapping[Key, tuple[int, int, int]]) -> dict[Key, l
 def eval_series(s: Session, job_id: str, series: str) -> list[Point]:
     """The job's effective evaluation series: per step the newest attempt's value (a
     resumed attempt re-evaluates steps after its checkpoint)."""
-    points = newest_first(s, job_id, EVAL_KIND, (series,))
-    return [(step, finite_or_none(v)) for step, (v,) in points][::-1]
+    points = chunk_tail.effective_series(s, job_id, EVAL_KIND, series)
+    return [(step, finite_or_none(v)) for step, v in points]

@@ -148,6 +148,25 @@ _OTHERS = sa.text(
 )
 
 
+def effective_series(s: Session, job_id: str, kind: str, name: str) -> list[tuple[int, Value]]:
+    """The whole effective series (per step the newest attempt's value), oldest step first:
+    one range of the primary key (a walk's batches would cost a statement per few chunks of
+    a sparse series, an evaluation every thousand steps)."""
+    by_chunk: dict[int, list[tuple[int, int, bytes]]] = {}
+    for chunk, attempt, data in s.execute(_SERIES, {"job": job_id, "kind": kind, "name": name}):
+        by_chunk.setdefault(int(chunk), []).append((int(chunk), int(attempt), data))
+    out: list[tuple[int, Value]] = []
+    for chunk, rows in by_chunk.items():
+        out += [(step, v) for step, (v,) in _rows(chunk, rows, {}, [name], None)][::-1]
+    return out
+
+
+_SERIES = sa.text(
+    "SELECT chunk, attempt, data FROM metric_chunks WHERE job_id = :job AND kind = :kind "
+    "AND name = :name ORDER BY chunk, attempt"
+)
+
+
 def effective_extent(s: Session, job_id: str, kind: str, name: str) -> tuple[int, Value]:
     """The effective series' number of steps and its highest finite value (None: none is
     finite), from the chunks' counts and highs; only a chunk number that several attempts
