@@ -149,21 +149,32 @@ _OTHERS = sa.text(
 
 
 def effective_series(s: Session, job_id: str, kind: str, name: str) -> list[tuple[int, Value]]:
-    """The whole effective series (per step the newest attempt's value), oldest step first:
-    one range of the primary key (a walk's batches would cost a statement per few chunks of
-    a sparse series, an evaluation every thousand steps)."""
-    by_chunk: dict[int, list[tuple[int, int, bytes]]] = {}
-    for chunk, attempt, data in s.execute(_SERIES, {"job": job_id, "kind": kind, "name": name}):
+    """The whole effective series (per step the newest attempt's value), oldest step first,
+    a value that is not finite as None: one range of the primary key (a walk's batches
+    would cost a statement per few chunks of a sparse series, an evaluation every thousand
+    steps). A chunk of one value is read from its columns, not decoded."""
+    by_chunk: dict[int, list[tuple[int, int, Any]]] = {}
+    single: dict[int, tuple[int, Value]] = {}
+    params = {"job": job_id, "kind": kind, "name": name}
+    for chunk, attempt, count, step, first, data in s.execute(_SERIES, params):
         by_chunk.setdefault(int(chunk), []).append((int(chunk), int(attempt), data))
+        if count == 1:
+            single[int(chunk)] = (int(step), first)
     out: list[tuple[int, Value]] = []
     for chunk, rows in by_chunk.items():
+        if len(rows) == 1 and chunk in single:
+            out.append(single[chunk])
+            continue
+        if any(data is None for *_, data in rows):  # a single value among several attempts'
+            rows = _chunk(s, job_id, kind, name, chunk)
         out += [(step, v) for step, (v,) in _rows(chunk, rows, {}, [name], None)][::-1]
-    return out
+    return [(step, v if v is not None and isfinite(v) else None) for step, v in out]
 
 
 _SERIES = sa.text(
-    "SELECT chunk, attempt, data FROM metric_chunks WHERE job_id = :job AND kind = :kind "
-    "AND name = :name ORDER BY chunk, attempt"
+    "SELECT chunk, attempt, count, first_step, first, CASE WHEN count > 1 THEN data END "
+    "FROM metric_chunks WHERE job_id = :job AND kind = :kind AND name = :name "
+    "ORDER BY chunk, attempt"
 )
 
 

@@ -4,7 +4,7 @@ report's numbers, the alert windows before any step and the effective evaluation
 and the stall watch's newest step. A realistic run recorded through the real recorder: a
 job retried twice (attempt 2 resumes inside a chunk attempt 1 filled, attempt 3 re-records
 a few steps of attempt 2's), NaN, inf and null values, zero and missing step times, skipped
-steps, evaluations some attempts re-record. Real Redis, real SQLite and PostgreSQL."""
+steps, evaluations some attempts re-record (one a chunk in a sparse series). Real Redis, real SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -47,6 +47,8 @@ def _records(steps: range, attempt: int) -> list[dict[str, Any]]:
             ev = {"eval_loss": _odd(step, 100, 2.0 / step + attempt)}
             if attempt != 2:  # accuracy: attempt 2 never evaluates it
                 ev["accuracy"] = _odd(step, 75, 0.5 + attempt / 10)
+            if step % 300 == 0:  # a sparse series: one value a chunk, some re-recorded
+                ev["sparse"] = _odd(step, 600, 3.0 + attempt)
             out.append(evaluation(step, 1000.5 + step, ev))
     return out
 
@@ -107,7 +109,7 @@ def test_comparison_numbers_equal_the_rows(
 
 def test_alert_windows_equal_the_rows(sf: Sessions, r: redis.Redis) -> None:
     job_id = _record(sf, r, RETRIED)
-    series = ("loss", "step_time_ms", "memory_peak", "eval_loss", "accuracy", "nothing")
+    series = ("loss", "step_time_ms", "memory_peak", "eval_loss", "accuracy", "sparse", "nothing")
     with sf() as s:
         for name in series:
             for attempt in (1, 2, 3, 4):
@@ -122,6 +124,11 @@ def test_alert_windows_equal_the_rows(sf: Sessions, r: redis.Redis) -> None:
         assert alert_windows.before(s, many) == row_consumers.before(s, many)
         # accuracy: attempt 1's 24 evaluations (attempt 2 recorded none) and attempt 3's 7.
         assert len(alert_windows.eval_series(s, job_id, "accuracy")) == 600 // 25 + 7
+        assert alert_windows.eval_series(s, job_id, "sparse") == [
+            (300, 4.0),
+            (600, None),
+            (900, 6.0),
+        ]
 
 
 def _same(a: list[tuple[int, float | None]], b: list[tuple[int, float | None]]) -> bool:
