@@ -9,7 +9,6 @@ length, not the run's; an evaluation series in one range of the primary key."""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from itertools import islice
 
 from sqlalchemy.orm import Session
 
@@ -17,7 +16,6 @@ from amptrain.contract.alerts import finite_or_none, is_step_series
 from amptrain.contract.metrics import EVAL_KIND
 from amptrain.store.history import chunk_tail
 from amptrain.store.history.chunk_parts import STEP_KIND
-from amptrain.store.history.chunk_tail import newest_first
 
 Key = tuple[str, str]
 """(job id, series)."""
@@ -29,14 +27,18 @@ def before(s: Session, needs: Mapping[Key, tuple[int, int, int]]) -> dict[Key, l
     step in the given attempt, oldest first. Non-finite (null) values count as points and
     are dropped after the read: a series that is null at every step (``loss_scale``
     outside fp16) must not make the read walk the job's whole history looking for a
-    value."""
-    found: dict[Key, list[float]] = {}
-    for (job_id, series), (attempt, step, count) in needs.items():
+    value. One statement for the usual windows (:func:`chunk_tail.windows`)."""
+    keys = list(needs)
+    wants: list[chunk_tail.Want] = []
+    for job_id, series in keys:
+        attempt, step, count = needs[(job_id, series)]
         kind = STEP_KIND if is_step_series(series) else EVAL_KIND
-        points = newest_first(s, job_id, kind, (series,), attempt, step)
-        finite = [x for _, (v,) in islice(points, count) if (x := finite_or_none(v)) is not None]
+        wants.append((job_id, kind, series, attempt, step, count))
+    found: dict[Key, list[float]] = {}
+    for key, points in zip(keys, chunk_tail.windows(s, wants), strict=True):
+        finite = [x for _, v in points if (x := finite_or_none(v)) is not None]
         if finite:
-            found[(job_id, series)] = finite[::-1]
+            found[key] = finite[::-1]
     return found
 
 

@@ -11,6 +11,7 @@ not the run's length, and no plan depends on planner statistics. Decoding is
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from itertools import islice
 from math import isfinite
 from typing import Any
 
@@ -58,6 +59,44 @@ def newest_first(
         if not full:
             return  # the series' first chunk
         top, batch = lowest - 1, min(batch * 2, MAX_BATCH)
+
+
+Want = tuple[str, str, str, int, int, int]
+"""``(job_id, kind, name, attempt, before, count)``: a window of one attempt's series."""
+
+
+def windows(s: Session, wants: Sequence[Want]) -> list[list[tuple[int, Value]]]:
+    """Per want, its ``count`` newest (step, value) of the attempt's series below ``before``,
+    newest first. One statement (a UNION ALL of one primary-key range per want, its first
+    :data:`FIRST_BATCH` chunks) answers the usual window; a longer one walks on alone."""
+    if not wants:
+        return []
+    parts: list[str] = []
+    params: dict[str, Any] = {}
+    for i, (job_id, kind, name, attempt, before, _) in enumerate(wants):
+        top = (before - 1) >> SHIFT
+        params |= {f"j{i}": job_id, f"k{i}": kind, f"n{i}": name, f"a{i}": attempt, f"t{i}": top}
+        parts.append(
+            f"SELECT * FROM (SELECT {i} AS part, chunk, attempt, data FROM metric_chunks"
+            f" WHERE job_id = :j{i} AND kind = :k{i} AND name = :n{i} AND chunk <= :t{i}"
+            f" AND attempt = :a{i} ORDER BY chunk DESC LIMIT {FIRST_BATCH}) AS p{i}"
+        )
+    found: list[list[tuple[int, int, Any]]] = [[] for _ in wants]
+    for part, chunk, attempt, data in s.execute(sa.text(" UNION ALL ".join(parts)), params):
+        found[part].append((int(chunk), int(attempt), data))
+    out = []
+    for (job_id, kind, name, attempt, before, count), rows in zip(wants, found, strict=True):
+        got = [
+            (step, v)
+            for row in sorted(rows, reverse=True)
+            for step, (v,) in _rows(row[0], [row], {}, [name], before)
+        ][:count]
+        if len(got) < count and len(rows) == FIRST_BATCH:  # more chunks below these
+            below = min(r[0] for r in rows) << SHIFT
+            rest = newest_first(s, job_id, kind, (name,), attempt, below)
+            got += [(step, v) for step, (v,) in islice(rest, count - len(got))]
+        out.append(got)
+    return out
 
 
 def _rows(
