@@ -22,6 +22,10 @@
   decoding them), ``chunk_reads`` (records by cursor range or steps, effective or all
   attempts), ``chunk_pages`` (the cursor pages' dicts, the newest record, ``points_at``):
   the cursor pages of ``points`` and ``values`` read the chunks.
+- ``chunk_tail``: a series' values from its chunks newest step first, without numpy (of
+  one attempt or the effective series), its effective count and highest value, an
+  attempt's newest cursor millisecond: what ``throughput`` (the steady samples/s), the
+  comparison report, the alert windows and the stall watch read.
 
 What a job's history costs per step (``bench/storage_size.py``, this machine): the step
 point's row about 27 bytes a value on SQLite, 41 on PostgreSQL, indexes included (~12
