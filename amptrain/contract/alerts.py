@@ -100,7 +100,7 @@ def check_series(name: str) -> str:
 
 
 def is_step_series(name: str) -> bool:
-    """The series is a field of every step (``metric_points``), not an evaluation value."""
+    """The series is a field of every step (a ``step`` series), not an evaluation value."""
     return name in BY_NAME
 
 

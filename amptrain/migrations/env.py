@@ -12,6 +12,7 @@ import os
 from alembic import context
 from sqlalchemy.engine import Connection
 
+from amptrain.store.chunk_models import MetricChunk  # noqa: F401  (its tables join Base.metadata)
 from amptrain.store.comparisons import Comparison  # noqa: F401  (its table joins Base.metadata)
 from amptrain.store.db import make_engine
 from amptrain.store.models import Base

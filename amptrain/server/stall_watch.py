@@ -24,7 +24,8 @@ from amptrain.core.enums import JobStatus
 from amptrain.core.redis import CANCEL_KEY_TTL_S, Keys
 from amptrain.server.recorder.alerting import act
 from amptrain.store import alert_rules
-from amptrain.store.models import AlertRule, Job, JobEvent, MetricPoint
+from amptrain.store.history import chunk_tail
+from amptrain.store.models import AlertRule, Job, JobEvent
 
 log = logging.getLogger(__name__)
 
@@ -35,10 +36,7 @@ MAX_JOBS = 1000
 def last_progress(s: Session, job_id: str, attempt: int) -> float | None:
     """Unix seconds of the attempt's newest recorded step (its stream entry's time), else
     of its first recorded event (``started``); None before either."""
-    p = MetricPoint
-    ms = s.scalar(
-        sa.select(sa.func.max(p.stream_ms)).where(p.job_id == job_id, p.attempt == attempt)
-    )
+    ms = chunk_tail.newest_ms(s, job_id, attempt)
     if ms is not None:
         return float(ms) / 1000.0
     e = JobEvent

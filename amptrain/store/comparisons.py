@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from itertools import islice
+from math import fsum, isfinite
 from typing import Any
 
 import sqlalchemy as sa
@@ -30,10 +32,11 @@ from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from amptrain.core.enums import JobStatus
 from amptrain.store import accuracy, job_reads
+from amptrain.store.history import chunk_tail
+from amptrain.store.history.chunk_parts import STEP_KIND
 from amptrain.store.history.downsample import downsample
 from amptrain.store.history.throughput import steady_rate
-from amptrain.store.history.window import is_finite
-from amptrain.store.models import Base, Job, MetricPoint, UTCDateTime, utcnow
+from amptrain.store.models import Base, Job, UTCDateTime, utcnow
 
 FINAL_FRACTION = 0.1
 FINAL_MAX_STEPS = 100
@@ -119,24 +122,17 @@ def report(
 
 
 def _run_numbers(s: Session, precision: str, job: Job) -> dict[str, Any]:
-    p = MetricPoint
-    c = MetricPoint.__table__.c  # the metric columns (named by the metric table)
-    effective = _effective(p)
-    count = s.scalar(sa.select(sa.func.count()).where(p.job_id == job.id, effective))
     numbers: dict[str, Any] = {"throughput": None, "peak_memory": None, "final_loss": None}
+    # The effective series (per step the newest attempt's point), from its chunks.
+    count, peak = chunk_tail.effective_extent(s, job.id, STEP_KIND, "memory_peak")
     if count:
         final_n = max(1, min(FINAL_MAX_STEPS, int(count * FINAL_FRACTION)))
-        mine = (p.job_id == job.id, effective)
         numbers["throughput"] = steady_rate(s, job.id, job.attempt)
-        numbers["peak_memory"] = s.scalar(sa.select(sa.func.max(c.memory_peak)).where(*mine))
-        last = (
-            sa.select(c.loss)
-            .where(*mine, is_finite(c.loss))
-            .order_by(p.step.desc())
-            .limit(final_n)
-            .subquery()
-        )
-        numbers["final_loss"] = s.scalar(sa.select(sa.func.avg(last.c.loss)))
+        numbers["peak_memory"] = int(peak) if peak is not None else None
+        losses = chunk_tail.newest_first(s, job.id, STEP_KIND, ("loss",))
+        last = list(islice((v for _, (v,) in losses if v is not None and isfinite(v)), final_n))
+        # The mean the SQL avg() gave, summed exactly (SQL sums in no stated order).
+        numbers["final_loss"] = fsum(last) / len(last) if last else None
     return {
         "precision": precision,
         "job_id": job.id,
@@ -161,13 +157,6 @@ def _final_eval_step(job: Job) -> int | None:
     if job.status != JobStatus.SUCCEEDED or spec_eval.get("enabled") is False:
         return None
     return (job.step or 0) if spec_eval.get("at_end", True) else None
-
-
-def _effective(p: Any) -> sa.ColumnElement[bool]:
-    newer = sa.orm.aliased(MetricPoint)
-    return ~sa.exists().where(
-        newer.job_id == p.job_id, newer.step == p.step, newer.attempt > p.attempt
-    )
 
 
 def _baseline(runs: list[dict[str, Any]]) -> dict[str, Any] | None:

@@ -222,54 +222,6 @@ class MetricValue(Base):
     stream_seq: Mapped[int] = mapped_column(sa.BigInteger)
 
 
-class MetricChunk(Base):
-    """Up to :data:`~amptrain.store.history.chunk_codec.CHUNK_STEPS` values of one series of
-    one attempt, packed (:mod:`amptrain.store.history.chunk_codec`): the values of aligned
-    steps ``chunk * 256 .. chunk * 256 + 255``. ``kind`` is ``step`` (a per-step field of the
-    metric table, ``name`` the field, or reserved: :mod:`~amptrain.store.history.chunk_parts`)
-    or a named series' kind. A series in step order is one range of the primary key, so no
-    plan depends on statistics."""
-
-    __tablename__ = "metric_chunks"
-    __table_args__ = (
-        # The record order (0015): per kind and attempt, the cursor chunks in cursor order.
-        sa.Index(
-            "ix_metric_chunks_record_order",
-            "job_id",
-            "kind",
-            "attempt",
-            "high",
-            "chunk",
-            sqlite_where=sa.text("name = '@ms'"),
-            postgresql_where=sa.text("name = '@ms'"),
-        ),
-    )
-
-    job_id: Mapped[str] = mapped_column(
-        sa.ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
-    )
-    kind: Mapped[str] = mapped_column(sa.String(VALUE_KIND_MAX), primary_key=True)
-    name: Mapped[str] = mapped_column(sa.String(LAYER_PATH_MAX), primary_key=True)
-    chunk: Mapped[int] = mapped_column(primary_key=True, autoincrement=False)
-    attempt: Mapped[int] = mapped_column(primary_key=True, autoincrement=False)
-    first_step: Mapped[int]
-    last_step: Mapped[int]
-    count: Mapped[int]
-    non_finite: Mapped[int]
-    """Values that are null, NaN or infinite."""
-    skipped: Mapped[int]
-    """Steps of the chunk the optimizer skipped (step series; 0 for named series)."""
-    low: Mapped[float | None] = mapped_column(sa.Float(precision=53))
-    """The lowest finite value; null when none is finite."""
-    high: Mapped[float | None] = mapped_column(sa.Float(precision=53))
-    first: Mapped[float | None] = mapped_column(sa.Float(precision=53))
-    last: Mapped[float | None] = mapped_column(sa.Float(precision=53))
-    time_first: Mapped[float | None] = mapped_column(sa.Float(precision=53))
-    """Wall clock (epoch seconds) of the first and the last value."""
-    time_last: Mapped[float | None] = mapped_column(sa.Float(precision=53))
-    data: Mapped[bytes] = mapped_column(sa.LargeBinary)
-
-
 class ApiToken(Base):
     """A bearer token, stored as the sha256 hex of the plaintext."""
 

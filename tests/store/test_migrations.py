@@ -12,10 +12,11 @@ from sqlalchemy.orm import Session
 
 from amptrain.contract.spec import JobSpec
 from amptrain.store import migrate
+from amptrain.store.chunk_models import MetricChunk
 from amptrain.store.comparisons import Comparison  # noqa: F401  (its table joins Base.metadata)
 from amptrain.store.db import make_engine, make_session_factory
 from amptrain.store.history import chunk_codec
-from amptrain.store.models import Base, JobEvent, MetricChunk
+from amptrain.store.models import Base, JobEvent
 from tests.support.old_schema import create_old_job
 from tests.support.specs import mlp_job
 
@@ -29,6 +30,7 @@ TABLES = {
     "metric_summary_state",
     "metric_values",
     "metric_chunks",
+    "metric_rollups",
     "alert_rules",
     "alert_firings",
     "alert_deliveries",
@@ -105,7 +107,6 @@ def test_0015_backfills_the_record_series_of_a_previous_version_run_resumably(
     additions away and upgrading again brings the same back."""
     from tests.store.history.test_chunks import a_run, reads, record
     from tests.store.history.test_summaries import new_job
-    from tests.support import row_reads
 
     backfill = importlib.import_module("amptrain.migrations.versions.0015_record_series")
     migrate.upgrade(database_url, "0014")
@@ -114,12 +115,12 @@ def test_0015_backfills_the_record_series_of_a_previous_version_run_resumably(
         sessions = make_session_factory(engine)
         job_id = new_job(sessions)
         points, values = a_run(job_id)
-        record(sessions, points, values, 97)
+        record(sessions, points, values, 97, roll_ups=False)
         with sessions.begin() as s:  # what the previous version's recorder left
             s.execute(sa.delete(MetricChunk).where(MetricChunk.name.startswith("@")))
             backfill.strip_places(s)
             previous = _chunks(s)
-        before = reads(sessions, job_id, row_reads)
+        before = reads(sessions, job_id, old=True)
         migrate.upgrade(database_url)
         assert reads(sessions, job_id) == before
         with sessions.begin() as s:
@@ -137,7 +138,7 @@ def test_0015_backfills_the_record_series_of_a_previous_version_run_resumably(
         migrate.downgrade(database_url, "0014")
         with sessions() as s:  # the same contents (0015 packed the chunks it rewrote)
             assert _decoded(_chunks(s)) == _decoded(previous)
-        assert reads(sessions, job_id, row_reads) == before
+        assert reads(sessions, job_id, old=True) == before
         migrate.upgrade(database_url)
         with sessions() as s:
             assert _chunks(s) == stored

@@ -13,9 +13,13 @@ import sqlalchemy as sa
 
 
 def bulk_insert_points(
-    engine: sa.Engine, columns: Sequence[str], rows: Iterable[tuple[Any, ...]]
+    engine: sa.Engine,
+    columns: Sequence[str],
+    rows: Iterable[tuple[Any, ...]],
+    analyze: bool = True,
 ) -> None:
-    """Insert ``rows`` (tuples in the order of ``columns``) into ``metric_points``."""
+    """Insert ``rows`` (tuples in the order of ``columns``) into ``metric_points``;
+    ``analyze``: then give PostgreSQL's planner statistics, as autovacuum would."""
     names = ", ".join(columns)
     raw = engine.raw_connection()
     try:
@@ -30,7 +34,7 @@ def bulk_insert_points(
             marks = ", ".join("?" for _ in columns)
             sqlite.executemany(f"INSERT INTO metric_points ({names}) VALUES ({marks})", rows)
         raw.commit()
-        if engine.dialect.name == "postgresql":
+        if analyze and engine.dialect.name == "postgresql":
             # What autovacuum does after a bulk load; without statistics the planner guesses.
             cur.execute("ANALYZE metric_points")
             raw.commit()

@@ -25,7 +25,7 @@ from amptrain.server.recorder.entries import Entry, parse
 from amptrain.server.recorder.group import ConsumerGroup
 from amptrain.server.recorder.owner import Ownership
 from amptrain.store import events, recording
-from amptrain.store.history import chunk_writes, summary_writes, value_writes
+from amptrain.store.history import rollups, value_writes
 
 
 @dataclass
@@ -49,14 +49,14 @@ class BatchWriter:
             batches = {job_id: parse(job_id, entries) for job_id, entries in taken.items()}
             points = [p for batch in batches.values() for p in batch.points]
             new = recording.insert_points(s, points, self.insert_method)
+            values = [v for b in batches.values() for v in b.values]
+            # The same values into the series' chunks and their roll-ups (what every read
+            # reads), before the summary's steady rate and the alert rules read them there.
+            rollups.record(s, points, values)
             fresh = {job_id: _inserted(b.points, new.get(job_id)) for job_id, b in batches.items()}
             recording.update_progress(s, fresh)
-            summary_writes.add_points(s, fresh)
             # Eval values in the same transaction as the points: acknowledged only with them.
-            values = [v for b in batches.values() for v in b.values]
             evaluated = value_writes.insert(s, values)
-            # The same values into the series' chunks (what a whole-run export scans).
-            chunk_writes.append(s, points, values)
             value_writes.refresh_summary(s, evaluated)
             overflowed: set[str] = set()
             for job_id, batch in batches.items():

@@ -1,12 +1,17 @@
-"""A job's metric history in SQL: points, their step summaries, and downsampled reads.
+"""A job's metric history in SQL: points, chunks and their roll-ups, and downsampled reads.
 
 - ``points``: metric points paged by the one cursor (``GET /jobs/{id}/metrics``).
 - ``point_writes``: the recorder's inserts (PostgreSQL COPY, replays through ON CONFLICT).
-- ``layout``: what a summary node holds; ``summaries`` its aggregates and node reads;
-  ``summary_writes`` keeping them as points arrive; ``rebuild`` rebuilding them from the
-  points; ``summary_reads`` reading a window from them.
-- ``window``, ``raw_window``, ``downsample``: a whole run or a step window in at most N
-  points (first/last/min/max per bucket, skipped and non-finite steps kept).
+- ``window``, ``downsample``: a whole run or a step window in at most N points
+  (first/last/min/max per bucket, skipped and non-finite steps kept), the buckets from the
+  chunks' roll-ups: ``rollups`` (kept by the recorder), ``rollup_rebuild`` (from stored
+  chunks: migration 0016), ``chunk_cover`` (which roll-ups and decoded chunks hold a step
+  range of the effective series across attempts), ``chunk_stats`` (their aggregates).
+  ``eval_window``: the evaluation and layer-norm windows, still from the per-value rows.
+- ``layout``, ``summaries``, ``summary_writes``, ``summary_reads``: the step summaries the
+  reads used before the roll-ups; no longer written by the recorder nor read by the API
+  (tests/support/summary_window.py keeps that read as a test oracle). ``rebuild``: a
+  job's summaries, chunks and roll-ups from its rows (points seeded by tests and benches).
 - ``chunk_codec``, ``chunk_parts``, ``chunk_merge``, ``chunk_writes``, ``series_scan``:
   every series of a job (each per-step field, eval metric and layer norm, and the reserved
   series that rebuild a record: cursor, record time, per-rank memory) in
@@ -17,8 +22,11 @@
 - ``chunk_index`` (which chunks a read needs; numpy-free), ``chunk_load`` (fetching and
   decoding them), ``chunk_reads`` (records by cursor range or steps, effective or all
   attempts), ``chunk_pages`` (the cursor pages' dicts, the newest record, ``points_at``):
-  the cursor pages of ``points`` and ``values`` read the chunks; the downsampled reads
-  above still read the per-value rows.
+  the cursor pages of ``points`` and ``values`` read the chunks.
+- ``chunk_tail``: a series' values from its chunks newest step first, without numpy (of
+  one attempt or the effective series), its effective count and highest value, an
+  attempt's newest cursor millisecond: what ``throughput`` (the steady samples/s), the
+  comparison report, the alert windows and the stall watch read.
 
 What a job's history costs per step (``bench/storage_size.py``, this machine): the step
 point's row about 27 bytes a value on SQLite, 41 on PostgreSQL, indexes included (~12

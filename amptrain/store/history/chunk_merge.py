@@ -23,17 +23,19 @@ from amptrain.store.history.chunk_parts import Part
 Stored = tuple[Decoded, float | None, float | None]
 """A stored chunk: its contents and the wall clock of its first and last value (None: a
 record that carried no time)."""
+Gained = dict[int, tuple[Any, float | None]]
+"""The steps a chunk gained: step -> (value as recorded, None = null; its time)."""
 
 
-def merged(part: Part, old: Stored | None) -> Stored | None:
-    """The chunk ``old`` (None: none stored) with the part's new steps; None when it gains
-    none (a replay) and no place (a chunk migration 0014 wrote before a name's place was
-    kept)."""
+def merged(part: Part, old: Stored | None) -> tuple[Stored, Gained] | None:
+    """The chunk ``old`` (None: none stored) with the part's new steps, and those steps;
+    None when it gains none (a replay) and no place (a chunk migration 0014 wrote before a
+    name's place was kept)."""
     m = _appended(part, old)
     return _merged(part, old) if m is None else m
 
 
-def _appended(part: Part, old: Stored | None) -> Stored | None:
+def _appended(part: Part, old: Stored | None) -> tuple[Stored, Gained] | None:
     """The common case without per-value work: the part's steps rise strictly, all after the
     stored chunk's last (an attempt records its steps in order), and every value is a
     number. None otherwise (a replay, a resent range, a null): :func:`_merged` decides."""
@@ -48,14 +50,19 @@ def _appended(part: Part, old: Stored | None) -> Stored | None:
     values, new_nulls = got
     if old is None:
         decoded = Decoded(_extended(range(0), steps), values, new_nulls, part.position)
-        return decoded, part.times[0], part.times[-1]
+        return (decoded, part.times[0], part.times[-1]), _gained(part)
     o = old[0]
     nulls = None
     if o.nulls or new_nulls:
         nulls = (o.nulls or bytes(len(o.steps))) + (new_nulls or bytes(len(steps)))
     position = part.position if o.position is None else o.position
     decoded = Decoded(_extended(o.steps, steps), o.values + values, nulls, position)
-    return decoded, old[1], part.times[-1]
+    return (decoded, old[1], part.times[-1]), _gained(part)
+
+
+def _gained(part: Part) -> Gained:
+    """Every step of a part that only appends is new."""
+    return dict(zip(part.steps, zip(part.values, part.times, strict=True), strict=True))
 
 
 def _extended(old: Steps, new: list[int]) -> Steps:
@@ -86,7 +93,7 @@ def _numbers(raw: list[Any]) -> tuple[array[float], bytes | None] | None:
     return values, bytes([v is None for v in raw]) if nulls else None
 
 
-def _merged(part: Part, old: Stored | None) -> Stored | None:
+def _merged(part: Part, old: Stored | None) -> tuple[Stored, Gained] | None:
     """A chunk with the part's new steps; None when it gains none (a replay) and no place
     (a chunk migration 0014 wrote before a name's place was kept)."""
     have = set(old[0].steps) if old is not None else set()
@@ -119,7 +126,7 @@ def _merged(part: Part, old: Stored | None) -> Stored | None:
         entries = [(step, _number(v)) for step, v in entries]
         values = array("d", [_NAN if e[1] is None else e[1] for e in entries])
     flags = bytes([e[1] is None for e in entries])
-    return Decoded(steps, values, flags if any(flags) else None, position), t_first, t_last
+    return (Decoded(steps, values, flags if any(flags) else None, position), t_first, t_last), new
 
 
 _NAN = float("nan")

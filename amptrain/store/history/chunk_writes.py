@@ -27,6 +27,7 @@ from sqlalchemy.orm import Session
 
 from amptrain.store.history import chunk_codec, chunk_merge
 from amptrain.store.history.chunk_codec import CHUNK_STEPS, Decoded
+from amptrain.store.history.chunk_merge import Gained
 from amptrain.store.history.chunk_merge import Stored as Stored
 from amptrain.store.history.chunk_parts import SHIFT as _SHIFT
 from amptrain.store.history.chunk_parts import STEP_KIND as STEP_KIND
@@ -44,13 +45,31 @@ def append(
     """Add the points and the named values to their chunks (what each holds:
     :func:`~amptrain.store.history.chunk_parts.collect`); the number of chunks written.
     ``pack``: as for :func:`merge`; ``step_fields``: the metric table's series to write
-    (migration 0015 writes only the reserved ones)."""
-    parts = collect(points, values, step_fields)
+    (migration 0015 writes only the reserved ones). The recorder writes through
+    :func:`amptrain.store.history.rollups.record`, which also keeps the roll-ups."""
+    return len(write(s, collect(points, values, step_fields), pack))
+
+
+Gains = dict[Key, Gained]
+"""Per chunk the steps a write added to it (:data:`~amptrain.store.history.chunk_merge.Gained`)."""
+
+
+def gather(
+    points: Sequence[Mapping[str, Any]], values: Sequence[Mapping[str, Any]]
+) -> dict[Key, Part]:
+    """The new values of each chunk, from the recorder's points and named values."""
+    return collect(points, values)
+
+
+def write(s: Session, parts: Mapping[Key, Part], pack: bool = False) -> Gains:
+    """Merge ``parts`` (:func:`gather`) into their stored chunks and upsert the chunks that
+    changed; what each gained (the roll-ups' upkeep reads it)."""
     if not parts:
-        return 0
-    rows = merge(parts, read(s, list(parts)), pack)
-    upsert(s, rows)
-    return len(rows)
+        return {}
+    stored = read(s, list(parts))
+    merged, gains = _merge(parts, stored)
+    upsert(s, _rows(merged, stored, pack))
+    return gains
 
 
 def read(s: Session, keys: list[Key]) -> dict[Key, Stored]:
@@ -105,15 +124,29 @@ def merge(
     """The rows (:data:`COLUMNS`) of every chunk that gains a step; a step already stored
     (or repeated in ``parts``) keeps its first value. ``pack``: compress every chunk, open
     or not (the migration's, whose chunks will not grow)."""
+    return _rows(_merge(parts, stored)[0], stored, pack)
+
+
+def _merge(
+    parts: Mapping[Key, Part], stored: Mapping[Key, Stored]
+) -> tuple[dict[Key, Stored], Gains]:
+    """Every chunk that changes (:func:`chunk_merge.merged`) and the steps each gains."""
     merged: dict[Key, Stored] = {}
+    gains: Gains = {}
     for key, part in parts.items():
         m = chunk_merge.merged(part, stored.get(key))
         if m is not None:
-            merged[key] = m
-    skipped: dict[Key, int] = {}
-    return [
-        _row(key, *m, _skipped(key, merged, stored, skipped), pack) for key, m in merged.items()
-    ]
+            merged[key], new = m
+            if new:
+                gains[key] = new
+    return merged, gains
+
+
+def _rows(
+    merged: Mapping[Key, Stored], stored: Mapping[Key, Stored], pack: bool
+) -> list[tuple[Any, ...]]:
+    seen: dict[Key, int] = {}
+    return [_row(key, *m, _skipped(key, merged, stored, seen), pack) for key, m in merged.items()]
 
 
 def _skipped(

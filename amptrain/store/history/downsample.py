@@ -17,14 +17,12 @@ keeps its buckets (and the points chosen in them) until it needs the next rung: 
 refreshing chart does not jump. ``from_step``/``to_step`` restrict everything to a
 window, which a zoomed chart fetches at full resolution when it fits.
 
-The statements, none of which brings more than a few rows per bucket into Python:
-
-1. ``min/max(step)``, ``count`` and the attempts of the window;
-2. one GROUP BY bucket pass (first/last step, per field min/max of the finite values,
-   flag counts, first flagged step), joined once more with the points to learn which
-   step holds each min/max (the first such step on ties);
-3. the flagged steps, only when a bucket holds more than one and they all fit;
-4. the chosen rows by ``step IN (...)`` (index on (job_id, step)).
+Where the buckets come from: the chunks' roll-ups (:mod:`amptrain.store.history.rollups`)
+of the loss (counts, flags, the first flagged step) and of each field whose extremes are
+kept, plus the few chunks decoded at a window's cut edges and where a retry's attempts
+overlap (:mod:`amptrain.store.history.chunk_cover`): a read of a 10M-step run visits a few
+hundred rows, whatever the planner knows. Then the chosen steps' points
+(:func:`~amptrain.store.history.window.finish`).
 
 Retried jobs use the effective series (per step, the newest attempt's point), as
 ``GET /jobs/{id}/metrics`` does by default.
@@ -35,26 +33,24 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
-from amptrain.store.history import summaries, summary_reads
-from amptrain.store.history.layout import BASE
-from amptrain.store.history.raw_window import raw_window
+from amptrain.store.history.chunk_cover import attempt_runs
+from amptrain.store.history.chunk_writes import STEP_KIND
+from amptrain.store.history.points import newest_cursor
+from amptrain.store.history.rollups import Stats
 from amptrain.store.history.window import (
     Window,
     cursor_text,
     extrema_of,
     finish,
-    flagged,
     point_row,
+    points_between,
     room_for_every_flagged,
     window_width,
 )
-from amptrain.store.models import MetricPoint
 
-SUMMARY_WIDTH = 4 << BASE
-"""From this bucket width on, buckets come from the summaries (below, the span is short)."""
+STEP_END = 2**31 - 1
 
 
 def downsample(
@@ -73,66 +69,62 @@ def series_window(
     from_step: int | None = None,
     to_step: int | None = None,
 ) -> Window:
-    """At most ``max_points`` points of steps ``from_step..to_step`` (default: all), from the
-    job's summaries when they hold every point (else :func:`raw_window`)."""
+    """At most ``max_points`` points of steps ``from_step..to_step`` (default: all)."""
     if max_points < 1:
         raise ValueError("max_points must be at least 1")
-    view, cursor = summary_reads.open_view(s, job_id)
-    if view is None:
-        return raw_window(s, job_id, max_points, fields, from_step, to_step)
-    newest = cursor_text(cursor)
+    # numpy decodes the chunks: loaded by the first read, not when the API starts (the
+    # recorder, in the same process, stays free of it).
+    from amptrain.store.history.chunk_stats import KEY_SERIES, flagged_steps, range_stats
+
+    newest = cursor_text(newest_cursor(s, job_id))
+    runs = attempt_runs(s, job_id, STEP_KIND, KEY_SERIES)
     first = 0 if from_step is None else from_step
-    last = summary_reads.STEP_END if to_step is None else to_step
-    (total,) = summary_reads.aggregates(s, view, [(first, last)], view.top)
-    if not total["points"]:
+    last = STEP_END if to_step is None else to_step
+    (total,) = range_stats(s, job_id, runs, [KEY_SERIES], [(first, last)])
+    count = total[KEY_SERIES].count
+    if not count:
         return Window([], newest)
-    p = MetricPoint
-    if total["points"] <= max_points:
-        rows = summaries.effective(
-            s.scalars(
-                sa.select(p)
-                .where(p.job_id == job_id, p.step.between(first, last))
-                .order_by(p.step, p.attempt.desc())
-            )
-        )
+    if count <= max_points:
+        rows = points_between(s, job_id, first, last)
         return Window([point_row(r, False, fields) for r in rows], newest)
-    lo, hi = total["first_step"], total["last_step"]
+    lo, hi = total[KEY_SERIES].first_step, total[KEY_SERIES].last_step
     extrema = extrema_of(fields)
     width = window_width(lo, hi, max_points, extrema)
-    if width < SUMMARY_WIDTH:  # a short span: the points cost less than the nodes
-        return raw_window(s, job_id, max_points, fields, from_step, to_step)
     ranges = [
         (max(lo, b * width), min(hi, b * width + width - 1))
         for b in range(lo // width, hi // width + 1)
     ]
-    level = (width & -width).bit_length() - 1  # width = m * 2**level, m in 4..7
-    aggs = [a for a in summary_reads.aggregates(s, view, ranges, level, extrema) if a["points"]]
-    steps, marks = _choose(aggs, extrema)
+    names = list(dict.fromkeys((KEY_SERIES, *extrema)))
+    aggs = [a for a in range_stats(s, job_id, runs, names, ranges) if a[KEY_SERIES].count]
+    steps, marks = _choose(aggs, extrema, KEY_SERIES)
     if room_for_every_flagged(steps, marks, max_points):  # not just each bucket's first
-        steps |= summary_reads.flagged_steps(s, view, lo, hi, flagged(p))
-    lasts = {a["last_step"] for a in aggs}
-    return finish(s, job_id, steps, lasts, marks, max_points, extrema, fields, newest, multi=True)
+        steps |= flagged_steps(s, job_id, runs, lo, hi)
+    lasts = {a[KEY_SERIES].last_step for a in aggs}
+    multi = len({a for run in runs for a in run[2]}) > 1
+    return finish(s, job_id, steps, lasts, marks, max_points, extrema, fields, newest, multi=multi)
 
 
 def _choose(
-    aggs: list[summaries.Agg], extrema: tuple[str, ...]
+    aggs: list[dict[str, Stats]], extrema: tuple[str, ...], key_series: str
 ) -> tuple[set[int], list[dict[str, int]]]:
-    """Per bucket's aggregates (of buckets holding points): the steps it keeps, and its mark when it holds flagged steps."""
+    """Per bucket's aggregates (of buckets holding points): the steps it keeps, and its
+    mark when it holds flagged steps."""
     chosen: set[int] = set()
     marks: list[dict[str, int]] = []
     for a in aggs:
-        chosen.update((a["first_step"], a["last_step"]))
+        key = a[key_series]
+        chosen.update((key.first_step, key.last_step))
         for f in extrema:
-            chosen.update(v for v in (a[f"{f}_min_step"], a[f"{f}_max_step"]) if v is not None)
-        if a["first_flag"] is not None:
-            chosen.add(a["first_flag"])
+            chosen.update(v for v in (a[f].low_step, a[f].high_step) if v is not None)
+        if key.first_flag is not None:
+            chosen.add(key.first_flag)
             marks.append(
                 {
-                    "from_step": a["first_step"],
-                    "to_step": a["last_step"],
-                    "flagged": a["flagged"],
-                    "skipped": a["skipped"],
-                    "non_finite": a["non_finite"],
+                    "from_step": key.first_step,
+                    "to_step": key.last_step,
+                    "flagged": key.flagged,
+                    "skipped": key.skipped,
+                    "non_finite": key.non_finite,
                 }
             )
     return chosen, marks

@@ -1,6 +1,7 @@
-"""Recomputing a job's metric summaries (:mod:`amptrain.store.history.summaries`) from its raw points,
-aggregated by the database: for points written without summaries (a job recorded before
-them, tests and benchmarks seeding millions of rows)."""
+"""Recomputing a job's derived history from its rows: its metric summaries
+(:mod:`amptrain.store.history.summaries`, aggregated by the database), its chunks and their
+roll-ups: for points written by other means than the recorder (tests and benchmarks
+seeding millions of rows)."""
 
 from __future__ import annotations
 
@@ -8,16 +9,42 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from amptrain.contract.metrics import EXTREMA_FIELDS
+from amptrain.store.history import chunk_writes, rollup_rebuild
 from amptrain.store.history.layout import BASE, COLUMNS, DBL_MAX, MAX_LEVEL
-from amptrain.store.models import MetricSummary, MetricSummaryState
+from amptrain.store.models import MetricPoint, MetricSummary, MetricSummaryState, MetricValue
 
 
 def rebuild(s: Session, job_id: str) -> None:
-    """Recompute a job's summaries and state from its raw points, aggregated by the database."""
+    """Recompute a job's summaries and state from its raw points, aggregated by the database;
+    and bring its points and named values into its chunks and their roll-ups (what the
+    reads read), as the recorder would have."""
+    chunk_rows(s, job_id)
+    rollup_rebuild.rebuild(s, job_id)
     s.execute(sa.delete(MetricSummary).where(MetricSummary.job_id == job_id))
     s.execute(sa.delete(MetricSummaryState).where(MetricSummaryState.job_id == job_id))
     for sql in rebuild_statements(job_filter=True, dialect=s.get_bind().dialect.name):
         s.execute(sa.text(sql), {"job_id": job_id})
+
+
+def chunk_rows(s: Session, job_id: str, batch: int = 50_000) -> None:
+    """Merge a job's points and named values into its chunks, ``batch`` rows at a time (a
+    step already in a chunk keeps its value)."""
+    for table, as_points in ((MetricPoint, True), (MetricValue, False)):
+        after = 0
+        while True:
+            rows = [
+                dict(r)
+                for r in s.execute(
+                    sa.select(table.__table__)
+                    .where(table.job_id == job_id, table.id > after)
+                    .order_by(table.id)
+                    .limit(batch)
+                ).mappings()
+            ]
+            if not rows:
+                break
+            after = rows[-1]["id"]
+            chunk_writes.append(s, *((rows, []) if as_points else ([], rows)), pack=True)
 
 
 def rebuild_statements(job_filter: bool, dialect: str) -> list[str]:

@@ -19,10 +19,10 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from amptrain.contract.metrics import EVAL_KIND, LAYER_NORM_KIND
+from amptrain.store.chunk_models import MetricChunk
 from amptrain.store.history import chunk_load
 from amptrain.store.history.chunk_codec import CHUNK_STEPS
 from amptrain.store.history.chunk_parts import RESERVED, STEP_KIND
-from amptrain.store.models import MetricChunk
 
 BLOCK_VALUES = 65_536
 """Values per block at most: a block is 1 MiB of steps and values."""
@@ -98,6 +98,15 @@ def decode(first_aligned: int, data: bytes) -> tuple[numpy.ndarray, numpy.ndarra
     """A chunk's steps and values (a null value reads as NaN) as numpy arrays."""
     chunk = chunk_load.decode(first_aligned, data)
     return chunk.steps, chunk.values
+
+
+def decode_masked(
+    first_aligned: int, data: bytes
+) -> tuple[numpy.ndarray, numpy.ndarray, numpy.ndarray]:
+    """:func:`decode` and a bool array, true where the value was null (stored as NaN)."""
+    chunk = chunk_load.decode(first_aligned, data)
+    nulls = numpy.zeros(len(chunk.steps), bool) if chunk.nulls is None else chunk.nulls
+    return chunk.steps, chunk.values, nulls
 
 
 def _effective(

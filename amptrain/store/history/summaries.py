@@ -32,6 +32,7 @@ from sqlalchemy.orm import Session
 from amptrain.contract.metrics import EXTREMA_FIELDS
 from amptrain.store.history.layout import COLUMNS, COUNTS
 from amptrain.store.history.points import steps_in
+from amptrain.store.history.window import runs
 from amptrain.store.models import MetricPoint, MetricSummary
 
 _KEYS = tuple((f, f"{f}_min", f"{f}_min_step", f"{f}_max", f"{f}_max_step") for f in EXTREMA_FIELDS)
@@ -239,14 +240,3 @@ def _level_where(level: int, ids: list[int]) -> sa.ColumnElement[bool]:
     if ids[-1] - ids[0] + 1 == len(ids):
         return sa.and_(m.level == level, m.idx.between(ids[0], ids[-1]))
     return sa.and_(m.level == level, m.idx.in_(ids))
-
-
-def runs(ids: list[int]) -> list[tuple[int, int]]:
-    """Sorted ints as inclusive runs of consecutive values."""
-    runs: list[tuple[int, int]] = []
-    for i in ids:
-        if runs and runs[-1][1] + 1 == i:
-            runs[-1] = (runs[-1][0], i)
-        else:
-            runs.append((i, i))
-    return runs

@@ -5,27 +5,26 @@ report alike, so no two pages show two figures under one name."""
 
 from __future__ import annotations
 
-import sqlalchemy as sa
+from itertools import islice
+from math import isfinite
+
 from sqlalchemy.orm import Session
 
 from amptrain.contract.progress import STEADY_LOOKBACK
 from amptrain.contract.progress import steady_rate as rate_of
-from amptrain.store.history.window import is_finite
-from amptrain.store.models import MetricPoint
+from amptrain.store.history.chunk_parts import STEP_KIND
+from amptrain.store.history.chunk_tail import newest_first
 
 
 def steady_rate(s: Session, job_id: str, attempt: int) -> float | None:
     """The attempt's steady-state samples/s (:data:`~amptrain.contract.progress.STEADY_RATE_DOC`);
     None before a step with a finite rate and a positive step time. One bounded read: the
-    newest STEADY_LOOKBACK such steps."""
-    p = MetricPoint
-    c = MetricPoint.__table__.c  # the metric columns (named by the metric table)
-    rate, ms = c.samples_per_second, c.step_time_ms
-    rows = s.execute(
-        sa.select(rate, ms)
-        .where(p.job_id == job_id, p.attempt == attempt, is_finite(rate), is_finite(ms), ms > 0)
-        .order_by(p.step.desc())
-        .limit(STEADY_LOOKBACK)
-    ).all()
-    newest = [(float(r), float(m)) for r, m in reversed(rows)]
+    newest STEADY_LOOKBACK such steps, from the attempt's newest chunks."""
+    steps = newest_first(s, job_id, STEP_KIND, ("step_time_ms", "samples_per_second"), attempt)
+    usable = (
+        (rate, ms)
+        for _, (ms, rate) in steps
+        if ms is not None and rate is not None and isfinite(rate) and isfinite(ms) and ms > 0
+    )
+    newest = list(islice(usable, STEADY_LOOKBACK))[::-1]
     return rate_of(newest, len(newest))

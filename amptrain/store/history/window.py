@@ -1,6 +1,6 @@
-"""The pieces every downsampled read shares, whichever way it finds its buckets
-(:mod:`amptrain.store.history.downsample` from the summaries, :mod:`amptrain.store.history.raw_window` from the
-points): what a window holds, which points count as flagged, which fields a request
+"""The pieces every downsampled read shares (:mod:`amptrain.store.history.downsample`, from
+the chunks' roll-ups; the evaluations' :mod:`amptrain.store.history.eval_window`; the test
+oracles of tests/support/): what a window holds, which points count as flagged, which fields a request
 keeps, the fixed ladder of bucket widths and the window's budget of points, and how the
 chosen steps become items."""
 
@@ -13,6 +13,7 @@ from operator import attrgetter
 from typing import Any
 
 import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 
 from amptrain.contract.cursor import Cursor
@@ -149,19 +150,52 @@ def _ladder() -> Iterator[int]:
         k += 1
 
 
+def points_between(s: Session, job_id: str, first: int, last: int) -> list[Any]:
+    """The effective points of steps ``first..last`` (per step the newest attempt's), in
+    step order, from ``metric_points``. With :func:`_rows_at`, the one place a downsampled
+    read takes its items' rows: the chunk reader (``chunk_reads.points_at``) replaces both."""
+    p = MetricPoint
+    rows = s.execute(
+        sa.select(p.__table__)
+        .where(p.job_id == job_id, p.step.between(first, last))
+        .order_by(p.step, p.attempt.desc())
+    )
+    out: list[Any] = []
+    for r in rows:
+        if not out or out[-1].step != r.step:
+            out.append(r)
+    return out
+
+
 def _rows_at(s: Session, job_id: str, steps: list[int], *, multi_attempt: bool) -> list[Any]:
     """The points at ``steps`` (the effective one per step), as rows: no ORM objects for
     what only becomes a dict."""
     p = MetricPoint
     rows: list[Any] = []
-    for in_steps in steps_in(s, steps):
-        rows.extend(
-            s.execute(
-                sa.select(p.__table__)
-                .where(p.job_id == job_id, in_steps)
-                .order_by(p.step, p.attempt.desc())
-            ).all()
+    if s.get_bind().dialect.name == "postgresql":
+        # One index lookup per step (LATERAL), whatever the planner knows: ``step =
+        # ANY(...)`` on a never-analysed table was planned as a scan of the job's points.
+        k = sa.func.unnest(sa.bindparam("steps", steps, postgresql.ARRAY(sa.Integer)))
+        wanted = sa.select(k.column_valued("step")).subquery("k")
+        lookup = (
+            sa.select(p.__table__).where(p.job_id == job_id, p.step == wanted.c.step).lateral("p")
         )
+        rows = list(
+            s.execute(
+                sa.select(lookup)
+                .select_from(wanted.join(lookup, sa.true()))
+                .order_by(lookup.c.step, lookup.c.attempt.desc())
+            )
+        )
+    else:
+        for in_steps in steps_in(s, steps):
+            rows.extend(
+                s.execute(
+                    sa.select(p.__table__)
+                    .where(p.job_id == job_id, in_steps)
+                    .order_by(p.step, p.attempt.desc())
+                ).all()
+            )
     if not multi_attempt:
         return rows
     newest: dict[int, Any] = {}
@@ -218,3 +252,14 @@ def point_row(r: Any, downsampled: bool, fields: Sequence[str] | None) -> dict[s
     out["cursor"] = str(Cursor(r.stream_ms, r.stream_seq))
     out["downsampled"] = downsampled
     return out
+
+
+def runs(ids: list[int]) -> list[tuple[int, int]]:
+    """Sorted ints as inclusive runs of consecutive values."""
+    runs: list[tuple[int, int]] = []
+    for i in ids:
+        if runs and runs[-1][1] + 1 == i:
+            runs[-1] = (runs[-1][0], i)
+        else:
+            runs.append((i, i))
+    return runs

@@ -1,7 +1,8 @@
 """The chunked metric store: what the recorder's batches put in ``metric_chunks`` is, per
 series, the effective history (per step the newest attempt's value) that scan_run
 streams; replays write nothing; migration 0014 moves a run recorded by the previous
-version into the same chunks, resumably, and every read returns what it returned before.
+version into the same chunks (0014) and their roll-ups (0016), resumably, and every read
+returns what it returned before.
 Real SQLite and PostgreSQL."""
 
 from __future__ import annotations
@@ -18,16 +19,16 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from amptrain.contract.metrics import EVAL_KIND, LAYER_NORM_KIND
 from amptrain.store import migrate, recording
+from amptrain.store.chunk_models import MetricChunk
 from amptrain.store.db import make_engine, make_session_factory
-from amptrain.store.history import chunk_writes, raw_window, series_scan, value_writes
+from amptrain.store.history import chunk_writes, rollups, series_scan, value_writes
 from amptrain.store.history import eval_window as eval_window_module
 from amptrain.store.history.downsample import series_window
 from amptrain.store.history.eval_window import eval_window
 from amptrain.store.history.points import Page, metric_page
 from amptrain.store.history.values import eval_page
-from amptrain.store.models import MetricChunk
 from tests.store.history.test_summaries import new_job, series
-from tests.support import row_reads
+from tests.support import row_reads, row_window
 
 Sessions = sessionmaker[Session]
 LAYERS = ("enc.0.weight", "enc.0.bias", "head.weight")
@@ -55,8 +56,10 @@ def record(
     size: int,
     *,
     chunks: bool = True,
+    roll_ups: bool = True,
 ) -> None:
-    """The recorder's writes, ``size`` points (and their steps' values) a transaction."""
+    """The recorder's writes, ``size`` points (and their steps' values) a transaction;
+    ``chunks``/``roll_ups``: as the versions before 0014 / before 0016 did not."""
     for i in range(0, len(points), size):
         batch = points[i : i + size]
         steps = {(p["attempt"], p["step"]) for p in batch}
@@ -64,7 +67,9 @@ def record(
         with sessions.begin() as s:
             recording.insert_points(s, batch)
             value_writes.insert(s, vals)
-            if chunks:
+            if chunks and roll_ups:
+                rollups.record(s, batch, vals)
+            elif chunks:
                 chunk_writes.append(s, batch, vals)
 
 
@@ -179,22 +184,23 @@ def test_a_value_that_is_not_a_number_is_stored_as_null(db: tuple[sa.Engine, Ses
     assert peak is None or math.isnan(peak[2])
 
 
-def reads(sessions: Sessions, job_id: str, pages: Any = None) -> str:
-    """What the history endpoints return for the job, as JSON text; ``pages``: the module
-    serving the cursor pages (the row oracle, tests/support/row_reads.py, before the
-    chunks hold the run)."""
+def reads(sessions: Sessions, job_id: str, *, old: bool = False) -> str:
+    """What the history endpoints return for the job, as JSON text; ``old``: the previous
+    version's reads from the rows (tests/support/row_reads.py, row_window.py), before the
+    chunks hold the run."""
     metric, evals = (
-        (metric_page, eval_page) if pages is None else (pages.metric_page, pages.eval_page)
+        (row_reads.metric_page, row_reads.eval_page) if old else (metric_page, eval_page)
     )
+    window = row_window.raw_window if old else series_window
     with sessions() as s, pytest.MonkeyPatch.context() as patch:
-        if pages is not None:  # the windows' newest cursor from the rows too
-            patch.setattr(raw_window, "newest_cursor", pages.newest_cursor)
-            patch.setattr(eval_window_module, "newest_cursor", pages.newest_value_cursor)
+        if old:  # the windows' newest cursor from the rows too
+            patch.setattr(row_window, "newest_cursor", row_reads.newest_cursor)
+            patch.setattr(eval_window_module, "newest_cursor", row_reads.newest_value_cursor)
         out = {
             "metrics": metric(s, job_id, Page(limit=10_000)),
             "all": metric(s, job_id, Page(limit=10_000, attempts="all")),
-            "window": series_window(s, job_id, 100).__dict__,
-            "zoom": series_window(s, job_id, 50, ["loss", "lr"], 100, 400).__dict__,
+            "window": window(s, job_id, 100).__dict__,
+            "zoom": window(s, job_id, 50, ["loss", "lr"], 100, 400).__dict__,
             "evals": evals(s, job_id, Page(limit=10_000)),
             "layers": evals(s, job_id, Page(limit=10_000), LAYER_NORM_KIND),
             "eval_window": eval_window(s, job_id, 10).__dict__,
@@ -211,9 +217,9 @@ def test_migration_moves_a_run_of_the_previous_version_resumably(database_url: s
         job_id = new_job(sessions)
         points, values = a_run(job_id)
         record(sessions, points, values, 97, chunks=False)  # the previous recorder's rows
-        before = reads(sessions, job_id, row_reads)
+        before = reads(sessions, job_id, old=True)
         migrate.upgrade(database_url)
-        assert reads(sessions, job_id) == before == reads(sessions, job_id, row_reads)
+        assert reads(sessions, job_id) == before == reads(sessions, job_id, old=True)
         want = expected(points, values)
         same(scanned(sessions, job_id), want)
         # Run again (as after an interruption): the same chunks, byte for byte.
@@ -234,6 +240,6 @@ def test_migration_moves_a_run_of_the_previous_version_resumably(database_url: s
             }
         assert again == stored
         migrate.downgrade(database_url, "0013")
-        assert reads(sessions, job_id, row_reads) == before
+        assert reads(sessions, job_id, old=True) == before
     finally:
         engine.dispose()

@@ -1,4 +1,5 @@
-"""Metric summaries: a downsampled history read from them is the read from the points,
+"""Metric summaries (no longer read by the API: tests/support/summary_window.py keeps the
+read that used them, an oracle of the chunk reads): a downsampled history read from them is the read from the points,
 whatever the batches, retries, replays and windows; the migration's backfill builds the
 same summaries as live recording and as rebuilding. Real SQLite/PostgreSQL."""
 
@@ -18,12 +19,12 @@ from amptrain.store.db import make_engine, make_session_factory
 from amptrain.store.history import chunk_writes, summary_writes
 from amptrain.store.history import layout as summary_layout
 from amptrain.store.history import rebuild as summary_rebuild
-from amptrain.store.history.downsample import series_window
-from amptrain.store.history.raw_window import raw_window
 from amptrain.store.history.summary_reads import open_view
 from amptrain.store.history.window import parse_fields
 from amptrain.store.models import MetricPoint, MetricSummary, MetricSummaryState
 from tests.support.old_schema import create_old_job
+from tests.support.row_window import raw_window
+from tests.support.summary_window import series_window
 
 Sessions = sessionmaker[Session]
 T0 = 1_700_000_000_000

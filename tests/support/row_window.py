@@ -1,6 +1,8 @@
-"""A downsampled window computed from the points alone: one GROUP BY bucket pass in the
-database (statements 1-4 of :mod:`amptrain.store.history.downsample`), for short spans and for jobs
-whose summaries do not hold every point."""
+"""The test oracle of the downsampled reads: a window computed from the metric points alone
+(one GROUP BY bucket pass in the database), the implementation ``GET /jobs/{id}/metrics``
+used before the reads came from the chunks' roll-ups (and, for short spans and jobs
+without summaries, before that). The chunk reader must return what this returns, byte for
+byte, for the same recorded run."""
 
 from __future__ import annotations
 
@@ -34,8 +36,8 @@ def raw_window(
     from_step: int | None = None,
     to_step: int | None = None,
 ) -> Window:
-    """:func:`series_window` computed from the points alone (GROUP BY in the database): for
-    short spans and for jobs whose summaries do not hold every point."""
+    """:func:`amptrain.store.history.downsample.series_window` computed from the points alone
+    (GROUP BY in the database)."""
     p = MetricPoint
     where = [p.job_id == job_id]
     if from_step is not None:

@@ -1,0 +1,113 @@
+"""Which stored pieces hold a step range of a job's EFFECTIVE series (per step the newest
+attempt's value): roll-ups where one attempt alone recorded the steps, decoded chunks
+where attempts overlap or a range cuts a chunk.
+
+The rule: an attempt records consecutive steps from its resume point, so its *span* (its
+first and last recorded step, from its level-8 roll-ups) bounds all it holds. A chunk
+whose steps meet one attempt's span holds that attempt's values alone: its roll-ups (and
+the roll-ups of any aligned block of such chunks) ARE the effective series' aggregates. A
+chunk that meets two or more spans (where a retry resumed from an earlier checkpoint and
+re-recorded steps, or stopped before its predecessor's last step) is *contested*: its
+chunks of every such attempt are decoded and merged per step, the newest attempt winning,
+so the result is exact even for an attempt with gaps. Only the chunks around a resume
+point are contested; the rest of a retried run reads as fast as a run of one attempt.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import pairwise
+
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from amptrain.store.chunk_models import MetricRollup
+from amptrain.store.history.chunk_codec import CHUNK_STEPS
+from amptrain.store.history.rollups import LEVELS
+
+_SHIFT = CHUNK_STEPS.bit_length() - 1
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """A roll-up of one attempt: level and index (``chunk >> level``)."""
+
+    attempt: int
+    level: int
+    idx: int
+
+
+@dataclass(frozen=True, slots=True)
+class Raw:
+    """Steps ``first..last`` of one chunk, decoded from the chunks of ``attempts``."""
+
+    attempts: tuple[int, ...]
+    chunk: int
+    first: int
+    last: int
+
+
+Piece = Node | Raw
+Run = tuple[int, int, tuple[int, ...]]
+"""Chunks ``lo..hi`` and the attempts whose spans meet each of them."""
+
+
+def attempt_runs(s: Session, job_id: str, kind: str, name: str) -> list[Run]:
+    """The job's chunk indexes in runs of the same attempts (one: owned; more: contested),
+    from the series ``kind``/``name``'s top roll-ups: a row per 65,536 steps."""
+    r = MetricRollup
+    spans = s.execute(
+        sa.select(r.attempt, sa.func.min(r.first_step), sa.func.max(r.last_step))
+        .where(r.job_id == job_id, r.kind == kind, r.name == name, r.level == max(LEVELS))
+        .group_by(r.attempt)
+    ).all()
+    chunk_spans = [(a, lo >> _SHIFT, hi >> _SHIFT) for a, lo, hi in spans]
+    cuts = sorted({lo for _, lo, _ in chunk_spans} | {hi + 1 for _, _, hi in chunk_spans})
+    runs: list[Run] = []
+    for lo, end in pairwise(cuts):
+        held = tuple(sorted(a for a, a_lo, a_hi in chunk_spans if a_lo <= lo and end - 1 <= a_hi))
+        if held:
+            runs.append((lo, end - 1, held))
+    return runs
+
+
+def pieces(runs: list[Run], first: int, last: int) -> list[Piece]:
+    """Steps ``first..last`` of the effective series as the fewest roll-ups and decoded
+    chunk parts, in step order."""
+    out: list[Piece] = []
+    for lo, hi, attempts in runs:
+        a = max(first, lo << _SHIFT)
+        b = min(last, ((hi + 1) << _SHIFT) - 1)
+        if a > b:
+            continue
+        if len(attempts) > 1:
+            out += [
+                Raw(attempts, c, max(a, c << _SHIFT), min(b, ((c + 1) << _SHIFT) - 1))
+                for c in range(a >> _SHIFT, (b >> _SHIFT) + 1)
+            ]
+        else:
+            out += _cover(attempts[0], a, b)
+    return out
+
+
+def _cover(attempt: int, first: int, last: int) -> list[Piece]:
+    """One attempt's steps ``first..last``: the whole chunks as the largest aligned roll-ups,
+    the cut chunks at either end as decoded parts."""
+    start = -(-first >> _SHIFT)  # the first whole chunk
+    stop = (last + 1) >> _SHIFT  # past the last whole chunk
+    if start >= stop:
+        return [
+            Raw((attempt,), c, max(first, c << _SHIFT), min(last, ((c + 1) << _SHIFT) - 1))
+            for c in range(first >> _SHIFT, (last >> _SHIFT) + 1)
+        ]
+    out: list[Piece] = []
+    if first < start << _SHIFT:
+        out.append(Raw((attempt,), start - 1, first, (start << _SHIFT) - 1))
+    x = start
+    while x < stop:
+        level = next(lv for lv in reversed(LEVELS) if x % (1 << lv) == 0 and x + (1 << lv) <= stop)
+        out.append(Node(attempt, level, x >> level))
+        x += 1 << level
+    if stop << _SHIFT <= last:
+        out.append(Raw((attempt,), stop, stop << _SHIFT, last))
+    return out

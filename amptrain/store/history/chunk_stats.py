@@ -1,0 +1,213 @@
+"""The aggregates (:class:`~amptrain.store.history.rollups.Stats`) of a job's effective step
+series over many step ranges at once, from roll-ups and decoded chunks
+(:mod:`amptrain.store.history.chunk_cover` says which): a downsampled read's buckets.
+
+Every roll-up a read needs comes in one statement on PostgreSQL (a join with the unnested
+keys) and in one index range per run of consecutive keys on SQLite; so do the chunks it
+decodes. Nothing here depends on planner statistics: every statement walks the primary key.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy
+import sqlalchemy as sa
+from sqlalchemy.orm import Session
+
+from amptrain.store.chunk_models import MetricRollup
+from amptrain.store.history.chunk_codec import CHUNK_STEPS
+from amptrain.store.history.chunk_cover import Node, Piece, Raw, Run, pieces
+from amptrain.store.history.chunk_writes import STEP_KIND
+from amptrain.store.history.rollup_rebuild import array_stats, values_at
+from amptrain.store.history.rollups import FLAG_SERIES, LEVELS, STATS, Stats
+from amptrain.store.history.series_scan import decode_masked
+from amptrain.store.history.window import runs as consecutive
+
+KEY_SERIES = "loss"
+"""The step series whose roll-ups count a window's points (every point writes it, a null
+loss too), whose non-finite values are what a mark's ``non_finite`` counts, and whose
+roll-ups carry the flags."""
+_SHIFT = CHUNK_STEPS.bit_length() - 1
+Arrays = tuple[numpy.ndarray, numpy.ndarray, numpy.ndarray]
+"""Steps, values (NaN where null) and the null mask of a chunk's effective values."""
+
+
+def range_stats(
+    s: Session, job_id: str, runs: list[Run], names: Sequence[str], ranges: list[tuple[int, int]]
+) -> list[dict[str, Stats]]:
+    """Per inclusive step range, per step series of ``names``, its aggregates."""
+    covers = [pieces(runs, a, b) for a, b in ranges]
+    nodes = {p for c in covers for p in c if isinstance(p, Node)}
+    raws = {(p.attempts, p.chunk) for c in covers for p in c if isinstance(p, Raw)}
+    stored = _nodes(s, job_id, names, nodes)
+    decoded = effective_chunks(s, job_id, sorted({*names, *FLAG_SERIES}), raws)
+    out = []
+    for cover in covers:
+        totals = {name: Stats() for name in names}
+        for piece in cover:
+            for name in names:
+                totals[name].merge(_piece_stats(piece, name, stored, decoded))
+        out.append(totals)
+    return out
+
+
+def _piece_stats(
+    piece: Piece,
+    name: str,
+    stored: dict[tuple[str, Node], Stats],
+    decoded: dict[tuple[str, int], Arrays],
+) -> Stats:
+    if isinstance(piece, Node):
+        return stored.get((name, piece)) or Stats()
+    steps, values, _ = decoded.get((name, piece.chunk), _EMPTY)
+    lo, hi = numpy.searchsorted(steps, [piece.first, piece.last + 1])
+    skipped, flagged = flags(decoded, piece.chunk, steps)
+    return array_stats(steps[lo:hi], values[lo:hi], skipped[lo:hi], flagged[lo:hi])
+
+
+_EMPTY: Arrays = (numpy.zeros(0, numpy.int64), numpy.zeros(0), numpy.zeros(0, bool))
+
+
+def flags(
+    decoded: dict[tuple[str, int], Arrays], chunk: int, steps: numpy.ndarray
+) -> tuple[numpy.ndarray, numpy.ndarray]:
+    """Per step of ``steps`` (of ``chunk``): skipped, and flagged (skipped, a non-finite or
+    null loss, a NaN or infinite grad norm)."""
+    skipped = values_at(steps, decoded.get(("skipped", chunk)), 0.0) == 1
+    loss = values_at(steps, decoded.get(("loss", chunk)), numpy.nan)
+    norm = values_at(steps, decoded.get(("grad_norm", chunk)), 0.0, nulls_as=0.0)
+    return skipped, skipped | ~numpy.isfinite(loss) | ~numpy.isfinite(norm)
+
+
+def _nodes(
+    s: Session, job_id: str, names: Sequence[str], nodes: Iterable[Node]
+) -> dict[tuple[str, Node], Stats]:
+    out: dict[tuple[str, Node], Stats] = {}
+    wanted = [(name, n) for name in names for n in nodes]
+    if not wanted:
+        return out
+    conn: Any = s.connection().connection.driver_connection
+    groups: dict[tuple[str, int, int], list[int]] = defaultdict(list)
+    for name, n in wanted:
+        groups[(name, n.level, n.attempt)].append(n.idx)
+    if s.get_bind().dialect.name == "postgresql":
+        # Every run of consecutive keys as one index range, all in one statement.
+        spans = [(*g, lo, hi) for g, ids in groups.items() for lo, hi in consecutive(sorted(ids))]
+        with conn.cursor() as cur:
+            columns = [list(c) for c in zip(*spans, strict=True)]
+            for name, level, idx, attempt, *row in cur.execute(_NODES_PG, (*columns, job_id)):
+                out[(name, Node(attempt, level, idx))] = Stats(row)
+        return out
+    for (name, level, attempt), ids in groups.items():
+        for lo, hi in consecutive(sorted(ids)):
+            for idx, *row in conn.execute(_NODES_SQLITE, (job_id, name, level, lo, hi, attempt)):
+                out[(name, Node(attempt, level, idx))] = Stats(row)
+    return out
+
+
+_STATS = ", ".join(f"r.{c}" for c in STATS)
+# LATERAL: one primary-key lookup per key, whatever the planner knows (a never-analysed
+# table can otherwise get a hash join over every row of the table).
+_NODES_PG = (
+    f"SELECT k.name, k.level, r.idx, k.attempt, {_STATS} FROM unnest(%s::text[], %s::int[], "
+    "%s::int[], %s::int[], %s::int[]) AS k(name, level, attempt, lo, hi) CROSS JOIN LATERAL "
+    f"(SELECT * FROM metric_rollups r WHERE r.job_id = %s AND r.kind = '{STEP_KIND}' AND "
+    "r.name = k.name AND r.level = k.level AND r.idx BETWEEN k.lo AND k.hi "
+    "AND r.attempt = k.attempt) r"
+)
+_NODES_SQLITE = (
+    f"SELECT r.idx, {_STATS} FROM metric_rollups r WHERE r.job_id = ? AND r.kind = "
+    f"'{STEP_KIND}' AND r.name = ? AND r.level = ? AND r.idx BETWEEN ? AND ? AND r.attempt = ?"
+)
+
+
+def effective_chunks(
+    s: Session, job_id: str, names: Sequence[str], raws: Iterable[tuple[tuple[int, ...], int]]
+) -> dict[tuple[str, int], Arrays]:
+    """Per series of ``names`` and chunk, the effective values of the chunks of the given
+    attempts: per step the newest attempt's value."""
+    wanted = sorted({(name, chunk, a) for name in names for atts, chunk in raws for a in atts})
+    parts: dict[tuple[str, int], list[tuple[int, Arrays]]] = defaultdict(list)
+    for name, chunk, attempt, data in _chunk_data(s, job_id, wanted):
+        parts[(name, chunk)].append((attempt, decode_masked(chunk * CHUNK_STEPS, bytes(data))))
+    out: dict[tuple[str, int], Arrays] = {}
+    for key, held in parts.items():
+        held.sort(key=lambda p: -p[0])  # newest first
+        if len(held) == 1:
+            out[key] = held[0][1]
+            continue
+        steps, values, nulls = (numpy.concatenate([h[1][i] for h in held]) for i in range(3))
+        kept, first = numpy.unique(steps, return_index=True)  # the first: the newest's
+        out[key] = (kept, values[first], nulls[first])
+    return out
+
+
+def _chunk_data(
+    s: Session, job_id: str, wanted: list[tuple[str, int, int]]
+) -> Iterable[tuple[str, int, int, bytes]]:
+    if not wanted:
+        return []
+    conn: Any = s.connection().connection.driver_connection
+    if s.get_bind().dialect.name == "postgresql":
+        keys = [list(c) for c in zip(*wanted, strict=True)]
+        with conn.cursor() as cur:
+            return list(cur.execute(_CHUNKS_PG, (*keys, job_id)))
+    groups: dict[tuple[str, int], list[int]] = defaultdict(list)
+    for name, chunk, attempt in wanted:
+        groups[(name, attempt)].append(chunk)
+    out: list[tuple[str, int, int, bytes]] = []
+    for (name, attempt), chunks in groups.items():
+        for lo, hi in consecutive(sorted(chunks)):
+            rows = conn.execute(_CHUNKS_SQLITE, (job_id, name, lo, hi, attempt))
+            out += [(name, chunk, attempt, data) for chunk, data in rows]
+    return out
+
+
+_CHUNKS_PG = (
+    "SELECT k.name, k.chunk, k.attempt, c.data FROM unnest(%s::text[], %s::int[], %s::int[]) "
+    "AS k(name, chunk, attempt) CROSS JOIN LATERAL (SELECT data FROM metric_chunks c WHERE "
+    f"c.job_id = %s AND c.kind = '{STEP_KIND}' AND c.name = k.name AND c.chunk = k.chunk "
+    "AND c.attempt = k.attempt) c"
+)
+_CHUNKS_SQLITE = (
+    f"SELECT chunk, data FROM metric_chunks WHERE job_id = ? AND kind = '{STEP_KIND}' "
+    "AND name = ? AND chunk BETWEEN ? AND ? AND attempt = ?"
+)
+
+
+def flagged_steps(s: Session, job_id: str, runs: list[Run], lo: int, hi: int) -> set[int]:
+    """Every flagged step of the effective series in ``lo..hi``: the top roll-ups holding
+    flagged steps, their chunks' level-0 roll-ups that do, those chunks decoded (the
+    newest attempt of each step decides)."""
+    r = MetricRollup
+    top = max(LEVELS)
+    series = (r.job_id == job_id, r.kind == STEP_KIND, r.name == KEY_SERIES, r.flagged > 0)
+    first, last = lo >> _SHIFT, hi >> _SHIFT
+    blocks = s.scalars(
+        sa.select(r.idx)
+        .where(*series, r.level == top, r.idx.between(first >> top, last >> top))
+        .distinct()
+    ).all()
+    chunks: set[int] = set()
+    for block in blocks:
+        chunks.update(
+            s.scalars(
+                sa.select(r.idx).where(
+                    *series,
+                    r.level == 0,
+                    r.idx.between(max(first, block << top), min(last, ((block + 1) << top) - 1)),
+                )
+            )
+        )
+    owners = {c: run[2] for c in chunks for run in runs if run[0] <= c <= run[1]}
+    decoded = effective_chunks(s, job_id, FLAG_SERIES, [(a, c) for c, a in owners.items()])
+    out: set[int] = set()
+    for c in owners:
+        steps = decoded.get((KEY_SERIES, c), _EMPTY)[0]
+        _, flagged = flags(decoded, c, steps)
+        held = steps[flagged & (steps >= lo) & (steps <= hi)]
+        out.update(int(x) for x in held)
+    return out

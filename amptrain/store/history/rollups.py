@@ -1,0 +1,248 @@
+"""Roll-ups of the chunks (``metric_rollups``): per series, attempt and aligned block of
+chunks, what a downsampled read needs per bucket (count, first/last step, non-finite,
+skipped and flagged counts, the first flagged step, the lowest and highest finite value and
+the first step holding each), so a read of a 10M-step run visits a few hundred rows.
+
+Levels (:data:`LEVELS`): 0 is one chunk (256 steps), 4 sixteen chunks (4,096 steps), 8
+256 chunks (65,536 steps); ``idx = chunk >> level``. Each is kept by the recorder in the
+batch's transaction from what the batch ADDED to the chunks
+(:func:`~amptrain.store.history.chunk_writes.write`): a chunk only gains steps, so a
+roll-up is the old one combined with the new steps' aggregates, and a replay, which adds
+nothing, changes nothing. :mod:`amptrain.store.history.rollup_rebuild` builds them from
+existing chunks (migration 0016, bulk-loaded benchmarks).
+
+A step is *flagged* (step series only) as :func:`amptrain.store.history.window.flagged`
+says: skipped, or its loss null/NaN/infinite, or its grad norm NaN/infinite (not null).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from math import isfinite
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from amptrain.store.history import chunk_writes
+from amptrain.store.history.chunk_writes import STEP_KIND, Gains
+
+LEVELS = (0, 4, 8)
+"""Roll-up levels, in chunks: 1, 16 and 256 chunks (256, 4,096 and 65,536 steps)."""
+FLAG_SERIES = ("loss", "grad_norm", "skipped")
+"""The step series whose values decide whether a step is flagged."""
+RKey = tuple[str, str, str, int, int, int]
+"""``(job_id, kind, name, level, idx, attempt)``: a roll-up's primary key."""
+_KEY = ("job_id", "kind", "name", "level", "idx", "attempt")
+
+STATS = (
+    "first_step",
+    "last_step",
+    "count",
+    "non_finite",
+    "skipped",
+    "flagged",
+    "first_flag",
+    "low",
+    "low_step",
+    "high",
+    "high_step",
+)
+"""A roll-up's columns after its key, in order (the attributes of :class:`Stats`)."""
+
+
+class Stats:
+    """The aggregates of some steps of one series (the columns of :data:`STATS`)."""
+
+    __slots__ = STATS
+    first_step: int
+    """The first and last step held (0 while ``count`` is 0)."""
+    last_step: int
+    count: int
+    non_finite: int
+    skipped: int
+    flagged: int
+    first_flag: int | None
+    low: float | None
+    """The lowest finite value and the first step holding it."""
+    low_step: int | None
+    high: float | None
+    """The highest finite value and the first step holding it."""
+    high_step: int | None
+
+    def __init__(self, row: Iterable[Any] | None = None) -> None:
+        if row is None:
+            row = (0, 0, 0, 0, 0, 0, None, None, None, None, None)
+        for name, value in zip(STATS, row, strict=True):
+            setattr(self, name, value)
+
+    def row(self) -> tuple[Any, ...]:
+        """The values of :data:`STATS`, in order."""
+        return tuple(getattr(self, name) for name in STATS)
+
+    def add(self, step: int, value: float | None, skipped: bool, flagged: bool) -> None:
+        """Fold in one step (any order; None: a null value)."""
+        if not self.count or step < self.first_step:
+            self.first_step = step
+        if not self.count or step > self.last_step:
+            self.last_step = step
+        self.count += 1
+        self.skipped += skipped
+        if flagged:
+            self.flagged += 1
+            if self.first_flag is None or step < self.first_flag:
+                self.first_flag = step
+        if value is None or not isfinite(value):
+            self.non_finite += 1
+            return
+        # Ties: the earlier step holds the extreme (steps may come in any order).
+        low, high = self.low, self.high
+        if low is None or value < low or (value == low and step < (self.low_step or 0)):
+            self.low, self.low_step = value, step
+        if high is None or value > high or (value == high and step < (self.high_step or 0)):
+            self.high, self.high_step = value, step
+
+    def merge(self, o: Stats) -> None:
+        """Fold in the aggregates of other steps (ties: the earlier step holds the extreme)."""
+        if not o.count:
+            return
+        if not self.count or o.first_step < self.first_step:
+            self.first_step = o.first_step
+        if not self.count or o.last_step > self.last_step:
+            self.last_step = o.last_step
+        self.count += o.count
+        self.non_finite += o.non_finite
+        self.skipped += o.skipped
+        self.flagged += o.flagged
+        if o.first_flag is not None and (self.first_flag is None or o.first_flag < self.first_flag):
+            self.first_flag = o.first_flag
+        if o.low is not None and (
+            self.low is None or (o.low, o.low_step) < (self.low, self.low_step)
+        ):
+            self.low, self.low_step = o.low, o.low_step
+        if o.high is not None and (
+            self.high is None or (-o.high, o.high_step) < (-self.high, self.high_step)
+        ):
+            self.high, self.high_step = o.high, o.high_step
+
+
+COLUMNS = (*_KEY, *STATS)
+
+
+def number(v: Any) -> float | None:
+    """A stored value as the chunks hold it: a float, or None (null, or not a number)."""
+    if type(v) not in (int, float, bool):
+        return None
+    try:
+        return float(v)
+    except OverflowError:
+        return None
+
+
+def step_flags(
+    loss: float | None, grad_norm: float | None, skipped: float | None
+) -> tuple[bool, bool]:
+    """(skipped, flagged) of a step from its loss, grad norm and skipped values."""
+    is_skipped = skipped == 1
+    bad_loss = loss is None or not isfinite(loss)
+    bad_norm = grad_norm is not None and not isfinite(grad_norm)
+    return is_skipped, is_skipped or bad_loss or bad_norm
+
+
+def record(
+    s: Session, points: Sequence[Mapping[str, Any]], values: Sequence[Mapping[str, Any]]
+) -> None:
+    """The recorder's write of a batch's points and named values into their chunks
+    (:func:`chunk_writes.append`'s arguments) and the chunks' roll-ups, in the caller's
+    transaction."""
+    keep(s, chunk_writes.write(s, chunk_writes.gather(points, values)))
+
+
+def keep(s: Session, gains: Gains) -> None:
+    """Fold what a write added to the chunks (:func:`chunk_writes.write`) into every level's
+    roll-ups, read and upserted by primary key in the caller's transaction."""
+    deltas: dict[RKey, Stats] = {}
+    flags = _flags(gains)
+    for (job_id, kind, name, chunk, attempt), new in gains.items():
+        delta = Stats()
+        marks = flags.get((job_id, chunk, attempt), {}) if kind == STEP_KIND else {}
+        for step, (value, _) in new.items():
+            delta.add(step, number(value), *marks.get(step, (False, False)))
+        for level in LEVELS:
+            key = (job_id, kind, name, level, chunk >> level, attempt)
+            have = deltas.get(key)
+            if have is None:
+                deltas[key] = have = Stats()
+            have.merge(delta)
+    if not deltas:
+        return
+    stored = read(s, list(deltas))
+    rows = []
+    for key, delta in deltas.items():
+        total = stored.get(key) or Stats()
+        total.merge(delta)
+        rows.append((*key, *total.row()))
+    upsert(s, rows)
+
+
+def _flags(gains: Gains) -> dict[tuple[str, int, int], dict[int, tuple[bool, bool]]]:
+    """Per (job, chunk, attempt) of the step series written, each new step's (skipped,
+    flagged): a point brings every step series at once, so they gain the same steps."""
+    out: dict[tuple[str, int, int], dict[int, tuple[bool, bool]]] = {}
+    for (job_id, kind, name, chunk, attempt), new in gains.items():
+        if kind != STEP_KIND or name != "loss":
+            continue
+        norms = gains.get((job_id, kind, "grad_norm", chunk, attempt), {})
+        skips = gains.get((job_id, kind, "skipped", chunk, attempt), {})
+        out[(job_id, chunk, attempt)] = {
+            step: step_flags(
+                number(value),
+                number(norms[step][0]) if step in norms else None,
+                number(skips[step][0]) if step in skips else None,
+            )
+            for step, (value, _) in new.items()
+        }
+    return out
+
+
+_ONE = f"SELECT {', '.join(STATS)} FROM metric_rollups WHERE " + " AND ".join(
+    f"{c} = ?" for c in _KEY
+)
+_MANY = (
+    f"SELECT {', '.join('r.' + c for c in COLUMNS)} FROM unnest(%s::text[], %s::text[], "
+    "%s::text[], %s::int[], %s::int[], %s::int[]) AS k(job_id, kind, name, level, idx, attempt) "
+    "JOIN metric_rollups r ON " + " AND ".join(f"r.{c} = k.{c}" for c in _KEY)
+)
+_UPSERT = (
+    f"INSERT INTO metric_rollups ({', '.join(COLUMNS)}) VALUES ({{marks}}) "
+    f"ON CONFLICT ({', '.join(_KEY)}) DO UPDATE SET "
+    + ", ".join(f"{c} = excluded.{c}" for c in STATS)
+)
+
+
+def read(s: Session, keys: list[RKey]) -> dict[RKey, Stats]:
+    """The stored roll-ups among ``keys``: on PostgreSQL one statement (a join with the
+    unnested keys), on SQLite one cached statement per key (no round trips to save)."""
+    conn: Any = s.connection().connection.driver_connection
+    out: dict[RKey, Stats] = {}
+    if s.get_bind().dialect.name == "sqlite":
+        for key in keys:
+            for row in conn.execute(_ONE, key):
+                out[key] = Stats(row)
+        return out
+    columns = [list(c) for c in zip(*keys, strict=True)]
+    with conn.cursor() as cur:
+        for row in cur.execute(_MANY, columns):
+            out[tuple(row[: len(_KEY)])] = Stats(row[len(_KEY) :])
+    return out
+
+
+def upsert(s: Session, rows: list[tuple[Any, ...]]) -> None:
+    """Write whole roll-ups (rows of :data:`COLUMNS`) through one prepared statement."""
+    if not rows:
+        return
+    conn: Any = s.connection().connection.driver_connection
+    if s.get_bind().dialect.name == "sqlite":
+        conn.executemany(_UPSERT.format(marks=", ".join("?" * len(COLUMNS))), rows)
+        return
+    with conn.cursor() as cur:
+        cur.executemany(_UPSERT.format(marks=", ".join(["%s"] * len(COLUMNS))), rows)
