@@ -29,12 +29,16 @@ PARTS: tuple[tuple[str, str, str, str], ...] = (
     ("summaries", "amptrain.store.history.summary_writes", "", "add_points"),
     ("eval rows", "amptrain.store.history.value_writes", "", "insert"),
     ("eval summary", "amptrain.store.history.value_writes", "", "refresh_summary"),
-    ("chunks", "amptrain.store.history.chunk_writes", "", "append"),
-    # Inside "chunks" (shown apart, not summed again): where a chunk write's time goes.
+    ("chunks", "amptrain.store.history.rollups", "", "record"),
+    # Inside "chunks" (shown apart, not summed again): where the chunk and roll-up writes'
+    # time goes (the recorder writes both through rollups.record).
+    ("chunks: gather", "amptrain.store.history.chunk_writes", "", "gather"),
     ("chunks: read", "amptrain.store.history.chunk_writes", "", "read"),
-    ("chunks: merge", "amptrain.store.history.chunk_writes", "", "merge"),
-    ("chunks: encode (in merge)", "amptrain.store.history.chunk_codec", "", "encode"),
+    ("chunks: merge", "amptrain.store.history.chunk_writes", "", "_merge"),
+    ("chunks: rows", "amptrain.store.history.chunk_writes", "", "_rows"),
+    ("chunks: encode (in rows)", "amptrain.store.history.chunk_codec", "", "encode"),
     ("chunks: upsert", "amptrain.store.history.chunk_writes", "", "upsert"),
+    ("chunks: roll-ups", "amptrain.store.history.rollups", "", "keep"),
     ("alerts", "amptrain.server.recorder.alerting", "", "evaluate"),
     ("commit", "sqlalchemy.orm", "Session", "commit"),
     ("ack", "amptrain.server.recorder.group", "ConsumerGroup", "ack"),
