@@ -185,3 +185,21 @@ def point_series(fields: Sequence[str] | None) -> list[str]:
     if fields is not None and "memory_peak_per_rank" not in fields:
         wanted = [f for f in wanted if not f.startswith("@")]
     return wanted
+
+
+def window_at(
+    s: Session, job_id: str, steps: Sequence[int], fields: Sequence[str] | None
+) -> list[dict[str, Any]]:
+    """The effective points at ``steps`` as a downsampled window's items
+    (:func:`window_items`), in step order: only the wanted values of each chunk read
+    (:mod:`~amptrain.store.history.chunk_pick`)."""
+    rec = chunk_reads.by_steps(s, job_id, STEP_KIND, steps, point_series(fields), effective=True)
+    return window_items(rec, fields, True)
+
+
+def window_between(
+    s: Session, job_id: str, first: int, last: int, fields: Sequence[str] | None
+) -> list[dict[str, Any]]:
+    """Every effective point of steps ``first..last`` as a full-resolution window's items."""
+    rec = chunk_reads.by_range(s, job_id, STEP_KIND, first, last, point_series(fields))
+    return window_items(rec, fields, False)
