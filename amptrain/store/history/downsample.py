@@ -87,9 +87,9 @@ def series_window(
     count = total[KEY_SERIES].count
     if not count:
         return Window([], newest)
-    if count <= max_points:
-        return Window(window_between(s, job_id, first, last, fields), newest)
     lo, hi = total[KEY_SERIES].first_step, total[KEY_SERIES].last_step
+    if count <= max_points:  # the steps held, not the window asked (which may be unbounded)
+        return Window(window_between(s, job_id, lo, hi, fields), newest)
     extrema = extrema_of(fields)
     width = window_width(lo, hi, max_points, extrema)
     ranges = [
