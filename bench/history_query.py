@@ -33,7 +33,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from amptrain.contract.metrics import STORED_METRIC_FIELDS
+from amptrain.contract.metrics import BY_NAME, STORED_METRIC_FIELDS
 from amptrain.contract.spec import JobSpec
 from amptrain.store import jobs, migrate, recording
 from amptrain.store.db import make_engine, make_session_factory
@@ -82,7 +82,11 @@ def rows(job_id: str, n: int) -> Iterator[tuple[Any, ...]]:
     for start in range(1, n + 1, 65_536):
         at = numpy.arange(start, min(n, start + 65_535) + 1)
         cols = [SERIES[f](at).tolist() for f in FIELDS]
-        cols[FIELDS.index("skipped")] = [v == 1 for v in cols[FIELDS.index("skipped")]]
+        for i, f in enumerate(FIELDS):  # the columns' own types (PostgreSQL's COPY is strict)
+            if BY_NAME[f].type == "bool":
+                cols[i] = [v == 1 for v in cols[i]]
+            elif BY_NAME[f].type in ("int", "bytes"):
+                cols[i] = [int(v) for v in cols[i]]
         cursors = SERIES[MS](at).astype(numpy.int64).tolist()
         for step, ms, *values in zip(at.tolist(), cursors, *cols, strict=True):
             yield (job_id, 1, ms, 0, step, *(None if v != v else v for v in values))
