@@ -17,15 +17,14 @@ from amptrain.store.history.window import (
     Window,
     cursor_text,
     extrema_of,
-    finish,
     flagged,
     is_finite,
     non_finite_loss,
-    point_row,
     room_for_every_flagged,
     window_width,
 )
 from amptrain.store.models import MetricPoint
+from tests.support.row_points import point_row, row_finish
 
 
 def raw_window(
@@ -68,7 +67,9 @@ def raw_window(
     steps, lasts, marks = _chosen_steps(s, job_id, where, width, extrema, multi)
     if room_for_every_flagged(steps, marks, max_points):  # not just each bucket's first
         steps |= set(s.scalars(sa.select(p.step).where(*where, flagged(p))))
-    return finish(s, job_id, steps, lasts, marks, max_points, extrema, fields, newest, multi=multi)
+    return row_finish(
+        s, job_id, steps, lasts, marks, max_points, extrema, fields, newest, multi=multi
+    )
 
 
 def _chosen_steps(

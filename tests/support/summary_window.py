@@ -17,13 +17,12 @@ from amptrain.store.history.window import (
     Window,
     cursor_text,
     extrema_of,
-    finish,
     flagged,
-    point_row,
     room_for_every_flagged,
     window_width,
 )
 from amptrain.store.models import MetricPoint
+from tests.support.row_points import point_row, row_finish
 from tests.support.row_window import raw_window
 
 SUMMARY_WIDTH = 4 << BASE
@@ -76,7 +75,9 @@ def series_window(
     if room_for_every_flagged(steps, marks, max_points):  # not just each bucket's first
         steps |= summary_reads.flagged_steps(s, view, lo, hi, flagged(p))
     lasts = {a["last_step"] for a in aggs}
-    return finish(s, job_id, steps, lasts, marks, max_points, extrema, fields, newest, multi=True)
+    return row_finish(
+        s, job_id, steps, lasts, marks, max_points, extrema, fields, newest, multi=True
+    )
 
 
 def _choose(

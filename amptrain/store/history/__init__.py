@@ -6,7 +6,10 @@
   (first/last/min/max per bucket, skipped and non-finite steps kept), the buckets from the
   chunks' roll-ups: ``rollups`` (kept by the recorder), ``rollup_rebuild`` (from stored
   chunks: migration 0016), ``chunk_cover`` (which roll-ups and decoded chunks hold a step
-  range of the effective series across attempts), ``chunk_stats`` (their aggregates).
+  range of the effective series across attempts), ``chunk_stats`` (their aggregates);
+  the chosen steps' items from the chunks (``chunk_pages.window_at``, which takes only the
+  wanted values of each chunk: ``chunk_pick``; ``chunk_pages.window_between`` for a
+  full-resolution window).
   ``eval_window``: the evaluation and layer-norm windows, still from the per-value rows.
 - ``layout``, ``summaries``, ``summary_writes``, ``summary_reads``: the step summaries the
   reads used before the roll-ups; no longer written by the recorder nor read by the API

@@ -93,11 +93,22 @@ def _parse(
 
 def load(s: Session, job_id: str, kind: str, names: Sequence[str], chunks: Sequence[int]) -> Loaded:
     """Every attempt's chunks of the ``names`` series of ``kind`` at the chunk numbers
-    ``chunks``: one statement (per :data:`IN_CHUNK` numbers on SQLite), index lookups by
-    (name, chunk) pairs of the primary key."""
-    out: Loaded = {}
+    ``chunks``, decoded (:func:`fetch`)."""
+    found = [
+        (key, key[1] * CHUNK_STEPS, data) for key, data in fetch(s, job_id, kind, names, chunks)
+    ]
+    return decode_many(found)
+
+
+def fetch(
+    s: Session, job_id: str, kind: str, names: Sequence[str], chunks: Sequence[int]
+) -> list[tuple[tuple[str, int, int], bytes]]:
+    """The stored bytes of every attempt's chunks of the ``names`` series of ``kind`` at the
+    chunk numbers ``chunks``, by ``(name, chunk, attempt)``: one statement (per
+    :data:`IN_CHUNK` numbers on SQLite), index lookups by (name, chunk) pairs of the
+    primary key."""
     if not names or not chunks:
-        return out
+        return []
     ordered = sorted(set(chunks))
     if s.get_bind().dialect.name == "postgresql":
         pairs = [(n, c) for n in names for c in ordered]
@@ -116,13 +127,11 @@ def load(s: Session, job_id: str, kind: str, names: Sequence[str], chunks: Seque
             )
             for i in range(0, len(ordered), IN_CHUNK)
         ]
-    found = [
-        ((name, chunk, attempt), chunk * CHUNK_STEPS, bytes(data))
+    return [
+        ((name, chunk, attempt), data if data.__class__ is bytes else bytes(data))
         for rows in batches
-        for name, chunk, attempt, data in rows
+        for name, chunk, attempt, data in rows.all()  # one fetchall, not a fetch per row
     ]
-    out.update(decode_many(found))
-    return out
 
 
 # PostgreSQL: one primary-key lookup per (name, chunk) pair, forced by LATERAL with OFFSET

@@ -10,7 +10,7 @@ integer and boolean fields of the metric table come back as ``int`` and ``bool``
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy
@@ -32,7 +32,6 @@ from amptrain.store.history.chunk_reads import Records
 POINT_SERIES = (*STEP_SERIES, RANKS, *RANK_SERIES)
 """Every series a point is rebuilt from (its cursor's aside)."""
 _TYPES = {m.name: m.type for m in STEP_METRICS}
-_CONVERT = {"int": int, "bytes": int, "bool": bool, "float": float}
 
 
 def nan_is_null(s: Session) -> bool:
@@ -45,29 +44,62 @@ def point_dicts(
 ) -> list[dict[str, Any]]:
     """The records of the step kind as :func:`amptrain.store.history.points.point_dict`
     gave them (only ``step`` and ``fields`` when given)."""
+
+    def nan(f: str, v: numpy.ndarray) -> numpy.ndarray:
+        # a NaN stays a float NaN on PostgreSQL (the rows kept it); elsewhere it was null
+        return numpy.isnan(v) if nan_null or _TYPES[f] != "float" else numpy.zeros(len(v), bool)
+
+    return _dicts(rec, fields, nan, ())
+
+
+def window_items(
+    rec: Records, fields: Sequence[str] | None, downsampled: bool
+) -> list[dict[str, Any]]:
+    """The records of the step kind as a window's items: what :func:`point_dicts` gives,
+    every non-finite number null (JSON, and browsers, cannot carry NaN or infinities; the
+    rows' read cleaned them one by one), and ``downsampled``."""
+
+    def non_finite(f: str, v: numpy.ndarray) -> numpy.ndarray:
+        return ~numpy.isfinite(v)
+
+    return _dicts(rec, fields, non_finite, (("downsampled", downsampled),))
+
+
+def _dicts(
+    rec: Records,
+    fields: Sequence[str] | None,
+    null_where: Callable[[str, numpy.ndarray], numpy.ndarray],
+    constants: Sequence[tuple[str, Any]],
+) -> list[dict[str, Any]]:
+    """The records as dicts, column by column: ``null_where(field, values)`` says which
+    values (besides the null and absent ones) read as None; ``constants`` end each dict."""
     names = [f for f in STORED_METRIC_FIELDS if fields is None or f == "step" or f in fields]
-    columns: dict[str, list[Any]] = {}
+    columns: list[Any] = []
     for f in names:
         if f == "step":
-            columns[f] = rec.steps.tolist()
+            columns.append(rec.steps.tolist())
         elif f == "memory_peak_per_rank":
-            columns[f] = _ranks(rec)
+            columns.append(_ranks(rec))
         else:
-            convert = _CONVERT[_TYPES[f]]
-            nulls = (rec.nulls[f] | ~rec.present[f]).tolist()
-            values = rec.values[f].tolist()
-            columns[f] = [
-                _clean(v, n, nan_null, convert) for v, n in zip(values, nulls, strict=True)
-            ]
-    attempts = rec.attempts.tolist()
-    cursors = [f"{m}-{q}" for m, q in zip(rec.ms.tolist(), rec.seq.tolist(), strict=True)]
-    out = []
-    for i in range(len(rec)):
-        item = {f: columns[f][i] for f in names}
-        item["attempt"] = attempts[i]
-        item["cursor"] = cursors[i]
-        out.append(item)
-    return out
+            values = rec.values[f]
+            null = rec.nulls[f] | ~rec.present[f] | null_where(f, values)
+            kind = _TYPES[f]
+            if kind in ("int", "bytes"):
+                column = numpy.where(null, 0, values).astype(numpy.int64).tolist()
+            elif kind == "bool":
+                column = numpy.where(null, 0, values).astype(bool).tolist()
+            else:
+                column = values.tolist()
+            for i in numpy.flatnonzero(null).tolist():
+                column[i] = None
+            columns.append(column)
+    columns.append(rec.attempts.tolist())
+    columns.append([f"{m}-{q}" for m, q in zip(rec.ms.tolist(), rec.seq.tolist(), strict=True)])
+    keys = [*names, "attempt", "cursor"]
+    for key, value in constants:
+        keys.append(key)
+        columns.append([value] * len(rec))
+    return [dict(zip(keys, row, strict=True)) for row in zip(*columns, strict=True)]
 
 
 def _clean(v: float, null: bool, nan_null: bool, convert: Any) -> Any:
@@ -143,8 +175,31 @@ def points_at(
     """The effective points at ``steps`` (those recorded), in step order, as
     :func:`amptrain.store.history.points.point_dict` gives them, only ``step`` and
     ``fields`` when given: one statement for the chunks holding them."""
+    rec = chunk_reads.by_steps(s, job_id, STEP_KIND, steps, point_series(fields), effective=True)
+    return point_dicts(rec, nan_is_null(s), fields)
+
+
+def point_series(fields: Sequence[str] | None) -> list[str]:
+    """The series a point's ``fields`` (None: all) are rebuilt from."""
     wanted = [f for f in POINT_SERIES if fields is None or f in fields or f.startswith("@")]
     if fields is not None and "memory_peak_per_rank" not in fields:
         wanted = [f for f in wanted if not f.startswith("@")]
-    rec = chunk_reads.by_steps(s, job_id, STEP_KIND, steps, wanted, effective=True)
-    return point_dicts(rec, nan_is_null(s), fields)
+    return wanted
+
+
+def window_at(
+    s: Session, job_id: str, steps: Sequence[int], fields: Sequence[str] | None
+) -> list[dict[str, Any]]:
+    """The effective points at ``steps`` as a downsampled window's items
+    (:func:`window_items`), in step order: only the wanted values of each chunk read
+    (:mod:`~amptrain.store.history.chunk_pick`)."""
+    rec = chunk_reads.by_steps(s, job_id, STEP_KIND, steps, point_series(fields), effective=True)
+    return window_items(rec, fields, True)
+
+
+def window_between(
+    s: Session, job_id: str, first: int, last: int, fields: Sequence[str] | None
+) -> list[dict[str, Any]]:
+    """Every effective point of steps ``first..last`` as a full-resolution window's items."""
+    rec = chunk_reads.by_range(s, job_id, STEP_KIND, first, last, point_series(fields))
+    return window_items(rec, fields, False)

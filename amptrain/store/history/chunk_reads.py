@@ -17,7 +17,7 @@ import numpy
 from sqlalchemy.orm import Session
 
 from amptrain.contract.cursor import Cursor
-from amptrain.store.history import chunk_index, chunk_load
+from amptrain.store.history import chunk_index, chunk_load, chunk_pick
 from amptrain.store.history.chunk_load import Loaded
 from amptrain.store.history.chunk_parts import MS, SEQ, SHIFT, STEP_KIND, TIME
 
@@ -234,7 +234,17 @@ def by_steps(
     (step, attempt) order: one statement for the chunks holding them."""
     wanted = numpy.unique(numpy.asarray(steps, _I64))
     series = sorted({*names, MS, SEQ, "time" if kind == STEP_KIND else TIME})
-    chunks = numpy.unique(wanted >> SHIFT).tolist()
-    rec = assemble(chunk_load.load(s, job_id, kind, series, chunks), kind, names, effective)
-    rec = rec.take(numpy.isin(rec.steps, wanted))
+    rec = assemble(chunk_pick.load_at(s, job_id, kind, series, wanted), kind, names, effective)
+    return rec.take(numpy.lexsort((rec.attempts, rec.steps)))
+
+
+def by_range(
+    s: Session, job_id: str, kind: str, first: int, last: int, names: Sequence[str]
+) -> Records:
+    """The effective records of ``kind`` at steps ``first..last``, in step order: every
+    chunk of the range decoded whole (a full-resolution window keeps all its values)."""
+    series = sorted({*names, MS, SEQ, "time" if kind == STEP_KIND else TIME})
+    chunks = list(range(first >> SHIFT, (last >> SHIFT) + 1))
+    rec = assemble(chunk_load.load(s, job_id, kind, series, chunks), kind, names, True)
+    rec = rec.take((rec.steps >= first) & (rec.steps <= last))
     return rec.take(numpy.lexsort((rec.attempts, rec.steps)))

@@ -21,8 +21,11 @@ Where the buckets come from: the chunks' roll-ups (:mod:`amptrain.store.history.
 of the loss (counts, flags, the first flagged step) and of each field whose extremes are
 kept, plus the few chunks decoded at a window's cut edges and where a retry's attempts
 overlap (:mod:`amptrain.store.history.chunk_cover`): a read of a 10M-step run visits a few
-hundred rows, whatever the planner knows. Then the chosen steps' points
-(:func:`~amptrain.store.history.window.finish`).
+hundred rows, whatever the planner knows. Then the chosen steps' points, from the chunks
+too (:func:`~amptrain.store.history.chunk_pages.window_at`: a value's bytes each, not
+whole chunks decoded; a full-resolution window decodes its chunks whole,
+:func:`~amptrain.store.history.chunk_pages.window_between`); no window reads the rows of
+``metric_points``.
 
 Retried jobs use the effective series (per step, the newest attempt's point), as
 ``GET /jobs/{id}/metrics`` does by default.
@@ -44,8 +47,7 @@ from amptrain.store.history.window import (
     cursor_text,
     extrema_of,
     finish,
-    point_row,
-    points_between,
+    needed,
     room_for_every_flagged,
     window_width,
 )
@@ -74,6 +76,7 @@ def series_window(
         raise ValueError("max_points must be at least 1")
     # numpy decodes the chunks: loaded by the first read, not when the API starts (the
     # recorder, in the same process, stays free of it).
+    from amptrain.store.history.chunk_pages import window_at, window_between
     from amptrain.store.history.chunk_stats import KEY_SERIES, flagged_steps, range_stats
 
     newest = cursor_text(newest_cursor(s, job_id))
@@ -84,10 +87,9 @@ def series_window(
     count = total[KEY_SERIES].count
     if not count:
         return Window([], newest)
-    if count <= max_points:
-        rows = points_between(s, job_id, first, last)
-        return Window([point_row(r, False, fields) for r in rows], newest)
     lo, hi = total[KEY_SERIES].first_step, total[KEY_SERIES].last_step
+    if count <= max_points:  # the steps held, not the window asked (which may be unbounded)
+        return Window(window_between(s, job_id, lo, hi, fields), newest)
     extrema = extrema_of(fields)
     width = window_width(lo, hi, max_points, extrema)
     ranges = [
@@ -100,8 +102,8 @@ def series_window(
     if room_for_every_flagged(steps, marks, max_points):  # not just each bucket's first
         steps |= flagged_steps(s, job_id, runs, lo, hi)
     lasts = {a[KEY_SERIES].last_step for a in aggs}
-    multi = len({a for run in runs for a in run[2]}) > 1
-    return finish(s, job_id, steps, lasts, marks, max_points, extrema, fields, newest, multi=multi)
+    items = window_at(s, job_id, sorted(steps), needed(fields, extrema))
+    return finish(items, lasts, marks, max_points, extrema, fields, newest)
 
 
 def _choose(

@@ -9,19 +9,14 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from operator import attrgetter
+from operator import itemgetter
 from typing import Any
 
 import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql
-from sqlalchemy.orm import Session
 
 from amptrain.contract.cursor import Cursor
-from amptrain.contract.jsonsafe import finite
-from amptrain.contract.metrics import EXTREMA_FIELDS, METRIC_FIELDS, STORED_METRIC_FIELDS
+from amptrain.contract.metrics import EXTREMA_FIELDS, METRIC_FIELDS
 from amptrain.store.history.layout import DBL_MAX
-from amptrain.store.history.points import steps_in
-from amptrain.store.models import MetricPoint
 
 DEFAULT_EXTREMA = ("loss", "grad_norm")
 """Whose extremes are kept when a request names no fields."""
@@ -84,24 +79,29 @@ def extrema_of(fields: Sequence[str] | None) -> tuple[str, ...]:
     return tuple(f for f in fields if f in EXTREMA_FIELDS)
 
 
+def needed(fields: Sequence[str] | None, extrema: tuple[str, ...]) -> list[str] | None:
+    """The fields :func:`finish` needs in the chosen steps' items besides ``fields`` (None:
+    all): what :func:`_most_telling` ranks and flags by."""
+    if fields is None:
+        return None
+    return list(dict.fromkeys((*fields, "loss", "skipped", *extrema)))
+
+
 def finish(
-    s: Session,
-    job_id: str,
-    steps: set[int],
+    items: list[dict[str, Any]],
     lasts: set[int],
     marks: list[dict[str, int]],
     max_points: int,
     extrema: tuple[str, ...],
     fields: Sequence[str] | None,
     newest: str | None,
-    *,
-    multi: bool,
 ) -> Window:
-    """The chosen steps' rows as the window's items; ``lasts``: each bucket's last step."""
-    rows = _rows_at(s, job_id, sorted(steps), multi_attempt=multi)
-    if len(rows) > max_points:  # only when a bucket holds more (see window_width)
-        rows = _most_telling(rows, max_points, extrema)
-    items = [point_row(r, True, fields) for r in rows]
+    """The chosen steps' items (in step order, holding the :func:`needed` fields, non-finite
+    numbers null) as the window; ``lasts``: each bucket's last step."""
+    if len(items) > max_points:  # only when a bucket holds more (see window_width)
+        items = _most_telling(items, max_points, extrema)
+    if fields is not None:  # drop what only the ranking needed
+        items = [select_fields(item, fields) for item in items]
     for item in items:
         item["bucket_last"] = item["step"] in lasts
     return Window(items, newest, marks)
@@ -150,76 +150,22 @@ def _ladder() -> Iterator[int]:
         k += 1
 
 
-def points_between(s: Session, job_id: str, first: int, last: int) -> list[Any]:
-    """The effective points of steps ``first..last`` (per step the newest attempt's), in
-    step order, from ``metric_points``. With :func:`_rows_at`, the one place a downsampled
-    read takes its items' rows: the chunk reader (``chunk_reads.points_at``) replaces both."""
-    p = MetricPoint
-    rows = s.execute(
-        sa.select(p.__table__)
-        .where(p.job_id == job_id, p.step.between(first, last))
-        .order_by(p.step, p.attempt.desc())
-    )
-    out: list[Any] = []
-    for r in rows:
-        if not out or out[-1].step != r.step:
-            out.append(r)
-    return out
-
-
-def _rows_at(s: Session, job_id: str, steps: list[int], *, multi_attempt: bool) -> list[Any]:
-    """The points at ``steps`` (the effective one per step), as rows: no ORM objects for
-    what only becomes a dict."""
-    p = MetricPoint
-    rows: list[Any] = []
-    if s.get_bind().dialect.name == "postgresql":
-        # One index lookup per step (LATERAL), whatever the planner knows: ``step =
-        # ANY(...)`` on a never-analysed table was planned as a scan of the job's points.
-        k = sa.func.unnest(sa.bindparam("steps", steps, postgresql.ARRAY(sa.Integer)))
-        wanted = sa.select(k.column_valued("step")).subquery("k")
-        lookup = (
-            sa.select(p.__table__).where(p.job_id == job_id, p.step == wanted.c.step).lateral("p")
-        )
-        rows = list(
-            s.execute(
-                sa.select(lookup)
-                .select_from(wanted.join(lookup, sa.true()))
-                .order_by(lookup.c.step, lookup.c.attempt.desc())
-            )
-        )
-    else:
-        for in_steps in steps_in(s, steps):
-            rows.extend(
-                s.execute(
-                    sa.select(p.__table__)
-                    .where(p.job_id == job_id, in_steps)
-                    .order_by(p.step, p.attempt.desc())
-                ).all()
-            )
-    if not multi_attempt:
-        return rows
-    newest: dict[int, Any] = {}
-    for r in rows:
-        newest.setdefault(r.step, r)  # attempt descending: the first is the effective one
-    return [newest[k] for k in sorted(newest)]
-
-
-def _most_telling(rows: list[Any], n: int, extrema: tuple[str, ...]) -> list[Any]:
+def _most_telling(items: list[dict[str, Any]], n: int, extrema: tuple[str, ...]) -> list[Any]:
     """For a budget smaller than one bucket's points: each field's spike (highest value)
     first, then the flagged steps, the lows, the last and the first point."""
-    highs: list[Any] = []
-    lows: list[Any] = []
+    highs: list[dict[str, Any]] = []
+    lows: list[dict[str, Any]] = []
     for f in extrema:
-        ranked = sorted((r for r in rows if _finite(getattr(r, f))), key=attrgetter(f))
+        ranked = sorted((r for r in items if _finite(r[f])), key=itemgetter(f))
         if ranked:
             highs.append(ranked[-1])
             lows.append(ranked[0])
-    flags = [r for r in rows if r.skipped or not _finite(r.loss)]
-    picked: list[Any] = []
-    for r in [*highs, *flags, *lows, rows[-1], rows[0]]:
+    flags = [r for r in items if r["skipped"] or not _finite(r["loss"])]
+    picked: list[dict[str, Any]] = []
+    for r in [*highs, *flags, *lows, items[-1], items[0]]:
         if r not in picked:
             picked.append(r)
-    return sorted(picked[:n], key=attrgetter("step"))
+    return sorted(picked[:n], key=itemgetter("step"))
 
 
 def _finite(v: float | None) -> bool:
@@ -228,30 +174,6 @@ def _finite(v: float | None) -> bool:
 
 def cursor_text(cursor: Cursor | None) -> str | None:
     return None if cursor is None else str(cursor)
-
-
-def point_row(r: Any, downsampled: bool, fields: Sequence[str] | None) -> dict[str, Any]:
-    """A point (ORM object or row) as :func:`amptrain.store.history.points.point_dict` shows it, only
-    the wanted ``fields`` (:func:`select_fields`), plus ``downsampled``; numbers cleaned
-    one by one, not by the recursive :func:`finite` (the hot loop of every history read)."""
-    names = (
-        STORED_METRIC_FIELDS
-        if fields is None
-        else [f for f in STORED_METRIC_FIELDS if f in {"step", *fields}]
-    )
-    out: dict[str, Any] = {}
-    for f in names:
-        v = getattr(r, f)
-        if v.__class__ is float:
-            # PostgreSQL keeps NaN and infinities; JSON (and browsers) cannot carry them.
-            v = v if math.isfinite(v) else None
-        elif isinstance(v, list | dict):
-            v = finite(v)
-        out[f] = v
-    out["attempt"] = r.attempt
-    out["cursor"] = str(Cursor(r.stream_ms, r.stream_seq))
-    out["downsampled"] = downsampled
-    return out
 
 
 def runs(ids: list[int]) -> list[tuple[int, int]]:

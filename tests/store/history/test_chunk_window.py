@@ -21,6 +21,7 @@ from amptrain.store.chunk_models import MetricRollup
 from amptrain.store.history import rollup_rebuild, rollups, summary_writes
 from amptrain.store.history.downsample import series_window
 from amptrain.store.history.window import parse_fields
+from amptrain.store.models import MetricPoint
 from tests.store.history.test_summaries import T0, new_job, random_sizes, series
 from tests.support.row_window import raw_window
 from tests.support.summary_window import series_window as summary_window
@@ -145,3 +146,33 @@ def test_a_single_attempt_with_gaps_reads_as_from_the_points(
     same_answer(sessions, job_id, n)
     same_answer(sessions, job_id, n, from_step=steps[100], to_step=steps[-100])
     same_answer(sessions, job_id, n * 10, from_step=4096, to_step=65_535)
+
+
+def test_windows_read_no_rows_and_only_the_chunks_they_need(
+    db: tuple[sa.Engine, Sessions],
+) -> None:
+    """The items come from the chunks: with the rows of ``metric_points`` gone, every
+    window still reads as before; and an open-ended full-resolution read of a short run
+    touches its own chunks only, in a few statements (not one per possible chunk number)."""
+    engine, sessions = db
+    job_id = retried_run(sessions, 5)
+    asked = [(5, {}), (300, {"from_step": 1700, "to_step": 2700}), (20_000, {})]
+    asked += [(9, {"fields": parse_fields("loss,lr")}), (6000, {"from_step": 1000})]
+    with sessions() as s:
+        before = [as_json(raw_window(s, job_id, n, **kw)) for n, kw in asked]
+    with sessions.begin() as s:
+        s.execute(sa.delete(MetricPoint).where(MetricPoint.job_id == job_id))
+    statements: list[str] = []
+
+    def spy(conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        statements.append(statement)
+
+    sa.event.listen(engine, "before_cursor_execute", spy)
+    try:
+        with sessions() as s:
+            after = [as_json(series_window(s, job_id, n, **kw)) for n, kw in asked]
+    finally:
+        sa.event.remove(engine, "before_cursor_execute", spy)
+    assert after == before
+    assert len(statements) < 20 * len(asked), len(statements)
+    assert not any("metric_points" in st for st in statements)
