@@ -233,8 +233,15 @@ def by_steps(
     """The records of ``kind`` at ``steps`` (every attempt's, or the effective ones), in
     (step, attempt) order: one statement for the chunks holding them."""
     wanted = numpy.unique(numpy.asarray(steps, _I64))
-    series = sorted({*names, MS, SEQ, "time" if kind == STEP_KIND else TIME})
-    chunks = numpy.unique(wanted >> SHIFT).tolist()
-    rec = assemble(chunk_load.load(s, job_id, kind, series, chunks), kind, names, effective)
+    rec = in_chunks(s, job_id, kind, numpy.unique(wanted >> SHIFT).tolist(), names, effective)
     rec = rec.take(numpy.isin(rec.steps, wanted))
     return rec.take(numpy.lexsort((rec.attempts, rec.steps)))
+
+
+def in_chunks(
+    s: Session, job_id: str, kind: str, chunks: Sequence[int], names: Sequence[str], effective: bool
+) -> Records:
+    """Every record of ``kind`` in the chunk numbers ``chunks`` (of every attempt), as
+    :func:`assemble` gives them: one statement."""
+    series = sorted({*names, MS, SEQ, "time" if kind == STEP_KIND else TIME})
+    return assemble(chunk_load.load(s, job_id, kind, series, chunks), kind, names, effective)

@@ -10,7 +10,7 @@ decodes. Nothing here depends on planner statistics: every statement walks the p
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy
@@ -39,17 +39,33 @@ def range_stats(
     s: Session, job_id: str, runs: list[Run], names: Sequence[str], ranges: list[tuple[int, int]]
 ) -> list[dict[str, Stats]]:
     """Per inclusive step range, per step series of ``names``, its aggregates."""
-    covers = [pieces(runs, a, b) for a, b in ranges]
-    nodes = {p for c in covers for p in c if isinstance(p, Node)}
-    raws = {(p.attempts, p.chunk) for c in covers for p in c if isinstance(p, Raw)}
-    stored = _nodes(s, job_id, names, nodes)
-    decoded = effective_chunks(s, job_id, sorted({*names, *FLAG_SERIES}), raws)
+    return series_stats(s, job_id, STEP_KIND, {name: runs for name in names}, ranges)
+
+
+def series_stats(
+    s: Session,
+    job_id: str,
+    kind: str,
+    runs: Mapping[str, list[Run]],
+    ranges: list[tuple[int, int]],
+) -> list[dict[str, Stats]]:
+    """Per inclusive step range, per series of ``kind`` named in ``runs`` (each with its own
+    attempt runs: an evaluation's names are re-recorded apart), its aggregates. For the step
+    kind the flags come from the steps' loss, grad norm and skipped values."""
+    covers = {name: [pieces(r, a, b) for a, b in ranges] for name, r in runs.items()}
+    nodes = {(n, p) for n, cs in covers.items() for c in cs for p in c if isinstance(p, Node)}
+    raws = {(n, p.chunk, a) for n, cs in covers.items() for c in cs for p in c if isinstance(p, Raw) for a in p.attempts}
+    if kind == STEP_KIND:  # what decides a decoded step's flags
+        raws |= {(f, c, a) for _, c, a in list(raws) for f in FLAG_SERIES}
+    stored = _nodes(s, job_id, kind, nodes)
+    decoded = _effective(s, job_id, kind, raws)
     out = []
-    for cover in covers:
-        totals = {name: Stats() for name in names}
-        for piece in cover:
-            for name in names:
-                totals[name].merge(_piece_stats(piece, name, stored, decoded))
+    for k in range(len(ranges)):
+        totals = {}
+        for name, cs in covers.items():
+            totals[name] = total = Stats()
+            for piece in cs[k]:
+                total.merge(_piece_stats(piece, name, stored, decoded, kind))
         out.append(totals)
     return out
 
@@ -59,12 +75,16 @@ def _piece_stats(
     name: str,
     stored: dict[tuple[str, Node], Stats],
     decoded: dict[tuple[str, int], Arrays],
+    kind: str,
 ) -> Stats:
     if isinstance(piece, Node):
         return stored.get((name, piece)) or Stats()
     steps, values, _ = decoded.get((name, piece.chunk), _EMPTY)
     lo, hi = numpy.searchsorted(steps, [piece.first, piece.last + 1])
-    skipped, flagged = flags(decoded, piece.chunk, steps)
+    if kind == STEP_KIND:
+        skipped, flagged = flags(decoded, piece.chunk, steps)
+    else:  # only the step series have flags
+        skipped = flagged = numpy.zeros(len(steps), bool)
     return array_stats(steps[lo:hi], values[lo:hi], skipped[lo:hi], flagged[lo:hi])
 
 
@@ -83,27 +103,27 @@ def flags(
 
 
 def _nodes(
-    s: Session, job_id: str, names: Sequence[str], nodes: Iterable[Node]
+    s: Session, job_id: str, kind: str, wanted: Iterable[tuple[str, Node]]
 ) -> dict[tuple[str, Node], Stats]:
     out: dict[tuple[str, Node], Stats] = {}
-    wanted = [(name, n) for name in names for n in nodes]
-    if not wanted:
-        return out
-    conn: Any = s.connection().connection.driver_connection
     groups: dict[tuple[str, int, int], list[int]] = defaultdict(list)
     for name, n in wanted:
         groups[(name, n.level, n.attempt)].append(n.idx)
+    if not groups:
+        return out
+    conn: Any = s.connection().connection.driver_connection
     if s.get_bind().dialect.name == "postgresql":
         # Every run of consecutive keys as one index range, all in one statement.
         spans = [(*g, lo, hi) for g, ids in groups.items() for lo, hi in consecutive(sorted(ids))]
         with conn.cursor() as cur:
             columns = [list(c) for c in zip(*spans, strict=True)]
-            for name, level, idx, attempt, *row in cur.execute(_NODES_PG, (*columns, job_id)):
+            for name, level, idx, attempt, *row in cur.execute(_NODES_PG, (*columns, job_id, kind)):
                 out[(name, Node(attempt, level, idx))] = Stats(row)
         return out
     for (name, level, attempt), ids in groups.items():
         for lo, hi in consecutive(sorted(ids)):
-            for idx, *row in conn.execute(_NODES_SQLITE, (job_id, name, level, lo, hi, attempt)):
+            params = (job_id, kind, name, level, lo, hi, attempt)
+            for idx, *row in conn.execute(_NODES_SQLITE, params):
                 out[(name, Node(attempt, level, idx))] = Stats(row)
     return out
 
@@ -114,24 +134,32 @@ _STATS = ", ".join(f"r.{c}" for c in STATS)
 _NODES_PG = (
     f"SELECT k.name, k.level, r.idx, k.attempt, {_STATS} FROM unnest(%s::text[], %s::int[], "
     "%s::int[], %s::int[], %s::int[]) AS k(name, level, attempt, lo, hi) CROSS JOIN LATERAL "
-    f"(SELECT * FROM metric_rollups r WHERE r.job_id = %s AND r.kind = '{STEP_KIND}' AND "
+    "(SELECT * FROM metric_rollups r WHERE r.job_id = %s AND r.kind = %s AND "
     "r.name = k.name AND r.level = k.level AND r.idx BETWEEN k.lo AND k.hi "
     "AND r.attempt = k.attempt) r"
 )
 _NODES_SQLITE = (
-    f"SELECT r.idx, {_STATS} FROM metric_rollups r WHERE r.job_id = ? AND r.kind = "
-    f"'{STEP_KIND}' AND r.name = ? AND r.level = ? AND r.idx BETWEEN ? AND ? AND r.attempt = ?"
+    f"SELECT r.idx, {_STATS} FROM metric_rollups r WHERE r.job_id = ? AND r.kind = ? "
+    "AND r.name = ? AND r.level = ? AND r.idx BETWEEN ? AND ? AND r.attempt = ?"
 )
 
 
 def effective_chunks(
     s: Session, job_id: str, names: Sequence[str], raws: Iterable[tuple[tuple[int, ...], int]]
 ) -> dict[tuple[str, int], Arrays]:
-    """Per series of ``names`` and chunk, the effective values of the chunks of the given
-    attempts: per step the newest attempt's value."""
-    wanted = sorted({(name, chunk, a) for name in names for atts, chunk in raws for a in atts})
+    """Per step series of ``names`` and chunk, the effective values of the chunks of the
+    given attempts: per step the newest attempt's value."""
+    wanted = {(name, chunk, a) for name in names for atts, chunk in raws for a in atts}
+    return _effective(s, job_id, STEP_KIND, wanted)
+
+
+def _effective(
+    s: Session, job_id: str, kind: str, wanted: Iterable[tuple[str, int, int]]
+) -> dict[tuple[str, int], Arrays]:
+    """Per (name, chunk) of the chunks ``(name, chunk, attempt)`` of ``kind``: per step the
+    newest attempt's value."""
     parts: dict[tuple[str, int], list[tuple[int, Arrays]]] = defaultdict(list)
-    for name, chunk, attempt, data in _chunk_data(s, job_id, wanted):
+    for name, chunk, attempt, data in _chunk_data(s, job_id, kind, sorted(wanted)):
         parts[(name, chunk)].append((attempt, decode_masked(chunk * CHUNK_STEPS, bytes(data))))
     out: dict[tuple[str, int], Arrays] = {}
     for key, held in parts.items():
@@ -146,7 +174,7 @@ def effective_chunks(
 
 
 def _chunk_data(
-    s: Session, job_id: str, wanted: list[tuple[str, int, int]]
+    s: Session, job_id: str, kind: str, wanted: list[tuple[str, int, int]]
 ) -> Iterable[tuple[str, int, int, bytes]]:
     if not wanted:
         return []
@@ -154,14 +182,14 @@ def _chunk_data(
     if s.get_bind().dialect.name == "postgresql":
         keys = [list(c) for c in zip(*wanted, strict=True)]
         with conn.cursor() as cur:
-            return list(cur.execute(_CHUNKS_PG, (*keys, job_id)))
+            return list(cur.execute(_CHUNKS_PG, (*keys, job_id, kind)))
     groups: dict[tuple[str, int], list[int]] = defaultdict(list)
     for name, chunk, attempt in wanted:
         groups[(name, attempt)].append(chunk)
     out: list[tuple[str, int, int, bytes]] = []
     for (name, attempt), chunks in groups.items():
         for lo, hi in consecutive(sorted(chunks)):
-            rows = conn.execute(_CHUNKS_SQLITE, (job_id, name, lo, hi, attempt))
+            rows = conn.execute(_CHUNKS_SQLITE, (job_id, kind, name, lo, hi, attempt))
             out += [(name, chunk, attempt, data) for chunk, data in rows]
     return out
 
@@ -169,11 +197,11 @@ def _chunk_data(
 _CHUNKS_PG = (
     "SELECT k.name, k.chunk, k.attempt, c.data FROM unnest(%s::text[], %s::int[], %s::int[]) "
     "AS k(name, chunk, attempt) CROSS JOIN LATERAL (SELECT data FROM metric_chunks c WHERE "
-    f"c.job_id = %s AND c.kind = '{STEP_KIND}' AND c.name = k.name AND c.chunk = k.chunk "
+    "c.job_id = %s AND c.kind = %s AND c.name = k.name AND c.chunk = k.chunk "
     "AND c.attempt = k.attempt) c"
 )
 _CHUNKS_SQLITE = (
-    f"SELECT chunk, data FROM metric_chunks WHERE job_id = ? AND kind = '{STEP_KIND}' "
+    "SELECT chunk, data FROM metric_chunks WHERE job_id = ? AND kind = ? "
     "AND name = ? AND chunk BETWEEN ? AND ? AND attempt = ?"
 )
 
