@@ -21,9 +21,9 @@ from amptrain.store.chunk_models import MetricRollup
 from amptrain.store.history.chunk_codec import CHUNK_STEPS
 from amptrain.store.history.chunk_cover import Node, Piece, Raw, Run, pieces
 from amptrain.store.history.chunk_writes import STEP_KIND
-from amptrain.store.history.rollup_rebuild import array_stats, values_at
+from amptrain.store.history import chunk_load
+from amptrain.store.history.rollup_rebuild import segment_stats, values_at
 from amptrain.store.history.rollups import FLAG_SERIES, LEVELS, STATS, Stats
-from amptrain.store.history.series_scan import decode_masked
 from amptrain.store.history.window import runs as consecutive
 
 KEY_SERIES = "loss"
@@ -52,40 +52,60 @@ def series_stats(
     """Per inclusive step range, per series of ``kind`` named in ``runs`` (each with its own
     attempt runs: an evaluation's names are re-recorded apart), its aggregates. For the step
     kind the flags come from the steps' loss, grad norm and skipped values."""
-    covers = {name: [pieces(r, a, b) for a, b in ranges] for name, r in runs.items()}
+    shared: dict[tuple[Run, ...], list[list[Piece]]] = {}  # names recorded alike share them
+    for r in runs.values():
+        if tuple(r) not in shared:
+            shared[tuple(r)] = [pieces(r, a, b) for a, b in ranges]
+    covers = {name: shared[tuple(r)] for name, r in runs.items()}
     nodes = {(n, p) for n, cs in covers.items() for c in cs for p in c if isinstance(p, Node)}
-    raws = {(n, p.chunk, a) for n, cs in covers.items() for c in cs for p in c if isinstance(p, Raw) for a in p.attempts}
+    raws = {
+        (n, p.chunk, a)
+        for n, cs in covers.items()
+        for c in cs
+        for p in c
+        if isinstance(p, Raw)
+        for a in p.attempts
+    }
     if kind == STEP_KIND:  # what decides a decoded step's flags
         raws |= {(f, c, a) for _, c, a in list(raws) for f in FLAG_SERIES}
     stored = _nodes(s, job_id, kind, nodes)
     decoded = _effective(s, job_id, kind, raws)
-    out = []
-    for k in range(len(ranges)):
-        totals = {}
-        for name, cs in covers.items():
-            totals[name] = total = Stats()
-            for piece in cs[k]:
-                total.merge(_piece_stats(piece, name, stored, decoded, kind))
-        out.append(totals)
+    out: list[dict[str, Stats]] = [{} for _ in ranges]
+    for name, cs in covers.items():
+        cut = _raw_stats(name, cs, decoded, kind)
+        for k, cover in enumerate(cs):
+            out[k][name] = total = Stats()
+            for piece in cover:
+                if isinstance(piece, Node):
+                    total.merge(stored.get((name, piece)) or Stats())
+                else:
+                    total.merge(cut[(k, piece.first)])
     return out
 
 
-def _piece_stats(
-    piece: Piece,
-    name: str,
-    stored: dict[tuple[str, Node], Stats],
-    decoded: dict[tuple[str, int], Arrays],
-    kind: str,
-) -> Stats:
-    if isinstance(piece, Node):
-        return stored.get((name, piece)) or Stats()
-    steps, values, _ = decoded.get((name, piece.chunk), _EMPTY)
-    lo, hi = numpy.searchsorted(steps, [piece.first, piece.last + 1])
+def _raw_stats(
+    name: str, covers: list[list[Piece]], decoded: dict[tuple[str, int], Arrays], kind: str
+) -> dict[tuple[int, int], Stats]:
+    """The aggregates of every decoded piece of ``name``'s covers, by (cover, first step):
+    one numpy pass over the name's decoded chunks."""
+    raw = [(k, p) for k, c in enumerate(covers) for p in c if isinstance(p, Raw)]
+    if not raw:
+        return {}
+    chunks = sorted({p.chunk for _, p in raw})
+    held = [decoded.get((name, c), _EMPTY) for c in chunks]
+    steps = numpy.concatenate([h[0] for h in held])
+    values = numpy.concatenate([h[1] for h in held])
+    marks = None
     if kind == STEP_KIND:
-        skipped, flagged = flags(decoded, piece.chunk, steps)
-    else:  # only the step series have flags
-        skipped = flagged = numpy.zeros(len(steps), bool)
-    return array_stats(steps[lo:hi], values[lo:hi], skipped[lo:hi], flagged[lo:hi])
+        per_chunk = [flags(decoded, c, h[0]) for c, h in zip(chunks, held, strict=True)]
+        marks = (
+            numpy.concatenate([m[0] for m in per_chunk]),
+            numpy.concatenate([m[1] for m in per_chunk]),
+        )
+    starts = numpy.searchsorted(steps, [p.first for _, p in raw])
+    stops = numpy.searchsorted(steps, [p.last + 1 for _, p in raw])
+    stats = segment_stats(steps, values, marks, starts, stops)
+    return {(k, p.first): st for (k, p), st in zip(raw, stats, strict=True)}
 
 
 _EMPTY: Arrays = (numpy.zeros(0, numpy.int64), numpy.zeros(0), numpy.zeros(0, bool))
@@ -158,9 +178,12 @@ def _effective(
 ) -> dict[tuple[str, int], Arrays]:
     """Per (name, chunk) of the chunks ``(name, chunk, attempt)`` of ``kind``: per step the
     newest attempt's value."""
+    rows = _chunk_data(s, job_id, kind, sorted(wanted))
+    found = chunk_load.decode_many([((n, c, a), c * CHUNK_STEPS, bytes(d)) for n, c, a, d in rows])
     parts: dict[tuple[str, int], list[tuple[int, Arrays]]] = defaultdict(list)
-    for name, chunk, attempt, data in _chunk_data(s, job_id, kind, sorted(wanted)):
-        parts[(name, chunk)].append((attempt, decode_masked(chunk * CHUNK_STEPS, bytes(data))))
+    for (name, chunk, attempt), got in found.items():
+        nulls = numpy.zeros(len(got.steps), bool) if got.nulls is None else got.nulls
+        parts[(name, chunk)].append((attempt, (got.steps, got.values, nulls)))
     out: dict[tuple[str, int], Arrays] = {}
     for key, held in parts.items():
         held.sort(key=lambda p: -p[0])  # newest first
