@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
 from amptrain.contract.layers import LAYER_NORMS_READ_VALUES
@@ -44,7 +43,13 @@ def _values(job_id: str, steps: range) -> list[dict[str, Any]]:
         for i in range(LAYERS):
             value = 1e3 if step % 99_991 == 0 and i == 5 else (step % 97 + i) / 50
             out.append(
-                dict(zip(_COLUMNS, (job_id, 1, step, LAYER_NORM_KIND, f"layers.{i}", value, ms / 1000, ms, 0), strict=True))
+                dict(
+                    zip(
+                        _COLUMNS,
+                        (job_id, 1, step, LAYER_NORM_KIND, f"layers.{i}", value, ms / 1000, ms, 0),
+                        strict=True,
+                    )
+                )
             )
     return out
 
@@ -67,9 +72,14 @@ def _copy_rows(s: Session, values: list[dict[str, Any]]) -> None:
     tuples = [tuple(v[c] for c in _COLUMNS) for v in values]
     if s.get_bind().dialect.name == "sqlite":
         marks = ", ".join("?" * len(_COLUMNS))
-        conn.executemany(f"INSERT INTO metric_values ({', '.join(_COLUMNS)}) VALUES ({marks})", tuples)
+        conn.executemany(
+            f"INSERT INTO metric_values ({', '.join(_COLUMNS)}) VALUES ({marks})", tuples
+        )
         return
-    with conn.cursor() as cur, cur.copy(f"COPY metric_values ({', '.join(_COLUMNS)}) FROM STDIN") as copy:
+    with (
+        conn.cursor() as cur,
+        cur.copy(f"COPY metric_values ({', '.join(_COLUMNS)}) FROM STDIN") as copy,
+    ):
         for t in tuples:
             copy.write_row(t)
 
@@ -92,7 +102,9 @@ def run(url: str, n: int, before: bool, reads: int) -> None:
     took = seed(sessions, job_id, n, before)
     kept = min(1000, LAYERS and LAYER_NORMS_READ_VALUES // LAYERS)
     name = engine.dialect.name
-    print(f"{name} {n:,} steps, {n // EVERY * LAYERS:,} norms (seeded in {took:.0f} s), max_points {kept}:")
+    print(
+        f"{name} {n:,} steps, {n // EVERY * LAYERS:,} norms (seeded in {took:.0f} s), max_points {kept}:"
+    )
     readers = {"after (chunks)": eval_window}
     if before:
         readers["before (rows)"] = row_eval_window

@@ -25,12 +25,12 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session, aliased
 
 from amptrain.contract.metrics import EVAL_KIND
+from amptrain.store.history.eval_window import EvalWindow, most_telling, position
 from amptrain.store.history.points import steps_in
 from amptrain.store.history.values import effective_value, eval_items
-from tests.support.row_reads import newest_value_cursor as newest_cursor
 from amptrain.store.history.window import cursor_text, is_finite, width_for
-from amptrain.store.history.eval_window import EvalWindow, most_telling, position
 from amptrain.store.models import MetricValue
+from tests.support.row_reads import newest_value_cursor as newest_cursor
 
 
 def row_eval_window(

@@ -18,10 +18,10 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from amptrain.store.chunk_models import MetricRollup
+from amptrain.store.history import chunk_load
 from amptrain.store.history.chunk_codec import CHUNK_STEPS
 from amptrain.store.history.chunk_cover import Node, Piece, Raw, Run, pieces
 from amptrain.store.history.chunk_writes import STEP_KIND
-from amptrain.store.history import chunk_load
 from amptrain.store.history.rollup_rebuild import segment_stats, values_at
 from amptrain.store.history.rollups import FLAG_SERIES, LEVELS, STATS, Stats
 from amptrain.store.history.window import runs as consecutive

@@ -24,19 +24,20 @@ run's length, and every statement walks a primary key (no plan depends on statis
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy
 from sqlalchemy.orm import Session
 
 from amptrain.contract.metrics import EVAL_KIND
-from amptrain.store.history import chunk_index, chunk_pages, chunk_reads
+from amptrain.store.history import chunk_index
 from amptrain.store.history.chunk_cover import Raw, attempt_runs, pieces
 from amptrain.store.history.chunk_parts import MS, RESERVED, SHIFT
-from amptrain.store.history.chunk_stats import series_stats
 from amptrain.store.history.rollups import Stats
 from amptrain.store.history.values import newest_cursor
 from amptrain.store.history.window import cursor_text, width_for
+
+if TYPE_CHECKING:
+    from amptrain.store.history.chunk_reads import Records
 
 _ALL_STEPS = (0, (1 << 62) - 1)
 """A window's steps when the request names no bound."""
@@ -62,6 +63,12 @@ def eval_window(
     all)."""
     if max_points < 1:
         raise ValueError("max_points must be at least 1")
+    # numpy with the first read, not at the API's start (amptrain.store.history.points).
+    import numpy
+
+    from amptrain.store.history import chunk_reads
+    from amptrain.store.history.chunk_stats import series_stats
+
     first = _ALL_STEPS[0] if from_step is None else from_step
     last = _ALL_STEPS[1] if to_step is None else to_step
     newest = cursor_text(newest_cursor(s, job_id, kind))
@@ -99,11 +106,14 @@ def _records_held(
     step) and how many effective records they hold: one per step (the ``@ms`` series'
     effective count) plus, in the chunks where attempts overlap, the older attempts'
     records that still hold a name no newer attempt re-recorded."""
+    import numpy
+
+    from amptrain.store.history import chunk_reads
+    from amptrain.store.history.chunk_stats import series_stats
+
     runs = attempt_runs(s, job_id, kind, MS)
     (held,) = series_stats(s, job_id, kind, {MS: runs}, [(first, last)])
-    contested = [
-        p for p in pieces(runs, first, last) if isinstance(p, Raw) and len(p.attempts) > 1
-    ]
+    contested = [p for p in pieces(runs, first, last) if isinstance(p, Raw) and len(p.attempts) > 1]
     count = held[MS].count
     if contested:
         chunks = sorted({p.chunk for p in contested})
@@ -133,7 +143,9 @@ def _chosen_steps(buckets: list[dict[str, Stats]], per_name: bool) -> set[int]:
     return chosen
 
 
-def _marked(s: Session, rec: chunk_reads.Records, *, downsampled: bool) -> list[dict[str, Any]]:
+def _marked(s: Session, rec: Records, *, downsampled: bool) -> list[dict[str, Any]]:
+    from amptrain.store.history import chunk_pages
+
     items = chunk_pages.named_items(rec, chunk_pages.nan_is_null(s))
     for item in items:
         item["downsampled"] = downsampled
@@ -163,4 +175,3 @@ def most_telling(items: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
             lows.append(ranked[0][1])
     picked = list(dict.fromkeys([*highs, *lows, len(items) - 1, 0]))
     return [items[k] for k in picked[:n]]
-

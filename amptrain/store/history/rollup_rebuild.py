@@ -125,7 +125,9 @@ def segment_stats(
     idx += numpy.repeat(starts, lengths)
     at, v = steps[idx], values[idx]
     finite = numpy.isfinite(v)
-    cols: dict[str, list[Any]] = {c: [None] * k for c in ("first_flag", "low", "low_step", "high", "high_step")}
+    cols: dict[str, list[Any]] = {
+        c: [None] * k for c in ("first_flag", "low", "low_step", "high", "high_step")
+    }
     cols["non_finite"] = (lengths - numpy.bincount(seg[finite], minlength=k)).tolist()
     cols["skipped"] = cols["flagged"] = [0] * k
     if marks is not None:

@@ -27,8 +27,8 @@ from amptrain.store.history.eval_window import eval_window
 from amptrain.store.history.points import Page, metric_page
 from amptrain.store.history.values import eval_page
 from tests.store.history.test_summaries import new_job, series
-from tests.support.row_eval_window import row_eval_window
 from tests.support import row_reads, row_window
+from tests.support.row_eval_window import row_eval_window
 
 Sessions = sessionmaker[Session]
 LAYERS = ("enc.0.weight", "enc.0.bias", "head.weight")

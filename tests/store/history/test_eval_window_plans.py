@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
 from amptrain.contract.metrics import EVAL_KIND, LAYER_NORM_KIND
