@@ -7,7 +7,8 @@
   chunks' roll-ups: ``rollups`` (kept by the recorder), ``rollup_rebuild`` (from stored
   chunks: migration 0016), ``chunk_cover`` (which roll-ups and decoded chunks hold a step
   range of the effective series across attempts), ``chunk_stats`` (their aggregates).
-  ``eval_window``: the evaluation and layer-norm windows, still from the per-value rows.
+  ``eval_window``: the evaluation and layer-norm windows, from each name's roll-ups
+  (``chunk_stats.series_stats``) and the chosen records' chunks.
 - ``layout``, ``summaries``, ``summary_writes``, ``summary_reads``: the step summaries the
   reads used before the roll-ups; no longer written by the recorder nor read by the API
   (tests/support/summary_window.py keeps that read as a test oracle). ``rebuild``: a

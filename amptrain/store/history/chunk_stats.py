@@ -1,6 +1,9 @@
-"""The aggregates (:class:`~amptrain.store.history.rollups.Stats`) of a job's effective step
-series over many step ranges at once, from roll-ups and decoded chunks
-(:mod:`amptrain.store.history.chunk_cover` says which): a downsampled read's buckets.
+"""The aggregates (:class:`~amptrain.store.history.rollups.Stats`) of a job's effective
+series (the step fields, or each evaluation or layer name: :func:`series_stats`) over many
+step ranges at once, from roll-ups and decoded chunks
+(:mod:`amptrain.store.history.chunk_cover` says which): a downsampled read's buckets. The
+decoded parts of a series are aggregated in one numpy pass
+(:func:`~amptrain.store.history.rollup_rebuild.segment_stats`).
 
 Every roll-up a read needs comes in one statement on PostgreSQL (a join with the unnested
 keys) and in one index range per run of consecutive keys on SQLite; so do the chunks it
