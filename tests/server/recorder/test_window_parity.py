@@ -2,7 +2,7 @@
 the per-value rows gave (the oracle: tests/support/row_eval_window.py), for runs recorded
 through the real recorder: three attempts, each resuming from an earlier checkpoint and
 re-recording steps (the third re-evaluating one name only and dropping some layers), NaN,
-inf and null values, a name that appears mid-run, spikes and ties, 24 layers; whole runs and
+inf and null values, a name that appears mid-run, spikes and ties, 12 layers; whole runs and
 windows that cut chunks, attempts' overlaps and roll-up blocks, every kind of budget. Real
 Redis, real SQLite and PostgreSQL."""
 
@@ -22,7 +22,7 @@ from amptrain.store.history.eval_window import eval_window
 from tests.server.recorder.test_recorder import Sessions, point, publish, start_job
 from tests.support.row_eval_window import row_eval_window
 
-LAYERS = tuple(f"blocks.{i}.mlp" for i in range(24))
+LAYERS = tuple(f"blocks.{i}.mlp" for i in range(12))
 
 
 def _norm(step: int, attempt: int, i: int) -> float | None:
@@ -48,7 +48,7 @@ def _eval(step: int, attempt: int) -> dict[str, float | None]:
 def _records(steps: range, attempt: int, layers: tuple[str, ...], evals: bool | str) -> list[Any]:
     out: list[Any] = [point(steps.start, loss=1.0)]
     for step in steps:
-        if step % 4 == 0:
+        if step % 8 == 0:
             norms = {n: _norm(step, attempt, i) for i, n in enumerate(layers)}
             out.append(layer_norms(step, 1000.0 + step, norms))
         if step % 20 == 0 and evals:
@@ -90,7 +90,7 @@ WINDOWS = [
     (None, 100),
     (9_500, None),
 ]
-BUDGETS = (1, 2, 3, 5, 7, 12, 40, 101, 299, 1_000, 10_000)
+BUDGETS = (1, 3, 7, 40, 299, 10_000)
 
 
 @pytest.mark.parametrize("kind", [EVAL_KIND, LAYER_NORM_KIND])
@@ -112,4 +112,4 @@ def test_every_window_from_the_chunks_equals_the_rows(
                 marked = [i["downsampled"] for i in want.items]
                 downsampled += any(marked)
                 whole += bool(marked) and not any(marked)
-    assert downsampled > 20 and whole > 5  # both paths are exercised
+    assert downsampled > 15 and whole > 5  # both paths are exercised
