@@ -10,7 +10,8 @@
   the chosen steps' items from the chunks (``chunk_pages.window_at``, which takes only the
   wanted values of each chunk: ``chunk_pick``; ``chunk_pages.window_between`` for a
   full-resolution window).
-  ``eval_window``: the evaluation and layer-norm windows, still from the per-value rows.
+  ``eval_window``: the evaluation and layer-norm windows, from each name's roll-ups
+  (``chunk_stats.series_stats``) and the chosen records' chunks.
 - ``layout``, ``summaries``, ``summary_writes``, ``summary_reads``: the step summaries the
   reads used before the roll-ups; no longer written by the recorder nor read by the API
   (tests/support/summary_window.py keeps that read as a test oracle). ``rebuild``: a

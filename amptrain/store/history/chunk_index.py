@@ -82,6 +82,19 @@ _AFTER = sa.text(_AFTER_SQL.format(upto=""))
 _AFTER_UPTO = sa.text(_AFTER_SQL.format(upto="AND low <= :upto "))
 
 
+def chunks_between(s: Session, job_id: str, kind: str, first: int, last: int) -> list[int]:
+    """The numbers of the chunks ``first..last`` holding ``kind`` records (of any attempt),
+    ascending: a range of the primary key."""
+    params = {"job": job_id, "kind": kind, "first": first, "last": last}
+    return sorted({int(c) for (c,) in s.execute(_BETWEEN, params)})
+
+
+_BETWEEN = sa.text(
+    f"SELECT chunk FROM metric_chunks WHERE job_id = :job AND kind = :kind AND {_MS_ONLY} "
+    "AND chunk BETWEEN :first AND :last ORDER BY chunk"
+)
+
+
 def newest_chunks(s: Session, job_id: str, kind: str, attempt: int) -> list[int]:
     """The chunk numbers of ``attempt``'s ``kind`` records that hold its newest cursor
     millisecond (usually one; two when a chunk boundary fell within a millisecond)."""

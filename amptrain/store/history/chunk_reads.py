@@ -243,8 +243,16 @@ def by_range(
 ) -> Records:
     """The effective records of ``kind`` at steps ``first..last``, in step order: every
     chunk of the range decoded whole (a full-resolution window keeps all its values)."""
-    series = sorted({*names, MS, SEQ, "time" if kind == STEP_KIND else TIME})
     chunks = list(range(first >> SHIFT, (last >> SHIFT) + 1))
-    rec = assemble(chunk_load.load(s, job_id, kind, series, chunks), kind, names, True)
+    rec = in_chunks(s, job_id, kind, chunks, names, True)
     rec = rec.take((rec.steps >= first) & (rec.steps <= last))
     return rec.take(numpy.lexsort((rec.attempts, rec.steps)))
+
+
+def in_chunks(
+    s: Session, job_id: str, kind: str, chunks: Sequence[int], names: Sequence[str], effective: bool
+) -> Records:
+    """Every record of ``kind`` in the chunk numbers ``chunks`` (of every attempt), as
+    :func:`assemble` gives them: one statement."""
+    series = sorted({*names, MS, SEQ, "time" if kind == STEP_KIND else TIME})
+    return assemble(chunk_load.load(s, job_id, kind, series, chunks), kind, names, effective)

@@ -1,6 +1,9 @@
-"""The aggregates (:class:`~amptrain.store.history.rollups.Stats`) of a job's effective step
-series over many step ranges at once, from roll-ups and decoded chunks
-(:mod:`amptrain.store.history.chunk_cover` says which): a downsampled read's buckets.
+"""The aggregates (:class:`~amptrain.store.history.rollups.Stats`) of a job's effective
+series (the step fields, or each evaluation or layer name: :func:`series_stats`) over many
+step ranges at once, from roll-ups and decoded chunks
+(:mod:`amptrain.store.history.chunk_cover` says which): a downsampled read's buckets. The
+decoded parts of a series are aggregated in one numpy pass
+(:func:`~amptrain.store.history.rollup_rebuild.segment_stats`).
 
 Every roll-up a read needs comes in one statement on PostgreSQL (a join with the unnested
 keys) and in one index range per run of consecutive keys on SQLite; so do the chunks it
@@ -10,7 +13,7 @@ decodes. Nothing here depends on planner statistics: every statement walks the p
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import numpy
@@ -18,12 +21,12 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from amptrain.store.chunk_models import MetricRollup
+from amptrain.store.history import chunk_load
 from amptrain.store.history.chunk_codec import CHUNK_STEPS
 from amptrain.store.history.chunk_cover import Node, Piece, Raw, Run, pieces
 from amptrain.store.history.chunk_writes import STEP_KIND
-from amptrain.store.history.rollup_rebuild import array_stats, values_at
+from amptrain.store.history.rollup_rebuild import segment_stats, values_at
 from amptrain.store.history.rollups import FLAG_SERIES, LEVELS, STATS, Stats
-from amptrain.store.history.series_scan import decode_masked
 from amptrain.store.history.window import runs as consecutive
 
 KEY_SERIES = "loss"
@@ -39,33 +42,73 @@ def range_stats(
     s: Session, job_id: str, runs: list[Run], names: Sequence[str], ranges: list[tuple[int, int]]
 ) -> list[dict[str, Stats]]:
     """Per inclusive step range, per step series of ``names``, its aggregates."""
-    covers = [pieces(runs, a, b) for a, b in ranges]
-    nodes = {p for c in covers for p in c if isinstance(p, Node)}
-    raws = {(p.attempts, p.chunk) for c in covers for p in c if isinstance(p, Raw)}
-    stored = _nodes(s, job_id, names, nodes)
-    decoded = effective_chunks(s, job_id, sorted({*names, *FLAG_SERIES}), raws)
-    out = []
-    for cover in covers:
-        totals = {name: Stats() for name in names}
-        for piece in cover:
-            for name in names:
-                totals[name].merge(_piece_stats(piece, name, stored, decoded))
-        out.append(totals)
+    return series_stats(s, job_id, STEP_KIND, {name: runs for name in names}, ranges)
+
+
+def series_stats(
+    s: Session,
+    job_id: str,
+    kind: str,
+    runs: Mapping[str, list[Run]],
+    ranges: list[tuple[int, int]],
+) -> list[dict[str, Stats]]:
+    """Per inclusive step range, per series of ``kind`` named in ``runs`` (each with its own
+    attempt runs: an evaluation's names are re-recorded apart), its aggregates. For the step
+    kind the flags come from the steps' loss, grad norm and skipped values."""
+    shared: dict[tuple[Run, ...], list[list[Piece]]] = {}  # names recorded alike share them
+    for r in runs.values():
+        if tuple(r) not in shared:
+            shared[tuple(r)] = [pieces(r, a, b) for a, b in ranges]
+    covers = {name: shared[tuple(r)] for name, r in runs.items()}
+    nodes = {(n, p) for n, cs in covers.items() for c in cs for p in c if isinstance(p, Node)}
+    raws = {
+        (n, p.chunk, a)
+        for n, cs in covers.items()
+        for c in cs
+        for p in c
+        if isinstance(p, Raw)
+        for a in p.attempts
+    }
+    if kind == STEP_KIND:  # what decides a decoded step's flags
+        raws |= {(f, c, a) for _, c, a in list(raws) for f in FLAG_SERIES}
+    stored = _nodes(s, job_id, kind, nodes)
+    decoded = _effective(s, job_id, kind, raws)
+    out: list[dict[str, Stats]] = [{} for _ in ranges]
+    for name, cs in covers.items():
+        cut = _raw_stats(name, cs, decoded, kind)
+        for k, cover in enumerate(cs):
+            out[k][name] = total = Stats()
+            for piece in cover:
+                if isinstance(piece, Node):
+                    total.merge(stored.get((name, piece)) or Stats())
+                else:
+                    total.merge(cut[(k, piece.first)])
     return out
 
 
-def _piece_stats(
-    piece: Piece,
-    name: str,
-    stored: dict[tuple[str, Node], Stats],
-    decoded: dict[tuple[str, int], Arrays],
-) -> Stats:
-    if isinstance(piece, Node):
-        return stored.get((name, piece)) or Stats()
-    steps, values, _ = decoded.get((name, piece.chunk), _EMPTY)
-    lo, hi = numpy.searchsorted(steps, [piece.first, piece.last + 1])
-    skipped, flagged = flags(decoded, piece.chunk, steps)
-    return array_stats(steps[lo:hi], values[lo:hi], skipped[lo:hi], flagged[lo:hi])
+def _raw_stats(
+    name: str, covers: list[list[Piece]], decoded: dict[tuple[str, int], Arrays], kind: str
+) -> dict[tuple[int, int], Stats]:
+    """The aggregates of every decoded piece of ``name``'s covers, by (cover, first step):
+    one numpy pass over the name's decoded chunks."""
+    raw = [(k, p) for k, c in enumerate(covers) for p in c if isinstance(p, Raw)]
+    if not raw:
+        return {}
+    chunks = sorted({p.chunk for _, p in raw})
+    held = [decoded.get((name, c), _EMPTY) for c in chunks]
+    steps = numpy.concatenate([h[0] for h in held])
+    values = numpy.concatenate([h[1] for h in held])
+    marks = None
+    if kind == STEP_KIND:
+        per_chunk = [flags(decoded, c, h[0]) for c, h in zip(chunks, held, strict=True)]
+        marks = (
+            numpy.concatenate([m[0] for m in per_chunk]),
+            numpy.concatenate([m[1] for m in per_chunk]),
+        )
+    starts = numpy.searchsorted(steps, [p.first for _, p in raw])
+    stops = numpy.searchsorted(steps, [p.last + 1 for _, p in raw])
+    stats = segment_stats(steps, values, marks, starts, stops)
+    return {(k, p.first): st for (k, p), st in zip(raw, stats, strict=True)}
 
 
 _EMPTY: Arrays = (numpy.zeros(0, numpy.int64), numpy.zeros(0), numpy.zeros(0, bool))
@@ -83,27 +126,27 @@ def flags(
 
 
 def _nodes(
-    s: Session, job_id: str, names: Sequence[str], nodes: Iterable[Node]
+    s: Session, job_id: str, kind: str, wanted: Iterable[tuple[str, Node]]
 ) -> dict[tuple[str, Node], Stats]:
     out: dict[tuple[str, Node], Stats] = {}
-    wanted = [(name, n) for name in names for n in nodes]
-    if not wanted:
-        return out
-    conn: Any = s.connection().connection.driver_connection
     groups: dict[tuple[str, int, int], list[int]] = defaultdict(list)
     for name, n in wanted:
         groups[(name, n.level, n.attempt)].append(n.idx)
+    if not groups:
+        return out
+    conn: Any = s.connection().connection.driver_connection
     if s.get_bind().dialect.name == "postgresql":
         # Every run of consecutive keys as one index range, all in one statement.
         spans = [(*g, lo, hi) for g, ids in groups.items() for lo, hi in consecutive(sorted(ids))]
         with conn.cursor() as cur:
             columns = [list(c) for c in zip(*spans, strict=True)]
-            for name, level, idx, attempt, *row in cur.execute(_NODES_PG, (*columns, job_id)):
+            for name, level, idx, attempt, *row in cur.execute(_NODES_PG, (*columns, job_id, kind)):
                 out[(name, Node(attempt, level, idx))] = Stats(row)
         return out
     for (name, level, attempt), ids in groups.items():
         for lo, hi in consecutive(sorted(ids)):
-            for idx, *row in conn.execute(_NODES_SQLITE, (job_id, name, level, lo, hi, attempt)):
+            params = (job_id, kind, name, level, lo, hi, attempt)
+            for idx, *row in conn.execute(_NODES_SQLITE, params):
                 out[(name, Node(attempt, level, idx))] = Stats(row)
     return out
 
@@ -115,25 +158,36 @@ _STATS = ", ".join(f"r.{c}" for c in STATS)
 _NODES_PG = (
     f"SELECT k.name, k.level, r.idx, k.attempt, {_STATS} FROM unnest(%s::text[], %s::int[], "
     "%s::int[], %s::int[], %s::int[]) AS k(name, level, attempt, lo, hi) CROSS JOIN LATERAL "
-    f"(SELECT * FROM metric_rollups r WHERE r.job_id = %s AND r.kind = '{STEP_KIND}' AND "
+    "(SELECT * FROM metric_rollups r WHERE r.job_id = %s AND r.kind = %s AND "
     "r.name = k.name AND r.level = k.level AND r.idx BETWEEN k.lo AND k.hi "
     "AND r.attempt = k.attempt OFFSET 0) r"
 )
 _NODES_SQLITE = (
-    f"SELECT r.idx, {_STATS} FROM metric_rollups r WHERE r.job_id = ? AND r.kind = "
-    f"'{STEP_KIND}' AND r.name = ? AND r.level = ? AND r.idx BETWEEN ? AND ? AND r.attempt = ?"
+    f"SELECT r.idx, {_STATS} FROM metric_rollups r WHERE r.job_id = ? AND r.kind = ? "
+    "AND r.name = ? AND r.level = ? AND r.idx BETWEEN ? AND ? AND r.attempt = ?"
 )
 
 
 def effective_chunks(
     s: Session, job_id: str, names: Sequence[str], raws: Iterable[tuple[tuple[int, ...], int]]
 ) -> dict[tuple[str, int], Arrays]:
-    """Per series of ``names`` and chunk, the effective values of the chunks of the given
-    attempts: per step the newest attempt's value."""
-    wanted = sorted({(name, chunk, a) for name in names for atts, chunk in raws for a in atts})
+    """Per step series of ``names`` and chunk, the effective values of the chunks of the
+    given attempts: per step the newest attempt's value."""
+    wanted = {(name, chunk, a) for name in names for atts, chunk in raws for a in atts}
+    return _effective(s, job_id, STEP_KIND, wanted)
+
+
+def _effective(
+    s: Session, job_id: str, kind: str, wanted: Iterable[tuple[str, int, int]]
+) -> dict[tuple[str, int], Arrays]:
+    """Per (name, chunk) of the chunks ``(name, chunk, attempt)`` of ``kind``: per step the
+    newest attempt's value."""
+    rows = _chunk_data(s, job_id, kind, sorted(wanted))
+    found = chunk_load.decode_many([((n, c, a), c * CHUNK_STEPS, bytes(d)) for n, c, a, d in rows])
     parts: dict[tuple[str, int], list[tuple[int, Arrays]]] = defaultdict(list)
-    for name, chunk, attempt, data in _chunk_data(s, job_id, wanted):
-        parts[(name, chunk)].append((attempt, decode_masked(chunk * CHUNK_STEPS, bytes(data))))
+    for (name, chunk, attempt), got in found.items():
+        nulls = numpy.zeros(len(got.steps), bool) if got.nulls is None else got.nulls
+        parts[(name, chunk)].append((attempt, (got.steps, got.values, nulls)))
     out: dict[tuple[str, int], Arrays] = {}
     for key, held in parts.items():
         held.sort(key=lambda p: -p[0])  # newest first
@@ -147,7 +201,7 @@ def effective_chunks(
 
 
 def _chunk_data(
-    s: Session, job_id: str, wanted: list[tuple[str, int, int]]
+    s: Session, job_id: str, kind: str, wanted: list[tuple[str, int, int]]
 ) -> Iterable[tuple[str, int, int, bytes]]:
     if not wanted:
         return []
@@ -155,14 +209,14 @@ def _chunk_data(
     if s.get_bind().dialect.name == "postgresql":
         keys = [list(c) for c in zip(*wanted, strict=True)]
         with conn.cursor() as cur:
-            return list(cur.execute(_CHUNKS_PG, (*keys, job_id)))
+            return list(cur.execute(_CHUNKS_PG, (*keys, job_id, kind)))
     groups: dict[tuple[str, int], list[int]] = defaultdict(list)
     for name, chunk, attempt in wanted:
         groups[(name, attempt)].append(chunk)
     out: list[tuple[str, int, int, bytes]] = []
     for (name, attempt), chunks in groups.items():
         for lo, hi in consecutive(sorted(chunks)):
-            rows = conn.execute(_CHUNKS_SQLITE, (job_id, name, lo, hi, attempt))
+            rows = conn.execute(_CHUNKS_SQLITE, (job_id, kind, name, lo, hi, attempt))
             out += [(name, chunk, attempt, data) for chunk, data in rows]
     return out
 
@@ -170,14 +224,14 @@ def _chunk_data(
 _CHUNKS_PG = (
     "SELECT k.name, k.chunk, k.attempt, c.data FROM unnest(%s::text[], %s::int[], %s::int[]) "
     "AS k(name, chunk, attempt) CROSS JOIN LATERAL (SELECT data FROM metric_chunks c WHERE "
-    f"c.job_id = %s AND c.kind = '{STEP_KIND}' AND c.name = k.name AND c.chunk = k.chunk "
+    "c.job_id = %s AND c.kind = %s AND c.name = k.name AND c.chunk = k.chunk "
     "AND c.attempt = k.attempt OFFSET 0) c"
 )
 """OFFSET 0 keeps the LATERAL a primary-key lookup per key: flattened into a join, a
 never-analysed table's plan took 3-7 s of a whole-run read of a 10M-step run of 11 fields
 (bench/history_query.py), 40 ms with it."""
 _CHUNKS_SQLITE = (
-    f"SELECT chunk, data FROM metric_chunks WHERE job_id = ? AND kind = '{STEP_KIND}' "
+    "SELECT chunk, data FROM metric_chunks WHERE job_id = ? AND kind = ? "
     "AND name = ? AND chunk BETWEEN ? AND ? AND attempt = ?"
 )
 

@@ -1,6 +1,6 @@
 """A job's evaluations (or per-layer gradient norms) in at most ``max_points``: the named
-series of one kind downsampled in the database by the rules of the step metrics
-(:mod:`amptrain.store.history.window`).
+series of one kind downsampled by the rules of the step metrics
+(:mod:`amptrain.store.history.window`), from the chunks' roll-ups.
 
 The steps from ``from_step`` to ``to_step`` fall into aligned buckets of one width of the
 fixed ladder (:func:`~amptrain.store.history.window.width_for`, the one series_window
@@ -12,22 +12,35 @@ last and the step of the bucket's highest norm of any layer (a spike in any laye
 a minimum and maximum per layer would leave room for a few buckets only). A window that
 holds at most ``max_points`` records comes back whole. Always the effective series (per
 step and name, the newest attempt's value).
+
+Where the aggregates come from: each name's roll-ups where one attempt alone recorded the
+steps, its decoded chunks where a bucket cuts a chunk or attempts overlap
+(:mod:`~amptrain.store.history.chunk_cover`, :func:`~amptrain.store.history.chunk_stats.
+series_stats`); the records are counted by the ``@ms`` series (one value per record). Only
+the chosen steps' chunks are decoded whole, so a read's cost follows the buckets, not the
+run's length, and every statement walks a primary key (no plan depends on statistics).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import sqlalchemy as sa
-from sqlalchemy.orm import Session, aliased
+from sqlalchemy.orm import Session
 
 from amptrain.contract.metrics import EVAL_KIND
-from amptrain.store.history.points import steps_in
-from amptrain.store.history.values import effective_value, eval_items, newest_cursor
-from amptrain.store.history.window import cursor_text, is_finite, width_for
-from amptrain.store.models import MetricValue
+from amptrain.store.history import chunk_index
+from amptrain.store.history.chunk_cover import Raw, attempt_runs, pieces
+from amptrain.store.history.chunk_parts import MS, RESERVED, SHIFT
+from amptrain.store.history.rollups import Stats
+from amptrain.store.history.values import newest_cursor
+from amptrain.store.history.window import cursor_text, width_for
+
+if TYPE_CHECKING:
+    from amptrain.store.history.chunk_reads import Records
+
+_ALL_STEPS = (0, (1 << 62) - 1)
+"""A window's steps when the request names no bound."""
 
 
 @dataclass
@@ -50,112 +63,102 @@ def eval_window(
     all)."""
     if max_points < 1:
         raise ValueError("max_points must be at least 1")
-    v = MetricValue
-    where = [v.job_id == job_id, v.kind == kind, effective_value(v)]
-    if from_step is not None:
-        where.append(v.step >= from_step)
-    if to_step is not None:
-        where.append(v.step <= to_step)
+    # numpy with the first read, not at the API's start (amptrain.store.history.points).
+    import numpy
+
+    from amptrain.store.history import chunk_reads
+    from amptrain.store.history.chunk_stats import series_stats
+
+    first = _ALL_STEPS[0] if from_step is None else from_step
+    last = _ALL_STEPS[1] if to_step is None else to_step
     newest = cursor_text(newest_cursor(s, job_id, kind))
-    records = sa.select(v.stream_ms).where(*where).group_by(v.stream_ms, v.stream_seq).subquery()
-    count = s.scalar(sa.select(sa.func.count()).select_from(records)) or 0
+    names = [n for n in chunk_index.names(s, job_id, kind) if not n.startswith(RESERVED)]
+    span, count = _records_held(s, job_id, kind, names, first, last)
     if count <= max_points:
-        return EvalWindow(_items(s, where, downsampled=False), newest)
-    lo, hi = s.execute(sa.select(sa.func.min(v.step), sa.func.max(v.step)).where(*where)).one()
+        chunks = chunk_index.chunks_between(s, job_id, kind, first >> SHIFT, last >> SHIFT)
+        rec = chunk_reads.in_chunks(s, job_id, kind, chunks, names, effective=True)
+        rec = rec.take((rec.steps >= first) & (rec.steps <= last))
+        rec = rec.take(numpy.lexsort((rec.seq, rec.ms, rec.steps)))
+        return EvalWindow(_marked(s, rec, downsampled=False), newest)
+    lo, hi = span.first_step, span.last_step
     per_name = kind == EVAL_KIND
-    names = list(s.scalars(sa.select(v.name).where(*where).distinct())) if per_name else []
-    width = width_for(int(lo), int(hi), max_points, 2 + 2 * len(names) if per_name else 3)
-    steps = _chosen_steps(s, job_id, kind, where, width, per_name)
-    items: list[dict[str, Any]] = []
-    for in_steps in steps_in(s, sorted(steps), v.step):
-        items += _items(s, [*where, in_steps], downsampled=True)
+    runs = {n: attempt_runs(s, job_id, kind, n) for n in names}
+    if per_name:  # the names holding a value in the window decide each bucket's share
+        (held,) = series_stats(s, job_id, kind, runs, [(lo, hi)])
+        runs = {n: runs[n] for n in names if held[n].count}
+    width = width_for(lo, hi, max_points, 2 + 2 * len(runs) if per_name else 3)
+    ranges = [
+        (max(lo, b * width), min(hi, (b + 1) * width - 1))
+        for b in range(lo // width, hi // width + 1)
+    ]
+    chosen = _chosen_steps(series_stats(s, job_id, kind, runs, ranges), per_name)
+    rec = chunk_reads.by_steps(s, job_id, kind, sorted(chosen), names, effective=True)
+    items = _marked(s, rec, downsampled=True)
     if len(items) > max_points:  # a budget below one bucket's share, or re-evaluated steps
-        items = _most_telling(items, max_points)
-    return EvalWindow(sorted(items, key=_position), newest)
+        items = most_telling(items, max_points)
+    return EvalWindow(sorted(items, key=position), newest)
 
 
-def _chosen_steps(
-    s: Session,
-    job_id: str,
-    kind: str,
-    where: Sequence[sa.ColumnElement[bool]],
-    width: int,
-    per_name: bool,
-) -> set[int]:
-    """Per bucket: its first and last step and, per name, where its min and max are (not
-    ``per_name``: where the bucket's max over every name is)."""
-    v = MetricValue
-    bucket = (v.step // width).label("bucket")
-    value = sa.case((is_finite(v.value), v.value))
-    # Not per name: one group per bucket, its "name" a constant the join ignores.
-    name = v.name if per_name else sa.literal_column("''").label("name")
-    agg = (
-        sa.select(
-            bucket,
-            name,
-            sa.func.min(v.step).label("first"),
-            sa.func.max(v.step).label("last"),
-            sa.func.min(value).label("low"),
-            sa.func.max(value).label("high"),
-        )
-        .where(*where)
-        .group_by(bucket, *([v.name] if per_name else []))
-        .subquery()
-    )
-    q = aliased(MetricValue)
-    same_name = q.name == agg.c.name if per_name else sa.true()
-    query = (
-        sa.select(
-            sa.func.min(agg.c.first),
-            sa.func.min(agg.c.last),
-            sa.func.min(sa.case((q.value == agg.c.low, q.step))) if per_name else sa.null(),
-            sa.func.min(sa.case((q.value == agg.c.high, q.step))),
-        )
-        .select_from(agg)
-        .join(
-            q,
-            sa.and_(
-                q.job_id == job_id,
-                q.kind == kind,
-                same_name,
-                q.step.between(agg.c.first, agg.c.last),
-                effective_value(q),
-            ),
-        )
-        .group_by(agg.c.bucket, agg.c.name)
-    )
+def _records_held(
+    s: Session, job_id: str, kind: str, names: list[str], first: int, last: int
+) -> tuple[Stats, int]:
+    """The aggregates of the steps ``first..last`` holding a record (the first and last such
+    step) and how many effective records they hold: one per step (the ``@ms`` series'
+    effective count) plus, in the chunks where attempts overlap, the older attempts'
+    records that still hold a name no newer attempt re-recorded."""
+    import numpy
+
+    from amptrain.store.history import chunk_reads
+    from amptrain.store.history.chunk_stats import series_stats
+
+    runs = attempt_runs(s, job_id, kind, MS)
+    (held,) = series_stats(s, job_id, kind, {MS: runs}, [(first, last)])
+    contested = [p for p in pieces(runs, first, last) if isinstance(p, Raw) and len(p.attempts) > 1]
+    count = held[MS].count
+    if contested:
+        chunks = sorted({p.chunk for p in contested})
+        rec = chunk_reads.in_chunks(s, job_id, kind, chunks, names, effective=True)
+        steps = rec.steps[(rec.steps >= first) & (rec.steps <= last)]
+        count += len(steps) - len(numpy.unique(steps))
+    return held[MS], count
+
+
+def _chosen_steps(buckets: list[dict[str, Stats]], per_name: bool) -> set[int]:
+    """Per bucket: its first and last step and, per name, where its min and max are first
+    held (not ``per_name``: where the bucket's max over every name is first held)."""
     chosen: set[int] = set()
-    firsts: dict[int, int] = {}
-    lasts: dict[int, int] = {}
-    for first, last, low, high in s.execute(query):
-        b = int(first) // width
-        firsts[b] = min(firsts.get(b, int(first)), int(first))
-        lasts[b] = max(lasts.get(b, int(last)), int(last))
-        chosen.update(int(x) for x in (low, high) if x is not None)
-    return chosen | set(firsts.values()) | set(lasts.values())
+    for totals in buckets:
+        held = [t for t in totals.values() if t.count]
+        if not held:
+            continue
+        chosen.add(min(t.first_step for t in held))
+        chosen.add(max(t.last_step for t in held))
+        if per_name:
+            chosen.update(x for t in held for x in (t.low_step, t.high_step) if x is not None)
+            continue
+        highs = [t for t in held if t.high is not None and t.high_step is not None]
+        if highs:
+            top = max(t.high for t in highs if t.high is not None)
+            chosen.add(min(t.high_step for t in highs if t.high == top and t.high_step is not None))
+    return chosen
 
 
-def _items(
-    s: Session, where: Sequence[sa.ColumnElement[bool]], *, downsampled: bool
-) -> list[dict[str, Any]]:
-    v = MetricValue
-    rows = s.execute(
-        sa.select(v.stream_ms, v.stream_seq, v.attempt, v.step, v.time, v.name, v.value)
-        .where(*where)
-        .order_by(v.step, v.stream_ms, v.stream_seq, v.id)
-    ).all()
-    items = eval_items(rows)
+def _marked(s: Session, rec: Records, *, downsampled: bool) -> list[dict[str, Any]]:
+    from amptrain.store.history import chunk_pages
+
+    items = chunk_pages.named_items(rec, chunk_pages.nan_is_null(s))
     for item in items:
         item["downsampled"] = downsampled
     return items
 
 
-def _position(item: dict[str, Any]) -> tuple[int, int, int]:
+def position(item: dict[str, Any]) -> tuple[int, int, int]:
+    """An item's place in a window: its step, then its cursor."""
     ms, seq = item["cursor"].split("-")
     return item["step"], int(ms), int(seq)
 
 
-def _most_telling(items: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
+def most_telling(items: list[dict[str, Any]], n: int) -> list[dict[str, Any]]:
     """For a budget smaller than one bucket's evaluations: each name's highest value first,
     then each name's lowest, the last and the first evaluation (as for the step metrics)."""
     names = sorted({name for item in items for name in item["values"]})

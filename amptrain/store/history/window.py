@@ -1,8 +1,8 @@
-"""The pieces every downsampled read shares (:mod:`amptrain.store.history.downsample`, from
-the chunks' roll-ups; the evaluations' :mod:`amptrain.store.history.eval_window`; the test
-oracles of tests/support/): what a window holds, which points count as flagged, which fields a request
-keeps, the fixed ladder of bucket widths and the window's budget of points, and how the
-chosen steps become items."""
+"""The pieces every downsampled read shares (:mod:`amptrain.store.history.downsample` and
+the evaluations' :mod:`amptrain.store.history.eval_window`, both from the chunks' roll-ups;
+the test oracles of tests/support/): what a window holds, which points count as flagged,
+which fields a request keeps, the fixed ladder of bucket widths and the window's budget of
+points, and how the chosen steps become items."""
 
 from __future__ import annotations
 

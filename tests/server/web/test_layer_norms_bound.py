@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 from amptrain.contract.layers import LAYER_NORMS_MAX, LAYER_NORMS_READ_VALUES
 from amptrain.contract.metrics import LAYER_NORM_KIND
 from amptrain.store.db import make_engine
-from amptrain.store.history import chunk_writes
+from amptrain.store.history import rollups
 from amptrain.store.models import MetricValue
 from tests.server.web.test_http import cpu_job
 from tests.support.stack import Stack
@@ -43,7 +43,7 @@ def write_norms(database_url: str, job_id: str) -> None:
     engine = make_engine(database_url)
     with engine.begin() as c:
         c.execute(sa.insert(MetricValue), rows)
-        chunk_writes.append(Session(bind=c), [], rows)  # as the recorder does
+        rollups.record(Session(bind=c), [], rows)  # as the recorder does
         if engine.dialect.name == "postgresql":
             # What autovacuum does after a bulk load; without statistics the planner guesses.
             c.execute(sa.text("ANALYZE metric_values"))

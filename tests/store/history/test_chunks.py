@@ -22,13 +22,13 @@ from amptrain.store import migrate, recording
 from amptrain.store.chunk_models import MetricChunk
 from amptrain.store.db import make_engine, make_session_factory
 from amptrain.store.history import chunk_writes, rollups, series_scan, value_writes
-from amptrain.store.history import eval_window as eval_window_module
 from amptrain.store.history.downsample import series_window
 from amptrain.store.history.eval_window import eval_window
 from amptrain.store.history.points import Page, metric_page
 from amptrain.store.history.values import eval_page
 from tests.store.history.test_summaries import new_job, series
 from tests.support import row_reads, row_window
+from tests.support.row_eval_window import row_eval_window
 
 Sessions = sessionmaker[Session]
 LAYERS = ("enc.0.weight", "enc.0.bias", "head.weight")
@@ -192,10 +192,10 @@ def reads(sessions: Sessions, job_id: str, *, old: bool = False) -> str:
         (row_reads.metric_page, row_reads.eval_page) if old else (metric_page, eval_page)
     )
     window = row_window.raw_window if old else series_window
+    evals_window = row_eval_window if old else eval_window
     with sessions() as s, pytest.MonkeyPatch.context() as patch:
         if old:  # the windows' newest cursor from the rows too
             patch.setattr(row_window, "newest_cursor", row_reads.newest_cursor)
-            patch.setattr(eval_window_module, "newest_cursor", row_reads.newest_value_cursor)
         out = {
             "metrics": metric(s, job_id, Page(limit=10_000)),
             "all": metric(s, job_id, Page(limit=10_000, attempts="all")),
@@ -203,8 +203,8 @@ def reads(sessions: Sessions, job_id: str, *, old: bool = False) -> str:
             "zoom": window(s, job_id, 50, ["loss", "lr"], 100, 400).__dict__,
             "evals": evals(s, job_id, Page(limit=10_000)),
             "layers": evals(s, job_id, Page(limit=10_000), LAYER_NORM_KIND),
-            "eval_window": eval_window(s, job_id, 10).__dict__,
-            "layer_window": eval_window(s, job_id, 40, 100, 500, LAYER_NORM_KIND).__dict__,
+            "eval_window": evals_window(s, job_id, 10).__dict__,
+            "layer_window": evals_window(s, job_id, 40, 100, 500, LAYER_NORM_KIND).__dict__,
         }
     return json.dumps(out, sort_keys=True, default=str)
 

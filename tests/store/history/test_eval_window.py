@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
 from amptrain.contract.metrics import EVAL_KIND
-from amptrain.store.history import chunk_writes, value_writes
+from amptrain.store.history import rollups, value_writes
 from amptrain.store.history.eval_window import eval_window
 from amptrain.store.history.points import Page
 from amptrain.store.history.values import eval_page
@@ -51,7 +51,7 @@ def seed(sessions: sessionmaker[Session]) -> str:
                 )
     with sessions.begin() as s:
         value_writes.insert(s, rows)
-        chunk_writes.append(s, [], [{"kind": EVAL_KIND} | r for r in rows])  # as the recorder
+        rollups.record(s, [], [{"kind": EVAL_KIND} | r for r in rows])  # as the recorder
     return job_id
 
 

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
 from amptrain.contract.metrics import LAYER_NORM_KIND
-from amptrain.store.history import chunk_writes, value_writes
+from amptrain.store.history import rollups, value_writes
 from amptrain.store.history.eval_window import eval_window
 from amptrain.store.history.points import Page
 from amptrain.store.history.values import eval_page, newest_cursor
@@ -50,7 +50,7 @@ def seed_layers(sessions: sessionmaker[Session], job_id: str) -> None:
                 )
     with sessions.begin() as s:
         value_writes.insert(s, rows)
-        chunk_writes.append(s, [], rows)  # as the recorder does
+        rollups.record(s, [], rows)  # as the recorder does
 
 
 def test_layer_norms_downsample_by_bucket_beside_unchanged_evals(

@@ -1,0 +1,65 @@
+"""The evaluation and layer-norm windows (``eval_window``) search primary keys on a database
+that was never analysed: no statement of theirs scans ``metric_chunks`` or sorts it, and a
+read runs as many statements for a run three times as long. Real SQLite and PostgreSQL."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from amptrain.contract.metrics import EVAL_KIND, LAYER_NORM_KIND
+from amptrain.contract.spec import JobSpec
+from amptrain.store import jobs
+from amptrain.store.history import rollups
+from amptrain.store.history.eval_window import eval_window
+from tests.store.history.test_consumer_plans import _plan, _Statements
+
+
+def _run(sf: sessionmaker[Session], steps: int) -> str:
+    """Attempt 1 evaluates every 10 steps to ``steps`` (two names, four layers' norms);
+    attempt 2 re-evaluates the last 500, through the recorder's write."""
+    spec = JobSpec.model_validate(
+        {"model": {"name": "mlp"}, "dataset": {"name": "synthetic"}, "max_steps": steps}
+    )
+    with sf.begin() as s:
+        job_id = jobs.create_job(s, spec, "alice", "cpu").id
+    for attempt, first in ((1, 10), (2, steps - 490)):
+        values: list[dict[str, Any]] = []
+        for step in range(first, steps + 1, 10):
+            ms = 10**12 + attempt * 10**8 + step
+            named = [(EVAL_KIND, n, (step % 17) / 17) for n in ("eval_loss", "accuracy")]
+            named += [(LAYER_NORM_KIND, f"l.{i}", (step % 13) + i) for i in range(4)]
+            values += [
+                {"job_id": job_id, "attempt": attempt, "step": step, "kind": kind, "name": name}
+                | {"value": v, "time": ms / 1000, "stream_ms": ms, "stream_seq": 0}
+                for kind, name, v in named
+            ]
+        with sf.begin() as s:
+            rollups.record(s, [], values)
+    return job_id
+
+
+def _statements(sf: sessionmaker[Session], job_id: str, steps: int) -> list[tuple[str, Any]]:
+    with sf() as s, _Statements(sf.kw["bind"]) as seen:
+        for kind in (EVAL_KIND, LAYER_NORM_KIND):
+            assert len(eval_window(s, job_id, 100, kind=kind).items) <= 100
+            mid = eval_window(s, job_id, 50, steps // 3, steps // 2 + 5, kind=kind).items
+            assert mid and all(steps // 3 <= i["step"] <= steps // 2 + 5 for i in mid)
+            whole = eval_window(s, job_id, 10_000, steps - 700, None, kind=kind).items
+            assert len(whole) == 71 and not any(i["downsampled"] for i in whole)
+    return seen.seen
+
+
+def test_the_windows_search_the_primary_key_without_statistics(
+    sf: sessionmaker[Session],
+) -> None:
+    engine = sf.kw["bind"]
+    short, long = _run(sf, 10_000), _run(sf, 30_000)
+    assert len(_statements(sf, long, 30_000)) == len(_statements(sf, short, 10_000))
+    for statement, params in _statements(sf, long, 30_000):
+        plan = _plan(engine, statement, params)
+        if engine.dialect.name == "sqlite":
+            assert "SCAN metric_chunks" not in plan and "TEMP B-TREE" not in plan, plan
+        else:
+            assert not any(w in plan for w in ("Seq Scan", "Sort", "Aggregate")), plan
