@@ -79,6 +79,20 @@ def dialect_insert(s: Session, model: Any) -> Any:
     raise RuntimeError(f"unsupported database: {dialect}")
 
 
+def execute_many(s: Session, template: str, rows: list[tuple[Any, ...]]) -> None:
+    """Run ``template`` for every row through the driver's own executemany (one prepared
+    statement, no ORM on the recorder's hot path); ``{marks}`` in it becomes the row's
+    placeholders in the driver's style (``?`` for sqlite3, ``%s`` for psycopg)."""
+    if not rows:
+        return
+    conn: Any = s.connection().connection.driver_connection
+    if s.get_bind().dialect.name == "sqlite":
+        conn.executemany(template.format(marks=", ".join("?" * len(rows[0]))), rows)
+        return
+    with conn.cursor() as cur:
+        cur.executemany(template.format(marks=", ".join(["%s"] * len(rows[0]))), rows)
+
+
 def database_now(s: Session) -> float:
     """The database clock, read once (for tests and diagnostics)."""
     return float(s.execute(sa.select(db_now())).scalar_one())

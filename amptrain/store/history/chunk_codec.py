@@ -103,8 +103,10 @@ def encode(
     return HEADER.pack(VERSION, flags, n) + b"".join(parts)
 
 
-def decode(first_aligned: int, data: bytes) -> Decoded:
-    """The inverse of :func:`encode`."""
+def header(data: bytes) -> tuple[int, int, int | None, int]:
+    """A chunk's flags, number of values, name place (None without :data:`ORDER`) and the
+    offset of what follows the header; ValueError for a format version not known here.
+    Every decoder (this module's, and the numpy readers') starts here."""
     version, flags, n = HEADER.unpack_from(data)
     if version != VERSION:
         raise ValueError(f"metric chunk format {version} is not known to this version")
@@ -113,6 +115,12 @@ def decode(first_aligned: int, data: bytes) -> Decoded:
     if flags & ORDER:
         (position,) = POSITION.unpack_from(data, pos)
         pos += POSITION.size
+    return flags, n, position, pos
+
+
+def decode(first_aligned: int, data: bytes) -> Decoded:
+    """The inverse of :func:`encode`."""
+    flags, n, position, pos = header(data)
     if flags & GAPS:
         steps: Steps = array("q", (first_aligned + o for o in data[pos : pos + n]))
         pos += n

@@ -67,14 +67,7 @@ def _parse(
     first_aligned: int, data: bytes
 ) -> tuple[numpy.ndarray, numpy.ndarray | None, int | None, bytes]:
     """A chunk's steps, null flags, place and shuffled value bytes."""
-    version, flags, n = chunk_codec.HEADER.unpack_from(data)
-    if version != chunk_codec.VERSION:
-        raise ValueError(f"metric chunk format {version} is not known to this version")
-    pos = chunk_codec.HEADER.size
-    position = None
-    if flags & chunk_codec.ORDER:
-        (position,) = chunk_codec.POSITION.unpack_from(data, pos)
-        pos += chunk_codec.POSITION.size
+    flags, n, position, pos = chunk_codec.header(data)
     if flags & chunk_codec.GAPS:
         steps = numpy.frombuffer(data, numpy.uint8, n, pos).astype(numpy.int64) + first_aligned
         pos += n

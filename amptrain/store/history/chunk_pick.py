@@ -50,14 +50,7 @@ def load_at(
     picked: dict[tuple[str, int], _Picked] = {}
     where: dict[tuple[int, bytes | int, int], tuple[list[int], list[int]]] = {}
     for (name, chunk, attempt), data in chunk_load.fetch(s, job_id, kind, names, list(offsets)):
-        version, flags, n = chunk_codec.HEADER.unpack_from(data)
-        if version != chunk_codec.VERSION:
-            raise ValueError(f"metric chunk format {version} is not known to this version")
-        pos = chunk_codec.HEADER.size
-        position = None
-        if flags & chunk_codec.ORDER:
-            (position,) = chunk_codec.POSITION.unpack_from(data, pos)
-            pos += chunk_codec.POSITION.size
+        flags, n, position, pos = chunk_codec.header(data)
         # the steps a chunk holds: its offsets (GAPS) or its first offset; the same for
         # every series of a record, so found once per chunk, not per series
         spec: bytes | int

@@ -25,6 +25,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from amptrain.store.db import execute_many
 from amptrain.store.history import chunk_codec, chunk_merge
 from amptrain.store.history.chunk_codec import CHUNK_STEPS, Decoded
 from amptrain.store.history.chunk_merge import Gained
@@ -231,11 +232,4 @@ _UPSERT = (
 
 def upsert(s: Session, rows: list[tuple[Any, ...]]) -> None:
     """Write whole chunks (rows of :data:`COLUMNS`) through one prepared statement."""
-    if not rows:
-        return
-    conn: Any = s.connection().connection.driver_connection
-    if s.get_bind().dialect.name == "sqlite":
-        conn.executemany(_UPSERT.format(marks=", ".join("?" * len(COLUMNS))), rows)
-        return
-    with conn.cursor() as cur:
-        cur.executemany(_UPSERT.format(marks=", ".join(["%s"] * len(COLUMNS))), rows)
+    execute_many(s, _UPSERT, rows)

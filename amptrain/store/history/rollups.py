@@ -23,6 +23,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from amptrain.store.db import execute_many
 from amptrain.store.history import chunk_writes
 from amptrain.store.history.chunk_writes import STEP_KIND, Gains
 
@@ -238,11 +239,4 @@ def read(s: Session, keys: list[RKey]) -> dict[RKey, Stats]:
 
 def upsert(s: Session, rows: list[tuple[Any, ...]]) -> None:
     """Write whole roll-ups (rows of :data:`COLUMNS`) through one prepared statement."""
-    if not rows:
-        return
-    conn: Any = s.connection().connection.driver_connection
-    if s.get_bind().dialect.name == "sqlite":
-        conn.executemany(_UPSERT.format(marks=", ".join("?" * len(COLUMNS))), rows)
-        return
-    with conn.cursor() as cur:
-        cur.executemany(_UPSERT.format(marks=", ".join(["%s"] * len(COLUMNS))), rows)
+    execute_many(s, _UPSERT, rows)
