@@ -123,7 +123,7 @@ def _merged(part: Part, old: Stored | None) -> tuple[Stored, Gained] | None:
     except (TypeError, OverflowError):
         # Not a number (a malformed entry that took the decoder's generic route): null,
         # rather than a batch that fails at every retry.
-        entries = [(step, _number(v)) for step, v in entries]
+        entries = [(step, number(v)) for step, v in entries]
         values = array("d", [_NAN if e[1] is None else e[1] for e in entries])
     flags = bytes([e[1] is None for e in entries])
     return (Decoded(steps, values, flags if any(flags) else None, position), t_first, t_last), new
@@ -132,7 +132,8 @@ def _merged(part: Part, old: Stored | None) -> tuple[Stored, Gained] | None:
 _NAN = float("nan")
 
 
-def _number(v: Any) -> float | None:
+def number(v: Any) -> float | None:
+    """A stored value as the chunks hold it: a float, or None (null, or not a number)."""
     if type(v) not in (int, float, bool):
         return None
     try:

@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 
 from amptrain.store.db import execute_many
 from amptrain.store.history import chunk_writes
+from amptrain.store.history.chunk_merge import number
 from amptrain.store.history.chunk_writes import STEP_KIND, Gains
 
 LEVELS = (0, 4, 8)
@@ -127,16 +128,6 @@ class Stats:
 
 
 COLUMNS = (*_KEY, *STATS)
-
-
-def number(v: Any) -> float | None:
-    """A stored value as the chunks hold it: a float, or None (null, or not a number)."""
-    if type(v) not in (int, float, bool):
-        return None
-    try:
-        return float(v)
-    except OverflowError:
-        return None
 
 
 def step_flags(
