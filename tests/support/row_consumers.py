@@ -16,8 +16,8 @@ from amptrain.contract.metrics import BY_NAME, EVAL_KIND
 from amptrain.contract.progress import STEADY_LOOKBACK
 from amptrain.contract.progress import steady_rate as rate_of
 from amptrain.store.comparisons import FINAL_FRACTION, FINAL_MAX_STEPS
-from amptrain.store.history.window import is_finite
-from amptrain.store.models import MetricPoint, MetricValue
+from tests.support.row_sql import is_finite
+from tests.support.row_tables import MetricPoint, MetricValue
 
 Key = tuple[str, str]
 Point = tuple[int, float | None]

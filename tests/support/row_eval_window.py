@@ -26,11 +26,10 @@ from sqlalchemy.orm import Session, aliased
 
 from amptrain.contract.metrics import EVAL_KIND
 from amptrain.store.history.eval_window import EvalWindow, most_telling, position
-from amptrain.store.history.points import steps_in
-from amptrain.store.history.values import effective_value, eval_items
-from amptrain.store.history.window import cursor_text, is_finite, width_for
-from amptrain.store.models import MetricValue
+from amptrain.store.history.window import cursor_text, width_for
 from tests.support.row_reads import newest_value_cursor as newest_cursor
+from tests.support.row_sql import effective_value, eval_items, is_finite, steps_in
+from tests.support.row_tables import MetricValue
 
 
 def row_eval_window(

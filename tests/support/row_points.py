@@ -1,5 +1,5 @@
 """The chosen steps' items of a downsampled read as the test oracles
-(:mod:`tests.support.row_window`, :mod:`tests.support.summary_window`) take them: from the
+(:mod:`tests.support.row_window`) takes them: from the
 rows of ``metric_points``, cleaned one by one, exactly as the reads did before the items
 came from the chunks (:func:`amptrain.store.history.chunk_pages.window_at`)."""
 
@@ -16,9 +16,9 @@ from sqlalchemy.orm import Session
 from amptrain.contract.cursor import Cursor
 from amptrain.contract.jsonsafe import finite
 from amptrain.contract.metrics import STORED_METRIC_FIELDS
-from amptrain.store.history.points import steps_in
 from amptrain.store.history.window import Window, finish, needed
-from amptrain.store.models import MetricPoint
+from tests.support.row_sql import steps_in
+from tests.support.row_tables import MetricPoint
 
 
 def row_finish(

@@ -11,9 +11,9 @@ from sqlalchemy.orm import Session
 
 from amptrain.contract.cursor import Cursor
 from amptrain.contract.metrics import EVAL_KIND
-from amptrain.store.history.points import FIRST, Page, newest_attempt, point_dict
-from amptrain.store.history.values import effective_value, eval_items
-from amptrain.store.models import MetricPoint, MetricValue
+from amptrain.store.history.points import FIRST, Page
+from tests.support.row_sql import bounds, effective_value, eval_items, newest_attempt, point_dict
+from tests.support.row_tables import MetricPoint, MetricValue
 
 
 def metric_page(
@@ -24,7 +24,7 @@ def metric_page(
     point (the series after a resume), ``all`` every attempt's. And ``next_cursor``
     (:meth:`Page.next_cursor`)."""
     p = MetricPoint
-    query = sa.select(p).where(p.job_id == job_id, *page.bounds(p))
+    query = sa.select(p).where(p.job_id == job_id, *bounds(page, p))
     if page.effective:
         query = query.where(newest_attempt(p))
     rows = s.scalars(query.order_by(p.stream_ms, p.stream_seq).limit(page.limit)).all()
@@ -68,7 +68,7 @@ def eval_page(
     whose every value was re-evaluated by a newer attempt disappears); ``all`` keeps every
     attempt's. ``next_cursor`` as for the metric points (:meth:`Page.next_cursor`)."""
     v = MetricValue
-    where = [v.job_id == job_id, v.kind == kind, *page.bounds(v)]
+    where = [v.job_id == job_id, v.kind == kind, *bounds(page, v)]
     if page.effective:
         where.append(effective_value(v))
     # The page's last record first, then every row up to it: whole records only.

@@ -12,19 +12,17 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, aliased
 
-from amptrain.store.history.points import newest_attempt, newest_cursor
 from amptrain.store.history.window import (
     Window,
     cursor_text,
     extrema_of,
-    flagged,
-    is_finite,
-    non_finite_loss,
     room_for_every_flagged,
     window_width,
 )
-from amptrain.store.models import MetricPoint
 from tests.support.row_points import point_row, row_finish
+from tests.support.row_reads import newest_cursor
+from tests.support.row_sql import flagged, is_finite, newest_attempt, non_finite_loss
+from tests.support.row_tables import MetricPoint
 
 
 def raw_window(

@@ -64,7 +64,6 @@ class Recorder:
         finished_grace_s: float = 60.0,
         stream_ttl_s: int = 3600,
         consumer: str | None = None,
-        insert_method: str | None = None,
     ) -> None:
         self.settings = settings
         self.sessions = session_factory
@@ -77,7 +76,7 @@ class Recorder:
         self.group = ConsumerGroup(redis_client, consumer, batch)
         self.ownership = Ownership(session_factory, redis_client, lock_ttl_ms / 1000)
         self.writer = BatchWriter(
-            session_factory, redis_client, self.group, self.ownership, stream_ttl_s, insert_method
+            session_factory, redis_client, self.group, self.ownership, stream_ttl_s
         )
         self._refreshed_at = 0.0
         self._relayed = 0  # jobs given events by the last pass, still to be read back

@@ -3,8 +3,8 @@ their acknowledgement; the API's own events relayed into the streams; the end of
 telemetry.
 
 The acknowledgement comes only after the commit, so a crash re-delivers the batch, and a
-replay inserts nothing (points unique by job, attempt, step; eval values by job,
-attempt, step, name; events by stream entry id).
+replay adds nothing: a chunk keeps a step's first value (by job, series, attempt and step),
+and what is new in a batch is what its chunks gained; events are unique by stream entry id.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from typing import Any
 import redis
 from sqlalchemy.orm import Session, sessionmaker
 
+from amptrain.contract.metrics import EVAL_KIND
 from amptrain.contract.stream import STREAM_MAXLEN, encode, text
 from amptrain.core.redis import CANCEL_KEY_TTL_S, Keys
 from amptrain.server import observability
@@ -25,7 +26,9 @@ from amptrain.server.recorder.entries import Entry, parse
 from amptrain.server.recorder.group import ConsumerGroup
 from amptrain.server.recorder.owner import Ownership
 from amptrain.store import events, recording
-from amptrain.store.history import rollups, value_writes
+from amptrain.store.history import eval_summary, rollups
+from amptrain.store.history.chunk_parts import MS, SHIFT, STEP_KIND
+from amptrain.store.history.chunk_writes import Gains
 
 
 @dataclass
@@ -37,8 +40,6 @@ class BatchWriter:
     group: ConsumerGroup
     ownership: Ownership
     stream_ttl_s: int
-    insert_method: str | None = None
-    """The PostgreSQL insert path (``point_writes.PG_METHODS``); None: the default."""
 
     def record(self, taken: Mapping[str, Sequence[Entry]]) -> int:
         """Every job's entries in ONE transaction (each job's in stream order), then XACK:
@@ -48,16 +49,13 @@ class BatchWriter:
         with self.sessions() as s:
             batches = {job_id: parse(job_id, entries) for job_id, entries in taken.items()}
             points = [p for batch in batches.values() for p in batch.points]
-            new = recording.insert_points(s, points, self.insert_method)
             values = [v for b in batches.values() for v in b.values]
-            # The same values into the series' chunks and their roll-ups (what every read
-            # reads), before the summary's steady rate and the alert rules read them there.
-            rollups.record(s, points, values)
-            fresh = {job_id: _inserted(b.points, new.get(job_id)) for job_id, b in batches.items()}
+            # Into the series' chunks and their roll-ups (what every read reads), before the
+            # summary's steady rate and the alert rules read them there.
+            gains = rollups.record(s, points, values)
+            fresh = {job_id: _gained(b.points, gains) for job_id, b in batches.items()}
             recording.update_progress(s, fresh)
-            # Eval values in the same transaction as the points: acknowledged only with them.
-            evaluated = value_writes.insert(s, values)
-            value_writes.refresh_summary(s, evaluated)
+            eval_summary.refresh(s, {key[0] for key in gains if key[1] == EVAL_KIND})
             overflowed: set[str] = set()
             for job_id, batch in batches.items():
                 recording.insert_events(s, batch.events)
@@ -76,7 +74,7 @@ class BatchWriter:
                 rest = {j: e for j, e in taken.items() if j not in lost}
                 return self.record(rest) if rest else 0
             s.commit()
-        observability.points_recorded(sum(map(len, new.values())), points)
+        observability.points_recorded(sum(map(len, fresh.values())), points)
         # Tells the publishers what they may forget: everything up to here is in SQL.
         self.group.ack(
             # Ids as Redis gave them (bytes): XACK takes them as they are.
@@ -123,12 +121,13 @@ class BatchWriter:
         self.ownership.release(job_id)
 
 
-def _inserted(points: list[dict[str, Any]], keys: set[tuple[int, int]] | None) -> list[Any]:
-    """The points whose (attempt, step) the insert actually added, in stream order."""
-    if not keys:
-        return []
-    if len(keys) == len(points):
-        # As many keys added as points: the points are distinct and every one was added
-        # (the keys are some of theirs), the batch that replays nothing.
-        return points
-    return [p for p in points if (p["attempt"], p["step"]) in keys]
+def _gained(points: list[dict[str, Any]], gains: Gains) -> list[Any]:
+    """The points whose (attempt, step) the chunks gained, in stream order: every point
+    brings its cursor series (:data:`~amptrain.store.history.chunk_parts.MS`), so a step
+    that series gained is a point not recorded before (a replay gains none)."""
+    out = []
+    for p in points:
+        new = gains.get((p["job_id"], STEP_KIND, MS, p["step"] >> SHIFT, p["attempt"]))
+        if new and p["step"] in new:
+            out.append(p)
+    return out

@@ -11,8 +11,8 @@ roll-up is the old one combined with the new steps' aggregates, and a replay, wh
 nothing, changes nothing. :mod:`amptrain.store.history.rollup_rebuild` builds them from
 existing chunks (migration 0016, bulk-loaded benchmarks).
 
-A step is *flagged* (step series only) as :func:`amptrain.store.history.window.flagged`
-says: skipped, or its loss null/NaN/infinite, or its grad norm NaN/infinite (not null).
+A step is *flagged* (step series only) as :func:`step_flags` says: skipped, or its loss
+null/NaN/infinite, or its grad norm NaN/infinite (not null).
 """
 
 from __future__ import annotations
@@ -142,11 +142,13 @@ def step_flags(
 
 def record(
     s: Session, points: Sequence[Mapping[str, Any]], values: Sequence[Mapping[str, Any]]
-) -> None:
+) -> Gains:
     """The recorder's write of a batch's points and named values into their chunks
     (:func:`chunk_writes.append`'s arguments) and the chunks' roll-ups, in the caller's
-    transaction."""
-    keep(s, chunk_writes.write(s, chunk_writes.gather(points, values)))
+    transaction; what the chunks gained (what is new in the batch: a replay gains nothing)."""
+    gains = chunk_writes.write(s, chunk_writes.gather(points, values))
+    keep(s, gains)
+    return gains
 
 
 def keep(s: Session, gains: Gains) -> None:

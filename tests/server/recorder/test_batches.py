@@ -1,5 +1,5 @@
-"""The recorder's batches: many jobs and attempts in one transaction, on every insert path
-(SQLite; PostgreSQL's COPY path and its multi-row fallback), against real Redis and SQL."""
+"""The recorder's batches: many jobs and attempts in one transaction, against real Redis and
+SQL (SQLite and PostgreSQL)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import math
 
 import pytest
 import redis
-import sqlalchemy as sa
 from prometheus_client import REGISTRY
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -15,7 +14,6 @@ from amptrain.contract.progress import STEADY_WINDOW
 from amptrain.core.redis import Keys
 from amptrain.server.recorder.service import GROUP, Recorder
 from amptrain.store import jobs
-from amptrain.store.models import MetricPoint
 from tests.server.recorder.test_recorder import (
     crash_before_ack,
     job,
@@ -56,7 +54,7 @@ def stored(sf: Sessions, job_id: str) -> list[tuple[int, int, float | None]]:
 
 
 def test_many_jobs_and_attempts_in_one_transaction_exactly_once(
-    sf: Sessions, r: redis.Redis, method: str
+    sf: Sessions, r: redis.Redis
 ) -> None:
     plain = [start_job(sf)[0] for _ in range(4)]
     resumed = resumed_job(sf)
@@ -64,7 +62,7 @@ def test_many_jobs_and_attempts_in_one_transaction_exactly_once(
     plan = {j: [(1, s) for s in range(1, 31)] for j in plain}
     plan[resumed] = [(1, s) for s in range(1, 9)] + [(2, s) for s in range(5, 16)] + [(1, 9)]
     publish_all(r, sf, plan)
-    rec = Recorder(None, sf, r, insert_method=method)
+    rec = Recorder(None, sf, r)
     before = batches_committed()
     assert rec.drain_once() == sum(map(len, plan.values()))
     assert batches_committed() == before + 1  # every job's entries in one transaction
@@ -81,21 +79,21 @@ def test_many_jobs_and_attempts_in_one_transaction_exactly_once(
     assert job(sf, resumed).step == 15 and job(sf, resumed).summary["loss"] == 2015.0
 
     # Everything re-sent (a worker after a Redis blip): delivered, inserts and moves nothing.
-    ids = {j: [p.id for p in rows(sf, j)] for j in plan}
+    ids = {j: [p.cursor for p in rows(sf, j)] for j in plan}
     publish_all(r, sf, plan)
     assert rec.drain_once() == sum(map(len, plan.values()))
-    assert {j: [p.id for p in rows(sf, j)] for j in plan} == ids
+    assert {j: [p.cursor for p in rows(sf, j)] for j in plan} == ids
     assert job(sf, resumed).step == 15 and job(sf, resumed).summary["loss"] == 2015.0
     assert job(sf, plain[0]).step == 30
 
 
 def test_crash_between_commit_and_ack_loses_and_duplicates_nothing(
-    sf: Sessions, r: redis.Redis, method: str
+    sf: Sessions, r: redis.Redis
 ) -> None:
     job_ids = [start_job(sf)[0] for _ in range(3)] + [resumed_job(sf)]
     plan = {j: [(job(sf, j).attempt, s) for s in range(1, 41)] for j in job_ids}
     publish_all(r, sf, plan)
-    crashed = crash_before_ack(Recorder(None, sf, r, lock_ttl_ms=200, insert_method=method))
+    crashed = crash_before_ack(Recorder(None, sf, r, lock_ttl_ms=200))
     with pytest.raises(RuntimeError):
         crashed.drain_once()
     for job_id in job_ids:
@@ -106,7 +104,7 @@ def test_crash_between_commit_and_ack_loses_and_duplicates_nothing(
 
     # A restarted process waits out the dead one's locks, takes the pending entries over
     # (re-delivered: they insert nothing), then reads on.
-    survivor = Recorder(None, sf, r, insert_method=method)
+    survivor = Recorder(None, sf, r)
     wait_for(lambda: survivor.drain_once() >= 0 and len(survivor.owned) == len(job_ids))
     survivor.drain_once()
     for job_id in job_ids:
@@ -115,7 +113,7 @@ def test_crash_between_commit_and_ack_loses_and_duplicates_nothing(
         assert job(sf, job_id).step == 50
 
 
-def test_non_finite_and_missing_values_survive(sf: Sessions, r: redis.Redis, method: str) -> None:
+def test_non_finite_and_missing_values_survive(sf: Sessions, r: redis.Redis) -> None:
     job_id, attempt = start_job(sf)
     nan, inf = float("nan"), float("inf")
     publish(
@@ -128,7 +126,7 @@ def test_non_finite_and_missing_values_survive(sf: Sessions, r: redis.Redis, met
             point(3, loss=2.5e-300, memory_peak=2**62, samples_per_second=0),
         ],
     )
-    Recorder(None, sf, r, insert_method=method).drain_once()
+    Recorder(None, sf, r).drain_once()
     p1, p2, p3 = rows(sf, job_id)
     if sf.kw["bind"].dialect.name == "sqlite":
         assert p1.loss is None  # SQLite stores NaN as NULL
@@ -141,31 +139,15 @@ def test_non_finite_and_missing_values_survive(sf: Sessions, r: redis.Redis, met
     summary = job(sf, job_id).summary
     assert summary["memory_peak"] == 2**62
     assert summary["samples_per_second"] == pytest.approx((101 + 102 + 0) / 3)  # steady
-    with sf() as s:  # the cursor of every point is its stream entry id
-        cursors = s.execute(
-            sa.select(MetricPoint.stream_ms, MetricPoint.stream_seq).where(
-                MetricPoint.job_id == job_id
-            )
-        ).all()
-    assert [f"{ms}-{seq}" for ms, seq in cursors] == [
+    # The cursor of every point is its stream entry id.
+    assert [p.cursor for p in rows(sf, job_id)] == [
         eid.decode()  # type: ignore[union-attr]
         for eid, _ in r.xrange(Keys.telemetry(job_id))  # type: ignore[union-attr]
     ]
 
 
-def test_unknown_insert_method_is_refused_on_postgresql(sf: Sessions, r: redis.Redis) -> None:
-    if sf.kw["bind"].dialect.name != "postgresql":
-        pytest.skip("only PostgreSQL has insert methods to choose from")
-    job_id, attempt = start_job(sf)
-    publish(r, job_id, attempt, [point(1)])
-    with pytest.raises(ValueError, match="copy"):
-        Recorder(None, sf, r, insert_method="bogus").drain_once()
-    assert rows(sf, job_id) == []
-    assert r.xpending(Keys.telemetry(job_id), GROUP)["pending"] == 1  # still to be recorded
-
-
 def test_the_summary_shows_the_steady_rate_of_the_last_steps_not_the_newest_step(
-    sf: Sessions, r: redis.Redis, method: str
+    sf: Sessions, r: redis.Redis
 ) -> None:
     job_id, attempt = start_job(sf)
     # A run whose every tenth step waited on something: 10 ms at 100 samples/s, 1 ms at
@@ -185,7 +167,7 @@ def test_the_summary_shows_the_steady_rate_of_the_last_steps_not_the_newest_step
             for step in steps
         ],
     )
-    Recorder(None, sf, r, insert_method=method).drain_once()
+    Recorder(None, sf, r).drain_once()
     last = list(steps)[-STEADY_WINDOW:]
     samples = float(len(last))  # one sample a step: 100/s x 10 ms, or 1000/s x 1 ms
     seconds = sum(10.0 if slow[i] else 1.0 for i in last) / 1000

@@ -22,7 +22,7 @@ from amptrain.store.history import chunk_tail
 from amptrain.store.history.throughput import steady_rate
 from amptrain.store.models import Job
 from tests.server.recorder.test_recorder import Sessions, point, publish, start_job
-from tests.support import row_consumers
+from tests.support import row_consumers, row_writes
 
 ODD = (math.nan, math.inf, -math.inf, None)
 
@@ -63,6 +63,7 @@ def _record(sf: Sessions, r: redis.Redis, attempts: list[range]) -> str:
             rec.drain_once()
         publish(r, job_id, attempt, items[50:90])  # re-sent: nothing new
         rec.drain_once()
+    row_writes.record_stream(sf, r, job_id)  # the oracle's rows, as the old recorder wrote
     return job_id
 
 

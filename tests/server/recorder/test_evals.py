@@ -1,11 +1,10 @@
-"""Eval records through the recorder: named values in ``metric_values``, exactly once, in
+"""Eval records through the recorder: named values in their chunks, exactly once, in
 the same transaction as the points, and the job's newest evaluation (``eval_summary``)."""
 
 from __future__ import annotations
 
 import pytest
 import redis
-import sqlalchemy as sa
 
 from amptrain.contract.records import evaluation
 from amptrain.core.redis import Keys
@@ -13,7 +12,6 @@ from amptrain.server.recorder.service import GROUP, Recorder
 from amptrain.store import jobs
 from amptrain.store.history.points import Page
 from amptrain.store.history.values import eval_page
-from amptrain.store.models import MetricValue
 from tests.server.recorder.test_recorder import (
     Sessions,
     crash_before_ack,
@@ -27,14 +25,14 @@ from tests.server.recorder.test_recorder import (
 
 
 def values(sf: Sessions, job_id: str) -> list[tuple[int, int, str, float | None, str]]:
-    v = MetricValue
+    """Every attempt's recorded eval values in stream order, as the chunks hold them."""
     with sf() as s:
-        found = s.execute(
-            sa.select(v.attempt, v.step, v.name, v.value, v.stream_ms, v.stream_seq)
-            .where(v.job_id == job_id)
-            .order_by(v.id)
-        )
-        return [(a, st, n, val, f"{ms}-{seq}") for a, st, n, val, ms, seq in found]
+        got, _ = eval_page(s, job_id, Page(limit=10**6, attempts="all"))
+    return [
+        (i["attempt"], i["step"], name, value, i["cursor"])
+        for i in got
+        for name, value in i["values"].items()
+    ]
 
 
 def test_eval_values_recorded_once_across_a_crash_and_a_re_send(

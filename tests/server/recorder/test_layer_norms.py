@@ -1,5 +1,5 @@
 """Layer-norm records through the recorder: kind ``layer_grad_norm`` rows in
-``metric_values`` beside the evaluations, exactly once, and every evaluation read (pages,
+their chunks beside the evaluations, exactly once, and every evaluation read (pages,
 windows, newest cursor, ``eval_summary``) as if they were not there."""
 
 from __future__ import annotations

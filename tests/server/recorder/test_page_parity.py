@@ -20,7 +20,7 @@ from amptrain.server.recorder.service import Recorder
 from amptrain.store.history import points, values
 from amptrain.store.history.points import Page
 from tests.server.recorder.test_recorder import Sessions, point, publish, start_job
-from tests.support import row_reads
+from tests.support import row_reads, row_writes
 
 LAYERS = ("enc.0", "enc.1", "(root)")
 
@@ -73,6 +73,7 @@ def record_run(sf: Sessions, r: redis.Redis) -> str:
     for i in range(0, len(items), 301):
         publish(r, job_id, 2, items[i : i + 301])
         rec.drain_once()
+    row_writes.record_stream(sf, r, job_id)  # the oracle's rows, as the old recorder wrote
     return job_id
 
 

@@ -24,9 +24,7 @@ def ddp_point(step: int) -> dict[str, object]:
     return point(step, memory_peak=max(peaks), world_size=2, memory_peak_per_rank=peaks)
 
 
-def test_parallel_fields_round_trip_through_the_recorder(
-    sf: Sessions, r: redis.Redis, method: str
-) -> None:
+def test_parallel_fields_round_trip_through_the_recorder(sf: Sessions, r: redis.Redis) -> None:
     ddp, attempt = start_job(sf)
     single, single_attempt = start_job(sf)
     publish(r, ddp, attempt, [ddp_point(s) for s in range(1, 6)])
@@ -37,7 +35,7 @@ def test_parallel_fields_round_trip_through_the_recorder(
     r.xadd(Keys.telemetry(ddp), bad)  # type: ignore[arg-type]
     publish(r, ddp, attempt, [ddp_point(7)])
 
-    assert Recorder(None, sf, r, insert_method=method).drain_once() == 10
+    assert Recorder(None, sf, r).drain_once() == 10
     with sf() as s:
         got, _ = metrics.metric_page(s, ddp, metrics.Page(limit=100))
         plain, _ = metrics.metric_page(s, single, metrics.Page(limit=100))

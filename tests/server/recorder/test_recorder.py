@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -21,7 +22,7 @@ from amptrain.core.redis import Keys
 from amptrain.server.recorder.service import GROUP, Recorder
 from amptrain.store import events, jobs
 from amptrain.store.history import points as metrics
-from amptrain.store.models import Job, JobEvent, MetricPoint
+from amptrain.store.models import Job, JobEvent
 
 Sessions = sessionmaker[Session]
 
@@ -71,10 +72,16 @@ def end_entry(status: str) -> dict[str, Any]:
     return {"kind": "end", "status": status}
 
 
-def rows(sf: Sessions, job_id: str) -> list[MetricPoint]:
+def rows(sf: Sessions, job_id: str) -> list[SimpleNamespace]:
+    """Every attempt's recorded points in stream order, as the chunks hold them (a point's
+    fields as attributes, ``stream_ms``/``stream_seq`` its cursor)."""
     with sf() as s:
-        q = sa.select(MetricPoint).where(MetricPoint.job_id == job_id).order_by(MetricPoint.id)
-        return list(s.scalars(q))
+        got, _ = metrics.metric_page(s, job_id, metrics.Page(limit=10**6, attempts="all"))
+    out = []
+    for p in got:
+        ms, seq = p["cursor"].split("-")
+        out.append(SimpleNamespace(**p, stream_ms=int(ms), stream_seq=int(seq)))
+    return out
 
 
 def job(sf: Sessions, job_id: str) -> Job:

@@ -20,6 +20,7 @@ from amptrain.contract.records import evaluation, layer_norms
 from amptrain.server.recorder.service import Recorder
 from amptrain.store.history.eval_window import eval_window
 from tests.server.recorder.test_recorder import Sessions, point, publish, start_job
+from tests.support import row_writes
 from tests.support.row_eval_window import row_eval_window
 
 LAYERS = tuple(f"blocks.{i}.mlp" for i in range(12))
@@ -74,6 +75,7 @@ def record_run(sf: Sessions, r: redis.Redis) -> str:
         for i in range(0, len(items), 500):
             publish(r, job_id, attempt, items[i : i + 500])
             rec.drain_once()
+    row_writes.record_stream(sf, r, job_id)  # the oracle's rows, as the old recorder wrote
     return job_id
 
 
