@@ -18,16 +18,16 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
 from amptrain.contract.metrics import EVAL_KIND, LAYER_NORM_KIND
-from amptrain.store import migrate, recording
+from amptrain.store import migrate
 from amptrain.store.chunk_models import MetricChunk
 from amptrain.store.db import make_engine, make_session_factory
-from amptrain.store.history import chunk_writes, rollups, series_scan, value_writes
+from amptrain.store.history import chunk_writes, rollups, series_scan
 from amptrain.store.history.downsample import series_window
 from amptrain.store.history.eval_window import eval_window
 from amptrain.store.history.points import Page, metric_page
 from amptrain.store.history.values import eval_page
-from tests.store.history.test_summaries import new_job, series
-from tests.support import row_reads, row_window
+from tests.support import row_reads, row_tables, row_window, row_writes
+from tests.support.history_data import new_job, series
 from tests.support.row_eval_window import row_eval_window
 
 Sessions = sessionmaker[Session]
@@ -65,8 +65,10 @@ def record(
         steps = {(p["attempt"], p["step"]) for p in batch}
         vals = [v for v in values if (v["attempt"], v["step"]) in steps]
         with sessions.begin() as s:
-            recording.insert_points(s, batch)
-            value_writes.insert(s, vals)
+            # The rows the previous versions' recorder wrote (the oracles read them).
+            row_tables.ensure(s.connection())
+            row_writes.insert_points(s, batch)
+            row_writes.insert_values(s, vals)
             if chunks and roll_ups:
                 rollups.record(s, batch, vals)
             elif chunks:
@@ -218,7 +220,7 @@ def test_migration_moves_a_run_of_the_previous_version_resumably(database_url: s
         points, values = a_run(job_id)
         record(sessions, points, values, 97, chunks=False)  # the previous recorder's rows
         before = reads(sessions, job_id, old=True)
-        migrate.upgrade(database_url)
+        migrate.upgrade(database_url, "0016")  # the last revision with the rows (0017 drops them)
         assert reads(sessions, job_id) == before == reads(sessions, job_id, old=True)
         want = expected(points, values)
         same(scanned(sessions, job_id), want)
