@@ -14,13 +14,10 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 from sqlalchemy.types import TypeDecorator
 
 from amptrain.contract.job_ids import new_job_id
-from amptrain.contract.layers import LAYER_PATH_MAX
-from amptrain.contract.metrics import EVAL_KIND, STEP_METRICS, VALUE_KIND_MAX, Metric
 
 # Re-exported for the recorder and the watch; the statuses are defined in amptrain.core.enums.
 from amptrain.core.enums import FINISHED_STATUSES as FINISHED_STATUSES
 from amptrain.core.enums import JobStatus
-from amptrain.store.history.layout import COUNTS, extrema
 
 # SQLite has no BIGINT autoincrement: only "INTEGER PRIMARY KEY" is the rowid alias.
 BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
@@ -152,76 +149,6 @@ class JobEvent(Base):
     source_id: Mapped[str | None] = mapped_column(sa.String(40))
 
 
-def _column_type(metric: Metric) -> sa.types.TypeEngine[Any]:
-    """The SQL type of a metric's column (the same for its summary extremes)."""
-    types: dict[str, sa.types.TypeEngine[Any]] = {
-        "int": sa.Integer(),
-        "float": sa.Float(precision=53),
-        "bool": sa.Boolean(),
-        "bytes": sa.BigInteger(),
-        "ints": sa.JSON(),
-    }
-    return types[metric.type]
-
-
-class MetricPoint(Base):
-    """One optimizer step of one attempt: a column per field of the metric table
-    (:data:`amptrain.contract.metrics.STEP_METRICS`), read by name (``getattr``). The
-    data-parallel fields are null for one device; the memory fields are then the maximum
-    over ranks."""
-
-    __table__ = sa.Table(
-        "metric_points",
-        Base.metadata,
-        sa.Column("id", BigId, primary_key=True, autoincrement=True),
-        sa.Column("job_id", sa.ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False),
-        sa.Column("attempt", sa.Integer, nullable=False),
-        # The Redis stream entry id "ms-seq": the metrics cursor.
-        sa.Column("stream_ms", sa.BigInteger, nullable=False),
-        sa.Column("stream_seq", sa.BigInteger, nullable=False),
-        *(sa.Column(m.name, _column_type(m), nullable=m.name != "step") for m in STEP_METRICS),
-        sa.UniqueConstraint("job_id", "attempt", "step"),
-        sa.Index(None, "job_id", "stream_ms", "stream_seq"),
-        sa.Index(None, "job_id", "step"),
-    )
-
-    id: Mapped[int]
-    job_id: Mapped[str]
-    attempt: Mapped[int]
-    stream_ms: Mapped[int]
-    stream_seq: Mapped[int]
-    step: Mapped[int]
-
-
-class MetricValue(Base):
-    """One value of a named series: of one evaluation (``kind`` ``eval``, an ``eval``
-    record, see :mod:`amptrain.contract.records`) or one layer's gradient norm at a step
-    (``layer_grad_norm``): long format, so a new metric name (a plugin's, a layer's) needs
-    no migration. ``value`` is null when it was not finite. Unique per (job, attempt, step,
-    kind, name): a replayed or re-sent entry inserts nothing and keeps its first cursor.
-    Every read names the kind it reads (:data:`~amptrain.contract.metrics.VALUE_KINDS`)."""
-
-    __tablename__ = "metric_values"
-    __table_args__ = (
-        # Also the index of the series reads: per kind and name in step order, and (attempt
-        # last) the "no newer attempt re-recorded this value" lookup of the effective series.
-        sa.UniqueConstraint("job_id", "kind", "name", "step", "attempt"),
-        sa.Index(None, "job_id", "stream_ms", "stream_seq"),
-    )
-
-    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
-    job_id: Mapped[str] = mapped_column(sa.ForeignKey("jobs.id", ondelete="CASCADE"))
-    attempt: Mapped[int]
-    step: Mapped[int]
-    kind: Mapped[str] = mapped_column(sa.String(VALUE_KIND_MAX), server_default=EVAL_KIND)
-    name: Mapped[str] = mapped_column(sa.String(LAYER_PATH_MAX))
-    value: Mapped[float | None] = mapped_column(sa.Float(precision=53))
-    time: Mapped[float] = mapped_column(sa.Float(precision=53))
-    # The Redis stream entry id "ms-seq" of the record: the series' cursor.
-    stream_ms: Mapped[int] = mapped_column(sa.BigInteger)
-    stream_seq: Mapped[int] = mapped_column(sa.BigInteger)
-
-
 class ApiToken(Base):
     """A bearer token, stored as the sha256 hex of the plaintext."""
 
@@ -236,58 +163,6 @@ class ApiToken(Base):
     """After this the token is refused (401); null: never expires."""
     revoked_at: Mapped[datetime | None] = mapped_column(UTCDateTime)
     """Set by ``amptrain token revoke``; a revoked token is refused (401) from then on."""
-
-
-class MetricSummary(Base):
-    """The aggregates of a job's effective series (per step the newest attempt's point) over
-    the aligned steps ``[idx * 2**level, (idx + 1) * 2**level)``: what a downsampled history
-    read needs per bucket without visiting the points (see
-    :mod:`amptrain.store.history.summaries`). Per field the metric table marks ``extremes``:
-    the lowest and the highest finite value and the first step holding each."""
-
-    __table__ = sa.Table(
-        "metric_summaries",
-        Base.metadata,
-        sa.Column("job_id", sa.ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True),
-        sa.Column("level", sa.Integer, primary_key=True, autoincrement=False),
-        sa.Column("idx", sa.Integer, primary_key=True, autoincrement=False),
-        *(sa.Column(c, sa.Integer, nullable=False) for c in COUNTS if c != "first_flag"),
-        sa.Column("first_flag", sa.Integer),
-        *(
-            sa.Column(c, sa.Integer() if c.endswith("_step") else _column_type(m))
-            for m in STEP_METRICS
-            if m.extremes
-            for c in extrema(m.name)
-        ),
-        # Only the nodes holding flagged steps: a read keeping every flagged step finds
-        # them without walking every node of the window.
-        sa.Index(
-            None,
-            "job_id",
-            "level",
-            "idx",
-            sqlite_where=sa.text("flagged > 0"),
-            postgresql_where=sa.text("flagged > 0"),
-        ),
-    )
-
-    job_id: Mapped[str]
-    level: Mapped[int]
-    idx: Mapped[int]
-
-
-class MetricSummaryState(Base):
-    """How far a job's summaries reach: the cursor of the newest point they hold (a read
-    trusts them only when it is the job's newest cursor) and their top level."""
-
-    __tablename__ = "metric_summary_state"
-
-    job_id: Mapped[str] = mapped_column(
-        sa.ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
-    )
-    stream_ms: Mapped[int] = mapped_column(sa.BigInteger)
-    stream_seq: Mapped[int] = mapped_column(sa.BigInteger)
-    top: Mapped[int]
 
 
 class AlertRule(Base):

@@ -1,5 +1,6 @@
-"""The recorder's SQL: which jobs to record, idempotent inserts of points and events,
-job progress and the end of a job's telemetry.
+"""The recorder's SQL beside the chunks (:func:`amptrain.store.history.rollups.record`):
+which jobs to record, idempotent inserts of events, job progress and the end of a job's
+telemetry.
 
 Each function runs inside the caller's transaction and commits nothing. A
 replayed stream entry inserts nothing and so changes nothing.
@@ -21,7 +22,6 @@ from amptrain.contract.metrics import SUMMARY_FIELDS
 from amptrain.contract.records import OVERFLOW_WARNING
 from amptrain.core.enums import FINISHED_STATUSES
 from amptrain.store.db import dialect_insert
-from amptrain.store.history import point_writes
 from amptrain.store.history.throughput import steady_rate
 from amptrain.store.models import Job, JobEvent
 
@@ -44,18 +44,6 @@ def jobs_to_record(s: Session) -> list[Recordable]:
         )
     )
     return [Recordable(*r) for r in rows]
-
-
-def insert_points(
-    s: Session, rows: list[dict[str, Any]], method: str | None = None
-) -> dict[str, set[tuple[int, int]]]:
-    """Insert new points (any number of jobs, each in stream order); returns, per job, the
-    (attempt, step) of those actually inserted. ``method`` picks the PostgreSQL path
-    (:data:`amptrain.store.history.point_writes.PG_METHODS`; default the faster)."""
-    inserted: dict[str, set[tuple[int, int]]] = {}
-    for job_id, attempt, step in point_writes.insert(s, rows, method):
-        inserted.setdefault(job_id, set()).add((attempt, step))
-    return inserted
 
 
 def insert_events(s: Session, rows: list[dict[str, Any]]) -> None:
@@ -140,7 +128,7 @@ def _not_yet_recorded(s: Session, rows: list[dict[str, Any]]) -> list[dict[str, 
 
 
 def update_progress(s: Session, fresh: Mapping[str, list[dict[str, Any]]]) -> None:
-    """Per job (``job_id -> the points this batch actually added``, in stream order): keep
+    """Per job (``job_id -> the points this batch's chunks gained``, in stream order): keep
     ``step`` and ``summary`` at the newest of them for its newest attempt (a replay adds
     nothing, so it changes nothing). One executemany for every job of the batch."""
     rows = []

@@ -1,7 +1,7 @@
-"""Metric points written straight through the database driver (COPY on PostgreSQL, a
-streamed executemany on SQLite): a million rows in seconds, never all in memory. Test and
-benchmark data, not the code under test (the recorder's own path is
-:mod:`amptrain.store.history.point_writes`)."""
+"""The oracles' metric points (``metric_points`` of :mod:`tests.support.row_tables`: the
+product has no row tables since migration 0017) written straight through the database
+driver (COPY on PostgreSQL, a streamed executemany on SQLite): a million rows in seconds,
+never all in memory. The table must exist (:func:`tests.support.row_tables.ensure`)."""
 
 from __future__ import annotations
 

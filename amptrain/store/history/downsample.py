@@ -24,8 +24,7 @@ overlap (:mod:`amptrain.store.history.chunk_cover`): a read of a 10M-step run vi
 hundred rows, whatever the planner knows. Then the chosen steps' points, from the chunks
 too (:func:`~amptrain.store.history.chunk_pages.window_at`: a value's bytes each, not
 whole chunks decoded; a full-resolution window decodes its chunks whole,
-:func:`~amptrain.store.history.chunk_pages.window_between`); no window reads the rows of
-``metric_points``.
+:func:`~amptrain.store.history.chunk_pages.window_between`).
 
 Retried jobs use the effective series (per step, the newest attempt's point), as
 ``GET /jobs/{id}/metrics`` does by default.

@@ -2,8 +2,7 @@
 
 The cursor (:class:`amptrain.contract.cursor.Cursor`) is the Redis stream entry id the
 point arrived with. The pages and the newest cursor read the chunks
-(:mod:`~amptrain.store.history.chunk_pages`); ``steps_in``, ``newest_attempt`` and
-``point_dict`` serve the row reads of the windows.
+(:mod:`~amptrain.store.history.chunk_pages`).
 
 The chunk readers use numpy, imported with the first read: the API starts without it, and
 the recorder and the Celery processes (:func:`recorded_through`, numpy-free) never load it. One recorder owns a job's stream at a time and commits in stream
@@ -12,37 +11,17 @@ order, so paging by ``(stream_ms, stream_seq)`` never repeats or skips a point.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import sqlalchemy as sa
-from sqlalchemy.dialects import postgresql
-from sqlalchemy.orm import Session, aliased
+from sqlalchemy.orm import Session
 
 from amptrain.contract.cursor import Cursor
-from amptrain.contract.metrics import STORED_METRIC_FIELDS
 from amptrain.store.history.chunk_index import recorded_through as recorded_through
 from amptrain.store.history.chunk_parts import STEP_KIND
-from amptrain.store.models import MetricPoint, MetricValue
 
 Attempts = Literal["effective", "all"]
-IN_CHUNK = 2000
-"""Steps per ``IN (...)`` on SQLite: bound parameters far below its limit of 32766."""
-
-
-def steps_in(
-    s: Session, steps: Sequence[int], column: Any = MetricPoint.step
-) -> Iterator[sa.ColumnElement[bool]]:
-    """Conditions that together select the rows at ``steps`` (of ``column``: the points' by
-    default): on PostgreSQL one ``step = ANY(array)`` (one parameter, so psycopg prepares the
-    statement once; an ``IN`` of hundreds of placeholders is parsed anew every time), else
-    ``IN`` chunks."""
-    if s.get_bind().dialect.name == "postgresql":
-        yield column == sa.any_(sa.bindparam("steps", list(steps), postgresql.ARRAY(sa.Integer)))
-        return
-    for i in range(0, len(steps), IN_CHUNK):
-        yield column.in_(steps[i : i + IN_CHUNK])
 
 
 @dataclass(frozen=True)
@@ -68,16 +47,6 @@ class Page:
     @property
     def effective(self) -> bool:
         return self.attempts == "effective"
-
-    def bounds(self, table: type[MetricPoint] | type[MetricValue]) -> list[sa.ColumnElement[bool]]:
-        """The conditions on ``table``'s cursor columns that keep the page's stretch."""
-        pos = sa.tuple_(table.stream_ms, table.stream_seq)
-        where = []
-        if self.start is not None:
-            where.append(pos > sa.tuple_(*self.start))
-        if self.upto is not None:
-            where.append(pos <= sa.tuple_(*self.upto))
-        return where
 
     def next_cursor(self, items: Sequence[dict[str, Any]]) -> str | None:
         """The last item's cursor, or ``after`` when the page is empty, so a client polling a
@@ -106,15 +75,6 @@ def metric_page(
     return items, page.next_cursor(items)
 
 
-def newest_attempt(p: Any) -> sa.ColumnElement[bool]:
-    """True for the point of ``p`` (MetricPoint or an alias) no newer attempt has re-recorded:
-    per step, the newest attempt's point (the series a resumed run shows)."""
-    newer = aliased(MetricPoint)
-    return ~sa.exists().where(
-        newer.job_id == p.job_id, newer.step == p.step, newer.attempt > p.attempt
-    )
-
-
 def newest_cursor(s: Session, job_id: str, kind: str = STEP_KIND) -> Cursor | None:
     """The cursor of the job's most recently recorded ``kind`` record (a point by default,
     or a named kind's record); None before the first."""
@@ -122,12 +82,3 @@ def newest_cursor(s: Session, job_id: str, kind: str = STEP_KIND) -> Cursor | No
 
     found = chunk_pages.newest(s, job_id, kind)
     return None if found is None else found[0]
-
-
-def point_dict(row: MetricPoint) -> dict[str, Any]:
-    """A recorded point as the API shows it: STORED_METRIC_FIELDS (the data-parallel ones
-    null for one device) + ``attempt`` + ``cursor``."""
-    out: dict[str, Any] = {f: getattr(row, f) for f in STORED_METRIC_FIELDS}
-    out["attempt"] = row.attempt
-    out["cursor"] = str(Cursor(row.stream_ms, row.stream_seq))
-    return out

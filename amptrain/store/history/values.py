@@ -1,4 +1,4 @@
-"""Reading the recorded named series (``metric_values``): cursor pages of one kind's
+"""Reading the recorded named series (their chunks): cursor pages of one kind's
 series (:data:`~amptrain.contract.metrics.VALUE_KINDS`: the evaluations by default, or the
 per-layer gradient norms); every read names its kind.
 
@@ -10,17 +10,14 @@ records: it is cut by records, never between two names of one record.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
 from typing import Any
 
-import sqlalchemy as sa
-from sqlalchemy.orm import Session, aliased
+from sqlalchemy.orm import Session
 
 from amptrain.contract.cursor import Cursor
 from amptrain.contract.metrics import EVAL_KIND
 from amptrain.store.history import points
 from amptrain.store.history.points import FIRST, Page
-from amptrain.store.models import MetricValue
 
 
 def eval_page(
@@ -37,41 +34,6 @@ def eval_page(
     rec = chunk_reads.by_cursor(s, job_id, kind, page.start, page.upto, page.limit, page.effective)
     items = chunk_pages.named_items(rec, chunk_pages.nan_is_null(s))
     return items, page.next_cursor(items)
-
-
-def effective_value(v: Any) -> sa.ColumnElement[bool]:
-    """True for the value of ``v`` (MetricValue or an alias) that no newer attempt has
-    re-evaluated: per step and name, the newest attempt's."""
-    # The newest attempt per (job, kind, name, step) as a correlated scalar subquery: one
-    # lookup in the unique index per row. As NOT EXISTS (no newer attempt), PostgreSQL
-    # without fresh statistics planned a nested anti-join scanning the whole series per row
-    # (120 s for 12,000 layer norms).
-    newer = aliased(MetricValue)
-    newest = (
-        sa.select(sa.func.max(newer.attempt))
-        .where(
-            newer.job_id == v.job_id,
-            newer.kind == v.kind,
-            newer.name == v.name,
-            newer.step == v.step,
-        )
-        .scalar_subquery()
-    )
-    return v.attempt == newest
-
-
-def eval_items(rows: Iterable[Sequence[Any]]) -> list[dict[str, Any]]:
-    """Value rows ``(stream_ms, stream_seq, attempt, step, time, name, value)``, each
-    record's together, as one item per eval record."""
-    items: list[dict[str, Any]] = []
-    for ms, seq, attempt, step, time, name, value in rows:
-        cursor = str(Cursor(ms, seq))
-        if not items or items[-1]["cursor"] != cursor:
-            items.append(
-                {"step": step, "attempt": attempt, "time": time, "cursor": cursor, "values": {}}
-            )
-        items[-1]["values"][name] = value
-    return items
 
 
 def newest_record_size(s: Session, job_id: str, kind: str = EVAL_KIND) -> int:

@@ -12,30 +12,11 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any
 
-import sqlalchemy as sa
-
 from amptrain.contract.cursor import Cursor
 from amptrain.contract.metrics import EXTREMA_FIELDS, METRIC_FIELDS
-from amptrain.store.history.layout import DBL_MAX
 
 DEFAULT_EXTREMA = ("loss", "grad_norm")
 """Whose extremes are kept when a request names no fields."""
-
-
-def is_finite(column: Any) -> sa.ColumnElement[bool]:
-    """A finite number on every backend: false for NULL, for SQLite's infinities and for
-    PostgreSQL's NaN (which PostgreSQL sorts above every number) and infinities."""
-    return sa.and_(column.is_not(None), column.between(-DBL_MAX, DBL_MAX))
-
-
-def non_finite_loss(p: Any) -> sa.ColumnElement[bool]:
-    return ~is_finite(p.loss)
-
-
-def flagged(p: Any) -> sa.ColumnElement[bool]:
-    """A skipped step, or one whose loss or grad norm is not a finite number."""
-    bad_norm = sa.and_(p.grad_norm.is_not(None), ~is_finite(p.grad_norm))
-    return sa.or_(p.skipped.is_(True), non_finite_loss(p), bad_norm)
 
 
 @dataclass

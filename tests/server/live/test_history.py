@@ -16,8 +16,8 @@ from amptrain.server.live.history import History
 from amptrain.server.recorder.entries import parse
 from amptrain.store import events, jobs, migrate, recording
 from amptrain.store.db import make_engine, make_session_factory
-from amptrain.store.history import chunk_writes, value_writes
-from tests.store.history.test_summaries import new_job
+from amptrain.store.history import rollups
+from tests.support.history_data import new_job
 
 
 def record(sessions: Any, job_id: str, items: list[tuple[str, dict[str, Any]]]) -> None:
@@ -25,9 +25,7 @@ def record(sessions: Any, job_id: str, items: list[tuple[str, dict[str, Any]]]) 
     flat = [(eid, list(chain(*encode(i, job_id=job_id, attempt=1).items()))) for eid, i in items]
     batch = parse(job_id, flat)
     with sessions.begin() as s:
-        recording.insert_points(s, batch.points)
-        value_writes.insert(s, batch.values)
-        chunk_writes.append(s, batch.points, batch.values)
+        rollups.record(s, batch.points, batch.values)
         recording.insert_events(s, batch.events)
 
 

@@ -1,5 +1,5 @@
 """Per-layer gradient norms through the service: the worker's sink -> Redis -> recorder ->
-``metric_values`` (kind ``layer_grad_norm``) -> ``GET /jobs/{id}/layer-norms`` and the live
+their chunks (kind ``layer_grad_norm``) -> ``GET /jobs/{id}/layer-norms`` and the live
 stream, beside evaluations that read exactly as before. Real uvicorn, Redis, database."""
 
 from __future__ import annotations

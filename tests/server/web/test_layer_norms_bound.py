@@ -1,7 +1,7 @@
 """A downsampled read of per-layer norms is bounded in norms, not only in steps: a hostile
 ``max_points`` on a job of many layers keeps at most ``LAYER_NORMS_READ_VALUES`` norms
 and says by how much it reduced the steps. The norms are written to the database as the
-recorder writes them (one row per layer and step), on each database."""
+recorder writes them (into their chunks and roll-ups), on each database."""
 
 from __future__ import annotations
 
@@ -15,11 +15,10 @@ from amptrain.contract.layers import LAYER_NORMS_MAX, LAYER_NORMS_READ_VALUES
 from amptrain.contract.metrics import LAYER_NORM_KIND
 from amptrain.store.db import make_engine
 from amptrain.store.history import rollups
-from amptrain.store.models import MetricValue
 from tests.server.web.test_http import cpu_job
 from tests.support.stack import Stack
 
-pytestmark = pytest.mark.slow  # 107,520 rows to write: one database a run
+pytestmark = pytest.mark.slow  # 107,520 values to write: one database a run
 
 STEPS = 420  # 420 x 256 layers: more norms than one read returns
 
@@ -42,11 +41,11 @@ def write_norms(database_url: str, job_id: str) -> None:
     ]
     engine = make_engine(database_url)
     with engine.begin() as c:
-        c.execute(sa.insert(MetricValue), rows)
         rollups.record(Session(bind=c), [], rows)  # as the recorder does
         if engine.dialect.name == "postgresql":
             # What autovacuum does after a bulk load; without statistics the planner guesses.
-            c.execute(sa.text("ANALYZE metric_values"))
+            c.execute(sa.text("ANALYZE metric_chunks"))
+            c.execute(sa.text("ANALYZE metric_rollups"))
     engine.dispose()
 
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from amptrain.store.history import chunk_codec, chunk_parts, chunk_writes, series_scan
-from tests.store.history.test_summaries import series
+from tests.support.history_data import series
 
 CASES = {
     "contiguous": (list(range(512, 768)), [0.1 * i for i in range(256)], None),

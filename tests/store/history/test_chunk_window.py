@@ -1,5 +1,5 @@
 """The downsampled reads from the chunks' roll-ups return, byte for byte, what the reads from
-the points returned (tests/support/row_window.py; the summaries' read agrees too) for runs
+the points returned (tests/support/row_window.py, from the rows the old writers wrote) for runs
 recorded through the recorder's writes: retries that resume from an earlier checkpoint and
 stop before their predecessor's last step, NaN/inf/null losses, non-finite grad norms,
 skipped steps, unrecorded steps; whole run and windows, many budgets; and the roll-ups the
@@ -16,31 +16,22 @@ import pytest
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
-from amptrain.store import recording
 from amptrain.store.chunk_models import MetricRollup
-from amptrain.store.history import rollup_rebuild, rollups, summary_writes
+from amptrain.store.history import rollup_rebuild, rollups
 from amptrain.store.history.downsample import series_window
 from amptrain.store.history.window import parse_fields
-from amptrain.store.models import MetricPoint
-from tests.store.history.test_summaries import T0, new_job, random_sizes, series
+from tests.support import history_data
+from tests.support.history_data import T0, new_job, random_sizes, series
+from tests.support.row_tables import MetricPoint
 from tests.support.row_window import raw_window
-from tests.support.summary_window import series_window as summary_window
 
 Sessions = sessionmaker[Session]
 
 
 def record(sessions: Sessions, job_id: str, rows: list[dict[str, Any]], sizes: list[int]) -> None:
-    """The recorder's transaction: the points, their summaries (for the summaries' oracle)
-    and the chunks with their roll-ups."""
-    i = 0
-    for size in sizes:
-        batch = rows[i : i + size]
-        i += size
-        with sessions.begin() as s:
-            inserted = recording.insert_points(s, batch).get(job_id, set())
-            new = [p for p in batch if (p["attempt"], p["step"]) in inserted]
-            summary_writes.add_points(s, {job_id: new})
-            rollups.record(s, batch, [])
+    """The recorder's transactions (the chunks with their roll-ups), and the rows the old
+    writers wrote beside them for the points' oracle."""
+    history_data.record(sessions, rows, sizes)
 
 
 def as_json(window: Any) -> str:
@@ -51,7 +42,6 @@ def same_answer(sessions: Sessions, job_id: str, n: int, **kw: Any) -> None:
     with sessions() as s:
         got = as_json(series_window(s, job_id, n, **kw))
         assert got == as_json(raw_window(s, job_id, n, **kw)), (n, kw)
-        assert got == as_json(summary_window(s, job_id, n, **kw)), (n, kw)
 
 
 def retried_run(sessions: Sessions, seed: int) -> str:

@@ -12,10 +12,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from amptrain.contract.spec import JobSpec
 from amptrain.store import jobs
-from amptrain.store.history import chunk_writes
-from amptrain.store.history import rebuild as summary_rebuild
+from amptrain.store.history import rollups
 from amptrain.store.history.downsample import series_window
-from amptrain.store.models import MetricPoint
 
 Sessions = sessionmaker[Session]
 
@@ -23,7 +21,7 @@ Sessions = sessionmaker[Session]
 def run(db: tuple[sa.Engine, Sessions], steps: int, **special: dict[int, dict[str, Any]]) -> str:
     """A job with ``steps`` recorded points: a smooth loss, grad norm 1, no skips, except
     the values ``special[field][step]`` overrides."""
-    engine, sessions = db
+    _, sessions = db
     spec = JobSpec.model_validate(
         {
             "model": {"name": "mlp"},
@@ -52,11 +50,8 @@ def run(db: tuple[sa.Engine, Sessions], steps: int, **special: dict[int, dict[st
             if step in values:
                 row[name] = values[step]
         rows.append(row)
-    with engine.begin() as conn:
-        conn.execute(sa.insert(MetricPoint), rows)
     with sessions.begin() as s:
-        chunk_writes.append(s, rows, [])  # what the cursor reads read
-        summary_rebuild.rebuild(s, job_id)  # as the recorder would have kept them
+        rollups.record(s, rows, [])  # as the recorder writes them
     return job_id
 
 

@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
 from amptrain.contract.metrics import EVAL_KIND
-from amptrain.store.history import rollups, value_writes
+from amptrain.store.history import rollups
 from amptrain.store.history.eval_window import eval_window
 from amptrain.store.history.points import Page
 from amptrain.store.history.values import eval_page
@@ -50,7 +50,6 @@ def seed(sessions: sessionmaker[Session]) -> str:
                     }
                 )
     with sessions.begin() as s:
-        value_writes.insert(s, rows)
         rollups.record(s, [], [{"kind": EVAL_KIND} | r for r in rows])  # as the recorder
     return job_id
 

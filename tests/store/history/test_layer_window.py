@@ -12,7 +12,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
 from amptrain.contract.metrics import LAYER_NORM_KIND
-from amptrain.store.history import rollups, value_writes
+from amptrain.store.history import rollups
 from amptrain.store.history.eval_window import eval_window
 from amptrain.store.history.points import Page
 from amptrain.store.history.values import eval_page, newest_cursor
@@ -49,7 +49,6 @@ def seed_layers(sessions: sessionmaker[Session], job_id: str) -> None:
                     }
                 )
     with sessions.begin() as s:
-        value_writes.insert(s, rows)
         rollups.record(s, [], rows)  # as the recorder does
 
 

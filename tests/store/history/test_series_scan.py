@@ -13,7 +13,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
 from amptrain.contract.metrics import EVAL_KIND, LAYER_NORM_KIND, STORED_METRIC_FIELDS
-from amptrain.store.history import chunk_writes, point_writes, value_writes
+from amptrain.store.history import chunk_writes
 from amptrain.store.history.series_scan import scan_run
 from tests.store.history.test_downsample import new_job
 
@@ -62,10 +62,7 @@ def seed(sessions: sessionmaker[Session]) -> str:
         for name in ("net.0", "head")
     ]
     with sessions.begin() as s:
-        # As the recorder writes a batch: the rows, and the same values into the chunks.
-        point_writes.insert(s, points)
-        value_writes.insert(s, values)
-        chunk_writes.append(s, points, values)
+        chunk_writes.append(s, points, values)  # as the recorder writes a batch
     return job_id
 
 

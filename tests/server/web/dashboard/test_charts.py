@@ -25,10 +25,9 @@ except ImportError:  # outside CI a missing playwright skips, like a missing bro
         raise
     pytest.skip("playwright is not installed (pip install -e '.[dev]')", allow_module_level=True)
 
-from amptrain.store.db import make_engine, make_session_factory
-from amptrain.store.history import rebuild as summary_rebuild
 from tests.server.web.ab_runs import spec
 from tests.server.web.dashboard.conftest import WIDE, screenshot, sign_in
+from tests.support.history_data import seed_url
 from tests.support.producer import Producer
 from tests.support.specs import service_job
 from tests.support.stack import Stack
@@ -66,7 +65,7 @@ def shot(page: Page, name: str, tmp_path: Path) -> None:
 def saved_run(stack: Stack, name: str, n: int, point: Any) -> str:
     """A finished job whose ``n`` recorded points (``point(i)`` -> loss, loss_scale,
     skipped, grad_norm, lr, memory) go straight into the SQLite file (the test's data, not
-    the code under test), with the summaries the recorder would have kept."""
+    the code under test), as the recorder writes them."""
     job = stack.submit(spec(name=name, max_steps=n))
     feed = Producer(stack.env["AMPTRAIN_REDIS_URL"], stack.env["AMPTRAIN_DATABASE_URL"], job["id"])
     try:
@@ -77,20 +76,9 @@ def saved_run(stack: Stack, name: str, n: int, point: Any) -> str:
             for i in range(1, n + 1)
         ]
         path = stack.env["AMPTRAIN_DATABASE_URL"].removeprefix("sqlite:///")
+        seed_url(stack.env["AMPTRAIN_DATABASE_URL"], rows)
         with sqlite3.connect(path, timeout=30) as db:
-            db.executemany(
-                "INSERT INTO metric_points (job_id, attempt, stream_ms, stream_seq, step, time,"
-                " loss, loss_scale, skipped, grad_norm, lr, memory_allocated, memory_reserved,"
-                " memory_peak, samples_per_second) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-                rows,
-            )
             db.execute("UPDATE jobs SET step = ? WHERE id = ?", (n, job["id"]))
-        engine = make_engine(stack.env["AMPTRAIN_DATABASE_URL"])
-        try:
-            with make_session_factory(engine).begin() as s:
-                summary_rebuild.rebuild(s, job["id"])
-        finally:
-            engine.dispose()
         feed.finish("succeeded", n)
     finally:
         feed.close()

@@ -27,11 +27,10 @@ except ImportError:  # outside CI a missing playwright skips, like a missing bro
 from amptrain.contract.health_spec import Fallback
 from amptrain.contract.records import OVERFLOW_WARNING
 from amptrain.core import presence
-from amptrain.store.db import make_engine, make_session_factory
-from amptrain.store.history import rebuild as summary_rebuild
 from tests.server.web.ab_runs import EVALS, RUNS, play, spec
 from tests.server.web.dashboard.conftest import WIDE, Console, screenshot, sign_in
 from tests.support.digits import DIGITS_FOLDER, write_digit_folders
+from tests.support.history_data import seed_url
 from tests.support.producer import Producer
 from tests.support.stack import Stack, user_token, wait_until
 
@@ -373,22 +372,9 @@ def bulk_points(stack: Stack, job_id: str, n: int, spike: int) -> None:
         )
         for i in range(1, n + 1)
     ]
+    seed_url(stack.env["AMPTRAIN_DATABASE_URL"], rows)
     with sqlite3.connect(path, timeout=30) as db:
-        db.executemany(
-            "INSERT INTO metric_points (job_id, attempt, stream_ms, stream_seq, step, time, loss,"
-            " loss_scale, skipped, grad_norm, lr, memory_allocated, memory_reserved,"
-            " memory_peak, samples_per_second) VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)",
-            rows,
-        )
         db.execute("UPDATE jobs SET step = ? WHERE id = ?", (n, job_id))
-    engine = make_engine(stack.env["AMPTRAIN_DATABASE_URL"])
-    try:
-        with make_session_factory(engine).begin() as s:
-            summary_rebuild.rebuild(
-                s, job_id
-            )  # the history's summaries, as the recorder keeps them
-    finally:
-        engine.dispose()
 
 
 def test_the_form_offers_the_libraries_models_grouped_and_shows_their_refusals(
