@@ -5,9 +5,8 @@ series (``scan_run``) and encoding blocks already read into Parquet.
 
 Goal: >= 5,000,000 values/s of CPU time (the export's process and, on PostgreSQL, every
 PostgreSQL process: on a shared machine wall time measures the neighbours); the wall-clock
-rate is printed beside it. The synthetic run is loaded straight
-through the database driver (the fastest way into today's narrow tables; on the chunk store
-use its own bulk writer), so the bench reruns as is after the store changes: only
+rate is printed beside it. The synthetic run is loaded
+straight into the chunks and roll-ups (:func:`tests.support.bulk_chunks.load`); only
 ``scan_run`` is store-specific.
 
 The MLflow peer (when its venv exists: :func:`bench.common.mlflow_peer`) records a smaller
@@ -24,10 +23,10 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -39,7 +38,7 @@ from amptrain.store import jobs, migrate
 from amptrain.store.db import make_engine, make_session_factory
 from amptrain.store.history.series_scan import SeriesBlock, scan_run
 from bench.common import judge, mlflow_peer, postgres_cpu, throwaway_pg
-from tests.support.bulk_points import bulk_insert_points
+from tests.support import bulk_chunks
 
 GOAL = 5_000_000
 """Values per second of a whole-run Parquet export."""
@@ -61,15 +60,21 @@ FIELDS = (
 T0 = 1_700_000_000_000
 
 
-def rows(job_id: str, n: int) -> Iterator[tuple[Any, ...]]:
-    for step in range(1, n + 1):
-        loss = 1 / (1 + step * 1e-4) + (step % 7) * 1e-3
-        yield (
-            job_id, 1, T0 + step, 0, step,
-            1e9 + step * 0.01, loss, 65536.0, step % 4999 == 0, 1.0 + (step % 13) * 0.1,
-            1e-3, 2**30 + step % 1024, 2**31, 2**31 + 7, 5000.0 + step % 11, 10.0 + step % 3,
-            step // 4999,
-        )  # fmt: skip
+SERIES: dict[str, bulk_chunks.Series] = {
+    "time": lambda s: 1e9 + s * 0.01,
+    "loss": lambda s: 1 / (1 + s * 1e-4) + (s % 7) * 1e-3,
+    "loss_scale": lambda s: numpy.full(len(s), 65536.0),
+    "skipped": lambda s: (s % 4999 == 0).astype(numpy.float64),
+    "grad_norm": lambda s: 1.0 + (s % 13) * 0.1,
+    "lr": lambda s: numpy.full(len(s), 1e-3),
+    "memory_allocated": lambda s: (2**30 + s % 1024).astype(numpy.float64),
+    "memory_reserved": lambda s: numpy.full(len(s), float(2**31)),
+    "memory_peak": lambda s: numpy.full(len(s), float(2**31 + 7)),
+    "samples_per_second": lambda s: 5000.0 + s % 11,
+    "step_time_ms": lambda s: 10.0 + s % 3,
+    "skipped_steps": lambda s: (s // 4999).astype(numpy.float64),
+}
+"""Each field of :data:`FIELDS` as a function of the steps."""
 
 
 def load_run(engine: sa.Engine, sessions: sessionmaker[Session], n: int) -> str:
@@ -78,8 +83,8 @@ def load_run(engine: sa.Engine, sessions: sessionmaker[Session], n: int) -> str:
     )
     with sessions.begin() as s:
         job_id = jobs.create_job(s, spec, "bench", "cpu").id
-    columns = ("job_id", "attempt", "stream_ms", "stream_seq", "step", *FIELDS)
-    bulk_insert_points(engine, columns, rows(job_id, n))
+    with sessions.begin() as s:
+        bulk_chunks.load(s, job_id, n, SERIES)
     return job_id
 
 

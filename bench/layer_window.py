@@ -28,6 +28,7 @@ from amptrain.store.history import rollups
 from amptrain.store.history.eval_window import eval_window
 from bench.common import throwaway_pg
 from bench.history_query import new_job
+from tests.support import row_tables
 from tests.support.row_eval_window import row_eval_window
 
 LAYERS = 129
@@ -62,7 +63,8 @@ def seed(sessions: sessionmaker[Session], job_id: str, n: int, rows: bool) -> fl
         values = _values(job_id, range(start, min(n, start + span - 1) + 1, EVERY))
         with sessions.begin() as s:
             rollups.record(s, [], values)
-            if rows:
+            if rows:  # the oracle's own rows (the product has none since 0017)
+                row_tables.ensure(s.connection())
                 _copy_rows(s, values)
     return time.perf_counter() - started
 

@@ -24,11 +24,12 @@ PARTS: tuple[tuple[str, str, str, str], ...] = (
     ("record", "amptrain.server.recorder.writer", "BatchWriter", "record"),
     ("redis read", "amptrain.server.recorder.group", "ConsumerGroup", "read_new"),
     ("decode", "amptrain.server.recorder.writer", "", "parse"),
-    ("point rows", "amptrain.store.recording", "", "insert_points"),
     ("progress", "amptrain.store.recording", "", "update_progress"),
-    ("summaries", "amptrain.store.history.summary_writes", "", "add_points"),
+    # The row writes of a --before tree older than migration 0017 (this tree has none).
+    ("point rows", "amptrain.store.recording", "", "insert_points"),
     ("eval rows", "amptrain.store.history.value_writes", "", "insert"),
-    ("eval summary", "amptrain.store.history.value_writes", "", "refresh_summary"),
+    ("eval rows: summary", "amptrain.store.history.value_writes", "", "refresh_summary"),
+    ("eval summary", "amptrain.store.history.eval_summary", "", "refresh"),
     ("chunks", "amptrain.store.history.rollups", "", "record"),
     # Inside "chunks" (shown apart, not summed again): where the chunk and roll-up writes'
     # time goes (the recorder writes both through rollups.record).

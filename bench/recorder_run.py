@@ -99,8 +99,7 @@ class _Running:
     def __init__(self, cfg: dict[str, Any], sf: Any, client: Any, n_jobs: int) -> None:
         from amptrain.server.recorder.service import Recorder
 
-        kwargs = {"insert_method": cfg["method"]} if cfg["method"] else {}
-        self.rec = Recorder(None, sf, client, **kwargs)
+        self.rec = Recorder(None, sf, client)
         self.stop = threading.Event()
         self.prof = cProfile.Profile() if cfg.get("profile") else None
         self.load = os.getloadavg()[0]
@@ -151,13 +150,16 @@ def _wait_persisted(engine: Any, started: list[tuple[str, int]], per_job: int) -
 
 
 def _stored(engine: Any, started: list[tuple[str, int]]) -> int:
+    """The points in SQL: the steps of their cursor series' chunks (the one record of a point
+    both trees write; the before tree's rows are the same points)."""
     import sqlalchemy as sa
 
-    from amptrain.store.models import MetricPoint
-
-    q = sa.select(sa.func.count()).where(MetricPoint.job_id.in_([j for j, _ in started]))
+    q = sa.text(
+        "SELECT coalesce(sum(count), 0) FROM metric_chunks WHERE kind = 'step' "
+        "AND name = '@ms' AND job_id IN :ids"
+    ).bindparams(sa.bindparam("ids", expanding=True))
     with engine.connect() as conn:
-        return int(conn.execute(q).scalar_one())
+        return int(conn.execute(q, {"ids": [j for j, _ in started]}).scalar_one())
 
 
 def _live(cfg: dict[str, Any], redis_url: str, engine: Any, sf: Any, client: Any) -> dict[str, Any]:

@@ -33,9 +33,7 @@ spread is wider than the margin to the goal.
 measures the uncommitted change; ``amptrain/`` exported from git and imported from a temp
 directory by this bench's own run, so REV must have the recorder where this working tree
 has it: ``amptrain/server/recorder/``, not the layout before the one package); ``after`` is
-the working tree, on PostgreSQL once per insert method (``copy``: COPY straight into the
-table in a savepoint, a replay through a temp table and INSERT ... ON CONFLICT DO
-NOTHING RETURNING; ``values``: single-row INSERTs pipelined).
+the working tree (the chunks and their roll-ups: the recorder's one write path).
 
     python bench/recorder_throughput.py [--quick] [--repeat 3] [--parts] [--points 200000]
         [--jobs 20] [--pg URL] [--before REV] [--untuned-gc]
@@ -163,9 +161,6 @@ def main() -> None:
         assert used == package.resolve(), f"this leg imports {used}, not {package}"
         print(json.dumps(one_run(json.loads(args.run))), flush=True)
         return
-    # Here, not at the top: a --run of the before leg imports nothing but its own tree.
-    from amptrain.store.history.point_writes import PG_DEFAULT, PG_METHODS
-
     if args.quick:
         args.points, args.jobs = 40_000, 10
     dbs = [d for d in args.databases.split(",") if d != "postgresql" or args.pg]
@@ -183,8 +178,7 @@ def main() -> None:
             if "before" in legs:
                 runs.append(("before", None, tree))
             if "after" in legs:
-                methods: list[str | None] = [*PG_METHODS] if db == "postgresql" else [None]
-                runs += [("after", m, None) for m in methods]
+                runs.append(("after", None, None))
             results: dict[tuple[str, str | None], list[dict[str, Any]]] = {}
             # Interleaved (before, after, before, after, ...): drift of a shared machine
             # reaches every leg alike.
@@ -206,8 +200,7 @@ def main() -> None:
                         print(f"{db} {leg} {method or 'default'} FAILED", flush=True)
                         continue
                     results.setdefault((leg, method), []).append(r)
-            judged = PG_DEFAULT if db == "postgresql" else None
-            report(db, results, GOAL_US_PER_VALUE[db], values_per_point(), judged)
+            report(db, results, GOAL_US_PER_VALUE[db], values_per_point(), None)
         print(f"calibration at the end {_calibration_ms():.0f} ms", flush=True)
     finally:
         if tree is not None:

@@ -1,11 +1,12 @@
-"""Storage per recorded value: the chunked store (``metric_chunks``) beside the per-value
-rows it replaces (``metric_points``, ``metric_values``), indexes included, on SQLite (the
-``dbstat`` table's pages of each table and index) and PostgreSQL
-(``pg_total_relation_size``: heap, TOAST and indexes).
+"""Storage per recorded value: what a history costs in SQL, the chunks (``metric_chunks``)
+and their roll-ups (``metric_rollups``), indexes included, on SQLite (the ``dbstat``
+table's pages of each table and index) and PostgreSQL (``pg_total_relation_size``: heap,
+TOAST and indexes). (The per-value rows the chunks replaced, 30-45 bytes a value, are gone
+since migration 0017.)
 
-Two runs of one job per database, both written by the recorder's chunk code
-(:func:`amptrain.store.history.chunk_writes.append`, in batches of ``--batch`` steps, as
-the recorder's transactions do) from synthetic values shaped like a training run's
+Two runs of one job per database, both written by the recorder's own write
+(:func:`amptrain.store.history.rollups.record`: chunks and roll-ups, in batches of
+``--batch`` steps, as the recorder's transactions do) from synthetic values shaped like a training run's
 (float32 losses and norms, a float64 learning-rate schedule, a wall clock, near-constant
 memory counters):
 
@@ -13,8 +14,7 @@ memory counters):
   (a one-device run records no ``world_size``: its all-null chunks count as overhead);
 * 256 layer norms at every step of ``--layer-steps`` steps.
 
-The rows are measured on ``--sample`` steps (bytes per value do not depend on the run's
-length), inserted the recorder's way. Goal: at most 8 bytes per value.
+Goal: at most 8 bytes per value, roll-ups included.
 
     python bench/storage_size.py [--steps 1000000] [--layer-steps 4000] [--pg URL]
 """
@@ -38,6 +38,7 @@ from bench.common import SPEC, judge, throwaway_pg
 
 GOAL = 8.0
 LAYERS = 256
+TABLES = ["metric_chunks", "metric_rollups"]
 
 
 def step_points(job_id: str, first: int, n: int, rng: np.random.Generator) -> list[dict[str, Any]]:
@@ -137,9 +138,9 @@ def compact(engine: Any, tables: list[str]) -> int:
 
 def measure(url: str, args: argparse.Namespace) -> None:
     from amptrain.contract.spec import JobSpec
-    from amptrain.store import jobs, migrate, recording
+    from amptrain.store import jobs, migrate
     from amptrain.store.db import make_engine, make_session_factory
-    from amptrain.store.history import chunk_writes, series_scan, value_writes
+    from amptrain.store.history import chunk_writes, rollups, series_scan
 
     migrate.upgrade(url)
     engine = make_engine(url)
@@ -147,9 +148,9 @@ def measure(url: str, args: argparse.Namespace) -> None:
     rng = np.random.default_rng(0)
     with sf.begin() as s:
         ids = [
-            jobs.create_job(s, JobSpec.model_validate(SPEC), "bench", "cpu").id for _ in range(4)
+            jobs.create_job(s, JobSpec.model_validate(SPEC), "bench", "cpu").id for _ in range(2)
         ]
-    step_job, layer_job, row_job, value_job = ids
+    step_job, layer_job = ids
     recorded = len(chunk_writes.STEP_SERIES) - 1  # no world_size on one device
     segments: list[float] = []  # CPU per value of each tenth of the run: the spread
     segment = max(args.batch, args.steps // 10 // args.batch * args.batch)
@@ -159,7 +160,7 @@ def measure(url: str, args: argparse.Namespace) -> None:
             points = step_points(step_job, first, min(args.batch, args.steps - first), rng)
             t = time.process_time()  # making the synthetic values is not the write
             with sf.begin() as s:
-                chunk_writes.append(s, points, [])
+                rollups.record(s, points, [])
             cpu += time.process_time() - t
             n += len(points) * recorded
         segments.append(cpu / n * 1e6)
@@ -167,54 +168,40 @@ def measure(url: str, args: argparse.Namespace) -> None:
     with sf() as s:
         scanned = sum(len(b.values) for b in series_scan.scan_run(s, step_job))
     scan_rate = scanned / (time.perf_counter() - t0)
-    steps_written = table_bytes(engine, ["metric_chunks"])
-    steps_bytes = compact(engine, ["metric_chunks"])
+    steps_written = table_bytes(engine, TABLES)
+    steps_bytes = compact(engine, TABLES)
+    steps_rollups = table_bytes(engine, ["metric_rollups"])
     for first in range(0, args.layer_steps, args.batch // 10):
         n = min(args.batch // 10, args.layer_steps - first)
         with sf.begin() as s:
-            chunk_writes.append(s, [], layer_values(layer_job, first, n, rng))
-    layers_written = table_bytes(engine, ["metric_chunks"]) - steps_bytes
-    layers_bytes = compact(engine, ["metric_chunks"]) - steps_bytes
-    sample = args.sample
-    for first in range(0, sample, args.batch):
-        rows = step_points(row_job, first, min(args.batch, sample - first), rng)
-        with sf.begin() as s:
-            recording.insert_points(s, rows)
-    steps_rows = table_bytes(engine, ["metric_points"]) / (sample * recorded)
-    layer_sample = max(1, sample // 100)
-    for first in range(0, layer_sample, 20):
-        with sf.begin() as s:
-            value_writes.insert(
-                s, layer_values(value_job, first, min(20, layer_sample - first), rng)
-            )
-    layer_rows = table_bytes(engine, ["metric_values"]) / (layer_sample * LAYERS)
+            rollups.record(s, [], layer_values(layer_job, first, n, rng))
+    layers_written = table_bytes(engine, TABLES) - steps_bytes
+    layers_bytes = compact(engine, TABLES) - steps_bytes
+    layers_rollups = table_bytes(engine, ["metric_rollups"]) - steps_rollups
     engine.dispose()
     db = "postgresql" if url.startswith("postgresql") else "sqlite"
     n_steps, n_layers = args.steps * recorded, args.layer_steps * LAYERS
-    for what, written, chunks, rows in (
-        (
-            f"step fields, {args.steps:,} steps",
-            steps_written / n_steps,
-            steps_bytes / n_steps,
-            steps_rows,
-        ),
+    for what, written, stored, rolled in (
+        (f"step fields, {args.steps:,} steps", steps_written, steps_bytes, steps_rollups),
         (
             f"{LAYERS} layer norms, {args.layer_steps:,} steps",
-            layers_written / n_layers,
-            layers_bytes / n_layers,
-            layer_rows,
+            layers_written,
+            layers_bytes,
+            layers_rollups,
         ),
     ):
+        n = n_steps if what.startswith("step") else n_layers
+        written, stored, rolled = written / n, stored / n, rolled / n
         verdict = (
-            "MET" if written <= GOAL else "met once compacted" if chunks <= GOAL else "NOT MET"
+            "MET" if written <= GOAL else "met once compacted" if stored <= GOAL else "NOT MET"
         )
         print(
-            f"{db:10s} {what:34s} chunks {written:6.2f} B/value as written, {chunks:6.2f} "
-            f"compacted; rows {rows:7.1f} B/value (x{rows / chunks:5.1f}); goal <= {GOAL:.0f}: {verdict}",
+            f"{db:10s} {what:34s} {written:6.2f} B/value as written, {stored:6.2f} compacted "
+            f"(of which roll-ups {rolled:5.2f}); goal <= {GOAL:.0f}: {verdict}",
             flush=True,
         )
     print(
-        f"{db:10s} chunk writes, us of CPU per step-field value in this process (the "
+        f"{db:10s} chunk and roll-up writes, us of CPU per step-field value in this process (the "
         f"goal of 1 us is the whole recorder's): {judge('chunk write CPU per value (us)', segments, 1.0).line()}\n"
         f"{db:10s} "
         f"scan_run read {scan_rate / 1e6:.1f} M values/s (wall clock, one series after another)"
@@ -225,7 +212,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=1_000_000)
     parser.add_argument("--layer-steps", type=int, default=4_000)
-    parser.add_argument("--sample", type=int, default=20_000, help="steps of per-value rows")
     parser.add_argument("--batch", type=int, default=1_000, help="steps per transaction")
     parser.add_argument("--pg", default=os.environ.get("AMPTRAIN_TEST_DATABASE_URL"))
     args = parser.parse_args()
