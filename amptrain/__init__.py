@@ -14,9 +14,9 @@ in the test suite):
   (``core.lifeline``).
 - ``amptrain.store`` (API, recorder, worker supervisor): SQLAlchemy models, migrations,
   the fenced job repository, tokens, the dispatcher's outbox queries: the only place SQL
-  is written. ``store.history`` holds a job's metric history: points, step summaries and
-  downsampled reads, and every series packed in chunks (``metric_chunks``) that
-  ``store.history.series_scan`` streams whole.
+  is written. ``store.history`` holds a job's metric history: every series packed in
+  chunks (``metric_chunks``) and their roll-ups (``metric_rollups``), the cursor pages and
+  downsampled reads, and ``store.history.series_scan``, which streams a run whole.
 - ``amptrain.engine`` and ``amptrain.components`` (the training process): the precision
   policy, the AMP loop (``engine.loop``: the Trainer; ``engine.train_state``), device-side
   telemetry, the numerics guardian (``engine.guardian``: one verdict per flush, acted on by
@@ -43,9 +43,8 @@ in the test suite):
 The API process never imports torch or the worker: it sends ``amptrain.run_job`` by name.
 
 Adding a built-in per-step metric: a row in ``contract/metrics.py`` (name, type, unit,
-whether its extremes are summarised, which chart shows it), the code that computes it in
-``engine/telemetry.py``, and an Alembic revision adding its column (and with ``extremes``
-its four summary columns). The records, the stream, the SQL mapping, the recorder, the
-summaries, the API schemas, ``GET /catalog``, the dashboard and both command lines follow
-from the table.
+whether its extremes are kept in downsampled reads, which chart shows it) and the code
+that computes it in ``engine/telemetry.py``; no migration (each field is its own series of
+chunks). The records, the stream, the recorder, the chunks, the API schemas,
+``GET /catalog``, the dashboard and both command lines follow from the table.
 """

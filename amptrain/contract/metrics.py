@@ -2,15 +2,15 @@
 
 Everything that names a step metric derives from :data:`STEP_METRICS`: the engine's
 records (:mod:`amptrain.contract.records`), the stream encoding
-(:mod:`amptrain.contract.stream`), the SQL columns of ``metric_points`` and of the step
-summaries (:mod:`amptrain.store.models`), the recorder's parsing, the job summary and its
+(:mod:`amptrain.contract.stream`), the series stored in chunks
+(:mod:`amptrain.store.history.chunk_parts`), the recorder's parsing, the job summary and its
 API schema, the worker's presence and Prometheus gauges, ``GET /catalog``'s ``metrics``
 (from which the dashboard draws its charts) and both command lines' progress lines.
 
-Adding a built-in per-step field touches this table, the code that computes it (the
-engine's :class:`~amptrain.engine.telemetry.StepTelemetry`) and an Alembic migration that
-adds its column (and, with ``extremes``, its four summary columns). Nothing in the API,
-the recorder, the dashboard or the command lines changes.
+Adding a built-in per-step field touches this table and the code that computes it (the
+engine's :class:`~amptrain.engine.telemetry.StepTelemetry`): it is a series of its own in
+the chunks, so no migration. Nothing in the API, the recorder, the dashboard or the
+command lines changes.
 
 Evaluation metrics (:data:`EVAL_METRICS`, and those plugins register) are the same
 :class:`Metric`, recorded as *named series*: an ``eval`` record carries a name -> value
@@ -45,11 +45,11 @@ class Metric:
     label: str = ""
     """A short label for progress lines (the name when empty)."""
     extremes: bool = False
-    """It can spike: the step summaries keep its per-bucket minimum and maximum, so a
-    downsampled history read shows the spikes (``GET /jobs/{id}/metrics?fields=``). ``lr``
+    """It can spike: a downsampled history read keeps its per-bucket minimum and maximum
+    (from its roll-ups), so it shows the spikes (``GET /jobs/{id}/metrics?fields=``). ``lr``
     follows a smooth schedule and ``memory_reserved``/``memory_peak`` only step up, so a
     bucket's first and last points already bound them; leaving such fields out keeps the
-    summaries small."""
+    windows small."""
     summary: bool = False
     """Its newest value is in a job's ``summary`` and in the command lines' progress."""
     chart: str | None = None
@@ -291,7 +291,7 @@ def check_series_name(name: str) -> str:
 EVAL_KIND = "eval"
 LAYER_NORM_KIND = "layer_grad_norm"
 VALUE_KINDS = (EVAL_KIND, LAYER_NORM_KIND)
-"""The kinds of named series stored one value a row (``metric_values.kind``), each also the
+"""The kinds of named series (``metric_chunks.kind`` of their chunks), each also the
 ``kind`` of the record that carries them: ``eval``, one evaluation's metrics
 (:func:`~amptrain.contract.records.evaluation`); ``layer_grad_norm``, one step's per-layer
 gradient norms (:func:`~amptrain.contract.records.layer_norms`)."""
@@ -309,7 +309,7 @@ STORED_METRIC_FIELDS: tuple[str, ...] = METRIC_FIELDS + PARALLEL_METRIC_FIELDS
 """Every field of a metric point as stored and returned (the parallel ones null for one
 device)."""
 EXTREMA_FIELDS: tuple[str, ...] = tuple(m.name for m in STEP_METRICS if m.extremes)
-"""Fields whose per-bucket minimum and maximum the step summaries keep."""
+"""Fields whose per-bucket minimum and maximum a downsampled read keeps."""
 SUMMARY_FIELDS: tuple[str, ...] = tuple(m.name for m in STEP_METRICS if m.summary)
 """The newest point's fields a job's ``summary`` shows."""
 FLOAT_FIELDS: frozenset[str] = frozenset(m.name for m in STEP_METRICS if m.is_float)
