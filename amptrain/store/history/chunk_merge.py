@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from array import array
 from itertools import islice
+from math import isfinite
 from operator import lt as _lt
 from typing import Any
 
@@ -23,6 +24,9 @@ from amptrain.store.history.chunk_parts import Part
 Stored = tuple[Decoded, float | None, float | None]
 """A stored chunk: its contents and the wall clock of its first and last value (None: a
 record that carried no time)."""
+Span = tuple[float | None, float | None, int]
+"""A chunk's lowest and highest finite value (None: none is) and how many are not finite:
+its ``low``, ``high`` and ``non_finite`` columns (:func:`value_range` of its values)."""
 Gained = dict[int, tuple[Any, float | None]]
 """The steps a chunk gained: step -> (value as recorded, None = null; its time)."""
 
@@ -144,3 +148,36 @@ def number(v: Any) -> float | None:
 
 def _first(entry: tuple[int, Any]) -> int:
     return entry[0]
+
+
+def merged_span(d: Decoded, old: Stored | None, stored: Span | None) -> Span:
+    """The merged chunk ``d``'s :data:`Span`: when it begins with every value of ``old``
+    unchanged (an append, nearly every batch), ``old``'s ``stored`` span (its columns; None:
+    not known) combined with the new values' span, so that an open chunk rewritten by each
+    batch is not rescanned whole; else its values'. A chunk gains steps and keeps each step's
+    first value, so when ``d``'s step at ``old``'s length - 1 is ``old``'s last step, ``d``
+    begins with ``old``'s values."""
+    if stored is None or old is None:
+        return value_range(d.values)
+    n = len(old[0].steps)
+    if not n or len(d.steps) <= n or d.steps[n - 1] != old[0].steps[-1]:
+        return value_range(d.values)
+    low, high, non_finite = value_range(d.values[n:])
+    old_low, old_high, old_non_finite = stored
+    # Ties: the earlier (stored) value wins, as min and max over the whole chunk pick it.
+    if old_low is not None and old_high is not None:
+        low = old_low if low is None or not low < old_low else low
+        high = old_high if high is None or not high > old_high else high
+    return low, high, non_finite + old_non_finite
+
+
+def value_range(values: array[float]) -> tuple[float | None, float | None, int]:
+    """The lowest and highest finite value (None: none is) and how many are not finite
+    (NaN, a null, an infinity). A finite sum means every value is finite: then min and max
+    are two loops in C, not a list of the finite ones."""
+    if isfinite(sum(values)):
+        return min(values), max(values), 0
+    finite = list(filter(isfinite, values))
+    if not finite:
+        return None, None, len(values)
+    return min(finite), max(finite), len(values) - len(finite)
