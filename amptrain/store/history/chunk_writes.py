@@ -99,7 +99,9 @@ def read(s: Session, keys: list[Key], spans: dict[Key, Span] | None = None) -> d
                     spans[key] = tuple(span)
         return out
     columns = [list(c) for c in zip(*keys, strict=True)]
-    with conn.cursor() as cur:
+    # Binary results: the chunks' bytes as they are, not hex text encoded by the server and
+    # decoded here (a third of the read's CPU on each side).
+    with conn.cursor(binary=True) as cur:
         for job_id, kind, name, chunk, attempt, first_time, last_time, data, *span in cur.execute(
             _MANY, columns
         ):
