@@ -31,22 +31,31 @@ Gained = dict[int, tuple[Any, float | None]]
 """The steps a chunk gained: step -> (value as recorded, None = null; its time)."""
 
 
-def merged(part: Part, old: Stored | None) -> tuple[Stored, Gained] | None:
+def merged(
+    part: Part, old: Stored | None, rising: dict[int, bool] | None = None
+) -> tuple[Stored, Gained] | None:
     """The chunk ``old`` (None: none stored) with the part's new steps, and those steps;
     None when it gains none (a replay) and no place (a chunk migration 0014 wrote before a
-    name's place was kept)."""
-    m = _appended(part, old)
+    name's place was kept). ``rising``: whether each steps list (by ``id``) rises strictly,
+    kept by the caller across the parts of one batch, which share one steps list per chunk
+    of points (every step series): the caller keeps those parts, so their ids stay theirs."""
+    m = _appended(part, old, {} if rising is None else rising)
     return _merged(part, old) if m is None else m
 
 
-def _appended(part: Part, old: Stored | None) -> tuple[Stored, Gained] | None:
+def _appended(
+    part: Part, old: Stored | None, rising: dict[int, bool]
+) -> tuple[Stored, Gained] | None:
     """The common case without per-value work: the part's steps rise strictly, all after the
     stored chunk's last (an attempt records its steps in order), and every value is a
     number. None otherwise (a replay, a resent range, a null): :func:`_merged` decides."""
     steps = part.steps
     if old is not None and old[0].steps and old[0].steps[-1] >= steps[0]:
         return None
-    if not all(map(_lt, steps, islice(steps, 1, None))):
+    up = rising.get(id(steps))
+    if up is None:
+        up = rising[id(steps)] = all(map(_lt, steps, islice(steps, 1, None)))
+    if not up:
         return None
     got = _numbers(part.values)
     if got is None:

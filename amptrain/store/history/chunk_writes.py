@@ -143,8 +143,9 @@ def _merge(
     """Every chunk that changes (:func:`chunk_merge.merged`) and the steps each gains."""
     merged: dict[Key, Stored] = {}
     gains: Gains = {}
+    rising: dict[int, bool] = {}
     for key, part in parts.items():
-        m = chunk_merge.merged(part, stored.get(key))
+        m = chunk_merge.merged(part, stored.get(key), rising)
         if m is not None:
             merged[key], new = m
             if new:
