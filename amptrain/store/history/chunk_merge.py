@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from array import array
 from itertools import islice
+from math import isfinite
 from operator import lt as _lt
 from typing import Any
 
@@ -23,26 +24,38 @@ from amptrain.store.history.chunk_parts import Part
 Stored = tuple[Decoded, float | None, float | None]
 """A stored chunk: its contents and the wall clock of its first and last value (None: a
 record that carried no time)."""
+Span = tuple[float | None, float | None, int]
+"""A chunk's lowest and highest finite value (None: none is) and how many are not finite:
+its ``low``, ``high`` and ``non_finite`` columns (:func:`value_range` of its values)."""
 Gained = dict[int, tuple[Any, float | None]]
 """The steps a chunk gained: step -> (value as recorded, None = null; its time)."""
 
 
-def merged(part: Part, old: Stored | None) -> tuple[Stored, Gained] | None:
+def merged(
+    part: Part, old: Stored | None, rising: dict[int, bool] | None = None
+) -> tuple[Stored, Gained] | None:
     """The chunk ``old`` (None: none stored) with the part's new steps, and those steps;
     None when it gains none (a replay) and no place (a chunk migration 0014 wrote before a
-    name's place was kept)."""
-    m = _appended(part, old)
+    name's place was kept). ``rising``: whether each steps list (by ``id``) rises strictly,
+    kept by the caller across the parts of one batch, which share one steps list per chunk
+    of points (every step series): the caller keeps those parts, so their ids stay theirs."""
+    m = _appended(part, old, {} if rising is None else rising)
     return _merged(part, old) if m is None else m
 
 
-def _appended(part: Part, old: Stored | None) -> tuple[Stored, Gained] | None:
+def _appended(
+    part: Part, old: Stored | None, rising: dict[int, bool]
+) -> tuple[Stored, Gained] | None:
     """The common case without per-value work: the part's steps rise strictly, all after the
     stored chunk's last (an attempt records its steps in order), and every value is a
     number. None otherwise (a replay, a resent range, a null): :func:`_merged` decides."""
     steps = part.steps
     if old is not None and old[0].steps and old[0].steps[-1] >= steps[0]:
         return None
-    if not all(map(_lt, steps, islice(steps, 1, None))):
+    up = rising.get(id(steps))
+    if up is None:
+        up = rising[id(steps)] = all(map(_lt, steps, islice(steps, 1, None)))
+    if not up:
         return None
     got = _numbers(part.values)
     if got is None:
@@ -144,3 +157,36 @@ def number(v: Any) -> float | None:
 
 def _first(entry: tuple[int, Any]) -> int:
     return entry[0]
+
+
+def merged_span(d: Decoded, old: Stored | None, stored: Span | None) -> Span:
+    """The merged chunk ``d``'s :data:`Span`: when it begins with every value of ``old``
+    unchanged (an append, nearly every batch), ``old``'s ``stored`` span (its columns; None:
+    not known) combined with the new values' span, so that an open chunk rewritten by each
+    batch is not rescanned whole; else its values'. A chunk gains steps and keeps each step's
+    first value, so when ``d``'s step at ``old``'s length - 1 is ``old``'s last step, ``d``
+    begins with ``old``'s values."""
+    if stored is None or old is None:
+        return value_range(d.values)
+    n = len(old[0].steps)
+    if not n or len(d.steps) <= n or d.steps[n - 1] != old[0].steps[-1]:
+        return value_range(d.values)
+    low, high, non_finite = value_range(d.values[n:])
+    old_low, old_high, old_non_finite = stored
+    # Ties: the earlier (stored) value wins, as min and max over the whole chunk pick it.
+    if old_low is not None and old_high is not None:
+        low = old_low if low is None or not low < old_low else low
+        high = old_high if high is None or not high > old_high else high
+    return low, high, non_finite + old_non_finite
+
+
+def value_range(values: array[float]) -> tuple[float | None, float | None, int]:
+    """The lowest and highest finite value (None: none is) and how many are not finite
+    (NaN, a null, an infinity). A finite sum means every value is finite: then min and max
+    are two loops in C, not a list of the finite ones."""
+    if isfinite(sum(values)):
+        return min(values), max(values), 0
+    finite = list(filter(isfinite, values))
+    if not finite:
+        return None, None, len(values)
+    return min(finite), max(finite), len(values) - len(finite)

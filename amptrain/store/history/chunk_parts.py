@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
+from operator import itemgetter
 from typing import Any
 
 from amptrain.contract.metrics import STEP_METRICS
@@ -90,14 +91,26 @@ def collect(
     for (job_id, chunk, attempt), group in groups.items():
         steps = [p["step"] for p in group]
         times = [p["time"] for p in group]
-        for name in step_fields:
+        for name, column in zip(step_fields, _columns(group, step_fields), strict=True):
             part = parts[(job_id, STEP_KIND, name, chunk, attempt)] = Part()
             part.steps, part.times = steps, times
-            part.values = [p.get(name) for p in group]
+            part.values = column
         if "stream_ms" in group[0]:
             _point_records(parts, (job_id, chunk, attempt), group, steps, times)
     _values_into(parts, values)
     return parts
+
+
+def _columns(group: list[Mapping[str, Any]], names: Sequence[str]) -> list[list[Any]]:
+    """Each named field's values over the group (None where a point lacks it): the recorder's
+    points hold every field, so one itemgetter a point and one transpose, in C, instead of
+    a Python loop turn per value."""
+    if len(names) > 1:
+        try:
+            return list(map(list, zip(*map(itemgetter(*names), group), strict=True)))
+        except KeyError:
+            pass  # a row without some field (a migration's, a test's)
+    return [[p.get(name) for p in group] for name in names]
 
 
 def _point_records(
@@ -112,8 +125,9 @@ def _point_records(
         part = parts[(job_id, STEP_KIND, name, chunk, attempt)] = Part()
         part.steps, part.times = steps, times
         part.values = [p[field] for p in group]
-    for p in group:
-        ranks = memory_ranks(p.get("memory_peak_per_rank"))
+    # Only a data-parallel run's points carry the list (a one-device point: null).
+    for p in [p for p in group if p.get("memory_peak_per_rank") is not None]:
+        ranks = memory_ranks(p["memory_peak_per_rank"])
         if ranks is None:
             continue
         step, at_time = p["step"], p["time"]
