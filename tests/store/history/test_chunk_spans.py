@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from amptrain.store.chunk_models import MetricChunk
 from amptrain.store.history import chunk_writes
-from tests.store.history.test_summaries import new_job, series
+from tests.support.history_data import new_job, series
 
 ODD = {
     "loss": [0.0, -0.0, math.inf, -math.inf, math.nan, None, 1.0, -1.0, 2.5],
