@@ -76,7 +76,8 @@ def series_window(
         raise ValueError("max_points must be at least 1")
     # numpy decodes the chunks: loaded by the first read, not when the API starts (the
     # recorder, in the same process, stays free of it).
-    from amptrain.store.history.chunk_pages import window_at, window_between
+    from amptrain.store.history import exemplar_reads
+    from amptrain.store.history.chunk_pages import window_between
     from amptrain.store.history.chunk_stats import KEY_SERIES, flagged_steps, range_stats
 
     newest = cursor_text(newest_cursor(s, job_id))
@@ -102,7 +103,9 @@ def series_window(
     if room_for_every_flagged(steps, marks, max_points):  # not just each bucket's first
         steps |= flagged_steps(s, job_id, runs, lo, hi)
     lasts = {a[KEY_SERIES].last_step for a in aggs}
-    items = window_at(s, job_id, sorted(steps), needed(fields, extrema))
+    items = exemplar_reads.window_at(
+        s, job_id, runs, ranges, sorted(steps), needed(fields, extrema)
+    )
     return finish(items, lasts, marks, max_points, extrema, fields, newest)
 
 

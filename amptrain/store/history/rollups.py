@@ -8,7 +8,8 @@ Levels (:data:`LEVELS`): 0 is one chunk (256 steps), 4 sixteen chunks (4,096 ste
 batch's transaction from what the batch ADDED to the chunks
 (:func:`~amptrain.store.history.chunk_writes.write`): a chunk only gains steps, so a
 roll-up is the old one combined with the new steps' aggregates, and a replay, which adds
-nothing, changes nothing. :mod:`amptrain.store.history.rollup_rebuild` builds them from
+nothing, changes nothing. The step kind's blocks keep their notable steps' records with
+them (:mod:`amptrain.store.history.exemplars`). :mod:`amptrain.store.history.rollup_rebuild` builds them from
 existing chunks (migration 0016, bulk-loaded benchmarks).
 
 A step is *flagged* (step series only) as :func:`amptrain.store.history.window.flagged`
@@ -24,7 +25,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from amptrain.store.db import execute_many
-from amptrain.store.history import chunk_writes
+from amptrain.store.history import chunk_writes, exemplars
 from amptrain.store.history.chunk_merge import number
 from amptrain.store.history.chunk_writes import STEP_KIND, Gains
 
@@ -167,13 +168,12 @@ def keep(s: Session, gains: Gains) -> None:
             have.merge(delta)
     if not deltas:
         return
-    stored = read(s, list(deltas))
-    rows = []
+    totals = read(s, list(deltas))
     for key, delta in deltas.items():
-        total = stored.get(key) or Stats()
+        total = totals.setdefault(key, Stats())
         total.merge(delta)
-        rows.append((*key, *total.row()))
-    upsert(s, rows)
+    upsert(s, [(*key, *totals[key].row()) for key in deltas])
+    exemplars.keep(s, totals, gains)
 
 
 def _flags(gains: Gains) -> dict[tuple[str, int, int], dict[int, tuple[bool, bool]]]:
