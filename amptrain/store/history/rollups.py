@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session
 
 from amptrain.store.db import execute_many
 from amptrain.store.history import chunk_writes, exemplars
-from amptrain.store.history.chunk_merge import number
+from amptrain.store.history.chunk_merge import Gained, number
 from amptrain.store.history.chunk_writes import STEP_KIND, Gains
 
 LEVELS = (0, 4, 8)
@@ -82,28 +82,6 @@ class Stats:
         """The values of :data:`STATS`, in order."""
         return tuple(getattr(self, name) for name in STATS)
 
-    def add(self, step: int, value: float | None, skipped: bool, flagged: bool) -> None:
-        """Fold in one step (any order; None: a null value)."""
-        if not self.count or step < self.first_step:
-            self.first_step = step
-        if not self.count or step > self.last_step:
-            self.last_step = step
-        self.count += 1
-        self.skipped += skipped
-        if flagged:
-            self.flagged += 1
-            if self.first_flag is None or step < self.first_flag:
-                self.first_flag = step
-        if value is None or not isfinite(value):
-            self.non_finite += 1
-            return
-        # Ties: the earlier step holds the extreme (steps may come in any order).
-        low, high = self.low, self.high
-        if low is None or value < low or (value == low and step < (self.low_step or 0)):
-            self.low, self.low_step = value, step
-        if high is None or value > high or (value == high and step < (self.high_step or 0)):
-            self.high, self.high_step = value, step
-
     def merge(self, o: Stats) -> None:
         """Fold in the aggregates of other steps (ties: the earlier step holds the extreme)."""
         if not o.count:
@@ -131,16 +109,6 @@ class Stats:
 COLUMNS = (*_KEY, *STATS)
 
 
-def step_flags(
-    loss: float | None, grad_norm: float | None, skipped: float | None
-) -> tuple[bool, bool]:
-    """(skipped, flagged) of a step from its loss, grad norm and skipped values."""
-    is_skipped = skipped == 1
-    bad_loss = loss is None or not isfinite(loss)
-    bad_norm = grad_norm is not None and not isfinite(grad_norm)
-    return is_skipped, is_skipped or bad_loss or bad_norm
-
-
 def record(
     s: Session, points: Sequence[Mapping[str, Any]], values: Sequence[Mapping[str, Any]]
 ) -> None:
@@ -156,10 +124,8 @@ def keep(s: Session, gains: Gains) -> None:
     deltas: dict[RKey, Stats] = {}
     flags = _flags(gains)
     for (job_id, kind, name, chunk, attempt), new in gains.items():
-        delta = Stats()
-        marks = flags.get((job_id, chunk, attempt), {}) if kind == STEP_KIND else {}
-        for step, (value, _) in new.items():
-            delta.add(step, number(value), *marks.get(step, (False, False)))
+        marks = flags.get((job_id, chunk, attempt)) if kind == STEP_KIND else None
+        delta = gained_stats(new, marks)
         for level in LEVELS:
             key = (job_id, kind, name, level, chunk >> level, attempt)
             have = deltas.get(key)
@@ -176,24 +142,66 @@ def keep(s: Session, gains: Gains) -> None:
     exemplars.keep(s, totals, gains)
 
 
-def _flags(gains: Gains) -> dict[tuple[str, int, int], dict[int, tuple[bool, bool]]]:
-    """Per (job, chunk, attempt) of the step series written, each new step's (skipped,
-    flagged): a point brings every step series at once, so they gain the same steps."""
-    out: dict[tuple[str, int, int], dict[int, tuple[bool, bool]]] = {}
+Marks = tuple[set[int], set[int]]
+"""The skipped and the flagged steps among a chunk's new steps (step series)."""
+_INF = float("inf")
+
+
+def gained_stats(new: Gained, marks: Marks | None) -> Stats:
+    """The aggregates of a chunk's new steps (in any order) in a few passes of builtins
+    over the batch, not a method call per value (12.6 us a point before); ties go to the
+    earliest step, as :meth:`Stats.merge` and the rebuild's numpy pass have them."""
+    out = Stats()
+    if not new:
+        return out
+    steps = list(new)
+    values = list(map(number, [v for v, _ in new.values()]))
+    out.count = len(steps)
+    out.first_step, out.last_step = min(steps), max(steps)
+    # NaN fails both comparisons: finite values only
+    held = [
+        (v, st) for v, st in zip(values, steps, strict=True) if v is not None and -_INF < v < _INF
+    ]
+    out.non_finite = out.count - len(held)
+    if held:
+        out.low, out.low_step = min(held)  # the lowest value, then the earliest step
+        top = max(v for v, _ in held)  # the highest value, then the earliest step
+        out.high, out.high_step = min(((v, st) for v, st in held if v == top), key=_step)
+    if marks is not None:
+        skipped, flagged = marks
+        out.skipped = len(skipped.intersection(steps))
+        hit = flagged.intersection(steps)
+        out.flagged = len(hit)
+        out.first_flag = min(hit) if hit else None
+    return out
+
+
+def _flags(gains: Gains) -> dict[tuple[str, int, int], Marks]:
+    """Per (job, chunk, attempt) of the step series written, the skipped and the flagged
+    steps among its new loss steps (skipped: ``skipped`` is 1; flagged: skipped, or a null
+    or non-finite loss, or a NaN or infinite grad norm): a point brings every step series at
+    once, so they gain the same steps."""
+    out: dict[tuple[str, int, int], Marks] = {}
     for (job_id, kind, name, chunk, attempt), new in gains.items():
         if kind != STEP_KIND or name != "loss":
             continue
         norms = gains.get((job_id, kind, "grad_norm", chunk, attempt), {})
         skips = gains.get((job_id, kind, "skipped", chunk, attempt), {})
-        out[(job_id, chunk, attempt)] = {
-            step: step_flags(
-                number(value),
-                number(norms[step][0]) if step in norms else None,
-                number(skips[step][0]) if step in skips else None,
-            )
-            for step, (value, _) in new.items()
+        skipped = {st for st, (v, _) in skips.items() if st in new and number(v) == 1}
+        flagged = skipped | {
+            st for st, (v, _) in new.items() if (x := number(v)) is None or not isfinite(x)
         }
+        flagged.update(
+            st
+            for st, (v, _) in norms.items()
+            if st in new and (x := number(v)) is not None and not isfinite(x)
+        )
+        out[(job_id, chunk, attempt)] = (skipped, flagged)
     return out
+
+
+def _step(held: tuple[float, int]) -> int:
+    return held[1]
 
 
 _ONE = f"SELECT {', '.join(STATS)} FROM metric_rollups WHERE " + " AND ".join(

@@ -12,6 +12,7 @@ import math
 import random
 from typing import Any
 
+import numpy
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -19,6 +20,7 @@ from amptrain.store import migrate
 from amptrain.store.chunk_models import MetricChunk, MetricExemplar, MetricRollup
 from amptrain.store.db import make_engine, make_session_factory
 from amptrain.store.history import exemplar_build, exemplars, rollup_rebuild, rollups
+from amptrain.store.history.chunk_merge import number
 from amptrain.store.history.downsample import series_window
 from amptrain.store.history.window import parse_fields
 from tests.store.history.test_chunk_window import as_json, retried_run
@@ -150,3 +152,34 @@ def test_migration_builds_the_exemplars_the_recorder_keeps(database_url: str) ->
             assert [as_json(series_window(s, job_id, n, **kw)) for n, kw in asked] == before
     finally:
         engine.dispose()
+
+
+def test_the_recorders_fold_of_a_batch_is_the_rebuilds() -> None:
+    """:func:`rollups.gained_stats` (builtins over a chunk's new steps, in any order) gives
+    the aggregates the rebuild's numpy pass gives (ties, -0.0, NaN, infinities, nulls,
+    values that are no numbers, skipped and flagged steps)."""
+    rng = random.Random(11)
+    pool: list[Any] = [0.0, -0.0, 1.5, 1.5, -2.0, 7, True, None, math.nan, math.inf, -math.inf]
+    pool += ["x", 10**400]
+    for _ in range(300):
+        steps = rng.sample(range(256, 512), rng.randint(1, 40))
+        new = {st: (rng.choice(pool), None) for st in steps}
+        skipped = {st for st in steps if rng.random() < 0.2}
+        flagged = skipped | {st for st in steps if rng.random() < 0.2}
+        marks = (skipped, flagged) if rng.random() < 0.7 else None
+        at = numpy.asarray(sorted(steps), numpy.int64)
+        values = numpy.array([_value(new[st][0]) for st in at.tolist()])
+        masks = None, None
+        if marks is not None:
+            masks = numpy.isin(at, list(skipped)), numpy.isin(at, list(flagged))
+        want = rollup_rebuild.array_stats(at, values, *masks).row()
+        got = rollups.gained_stats(new, marks).row()
+        assert got == want, (new, marks)
+        assert [math.copysign(1, x) for x in got if isinstance(x, float)] == [
+            math.copysign(1, x) for x in want if isinstance(x, float)
+        ]
+
+
+def _value(v: Any) -> float:
+    x = number(v)
+    return math.nan if x is None else x
