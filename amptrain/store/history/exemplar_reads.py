@@ -92,28 +92,29 @@ def _last(p: Node) -> int:
 
 def _records(found: dict[int, tuple[int, Record]], names: list[str]) -> Records:
     """The exemplar records as :func:`~amptrain.store.history.chunk_reads.assemble` gives
-    the chunks' (NaN where null or not held), in step order."""
+    the chunks' (NaN where null or not held), in step order: one row per record."""
     steps = sorted(found)
     recs = [found[x][1] for x in steps]
-
-    def column(name: str) -> numpy.ndarray:
-        return numpy.array([_nan(r.get(name)) for r in recs], numpy.float64)
-
+    columns = [MS, SEQ, "time", *names]
+    nan = numpy.nan
+    values = numpy.array(
+        [[nan if (v := r.get(c)) is None else v for c in columns] for r in recs], numpy.float64
+    ).reshape(len(recs), len(columns))
+    held = numpy.array([[c in r for c in names] for r in recs], bool).reshape(len(recs), -1)
+    nulls = held & numpy.array([[r.get(c, 0.0) is None for c in names] for r in recs], bool)
     cols = [
         numpy.asarray(steps, _I64),
         numpy.asarray([found[x][0] for x in steps], _I64),
-        column(MS).astype(_I64),
-        column(SEQ).astype(_I64),
-        column("time"),
+        values[:, 0].astype(_I64),
+        values[:, 1].astype(_I64),
+        values[:, 2],
     ]
-    values = {n: column(n) for n in names}
-    nulls = {n: numpy.array([n in r and r[n] is None for r in recs], bool) for n in names}
-    present = {n: numpy.array([n in r for r in recs], bool) for n in names}
-    return Records.of(cols, [values, nulls, present], {})
-
-
-def _nan(v: float | None) -> float:
-    return numpy.nan if v is None else v
+    maps = [
+        {n: values[:, 3 + i].copy() for i, n in enumerate(names)},
+        {n: nulls[:, i].copy() for i, n in enumerate(names)},
+        {n: held[:, i].copy() for i, n in enumerate(names)},
+    ]
+    return Records.of(cols, maps, {})
 
 
 def _joined(held: list[Records]) -> Records:

@@ -52,7 +52,6 @@ DECIDING = tuple(dict.fromkeys((KEY_SERIES, *EXTREMA_FIELDS)))
 _HEAD = struct.Struct("<HHH")  # records, names, bytes of the newline-joined names
 _NULL, _VALUE = 1, 2  # a name's state per record (0: not held)
 _NAN = float("nan")
-_F64 = struct.Struct("<d")
 _SWAP = sys.byteorder != "little"
 
 
@@ -74,18 +73,18 @@ def notable(stats: Mapping[str, Any]) -> set[int] | None:
 
 
 def encode(block: Mapping[int, Record]) -> bytes:
-    """A blob of the records (deterministic: steps ascending, names sorted): per name one
-    state byte per record, then the values it holds as little-endian float64."""
+    """A blob of the records (deterministic: steps ascending, names sorted): the names, the
+    steps, then record by record one state byte per name and every name's value as a
+    little-endian float64 (NaN where null or not held), so a read unpacks a record at once."""
     steps = sorted(step for step, rec in block.items() if MS in rec)
     names = sorted({name for step in steps for name in block[step]})
     text = "\n".join(names).encode()
-    at = array("i", steps)
-    out = [_HEAD.pack(len(steps), len(names), len(text)), text, _bytes(at)]
-    for name in names:
-        states = bytearray(len(steps))
-        values = array("d")
-        for i, step in enumerate(steps):
-            rec = block[step]
+    out = [_HEAD.pack(len(steps), len(names), len(text)), text, _bytes(array("i", steps))]
+    for step in steps:
+        rec = block[step]
+        states = bytearray(len(names))
+        values = array("d", [_NAN]) * len(names)
+        for i, name in enumerate(names):
             if name not in rec:
                 continue
             v = rec[name]
@@ -93,39 +92,19 @@ def encode(block: Mapping[int, Record]) -> bytes:
                 states[i] = _NULL
             else:
                 states[i] = _VALUE
-                values.append(v if v == v else _NAN)
+                values[i] = v if v == v else _NAN
         out += [bytes(states), _bytes(values)]
     return b"".join(out)
 
 
 def decode(data: bytes) -> Block:
     """The records of a blob (:func:`encode`)."""
-    n, m, size = _HEAD.unpack_from(data)
-    pos = _HEAD.size
-    names = data[pos : pos + size].decode().split("\n") if m else []
-    pos += size
-    steps = _array("i", data[pos : pos + 4 * n])
-    pos += 4 * n
-    block: Block = {step: {} for step in steps}
-    for name in names:
-        states = data[pos : pos + n]
-        pos += n
-        held = states.count(_VALUE)
-        values = _array("d", data[pos : pos + 8 * held])
-        pos += 8 * held
-        j = 0
-        for step, state in zip(steps, states, strict=True):
-            if state == _NULL:
-                block[step][name] = None
-            elif state == _VALUE:
-                block[step][name] = values[j]
-                j += 1
-    return block
+    return records_at(data, None)
 
 
-def records_at(data: bytes, wanted: Iterable[int]) -> Block:
-    """The records of a blob at the ``wanted`` steps it holds, without decoding the rest
-    (a window takes one or two records of each blob it reads)."""
+def records_at(data: bytes, wanted: Iterable[int] | None) -> Block:
+    """The records of a blob at the ``wanted`` steps it holds (None: all), without
+    unpacking the others (a window takes one or two records of each blob it reads)."""
     n, m, size = _HEAD.unpack_from(data)
     pos = _HEAD.size
     names = data[pos : pos + size].decode().split("\n") if m else []
@@ -133,19 +112,17 @@ def records_at(data: bytes, wanted: Iterable[int]) -> Block:
     steps = _array("i", data[pos : pos + 4 * n])
     pos += 4 * n
     where = {step: i for i, step in enumerate(steps)}
-    at = [(where[step], step) for step in wanted if step in where]
-    block: Block = {step: {} for _, step in at}
-    for name in names:
-        states = data[pos : pos + n]
-        base = pos + n
-        pos = base + 8 * states.count(_VALUE)
-        for i, step in at:
-            state = states[i]
-            if state == _NULL:
-                block[step][name] = None
-            elif state == _VALUE:
-                j = states.count(_VALUE, 0, i)
-                block[step][name] = _F64.unpack_from(data, base + 8 * j)[0]
+    at = where.items() if wanted is None else [(x, where[x]) for x in wanted if x in where]
+    values = struct.Struct(f"<{m}d")
+    block: Block = {}
+    for step, i in at:
+        off = pos + i * (9 * m)
+        states = data[off : off + m]
+        block[step] = {
+            name: None if state == _NULL else v
+            for name, state, v in zip(names, states, values.unpack_from(data, off + m), strict=True)
+            if state
+        }
     return block
 
 

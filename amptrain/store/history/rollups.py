@@ -53,6 +53,10 @@ STATS = (
 """A roll-up's columns after its key, in order (the attributes of :class:`Stats`)."""
 
 
+_NONE = (0, 0, 0, 0, 0, 0, None, None, None, None, None)
+"""The columns of :data:`STATS` of no steps."""
+
+
 class Stats:
     """The aggregates of some steps of one series (the columns of :data:`STATS`)."""
 
@@ -73,10 +77,20 @@ class Stats:
     high_step: int | None
 
     def __init__(self, row: Iterable[Any] | None = None) -> None:
-        if row is None:
-            row = (0, 0, 0, 0, 0, 0, None, None, None, None, None)
-        for name, value in zip(STATS, row, strict=True):
-            setattr(self, name, value)
+        # one unpacking, not a setattr per column: a read of a long run builds thousands
+        (
+            self.first_step,
+            self.last_step,
+            self.count,
+            self.non_finite,
+            self.skipped,
+            self.flagged,
+            self.first_flag,
+            self.low,
+            self.low_step,
+            self.high,
+            self.high_step,
+        ) = _NONE if row is None else row
 
     def row(self) -> tuple[Any, ...]:
         """The values of :data:`STATS`, in order."""
