@@ -139,7 +139,7 @@ def measure(url: str, args: argparse.Namespace) -> None:
     from amptrain.contract.spec import JobSpec
     from amptrain.store import jobs, migrate, recording
     from amptrain.store.db import make_engine, make_session_factory
-    from amptrain.store.history import chunk_writes, series_scan, value_writes
+    from amptrain.store.history import chunk_writes, rollup_rebuild, series_scan, value_writes
 
     migrate.upgrade(url)
     engine = make_engine(url)
@@ -169,6 +169,9 @@ def measure(url: str, args: argparse.Namespace) -> None:
     scan_rate = scanned / (time.perf_counter() - t0)
     steps_written = table_bytes(engine, ["metric_chunks"])
     steps_bytes = compact(engine, ["metric_chunks"])
+    with sf.begin() as s:  # what the reads need beside the chunks, built from them
+        rollup_rebuild.rebuild(s, step_job)
+    beside = {t: compact(engine, [t]) for t in ("metric_rollups", "metric_exemplars")}
     for first in range(0, args.layer_steps, args.batch // 10):
         n = min(args.batch // 10, args.layer_steps - first)
         with sf.begin() as s:
@@ -213,6 +216,11 @@ def measure(url: str, args: argparse.Namespace) -> None:
             f"compacted; rows {rows:7.1f} B/value (x{rows / chunks:5.1f}); goal <= {GOAL:.0f}: {verdict}",
             flush=True,
         )
+    print(
+        f"{db:10s} beside the step fields' chunks: "
+        + ", ".join(f"{t} {b / n_steps:.2f} B/value" for t, b in beside.items())
+        + f"; in all {(steps_bytes + sum(beside.values())) / n_steps:.2f} B/value"
+    )
     print(
         f"{db:10s} chunk writes, us of CPU per step-field value in this process (the "
         f"goal of 1 us is the whole recorder's): {judge('chunk write CPU per value (us)', segments, 1.0).line()}\n"

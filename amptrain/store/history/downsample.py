@@ -21,9 +21,11 @@ Where the buckets come from: the chunks' roll-ups (:mod:`amptrain.store.history.
 of the loss (counts, flags, the first flagged step) and of each field whose extremes are
 kept, plus the few chunks decoded at a window's cut edges and where a retry's attempts
 overlap (:mod:`amptrain.store.history.chunk_cover`): a read of a 10M-step run visits a few
-hundred rows, whatever the planner knows. Then the chosen steps' points, from the chunks
-too (:func:`~amptrain.store.history.chunk_pages.window_at`: a value's bytes each, not
-whole chunks decoded; a full-resolution window decodes its chunks whole,
+hundred rows, whatever the planner knows. Then the chosen steps' points: a step chosen
+from a whole roll-up block from the block's exemplar (its full record, kept with the
+roll-up: :mod:`amptrain.store.history.exemplar_reads`), the others from the chunks
+(:func:`~amptrain.store.history.chunk_pages.window_at`: a value's bytes each, not whole
+chunks decoded; a full-resolution window decodes its chunks whole,
 :func:`~amptrain.store.history.chunk_pages.window_between`); no window reads the rows of
 ``metric_points``.
 
