@@ -28,7 +28,8 @@ from amptrain.store.history.chunk_cover import Node, Raw, Run, pieces
 from amptrain.store.history.chunk_pages import point_series, window_items
 from amptrain.store.history.chunk_parts import MS, SEQ, SHIFT, STEP_KIND
 from amptrain.store.history.chunk_reads import Records
-from amptrain.store.history.exemplars import Record, records_at
+from amptrain.store.history.exemplars import NULL as _NULL
+from amptrain.store.history.exemplars import raw_at
 from amptrain.store.history.window import runs as consecutive
 
 _I64 = numpy.int64
@@ -48,11 +49,11 @@ def window_at(
     wanted: dict[Node, list[int]] = defaultdict(list)
     for step, node in homes.items():
         wanted[node].append(step)
-    found: dict[int, tuple[int, Record]] = {}
+    found: dict[int, Found] = {}
     for node, data in _blobs(s, job_id, list(wanted)).items():
-        for step, record in records_at(data, wanted[node]).items():
-            if MS in record:
-                found[step] = (node.attempt, record)
+        layout, records = raw_at(data, wanted[node])
+        for step, states, values in records:  # each holds its cursor (see exemplars.encode)
+            found[step] = (node.attempt, layout, states, values)
     names = point_series(fields)
     held = [] if not found else [_records(found, [n for n in names if n not in (MS, SEQ)])]
     rest = [x for x in steps if x not in found]
@@ -90,18 +91,32 @@ def _last(p: Node) -> int:
     return (((p.idx + 1) << p.level) << SHIFT) - 1
 
 
-def _records(found: dict[int, tuple[int, Record]], names: list[str]) -> Records:
+Found = tuple[int, tuple[str, ...], bytes, tuple[float, ...]]
+"""An exemplar record read: its attempt, its blob's names, its states and values
+(:data:`~amptrain.store.history.exemplars.Raw`)."""
+
+
+def _records(found: dict[int, Found], names: list[str]) -> Records:
     """The exemplar records as :func:`~amptrain.store.history.chunk_reads.assemble` gives
-    the chunks' (NaN where null or not held), in step order: one row per record."""
+    the chunks' (NaN where null or not held), in step order: array work per blob layout
+    (the names a blob holds; nearly always one layout), not per value."""
     steps = sorted(found)
-    recs = [found[x][1] for x in steps]
     columns = [MS, SEQ, "time", *names]
-    nan = numpy.nan
-    values = numpy.array(
-        [[nan if (v := r.get(c)) is None else v for c in columns] for r in recs], numpy.float64
-    ).reshape(len(recs), len(columns))
-    held = numpy.array([[c in r for c in names] for r in recs], bool).reshape(len(recs), -1)
-    nulls = held & numpy.array([[r.get(c, 0.0) is None for c in names] for r in recs], bool)
+    n = len(steps)
+    values = numpy.full((n, len(columns)), numpy.nan)
+    states = numpy.zeros((n, len(columns)), numpy.uint8)
+    layouts: dict[tuple[str, ...], list[int]] = defaultdict(list)
+    for row, step in enumerate(steps):
+        layouts[found[step][1]].append(row)
+    for layout, rows in layouts.items():
+        place = {name: j for j, name in enumerate(layout)}
+        pairs = [(c, place[name]) for c, name in enumerate(columns) if name in place]
+        targets, at = [c for c, _ in pairs], [j for _, j in pairs]
+        got = numpy.array([found[steps[r]][3] for r in rows], numpy.float64).reshape(len(rows), -1)
+        held = numpy.frombuffer(b"".join(found[steps[r]][2] for r in rows), numpy.uint8)
+        held = held.reshape(len(rows), -1)
+        values[numpy.ix_(rows, targets)] = got[:, at]
+        states[numpy.ix_(rows, targets)] = held[:, at]
     cols = [
         numpy.asarray(steps, _I64),
         numpy.asarray([found[x][0] for x in steps], _I64),
@@ -109,11 +124,11 @@ def _records(found: dict[int, tuple[int, Record]], names: list[str]) -> Records:
         values[:, 1].astype(_I64),
         values[:, 2],
     ]
-    maps = [
-        {n: values[:, 3 + i].copy() for i, n in enumerate(names)},
-        {n: nulls[:, i].copy() for i, n in enumerate(names)},
-        {n: held[:, i].copy() for i, n in enumerate(names)},
-    ]
+    maps: list[dict[str, numpy.ndarray]] = [{}, {}, {}]
+    for i, name in enumerate(names, 3):
+        maps[0][name] = values[:, i].copy()
+        maps[1][name] = states[:, i] == _NULL
+        maps[2][name] = states[:, i] != 0
     return Records.of(cols, maps, {})
 
 

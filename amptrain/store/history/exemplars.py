@@ -50,7 +50,9 @@ DECIDING = tuple(dict.fromkeys((KEY_SERIES, *EXTREMA_FIELDS)))
 """The step series whose roll-ups decide a block's notable steps."""
 
 _HEAD = struct.Struct("<HHH")  # records, names, bytes of the newline-joined names
-_NULL, _VALUE = 1, 2  # a name's state per record (0: not held)
+NULL = 1
+"""A name's state in a record: 0 not held, 1 (NULL) null, 2 a value."""
+_NULL, _VALUE = NULL, 2
 _NAN = float("nan")
 _SWAP = sys.byteorder != "little"
 
@@ -103,27 +105,40 @@ def decode(data: bytes) -> Block:
 
 
 def records_at(data: bytes, wanted: Iterable[int] | None) -> Block:
-    """The records of a blob at the ``wanted`` steps it holds (None: all), without
-    unpacking the others (a window takes one or two records of each blob it reads)."""
+    """The records of a blob at the ``wanted`` steps it holds (None: all)."""
+    names, found = raw_at(data, wanted)
+    return {
+        step: {
+            name: None if state == _NULL else v
+            for name, state, v in zip(names, states, values, strict=True)
+            if state
+        }
+        for step, states, values in found
+    }
+
+
+Raw = tuple[tuple[str, ...], list[tuple[int, bytes, tuple[float, ...]]]]
+"""A blob's names, and per record read its step, its state byte per name (0: not held, 1:
+null, 2: a value) and its values (NaN where no value)."""
+
+
+def raw_at(data: bytes, wanted: Iterable[int] | None) -> Raw:
+    """The records of a blob at the ``wanted`` steps it holds (None: all) as they are
+    packed, without unpacking the others (a window takes one or two records a blob)."""
     n, m, size = _HEAD.unpack_from(data)
     pos = _HEAD.size
-    names = data[pos : pos + size].decode().split("\n") if m else []
+    names = tuple(data[pos : pos + size].decode().split("\n")) if m else ()
     pos += size
     steps = _array("i", data[pos : pos + 4 * n])
     pos += 4 * n
     where = {step: i for i, step in enumerate(steps)}
     at = where.items() if wanted is None else [(x, where[x]) for x in wanted if x in where]
     values = struct.Struct(f"<{m}d")
-    block: Block = {}
+    found = []
     for step, i in at:
         off = pos + i * (9 * m)
-        states = data[off : off + m]
-        block[step] = {
-            name: None if state == _NULL else v
-            for name, state, v in zip(names, states, values.unpack_from(data, off + m), strict=True)
-            if state
-        }
-    return block
+        found.append((step, data[off : off + m], values.unpack_from(data, off + m)))
+    return names, found
 
 
 def _bytes(a: array[Any]) -> bytes:
