@@ -31,6 +31,7 @@ TABLES = {
     "metric_values",
     "metric_chunks",
     "metric_rollups",
+    "metric_exemplars",
     "alert_rules",
     "alert_firings",
     "alert_deliveries",
