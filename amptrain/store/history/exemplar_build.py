@@ -31,9 +31,10 @@ BATCH = 1024
 """Aligned chunk indexes per batch (262,144 steps)."""
 
 
-def rebuild(s: Session, job_id: str | None = None) -> None:
+def rebuild(s: Session, job_id: str | None = None, batch: int = BATCH) -> None:
     """Every exemplar of one job (or of every job with step roll-ups) from its chunks and
-    roll-ups (the roll-ups first: :mod:`~amptrain.store.history.rollup_rebuild`)."""
+    roll-ups (the roll-ups first: :mod:`~amptrain.store.history.rollup_rebuild`), ``batch``
+    chunk indexes at a time."""
     r = MetricRollup
     query = (
         sa.select(r.job_id, sa.func.min(r.idx), sa.func.max(r.idx))
@@ -45,10 +46,10 @@ def rebuild(s: Session, job_id: str | None = None) -> None:
         query = query.where(r.job_id == job_id)
     for job, lo, hi in s.execute(query).all():
         names = chunk_index.names(s, job, STEP_KIND)
-        for start in range(lo, hi + 1, BATCH):
-            _level0(s, job, names, start, start + BATCH - 1)
+        for start in range(lo, hi + 1, batch):
+            _level0(s, job, names, start, start + batch - 1)
         for below, level in pairwise(LEVELS):
-            span = BATCH << level  # aligned: no block is split between two batches
+            span = batch << level  # aligned: no block is split between two batches
             for start in range(lo - lo % span, hi + 1, span):
                 _fold(s, job, below, level, start, start + span - 1)
 

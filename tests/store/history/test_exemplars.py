@@ -36,10 +36,12 @@ def stored(sessions: Sessions, job_id: str) -> dict[tuple[int, int, int], bytes]
         return {(level, idx, a): bytes(d) for level, idx, a, d in rows}
 
 
-def rebuilt(sessions: Sessions, job_id: str) -> dict[tuple[int, int, int], bytes]:
+def rebuilt(
+    sessions: Sessions, job_id: str, batch: int = exemplar_build.BATCH
+) -> dict[tuple[int, int, int], bytes]:
     with sessions.begin() as s:
         s.execute(sa.delete(MetricExemplar).where(MetricExemplar.job_id == job_id))
-        exemplar_build.rebuild(s, job_id)
+        exemplar_build.rebuild(s, job_id, batch)
     return stored(sessions, job_id)
 
 
@@ -72,6 +74,7 @@ def test_kept_exemplars_are_rebuilt_ones_and_replays_change_nothing(
         rollups.record(s, again[100:500], [])  # a re-sent range
     assert stored(sessions, job_id) == kept
     assert rebuilt(sessions, job_id) == kept
+    assert rebuilt(sessions, job_id, batch=1) == kept  # a block (or 16) a batch
     with sessions.begin() as s:  # the roll-ups' rebuild builds them too
         s.execute(sa.delete(MetricRollup).where(MetricRollup.job_id == job_id))
         s.execute(sa.delete(MetricExemplar).where(MetricExemplar.job_id == job_id))
