@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from math import isfinite
+from operator import itemgetter
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -169,18 +170,22 @@ def gained_stats(new: Gained, marks: Marks | None) -> Stats:
     if not new:
         return out
     steps = list(new)
-    values = list(map(number, [v for v, _ in new.values()]))
+    values = _finite_numbers(new)
     out.count = len(steps)
-    out.first_step, out.last_step = min(steps), max(steps)
-    # NaN fails both comparisons: finite values only
-    held = [
-        (v, st) for v, st in zip(values, steps, strict=True) if v is not None and -_INF < v < _INF
-    ]
-    out.non_finite = out.count - len(held)
-    if held:
-        out.low, out.low_step = min(held)  # the lowest value, then the earliest step
-        top = max(v for v, _ in held)  # the highest value, then the earliest step
-        out.high, out.high_step = min(((v, st) for v, st in held if v == top), key=_step)
+    if values is not None and steps == sorted(steps):
+        # the common batch: ascending steps, all numbers and finite; min, max and index
+        # take the first of ties, the earliest step
+        out.first_step, out.last_step = steps[0], steps[-1]
+        out.low = min(values)
+        out.low_step = steps[values.index(out.low)]
+        out.high = max(values)
+        out.high_step = steps[values.index(out.high)]
+    else:
+        raw = list(map(_FIRST, new.values()))
+        if raw.count(None) == out.count:  # a field the run does not record (memory on a CPU)
+            out.first_step, out.last_step, out.non_finite = min(steps), max(steps), out.count
+        else:
+            _any_order(out, steps, list(map(number, raw)))
     if marks is not None:
         skipped, flagged = marks
         out.skipped = len(skipped.intersection(steps))
@@ -190,32 +195,63 @@ def gained_stats(new: Gained, marks: Marks | None) -> Stats:
     return out
 
 
+def _any_order(out: Stats, steps: list[int], values: list[float | None]) -> None:
+    out.first_step, out.last_step = min(steps), max(steps)
+    # NaN fails both comparisons: finite values only
+    held = [
+        (v, st) for v, st in zip(values, steps, strict=True) if v is not None and -_INF < v < _INF
+    ]
+    out.non_finite = out.count - len(held)
+    if held:
+        out.low, out.low_step = min(held)  # the lowest value, then the earliest step
+        top = max(v for v, _ in held)  # the highest value, then the earliest step
+        out.high, out.high_step = min(((v, st) for v, st in held if v == top), key=_SECOND)
+
+
+_FIRST, _SECOND = itemgetter(0), itemgetter(1)
+_NUMBERS = frozenset((float, int, bool))
+
+
+def _finite_numbers(new: Gained) -> list[float] | None:
+    """The new values as floats when every one is a finite number (a sum of finite floats
+    is finite unless it overflows, and a NaN or infinity makes it so); else None."""
+    raw = list(map(_FIRST, new.values()))
+    if not _NUMBERS.issuperset(map(type, raw)):
+        return None
+    try:
+        values = list(map(float, raw))
+    except OverflowError:
+        return None
+    return values if isfinite(sum(values)) else None
+
+
 def _flags(gains: Gains) -> dict[tuple[str, int, int], Marks]:
     """Per (job, chunk, attempt) of the step series written, the skipped and the flagged
     steps among its new loss steps (skipped: ``skipped`` is 1; flagged: skipped, or a null
     or non-finite loss, or a NaN or infinite grad norm): a point brings every step series at
-    once, so they gain the same steps."""
+    once, so they gain the same steps. A series of finite numbers flags nothing."""
     out: dict[tuple[str, int, int], Marks] = {}
     for (job_id, kind, name, chunk, attempt), new in gains.items():
         if kind != STEP_KIND or name != "loss":
             continue
         norms = gains.get((job_id, kind, "grad_norm", chunk, attempt), {})
         skips = gains.get((job_id, kind, "skipped", chunk, attempt), {})
-        skipped = {st for st, (v, _) in skips.items() if st in new and number(v) == 1}
-        flagged = skipped | {
-            st for st, (v, _) in new.items() if (x := number(v)) is None or not isfinite(x)
-        }
-        flagged.update(
-            st
-            for st, (v, _) in norms.items()
-            if st in new and (x := number(v)) is not None and not isfinite(x)
-        )
+        skipped: set[int] = set()
+        if 1 in map(_FIRST, skips.values()):  # == 1: True, 1 and 1.0, as number(v) == 1
+            skipped = {st for st, (v, _) in skips.items() if st in new and number(v) == 1}
+        flagged = set(skipped)
+        if _finite_numbers(new) is None:
+            flagged.update(
+                st for st, (v, _) in new.items() if (x := number(v)) is None or not isfinite(x)
+            )
+        if norms and _finite_numbers(norms) is None:
+            flagged.update(
+                st
+                for st, (v, _) in norms.items()
+                if st in new and (x := number(v)) is not None and not isfinite(x)
+            )
         out[(job_id, chunk, attempt)] = (skipped, flagged)
     return out
-
-
-def _step(held: tuple[float, int]) -> int:
-    return held[1]
 
 
 _ONE = f"SELECT {', '.join(STATS)} FROM metric_rollups WHERE " + " AND ".join(

@@ -164,9 +164,13 @@ def test_the_recorders_fold_of_a_batch_is_the_rebuilds() -> None:
     rng = random.Random(11)
     pool: list[Any] = [0.0, -0.0, 1.5, 1.5, -2.0, 7, True, None, math.nan, math.inf, -math.inf]
     pool += ["x", 10**400]
-    for _ in range(300):
+    finite = [0.0, -0.0, 1.5, 1.5, -2.0, 7, True, False, 1e308]
+    for i in range(600):
         steps = rng.sample(range(256, 512), rng.randint(1, 40))
-        new = {st: (rng.choice(pool), None) for st in steps}
+        if i % 2:  # the common batch (ascending steps, finite numbers) and its near misses
+            steps.sort()
+        values = finite if i % 4 == 1 else [None] if i % 8 == 2 else pool
+        new = {st: (rng.choice(values), None) for st in steps}
         skipped = {st for st in steps if rng.random() < 0.2}
         flagged = skipped | {st for st in steps if rng.random() < 0.2}
         marks = (skipped, flagged) if rng.random() < 0.7 else None
