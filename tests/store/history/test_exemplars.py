@@ -8,6 +8,7 @@ PostgreSQL."""
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from typing import Any
@@ -190,3 +191,25 @@ def test_the_recorders_fold_of_a_batch_is_the_rebuilds() -> None:
 def _value(v: Any) -> float:
     x = number(v)
     return math.nan if x is None else x
+
+
+def test_a_field_a_resent_point_brings_later_joins_the_kept_record(
+    db: tuple[sa.Engine, Sessions],
+) -> None:
+    """A point first recorded without its per-rank memory, then re-sent with it: the chunks
+    gain the rank series at an old step, and the block's record gains them too (kept ==
+    rebuilt), so a window shows them as the chunks do."""
+    _, sessions = db
+    job_id = new_job(sessions)
+    rows = series(job_id, list(range(512)), seed=6)
+    with sessions.begin() as s:
+        rollups.record(s, rows, [])
+    with_ranks = [row | {"memory_peak_per_rank": json.dumps([5, 7])} for row in rows]
+    with sessions.begin() as s:
+        rollups.record(s, with_ranks, [])
+    kept = stored(sessions, job_id)
+    assert any(b"@rank1" in data for data in kept.values())
+    assert rebuilt(sessions, job_id) == kept
+    with sessions() as s:
+        items = series_window(s, job_id, 14).items
+    assert items and all(p["memory_peak_per_rank"] == [5, 7] for p in items)
