@@ -46,7 +46,7 @@ from tests.support.bulk_points import bulk_insert_points
 from tests.support.row_window import raw_window
 
 T0 = 1_700_000_000_000
-TABLES = ("metric_chunks", "metric_rollups")
+TABLES = ("metric_chunks", "metric_rollups", "metric_exemplars")
 
 
 def loss(steps: numpy.ndarray) -> numpy.ndarray:

@@ -40,6 +40,7 @@ PARTS: tuple[tuple[str, str, str, str], ...] = (
     ("chunks: encode (in rows)", "amptrain.store.history.chunk_codec", "", "encode"),
     ("chunks: upsert", "amptrain.store.history.chunk_writes", "", "upsert"),
     ("chunks: roll-ups", "amptrain.store.history.rollups", "", "keep"),
+    ("chunks: exemplars (in roll-ups)", "amptrain.store.history.exemplars", "", "keep"),
     ("alerts", "amptrain.server.recorder.alerting", "", "evaluate"),
     ("commit", "sqlalchemy.orm", "Session", "commit"),
     ("ack", "amptrain.server.recorder.group", "ConsumerGroup", "ack"),

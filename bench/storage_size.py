@@ -1,6 +1,6 @@
-"""Storage per recorded value: what a history costs in SQL, the chunks (``metric_chunks``)
-and their roll-ups (``metric_rollups``), indexes included, on SQLite (the ``dbstat``
-table's pages of each table and index) and PostgreSQL (``pg_total_relation_size``: heap,
+"""Storage per recorded value: what a history costs in SQL, the chunks (``metric_chunks``),
+their roll-ups (``metric_rollups``) and exemplars (``metric_exemplars``), indexes included,
+on SQLite (the ``dbstat`` table's pages of each table and index) and PostgreSQL (``pg_total_relation_size``: heap,
 TOAST and indexes). (The per-value rows the chunks replaced, 30-45 bytes a value, are gone
 since migration 0017.)
 
@@ -14,7 +14,7 @@ memory counters):
   (a one-device run records no ``world_size``: its all-null chunks count as overhead);
 * 256 layer norms at every step of ``--layer-steps`` steps.
 
-Goal: at most 8 bytes per value, roll-ups included.
+Goal: at most 8 bytes per value, roll-ups and exemplars included.
 
     python bench/storage_size.py [--steps 1000000] [--layer-steps 4000] [--pg URL]
 """
@@ -38,7 +38,9 @@ from bench.common import SPEC, judge, throwaway_pg
 
 GOAL = 8.0
 LAYERS = 256
-TABLES = ["metric_chunks", "metric_rollups"]
+TABLES = ["metric_chunks", "metric_rollups", "metric_exemplars"]
+BESIDE = TABLES[1:]
+"""What the reads need beside the chunks: the roll-ups and their blocks' exemplars."""
 
 
 def step_points(job_id: str, first: int, n: int, rng: np.random.Generator) -> list[dict[str, Any]]:
@@ -170,14 +172,14 @@ def measure(url: str, args: argparse.Namespace) -> None:
     scan_rate = scanned / (time.perf_counter() - t0)
     steps_written = table_bytes(engine, TABLES)
     steps_bytes = compact(engine, TABLES)
-    steps_rollups = table_bytes(engine, ["metric_rollups"])
+    steps_rollups = table_bytes(engine, BESIDE)
     for first in range(0, args.layer_steps, args.batch // 10):
         n = min(args.batch // 10, args.layer_steps - first)
         with sf.begin() as s:
             rollups.record(s, [], layer_values(layer_job, first, n, rng))
     layers_written = table_bytes(engine, TABLES) - steps_bytes
     layers_bytes = compact(engine, TABLES) - steps_bytes
-    layers_rollups = table_bytes(engine, ["metric_rollups"]) - steps_rollups
+    layers_rollups = table_bytes(engine, BESIDE) - steps_rollups
     engine.dispose()
     db = "postgresql" if url.startswith("postgresql") else "sqlite"
     n_steps, n_layers = args.steps * recorded, args.layer_steps * LAYERS
@@ -197,7 +199,7 @@ def measure(url: str, args: argparse.Namespace) -> None:
         )
         print(
             f"{db:10s} {what:34s} {written:6.2f} B/value as written, {stored:6.2f} compacted "
-            f"(of which roll-ups {rolled:5.2f}); goal <= {GOAL:.0f}: {verdict}",
+            f"(of which roll-ups and exemplars {rolled:5.2f}); goal <= {GOAL:.0f}: {verdict}",
             flush=True,
         )
     print(

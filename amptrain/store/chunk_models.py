@@ -1,6 +1,7 @@
 """The chunked metric store's tables: ``metric_chunks`` (every series of a job in packed
 chunks, :mod:`amptrain.store.history.chunk_codec`) and ``metric_rollups`` (their
-aggregates per aligned block, :mod:`amptrain.store.history.rollups`). On the shared
+aggregates per aligned block, :mod:`amptrain.store.history.rollups`) and ``metric_exemplars``
+(the step records at those blocks' notable steps). On the shared
 :class:`~amptrain.store.models.Base` (the migrations' env imports this module)."""
 
 from __future__ import annotations
@@ -96,3 +97,22 @@ class MetricRollup(Base):
     high: Mapped[float | None] = mapped_column(sa.Float(precision=53))
     """The highest finite value and the first step holding it."""
     high_step: Mapped[int | None]
+
+
+class MetricExemplar(Base):
+    """The full step records of one attempt at a roll-up block's notable steps (its first and
+    last step, first flagged step and each extremes-kept field's lowest and highest step:
+    the steps a downsampled bucket can choose), packed
+    (:mod:`amptrain.store.history.exemplars`): a bucket made of whole blocks takes its
+    points from here, not from a chunk lookup per series. Keyed like the step kind's
+    roll-ups (level, ``idx = chunk >> level``, attempt); the primary key is the only index."""
+
+    __tablename__ = "metric_exemplars"
+
+    job_id: Mapped[str] = mapped_column(
+        sa.ForeignKey("jobs.id", ondelete="CASCADE"), primary_key=True
+    )
+    level: Mapped[int] = mapped_column(primary_key=True, autoincrement=False)
+    idx: Mapped[int] = mapped_column(primary_key=True, autoincrement=False)
+    attempt: Mapped[int] = mapped_column(primary_key=True, autoincrement=False)
+    data: Mapped[bytes] = mapped_column(sa.LargeBinary)

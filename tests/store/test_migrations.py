@@ -27,6 +27,7 @@ TABLES = {
     "comparisons",
     "metric_chunks",
     "metric_rollups",
+    "metric_exemplars",
     "alert_rules",
     "alert_firings",
     "alert_deliveries",

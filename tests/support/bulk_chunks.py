@@ -2,7 +2,8 @@
 every step ``1..n``), a block of 65,536 steps at a time: a 10M-step run in a minute or two,
 never all in memory. Benchmark data, not the code under test (the recorder's own path is
 :func:`amptrain.store.history.rollups.record`); the chunks are the codec's, the roll-ups
-the rebuild's (:mod:`amptrain.store.history.rollup_rebuild`)."""
+the rebuild's (:mod:`amptrain.store.history.rollup_rebuild`), the exemplars built from
+both (:mod:`amptrain.store.history.exemplar_build`)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,13 @@ from collections.abc import Callable, Mapping
 import numpy
 from sqlalchemy.orm import Session
 
-from amptrain.store.history import chunk_codec, chunk_writes, rollup_rebuild, rollups
+from amptrain.store.history import (
+    chunk_codec,
+    chunk_writes,
+    exemplar_build,
+    rollup_rebuild,
+    rollups,
+)
 from amptrain.store.history.chunk_codec import CHUNK_STEPS
 from amptrain.store.history.chunk_writes import STEP_KIND
 
@@ -48,3 +55,4 @@ def load(s: Session, job_id: str, steps: int, series: Mapping[str, Series]) -> N
         rollups.upsert(s, stats)
     for name in series:
         rollup_rebuild.fold_levels(s, job_id, STEP_KIND, name)
+    exemplar_build.rebuild(s, job_id)

@@ -13,9 +13,11 @@ the reads.
   chunks: migration 0016, and a job whose rows 0017 moved), ``chunk_cover`` (which
   roll-ups and decoded chunks hold a step range of the effective series across
   attempts), ``chunk_stats`` (their aggregates);
-  the chosen steps' items from the chunks (``chunk_pages.window_at``, which takes only the
-  wanted values of each chunk: ``chunk_pick``; ``chunk_pages.window_between`` for a
-  full-resolution window).
+  the chosen steps' items from ``exemplar_reads``: from ``exemplars`` (per step roll-up
+  block the full records at its notable steps, kept with the roll-ups; ``exemplar_build``
+  from stored chunks: migration 0018) where a bucket holds whole blocks, else from the
+  chunks (``chunk_pages.window_at``, which takes only the wanted values of each chunk:
+  ``chunk_pick``; ``chunk_pages.window_between`` for a full-resolution window).
   ``eval_window``: the evaluation and layer-norm windows, from each name's roll-ups
   (``chunk_stats.series_stats``) and the chosen records' chunks.
 - ``chunk_codec``, ``chunk_parts``, ``chunk_merge``, ``chunk_writes``, ``series_scan``:

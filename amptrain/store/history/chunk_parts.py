@@ -31,6 +31,10 @@ STEP_SERIES: tuple[str, ...] = tuple(
     m.name for m in STEP_METRICS if m.name != "step" and m.type in ("int", "float", "bool", "bytes")
 )
 """The per-step fields stored as series, in the metric table's order."""
+KEY_SERIES = "loss"
+"""The step series whose roll-ups count a window's points (every point writes it, a null
+loss too), whose non-finite values are what a mark's ``non_finite`` counts, and whose
+roll-ups carry the flags."""
 RESERVED = "@"
 """The prefix of every reserved series."""
 MS = "@ms"

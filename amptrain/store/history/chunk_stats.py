@@ -24,15 +24,12 @@ from amptrain.store.chunk_models import MetricRollup
 from amptrain.store.history import chunk_load
 from amptrain.store.history.chunk_codec import CHUNK_STEPS
 from amptrain.store.history.chunk_cover import Node, Piece, Raw, Run, pieces
+from amptrain.store.history.chunk_parts import KEY_SERIES as KEY_SERIES
 from amptrain.store.history.chunk_writes import STEP_KIND
 from amptrain.store.history.rollup_rebuild import segment_stats, values_at
 from amptrain.store.history.rollups import FLAG_SERIES, LEVELS, STATS, Stats
 from amptrain.store.history.window import runs as consecutive
 
-KEY_SERIES = "loss"
-"""The step series whose roll-ups count a window's points (every point writes it, a null
-loss too), whose non-finite values are what a mark's ``non_finite`` counts, and whose
-roll-ups carry the flags."""
 _SHIFT = CHUNK_STEPS.bit_length() - 1
 Arrays = tuple[numpy.ndarray, numpy.ndarray, numpy.ndarray]
 """Steps, values (NaN where null) and the null mask of a chunk's effective values."""

@@ -21,9 +21,11 @@ Where the buckets come from: the chunks' roll-ups (:mod:`amptrain.store.history.
 of the loss (counts, flags, the first flagged step) and of each field whose extremes are
 kept, plus the few chunks decoded at a window's cut edges and where a retry's attempts
 overlap (:mod:`amptrain.store.history.chunk_cover`): a read of a 10M-step run visits a few
-hundred rows, whatever the planner knows. Then the chosen steps' points, from the chunks
-too (:func:`~amptrain.store.history.chunk_pages.window_at`: a value's bytes each, not
-whole chunks decoded; a full-resolution window decodes its chunks whole,
+hundred rows, whatever the planner knows. Then the chosen steps' points: a step chosen
+from a whole roll-up block from the block's exemplar (its full record, kept with the
+roll-up: :mod:`amptrain.store.history.exemplar_reads`), the others from the chunks
+(:func:`~amptrain.store.history.chunk_pages.window_at`: a value's bytes each, not whole
+chunks decoded; a full-resolution window decodes its chunks whole,
 :func:`~amptrain.store.history.chunk_pages.window_between`).
 
 Retried jobs use the effective series (per step, the newest attempt's point), as
@@ -75,7 +77,8 @@ def series_window(
         raise ValueError("max_points must be at least 1")
     # numpy decodes the chunks: loaded by the first read, not when the API starts (the
     # recorder, in the same process, stays free of it).
-    from amptrain.store.history.chunk_pages import window_at, window_between
+    from amptrain.store.history import exemplar_reads
+    from amptrain.store.history.chunk_pages import window_between
     from amptrain.store.history.chunk_stats import KEY_SERIES, flagged_steps, range_stats
 
     newest = cursor_text(newest_cursor(s, job_id))
@@ -101,7 +104,9 @@ def series_window(
     if room_for_every_flagged(steps, marks, max_points):  # not just each bucket's first
         steps |= flagged_steps(s, job_id, runs, lo, hi)
     lasts = {a[KEY_SERIES].last_step for a in aggs}
-    items = window_at(s, job_id, sorted(steps), needed(fields, extrema))
+    items = exemplar_reads.window_at(
+        s, job_id, runs, ranges, sorted(steps), needed(fields, extrema)
+    )
     return finish(items, lasts, marks, max_points, extrema, fields, newest)
 
 

@@ -18,6 +18,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from amptrain.store.chunk_models import MetricChunk, MetricRollup
+from amptrain.store.history import exemplar_build
 from amptrain.store.history.chunk_codec import CHUNK_STEPS
 from amptrain.store.history.chunk_writes import STEP_KIND
 from amptrain.store.history.rollups import FLAG_SERIES, LEVELS, STATS, Stats, upsert
@@ -27,8 +28,9 @@ BATCH = 1024
 """Aligned chunk indexes per batch (262,144 steps of a series)."""
 
 
-def rebuild(s: Session, job_id: str | None = None) -> None:
-    """Every roll-up of one job (or of every job) from its chunks."""
+def rebuild(s: Session, job_id: str | None = None, exemplars: bool = True) -> None:
+    """Every roll-up of one job (or of every job) from its chunks, then (``exemplars``;
+    migrations 0016 and 0017 predate their table) the exemplars from both."""
     c = MetricChunk
     query = sa.select(c.job_id, c.kind, c.name).group_by(c.job_id, c.kind, c.name)
     if job_id is not None:
@@ -43,6 +45,8 @@ def rebuild(s: Session, job_id: str | None = None) -> None:
         for start in range(span[0], span[1] + 1, BATCH):
             _level0(s, job, kind, name, start, start + BATCH - 1)
         fold_levels(s, job, kind, name)
+    if exemplars:
+        exemplar_build.rebuild(s, job_id)
 
 
 def _chunks(
