@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from amptrain.cli.embedded_redis import EmbeddedRedis
 from amptrain.contract.metrics import EVAL_KIND, LAYER_NORM_KIND
 from amptrain.store import migrate
+from amptrain.store.chunk_models import MetricExemplar
 from amptrain.store.db import make_engine, make_session_factory
 from amptrain.store.history import points, values
 from amptrain.store.history.downsample import series_window
@@ -123,8 +124,12 @@ def test_0017_moves_what_the_chunks_lack_and_every_read_stays_byte_for_byte(
     engine = make_engine(database_url)
     try:
         sf = make_session_factory(engine)
+        # Today's recorder keeps the exemplars too (0018), which 0016's did not: their
+        # table exists only while it records here.
+        MetricExemplar.__table__.create(engine)
         recorded = record_run(sf, r)  # chunks, roll-ups and rows, as 0016's recorder left them
         rows_only = _rows_only(sf, r)
+        MetricExemplar.__table__.drop(engine)
         with sf.begin() as s:  # chunks lost in part, and roll-ups that no longer match
             s.execute(
                 sa.text(
