@@ -5,10 +5,9 @@ series (``scan_run``) and encoding blocks already read into Parquet.
 
 Goal: >= 5,000,000 values/s of CPU time (the export's process and, on PostgreSQL, every
 PostgreSQL process: on a shared machine wall time measures the neighbours); the wall-clock
-rate is printed beside it. The synthetic run is loaded straight
-through the database driver (the fastest way into today's narrow tables; on the chunk store
-use its own bulk writer), so the bench reruns as is after the store changes: only
-``scan_run`` is store-specific.
+rate is printed beside it. The synthetic run is written straight
+into the chunks (tests/support/bulk_chunks.py, the store ``scan_run`` reads; the rows it
+was loaded into before are no longer exported).
 
 The MLflow peer (when its venv exists: :func:`bench.common.mlflow_peer`) records a smaller
 run (``--peer-steps``) and reads each metric's full history (``get_metric_history``, MLflow's
@@ -24,10 +23,10 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy
 import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -37,9 +36,10 @@ from amptrain.contract.spec import JobSpec
 from amptrain.server.history_export import batches, encode, export_stream, schema
 from amptrain.store import jobs, migrate
 from amptrain.store.db import make_engine, make_session_factory
+from amptrain.store.history.chunk_parts import MS, SEQ
 from amptrain.store.history.series_scan import SeriesBlock, scan_run
 from bench.common import judge, mlflow_peer, postgres_cpu, throwaway_pg
-from tests.support.bulk_points import bulk_insert_points
+from tests.support import bulk_chunks
 
 GOAL = 5_000_000
 """Values per second of a whole-run Parquet export."""
@@ -61,25 +61,36 @@ FIELDS = (
 T0 = 1_700_000_000_000
 
 
-def rows(job_id: str, n: int) -> Iterator[tuple[Any, ...]]:
-    for step in range(1, n + 1):
-        loss = 1 / (1 + step * 1e-4) + (step % 7) * 1e-3
-        yield (
-            job_id, 1, T0 + step, 0, step,
-            1e9 + step * 0.01, loss, 65536.0, step % 4999 == 0, 1.0 + (step % 13) * 0.1,
-            1e-3, 2**30 + step % 1024, 2**31, 2**31 + 7, 5000.0 + step % 11, 10.0 + step % 3,
-            step // 4999,
-        )  # fmt: skip
+SERIES: dict[str, bulk_chunks.Series] = {
+    "time": lambda st: 1e9 + st * 0.01,
+    "loss": lambda st: 1 / (1 + st * 1e-4) + (st % 7) * 1e-3,
+    "loss_scale": lambda st: numpy.full(len(st), 65536.0),
+    "skipped": lambda st: (st % 4999 == 0).astype(numpy.float64),
+    "grad_norm": lambda st: 1.0 + (st % 13) * 0.1,
+    "lr": lambda st: numpy.full(len(st), 1e-3),
+    "memory_allocated": lambda st: (2**30 + st % 1024).astype(numpy.float64),
+    "memory_reserved": lambda st: numpy.full(len(st), 2.0**31),
+    "memory_peak": lambda st: numpy.full(len(st), 2.0**31 + 7),
+    "samples_per_second": lambda st: 5000.0 + st % 11,
+    "step_time_ms": lambda st: 10.0 + st % 3,
+    "skipped_steps": lambda st: (st // 4999).astype(numpy.float64),
+    MS: lambda st: (T0 + st).astype(numpy.float64),  # each point's cursor (not exported)
+    SEQ: lambda st: numpy.zeros(len(st)),
+}
+"""Every field of :data:`FIELDS` and the reserved cursor series a recorded point also
+writes."""
 
 
 def load_run(engine: sa.Engine, sessions: sessionmaker[Session], n: int) -> str:
+    """A run of ``n`` steps written straight into the chunks and roll-ups (the store the
+    export reads; tests/support/bulk_chunks.py)."""
     spec = JobSpec.model_validate(
         {"model": {"name": "mlp"}, "dataset": {"name": "synthetic-classification"}, "max_steps": n}
     )
     with sessions.begin() as s:
         job_id = jobs.create_job(s, spec, "bench", "cpu").id
-    columns = ("job_id", "attempt", "stream_ms", "stream_seq", "step", *FIELDS)
-    bulk_insert_points(engine, columns, rows(job_id, n))
+    with sessions.begin() as s:
+        bulk_chunks.load(s, job_id, n, SERIES)
     return job_id
 
 
