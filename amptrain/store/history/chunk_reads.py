@@ -199,7 +199,7 @@ def by_cursor(
     inclusive), in cursor order (recording order across attempts). ``names``: the series to
     read (every one of the kind by default)."""
     names = list(chunk_index.names(s, job_id, kind) if names is None else names)
-    series = sorted({*names, MS, SEQ, "time" if kind == STEP_KIND else TIME})
+    series = _with_record_series(kind, names)
     found: list[Records] = []
     start = (after.ms if after else 0, -1)
     for attempt in chunk_index.attempts(s, job_id, kind):
@@ -249,7 +249,7 @@ def by_steps(
     """The records of ``kind`` at ``steps`` (every attempt's, or the effective ones), in
     (step, attempt) order: one statement for the chunks holding them."""
     wanted = numpy.unique(numpy.asarray(steps, _I64))
-    series = sorted({*names, MS, SEQ, "time" if kind == STEP_KIND else TIME})
+    series = _with_record_series(kind, names)
     rec = assemble(chunk_pick.load_at(s, job_id, kind, series, wanted), kind, names, effective)
     return rec.take(numpy.lexsort((rec.attempts, rec.steps)))
 
@@ -259,7 +259,7 @@ def by_range(
 ) -> Records:
     """The effective records of ``kind`` at steps ``first..last``, in step order: every
     chunk of the range decoded whole (a full-resolution window keeps all its values)."""
-    series = sorted({*names, MS, SEQ, "time" if kind == STEP_KIND else TIME})
+    series = _with_record_series(kind, names)
     loaded = chunk_load.load_range(s, job_id, kind, series, first >> SHIFT, last >> SHIFT)
     rec = assemble(loaded, kind, names, True, (first, last))
     if len(rec) < 2 or (numpy.diff(rec.steps) > 0).all():
@@ -272,5 +272,10 @@ def in_chunks(
 ) -> Records:
     """Every record of ``kind`` in the chunk numbers ``chunks`` (of every attempt), as
     :func:`assemble` gives them: one statement."""
-    series = sorted({*names, MS, SEQ, "time" if kind == STEP_KIND else TIME})
+    series = _with_record_series(kind, names)
     return assemble(chunk_load.load(s, job_id, kind, series, chunks), kind, names, effective)
+
+
+def _with_record_series(kind: str, names: Sequence[str]) -> list[str]:
+    """``names`` and the series every record is rebuilt from (its cursor and time)."""
+    return sorted({*names, MS, SEQ, "time" if kind == STEP_KIND else TIME})
