@@ -93,3 +93,37 @@ def test_every_names_attempt_spans_come_in_one_statement_without_statistics(
         plan = _plan(engine, statement, params)
         bad = "SCAN metric_rollups" if engine.dialect.name == "sqlite" else "Seq Scan"
         assert bad not in plan, plan
+
+
+def test_sqlite_reads_lone_keys_in_lists_through_the_primary_key(
+    sf: sessionmaker[Session],
+) -> None:
+    """On SQLite the roll-ups and edge chunks of a name come a statement per run of
+    consecutive keys and per IN list of lone keys (``chunk_stats._sqlite_keys``), each a
+    search of the primary key: a window whose buckets cut every chunk (a 100k-step run's
+    layer norms) ran a statement per key before."""
+    from amptrain.store.history import chunk_stats
+
+    ids = [3, 4, 5, 9, *range(20, 1300, 2)]
+    parts = chunk_stats._sqlite_keys(ids)
+    covered = [
+        k
+        for where, keys in parts
+        for k in (range(keys[0], keys[1] + 1) if "BETWEEN" in where else keys)
+    ]
+    assert sorted(covered) == ids and len(parts) == 1 + 2  # a run, 641 lone keys in two lists
+    engine = sf.kw["bind"]
+    if engine.dialect.name != "sqlite":
+        return
+    with engine.connect() as conn:
+        for base, col in (
+            (chunk_stats._NODES_SQLITE, "r.idx"),
+            (chunk_stats._CHUNKS_SQLITE, "chunk"),
+        ):
+            for where, keys in parts:
+                params = ("j", "layer_grad_norm", "l.0", *((0,) if col == "r.idx" else ()), 1)
+                rows = conn.exec_driver_sql(
+                    "EXPLAIN QUERY PLAN " + base + where.format(col=col), (*params, *keys)
+                ).all()
+                plan = "\n".join(str(r[-1]) for r in rows)
+                assert "SEARCH" in plan and "SCAN" not in plan, plan
