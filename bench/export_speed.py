@@ -5,9 +5,9 @@ series (``scan_run``) and encoding blocks already read into Parquet.
 
 Goal: >= 5,000,000 values/s of CPU time (the export's process and, on PostgreSQL, every
 PostgreSQL process: on a shared machine wall time measures the neighbours); the wall-clock
-rate is printed beside it. The synthetic run is loaded
-straight into the chunks and roll-ups (:func:`tests.support.bulk_chunks.load`); only
-``scan_run`` is store-specific.
+rate is printed beside it. The synthetic run is written straight
+into the chunks (tests/support/bulk_chunks.py, the store ``scan_run`` reads; the rows it
+was loaded into before are no longer exported).
 
 The MLflow peer (when its venv exists: :func:`bench.common.mlflow_peer`) records a smaller
 run (``--peer-steps``) and reads each metric's full history (``get_metric_history``, MLflow's
@@ -36,6 +36,7 @@ from amptrain.contract.spec import JobSpec
 from amptrain.server.history_export import batches, encode, export_stream, schema
 from amptrain.store import jobs, migrate
 from amptrain.store.db import make_engine, make_session_factory
+from amptrain.store.history.chunk_parts import MS, SEQ
 from amptrain.store.history.series_scan import SeriesBlock, scan_run
 from bench.common import judge, mlflow_peer, postgres_cpu, throwaway_pg
 from tests.support import bulk_chunks
@@ -61,23 +62,28 @@ T0 = 1_700_000_000_000
 
 
 SERIES: dict[str, bulk_chunks.Series] = {
-    "time": lambda s: 1e9 + s * 0.01,
-    "loss": lambda s: 1 / (1 + s * 1e-4) + (s % 7) * 1e-3,
-    "loss_scale": lambda s: numpy.full(len(s), 65536.0),
-    "skipped": lambda s: (s % 4999 == 0).astype(numpy.float64),
-    "grad_norm": lambda s: 1.0 + (s % 13) * 0.1,
-    "lr": lambda s: numpy.full(len(s), 1e-3),
-    "memory_allocated": lambda s: (2**30 + s % 1024).astype(numpy.float64),
-    "memory_reserved": lambda s: numpy.full(len(s), float(2**31)),
-    "memory_peak": lambda s: numpy.full(len(s), float(2**31 + 7)),
-    "samples_per_second": lambda s: 5000.0 + s % 11,
-    "step_time_ms": lambda s: 10.0 + s % 3,
-    "skipped_steps": lambda s: (s // 4999).astype(numpy.float64),
+    "time": lambda st: 1e9 + st * 0.01,
+    "loss": lambda st: 1 / (1 + st * 1e-4) + (st % 7) * 1e-3,
+    "loss_scale": lambda st: numpy.full(len(st), 65536.0),
+    "skipped": lambda st: (st % 4999 == 0).astype(numpy.float64),
+    "grad_norm": lambda st: 1.0 + (st % 13) * 0.1,
+    "lr": lambda st: numpy.full(len(st), 1e-3),
+    "memory_allocated": lambda st: (2**30 + st % 1024).astype(numpy.float64),
+    "memory_reserved": lambda st: numpy.full(len(st), 2.0**31),
+    "memory_peak": lambda st: numpy.full(len(st), 2.0**31 + 7),
+    "samples_per_second": lambda st: 5000.0 + st % 11,
+    "step_time_ms": lambda st: 10.0 + st % 3,
+    "skipped_steps": lambda st: (st // 4999).astype(numpy.float64),
+    MS: lambda st: (T0 + st).astype(numpy.float64),  # each point's cursor (not exported)
+    SEQ: lambda st: numpy.zeros(len(st)),
 }
-"""Each field of :data:`FIELDS` as a function of the steps."""
+"""Every field of :data:`FIELDS` and the reserved cursor series a recorded point also
+writes."""
 
 
 def load_run(engine: sa.Engine, sessions: sessionmaker[Session], n: int) -> str:
+    """A run of ``n`` steps written straight into the chunks and roll-ups (the store the
+    export reads; tests/support/bulk_chunks.py)."""
     spec = JobSpec.model_validate(
         {"model": {"name": "mlp"}, "dataset": {"name": "synthetic-classification"}, "max_steps": n}
     )

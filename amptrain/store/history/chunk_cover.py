@@ -15,6 +15,7 @@ point are contested; the rest of a retried run reads as fast as a run of one att
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import pairwise
 
@@ -61,6 +62,42 @@ def attempt_runs(s: Session, job_id: str, kind: str, name: str) -> list[Run]:
         .where(r.job_id == job_id, r.kind == kind, r.name == name, r.level == max(LEVELS))
         .group_by(r.attempt)
     ).all()
+    return _runs([(a, lo, hi) for a, lo, hi in spans])
+
+
+def attempt_runs_of(
+    s: Session, job_id: str, kind: str, names: Sequence[str]
+) -> dict[str, list[Run]]:
+    """:func:`attempt_runs` of each of ``names``: one statement, an index range of the top
+    roll-ups per name (a layer-norm window has up to 256 names: a statement each cost more
+    than the rest of the read)."""
+    if not names:
+        return {}
+    params = {"job": job_id, "kind": kind, "names": list(names), "level": max(LEVELS)}
+    sql = _SPANS_PG if s.get_bind().dialect.name == "postgresql" else _SPANS
+    spans: dict[str, list[tuple[int, int, int]]] = {n: [] for n in names}
+    for name, attempt, lo, hi in s.execute(sql, params):
+        spans[name].append((attempt, lo, hi))
+    return {n: _runs(found) for n, found in spans.items()}
+
+
+# Per name a LATERAL range of the primary key (job, kind, name, level, ...), OFFSET 0 keeping
+# it one whatever the planner knows (a flattened join may scan the kind's every roll-up).
+_SPANS_PG = sa.text(
+    "SELECT k.name, r.attempt, r.lo, r.hi FROM unnest(CAST(:names AS text[])) AS k(name) "
+    "CROSS JOIN LATERAL (SELECT attempt, min(first_step) AS lo, max(last_step) AS hi "
+    "FROM metric_rollups WHERE job_id = :job AND kind = :kind AND name = k.name "
+    "AND level = :level GROUP BY attempt OFFSET 0) AS r"
+)
+_SPANS = sa.text(
+    "SELECT name, attempt, min(first_step), max(last_step) FROM metric_rollups "
+    "WHERE job_id = :job AND kind = :kind AND name IN :names AND level = :level "
+    "GROUP BY name, attempt"
+).bindparams(sa.bindparam("names", expanding=True))
+
+
+def _runs(spans: list[tuple[int, int, int]]) -> list[Run]:
+    """Attempts' step spans ``(attempt, first, last)`` as runs of chunks."""
     chunk_spans = [(a, lo >> _SHIFT, hi >> _SHIFT) for a, lo, hi in spans]
     cuts = sorted({lo for _, lo, _ in chunk_spans} | {hi + 1 for _, _, hi in chunk_spans})
     runs: list[Run] = []

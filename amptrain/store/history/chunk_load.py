@@ -93,6 +93,36 @@ def load(s: Session, job_id: str, kind: str, names: Sequence[str], chunks: Seque
     return decode_many(found)
 
 
+def load_range(
+    s: Session, job_id: str, kind: str, names: Sequence[str], first: int, last: int
+) -> Loaded:
+    """Every attempt's chunks ``first..last`` (chunk numbers) of the ``names`` series of
+    ``kind``, decoded: one statement, a primary-key range per name. A full-resolution
+    window's chunks are consecutive: a range per name instead of a lookup per (name, chunk)
+    pair (on PostgreSQL 0.9 ms instead of 4.8 for the 520 chunks of a 10,000-step window)."""
+    if not names or first > last:
+        return {}
+    sql = _RANGE_PG if s.get_bind().dialect.name == "postgresql" else _RANGE
+    params = {"job": job_id, "kind": kind, "names": list(names), "first": first, "last": last}
+    rows = driver_rows(s.execute(sql, params))
+    return decode_many(
+        [
+            ((name, chunk, attempt), chunk * CHUNK_STEPS, d if d.__class__ is bytes else bytes(d))
+            for name, chunk, attempt, d in rows
+        ]
+    )
+
+
+def driver_rows(result: Any) -> list[Any]:
+    """A statement's rows as the driver's tuples, not SQLAlchemy's rows: a layer-norm window
+    fetches ~90,000 chunks, and the rows' wrapping cost a third of that. The statement still
+    runs through the session (its events, the plan tests, see it)."""
+    try:
+        return list(result.cursor.fetchall())
+    finally:
+        result.close()
+
+
 def fetch(
     s: Session, job_id: str, kind: str, names: Sequence[str], chunks: Sequence[int]
 ) -> list[tuple[tuple[str, int, int], bytes]]:
@@ -123,7 +153,7 @@ def fetch(
     return [
         ((name, chunk, attempt), data if data.__class__ is bytes else bytes(data))
         for rows in batches
-        for name, chunk, attempt, data in rows.all()  # one fetchall, not a fetch per row
+        for name, chunk, attempt, data in driver_rows(rows)  # one fetchall, not one per row
     ]
 
 
@@ -140,3 +170,14 @@ _LOAD = sa.text(
     "SELECT name, chunk, attempt, data FROM metric_chunks WHERE job_id = :job AND kind = :kind "
     "AND name IN :names AND chunk IN :chunks"
 ).bindparams(sa.bindparam("names", expanding=True), sa.bindparam("chunks", expanding=True))
+# A LATERAL range per name, OFFSET 0 keeping it one (as _LOAD_PG): never a scan of the kind.
+_RANGE_PG = sa.text(
+    "SELECT c.name, c.chunk, c.attempt, c.data FROM unnest(CAST(:names AS text[])) AS k(name) "
+    "CROSS JOIN LATERAL (SELECT m.name, m.chunk, m.attempt, m.data FROM metric_chunks m "
+    "WHERE m.job_id = :job AND m.kind = :kind AND m.name = k.name "
+    "AND m.chunk BETWEEN :first AND :last OFFSET 0) AS c"
+)
+_RANGE = sa.text(
+    "SELECT name, chunk, attempt, data FROM metric_chunks WHERE job_id = :job AND kind = :kind "
+    "AND name IN :names AND chunk BETWEEN :first AND :last"
+).bindparams(sa.bindparam("names", expanding=True))

@@ -73,11 +73,18 @@ class Records:
         return Records.of([c[index] for c in self.columns()], maps, self.positions)
 
 
-def assemble(loaded: Loaded, kind: str, names: Sequence[str], effective: bool) -> Records:
+def assemble(
+    loaded: Loaded,
+    kind: str,
+    names: Sequence[str],
+    effective: bool,
+    within: tuple[int, int] | None = None,
+) -> Records:
     """Every record in ``loaded`` (all attempts' chunks of the same chunk numbers), in
-    (attempt, step) order; ``effective``: only what no newer attempt re-recorded. Each
-    series is joined to the records at once (numpy over all its chunks), not chunk by
-    chunk: a window's points touch a chunk each."""
+    (attempt, step) order; ``effective``: only what no newer attempt re-recorded;
+    ``within``: only the steps ``first..last``. Each series is joined to the records at
+    once (numpy over all its chunks), not chunk by chunk: a window's points touch a chunk
+    each."""
     time_name = "time" if kind == STEP_KIND else TIME
     wanted = [n for n in names if n not in (MS, SEQ, TIME)]
     series = _by_name(loaded)
@@ -86,6 +93,10 @@ def assemble(loaded: Loaded, kind: str, names: Sequence[str], effective: bool) -
         ms = _Series(_EMPTY, numpy.empty(0), numpy.empty(0, bool), {})
     keys, steps, attempts = ms.keys, ms.keys & _STEP_MASK, ms.keys >> 32
     keep = numpy.ones(len(keys), bool)
+    if within is not None:
+        keep &= (steps >= within[0]) & (steps <= within[1])
+    # one attempt loaded: no record of it is superseded (nearly every read)
+    effective = effective and len(keys) > 0 and attempts[0] != attempts[-1]
     if effective and kind == STEP_KIND:
         keep &= attempts == _newest(ms.keys, steps)
     maps: list[dict[str, numpy.ndarray]] = [{}, {}, {}]
@@ -109,6 +120,8 @@ def assemble(loaded: Loaded, kind: str, names: Sequence[str], effective: bool) -
         _joined(keys, series.get(SEQ))[0].astype(_I64),
         _joined(keys, series.get(time_name))[0],
     ]
+    if keep.all():
+        return Records.of(cols, maps, positions)
     picked = [{n: a[keep] for n, a in m.items()} for m in maps]
     return Records.of([c[keep] for c in cols], picked, positions)
 
@@ -152,6 +165,9 @@ def _joined(
     n = len(keys)
     if found is None or not len(found.keys):
         return numpy.full(n, numpy.nan), numpy.zeros(n, bool), numpy.zeros(n, bool)
+    if len(found.keys) == n and numpy.array_equal(found.keys, keys):
+        # the series holds every record (every step field of an ordinary run): no search
+        return found.values, found.nulls, numpy.ones(n, bool)
     at = numpy.searchsorted(found.keys, keys).clip(0, len(found.keys) - 1)
     there = found.keys[at] == keys
     return numpy.where(there, found.values[at], numpy.nan), there & found.nulls[at], there
@@ -183,7 +199,7 @@ def by_cursor(
     inclusive), in cursor order (recording order across attempts). ``names``: the series to
     read (every one of the kind by default)."""
     names = list(chunk_index.names(s, job_id, kind) if names is None else names)
-    series = sorted({*names, MS, SEQ, "time" if kind == STEP_KIND else TIME})
+    series = _with_record_series(kind, names)
     found: list[Records] = []
     start = (after.ms if after else 0, -1)
     for attempt in chunk_index.attempts(s, job_id, kind):
@@ -233,7 +249,7 @@ def by_steps(
     """The records of ``kind`` at ``steps`` (every attempt's, or the effective ones), in
     (step, attempt) order: one statement for the chunks holding them."""
     wanted = numpy.unique(numpy.asarray(steps, _I64))
-    series = sorted({*names, MS, SEQ, "time" if kind == STEP_KIND else TIME})
+    series = _with_record_series(kind, names)
     rec = assemble(chunk_pick.load_at(s, job_id, kind, series, wanted), kind, names, effective)
     return rec.take(numpy.lexsort((rec.attempts, rec.steps)))
 
@@ -243,9 +259,11 @@ def by_range(
 ) -> Records:
     """The effective records of ``kind`` at steps ``first..last``, in step order: every
     chunk of the range decoded whole (a full-resolution window keeps all its values)."""
-    chunks = list(range(first >> SHIFT, (last >> SHIFT) + 1))
-    rec = in_chunks(s, job_id, kind, chunks, names, True)
-    rec = rec.take((rec.steps >= first) & (rec.steps <= last))
+    series = _with_record_series(kind, names)
+    loaded = chunk_load.load_range(s, job_id, kind, series, first >> SHIFT, last >> SHIFT)
+    rec = assemble(loaded, kind, names, True, (first, last))
+    if len(rec) < 2 or (numpy.diff(rec.steps) > 0).all():
+        return rec  # one attempt: already in step order
     return rec.take(numpy.lexsort((rec.attempts, rec.steps)))
 
 
@@ -254,5 +272,10 @@ def in_chunks(
 ) -> Records:
     """Every record of ``kind`` in the chunk numbers ``chunks`` (of every attempt), as
     :func:`assemble` gives them: one statement."""
-    series = sorted({*names, MS, SEQ, "time" if kind == STEP_KIND else TIME})
+    series = _with_record_series(kind, names)
     return assemble(chunk_load.load(s, job_id, kind, series, chunks), kind, names, effective)
+
+
+def _with_record_series(kind: str, names: Sequence[str]) -> list[str]:
+    """``names`` and the series every record is rebuilt from (its cursor and time)."""
+    return sorted({*names, MS, SEQ, "time" if kind == STEP_KIND else TIME})

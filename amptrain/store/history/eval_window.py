@@ -30,7 +30,7 @@ from sqlalchemy.orm import Session
 
 from amptrain.contract.metrics import EVAL_KIND
 from amptrain.store.history import chunk_index
-from amptrain.store.history.chunk_cover import Raw, attempt_runs, pieces
+from amptrain.store.history.chunk_cover import Raw, attempt_runs, attempt_runs_of, pieces
 from amptrain.store.history.chunk_parts import MS, RESERVED, SHIFT
 from amptrain.store.history.rollups import Stats
 from amptrain.store.history.values import newest_cursor
@@ -82,7 +82,7 @@ def eval_window(
         return EvalWindow(_marked(s, rec, downsampled=False), newest)
     lo, hi = span.first_step, span.last_step
     per_name = kind == EVAL_KIND
-    runs = {n: attempt_runs(s, job_id, kind, n) for n in names}
+    runs = attempt_runs_of(s, job_id, kind, names)
     if per_name:  # the names holding a value in the window decide each bucket's share
         (held,) = series_stats(s, job_id, kind, runs, [(lo, hi)])
         runs = {n: runs[n] for n in names if held[n].count}
