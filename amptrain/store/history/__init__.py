@@ -19,7 +19,8 @@ the reads.
   chunks (``chunk_pages.window_at``, which takes only the wanted values of each chunk:
   ``chunk_pick``; ``chunk_pages.window_between`` for a full-resolution window).
   ``eval_window``: the evaluation and layer-norm windows, from each name's roll-ups
-  (``chunk_stats.series_stats``) and the chosen records' chunks.
+  (``chunk_stats.series_stats``; the layer norms' kept steps folded over every name at once
+  in numpy: ``layer_buckets``) and the chosen records' chunks.
 - ``chunk_codec``, ``chunk_parts``, ``chunk_merge``, ``chunk_writes``, ``series_scan``:
   every series of a job (each per-step field, eval metric and layer norm, and the reserved
   series that rebuild a record: cursor, record time, per-rank memory) in

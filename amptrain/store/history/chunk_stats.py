@@ -13,7 +13,7 @@ decodes. Nothing here depends on planner statistics: every statement walks the p
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy
@@ -69,7 +69,7 @@ def series_stats(
     if kind == STEP_KIND:  # what decides a decoded step's flags
         raws |= {(f, c, a) for _, c, a in list(raws) for f in FLAG_SERIES}
     stored = _nodes(s, job_id, kind, nodes)
-    decoded = _effective(s, job_id, kind, raws)
+    decoded = decoded_effective(s, job_id, kind, raws)
     out: list[dict[str, Stats]] = [{} for _ in ranges]
     for name, cs in covers.items():
         cut = _raw_stats(name, cs, decoded, kind)
@@ -125,12 +125,19 @@ def flags(
 def _nodes(
     s: Session, job_id: str, kind: str, wanted: Iterable[tuple[str, Node]]
 ) -> dict[tuple[str, Node], Stats]:
-    out: dict[tuple[str, Node], Stats] = {}
+    return {key: Stats(row) for key, row in node_rows(s, job_id, kind, wanted)}
+
+
+def node_rows(
+    s: Session, job_id: str, kind: str, wanted: Iterable[tuple[str, Node]]
+) -> Iterator[tuple[tuple[str, Node], Sequence[Any]]]:
+    """The stored roll-ups ``(name, node)`` of ``wanted`` that exist, each with its columns
+    of :data:`STATS` (as the driver gives them: a layer-norm window reads ~30,000)."""
     groups: dict[tuple[str, int, int], list[int]] = defaultdict(list)
     for name, n in wanted:
         groups[(name, n.level, n.attempt)].append(n.idx)
     if not groups:
-        return out
+        return
     conn: Any = s.connection().connection.driver_connection
     if s.get_bind().dialect.name == "postgresql":
         # Every run of consecutive keys as one index range, all in one statement.
@@ -138,14 +145,13 @@ def _nodes(
         with conn.cursor() as cur:
             columns = [list(c) for c in zip(*spans, strict=True)]
             for name, level, idx, attempt, *row in cur.execute(_NODES_PG, (*columns, job_id, kind)):
-                out[(name, Node(attempt, level, idx))] = Stats(row)
-        return out
+                yield (name, Node(attempt, level, idx)), row
+        return
     for (name, level, attempt), ids in groups.items():
         for where, keys in _sqlite_keys(ids):
             params = (job_id, kind, name, level, attempt, *keys)
             for idx, *row in conn.execute(_NODES_SQLITE + where.format(col="r.idx"), params):
-                out[(name, Node(attempt, level, idx))] = Stats(row)
-    return out
+                yield (name, Node(attempt, level, idx)), row
 
 
 def _sqlite_keys(ids: Iterable[int]) -> list[tuple[str, tuple[int, ...]]]:
@@ -187,10 +193,10 @@ def effective_chunks(
     """Per step series of ``names`` and chunk, the effective values of the chunks of the
     given attempts: per step the newest attempt's value."""
     wanted = {(name, chunk, a) for name in names for atts, chunk in raws for a in atts}
-    return _effective(s, job_id, STEP_KIND, wanted)
+    return decoded_effective(s, job_id, STEP_KIND, wanted)
 
 
-def _effective(
+def decoded_effective(
     s: Session, job_id: str, kind: str, wanted: Iterable[tuple[str, int, int]]
 ) -> dict[tuple[str, int], Arrays]:
     """Per (name, chunk) of the chunks ``(name, chunk, attempt)`` of ``kind``: per step the

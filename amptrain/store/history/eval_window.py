@@ -66,7 +66,7 @@ def eval_window(
     # numpy with the first read, not at the API's start (amptrain.store.history.points).
     import numpy
 
-    from amptrain.store.history import chunk_reads
+    from amptrain.store.history import chunk_reads, layer_buckets
     from amptrain.store.history.chunk_stats import series_stats
 
     first = _ALL_STEPS[0] if from_step is None else from_step
@@ -91,7 +91,10 @@ def eval_window(
         (max(lo, b * width), min(hi, (b + 1) * width - 1))
         for b in range(lo // width, hi // width + 1)
     ]
-    chosen = _chosen_steps(series_stats(s, job_id, kind, runs, ranges), per_name)
+    if per_name:
+        chosen = _chosen_steps(series_stats(s, job_id, kind, runs, ranges))
+    else:  # three steps a bucket, folded over every name at once
+        chosen = layer_buckets.kept_steps(s, job_id, kind, runs, ranges)
     rec = chunk_reads.by_steps(s, job_id, kind, sorted(chosen), names, effective=True)
     items = _marked(s, rec, downsampled=True)
     if len(items) > max_points:  # a budget below one bucket's share, or re-evaluated steps
@@ -123,9 +126,9 @@ def _records_held(
     return held[MS], count
 
 
-def _chosen_steps(buckets: list[dict[str, Stats]], per_name: bool) -> set[int]:
+def _chosen_steps(buckets: list[dict[str, Stats]]) -> set[int]:
     """Per bucket: its first and last step and, per name, where its min and max are first
-    held (not ``per_name``: where the bucket's max over every name is first held)."""
+    held."""
     chosen: set[int] = set()
     for totals in buckets:
         held = [t for t in totals.values() if t.count]
@@ -133,13 +136,7 @@ def _chosen_steps(buckets: list[dict[str, Stats]], per_name: bool) -> set[int]:
             continue
         chosen.add(min(t.first_step for t in held))
         chosen.add(max(t.last_step for t in held))
-        if per_name:
-            chosen.update(x for t in held for x in (t.low_step, t.high_step) if x is not None)
-            continue
-        highs = [t for t in held if t.high is not None and t.high_step is not None]
-        if highs:
-            top = max(t.high for t in highs if t.high is not None)
-            chosen.add(min(t.high_step for t in highs if t.high == top and t.high_step is not None))
+        chosen.update(x for t in held for x in (t.low_step, t.high_step) if x is not None)
     return chosen
 
 
