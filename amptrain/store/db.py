@@ -6,7 +6,7 @@ workers with skewed clocks still agree on who holds a job.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -91,6 +91,50 @@ def execute_many(s: Session, template: str, rows: list[tuple[Any, ...]]) -> None
         return
     with conn.cursor() as cur:
         cur.executemany(template.format(marks=", ".join(["%s"] * len(rows[0]))), rows)
+
+
+def upsert_many(
+    s: Session, template: str, table: str, columns: Sequence[tuple[str, str]], rows: list[Any]
+) -> None:
+    """Insert-or-update ``rows`` (tuples in the order of ``columns``: ``(name, type)`` with
+    type ``text``, ``int`` or ``float8``): ``template`` (:func:`execute_many`'s, for SQLite)
+    through its executemany; on PostgreSQL ONE statement over the unnested columns, each
+    sent as an array literal (:func:`_array`), with ``template``'s ``ON CONFLICT`` clause.
+    psycopg's executemany cost ~11 us of client CPU a roll-up row and its list dumping
+    ~8.5; the literals ~2.9 (this machine, 700 rows)."""
+    if not rows:
+        return
+    if s.get_bind().dialect.name == "sqlite":
+        execute_many(s, template, rows)
+        return
+    names = ", ".join(name for name, _ in columns)
+    arrays = ", ".join(f"%s::text::{kind}[]" for _, kind in columns)
+    conflict = template[template.index(" ON CONFLICT ") :]
+    sql = f"INSERT INTO {table} ({names}) SELECT * FROM unnest({arrays}){conflict}"
+    data = [
+        _array(col, kind) for col, (_, kind) in zip(zip(*rows, strict=True), columns, strict=True)
+    ]
+    conn: Any = s.connection().connection.driver_connection
+    with conn.cursor() as cur:
+        cur.execute(sql, data)
+
+
+def _array(column: Sequence[Any], kind: str) -> str:
+    """A PostgreSQL array literal of ``column``: NULL for None, numbers by ``repr`` of
+    ``int``/``float`` (a float's shortest round-trip form: the same float8 comes back, -0.0,
+    nan and inf too), strings double-quoted with ``"`` and ``\\`` escaped."""
+    if kind == "text":
+        body = ",".join(
+            "NULL" if v is None else '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+            for v in column
+        )
+    else:
+        cast = float if kind == "float8" else int
+        if None in column:
+            body = ",".join("NULL" if v is None else repr(cast(v)) for v in column)
+        else:
+            body = ",".join(map(repr, map(cast, column)))
+    return "{" + body + "}"
 
 
 def database_now(s: Session) -> float:

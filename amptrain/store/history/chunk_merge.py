@@ -27,8 +27,10 @@ record that carried no time)."""
 Span = tuple[float | None, float | None, int]
 """A chunk's lowest and highest finite value (None: none is) and how many are not finite:
 its ``low``, ``high`` and ``non_finite`` columns (:func:`value_range` of its values)."""
-Gained = dict[int, tuple[Any, float | None]]
-"""The steps a chunk gained: step -> (value as recorded, None = null; its time)."""
+Gained = dict[int, Any]
+"""The steps a chunk gained: step -> value as recorded (None = null). No time: nothing
+reads it there, and a tuple per value was a third of building these (and garbage
+collector work: a tuple is tracked, a dict of numbers is not)."""
 
 
 def merged(
@@ -75,7 +77,7 @@ def _appended(
 
 def _gained(part: Part) -> Gained:
     """Every step of a part that only appends is new."""
-    return dict(zip(part.steps, zip(part.values, part.times, strict=True), strict=True))
+    return dict(zip(part.steps, part.values, strict=True))
 
 
 def _extended(old: Steps, new: list[int]) -> Steps:
@@ -110,16 +112,18 @@ def _merged(part: Part, old: Stored | None) -> tuple[Stored, Gained] | None:
     """A chunk with the part's new steps; None when it gains none (a replay) and no place
     (a chunk migration 0014 wrote before a name's place was kept)."""
     have = set(old[0].steps) if old is not None else set()
-    new: dict[int, tuple[Any, float | None]] = {}
+    new: Gained = {}
+    times: dict[int, float | None] = {}
     for step, value, at in zip(part.steps, part.values, part.times, strict=True):
         if step not in have and step not in new:
-            new[step] = (value, at)
+            new[step] = value
+            times[step] = at
     position = part.position if old is None or old[0].position is None else old[0].position
     if not new and (old is None or old[0].position == position):
         return None
-    entries = [(step, v) for step, (v, _) in new.items()]
-    t_first = new[min(new)][1] if new else None
-    t_last = new[max(new)][1] if new else None
+    entries = list(new.items())
+    t_first = times[min(new)] if new else None
+    t_last = times[max(new)] if new else None
     if old is not None:
         o = old[0]
         nulls = o.nulls or bytes(len(o.steps))

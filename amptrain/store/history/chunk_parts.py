@@ -60,6 +60,15 @@ Key = tuple[str, str, str, int, int]
 """``(job_id, kind, name, chunk, attempt)``: a chunk's primary key."""
 
 
+def rolled_up(kind: str, name: str) -> bool:
+    """Whether a series keeps roll-ups (``metric_rollups``): every series of the metric
+    table, and a named kind's :data:`MS`, which counts its records (``eval_window``). No
+    read takes the other reserved series' roll-ups (their values come from the chunks and
+    the exemplars), so neither the recorder nor the rebuild makes them: a step point's
+    ``@ms`` and ``@seq`` were 2 of its 13 series' upkeep. Ones written before stay, unread."""
+    return not name.startswith(RESERVED) or (kind != STEP_KIND and name == MS)
+
+
 class Part:
     """New values of one chunk, in arrival order: steps, values (None = null), times, and a
     named series' place in its record."""

@@ -156,17 +156,26 @@ def _array(typecode: str, data: bytes) -> array[Any]:
     return a
 
 
-def keep(s: Session, totals: Mapping[tuple[Any, ...], Any], gains: Mapping[Any, Gained]) -> None:
+def keep(
+    s: Session,
+    totals: Mapping[tuple[Any, ...], Any],
+    gains: Mapping[Any, Gained],
+    levels: Iterable[int],
+) -> None:
     """The recorder's upkeep, in the caller's transaction: ``totals``, the step kind's
     roll-ups a batch changed (by :data:`~amptrain.store.history.rollups.RKey`, as merged
-    with the batch), and ``gains``, what the chunks gained
-    (:data:`~amptrain.store.history.chunk_writes.Gains`)."""
+    with the batch), ``gains``, what the chunks gained
+    (:data:`~amptrain.store.history.chunk_writes.Gains`), and the roll-up ``levels``."""
     blocks: dict[EKey, dict[str, Any]] = defaultdict(dict)
-    for (job_id, kind, name, level, idx, attempt), stats in totals.items():
+    # Every block a step series gained in, a reserved one too (which keeps no roll-ups): a
+    # re-sent point can bring only its per-rank memory, which the records then gain.
+    for job_id, kind, _, chunk, attempt in gains:
         if kind == STEP_KIND:
-            held = blocks[(job_id, level, idx, attempt)]
-            if name in DECIDING:
-                held[name] = stats
+            for level in levels:
+                blocks.setdefault((job_id, level, chunk >> level, attempt), {})
+    for (job_id, kind, name, level, idx, attempt), stats in totals.items():
+        if kind == STEP_KIND and name in DECIDING:
+            blocks[(job_id, level, idx, attempt)][name] = stats
     if not blocks:
         return
     fresh: dict[tuple[str, int, int], list[tuple[str, Gained]]] = defaultdict(list)
@@ -186,7 +195,7 @@ def keep(s: Session, totals: Mapping[tuple[Any, ...], Any], gains: Mapping[Any, 
             # field the first one lacked): the record gains what the chunks gained
             for name, new in fresh.get((key[0], step >> SHIFT, key[3]), ()):
                 if name not in rec and step in new:
-                    rec[name] = number(new[step][0])
+                    rec[name] = number(new[step])
             block[step] = rec
         data = encode(block)
         if data != was:

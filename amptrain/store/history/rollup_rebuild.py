@@ -20,6 +20,7 @@ from sqlalchemy.orm import Session
 from amptrain.store.chunk_models import MetricChunk, MetricRollup
 from amptrain.store.history import exemplar_build
 from amptrain.store.history.chunk_codec import CHUNK_STEPS
+from amptrain.store.history.chunk_parts import rolled_up
 from amptrain.store.history.chunk_writes import STEP_KIND
 from amptrain.store.history.rollups import FLAG_SERIES, LEVELS, STATS, Stats, upsert
 from amptrain.store.history.series_scan import decode_masked
@@ -37,6 +38,8 @@ def rebuild(s: Session, job_id: str | None = None, exemplars: bool = True) -> No
         query = query.where(c.job_id == job_id)
     series = s.execute(query.order_by(c.job_id, c.kind, c.name)).all()
     for job, kind, name in series:
+        if not rolled_up(kind, name):
+            continue
         span = s.execute(
             sa.select(sa.func.min(c.chunk), sa.func.max(c.chunk)).where(
                 c.job_id == job, c.kind == kind, c.name == name

@@ -25,9 +25,10 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from amptrain.store.db import execute_many
+from amptrain.store.db import upsert_many
 from amptrain.store.history import chunk_writes, exemplars
 from amptrain.store.history.chunk_merge import Gained, number
+from amptrain.store.history.chunk_parts import rolled_up
 from amptrain.store.history.chunk_writes import STEP_KIND, Gains
 
 LEVELS = (0, 4, 8)
@@ -141,6 +142,8 @@ def keep(s: Session, gains: Gains) -> None:
     deltas: dict[RKey, Stats] = {}
     flags = _flags(gains)
     for (job_id, kind, name, chunk, attempt), new in gains.items():
+        if not rolled_up(kind, name):
+            continue
         marks = flags.get((job_id, chunk, attempt)) if kind == STEP_KIND else None
         delta = gained_stats(new, marks)
         for level in LEVELS:
@@ -149,14 +152,12 @@ def keep(s: Session, gains: Gains) -> None:
             if have is None:
                 deltas[key] = have = Stats()
             have.merge(delta)
-    if not deltas:
-        return
-    totals = read(s, list(deltas))
+    totals = read(s, list(deltas)) if deltas else {}
     for key, delta in deltas.items():
         total = totals.setdefault(key, Stats())
         total.merge(delta)
     upsert(s, [(*key, *totals[key].row()) for key in deltas])
-    exemplars.keep(s, totals, gains)
+    exemplars.keep(s, totals, gains, LEVELS)
 
 
 Marks = tuple[set[int], set[int]]
@@ -183,7 +184,7 @@ def gained_stats(new: Gained, marks: Marks | None) -> Stats:
         out.high = max(values)
         out.high_step = steps[values.index(out.high)]
     else:
-        raw = list(map(_FIRST, new.values()))
+        raw = list(new.values())
         if raw.count(None) == out.count:  # a field the run does not record (memory on a CPU)
             out.first_step, out.last_step, out.non_finite = min(steps), max(steps), out.count
         else:
@@ -210,14 +211,14 @@ def _any_order(out: Stats, steps: list[int], values: list[float | None]) -> None
         out.high, out.high_step = min(((v, st) for v, st in held if v == top), key=_SECOND)
 
 
-_FIRST, _SECOND = itemgetter(0), itemgetter(1)
+_SECOND = itemgetter(1)
 _NUMBERS = frozenset((float, int, bool))
 
 
 def _finite_numbers(new: Gained) -> list[float] | None:
     """The new values as floats when every one is a finite number (a sum of finite floats
     is finite unless it overflows, and a NaN or infinity makes it so); else None."""
-    raw = list(map(_FIRST, new.values()))
+    raw = list(new.values())
     if not _NUMBERS.issuperset(map(type, raw)):
         return None
     try:
@@ -239,17 +240,17 @@ def _flags(gains: Gains) -> dict[tuple[str, int, int], Marks]:
         norms = gains.get((job_id, kind, "grad_norm", chunk, attempt), {})
         skips = gains.get((job_id, kind, "skipped", chunk, attempt), {})
         skipped: set[int] = set()
-        if 1 in map(_FIRST, skips.values()):  # == 1: True, 1 and 1.0, as number(v) == 1
-            skipped = {st for st, (v, _) in skips.items() if st in new and number(v) == 1}
+        if 1 in skips.values():  # == 1: True, 1 and 1.0, as number(v) == 1
+            skipped = {st for st, v in skips.items() if st in new and number(v) == 1}
         flagged = set(skipped)
         if _finite_numbers(new) is None:
             flagged.update(
-                st for st, (v, _) in new.items() if (x := number(v)) is None or not isfinite(x)
+                st for st, v in new.items() if (x := number(v)) is None or not isfinite(x)
             )
         if norms and _finite_numbers(norms) is None:
             flagged.update(
                 st
-                for st, (v, _) in norms.items()
+                for st, v in norms.items()
                 if st in new and (x := number(v)) is not None and not isfinite(x)
             )
         out[(job_id, chunk, attempt)] = (skipped, flagged)
@@ -289,5 +290,11 @@ def read(s: Session, keys: list[RKey]) -> dict[RKey, Stats]:
 
 
 def upsert(s: Session, rows: list[tuple[Any, ...]]) -> None:
-    """Write whole roll-ups (rows of :data:`COLUMNS`) through one prepared statement."""
-    execute_many(s, _UPSERT, rows)
+    """Write whole roll-ups (rows of :data:`COLUMNS`, each key once) in one statement."""
+    upsert_many(s, _UPSERT, "metric_rollups", _TYPED, rows)
+
+
+_TYPED = tuple(
+    (c, "text" if c in ("job_id", "kind", "name") else "float8" if c in ("low", "high") else "int")
+    for c in COLUMNS
+)

@@ -113,6 +113,9 @@ def test_kept_roll_ups_are_rebuilt_roll_ups_and_replays_change_nothing(
 
     kept = stored()
     assert {key[3] for key in kept} == {0, 4, 8}
+    # no read takes the reserved step series' roll-ups (chunk_parts.rolled_up): none is kept
+    assert "loss" in {key[2] for key in kept}
+    assert not [key for key in kept if key[2].startswith("@")]
     with sessions.begin() as s:
         again = series(job_id, list(range(1800, 2601)), 2, 9, T0 + 10_000)
         rollups.record(s, again[100:500], [])  # a re-sent range

@@ -171,12 +171,12 @@ def test_the_recorders_fold_of_a_batch_is_the_rebuilds() -> None:
         if i % 2:  # the common batch (ascending steps, finite numbers) and its near misses
             steps.sort()
         values = finite if i % 4 == 1 else [None] if i % 8 == 2 else pool
-        new = {st: (rng.choice(values), None) for st in steps}
+        new = {st: rng.choice(values) for st in steps}
         skipped = {st for st in steps if rng.random() < 0.2}
         flagged = skipped | {st for st in steps if rng.random() < 0.2}
         marks = (skipped, flagged) if rng.random() < 0.7 else None
         at = numpy.asarray(sorted(steps), numpy.int64)
-        values = numpy.array([_value(new[st][0]) for st in at.tolist()])
+        values = numpy.array([_value(new[st]) for st in at.tolist()])
         masks = None, None
         if marks is not None:
             masks = numpy.isin(at, list(skipped)), numpy.isin(at, list(flagged))
