@@ -9,7 +9,9 @@ the reads.
   ``eval_summary``: a job's newest evaluation (``jobs.eval_summary``) from the chunks.
 - ``window``, ``downsample``: a whole run or a step window in at most N points
   (first/last/min/max per bucket, skipped and non-finite steps kept), the buckets from the
-  chunks' roll-ups: ``rollups`` (kept by the recorder), ``rollup_rebuild`` (from stored
+  chunks' roll-ups: ``rollups`` (kept by the recorder, upserted on PostgreSQL in one
+  statement: ``db.upsert_many``; only for the series a read aggregates,
+  ``chunk_parts.rolled_up``: no reserved series but a named kind's cursor), ``rollup_rebuild`` (from stored
   chunks: migration 0016, and a job whose rows 0017 moved), ``chunk_cover`` (which
   roll-ups and decoded chunks hold a step range of the effective series across
   attempts), ``chunk_stats`` (their aggregates);
