@@ -11,8 +11,9 @@ the reads.
   (first/last/min/max per bucket, skipped and non-finite steps kept), the buckets from the
   chunks' roll-ups: ``rollups`` (kept by the recorder, upserted on PostgreSQL in one
   statement: ``db.upsert_many``; only for the series a read aggregates,
-  ``chunk_parts.rolled_up``: no reserved series but a named kind's cursor), ``rollup_rebuild`` (from stored
-  chunks: migration 0016, and a job whose rows 0017 moved), ``chunk_cover`` (which
+  ``chunk_parts.rolled_up``: no reserved series but a named kind's cursor),
+  ``rollup_rebuild`` (from stored chunks: migration 0016, and a job whose rows 0017
+  moved), ``chunk_cover`` (which
   roll-ups and decoded chunks hold a step range of the effective series across
   attempts), ``chunk_stats`` (their aggregates);
   the chosen steps' items from ``exemplar_reads``: from ``exemplars`` (per step roll-up
