@@ -19,7 +19,8 @@ from amptrain.cli.up_stop import AT_ONCE_WAIT_S
 from amptrain.core.settings import Settings
 from tests.support.specs import service_job
 from tests.support.stack import recorded_history, wait_until
-from tests.support.up import Up, alive, finished_job, start_up
+from tests.support.processes import alive
+from tests.support.up import Up, finished_job, start_up
 
 pytestmark = pytest.mark.slow
 

@@ -84,18 +84,6 @@ def start_up(
     return Up(proc, log, port, data_dir)
 
 
-def alive(processes: list[psutil.Process]) -> list[psutil.Process]:
-    """Those of ``processes`` still running (a zombie has exited)."""
-    left = []
-    for p in processes:
-        try:
-            if p.is_running() and p.status() != psutil.STATUS_ZOMBIE:
-                left.append(p)
-        except psutil.NoSuchProcess:
-            pass
-    return left
-
-
 def ready(client: httpx.Client) -> bool:
     try:
         return client.get("/readyz").status_code == 200

@@ -19,6 +19,7 @@ import pytest
 
 from amptrain.cli.embedded_redis import EmbeddedRedis
 from tests.support.probe import ROOT, probe_paths
+from tests.support.processes import running
 from tests.support.stack import Stack, wait_until
 from tests.system.test_e2e_service import wait_for_points
 
@@ -72,16 +73,8 @@ def pids(process: dict[str, Any]) -> list[int]:
     return [process["launcher_pid"], *(r["pid"] for r in process["ranks"])]
 
 
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-
-
 def none_alive(processes: list[int]) -> bool:
-    return not any(map(alive, processes))
+    return not any(map(running, processes))
 
 
 def checkpointed(stack: Stack, job_id: str, step: int) -> bool:

@@ -16,6 +16,7 @@ from amptrain.contract.records import metric
 from amptrain.contract.stream import decode
 from amptrain.core.redis import Keys
 from amptrain.worker.child.sink_process import ProcessSink
+from tests.support.processes import running
 from tests.support.stack import wait_until
 
 J1 = "j_" + "5" * 32
@@ -29,16 +30,6 @@ def steps_in_stream(client: redis.Redis, job_id: str = J1) -> list[int]:
     return [decode(f)["step"] for _, f in client.xrange(Keys.telemetry(job_id))]
 
 
-def gone(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    # A zombie still answers kill(0): it has exited but its parent has not reaped it.
-    with open(f"/proc/{pid}/stat") as f:
-        return f.read().rsplit(")", 1)[1].split()[0] == "Z"
-
-
 def test_records_arrive_in_order_and_close_waits_for_the_process(
     redis_server: EmbeddedRedis,
 ) -> None:
@@ -47,7 +38,7 @@ def test_records_arrive_in_order_and_close_waits_for_the_process(
     sink.write(records(1, 5))
     sink.write(records(6, 8))
     sink.close()
-    assert gone(sink.pid)
+    assert not running(sink.pid)
     client = redis.Redis.from_url(redis_server.url)
     entries = [decode(f) for _, f in client.xrange(Keys.telemetry(J1))]
     assert [e["step"] for e in entries] == list(range(1, 9))
@@ -92,7 +83,7 @@ def test_the_sink_process_delivers_what_it_was_handed_and_dies_with_the_training
     )
     assert training.returncode == -9, training.stderr
     sink_pid = int(training.stdout.split()[0])
-    wait_until(lambda: gone(sink_pid), 20, "the sink process to exit after its parent died")
+    wait_until(lambda: not running(sink_pid), 20, "the sink process to exit after its parent died")
     client = redis.Redis.from_url(redis_server.url)
     assert steps_in_stream(client) == list(range(1, 31))
 
@@ -101,7 +92,7 @@ def test_a_sink_process_that_died_makes_write_raise(redis_server: EmbeddedRedis)
     """The publisher counts a batch whose write raised as dropped: a dead sink is never silent."""
     sink = ProcessSink(redis_server.url, J1, attempt=1)
     os.kill(sink.pid, 9)
-    wait_until(lambda: gone(sink.pid), 10, "the sink process to die")
+    wait_until(lambda: not running(sink.pid), 10, "the sink process to die")
     with pytest.raises(OSError):
         sink.write(records(1, 3))
     sink.close(timeout=1)
