@@ -17,9 +17,9 @@ import pytest
 
 from amptrain.cli.up_stop import AT_ONCE_WAIT_S
 from amptrain.core.settings import Settings
+from tests.support.processes import alive
 from tests.support.specs import service_job
 from tests.support.stack import recorded_history, wait_until
-from tests.support.processes import alive
 from tests.support.up import Up, finished_job, start_up
 
 pytestmark = pytest.mark.slow

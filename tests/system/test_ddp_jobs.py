@@ -152,12 +152,12 @@ def test_lost_rank_lost_launcher_hung_rank_and_cancel_leave_no_process(
         if f"{jobs['launcher']['id']} #2]" in x
     ]
     assert retry_log and not [x for x in retry_log if "killing" in x or "ending it" in x]
-    assert not any(map(alive, pids(retry)))
+    assert not any(map(running, pids(retry)))
 
     done = stack.wait_for_status(hung["id"], "succeeded", "failed", timeout=240)
     assert done["status"] == "failed" and done["attempt"] == 1
     assert "1 of 2 ended without a result" in done["error"]["message"]
-    assert not any(map(alive, pids(started(stack, hung["id"], 1)["process"])))
+    assert not any(map(running, pids(started(stack, hung["id"], 1)["process"])))
     # The timeout ended it, not torchrun's 30 s grace for the hung rank: the failure came
     # soon after the last step that reached the service (timeout 5 s + our 3 s grace; the
     # issue asks for 15 s, the margin is for two busy cores).
