@@ -96,3 +96,29 @@ def report(
         ]
     for v in verdicts:
         print(f"{'':27s} {v.line(' us', 2)}", flush=True)
+
+
+def against_mlflow(medians: dict[str, float], peer: dict[str, Any], values: int) -> None:
+    """Print the MLflow peer's ingest beside the recorder's (``medians``: per database,
+    the after leg's recorder + database CPU per point, ``values`` a point). MLflow's figure is
+    its one process (the tracking store and SQLite in it) logging ``log_batch`` calls of
+    1,000 metrics directly, with no HTTP server or stream in front, so it favours the peer."""
+    ingest = peer["ingest"]
+    per_value = ingest["cpu_s"] * 1e6 / (peer["steps"] * peer["fields"])
+    print(
+        f"MLflow {peer['mlflow']} ingest (SQLite store, {peer['steps']:,} steps of "
+        f"{peer['fields']} metrics, log_batch): {per_value:.2f} us CPU a value",
+        flush=True,
+    )
+    for db, per_point in medians.items():
+        ours = per_point / values
+        print(
+            f"  amptrain {db} recorder + database: {ours:.2f} us a value, "
+            f"{per_value / ours:.1f}x less CPU than MLflow",
+            flush=True,
+        )
+
+
+def after_cpu(runs: list[dict[str, Any]]) -> float:
+    """The median recorder + database CPU per point of ``runs``."""
+    return statistics.median(_cpu(r)["recorder"] + _cpu(r)["database"] for r in runs)

@@ -35,8 +35,13 @@ directory by this bench's own run, so REV must have the recorder where this work
 has it: ``amptrain/server/recorder/``, not the layout before the one package); ``after`` is
 the working tree (the chunks and their roll-ups: the recorder's one write path).
 
+The peer (when MLflow's venv exists: :func:`bench.common.mlflow_peer`): ``--peer-steps``
+steps of as many metrics as a point has values, logged through MLflow's tracking store
+(SQLite) in its own process; its ingest CPU a value is printed beside the after leg's
+recorder + database CPU a value.
+
     python bench/recorder_throughput.py [--quick] [--repeat 3] [--parts] [--points 200000]
-        [--jobs 20] [--pg URL] [--before REV] [--untuned-gc]
+        [--jobs 20] [--pg URL] [--before REV] [--untuned-gc] [--peer-steps 20000]
 """
 
 from __future__ import annotations
@@ -62,8 +67,9 @@ sys.path.insert(0, str(ROOT))  # bench.recorder_run
 # The before leg runs the recorder of an exported tree: its amptrain/ comes first.
 sys.path.insert(0, os.environ.get("BENCH_TREE") or str(ROOT))
 
+from bench.common import mlflow_peer  # noqa: E402
 from bench.recorder_producer import values_per_point  # noqa: E402
-from bench.recorder_report import report  # noqa: E402
+from bench.recorder_report import after_cpu, against_mlflow, report  # noqa: E402
 from bench.recorder_run import one_run  # noqa: E402
 
 # -- the driver ----------------------------------------------------------------------------
@@ -151,6 +157,12 @@ def main() -> None:
         action="store_true",
         help="CPython's default garbage collector, not the server processes' tuning",
     )
+    parser.add_argument(
+        "--peer-steps",
+        type=int,
+        default=20_000,
+        help="steps of the MLflow peer's ingest (0: none; needs its venv: bench/common.py)",
+    )
     parser.add_argument("--run", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.run:
@@ -172,6 +184,7 @@ def main() -> None:
         f"CPUs; calibration {_calibration_ms():.0f} ms",
         flush=True,
     )
+    medians: dict[str, float] = {}
     try:
         for db in dbs:
             runs: list[tuple[str, str | None, Path | None]] = []
@@ -201,6 +214,11 @@ def main() -> None:
                         continue
                     results.setdefault((leg, method), []).append(r)
             report(db, results, GOAL_US_PER_VALUE[db], values_per_point(), None)
+            if results.get(("after", None)):
+                medians[db] = after_cpu(results[("after", None)])
+        peer = mlflow_peer(args.peer_steps, values_per_point()) if args.peer_steps else None
+        if peer is not None and medians:
+            against_mlflow(medians, peer, values_per_point())
         print(f"calibration at the end {_calibration_ms():.0f} ms", flush=True)
     finally:
         if tree is not None:
