@@ -32,32 +32,20 @@ from sqlalchemy.orm import Session, sessionmaker
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from amptrain.contract.metrics import PARALLEL_METRIC_FIELDS
 from amptrain.contract.spec import JobSpec
 from amptrain.server.history_export import batches, encode, export_stream, schema
 from amptrain.store import jobs, migrate
 from amptrain.store.db import make_engine, make_session_factory
-from amptrain.store.history.chunk_parts import MS, SEQ
+from amptrain.store.history.chunk_parts import MS, SEQ, STEP_SERIES
 from amptrain.store.history.series_scan import SeriesBlock, scan_run
 from bench.common import judge, mlflow_peer, postgres_cpu, throwaway_pg
 from tests.support import bulk_chunks
 
 GOAL = 5_000_000
 """Values per second of a whole-run Parquet export."""
-FIELDS = (
-    "time",
-    "loss",
-    "loss_scale",
-    "skipped",
-    "grad_norm",
-    "lr",
-    "memory_allocated",
-    "memory_reserved",
-    "memory_peak",
-    "samples_per_second",
-    "step_time_ms",
-    "skipped_steps",
-)
-"""Every per-step field of a one-device fp16 run: 12 series."""
+FIELDS = tuple(f for f in STEP_SERIES if f not in PARALLEL_METRIC_FIELDS)
+"""Every per-step series of a one-device fp16 run (the metric table's: 12 today)."""
 T0 = 1_700_000_000_000
 
 
@@ -79,6 +67,7 @@ SERIES: dict[str, bulk_chunks.Series] = {
 }
 """Every field of :data:`FIELDS` and the reserved cursor series a recorded point also
 writes."""
+assert set(SERIES) == {*FIELDS, MS, SEQ}, "a step field of the metric table needs its shape here"
 
 
 def load_run(engine: sa.Engine, sessions: sessionmaker[Session], n: int) -> str:
@@ -151,7 +140,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1_000_000)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--pg", default=os.environ.get("AMPTRAIN_TEST_DATABASE_URL"))
-    parser.add_argument("--peer-steps", type=int, default=20_000)
+    parser.add_argument("--peer-steps", type=int, default=20_000, help="0: no MLflow peer")
     args = parser.parse_args()
     print(
         f"export_speed: {args.steps:,} steps x {len(FIELDS)} fields = "
@@ -170,7 +159,7 @@ def main() -> None:
             results["postgresql"] = bench(url, args.steps, args.repeats)
         finally:
             drop()
-    peer = mlflow_peer(args.peer_steps, len(FIELDS))
+    peer = mlflow_peer(args.peer_steps, len(FIELDS)) if args.peer_steps else None
     if peer is not None:
         full = peer["full_history"]
         rate = full["points"] / full["cpu_s"]

@@ -57,7 +57,7 @@ def scan_run(session: Session, job_id: str) -> Iterator[SeriesBlock]:
             .where(c.job_id == job_id, ~c.name.startswith(RESERVED, autoescape=True))
             .group_by(c.kind, c.name)
             .having(sa.func.max(c.high).is_not(None))
-        ).tuples()
+        )
     )
     query = (
         sa.select(c.kind, c.name, c.chunk, c.attempt, c.data)
