@@ -47,50 +47,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.autovacuum import Autovacuum
 from bench.common import SPEC, judge, throwaway_pg
 from bench.storage_data import LAYERS, STEP_S, layer_values, step_points
+from bench.table_size import compact, table_bytes
 
 GOAL = 8.0
 TABLES = ["metric_chunks", "metric_rollups", "metric_exemplars"]
 BESIDE = TABLES[1:]
 """What the reads need beside the chunks: the roll-ups and their blocks' exemplars."""
-
-
-def table_bytes(engine: Any, tables: list[str]) -> int:
-    import sqlalchemy as sa
-
-    with engine.connect() as conn:
-        if engine.dialect.name == "postgresql":
-            return sum(
-                int(conn.execute(sa.text(f"SELECT pg_total_relation_size('{t}')")).scalar_one())
-                for t in tables
-            )
-        names = conn.execute(
-            sa.text("SELECT name FROM sqlite_master WHERE tbl_name IN :t").bindparams(
-                sa.bindparam("t", expanding=True)
-            ),
-            {"t": tables},
-        ).scalars()
-        marks = list(names)
-        total = conn.execute(
-            sa.text("SELECT sum(pgsize) FROM dbstat WHERE name IN :n").bindparams(
-                sa.bindparam("n", expanding=True)
-            ),
-            {"n": marks},
-        ).scalar_one()
-        return int(total or 0)
-
-
-def compact(engine: Any, tables: list[str]) -> int:
-    """The tables' bytes once the row versions that open chunks' rewrites left behind are
-    gone and the pages are rewritten dense (``VACUUM FULL`` / ``VACUUM``): the floor."""
-    import sqlalchemy as sa
-
-    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        if engine.dialect.name == "postgresql":
-            for t in tables:
-                conn.execute(sa.text(f"VACUUM FULL {t}"))
-        else:
-            conn.execute(sa.text("VACUUM"))
-    return table_bytes(engine, tables)
 
 
 @dataclass(frozen=True)
