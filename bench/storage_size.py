@@ -1,20 +1,28 @@
 """Storage per recorded value: what a history costs in SQL, the chunks (``metric_chunks``),
 their roll-ups (``metric_rollups``) and exemplars (``metric_exemplars``), indexes included,
-on SQLite (the ``dbstat`` table's pages of each table and index) and PostgreSQL (``pg_total_relation_size``: heap,
-TOAST and indexes). (The per-value rows the chunks replaced, 30-45 bytes a value, are gone
-since migration 0017.)
+on SQLite (the ``dbstat`` pages of each table and index) and PostgreSQL
+(``pg_total_relation_size``: heap, TOAST and indexes).
 
-Two runs of one job per database, both written by the recorder's own write
-(:func:`amptrain.store.history.rollups.record`: chunks and roll-ups, in batches of
-``--batch`` steps, as the recorder's transactions do) from synthetic values shaped like a training run's
-(float32 losses and norms, a float64 learning-rate schedule, a wall clock, near-constant
-memory counters):
+Three runs, each a job, per database, written by the recorder's own write
+(:func:`amptrain.store.history.rollups.record`: chunks, roll-ups and exemplars, one
+transaction a batch, as the recorder's) from :mod:`bench.storage_data`'s synthetic values:
 
-* the step fields of ``--steps`` steps (default 1,000,000): every value the run records
-  (a one-device run records no ``world_size``: its all-null chunks count as overhead);
-* 256 layer norms at every step of ``--layer-steps`` steps.
+* the step fields of ``--steps`` steps (default 1,000,000) in batches of ``--batch`` (1,000:
+  a recorder catching up): every value the run records (a one-device run records no
+  ``world_size``: its all-null chunks count as overhead);
+* the step fields of ``--live-steps`` steps (50,000) in batches of ``--live-batch`` (10: a
+  live job at 40 steps a second, which the recorder writes every ~0.25 s), so each open
+  chunk is rewritten ~25 times;
+* 256 layer norms at every step of ``--layer-steps`` steps (4,000) in batches of
+  ``--layer-batch`` (10, live).
 
-Goal: at most 8 bytes per value, roll-ups and exemplars included.
+"As held" is what the database holds at the end of the run: on PostgreSQL with autovacuum
+doing during the run what a server's does, by the run's own clock (40 steps a second; see
+:mod:`bench.autovacuum`: the same lazy ``VACUUM`` at each naptime for the tables past their
+thresholds, the tables' storage parameters included); SQLite reuses freed pages itself.
+"Compacted" is after ``VACUUM FULL`` / ``VACUUM``: the floor, not what a server holds.
+
+Goal: at most 8 bytes per value as held, roll-ups and exemplars included.
 
     python bench/storage_size.py [--steps 1000000] [--layer-steps 4000] [--pg URL]
 """
@@ -27,6 +35,9 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -34,177 +45,155 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.autovacuum import Autovacuum
 from bench.common import SPEC, judge, throwaway_pg
+from bench.storage_data import LAYERS, STEP_S, layer_values, step_points
+from bench.table_size import compact, table_bytes
 
 GOAL = 8.0
-LAYERS = 256
 TABLES = ["metric_chunks", "metric_rollups", "metric_exemplars"]
 BESIDE = TABLES[1:]
 """What the reads need beside the chunks: the roll-ups and their blocks' exemplars."""
 
 
-def step_points(job_id: str, first: int, n: int, rng: np.random.Generator) -> list[dict[str, Any]]:
-    steps = np.arange(first, first + n)
-    loss = (2.0 * np.exp(-steps / 3e5) + rng.normal(0, 0.05, n)).astype(np.float32)
-    grad = np.abs(rng.normal(1.0, 0.3, n)).astype(np.float32)
-    lr = 1e-3 * 0.5 * (1 + np.cos(np.pi * steps / 2e6))
-    rate = 1000.0 + rng.normal(0, 15, n)
-    ms = 25.0 + rng.normal(0, 0.5, n)
-    skipped = rng.random(n) < 0.001
-    out = []
-    for i, step in enumerate(steps.tolist()):
-        out.append(
-            {
-                "job_id": job_id,
-                "attempt": 1,
-                "step": step,
-                "time": 1.7e9 + step * 0.025,
-                "loss": float(loss[i]),
-                "loss_scale": 65536.0,
-                "skipped": bool(skipped[i]),
-                "grad_norm": float(grad[i]),
-                "lr": float(lr[i]),
-                "memory_allocated": 1_234_567_168,
-                "memory_reserved": 2_147_483_648,
-                "memory_peak": 1_734_567_168,
-                "samples_per_second": float(rate[i]),
-                "step_time_ms": float(ms[i]),
-                "skipped_steps": int(step // 1000),
-                "world_size": None,
-                "memory_peak_per_rank": None,
-                # The stream cursor, as the recorder's points carry it (its chunks keep it).
-                "stream_ms": 1_700_000_000_000 + step * 25,
-                "stream_seq": 0,
-            }
-        )
-    return out
+@dataclass(frozen=True)
+class Leg:
+    """One run written and measured: bytes per value as held and compacted."""
+
+    what: str
+    held: float
+    compacted: float
+    beside: float
+    """Of ``compacted``, the roll-ups and exemplars."""
+    overhead_mib: float
+    """What the tables held beyond their compacted size at the end of the run."""
+    vacuums: int
 
 
-def layer_values(job_id: str, first: int, n: int, rng: np.random.Generator) -> list[dict[str, Any]]:
-    norms = np.abs(rng.normal(0.1, 0.03, (n, LAYERS))).astype(np.float32)
-    return [
-        {
-            "job_id": job_id,
-            "attempt": 1,
-            "step": first + i,
-            "kind": "layer_grad_norm",
-            "name": f"blocks.{k // 2}.{'weight' if k % 2 == 0 else 'bias'}",
-            "value": float(norms[i, k]),
-            "time": 1.7e9 + (first + i) * 0.025,
-            "stream_ms": 1_700_000_000_000 + first + i,
-            "stream_seq": 0,
-        }
-        for i in range(n)
-        for k in range(LAYERS)
-    ]
+Make = Callable[[str, int, int], tuple[list[dict[str, Any]], list[dict[str, Any]]]]
+"""``make(job_id, first, n)``: the points and named values of steps ``first .. first + n - 1``."""
 
 
-def table_bytes(engine: Any, tables: list[str]) -> int:
-    import sqlalchemy as sa
-
-    with engine.connect() as conn:
-        if engine.dialect.name == "postgresql":
-            return sum(
-                int(conn.execute(sa.text(f"SELECT pg_total_relation_size('{t}')")).scalar_one())
-                for t in tables
-            )
-        names = conn.execute(
-            sa.text("SELECT name FROM sqlite_master WHERE tbl_name IN :t").bindparams(
-                sa.bindparam("t", expanding=True)
-            ),
-            {"t": tables},
-        ).scalars()
-        marks = list(names)
-        total = conn.execute(
-            sa.text("SELECT sum(pgsize) FROM dbstat WHERE name IN :n").bindparams(
-                sa.bindparam("n", expanding=True)
-            ),
-            {"n": marks},
-        ).scalar_one()
-        return int(total or 0)
-
-
-def compact(engine: Any, tables: list[str]) -> int:
-    """The tables' bytes once the row versions that open chunks' rewrites left behind are
-    gone (``VACUUM FULL`` / ``VACUUM``): what autovacuum lets later writes reuse."""
-    import sqlalchemy as sa
-
-    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-        if engine.dialect.name == "postgresql":
-            for t in tables:
-                conn.execute(sa.text(f"VACUUM FULL {t}"))
-        else:
-            conn.execute(sa.text("VACUUM"))
-    return table_bytes(engine, tables)
-
-
-def measure(url: str, args: argparse.Namespace) -> None:
+def run_leg(
+    url: str,
+    what: str,
+    make: Make,
+    steps: int,
+    batch: int,
+    per_step: int,
+    segments: list[float] | None = None,
+) -> tuple[Leg, float]:
+    """In the empty database ``url``, one job's ``steps`` steps from ``make`` written through
+    the recorder's write in transactions of ``batch`` steps, autovacuum running by the run's
+    clock; ``segments`` gets the write's CPU per value of each tenth of the run. The leg,
+    and how fast :func:`~amptrain.store.history.series_scan.scan_run` reads it back."""
     from amptrain.contract.spec import JobSpec
     from amptrain.store import jobs, migrate
     from amptrain.store.db import make_engine, make_session_factory
-    from amptrain.store.history import chunk_writes, rollups, series_scan
+    from amptrain.store.history import rollups, series_scan
 
     migrate.upgrade(url)
     engine = make_engine(url)
     sf = make_session_factory(engine)
-    rng = np.random.default_rng(0)
     with sf.begin() as s:
-        ids = [
-            jobs.create_job(s, JobSpec.model_validate(SPEC), "bench", "cpu").id for _ in range(2)
-        ]
-    step_job, layer_job = ids
-    recorded = len(chunk_writes.STEP_SERIES) - 1  # no world_size on one device
-    segments: list[float] = []  # CPU per value of each tenth of the run: the spread
-    segment = max(args.batch, args.steps // 10 // args.batch * args.batch)
-    for start in range(0, args.steps, segment):
-        cpu, n = 0.0, 0
-        for first in range(start, min(start + segment, args.steps), args.batch):
-            points = step_points(step_job, first, min(args.batch, args.steps - first), rng)
-            t = time.process_time()  # making the synthetic values is not the write
-            with sf.begin() as s:
-                rollups.record(s, points, [])
-            cpu += time.process_time() - t
-            n += len(points) * recorded
-        segments.append(cpu / n * 1e6)
+        job_id = jobs.create_job(s, JobSpec.model_validate(SPEC), "bench", "cpu").id
+    # A database of its own per run: what it holds is the run's alone (a compaction of
+    # earlier runs' rows, which another database's open transaction may have delayed, does
+    # not land in this one's figures).
+    base, base_beside = table_bytes(engine, TABLES), table_bytes(engine, BESIDE)
+    autovacuum = Autovacuum(engine, TABLES)
+    tenth = max(batch, steps // 10 // batch * batch)
+    cpu, in_tenth = 0.0, 0
+    for first in range(0, steps, batch):
+        n = min(batch, steps - first)
+        points, values = make(job_id, first, n)
+        t = time.process_time()  # making the synthetic values is not the write
+        with sf.begin() as s:
+            rollups.record(s, points, values)
+            autovacuum.send_stats(s, (first + n) * STEP_S)
+        cpu += time.process_time() - t
+        autovacuum.run((first + n) * STEP_S)
+        in_tenth += n
+        if segments is not None and (in_tenth == tenth or first + n == steps):
+            segments.append(cpu / in_tenth / per_step * 1e6)
+            cpu, in_tenth = 0.0, 0
+    held = table_bytes(engine, TABLES) - base
     t0 = time.perf_counter()
     with sf() as s:
-        scanned = sum(len(b.values) for b in series_scan.scan_run(s, step_job))
+        scanned = sum(len(b.values) for b in series_scan.scan_run(s, job_id))
     scan_rate = scanned / (time.perf_counter() - t0)
-    steps_written = table_bytes(engine, TABLES)
-    steps_bytes = compact(engine, TABLES)
-    steps_rollups = table_bytes(engine, BESIDE)
-    for first in range(0, args.layer_steps, args.batch // 10):
-        n = min(args.batch // 10, args.layer_steps - first)
-        with sf.begin() as s:
-            rollups.record(s, [], layer_values(layer_job, first, n, rng))
-    layers_written = table_bytes(engine, TABLES) - steps_bytes
-    layers_bytes = compact(engine, TABLES) - steps_bytes
-    layers_rollups = table_bytes(engine, BESIDE) - steps_rollups
+    compacted = compact(engine, TABLES) - base
+    beside = table_bytes(engine, BESIDE) - base_beside
     engine.dispose()
-    db = "postgresql" if url.startswith("postgresql") else "sqlite"
-    n_steps, n_layers = args.steps * recorded, args.layer_steps * LAYERS
-    for what, written, stored, rolled in (
-        (f"step fields, {args.steps:,} steps", steps_written, steps_bytes, steps_rollups),
+    n_values = steps * per_step
+    leg = Leg(
+        what,
+        held / n_values,
+        compacted / n_values,
+        beside / n_values,
+        (held - compacted) / 2**20,
+        autovacuum.vacuums,
+    )
+    return leg, scan_rate
+
+
+def measure(fresh: Callable[[], Any], db: str, args: argparse.Namespace) -> None:
+    """The three runs, each in a database from ``fresh()`` (a context manager of its URL)."""
+    from amptrain.store.history import chunk_writes
+
+    rng = np.random.default_rng(0)
+    recorded = len(chunk_writes.STEP_SERIES) - 1  # no world_size on one device
+    segments: list[float] = []  # CPU per value of each tenth of the run: the spread
+    runs: list[tuple[str, Make, int, int, int]] = [
         (
-            f"{LAYERS} layer norms, {args.layer_steps:,} steps",
-            layers_written,
-            layers_bytes,
-            layers_rollups,
+            f"step fields, {args.steps:,} steps in batches of {args.batch:,}",
+            lambda job, first, n: (step_points(job, first, n, rng), []),
+            args.steps,
+            args.batch,
+            recorded,
         ),
-    ):
-        n = n_steps if what.startswith("step") else n_layers
-        written, stored, rolled = written / n, stored / n, rolled / n
+        (
+            f"step fields, {args.live_steps:,} steps in batches of {args.live_batch:,}",
+            lambda job, first, n: (step_points(job, first, n, rng), []),
+            args.live_steps,
+            args.live_batch,
+            recorded,
+        ),
+        (
+            f"{LAYERS} layer norms, {args.layer_steps:,} steps in batches of {args.layer_batch:,}",
+            lambda job, first, n: ([], layer_values(job, first, n, rng)),
+            args.layer_steps,
+            args.layer_batch,
+            LAYERS,
+        ),
+    ]
+    scan_rate = 0.0
+    for i, (what, make, steps, batch, per_step) in enumerate(runs):
+        if not steps:
+            continue
+        with fresh() as url:
+            leg, rate = run_leg(
+                url, what, make, steps, batch, per_step, segments if i == 0 else None
+            )
+        scan_rate = scan_rate or rate
         verdict = (
-            "MET" if written <= GOAL else "met once compacted" if stored <= GOAL else "NOT MET"
+            "MET"
+            if leg.held <= GOAL
+            else "met once compacted"
+            if leg.compacted <= GOAL
+            else "NOT MET"
         )
+        vacuums = f" ({leg.vacuums} autovacuums)" if db == "postgresql" else ""
         print(
-            f"{db:10s} {what:34s} {written:6.2f} B/value as written, {stored:6.2f} compacted "
-            f"(of which roll-ups and exemplars {rolled:5.2f}); goal <= {GOAL:.0f}: {verdict}",
+            f"{db:10s} {leg.what:52s} {leg.held:6.2f} B/value as held{vacuums} "
+            f"({leg.overhead_mib:.1f} MiB over compacted), {leg.compacted:5.2f} compacted "
+            f"(roll-ups and exemplars {leg.beside:4.2f}); goal <= {GOAL:.0f}: {verdict}",
             flush=True,
         )
+    cpu = judge("chunk write CPU per value (us)", segments, 1.0).line()
     print(
-        f"{db:10s} chunk and roll-up writes, us of CPU per step-field value in this process (the "
-        f"goal of 1 us is the whole recorder's): {judge('chunk write CPU per value (us)', segments, 1.0).line()}\n"
+        f"{db:10s} chunk and roll-up writes of the first run, us of CPU per step-field value "
+        f"in this process (the goal of 1 us is the whole recorder's): {cpu}\n"
         f"{db:10s} "
         f"scan_run read {scan_rate / 1e6:.1f} M values/s (wall clock, one series after another)"
     )
@@ -213,19 +202,34 @@ def measure(url: str, args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=1_000_000)
-    parser.add_argument("--layer-steps", type=int, default=4_000)
     parser.add_argument("--batch", type=int, default=1_000, help="steps per transaction")
+    parser.add_argument("--live-steps", type=int, default=50_000)
+    parser.add_argument(
+        "--live-batch", type=int, default=10, help="steps per transaction of the live runs"
+    )
+    parser.add_argument("--layer-steps", type=int, default=4_000)
+    parser.add_argument("--layer-batch", type=int, default=10)
     parser.add_argument("--pg", default=os.environ.get("AMPTRAIN_TEST_DATABASE_URL"))
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="amp-size-", dir="/tmp"))
+    files = iter(range(1_000))
+
+    @contextmanager
+    def sqlite_file() -> Iterator[str]:
+        yield f"sqlite:///{root / f'size-{next(files)}.db'}"
+
+    @contextmanager
+    def pg_database() -> Iterator[str]:
+        url, drop = throwaway_pg(args.pg)
+        try:
+            yield url
+        finally:
+            drop()
+
     try:
-        measure(f"sqlite:///{root / 'size.db'}", args)
+        measure(sqlite_file, "sqlite", args)
         if args.pg:
-            url, drop = throwaway_pg(args.pg)
-            try:
-                measure(url, args)
-            finally:
-                drop()
+            measure(pg_database, "postgresql", args)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
