@@ -40,7 +40,7 @@ def test_the_unread_rollups_go_and_every_read_stays(database_url: str) -> None:
         read = rollups(engine)
         assert read and not any(r[2].startswith("@") for r in read)
 
-        migrate.downgrade(database_url, "0018")
+        migrate.downgrade(database_url, "0020")
         copies = ", ".join(c if c not in ("kind", "name") else f":{c}" for c in COLUMNS)
         copy = sa.text(
             f"INSERT INTO metric_rollups ({', '.join(COLUMNS)}) SELECT {copies} "
