@@ -173,7 +173,7 @@ def bench_reads(engine: sa.Engine, sessions: sessionmaker[Session], n: int, read
             print(f"  {verdict.line(' ms', 1)}{same}\n    reads in order (ms): {in_order}")
 
 
-def bench_writes(sessions: sessionmaker[Session], points: int, batch: int) -> None:
+def bench_writes(sessions: sessionmaker[Session], points: int, batch: int) -> str:
     """The recorder's chunk writes with and without the roll-ups' upkeep, ``batch`` points a
     transaction: the upkeep's cost per point (this process's CPU: on SQLite the database's
     too; PostgreSQL's server CPU is not counted here)."""
@@ -197,6 +197,21 @@ def bench_writes(sessions: sessionmaker[Session], points: int, batch: int) -> No
         f"{cost['chunks']:.1f} us CPU a point; with the roll-ups {cost['chunks + roll-ups']:.1f}"
         f" (+{extra:.1f} us a point, {extra / len(chunk_writes.STEP_SERIES):.2f} a value)"
     )
+    return job_id
+
+
+def first_read(sessions: sessionmaker[Session], job_id: str) -> None:
+    """The process's first history read (of the recorded run ``job_id``): it pays what a
+    process pays once, the readers' imports (numpy's parts among them) and the first
+    execution of each statement. Printed, not judged: each figure's first read, judged,
+    is a later one (a run whose pages no read has touched yet)."""
+    started = time.perf_counter()
+    with sessions() as s:
+        series_window(s, job_id, 1000)
+    took = (time.perf_counter() - started) * 1000
+    print(
+        f"first history read on this engine (the process's first pays its imports): {took:.0f} ms"
+    )
 
 
 def run(url: str, lengths: list[int], reads: int, write_points: int) -> None:
@@ -208,7 +223,7 @@ def run(url: str, lengths: list[int], reads: int, write_points: int) -> None:
                 conn.execute(sa.text(f"ALTER TABLE {table} SET (autovacuum_enabled = false)"))
     sessions = make_session_factory(engine)
     try:
-        bench_writes(sessions, write_points, 1000)
+        first_read(sessions, bench_writes(sessions, write_points, 1000))
         for n in lengths:
             bench_reads(engine, sessions, n, reads)
     finally:
