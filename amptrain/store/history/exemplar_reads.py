@@ -152,8 +152,8 @@ def _blobs(s: Session, job_id: str, nodes: list[Node]) -> dict[Node, bytes]:
     conn: Any = s.connection().connection.driver_connection
     if s.get_bind().dialect.name == "postgresql":
         columns = [list(c) for c in zip(*spans, strict=True)]
-        with conn.cursor() as cur:
-            for level, attempt, idx, data in cur.execute(_BLOBS_PG, (*columns, job_id)):
+        with conn.cursor(binary=True) as cur:  # bytea as is, not hex text
+            for level, attempt, idx, data in cur.execute(_BLOBS_PG, (*columns, job_id)).fetchall():
                 out[Node(attempt, level, idx)] = bytes(data)
         return out
     for level, attempt, lo, hi in spans:
