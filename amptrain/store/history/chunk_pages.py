@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from functools import cache
+from functools import lru_cache
 from typing import Any
 
 import numpy
@@ -106,11 +106,12 @@ def _dicts(
     return _row_maker(tuple(keys))(columns)
 
 
-@cache
+@lru_cache(maxsize=64)  # bounded: a request's ``fields`` choose among 2^18 key tuples
 def _row_maker(keys: tuple[str, ...]) -> Callable[[list[Any]], list[dict[str, Any]]]:
     """A function of the columns (one list per key of ``keys``) that returns their rows as
     dicts: a comprehension over a dict display of ``keys`` as constants, compiled once per
-    key tuple (a handful: the fields a request names). Building 10,000 items of 18 keys was
+    key tuple (the metric table's field names a request names, written as ``repr``
+    literals: no request string reaches the source). Building 10,000 items of 18 keys was
     most of a full-resolution window's CPU; the display builds each dict in one step,
     ~25% faster than ``dict(zip(keys, row))`` (this machine: 9.1 vs 11.8 ms)."""
     args = ", ".join(f"v{i}" for i in range(len(keys)))
