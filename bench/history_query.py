@@ -11,6 +11,11 @@ statistics. Each figure is judged from its repeated reads (bench/common.py ``jud
 are also read through the previous version's read (the points, tests/support/row_window.py,
 from the oracle's own rows) and must give the same answer.
 
+The peer (when MLflow's venv exists: :func:`bench.common.mlflow_peer`): a run of
+``--peer-steps`` steps of as many metrics, logged through MLflow's tracking store (SQLite)
+and read back (its 1,000-point sampled read of one metric, the one its charts make),
+beside amptrain's whole-run 1,000-point read of a run as long (every field).
+
     python bench/history_query.py                 # SQLite; PostgreSQL too with
     AMPTRAIN_TEST_DATABASE_URL=postgresql+psycopg://postgres@127.0.0.1:5432/test \\
         python bench/history_query.py --quick     # or --pg URL; --steps 1000000,10000000
@@ -45,7 +50,7 @@ from amptrain.store.db import make_engine, make_session_factory
 from amptrain.store.history import chunk_writes, rollups
 from amptrain.store.history.chunk_parts import MS, SEQ
 from amptrain.store.history.downsample import series_window
-from bench.common import judge, throwaway_pg
+from bench.common import judge, mlflow_peer, throwaway_pg
 from tests.support import bulk_chunks, row_tables
 from tests.support.bulk_points import bulk_insert_points
 from tests.support.row_window import raw_window
@@ -131,8 +136,12 @@ def reads_of(n: int) -> dict[str, tuple[int, dict[str, Any]]]:
     }
 
 
-def bench_reads(engine: sa.Engine, sessions: sessionmaker[Session], n: int, reads: int) -> None:
+def bench_reads(
+    engine: sa.Engine, sessions: sessionmaker[Session], n: int, reads: int
+) -> dict[str, float]:
+    """Print each read's verdict; the median ms of each, by label, never analysed."""
     name = engine.dialect.name
+    medians: dict[str, float] = {}
     job_id = new_job(sessions, n)
     started = time.perf_counter()
     if n <= ORACLE_STEPS:  # the oracle's own rows (the product has none since 0017)
@@ -164,6 +173,7 @@ def bench_reads(engine: sa.Engine, sessions: sessionmaker[Session], n: int, read
             goal = 50.0 if budget == 10_000 else 100.0
             took = samples(read, reads)
             verdict = judge(f"{name} {n:,} {stats}: {label}", took, goal)
+            medians.setdefault(label, verdict.median)
             in_order = " ".join(f"{ms:.0f}" for ms in took)
             same = ""
             if n <= ORACLE_STEPS:
@@ -171,6 +181,7 @@ def bench_reads(engine: sa.Engine, sessions: sessionmaker[Session], n: int, read
                     old = raw_window(s, job_id, budget, **kw).__dict__
                 same = f"; same as the points' read: {read().__dict__ == old}"
             print(f"  {verdict.line(' ms', 1)}{same}\n    reads in order (ms): {in_order}")
+    return medians
 
 
 def bench_writes(sessions: sessionmaker[Session], points: int, batch: int) -> str:
@@ -214,7 +225,8 @@ def first_read(sessions: sessionmaker[Session], job_id: str) -> None:
     )
 
 
-def run(url: str, lengths: list[int], reads: int, write_points: int) -> None:
+def run(url: str, lengths: list[int], reads: int, write_points: int) -> dict[int, dict[str, float]]:
+    """Every read of each run length on the database at ``url``: their medians by length."""
     migrate.upgrade(url)
     engine = make_engine(url)
     if engine.dialect.name == "postgresql":
@@ -224,8 +236,7 @@ def run(url: str, lengths: list[int], reads: int, write_points: int) -> None:
     sessions = make_session_factory(engine)
     try:
         first_read(sessions, bench_writes(sessions, write_points, 1000))
-        for n in lengths:
-            bench_reads(engine, sessions, n, reads)
+        return {n: bench_reads(engine, sessions, n, reads) for n in lengths}
     finally:
         engine.dispose()
 
@@ -237,6 +248,12 @@ def main() -> None:
     ap.add_argument("--pg", default=os.environ.get("AMPTRAIN_TEST_DATABASE_URL"))
     ap.add_argument("--reads", type=int, default=15)
     ap.add_argument("--no-sqlite", action="store_true")
+    ap.add_argument(
+        "--peer-steps",
+        type=int,
+        default=100_000,
+        help="steps of the MLflow peer's run (0: none; needs its venv: bench/common.py)",
+    )
     ap.add_argument(
         "--untuned-gc",
         action="store_true",
@@ -254,15 +271,39 @@ def main() -> None:
         lengths = [int(x) for x in args.steps.split(",")]
     reads = 5 if args.quick else args.reads
     write_points = 10_000 if args.quick else 50_000
+    medians: dict[str, dict[int, dict[str, float]]] = {}
     if not args.no_sqlite:
         with tempfile.TemporaryDirectory() as tmp:
-            run(f"sqlite:///{tmp}/bench.db", lengths, reads, write_points)
+            medians["sqlite"] = run(f"sqlite:///{tmp}/bench.db", lengths, reads, write_points)
     if args.pg:
         url, drop = throwaway_pg(args.pg)
         try:
-            run(url, lengths, reads, write_points)
+            medians["postgresql"] = run(url, lengths, reads, write_points)
         finally:
             drop()
+    peer = mlflow_peer(args.peer_steps, len(FIELDS)) if args.peer_steps else None
+    if peer is not None:
+        against_mlflow(peer, medians)
+
+
+def against_mlflow(peer: dict[str, Any], medians: dict[str, dict[int, dict[str, float]]]) -> None:
+    """The MLflow peer's reads of its run (``peer['steps']`` steps) beside amptrain's of a run
+    as long (never analysed), when the bench read one."""
+    n, sampled, full = peer["steps"], peer["sampled_read"], peer["full_history"]
+    print(
+        f"\nMLflow {peer['mlflow']} (SQLite store, {n:,} steps of {peer['fields']} metrics): "
+        f"a 1,000-point sampled read of one metric {sampled['wall_s'] * 1000:.0f} ms, "
+        f"its full history ({full['points']:,} values) {full['wall_s'] * 1000:.0f} ms"
+    )
+    for db, by_length in medians.items():
+        ours = by_length.get(n, {}).get("whole run, 1000 points")
+        if ours is None:
+            print(f"  amptrain {db}: no {n:,}-step run read here (--steps {n} adds one)")
+        else:
+            print(
+                f"  amptrain {db} whole run, 1000 points (every field): {ours:.1f} ms; MLflow took "
+                f"{sampled['wall_s'] * 1000 / ours:.1f}x MLflow's time for one metric"
+            )
 
 
 if __name__ == "__main__":
