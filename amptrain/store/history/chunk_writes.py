@@ -32,6 +32,7 @@ from amptrain.store.history.chunk_parts import SHIFT as _SHIFT
 from amptrain.store.history.chunk_parts import STEP_KIND as STEP_KIND
 from amptrain.store.history.chunk_parts import STEP_SERIES as STEP_SERIES
 from amptrain.store.history.chunk_parts import Key, Part, collect
+from amptrain.store.history.point_columns import PointColumns
 
 
 def append(
@@ -54,10 +55,13 @@ Gains = dict[Key, Gained]
 
 
 def gather(
-    points: Sequence[Mapping[str, Any]], values: Sequence[Mapping[str, Any]]
+    points: Sequence[Mapping[str, Any]],
+    values: Sequence[Mapping[str, Any]],
+    columns: Sequence[PointColumns] = (),
 ) -> dict[Key, Part]:
-    """The new values of each chunk, from the recorder's points and named values."""
-    return collect(points, values)
+    """The new values of each chunk, from the recorder's points (rows and columns) and
+    named values."""
+    return collect(points, values, columns=columns)
 
 
 def write(s: Session, parts: Mapping[Key, Part], pack: bool = False) -> Gains:

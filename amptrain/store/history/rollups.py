@@ -30,6 +30,7 @@ from amptrain.store.history import chunk_writes, exemplars
 from amptrain.store.history.chunk_merge import Gained, number
 from amptrain.store.history.chunk_parts import rolled_up
 from amptrain.store.history.chunk_writes import STEP_KIND, Gains
+from amptrain.store.history.point_columns import PointColumns
 
 LEVELS = (0, 4, 8)
 """Roll-up levels, in chunks: 1, 16 and 256 chunks (256, 4,096 and 65,536 steps)."""
@@ -126,12 +127,16 @@ COLUMNS = (*_KEY, *STATS)
 
 
 def record(
-    s: Session, points: Sequence[Mapping[str, Any]], values: Sequence[Mapping[str, Any]]
+    s: Session,
+    points: Sequence[Mapping[str, Any]],
+    values: Sequence[Mapping[str, Any]],
+    columns: Sequence[PointColumns] = (),
 ) -> Gains:
-    """The recorder's write of a batch's points and named values into their chunks
-    (:func:`chunk_writes.append`'s arguments) and the chunks' roll-ups, in the caller's
-    transaction; what the chunks gained (what is new in the batch: a replay gains nothing)."""
-    gains = chunk_writes.write(s, chunk_writes.gather(points, values))
+    """The recorder's write of a batch's points (as rows, and as ``columns``) and named
+    values into their chunks (:func:`chunk_writes.gather`) and the chunks' roll-ups, in the
+    caller's transaction; what the chunks gained (what is new in the batch: a replay gains
+    nothing)."""
+    gains = chunk_writes.write(s, chunk_writes.gather(points, values, columns))
     keep(s, gains)
     return gains
 
