@@ -21,7 +21,9 @@ from amptrain.contract.metrics import SUMMARY_FIELDS
 from amptrain.contract.records import OVERFLOW_WARNING
 from amptrain.core.enums import FINISHED_STATUSES
 from amptrain.store.db import dialect_insert
-from amptrain.store.history.throughput import steady_rate
+from amptrain.store.history.chunk_merge import Gained
+from amptrain.store.history.chunk_parts import Key
+from amptrain.store.history.throughput import steady_rates
 from amptrain.store.models import Job, JobEvent
 
 
@@ -126,14 +128,22 @@ def _not_yet_recorded(s: Session, rows: list[dict[str, Any]]) -> list[dict[str, 
     return fresh
 
 
-def update_progress(s: Session, newest: Mapping[str, Mapping[str, Any]]) -> None:
+def update_progress(
+    s: Session,
+    newest: Mapping[str, Mapping[str, Any]],
+    gains: Mapping[Key, Gained],
+    last: Mapping[Key, int],
+) -> None:
     """Per job (``job_id -> the newest point this batch's chunks gained for its newest
     attempt``): keep ``step`` and ``summary`` at it (a replay gains nothing, so it changes
-    nothing). One executemany for every job of the batch."""
+    nothing); ``gains`` and ``last``: the batch's chunk write
+    (:func:`~amptrain.store.history.throughput.steady_rates`). One executemany for every
+    job of the batch."""
     rows = []
+    rates = steady_rates(s, {job_id: p["attempt"] for job_id, p in newest.items()}, gains, last)
     for job_id, point in newest.items():
         summary = {f: finite(point.get(f)) for f in SUMMARY_FIELDS}
-        summary["samples_per_second"] = steady_rate(s, job_id, point["attempt"])
+        summary["samples_per_second"] = rates[job_id]
         rows.append(
             {
                 "b_id": job_id,

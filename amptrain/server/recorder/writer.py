@@ -28,7 +28,7 @@ from amptrain.server.recorder.group import ConsumerGroup
 from amptrain.server.recorder.owner import Ownership
 from amptrain.store import events, recording
 from amptrain.store.history import eval_summary, rollups
-from amptrain.store.history.chunk_parts import MS, SHIFT, STEP_KIND
+from amptrain.store.history.chunk_parts import MS, SHIFT, STEP_KIND, Key
 from amptrain.store.history.chunk_writes import Gains
 
 
@@ -54,11 +54,11 @@ class BatchWriter:
             values = [v for b in batches.values() for v in b.values]
             # Into the series' chunks and their roll-ups (what every read reads), before the
             # summary's steady rate and the alert rules read them there.
-            gains = rollups.record(s, points, values, columns)
+            last: dict[Key, int] = {}
+            gains = rollups.record(s, points, values, columns, last)
             fresh = {job_id: _gained(b, gains) for job_id, b in batches.items()}
-            recording.update_progress(
-                s, {job_id: newest for job_id, (_, newest) in fresh.items() if newest}
-            )
+            newest = {job_id: point for job_id, (_, point) in fresh.items() if point}
+            recording.update_progress(s, newest, gains, last)
             eval_summary.refresh(s, {key[0] for key in gains if key[1] == EVAL_KIND})
             overflowed: set[str] = set()
             for job_id, batch in batches.items():

@@ -64,13 +64,18 @@ def gather(
     return collect(points, values, columns=columns)
 
 
-def write(s: Session, parts: Mapping[Key, Part], pack: bool = False) -> Gains:
+def write(
+    s: Session, parts: Mapping[Key, Part], pack: bool = False, last: dict[Key, int] | None = None
+) -> Gains:
     """Merge ``parts`` (:func:`gather`) into their stored chunks and upsert the chunks that
-    changed; what each gained (the roll-ups' upkeep reads it)."""
+    changed; what each gained (the roll-ups' upkeep reads it). ``last``, when given, gets
+    the last step each chunk held before (a chunk not stored before is absent)."""
     if not parts:
         return {}
     spans: dict[Key, Span] = {}
     stored = read(s, list(parts), spans)
+    if last is not None:
+        last.update((key, d.steps[-1]) for key, (d, _, _) in stored.items() if d.steps)
     merged, gains = _merge(parts, stored)
     upsert(s, _rows(merged, stored, pack, spans))
     return gains

@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 from amptrain.store.db import upsert_many
 from amptrain.store.history import chunk_writes, exemplars
 from amptrain.store.history.chunk_merge import Gained, number
-from amptrain.store.history.chunk_parts import rolled_up
+from amptrain.store.history.chunk_parts import Key, rolled_up
 from amptrain.store.history.chunk_writes import STEP_KIND, Gains
 from amptrain.store.history.point_columns import PointColumns
 
@@ -131,12 +131,13 @@ def record(
     points: Sequence[Mapping[str, Any]],
     values: Sequence[Mapping[str, Any]],
     columns: Sequence[PointColumns] = (),
+    last: dict[Key, int] | None = None,
 ) -> Gains:
     """The recorder's write of a batch's points (as rows, and as ``columns``) and named
     values into their chunks (:func:`chunk_writes.gather`) and the chunks' roll-ups, in the
     caller's transaction; what the chunks gained (what is new in the batch: a replay gains
-    nothing)."""
-    gains = chunk_writes.write(s, chunk_writes.gather(points, values, columns))
+    nothing). ``last``: as for :func:`chunk_writes.write`."""
+    gains = chunk_writes.write(s, chunk_writes.gather(points, values, columns), last=last)
     keep(s, gains)
     return gains
 
