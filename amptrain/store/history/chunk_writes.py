@@ -23,7 +23,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from amptrain.store.db import execute_many
+from amptrain.store.db import upsert_many
 from amptrain.store.history import chunk_codec, chunk_merge
 from amptrain.store.history.chunk_codec import CHUNK_STEPS, Decoded
 from amptrain.store.history.chunk_merge import Gained, Span
@@ -257,5 +257,22 @@ _UPSERT = (
 
 
 def upsert(s: Session, rows: list[tuple[Any, ...]]) -> None:
-    """Write whole chunks (rows of :data:`COLUMNS`) through one prepared statement."""
-    execute_many(s, _UPSERT, rows)
+    """Write whole chunks (rows of :data:`COLUMNS`, each key once): one statement on
+    PostgreSQL (:func:`~amptrain.store.db.upsert_many`; an executemany cost ~12 us of
+    client CPU a chunk), one prepared statement on SQLite."""
+    upsert_many(s, _UPSERT, "metric_chunks", _TYPED, rows)
+
+
+_TYPED = tuple(
+    (
+        c,
+        "text"
+        if c in ("job_id", "kind", "name")
+        else "bytea"
+        if c == "data"
+        else "float8"
+        if c in ("low", "high", "first", "last", "time_first", "time_last")
+        else "int",
+    )
+    for c in COLUMNS
+)

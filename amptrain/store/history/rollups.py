@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
 from math import isfinite
-from operator import itemgetter
+from operator import attrgetter, itemgetter
 from typing import Any
 
 from sqlalchemy.orm import Session
@@ -56,6 +56,7 @@ STATS = (
 """A roll-up's columns after its key, in order (the attributes of :class:`Stats`)."""
 
 
+_ROW = attrgetter(*STATS)
 _NONE = (0, 0, 0, 0, 0, 0, None, None, None, None, None)
 """The columns of :data:`STATS` of no steps."""
 
@@ -97,7 +98,8 @@ class Stats:
 
     def row(self) -> tuple[Any, ...]:
         """The values of :data:`STATS`, in order."""
-        return tuple(getattr(self, name) for name in STATS)
+        got: tuple[Any, ...] = _ROW(self)
+        return got
 
     def merge(self, o: Stats) -> None:
         """Fold in the aggregates of other steps (ties: the earlier step holds the extreme)."""
@@ -195,7 +197,7 @@ def gained_stats(new: Gained, marks: Marks | None) -> Stats:
             out.first_step, out.last_step, out.non_finite = min(steps), max(steps), out.count
         else:
             _any_order(out, steps, list(map(number, raw)))
-    if marks is not None:
+    if marks is not None and marks[1]:  # (the skipped steps are flagged too)
         skipped, flagged = marks
         out.skipped = len(skipped.intersection(steps))
         hit = flagged.intersection(steps)
