@@ -27,8 +27,9 @@ from sqlalchemy.orm import Session
 
 from amptrain.store.db import upsert_many
 from amptrain.store.history import chunk_writes, exemplars
+from amptrain.store.history.block_stats import gained_blocks
 from amptrain.store.history.chunk_merge import Gained, number
-from amptrain.store.history.chunk_parts import Key, rolled_up
+from amptrain.store.history.chunk_parts import Key, Part, rolled_up
 from amptrain.store.history.chunk_writes import STEP_KIND, Gains
 from amptrain.store.history.point_columns import PointColumns
 
@@ -139,21 +140,27 @@ def record(
     values into their chunks (:func:`chunk_writes.gather`) and the chunks' roll-ups, in the
     caller's transaction; what the chunks gained (what is new in the batch: a replay gains
     nothing). ``last``: as for :func:`chunk_writes.write`."""
-    gains = chunk_writes.write(s, chunk_writes.gather(points, values, columns), last=last)
-    keep(s, gains)
+    parts = chunk_writes.gather(points, values, columns)
+    gains = chunk_writes.write(s, parts, last=last)
+    keep(s, gains, parts)
     return gains
 
 
-def keep(s: Session, gains: Gains) -> None:
+def keep(s: Session, gains: Gains, parts: Mapping[Key, Part] | None = None) -> None:
     """Fold what a write added to the chunks (:func:`chunk_writes.write`) into every level's
-    roll-ups, read and upserted by primary key in the caller's transaction."""
+    roll-ups, read and upserted by primary key in the caller's transaction; ``parts``: what
+    the write was given (a chunk's step series that gained their whole parts are
+    aggregated together: :func:`~amptrain.store.history.block_stats.gained_blocks`)."""
     deltas: dict[RKey, Stats] = {}
     flags = _flags(gains)
-    for (job_id, kind, name, chunk, attempt), new in gains.items():
+    blocks = gained_blocks(gains, parts, rolled_up) if parts else {}
+    for key5, new in gains.items():
+        job_id, kind, name, chunk, attempt = key5
         if not rolled_up(kind, name):
             continue
         marks = flags.get((job_id, chunk, attempt)) if kind == STEP_KIND else None
-        delta = gained_stats(new, marks)
+        block = blocks.get(key5)
+        delta = gained_stats(new, marks) if block is None else _marked(Stats(block), marks)
         for level in LEVELS:
             key = (job_id, kind, name, level, chunk >> level, attempt)
             have = deltas.get(key)
@@ -203,6 +210,14 @@ def gained_stats(new: Gained, marks: Marks | None) -> Stats:
         hit = flagged.intersection(steps)
         out.flagged = len(hit)
         out.first_flag = min(hit) if hit else None
+    return out
+
+
+def _marked(out: Stats, marks: Marks | None) -> Stats:
+    """``out``, the aggregates of new steps that hold every step the marks name (a block of
+    a chunk's points), with the marks' counts."""
+    if marks is not None and marks[1]:  # (the skipped steps are flagged too)
+        out.skipped, out.flagged, out.first_flag = len(marks[0]), len(marks[1]), min(marks[1])
     return out
 
 
