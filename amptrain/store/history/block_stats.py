@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     import numpy
 
 Row = tuple[Any, ...]
-"""The columns of :data:`~amptrain.store.history.rollups.STATS`, in order."""
+"""The columns of :data:`~amptrain.store.history.rollup_stats.STATS`, in order."""
 _NUMBERS = frozenset((float, int, bool, type(None)))
 """The values a block takes as they are (numpy reads None as NaN, a bool as 0 or 1, as
 :func:`~amptrain.store.history.chunk_merge.number` does); anything else goes per series."""
