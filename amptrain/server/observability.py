@@ -76,12 +76,13 @@ def webhook_attempt(outcome: str) -> None:
     WEBHOOK_ATTEMPTS.labels(outcome).inc()
 
 
-def points_recorded(inserted: int, points: Iterable[dict[str, Any]]) -> None:
-    """The recorder committed a batch: ``inserted`` new rows out of ``points`` (replays add none)."""
+def points_recorded(inserted: int, times: Iterable[Any]) -> None:
+    """The recorder committed a batch: ``inserted`` new points out of those whose ``time``
+    fields are ``times`` (replays add none)."""
     RECORDED_BATCHES.inc()
     if inserted:
         RECORDED_POINTS.inc(inserted)
-    times = [t for p in points if isinstance(t := p.get("time"), int | float)]
+    times = [t for t in times if isinstance(t, int | float)]
     if times:
         newest = max(times)
         RECORDER_LAG.observe(max(0.0, time.time() - newest))

@@ -97,7 +97,7 @@ def upsert_many(
     s: Session, template: str, table: str, columns: Sequence[tuple[str, str]], rows: list[Any]
 ) -> None:
     """Insert-or-update ``rows`` (tuples in the order of ``columns``: ``(name, type)`` with
-    type ``text``, ``int`` or ``float8``): ``template`` (:func:`execute_many`'s, for SQLite)
+    type ``text``, ``int``, ``float8`` or ``bytea``): ``template`` (:func:`execute_many`'s, for SQLite)
     through its executemany; on PostgreSQL ONE statement over the unnested columns, each
     sent as an array literal (:func:`_array`), with ``template``'s ``ON CONFLICT`` clause.
     psycopg's executemany cost ~11 us of client CPU a roll-up row and its list dumping
@@ -108,11 +108,16 @@ def upsert_many(
         execute_many(s, template, rows)
         return
     names = ", ".join(name for name, _ in columns)
-    arrays = ", ".join(f"%s::text::{kind}[]" for _, kind in columns)
+    arrays = ", ".join(
+        "%b::bytea[]" if kind == "bytea" else f"%s::text::{kind}[]" for _, kind in columns
+    )
     conflict = template[template.index(" ON CONFLICT ") :]
     sql = f"INSERT INTO {table} ({names}) SELECT * FROM unnest({arrays}){conflict}"
+    # A bytea column goes as it is, a binary array parameter (as hex text it would cost
+    # both sides a pass over every byte).
     data = [
-        _array(col, kind) for col, (_, kind) in zip(zip(*rows, strict=True), columns, strict=True)
+        list(col) if kind == "bytea" else _array(col, kind)
+        for col, (_, kind) in zip(zip(*rows, strict=True), columns, strict=True)
     ]
     conn: Any = s.connection().connection.driver_connection
     with conn.cursor() as cur:

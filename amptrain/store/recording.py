@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 from datetime import datetime
-from operator import itemgetter
 from typing import Any, NamedTuple
 
 import sqlalchemy as sa
@@ -22,7 +21,9 @@ from amptrain.contract.metrics import SUMMARY_FIELDS
 from amptrain.contract.records import OVERFLOW_WARNING
 from amptrain.core.enums import FINISHED_STATUSES
 from amptrain.store.db import dialect_insert
-from amptrain.store.history.throughput import steady_rate
+from amptrain.store.history.chunk_merge import Gained
+from amptrain.store.history.chunk_parts import Key
+from amptrain.store.history.throughput import steady_rates
 from amptrain.store.models import Job, JobEvent
 
 
@@ -127,24 +128,27 @@ def _not_yet_recorded(s: Session, rows: list[dict[str, Any]]) -> list[dict[str, 
     return fresh
 
 
-def update_progress(s: Session, fresh: Mapping[str, list[dict[str, Any]]]) -> None:
-    """Per job (``job_id -> the points this batch's chunks gained``, in stream order): keep
-    ``step`` and ``summary`` at the newest of them for its newest attempt (a replay adds
-    nothing, so it changes nothing). One executemany for every job of the batch."""
+def update_progress(
+    s: Session,
+    newest: Mapping[str, Mapping[str, Any]],
+    gains: Mapping[Key, Gained],
+    last: Mapping[Key, int],
+) -> None:
+    """Per job (``job_id -> the newest point this batch's chunks gained for its newest
+    attempt``): keep ``step`` and ``summary`` at it (a replay gains nothing, so it changes
+    nothing); ``gains`` and ``last``: the batch's chunk write
+    (:func:`~amptrain.store.history.throughput.steady_rates`). One executemany for every
+    job of the batch."""
     rows = []
-    for job_id, new in fresh.items():
-        if not new:
-            continue
-        latest_attempt = max(map(_ATTEMPT, new))
-        # The last point of that attempt in stream order: nearly always the very last.
-        newest = next(p for p in reversed(new) if p["attempt"] == latest_attempt)
-        summary = {f: finite(newest.get(f)) for f in SUMMARY_FIELDS}
-        summary["samples_per_second"] = steady_rate(s, job_id, latest_attempt)
+    rates = steady_rates(s, {job_id: p["attempt"] for job_id, p in newest.items()}, gains, last)
+    for job_id, point in newest.items():
+        summary = {f: finite(point.get(f)) for f in SUMMARY_FIELDS}
+        summary["samples_per_second"] = rates[job_id]
         rows.append(
             {
                 "b_id": job_id,
-                "b_attempt": latest_attempt,
-                "b_step": newest["step"],
+                "b_attempt": point["attempt"],
+                "b_step": point["step"],
                 "b_summary": summary,
             }
         )
@@ -157,9 +161,6 @@ def update_progress(s: Session, fresh: Mapping[str, list[dict[str, Any]]]) -> No
         .values(step=sa.bindparam("b_step"), summary=sa.bindparam("b_summary")),
         rows,
     )
-
-
-_ATTEMPT = itemgetter("attempt")
 
 
 def mark_done(s: Session, job_id: str, end_attempts: list[int]) -> bool:

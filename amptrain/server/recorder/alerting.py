@@ -40,7 +40,7 @@ BATCH_KINDS = ("event", "threshold", "deviation", "early_stop")
 
 def evaluate(s: Session, batches: Mapping[str, Batch]) -> list[str]:
     """Fire every rule the batch matches; the jobs asked to stop (for their cancel key)."""
-    busy = [j for j, b in batches.items() if b.points or b.values or b.events]
+    busy = [j for j, b in batches.items() if b.point_count() or b.values or b.events]
     watched = alert_rules.rules_for_jobs(s, busy, BATCH_KINDS)
     series = _SeriesView(s, batches, watched)
     stopped: list[str] = []
@@ -117,7 +117,8 @@ def _hits(
 def _new_points(batch: Batch, job: WatchedJob, series: str) -> list[verdict.Point]:
     """This batch's values of ``series`` for the job's current attempt, in step order."""
     if is_step_series(series):
-        rows = [(p["step"], p.get(series)) for p in batch.points if p["attempt"] == job.attempt]
+        at = zip(batch.column("step"), batch.column("attempt"), batch.column(series), strict=True)
+        rows = [(step, value) for step, attempt, value in at if attempt == job.attempt]
     else:
         rows = [
             (v["step"], v["value"])

@@ -6,7 +6,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +26,7 @@ from amptrain.contract.metrics import (
 from amptrain.contract.spec import MAX_DEVICES
 from amptrain.contract.stream import decode, text
 from amptrain.server.recorder import plain_points
+from amptrain.store.history.point_columns import PointColumns
 
 log = logging.getLogger(__name__)
 
@@ -38,29 +39,53 @@ Entry = tuple[Any, list[Any] | None]
 class Batch:
     """Points, eval values and events to insert, and the attempts whose ``end`` entry came."""
 
-    points: list[dict[str, Any]] = field(default_factory=list)
+    columns: PointColumns | None = None
+    """The points, when every metric entry was plain (nearly every batch): as columns."""
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    """The points otherwise, one row each."""
     values: list[dict[str, Any]] = field(default_factory=list)
     """One row per named value of each eval and layer_grad_norm entry (``metric_values``)."""
     events: list[dict[str, Any]] = field(default_factory=list)
     ends: list[int] = field(default_factory=list)
 
+    @property
+    def points(self) -> list[dict[str, Any]]:
+        """The points as rows, in stream order (built from the columns on each call)."""
+        return self.rows if self.columns is None else self.columns.rows()
+
+    def point_count(self) -> int:
+        return len(self.rows) if self.columns is None else len(self.columns)
+
+    def column(self, name: str) -> Sequence[Any]:
+        """A point field's values (``attempt`` too), in stream order (None where a point
+        lacks it), without building rows."""
+        c = self.columns
+        if c is None:
+            return [p.get(name) for p in self.rows]
+        return c.attempts if name == "attempt" else c.column(name)
+
 
 def parse(job_id: str, entries: Iterable[Entry]) -> Batch:
     """A job's entries as rows (each list in stream order). Plain metric entries, nearly
-    every entry, are decoded together (:mod:`amptrain.server.recorder.plain_points`); the
-    rest one by one, and everything one by one when a plain entry's value is odd."""
+    every entry, are decoded together as columns
+    (:mod:`amptrain.server.recorder.plain_points`); the rest one by one, and everything
+    one by one when a plain entry's value is odd."""
     entries = [e for e in entries if e[1]]  # a None: trimmed from the stream while pending
     plain: list[Entry] = []
     rest: list[Entry] = []
     for e in entries:
         (plain if plain_points.is_plain(e[1]) else rest).append(e)
-    rows = plain_points.rows(job_id, plain) if plain else []
-    if rows is None:
+    columns = plain_points.columns(job_id, plain) if plain else None
+    if plain and columns is None:
         return _parse(job_id, entries)
     batch = _parse(job_id, rest)
-    if batch.points:
+    if batch.rows:
         return _parse(job_id, entries)  # other metric entries among them: keep stream order
-    batch.points = [row for row in rows if type(row["step"]) is int]
+    if columns is not None:
+        steps = columns.steps
+        if not all(type(step) is int for step in steps):
+            columns = columns.take(i for i, step in enumerate(steps) if type(step) is int)
+        batch.columns = columns
     return batch
 
 
@@ -74,7 +99,7 @@ def _parse(job_id: str, entries: Iterable[Entry]) -> Batch:
             if _kind(flat) in _METRIC:
                 row = _point_row(job_id, entry_id, flat)
                 if type(row["step"]) is int:
-                    batch.points.append(row)
+                    batch.rows.append(row)
                 continue
             item = decode(_pairs(flat))
             if item["kind"] in VALUE_KINDS:

@@ -3,8 +3,9 @@ worker's sink writes them (:func:`amptrain.contract.stream.encode` of a one-devi
 
 A field-by-field loop in Python cost about 6 us a point (a fifth of the recorder's CPU).
 Here a job's batch is two JSON documents, its float columns and its integer columns, each
-parsed by ``json.loads`` in C, and the rows built from the parsed columns in C too (a
-Python loop turn per row was half of what was left). Every value either parses as the JSON
+parsed by ``json.loads`` in C, and kept as columns
+(:class:`~amptrain.store.history.point_columns.PointColumns`): the chunks take them by
+slicing, with no dict per point. Every value either parses as the JSON
 scalar its column takes or the whole batch goes back to the per-entry route
 (:func:`amptrain.server.recorder.entries.parse`), which keeps its rules for odd values:
 
@@ -22,11 +23,12 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterable, Sequence
-from itertools import chain, repeat
+from itertools import chain
 from operator import itemgetter
 from typing import Any
 
-from amptrain.contract.metrics import FLOAT_FIELDS, METRIC_FIELDS, STORED_METRIC_FIELDS
+from amptrain.contract.metrics import FLOAT_FIELDS, METRIC_FIELDS
+from amptrain.store.history.point_columns import PointColumns
 
 KEYS = [b"kind", b"job_id", b"attempt", *(f.encode() for f in METRIC_FIELDS)]
 """The field names of a plain metric entry, in the sink's order (compared as one list)."""
@@ -37,7 +39,6 @@ _FLOATS_OF = itemgetter(*(_VALUE_AT[f] for f in _FLOAT_COLUMNS))
 # The attempt last: each row takes its integer columns, then its attempt.
 _INTS_OF = itemgetter(*(_VALUE_AT[f] for f in [*_INT_COLUMNS, "attempt"]))
 _F, _I = len(_FLOAT_COLUMNS), len(_INT_COLUMNS)
-_ROW_KEYS = (*STORED_METRIC_FIELDS, "job_id", "attempt", "stream_ms", "stream_seq")
 _NOT_SCALARS = re.compile(rb'["\[\]{}]')
 
 
@@ -62,9 +63,10 @@ def _scalars(values: list[bytes], **hooks: Any) -> list[Any]:
     return parsed
 
 
-def rows(job_id: str, entries: Sequence[tuple[Any, Any]]) -> list[dict[str, Any]] | None:
-    """The rows of plain metric entries (:func:`is_plain`), in stream order, as the
-    per-entry route makes them; None when a value is not plain (then that route decides)."""
+def columns(job_id: str, entries: Sequence[tuple[Any, Any]]) -> PointColumns | None:
+    """The points of plain metric entries (:func:`is_plain`) as columns, in stream order,
+    holding what the per-entry route's rows hold; None when a value is not plain (then
+    that route decides)."""
     flats = [flat for _, flat in entries]
     n = len(flats)
     try:
@@ -79,18 +81,9 @@ def rows(job_id: str, entries: Sequence[tuple[Any, Any]]) -> list[dict[str, Any]
     attempts = ints[_I :: _I + 1]
     if len(ids) != 2 * n or not all(type(a) is int for a in attempts):
         return None  # true, false or null: the per-entry route drops the entry
-    # One column per key of a row (the per-entry route's order: every stored field, then
-    # job, attempt and cursor), and the rows built from them in C: a Python loop turn
-    # per row was most of this function's time.
-    # (The fields a plain entry lacks share one endless repeat of None.)
-    columns: dict[str, Iterable[Any]] = dict.fromkeys(_ROW_KEYS, repeat(None))
-    columns.update((f, floats[i::_F]) for i, f in enumerate(_FLOAT_COLUMNS))
-    columns.update((f, ints[i :: _I + 1]) for i, f in enumerate(_INT_COLUMNS))
-    columns.update(
-        job_id=repeat(job_id), attempt=attempts, stream_ms=ids[::2], stream_seq=ids[1::2]
-    )
-    # Every column holds n values or repeats one (not strict: the repeats never end).
-    return list(map(dict, map(zip, repeat(_ROW_KEYS), zip(*columns.values(), strict=False))))
+    fields = {f: floats[i::_F] for i, f in enumerate(_FLOAT_COLUMNS)}
+    fields.update((f, ints[i :: _I + 1]) for i, f in enumerate(_INT_COLUMNS))
+    return PointColumns(job_id, attempts, ids[::2], ids[1::2], fields)
 
 
 def _flattened(groups: Iterable[tuple[bytes, ...]]) -> list[bytes]:

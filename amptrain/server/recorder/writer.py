@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from itertools import chain
 from typing import Any
 
 import redis
@@ -22,12 +23,12 @@ from amptrain.contract.stream import STREAM_MAXLEN, encode, text
 from amptrain.core.redis import CANCEL_KEY_TTL_S, Keys
 from amptrain.server import observability
 from amptrain.server.recorder import alerting
-from amptrain.server.recorder.entries import Entry, parse
+from amptrain.server.recorder.entries import Batch, Entry, parse
 from amptrain.server.recorder.group import ConsumerGroup
 from amptrain.server.recorder.owner import Ownership
 from amptrain.store import events, recording
 from amptrain.store.history import eval_summary, rollups
-from amptrain.store.history.chunk_parts import MS, SHIFT, STEP_KIND
+from amptrain.store.history.chunk_parts import MS, SHIFT, STEP_KIND, Key
 from amptrain.store.history.chunk_writes import Gains
 
 
@@ -48,13 +49,16 @@ class BatchWriter:
         owned = self.ownership.jobs
         with self.sessions() as s:
             batches = {job_id: parse(job_id, entries) for job_id, entries in taken.items()}
-            points = [p for batch in batches.values() for p in batch.points]
+            points = [p for batch in batches.values() for p in batch.rows]
+            columns = [b.columns for b in batches.values() if b.columns is not None]
             values = [v for b in batches.values() for v in b.values]
             # Into the series' chunks and their roll-ups (what every read reads), before the
             # summary's steady rate and the alert rules read them there.
-            gains = rollups.record(s, points, values)
-            fresh = {job_id: _gained(b.points, gains) for job_id, b in batches.items()}
-            recording.update_progress(s, fresh)
+            last: dict[Key, int] = {}
+            gains = rollups.record(s, points, values, columns, last)
+            fresh = {job_id: _gained(b, gains) for job_id, b in batches.items()}
+            newest = {job_id: point for job_id, (_, point) in fresh.items() if point}
+            recording.update_progress(s, newest, gains, last)
             eval_summary.refresh(s, {key[0] for key in gains if key[1] == EVAL_KIND})
             overflowed: set[str] = set()
             for job_id, batch in batches.items():
@@ -74,7 +78,10 @@ class BatchWriter:
                 rest = {j: e for j, e in taken.items() if j not in lost}
                 return self.record(rest) if rest else 0
             s.commit()
-        observability.points_recorded(sum(map(len, fresh.values())), points)
+        observability.points_recorded(
+            sum(n for n, _ in fresh.values()),
+            chain.from_iterable(b.column("time") for b in batches.values()),
+        )
         # Tells the publishers what they may forget: everything up to here is in SQL.
         self.group.ack(
             # Ids as Redis gave them (bytes): XACK takes them as they are.
@@ -121,13 +128,34 @@ class BatchWriter:
         self.ownership.release(job_id)
 
 
-def _gained(points: list[dict[str, Any]], gains: Gains) -> list[Any]:
-    """The points whose (attempt, step) the chunks gained, in stream order: every point
-    brings its cursor series (:data:`~amptrain.store.history.chunk_parts.MS`), so a step
-    that series gained is a point not recorded before (a replay gains none)."""
-    out = []
-    for p in points:
-        new = gains.get((p["job_id"], STEP_KIND, MS, p["step"] >> SHIFT, p["attempt"]))
-        if new and p["step"] in new:
-            out.append(p)
-    return out
+def _gained(batch: Batch, gains: Gains) -> tuple[int, dict[str, Any] | None]:
+    """How many of the batch's points the chunks gained, and the newest of those of their
+    newest attempt (the last in stream order: nearly always the very last point). Every
+    point brings its cursor series (:data:`~amptrain.store.history.chunk_parts.MS`), so a
+    step that series gained is a point not recorded before (a replay gains none)."""
+    c = batch.columns
+    if c is None:
+        rows = [p for p in batch.rows if _new(gains, p["job_id"], p["step"], p["attempt"])]
+        at = _newest([p["attempt"] for p in rows])
+        return len(rows), None if at is None else rows[at]
+    job_id = c.job_id
+    new = [
+        i
+        for i, (step, attempt) in enumerate(zip(c.steps, c.attempts, strict=True))
+        if _new(gains, job_id, step, attempt)
+    ]
+    at = _newest([c.attempts[i] for i in new])
+    return len(new), None if at is None else c.row(new[at])
+
+
+def _new(gains: Gains, job_id: str, step: int, attempt: int) -> bool:
+    got = gains.get((job_id, STEP_KIND, MS, step >> SHIFT, attempt))
+    return got is not None and step in got
+
+
+def _newest(attempts: list[int]) -> int | None:
+    """The index of the last of the newest attempt's points (None: no point)."""
+    if not attempts:
+        return None
+    latest = max(attempts)
+    return len(attempts) - 1 - attempts[::-1].index(latest)

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from operator import itemgetter
 from typing import Any
 
 from amptrain.contract.metrics import STEP_METRICS
 from amptrain.contract.spec import MAX_DEVICES
 from amptrain.store.history.chunk_codec import CHUNK_STEPS
+from amptrain.store.history.point_columns import PointColumns
 
 STEP_KIND = "step"
 """``metric_chunks.kind`` of the per-step fields (the named series use their own kinds)."""
@@ -91,13 +92,17 @@ def collect(
     points: Iterable[Mapping[str, Any]],
     values: Sequence[Mapping[str, Any]],
     step_fields: Sequence[str] = STEP_SERIES,
+    columns: Iterable[PointColumns] = (),
 ) -> dict[Key, Part]:
     """The parts of every chunk the points (``job_id``, ``attempt``, ``step``, ``time``, the
-    step fields, and with ``stream_ms``/``stream_seq`` their cursor) and the named values
-    (``job_id``, ``attempt``, ``step``, ``kind``, ``name``, ``value``, ``time``, a cursor,
-    each record's values together) reach; ``step_fields``: the metric table's series to
-    write (none: only the reserved ones)."""
+    step fields, and with ``stream_ms``/``stream_seq`` their cursor), the points given as
+    ``columns`` (the recorder's plain points: the same parts, by slicing) and the named
+    values (``job_id``, ``attempt``, ``step``, ``kind``, ``name``, ``value``, ``time``, a
+    cursor, each record's values together) reach; ``step_fields``: the metric table's
+    series to write (none: only the reserved ones)."""
     parts: dict[Key, Part] = {}
+    for c in columns:
+        _column_parts(parts, c, step_fields)
     groups: dict[tuple[str, int, int], list[Mapping[str, Any]]] = defaultdict(list)
     for p in points:
         groups[(p["job_id"], p["step"] >> SHIFT, p["attempt"])].append(p)
@@ -112,6 +117,41 @@ def collect(
             _point_records(parts, (job_id, chunk, attempt), group, steps, times)
     _values_into(parts, values)
     return parts
+
+
+def _column_parts(parts: dict[Key, Part], c: PointColumns, step_fields: Sequence[str]) -> None:
+    """The parts of one job's columns: per (chunk, attempt) in order of first appearance,
+    each series' values over its points in stream order, as :func:`collect` groups rows.
+    A job's points of a chunk and attempt are nearly always one run of the stream: a
+    slice of each column; else the run's indices pick them. Plain entries never carry
+    ``memory_peak_per_rank`` (a data-parallel point takes the per-entry route)."""
+    keys = list(zip([step >> SHIFT for step in c.steps], c.attempts, strict=True))
+    cuts = [i for i in range(1, len(keys)) if keys[i] != keys[i - 1]]
+    runs: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for start, stop in zip([0, *cuts], [*cuts, len(keys)], strict=True):
+        if start < stop:
+            runs.setdefault(keys[start], []).append((start, stop))
+    named = [(MS, c.stream_ms), (SEQ, c.stream_seq)]
+    columns = [(name, c.column(name)) for name in step_fields]
+    for (chunk, attempt), spans in runs.items():
+        if len(spans) == 1:
+            ((start, stop),) = spans
+            pick: Callable[[Sequence[Any]], list[Any]] = itemgetter(slice(start, stop))
+        else:
+            at = [i for start, stop in spans for i in range(start, stop)]
+            pick = _picker(at)
+        steps, times = pick(c.steps), pick(c.column("time"))
+        for name, column in (*columns, *named):
+            part = parts[(c.job_id, STEP_KIND, name, chunk, attempt)] = Part()
+            part.steps, part.times = steps, times
+            part.values = pick(column)
+
+
+def _picker(at: list[int]) -> Callable[[Sequence[Any]], list[Any]]:
+    def pick(column: Sequence[Any]) -> list[Any]:
+        return [column[i] for i in at]
+
+    return pick
 
 
 def _columns(group: list[Mapping[str, Any]], names: Sequence[str]) -> list[list[Any]]:

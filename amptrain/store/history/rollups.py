@@ -18,7 +18,7 @@ null/NaN/infinite, or its grad norm NaN/infinite (not null).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from math import isfinite
 from operator import itemgetter
 from typing import Any
@@ -27,9 +27,13 @@ from sqlalchemy.orm import Session
 
 from amptrain.store.db import upsert_many
 from amptrain.store.history import chunk_writes, exemplars
+from amptrain.store.history.block_stats import gained_blocks
 from amptrain.store.history.chunk_merge import Gained, number
-from amptrain.store.history.chunk_parts import rolled_up
+from amptrain.store.history.chunk_parts import Key, Part, rolled_up
 from amptrain.store.history.chunk_writes import STEP_KIND, Gains
+from amptrain.store.history.point_columns import PointColumns
+from amptrain.store.history.rollup_stats import STATS as STATS
+from amptrain.store.history.rollup_stats import Stats as Stats
 
 LEVELS = (0, 4, 8)
 """Roll-up levels, in chunks: 1, 16 and 256 chunks (256, 4,096 and 65,536 steps)."""
@@ -39,113 +43,41 @@ RKey = tuple[str, str, str, int, int, int]
 """``(job_id, kind, name, level, idx, attempt)``: a roll-up's primary key."""
 _KEY = ("job_id", "kind", "name", "level", "idx", "attempt")
 
-STATS = (
-    "first_step",
-    "last_step",
-    "count",
-    "non_finite",
-    "skipped",
-    "flagged",
-    "first_flag",
-    "low",
-    "low_step",
-    "high",
-    "high_step",
-)
-"""A roll-up's columns after its key, in order (the attributes of :class:`Stats`)."""
-
-
-_NONE = (0, 0, 0, 0, 0, 0, None, None, None, None, None)
-"""The columns of :data:`STATS` of no steps."""
-
-
-class Stats:
-    """The aggregates of some steps of one series (the columns of :data:`STATS`)."""
-
-    __slots__ = STATS
-    first_step: int
-    """The first and last step held (0 while ``count`` is 0)."""
-    last_step: int
-    count: int
-    non_finite: int
-    skipped: int
-    flagged: int
-    first_flag: int | None
-    low: float | None
-    """The lowest finite value and the first step holding it."""
-    low_step: int | None
-    high: float | None
-    """The highest finite value and the first step holding it."""
-    high_step: int | None
-
-    def __init__(self, row: Iterable[Any] | None = None) -> None:
-        # one unpacking, not a setattr per column: a read of a long run builds thousands
-        (
-            self.first_step,
-            self.last_step,
-            self.count,
-            self.non_finite,
-            self.skipped,
-            self.flagged,
-            self.first_flag,
-            self.low,
-            self.low_step,
-            self.high,
-            self.high_step,
-        ) = _NONE if row is None else row
-
-    def row(self) -> tuple[Any, ...]:
-        """The values of :data:`STATS`, in order."""
-        return tuple(getattr(self, name) for name in STATS)
-
-    def merge(self, o: Stats) -> None:
-        """Fold in the aggregates of other steps (ties: the earlier step holds the extreme)."""
-        if not o.count:
-            return
-        if not self.count or o.first_step < self.first_step:
-            self.first_step = o.first_step
-        if not self.count or o.last_step > self.last_step:
-            self.last_step = o.last_step
-        self.count += o.count
-        self.non_finite += o.non_finite
-        self.skipped += o.skipped
-        self.flagged += o.flagged
-        if o.first_flag is not None and (self.first_flag is None or o.first_flag < self.first_flag):
-            self.first_flag = o.first_flag
-        if o.low is not None and (
-            self.low is None or (o.low, o.low_step) < (self.low, self.low_step)
-        ):
-            self.low, self.low_step = o.low, o.low_step
-        if o.high is not None and (
-            self.high is None or (-o.high, o.high_step) < (-self.high, self.high_step)
-        ):
-            self.high, self.high_step = o.high, o.high_step
-
-
 COLUMNS = (*_KEY, *STATS)
 
 
 def record(
-    s: Session, points: Sequence[Mapping[str, Any]], values: Sequence[Mapping[str, Any]]
+    s: Session,
+    points: Sequence[Mapping[str, Any]],
+    values: Sequence[Mapping[str, Any]],
+    columns: Sequence[PointColumns] = (),
+    last: dict[Key, int] | None = None,
 ) -> Gains:
-    """The recorder's write of a batch's points and named values into their chunks
-    (:func:`chunk_writes.append`'s arguments) and the chunks' roll-ups, in the caller's
-    transaction; what the chunks gained (what is new in the batch: a replay gains nothing)."""
-    gains = chunk_writes.write(s, chunk_writes.gather(points, values))
-    keep(s, gains)
+    """The recorder's write of a batch's points (as rows, and as ``columns``) and named
+    values into their chunks (:func:`chunk_writes.gather`) and the chunks' roll-ups, in the
+    caller's transaction; what the chunks gained (what is new in the batch: a replay gains
+    nothing). ``last``: as for :func:`chunk_writes.write`."""
+    parts = chunk_writes.gather(points, values, columns)
+    gains = chunk_writes.write(s, parts, last=last)
+    keep(s, gains, parts)
     return gains
 
 
-def keep(s: Session, gains: Gains) -> None:
+def keep(s: Session, gains: Gains, parts: Mapping[Key, Part] | None = None) -> None:
     """Fold what a write added to the chunks (:func:`chunk_writes.write`) into every level's
-    roll-ups, read and upserted by primary key in the caller's transaction."""
+    roll-ups, read and upserted by primary key in the caller's transaction; ``parts``: what
+    the write was given (a chunk's step series that gained their whole parts are
+    aggregated together: :func:`~amptrain.store.history.block_stats.gained_blocks`)."""
     deltas: dict[RKey, Stats] = {}
     flags = _flags(gains)
-    for (job_id, kind, name, chunk, attempt), new in gains.items():
+    blocks = gained_blocks(gains, parts, rolled_up) if parts else {}
+    for key5, new in gains.items():
+        job_id, kind, name, chunk, attempt = key5
         if not rolled_up(kind, name):
             continue
         marks = flags.get((job_id, chunk, attempt)) if kind == STEP_KIND else None
-        delta = gained_stats(new, marks)
+        block = blocks.get(key5)
+        delta = gained_stats(new, marks) if block is None else _marked(Stats(block), marks)
         for level in LEVELS:
             key = (job_id, kind, name, level, chunk >> level, attempt)
             have = deltas.get(key)
@@ -189,12 +121,20 @@ def gained_stats(new: Gained, marks: Marks | None) -> Stats:
             out.first_step, out.last_step, out.non_finite = min(steps), max(steps), out.count
         else:
             _any_order(out, steps, list(map(number, raw)))
-    if marks is not None:
+    if marks is not None and marks[1]:  # (the skipped steps are flagged too)
         skipped, flagged = marks
         out.skipped = len(skipped.intersection(steps))
         hit = flagged.intersection(steps)
         out.flagged = len(hit)
         out.first_flag = min(hit) if hit else None
+    return out
+
+
+def _marked(out: Stats, marks: Marks | None) -> Stats:
+    """``out``, the aggregates of new steps that hold every step the marks name (a block of
+    a chunk's points), with the marks' counts."""
+    if marks is not None and marks[1]:  # (the skipped steps are flagged too)
+        out.skipped, out.flagged, out.first_flag = len(marks[0]), len(marks[1]), min(marks[1])
     return out
 
 

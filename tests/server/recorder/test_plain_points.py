@@ -43,7 +43,7 @@ def test_every_odd_value_in_every_column_gives_the_per_entry_rows(field: str) ->
 
 def test_plain_batches_decode_in_bulk_with_floats_as_floats() -> None:
     entries = [entry(i, step(i)) for i in range(1, 6)]
-    assert plain_points.rows(JOB, entries) is not None  # the bulk route, not the fallback
+    assert plain_points.columns(JOB, entries) is not None  # the bulk route, not the fallback
     rows = same(entries)
     assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
     assert all(type(r["loss_scale"]) is float and type(r["step"]) is int for r in rows)

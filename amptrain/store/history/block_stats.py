@@ -1,0 +1,81 @@
+"""The roll-up aggregates of several series over the same ascending steps at once: one
+numpy pass over a (series x steps) block instead of a few passes of builtins per series.
+
+The recorder's common batch appends a point's ~12 step series to one chunk over the same
+steps, so the roll-ups' upkeep (:func:`amptrain.store.history.rollups.keep`) takes such a
+group as a block (:func:`gained_blocks`); anything else keeps the per-series route
+(:func:`~amptrain.store.history.rollups.gained_stats`), which follows the same rules: the
+lowest and highest finite value and the first step holding each (ties: the earliest
+step), a null, NaN or infinity counted as not finite.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from itertools import islice
+from operator import lt
+from typing import TYPE_CHECKING, Any
+
+from amptrain.store.history.chunk_merge import Gained
+from amptrain.store.history.chunk_parts import STEP_KIND, Key, Part
+
+if TYPE_CHECKING:
+    import numpy
+
+Row = tuple[Any, ...]
+"""The columns of :data:`~amptrain.store.history.rollup_stats.STATS`, in order."""
+_NUMBERS = frozenset((float, int, bool, type(None)))
+"""The values a block takes as they are (numpy reads None as NaN, a bool as 0 or 1, as
+:func:`~amptrain.store.history.chunk_merge.number` does); anything else goes per series."""
+
+
+def block_stats(steps: list[int], values: numpy.ndarray) -> list[Row]:
+    """Per row of ``values`` (series x steps, NaN where null) over ``steps`` (ascending,
+    at least one), its aggregates without the flags (0, 0 and None)."""
+    import numpy  # with the first batch, not at the API's start (as the reads load it)
+
+    n = len(steps)
+    finite = numpy.isfinite(values)
+    held = finite.sum(axis=1).tolist()
+    # non-finite values out of the running: the first of ties is the earliest step
+    low_at = numpy.where(finite, values, numpy.inf).argmin(axis=1)
+    high_at = numpy.where(finite, values, -numpy.inf).argmax(axis=1)
+    rows_at = numpy.arange(len(values))
+    lows = values[rows_at, low_at].tolist()
+    highs = values[rows_at, high_at].tolist()
+    out: list[Row] = []
+    for i, (h, lo, hi) in enumerate(zip(held, low_at.tolist(), high_at.tolist(), strict=True)):
+        extremes = (lows[i], steps[lo], highs[i], steps[hi]) if h else _NO_EXTREMES
+        out.append((steps[0], steps[-1], n, n - h, 0, 0, None, *extremes))
+    return out
+
+
+_NO_EXTREMES = (None, None, None, None)
+
+
+def gained_blocks(
+    gains: Mapping[Key, Gained], parts: Mapping[Key, Part], rolled_up: Callable[[str, str], bool]
+) -> dict[Key, Row]:
+    """The aggregates (:func:`block_stats`) of every step series whose chunk gained its whole
+    part, the part's steps rising (an append: what it gained is the part, in order), in
+    groups of the parts that share their steps (a chunk's points), by chunk key."""
+    import numpy  # with the first batch, not at the API's start (as the reads load it)
+
+    groups: dict[int, list[Key]] = {}
+    for key, part in parts.items():
+        if key[1] == STEP_KIND and rolled_up(key[1], key[2]):
+            new = gains.get(key)
+            if new is not None and len(new) == len(part.steps):
+                groups.setdefault(id(part.steps), []).append(key)
+    out: dict[Key, Row] = {}
+    for group in groups.values():
+        steps = parts[group[0]].steps
+        keys = [key for key in group if _NUMBERS.issuperset(map(type, parts[key].values))]
+        if len(keys) < 2 or not all(map(lt, steps, islice(steps, 1, None))):
+            continue
+        try:
+            values = numpy.array([parts[key].values for key in keys], dtype=float)
+        except OverflowError:  # an int beyond a double (null): the group goes per series
+            continue
+        out.update(zip(keys, block_stats(steps, values), strict=True))
+    return out
