@@ -1,4 +1,4 @@
-"""Migration 0021: the roll-ups no read takes (the reserved series', but a named kind's
+"""Migration 0020: the roll-ups no read takes (the reserved series', but a named kind's
 cursor) are deleted; every other roll-up and every read stay as they were."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from amptrain.store.history.rollups import COLUMNS
 from tests.store.history.test_chunk_window import as_json, retried_run
 
 # What revision 0016's recorder kept beside the read series (faked as copies of the
-# loss's roll-ups), and whether 0021 keeps it: only a named kind's cursor is read.
+# loss's roll-ups), and whether 0020 keeps it: only a named kind's cursor is read.
 OLD = [(STEP_KIND, MS, False), (STEP_KIND, SEQ, False), (STEP_KIND, rank(0), False)]
 OLD += [(EVAL_KIND, SEQ, False), (EVAL_KIND, TIME, False), (EVAL_KIND, MS, True)]
 
@@ -40,7 +40,7 @@ def test_the_unread_rollups_go_and_every_read_stays(database_url: str) -> None:
         read = rollups(engine)
         assert read and not any(r[2].startswith("@") for r in read)
 
-        migrate.downgrade(database_url, "0020")
+        migrate.downgrade(database_url, "0019")
         copies = ", ".join(c if c not in ("kind", "name") else f":{c}" for c in COLUMNS)
         copy = sa.text(
             f"INSERT INTO metric_rollups ({', '.join(COLUMNS)}) SELECT {copies} "

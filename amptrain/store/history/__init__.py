@@ -5,8 +5,11 @@ the reads.
 - ``points``: metric points paged by the one cursor (``GET /jobs/{id}/metrics``);
   ``values``: the evaluations' and layer norms' pages.
 - The recorder writes a batch through :func:`rollups.record` (chunks, then roll-ups) and
-  learns what is new in it from what the chunks gained (a replay gains nothing);
-  ``eval_summary``: a job's newest evaluation (``jobs.eval_summary``) from the chunks.
+  learns what is new in it from what the chunks gained (a replay gains nothing); its plain
+  step points arrive as columns (``point_columns``), a chunk's step series that gained
+  whole parts are aggregated as one numpy block (``block_stats``; the aggregates' type:
+  ``rollup_stats``), and ``throughput`` decides a job's steady rate from the batch when it
+  can; ``eval_summary``: a job's newest evaluation (``jobs.eval_summary``) from the chunks.
 - ``window``, ``downsample``: a whole run or a step window in at most N points
   (first/last/min/max per bucket, skipped and non-finite steps kept), the buckets from the
   chunks' roll-ups: ``rollups`` (kept by the recorder, upserted on PostgreSQL in one
@@ -40,11 +43,6 @@ the reads.
   attempt's newest cursor millisecond: what ``throughput`` (the steady samples/s), the
   comparison report, the alert windows and the stall watch read.
 
-What a job's history costs (``bench/storage_size.py``, this machine, a 200,000-step run
-and 256 layer norms over 1,000 steps; after a vacuum, as written in parentheses): a
-step-field value about 4.5 bytes on SQLite and 5.2 on PostgreSQL, indexes and roll-ups
-included (5.5 / 7.6 as written), of which the roll-ups 0.8 / 1.3: with ~12 values a step,
-55-65 bytes a step; a layer norm 7.7 (SQLite) / 9.6 (PostgreSQL) bytes (12 / 23 as
-written), of which the roll-ups 1.2 / 2.3. The per-value rows the recorder wrote up to
-revision 0016 cost 25 / 36 bytes a step-field value and 255 / 347 a layer norm besides.
+What a job's history costs, per database and batch size, as held and compacted:
+``docs/concepts/metric-history.md`` (``bench/storage_size.py``).
 """

@@ -1,7 +1,7 @@
 """What the metric tables hold on disk while a run records (issue 41: at most 8 bytes a
 value, what a running service holds): recorded batch by batch, SQLite's pages stay as dense
 as a ``VACUUM`` rewrites them (a rewritten chunk is appended, not grown in place); on
-PostgreSQL migration 0020 gives the tables the storage parameters with which autovacuum and
+PostgreSQL migration 0019 gives the tables the storage parameters with which autovacuum and
 HOT updates reuse the space of rewritten rows, and its downgrade takes them back.
 Real SQLite and PostgreSQL."""
 
@@ -93,17 +93,17 @@ def reloptions(url: str) -> dict[str, set[str]]:
         engine.dispose()
 
 
-def test_0020_sets_the_postgresql_storage_parameters_and_downgrade_resets_them(
+def test_0019_sets_the_postgresql_storage_parameters_and_downgrade_resets_them(
     database_url: str,
 ) -> None:
     if not database_url.startswith("postgresql"):
-        pytest.skip("SQLite has no storage parameters: 0020 changes nothing there")
-    migrate.upgrade(database_url, "0020")
+        pytest.skip("SQLite has no storage parameters: 0019 changes nothing there")
+    migrate.upgrade(database_url, "0019")
     vacuum = {"autovacuum_vacuum_scale_factor=0.01", "autovacuum_vacuum_threshold=1000"}
     assert reloptions(database_url) == {
         "metric_chunks": vacuum,
         "metric_rollups": vacuum | {"fillfactor=90"},
         "metric_exemplars": vacuum,
     }
-    migrate.downgrade(database_url, "-1")  # to 0020's down revision, whichever it is
+    migrate.downgrade(database_url, "-1")  # to 0019's down revision, whichever it is
     assert reloptions(database_url) == {t: set() for t in TABLES}

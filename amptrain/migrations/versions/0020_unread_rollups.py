@@ -9,8 +9,8 @@ table holds, so the rule is stated once. Run again, it finds nothing to delete.
 
 Downgrade: nothing to restore; revision 0018 reads no roll-up of these series either.
 
-Revision ID: 0021
-Revises: 0020
+Revision ID: 0020
+Revises: 0019
 Create Date: 2026-12-07
 
 """
@@ -22,8 +22,8 @@ from alembic import op
 
 from amptrain.store.history.chunk_parts import RESERVED, rolled_up
 
-revision: str = "0021"
-down_revision: str | Sequence[str] | None = "0020"
+revision: str = "0020"
+down_revision: str | Sequence[str] | None = "0019"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

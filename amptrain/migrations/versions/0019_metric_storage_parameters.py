@@ -23,7 +23,7 @@ dense (:func:`amptrain.store.history.chunk_writes.upsert`). Nothing here changes
 
 Downgrade: resets the parameters to the server's defaults.
 
-Revision ID: 0020
+Revision ID: 0019
 Revises: 0018
 Create Date: 2026-12-07
 
@@ -33,7 +33,7 @@ from collections.abc import Sequence
 
 from alembic import op
 
-revision: str = "0020"
+revision: str = "0019"
 down_revision: str | Sequence[str] | None = "0018"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
