@@ -25,8 +25,9 @@ from amptrain.core.enums import TaskName
 from amptrain.core.settings import Settings
 from amptrain.server.dispatcher import make_celery
 from tests.support.probe import ROOT, probe_paths
+from tests.support.processes import running
 from tests.support.stack import Stack, wait_until
-from tests.system.test_ddp_jobs import alive, checkpointed, ddp_job, started
+from tests.system.test_ddp_jobs import checkpointed, ddp_job, started
 from tests.system.test_e2e_service import wait_for_points
 
 pytestmark = pytest.mark.slow
@@ -172,7 +173,7 @@ def test_a_lost_rank_ends_every_node_and_a_cancel_stops_both_at_one_step(
     wait_until(lambda: checkpointed(stack, job["id"], 10), 120, "checkpoint 10")
     killed_at = time.monotonic()
     os.kill(pids[1], signal.SIGKILL)
-    wait_until(lambda: not any(map(alive, pids.values())), COLLECTIVE_S + 20, "every rank to end")
+    wait_until(lambda: not any(map(running, pids.values())), COLLECTIVE_S + 20, "every rank to end")
     ended_in = time.monotonic() - killed_at
     assert ended_in < COLLECTIVE_S + 20
     gate.touch()
@@ -202,7 +203,7 @@ def test_a_lost_rank_ends_every_node_and_a_cancel_stops_both_at_one_step(
     done = stack.wait_for_status(job["id"], "cancelled", "failed", timeout=120)
     assert done["status"] == "cancelled", done["error"]
     ended_at_one_step(logs, job["id"], attempt, "cancelled", 30)
-    assert not any(map(alive, node_pids(process).values()))
+    assert not any(map(running, node_pids(process).values()))
 
     # A drain of the follower's worker (SIGTERM to `amptrain worker` alone, as Kubernetes
     # sends it) reaches its ranks: both nodes checkpoint at one step, the job goes back.
@@ -217,7 +218,7 @@ def test_a_lost_rank_ends_every_node_and_a_cancel_stops_both_at_one_step(
     (requeued,) = wait_until(lambda: events_of(stack, job["id"], "requeued"), 30, "requeued")
     assert requeued["attempt"] == attempt and not requeued["data"].get("error"), requeued
     assert checkpointed(stack, job["id"], step)
-    assert not any(map(alive, node_pids(process).values()))
+    assert not any(map(running, node_pids(process).values()))
 
 
 @pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
@@ -253,7 +254,9 @@ def test_a_dead_leader_leaves_no_follower_training_and_a_waiting_job_cancels(
     stack.kill(leader["worker"].removesuffix("@test"))  # SIGKILL: worker, pool, launcher
     lease_s = float(stack.env["AMPTRAIN_LEASE_SECONDS"])
     wait_until(
-        lambda: not any(map(alive, followers)), lease_s + COLLECTIVE_S + 20, "the follower's ranks"
+        lambda: not any(map(running, followers)),
+        lease_s + COLLECTIVE_S + 20,
+        "the follower's ranks",
     )
     assert time.monotonic() - killed_at < lease_s + COLLECTIVE_S + 20
     gate.touch()

@@ -20,8 +20,9 @@ import pytest
 from amptrain.cli.embedded_redis import EmbeddedRedis
 from tests.support.netns import IFNAME, Host, Network
 from tests.support.probe import ROOT, probe_paths
+from tests.support.processes import running
 from tests.support.stack import Stack, wait_until
-from tests.system.test_ddp_jobs import alive, checkpointed
+from tests.system.test_ddp_jobs import checkpointed
 from tests.system.test_e2e_service import wait_for_points
 from tests.system.test_nodes import COLLECTIVE_S, STEPS, first_start, node_pids, nodes_job
 
@@ -111,7 +112,7 @@ def test_two_hosts_train_one_job_and_a_cut_cable_ends_the_attempt_everywhere(
         gate.touch()
         cut_at = time.monotonic()
         wait_until(
-            lambda: not any(map(alive, pids.values())),
+            lambda: not any(map(running, pids.values())),
             COLLECTIVE_S + MARGIN_S,
             "every node's ranks to end",
         )
