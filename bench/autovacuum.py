@@ -20,6 +20,8 @@ from typing import Any
 
 import sqlalchemy as sa
 
+from bench.table_size import leaves
+
 
 def _setting(name: str) -> str:
     """A table's storage parameter ``name``, else the server's setting, as float8."""
@@ -50,12 +52,15 @@ class Autovacuum:
 
     def __init__(self, engine: Any, tables: list[str]) -> None:
         self.engine = engine
-        self.tables = tables
         self.on = engine.dialect.name == "postgresql"
+        self.tables = tables
+        """What autovacuum visits: a partitioned table's partitions (it never takes the
+        parent, which holds no rows), each by its own parameters and statistics."""
         self.naptime = 60.0
         if self.on:
             with engine.connect() as conn:
                 self.naptime = float(conn.execute(_NAPTIME).scalar_one())
+                self.tables = leaves(conn, tables)
         self.next = self.naptime
         self.vacuums = 0
         """Tables vacuumed so far (a table once per naptime at most)."""

@@ -1,6 +1,8 @@
 """What tables hold on disk, indexes included: as they are, and compacted (rewritten dense).
 SQLite: the ``dbstat`` pages of each table and index; PostgreSQL:
-``pg_total_relation_size`` (heap, TOAST and indexes)."""
+``pg_total_relation_size`` (heap, TOAST and indexes) of every leaf of each table's partition
+tree (a partitioned table, ``metric_chunks`` since revision 0021, holds nothing itself: its
+partitions do; a plain table is its own one leaf)."""
 
 from __future__ import annotations
 
@@ -14,10 +16,7 @@ def table_bytes(engine: Any, tables: list[str]) -> int:
     """The bytes of ``tables`` and their indexes (and TOAST) as they are now."""
     with engine.connect() as conn:
         if engine.dialect.name == "postgresql":
-            return sum(
-                int(conn.execute(sa.text(f"SELECT pg_total_relation_size('{t}')")).scalar_one())
-                for t in tables
-            )
+            return int(conn.execute(_PG_BYTES, {"t": leaves(conn, tables)}).scalar_one() or 0)
         names = conn.execute(
             sa.text("SELECT name FROM sqlite_master WHERE tbl_name IN :t").bindparams(
                 sa.bindparam("t", expanding=True)
@@ -32,6 +31,23 @@ def table_bytes(engine: Any, tables: list[str]) -> int:
             {"n": marks},
         ).scalar_one()
         return int(total or 0)
+
+
+_PG_BYTES = sa.text("SELECT sum(pg_total_relation_size(t::regclass)) FROM unnest(:t) t")
+
+
+def leaves(conn: Any, tables: list[str]) -> list[str]:
+    """The relations of PostgreSQL ``tables`` that hold rows: each table's partitions (all
+    levels), or the table itself where it is not partitioned."""
+    return list(
+        conn.execute(
+            sa.text(
+                "SELECT relid::text FROM unnest(CAST(:t AS text[])) t, "
+                "pg_partition_tree(t::regclass) WHERE isleaf"
+            ),
+            {"t": tables},
+        ).scalars()
+    )
 
 
 def compact(engine: Any, tables: list[str]) -> int:

@@ -20,7 +20,13 @@ class MetricChunk(Base):
     steps ``chunk * 256 .. chunk * 256 + 255``. ``kind`` is ``step`` (a per-step field of the
     metric table, ``name`` the field, or reserved: :mod:`~amptrain.store.history.chunk_parts`)
     or a named series' kind. A series in step order is one range of the primary key, so no
-    plan depends on statistics."""
+    plan depends on statistics.
+
+    ``open`` (:func:`~amptrain.store.history.chunk_writes.is_open`: the chunk's last aligned
+    step is not recorded yet) is part of the key so that PostgreSQL can partition by it
+    (migration 0021): the open chunks, rewritten at every batch, in a small partition whose
+    pages keep room for the rewrite; the closed ones, written once, packed dense in the
+    other. A chunk is one row, in one partition."""
 
     __tablename__ = "metric_chunks"
     __table_args__ = (
@@ -35,6 +41,7 @@ class MetricChunk(Base):
             sqlite_where=sa.text("name = '@ms'"),
             postgresql_where=sa.text("name = '@ms'"),
         ),
+        {"postgresql_partition_by": "LIST (open)"},
     )
 
     job_id: Mapped[str] = mapped_column(
@@ -60,6 +67,7 @@ class MetricChunk(Base):
     """Wall clock (epoch seconds) of the first and the last value."""
     time_last: Mapped[float | None] = mapped_column(sa.Float(precision=53))
     data: Mapped[bytes] = mapped_column(sa.LargeBinary)
+    open: Mapped[bool] = mapped_column(primary_key=True, autoincrement=False)
 
 
 class MetricRollup(Base):

@@ -97,7 +97,7 @@ def upsert_many(
     s: Session, template: str, table: str, columns: Sequence[tuple[str, str]], rows: list[Any]
 ) -> None:
     """Insert-or-update ``rows`` (tuples in the order of ``columns``: ``(name, type)`` with
-    type ``text``, ``int``, ``float8`` or ``bytea``): ``template`` (:func:`execute_many`'s, for SQLite)
+    type ``text``, ``int``, ``bool``, ``float8`` or ``bytea``): ``template`` (:func:`execute_many`'s, for SQLite)
     through its executemany; on PostgreSQL ONE statement over the unnested columns, each
     sent as an array literal (:func:`_array`), with ``template``'s ``ON CONFLICT`` clause.
     psycopg's executemany cost ~11 us of client CPU a roll-up row and its list dumping

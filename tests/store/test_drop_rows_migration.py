@@ -29,6 +29,7 @@ from amptrain.store.history.points import Page
 from tests.server.recorder.test_page_parity import _records, record_run
 from tests.server.recorder.test_recorder import publish, start_job
 from tests.support import row_reads, row_writes
+from tests.support.old_schema import open_key
 from tests.support.row_eval_window import row_eval_window
 from tests.support.row_window import raw_window
 
@@ -127,7 +128,8 @@ def test_0017_moves_what_the_chunks_lack_and_every_read_stays_byte_for_byte(
         # Today's recorder keeps the exemplars too (0018), which 0016's did not: their
         # table exists only while it records here.
         MetricExemplar.__table__.create(engine)
-        recorded = record_run(sf, r)  # chunks, roll-ups and rows, as 0016's recorder left them
+        with open_key(engine):  # today's chunk writes, at 0016
+            recorded = record_run(sf, r)  # chunks, roll-ups and rows, as 0016's recorder left them
         rows_only = _rows_only(sf, r)
         MetricExemplar.__table__.drop(engine)
         with sf.begin() as s:  # chunks lost in part, and roll-ups that no longer match

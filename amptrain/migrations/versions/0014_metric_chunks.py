@@ -85,7 +85,7 @@ def move_rows(s: Session) -> None:
                 break
             after = rows[-1]["id"]
             points, values = (rows, []) if as_points else ([], rows)
-            chunk_writes.append(s, points, values, pack=True)
+            chunk_writes.append(s, points, values, pack=True, keyed_open=False)
     s.flush()
 
 

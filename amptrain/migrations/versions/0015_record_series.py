@@ -61,11 +61,11 @@ def backfill(s: Session) -> None:
     after = 0
     while rows := _batch(s, point_sql, after, whole_records=False):
         after = rows[-1]["id"]
-        chunk_writes.append(s, rows, [], pack=True, step_fields=())
+        chunk_writes.append(s, rows, [], pack=True, step_fields=(), keyed_open=False)
     after = 0
     while rows := _batch(s, value_sql, after, whole_records=True):
         after = rows[-1]["id"]
-        chunk_writes.append(s, [], rows, pack=True)
+        chunk_writes.append(s, [], rows, pack=True, keyed_open=False)
     s.flush()
 
 

@@ -160,7 +160,7 @@ def _move(s: Session, job_id: str, sql: Any, whole_records: bool) -> None:
     while rows := _0015._batch(s, bound, after, whole_records):
         after = rows[-1]["id"]
         points, values = ([], rows) if whole_records else (rows, [])
-        chunk_writes.append(s, points, values, pack=True)
+        chunk_writes.append(s, points, values, pack=True, keyed_open=False)
 
 
 def downgrade() -> None:

@@ -23,7 +23,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from amptrain.store.db import upsert_many
+from amptrain.store.db import execute_many, upsert_many
 from amptrain.store.history import chunk_codec, chunk_merge
 from amptrain.store.history.chunk_codec import CHUNK_STEPS, Decoded
 from amptrain.store.history.chunk_merge import Gained, Span
@@ -41,13 +41,16 @@ def append(
     values: Sequence[Mapping[str, Any]],
     pack: bool = False,
     step_fields: Sequence[str] = STEP_SERIES,
+    keyed_open: bool = True,
 ) -> int:
     """Add the points and the named values to their chunks (what each holds:
     :func:`~amptrain.store.history.chunk_parts.collect`); the number of chunks written.
     ``pack``: as for :func:`merge`; ``step_fields``: the metric table's series to write
-    (migration 0015 writes only the reserved ones). The recorder writes through
-    :func:`amptrain.store.history.rollups.record`, which also keeps the roll-ups."""
-    return len(write(s, collect(points, values, step_fields), pack))
+    (migration 0015 writes only the reserved ones); ``keyed_open``: false for the table
+    before revision 0021, which has no ``open`` column (migrations 0014-0017 write it). The
+    recorder writes through :func:`amptrain.store.history.rollups.record`, which also keeps
+    the roll-ups."""
+    return len(write(s, collect(points, values, step_fields), pack, keyed_open=keyed_open))
 
 
 Gains = dict[Key, Gained]
@@ -65,11 +68,16 @@ def gather(
 
 
 def write(
-    s: Session, parts: Mapping[Key, Part], pack: bool = False, last: dict[Key, int] | None = None
+    s: Session,
+    parts: Mapping[Key, Part],
+    pack: bool = False,
+    last: dict[Key, int] | None = None,
+    keyed_open: bool = True,
 ) -> Gains:
     """Merge ``parts`` (:func:`gather`) into their stored chunks and upsert the chunks that
-    changed; what each gained (the roll-ups' upkeep reads it). ``last``, when given, gets
-    the last step each chunk held before (a chunk not stored before is absent)."""
+    changed (a chunk that closes moves to the closed rows: :func:`close`); what each gained
+    (the roll-ups' upkeep reads it). ``last``, when given, gets the last step each chunk
+    held before (a chunk not stored before is absent). ``keyed_open``: as for :func:`append`."""
     if not parts:
         return {}
     spans: dict[Key, Span] = {}
@@ -77,7 +85,12 @@ def write(
     if last is not None:
         last.update((key, d.steps[-1]) for key, (d, _, _) in stored.items() if d.steps)
     merged, gains = _merge(parts, stored)
-    upsert(s, _rows(merged, stored, pack, spans))
+    rows = _rows(merged, stored, pack, spans)
+    if not keyed_open:
+        upsert(s, [r[:-1] for r in rows], COLUMNS[:-1])
+        return gains
+    upsert(s, rows)
+    close(s, [k for k, m in merged.items() if k in stored and _closes(k, stored[k][0], m[0])])
     return gains
 
 
@@ -198,10 +211,21 @@ def _skipped(
     return count
 
 
+def is_open(chunk: int, last_step: int) -> bool:
+    """The chunk's last aligned step is not recorded yet: later batches may add to it. Once
+    it is, an attempt (which records its steps in order) adds nothing more (a rare late step
+    still can: the chunk is then repacked, and stays closed, as its last step stays). The
+    ``open`` column (the partition of the row on PostgreSQL, migration 0021)."""
+    return last_step != (chunk << _SHIFT) + CHUNK_STEPS - 1
+
+
 def _closed(key: Key, d: Decoded) -> bool:
-    """The chunk's last aligned step is recorded: an attempt records its steps in order,
-    so no later batch adds to it (a rare late one still can: it is then repacked)."""
-    return d.steps[-1] == (key[3] << _SHIFT) + CHUNK_STEPS - 1
+    return not is_open(key[3], d.steps[-1])
+
+
+def _closes(key: Key, was: Decoded, now: Decoded) -> bool:
+    """The write closes the chunk: its stored row is in the open partition, the new one not."""
+    return bool(was.steps) and is_open(key[3], was.steps[-1]) and _closed(key, now)
 
 
 def _row(
@@ -214,6 +238,7 @@ def _row(
     span: Span | None = None,
 ) -> tuple[Any, ...]:
     nulls = d.nulls
+    closed = _closed(key, d)
     low, high, non_finite = chunk_merge.value_range(d.values) if span is None else span
     return (
         *key,
@@ -228,9 +253,8 @@ def _row(
         None if nulls and nulls[-1] else d.values[-1],
         t_first,
         t_last,
-        chunk_codec.encode(
-            key[3] << _SHIFT, d.steps, d.values, nulls, pack or _closed(key, d), d.position
-        ),
+        chunk_codec.encode(key[3] << _SHIFT, d.steps, d.values, nulls, pack or closed, d.position),
+        not closed,
     )
 
 
@@ -248,12 +272,20 @@ COLUMNS = (
     "time_first",
     "time_last",
     "data",
+    "open",
 )
-_UPSERT = (
-    f"INSERT INTO metric_chunks ({', '.join(COLUMNS)}) VALUES ({{marks}}) "
-    f"ON CONFLICT ({', '.join(_KEY)}) DO UPDATE SET "
-    + ", ".join(f"{c} = excluded.{c}" for c in COLUMNS[len(_KEY) :])
-)
+
+
+def _upsert(columns: Sequence[str]) -> str:
+    return (
+        f"INSERT INTO metric_chunks ({', '.join(columns)}) VALUES ({{marks}}) "
+        f"ON CONFLICT ({', '.join(k for k in columns if k in _KEYED)}) DO UPDATE SET "
+        + ", ".join(f"{c} = excluded.{c}" for c in columns if c not in _KEYED)
+    )
+
+
+_KEYED = (*_KEY, "open")
+"""The primary key since revision 0021 (``open`` too: PostgreSQL's partitions)."""
 
 
 # SQLite: a rewritten chunk is a new row (REPLACE deletes the old one and appends this one
@@ -263,15 +295,52 @@ _UPSERT = (
 # step-field value and 10.7 -> 7.3 a layer norm (bench/storage_size.py, 100k / 2,000 steps).
 # Appended, the closed chunks fill pages densely and a page that held only open chunks empties
 # and returns to the free list, which SQLite reuses for the next pages.
-_REPLACE = f"INSERT OR REPLACE INTO metric_chunks ({', '.join(COLUMNS)}) VALUES ({{marks}})"
+def _replace(columns: Sequence[str]) -> str:
+    return f"INSERT OR REPLACE INTO metric_chunks ({', '.join(columns)}) VALUES ({{marks}})"
 
 
-def upsert(s: Session, rows: list[tuple[Any, ...]]) -> None:
-    """Write whole chunks (rows of :data:`COLUMNS`, each key once): one statement on
-    PostgreSQL (:func:`~amptrain.store.db.upsert_many`; an executemany cost ~12 us of
-    client CPU a chunk), one prepared ``REPLACE`` on SQLite (:data:`_REPLACE`)."""
+def upsert(s: Session, rows: list[tuple[Any, ...]], columns: Sequence[str] = COLUMNS) -> None:
+    """Write whole chunks (rows of ``columns``: :data:`COLUMNS`, or all but ``open`` before
+    revision 0021; each key once): one statement on PostgreSQL
+    (:func:`~amptrain.store.db.upsert_many`; an executemany cost ~12 us of client CPU a
+    chunk), one prepared ``REPLACE`` on SQLite (:func:`_replace`)."""
     sqlite = s.get_bind().dialect.name == "sqlite"
-    upsert_many(s, _REPLACE if sqlite else _UPSERT, "metric_chunks", _TYPED, rows)
+    sql = _STATEMENTS[sqlite, len(columns) == len(COLUMNS)]
+    upsert_many(s, sql, "metric_chunks", _TYPED[: len(columns)], rows)
+
+
+_STATEMENTS = {
+    (sqlite, keyed_open): (_replace if sqlite else _upsert)(COLUMNS if keyed_open else COLUMNS[:-1])
+    for sqlite in (True, False)
+    for keyed_open in (True, False)
+}
+
+
+def close(s: Session, keys: list[Key]) -> None:
+    """Delete the open rows of ``keys``, whose closed rows this write inserted: on
+    PostgreSQL the two are rows of different partitions (migration 0021), so the upsert
+    cannot replace one by the other; on SQLite ``REPLACE`` keys by ``open`` too. One
+    statement (PostgreSQL) or one prepared executemany (SQLite)."""
+    if not keys:
+        return
+    if s.get_bind().dialect.name == "sqlite":
+        execute_many(s, _CLOSE_ONE, keys)
+        return
+    conn: Any = s.connection().connection.driver_connection
+    with conn.cursor() as cur:
+        cur.execute(_CLOSE_MANY, [list(c) for c in zip(*keys, strict=True)])
+
+
+_CLOSE_ONE = (
+    "DELETE FROM metric_chunks WHERE job_id = ? AND kind = ? AND name = ? AND chunk = ? "
+    "AND attempt = ? AND open"
+)
+_CLOSE_MANY = (
+    "DELETE FROM metric_chunks c "
+    "USING unnest(%s::text[], %s::text[], %s::text[], %s::int[], %s::int[]) "
+    "AS k(job_id, kind, name, chunk, attempt) WHERE c.open AND c.job_id = k.job_id "
+    "AND c.kind = k.kind AND c.name = k.name AND c.chunk = k.chunk AND c.attempt = k.attempt"
+)
 
 
 _TYPED = tuple(
@@ -281,6 +350,8 @@ _TYPED = tuple(
         if c in ("job_id", "kind", "name")
         else "bytea"
         if c == "data"
+        else "bool"
+        if c == "open"
         else "float8"
         if c in ("low", "high", "first", "last", "time_first", "time_last")
         else "int",

@@ -33,6 +33,10 @@ from tests.support.row_eval_window import row_eval_window
 Sessions = sessionmaker[Session]
 LAYERS = ("enc.0.weight", "enc.0.bias", "head.weight")
 
+_M = MetricChunk
+_COLUMNS = sa.select(_M.kind, _M.name, _M.chunk, _M.attempt, _M.data)
+"""What the chunk comparisons take, at any revision (0021 added the ``open`` column)."""
+
 
 def named(job_id: str, steps: list[int], attempt: int, ms: int) -> list[dict[str, Any]]:
     """Layer norms at every step and an evaluation every 50, with null and non-finite ones."""
@@ -146,19 +150,15 @@ def test_scan_streams_the_effective_series_and_replays_write_nothing(
     record(sessions, points, values, 37)
     # Re-sent ranges (at-least-once delivery): nothing changes, nothing is written.
     with sessions.begin() as s:
-        before = {
-            (c.kind, c.name, c.chunk, c.attempt): c.data for c in s.scalars(sa.select(MetricChunk))
-        }
+        before = {(c.kind, c.name, c.chunk, c.attempt): c.data for c in s.execute(_COLUMNS)}
         assert chunk_writes.append(s, points[100:400], values[300:1200]) == 0
     monkeypatch.setattr(series_scan, "BLOCK_VALUES", 300)  # several blocks per series
     want = expected(points, values)
     same(scanned(sessions, job_id), want)
     with sessions() as s:
-        after = {
-            (c.kind, c.name, c.chunk, c.attempt): c.data for c in s.scalars(sa.select(MetricChunk))
-        }
+        after = {(c.kind, c.name, c.chunk, c.attempt): c.data for c in s.execute(_COLUMNS)}
         # The chunks' summaries: attempt 2's chunk 0 holds steps 200..255.
-        c = s.get(MetricChunk, (job_id, "step", "loss", 0, 2))
+        c = s.get(MetricChunk, (job_id, "step", "loss", 0, 2, False))  # closed
         assert c is not None and (c.first_step, c.last_step, c.count) == (200, 255, 56)
         flags = [p for p in points if p["attempt"] == 2 and 200 <= p["step"] <= 255]
         assert c.skipped == sum(bool(p["skipped"]) for p in flags)
@@ -226,20 +226,14 @@ def test_migration_moves_a_run_of_the_previous_version_resumably(database_url: s
         same(scanned(sessions, job_id), want)
         # Run again (as after an interruption): the same chunks, byte for byte.
         with sessions.begin() as s:
-            stored = {
-                (c.kind, c.name, c.chunk, c.attempt): c.data
-                for c in s.scalars(sa.select(MetricChunk))
-            }
+            stored = {(c.kind, c.name, c.chunk, c.attempt): c.data for c in s.execute(_COLUMNS)}
             s.execute(sa.delete(MetricChunk).where(MetricChunk.kind == "step"))  # half done
         with sessions.begin() as s:
             mover = importlib.import_module("amptrain.migrations.versions.0014_metric_chunks")
             mover.move_rows(s)
             importlib.import_module("amptrain.migrations.versions.0015_record_series").backfill(s)
         with sessions() as s:
-            again = {
-                (c.kind, c.name, c.chunk, c.attempt): c.data
-                for c in s.scalars(sa.select(MetricChunk))
-            }
+            again = {(c.kind, c.name, c.chunk, c.attempt): c.data for c in s.execute(_COLUMNS)}
         assert again == stored
         migrate.downgrade(database_url, "0013")
         assert reads(sessions, job_id, old=True) == before
