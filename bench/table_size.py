@@ -33,21 +33,23 @@ def table_bytes(engine: Any, tables: list[str]) -> int:
         return int(total or 0)
 
 
-_PG_BYTES = sa.text("SELECT sum(pg_total_relation_size(t::regclass)) FROM unnest(:t) t")
+_PG_BYTES = sa.text(
+    "SELECT sum(pg_total_relation_size(t::regclass)) FROM unnest(CAST(:t AS text[])) t"
+)
 
 
 def leaves(conn: Any, tables: list[str]) -> list[str]:
     """The relations of PostgreSQL ``tables`` that hold rows: each table's partitions (all
     levels), or the table itself where it is not partitioned."""
-    return list(
-        conn.execute(
-            sa.text(
-                "SELECT relid::text FROM unnest(CAST(:t AS text[])) t, "
-                "pg_partition_tree(t::regclass) WHERE isleaf"
-            ),
-            {"t": tables},
-        ).scalars()
-    )
+    return list(conn.execute(_LEAVES, {"t": tables}).scalars())
+
+
+_LEAVES = sa.text(
+    "SELECT coalesce(p.relid, c.oid)::regclass::text "
+    "FROM unnest(CAST(:t AS text[])) t JOIN pg_class c ON c.oid = t::regclass "
+    "LEFT JOIN pg_partition_tree(c.oid) p ON c.relkind = 'p' AND p.isleaf "
+    "WHERE c.relkind <> 'p' OR p.relid IS NOT NULL"
+)
 
 
 def compact(engine: Any, tables: list[str]) -> int:

@@ -94,6 +94,7 @@ def _rows(rows: list[tuple[Any, ...]]) -> dict[Any, chunk_writes.Stored]:
     out = {}
     for row in rows:
         key = tuple(row[:5])
-        decoded = chunk_codec.decode(key[3] * chunk_codec.CHUNK_STEPS, row[-1])
-        out[key] = (decoded, row[-3], row[-2])
+        at = dict(zip(chunk_writes.COLUMNS, row, strict=True))
+        decoded = chunk_codec.decode(key[3] * chunk_codec.CHUNK_STEPS, at["data"])
+        out[key] = (decoded, at["time_first"], at["time_last"])
     return out
