@@ -27,6 +27,7 @@ Create Date: 2026-12-07
 """
 
 from collections.abc import Sequence
+from typing import Any
 
 import sqlalchemy as sa
 from alembic import op
@@ -47,7 +48,8 @@ _OPEN = f"last_step <> chunk * {CHUNK_STEPS} + {CHUNK_STEPS - 1}"
 _VACUUM = "autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000"
 """Revision 0019's parameters, now on each partition (a partitioned table takes none)."""
 _PARTITIONS = {
-    "metric_chunks_open": f"true) WITH (fillfactor = 50, toast_tuple_target = 8160, {_VACUUM}",
+    "metric_chunks_open": "true) WITH (fillfactor = 10, toast_tuple_target = 8160, "
+    "autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 50",
     "metric_chunks_closed": f"false) WITH ({_VACUUM}",
 }
 
@@ -87,6 +89,7 @@ def _set_aside() -> None:
 
 def _create(open_key: bool) -> None:
     key = ["job_id", "kind", "name", "chunk", "attempt"] + (["open"] if open_key else [])
+    partitioned: dict[str, Any] = {"postgresql_partition_by": "LIST (open)"} if open_key else {}
     op.create_table(
         "metric_chunks",
         sa.Column("job_id", sa.String(length=40), nullable=False),
@@ -111,7 +114,7 @@ def _create(open_key: bool) -> None:
             ["job_id"], ["jobs.id"], name="fk_metric_chunks_job_id_jobs", ondelete="CASCADE"
         ),
         sa.PrimaryKeyConstraint(*key, name="pk_metric_chunks"),
-        **({"postgresql_partition_by": "LIST (open)"} if open_key else {}),
+        **partitioned,
     )
 
 
