@@ -47,8 +47,31 @@ _OPEN = f"last_step <> chunk * {CHUNK_STEPS} + {CHUNK_STEPS - 1}"
 """``chunk_writes.is_open`` in SQL."""
 _VACUUM = "autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000"
 """Revision 0019's parameters, now on each partition (a partitioned table takes none)."""
+OPEN_ROW_BYTES = 8 * CHUNK_STEPS + 8
+"""What an open chunk's ``data`` and ``slack`` hold together on PostgreSQL: a chunk's
+open encoding with every value (the header and a name's place), so an open chunk's row
+keeps one size from its first write to its last (one with null flags or step gaps, rare,
+grows up to 512 bytes more: still room for its next version, below). Two such rows fill a
+page to 55 %; ``fillfactor = 70`` puts no third beside them, so every page keeps room for
+one more version of either, and prunes the old one when the room is used."""
+_SLACK = (
+    "bytea GENERATED ALWAYS AS (CASE WHEN open THEN substring(decode(repeat('00', "
+    f"{OPEN_ROW_BYTES}), 'hex') FROM 1 FOR greatest(0, {OPEN_ROW_BYTES} - octet_length(data))) "
+    "END) STORED"
+)
+"""Zero bytes that fill an open chunk's row up to :data:`OPEN_ROW_BYTES` (null once closed),
+kept by the server: no statement writes or reads it. Without it the chunk's row grew at
+every rewrite (a 10-step batch adds 80 bytes), so the new version did not fit the page
+that held the old one and went elsewhere, a dead version for vacuum to find (a fifth of the
+rewrites); at one size, each rewrite is a HOT update the page prunes itself."""
+_EXEMPLARS = "fillfactor = 70, autovacuum_vacuum_threshold = 50"
+"""``metric_exemplars``: a block's blob (~2 KiB of step records) is rewritten at every batch
+while the block is open and grows as it gains notable steps, so a full page sent its next
+version elsewhere (a quarter of the rewrites, and a live run's exemplars held 20 times
+their size); room on the page keeps the rewrite HOT, and a vacuum at each naptime frees
+the rest instead of waiting for a thousand dead versions."""
 _PARTITIONS = {
-    "metric_chunks_open": "true) WITH (fillfactor = 10, toast_tuple_target = 8160, "
+    "metric_chunks_open": "true) WITH (fillfactor = 70, toast_tuple_target = 8160, "
     "autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 50",
     "metric_chunks_closed": f"false) WITH ({_VACUUM}",
 }
@@ -59,8 +82,10 @@ def upgrade() -> None:
     _set_aside()
     _create(open_key=True)
     if pg:
+        op.execute(f"ALTER TABLE metric_chunks ADD COLUMN slack {_SLACK}")
         for name, spec in _PARTITIONS.items():
             op.execute(f"CREATE TABLE {name} PARTITION OF metric_chunks FOR VALUES IN ({spec})")
+        op.execute(f"ALTER TABLE metric_exemplars SET ({_EXEMPLARS})")
     _index()
     op.execute(
         f"INSERT INTO metric_chunks ({_COLUMNS}, open) "
@@ -77,6 +102,8 @@ def downgrade() -> None:
     op.drop_table("metric_chunks_0020")  # the partitions go with it
     if op.get_bind().dialect.name == "postgresql":
         op.execute(f"ALTER TABLE metric_chunks SET ({_VACUUM})")
+        op.execute("ALTER TABLE metric_exemplars RESET (fillfactor)")
+        op.execute(f"ALTER TABLE metric_exemplars SET ({_VACUUM})")
 
 
 def _set_aside() -> None:
