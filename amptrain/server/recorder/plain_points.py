@@ -50,9 +50,36 @@ def _reject(_text: str) -> Any:
     raise _NotPlain
 
 
+Entry = tuple[Any, list[Any] | None]
+"""An entry as :mod:`amptrain.server.recorder.entries` takes it (id, flat fields)."""
+
+
 def is_plain(flat: list[Any] | None) -> bool:
     """Whether an entry's fields are a one-device metric's, in the sink's order and bytes."""
     return flat is not None and flat[::2] == KEYS and flat[1] == b"metric"
+
+
+def split(entries: list[Entry]) -> tuple[list[Entry], list[Entry]]:
+    """The plain entries (:func:`is_plain`) and the rest, each in stream order. Nearly every
+    batch is all plain: that is decided by two list comparisons in C (a call per entry
+    was ~0.6 us a point)."""
+    flats: list[Any] = [flat for _, flat in entries]
+    n = len(flats)
+    # the kinds are taken only once every entry holds KEYS' fields (so a kind)
+    if (
+        list(map(_KEYS_OF, flats)).count(KEYS) == n
+        and list(map(_KIND_OF, flats)).count(b"metric") == n
+    ):
+        return entries, []
+    plain: list[Entry] = []
+    rest: list[Entry] = []
+    for e in entries:
+        (plain if is_plain(e[1]) else rest).append(e)
+    return plain, rest
+
+
+_KEYS_OF = itemgetter(slice(None, None, 2))
+_KIND_OF = itemgetter(1)
 
 
 def _scalars(values: list[bytes], **hooks: Any) -> list[Any]:

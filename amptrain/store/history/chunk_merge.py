@@ -163,19 +163,25 @@ def _first(entry: tuple[int, Any]) -> int:
     return entry[0]
 
 
-def merged_span(d: Decoded, old: Stored | None, stored: Span | None) -> Span:
+def merged_span(
+    d: Decoded, old: Stored | None, stored: Span | None, new: Span | None = None
+) -> Span:
     """The merged chunk ``d``'s :data:`Span`: when it begins with every value of ``old``
     unchanged (an append, nearly every batch), ``old``'s ``stored`` span (its columns; None:
     not known) combined with the new values' span, so that an open chunk rewritten by each
     batch is not rescanned whole; else its values'. A chunk gains steps and keeps each step's
     first value, so when ``d``'s step at ``old``'s length - 1 is ``old``'s last step, ``d``
-    begins with ``old``'s values."""
+    begins with ``old``'s values. ``new``: the span of the values ``d`` gained after
+    ``old``'s (all of them when ``old`` is None) when the caller knows it, instead of a
+    pass over them."""
+    if old is None and new is not None:
+        return new
     if stored is None or old is None:
         return value_range(d.values)
     n = len(old[0].steps)
     if not n or len(d.steps) <= n or d.steps[n - 1] != old[0].steps[-1]:
         return value_range(d.values)
-    low, high, non_finite = value_range(d.values[n:])
+    low, high, non_finite = value_range(d.values[n:]) if new is None else new
     old_low, old_high, old_non_finite = stored
     # Ties: the earlier (stored) value wins, as min and max over the whole chunk pick it.
     if old_low is not None and old_high is not None:

@@ -25,6 +25,7 @@ from sqlalchemy.orm import Session
 
 from amptrain.store.db import upsert_many
 from amptrain.store.history import chunk_codec, chunk_merge
+from amptrain.store.history.block_stats import Row
 from amptrain.store.history.chunk_codec import CHUNK_STEPS, Decoded
 from amptrain.store.history.chunk_merge import Gained, Span
 from amptrain.store.history.chunk_merge import Stored as Stored
@@ -33,6 +34,7 @@ from amptrain.store.history.chunk_parts import STEP_KIND as STEP_KIND
 from amptrain.store.history.chunk_parts import STEP_SERIES as STEP_SERIES
 from amptrain.store.history.chunk_parts import Key, Part, collect
 from amptrain.store.history.point_columns import PointColumns
+from amptrain.store.history.rollup_stats import STATS
 
 
 def append(
@@ -65,11 +67,18 @@ def gather(
 
 
 def write(
-    s: Session, parts: Mapping[Key, Part], pack: bool = False, last: dict[Key, int] | None = None
+    s: Session,
+    parts: Mapping[Key, Part],
+    pack: bool = False,
+    last: dict[Key, int] | None = None,
+    blocks: Mapping[Key, Row] | None = None,
 ) -> Gains:
     """Merge ``parts`` (:func:`gather`) into their stored chunks and upsert the chunks that
     changed; what each gained (the roll-ups' upkeep reads it). ``last``, when given, gets
-    the last step each chunk held before (a chunk not stored before is absent)."""
+    the last step each chunk held before (a chunk not stored before is absent); ``blocks``:
+    the parts' aggregates where taken (:func:`~amptrain.store.history.block_stats.part_blocks`),
+    whose lowest and highest value and non-finite count a chunk that gains its whole part
+    takes instead of a pass over its new values."""
     if not parts:
         return {}
     spans: dict[Key, Span] = {}
@@ -77,8 +86,25 @@ def write(
     if last is not None:
         last.update((key, d.steps[-1]) for key, (d, _, _) in stored.items() if d.steps)
     merged, gains = _merge(parts, stored)
-    upsert(s, _rows(merged, stored, pack, spans))
+    new = _gained_spans(parts, gains, blocks) if blocks else {}
+    upsert(s, _rows(merged, stored, pack, spans, new))
     return gains
+
+
+def _gained_spans(
+    parts: Mapping[Key, Part], gains: Gains, blocks: Mapping[Key, Row]
+) -> dict[Key, Span]:
+    """The :data:`Span` of what each chunk gained, for those that gained their whole part
+    (rising steps: what they gained is the part, in order) from its block's aggregates."""
+    out: dict[Key, Span] = {}
+    for key, row in blocks.items():
+        new = gains.get(key)
+        if new is not None and len(new) == len(parts[key].steps):
+            out[key] = (row[_LOW], row[_HIGH], row[_NON_FINITE])
+    return out
+
+
+_LOW, _HIGH, _NON_FINITE = (STATS.index(c) for c in ("low", "high", "non_finite"))
 
 
 def read(s: Session, keys: list[Key], spans: dict[Key, Span] | None = None) -> dict[Key, Stored]:
@@ -167,16 +193,18 @@ def _rows(
     stored: Mapping[Key, Stored],
     pack: bool,
     spans: Mapping[Key, Span] | None = None,
+    new: Mapping[Key, Span] | None = None,
 ) -> list[tuple[Any, ...]]:
     seen: dict[Key, int] = {}
     spans = spans or {}
+    new = new or {}
     return [
         _row(
             key,
             *m,
             _skipped(key, merged, stored, seen),
             pack,
-            chunk_merge.merged_span(m[0], stored.get(key), spans.get(key)),
+            chunk_merge.merged_span(m[0], stored.get(key), spans.get(key), new.get(key)),
         )
         for key, m in merged.items()
     ]
