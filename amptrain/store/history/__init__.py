@@ -5,10 +5,11 @@ the reads.
 - ``points``: metric points paged by the one cursor (``GET /jobs/{id}/metrics``);
   ``values``: the evaluations' and layer norms' pages.
 - The recorder writes a batch through :func:`rollups.record` (chunks, then roll-ups) and
-  learns what is new in it from what the chunks gained (a replay gains nothing); its plain
-  step points arrive as columns (``point_columns``), a chunk's step series that gained
-  whole parts are aggregated as one numpy block (``block_stats``; the aggregates' type:
-  ``rollup_stats``), and ``throughput`` decides a job's steady rate from the batch when it
+  learns what is new in it from what the chunks gained (``gained``: an appending part
+  itself, no dict per series; a replay gains nothing); its plain step points arrive as
+  columns (``point_columns``), a chunk's step series are aggregated as one numpy block
+  before the write (``block_stats``; the chunk rows' lowest/highest/non-finite columns and
+  the roll-ups take it; the aggregates' type: ``rollup_stats``), and ``throughput`` decides a job's steady rate from the batch when it
   can; ``eval_summary``: a job's newest evaluation (``jobs.eval_summary``) from the chunks.
 - ``window``, ``downsample``: a whole run or a step window in at most N points
   (first/last/min/max per bucket, skipped and non-finite steps kept), the buckets from the

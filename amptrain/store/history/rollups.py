@@ -91,12 +91,18 @@ def keep(
             key = (job_id, kind, name, level, chunk >> level, attempt)
             have = deltas.get(key)
             if have is None:
-                deltas[key] = have = Stats()
+                # a chunk's level-0 roll-up gains only this delta: it is the delta itself
+                deltas[key] = have = Stats() if level else delta
+                if not level:
+                    continue
             have.merge(delta)
     totals = read(s, list(deltas)) if deltas else {}
     for key, delta in deltas.items():
-        total = totals.setdefault(key, Stats())
-        total.merge(delta)
+        total = totals.get(key)
+        if total is None:
+            totals[key] = delta  # none stored: the batch's aggregates are the total
+        else:
+            total.merge(delta)
     upsert(s, [(*key, *totals[key].row()) for key in deltas])
     exemplars.keep(s, totals, gains, LEVELS)
 
