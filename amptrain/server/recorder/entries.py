@@ -80,7 +80,7 @@ def parse(job_id: str, entries: Iterable[Entry]) -> Batch:
         return _parse(job_id, entries)  # other metric entries among them: keep stream order
     if columns is not None:
         steps = columns.steps
-        if not all(type(step) is int for step in steps):
+        if not plain_points.ONLY_INTS.issuperset(map(type, steps)):
             columns = columns.take(i for i, step in enumerate(steps) if type(step) is int)
         batch.columns = columns
     return batch

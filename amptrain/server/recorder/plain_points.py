@@ -21,7 +21,6 @@ scalar its column takes or the whole batch goes back to the per-entry route
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable, Sequence
 from itertools import chain
 from operator import itemgetter
@@ -39,7 +38,9 @@ _FLOATS_OF = itemgetter(*(_VALUE_AT[f] for f in _FLOAT_COLUMNS))
 # The attempt last: each row takes its integer columns, then its attempt.
 _INTS_OF = itemgetter(*(_VALUE_AT[f] for f in [*_INT_COLUMNS, "attempt"]))
 _F, _I = len(_FLOAT_COLUMNS), len(_INT_COLUMNS)
-_NOT_SCALARS = re.compile(rb'["\[\]{}]')
+_NOT_SCALARS = (b'"', b"[", b"]", b"{", b"}")
+ONLY_INTS = frozenset((int,))
+"""``ONLY_INTS.issuperset(map(type, column))``: every value an int (not a bool), in C."""
 
 
 class _NotPlain(ValueError):
@@ -80,11 +81,13 @@ def split(entries: list[Entry]) -> tuple[list[Entry], list[Entry]]:
 
 _KEYS_OF = itemgetter(slice(None, None, 2))
 _KIND_OF = itemgetter(1)
+_ID_OF = itemgetter(0)
 
 
 def _scalars(values: list[bytes], **hooks: Any) -> list[Any]:
     doc = b",".join(values)
-    if doc.count(b",") != len(values) - 1 or _NOT_SCALARS.search(doc):
+    # a byte search each (memchr), not a regular expression's scan: ~0.4 us a point
+    if doc.count(b",") != len(values) - 1 or any(map(doc.__contains__, _NOT_SCALARS)):
         raise _NotPlain
     parsed: list[Any] = json.loads(b"[" + doc + b"]", **hooks)
     return parsed
@@ -102,11 +105,11 @@ def columns(job_id: str, entries: Sequence[tuple[Any, Any]]) -> PointColumns | N
             _flattened(map(_INTS_OF, flats)), parse_float=_reject, parse_constant=_reject
         )
         # Entry ids come from Redis ("ms-seq", both integers): one document of their parts.
-        ids = json.loads(b"[" + b",".join(eid for eid, _ in entries).replace(b"-", b",") + b"]")
+        ids = json.loads(b"[" + b",".join(map(_ID_OF, entries)).replace(b"-", b",") + b"]")
     except (ValueError, TypeError):  # _NotPlain, not JSON at all, or str ids (tests)
         return None
     attempts = ints[_I :: _I + 1]
-    if len(ids) != 2 * n or not all(type(a) is int for a in attempts):
+    if len(ids) != 2 * n or not ONLY_INTS.issuperset(map(type, attempts)):
         return None  # true, false or null: the per-entry route drops the entry
     fields = {f: floats[i::_F] for i, f in enumerate(_FLOAT_COLUMNS)}
     fields.update((f, ints[i :: _I + 1]) for i, f in enumerate(_INT_COLUMNS))
