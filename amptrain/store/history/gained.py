@@ -44,6 +44,10 @@ class Appended(Mapping[int, Any]):
             raise KeyError(step)
         return self._values[i]
 
+    def get(self, step: int, default: Any = None) -> Any:
+        i = self._at(step)
+        return self._values[i] if i >= 0 else default
+
     def _at(self, step: object) -> int:
         """The index of ``step`` (-1: not held): its offset from the first step when the
         steps are consecutive (nearly always), else a binary search."""
