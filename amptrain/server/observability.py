@@ -82,9 +82,15 @@ def points_recorded(inserted: int, times: Iterable[Any]) -> None:
     RECORDED_BATCHES.inc()
     if inserted:
         RECORDED_POINTS.inc(inserted)
-    times = [t for t in times if isinstance(t, int | float)]
-    if times:
-        newest = max(times)
+    times = list(times)
+    try:  # nearly every batch: numbers only, one max in C instead of a check per point
+        newest = max(times) if times else None
+    except TypeError:  # a null time (or an odd one) among them
+        newest = None
+    if not isinstance(newest, int | float):
+        held = [t for t in times if isinstance(t, int | float)]
+        newest = max(held) if held else None
+    if newest is not None:
         RECORDER_LAG.observe(max(0.0, time.time() - newest))
         RECORDER_LAST_POINT.set(newest)
 

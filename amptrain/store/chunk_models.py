@@ -22,7 +22,7 @@ class MetricChunk(Base):
     or a named series' kind. A series in step order is one range of the primary key, so no
     plan depends on statistics.
 
-    ``open`` (:func:`~amptrain.store.history.chunk_writes.is_open`: the chunk's last aligned
+    ``open`` (:func:`~amptrain.store.history.chunk_table.is_open`: the chunk's last aligned
     step is not recorded yet) is part of the key so that PostgreSQL can partition by it
     (migration 0021): the open chunks, rewritten at every batch, in a small partition whose
     pages keep room for the rewrite; the closed ones, written once, packed dense in the

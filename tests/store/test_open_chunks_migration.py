@@ -12,7 +12,7 @@ import sqlalchemy as sa
 
 from amptrain.store import migrate
 from amptrain.store.db import make_engine, make_session_factory
-from amptrain.store.history import chunk_writes
+from amptrain.store.history import chunk_table
 from tests.store.history.test_chunks import a_run, reads, record
 from tests.support.history_data import new_job
 from tests.support.old_schema import open_key
@@ -47,12 +47,12 @@ def test_0021_keys_the_chunks_by_open_and_every_read_stays(database_url: str) ->
         migrate.upgrade(database_url, "0021")
         assert chunks(engine) == stored
         assert reads(sessions, job_id) == before
-        want = {k: chunk_writes.is_open(k[3], last) for k, (last, _) in stored.items()}
+        want = {k: chunk_table.is_open(k[3], last) for k, (last, _) in stored.items()}
         assert opens(engine) == want and any(want.values()) and not all(want.values())
         # The rest of the run at 0021: open chunks close (their rows move) and grow.
         record(sessions, points, values, 37)
         after, grown = reads(sessions, job_id), chunks(engine)
-        assert opens(engine) == {k: chunk_writes.is_open(k[3], n) for k, (n, _) in grown.items()}
+        assert opens(engine) == {k: chunk_table.is_open(k[3], n) for k, (n, _) in grown.items()}
         migrate.downgrade(database_url, "0020")
         assert chunks(engine) == grown and reads(sessions, job_id) == after
         migrate.upgrade(database_url, "0021")

@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 
 from amptrain.store.history import (
     chunk_codec,
-    chunk_writes,
+    chunk_table,
     exemplar_build,
     rollup_rebuild,
     rollups,
@@ -47,10 +47,10 @@ def load(s: Session, job_id: str, steps: int, series: Mapping[str, Series]) -> N
                 data = chunk_codec.encode(chunk * CHUNK_STEPS, st, vals, None, True)
                 ends = (float(v[part][0]), float(v[part][-1]))
                 head = (job_id, STEP_KIND, name, chunk, 1, s_.first_step, s_.last_step, s_.count)
-                tail = (None, None, data, chunk_writes.is_open(chunk, s_.last_step))
+                tail = (None, None, data, chunk_table.is_open(chunk, s_.last_step))
                 chunks.append((*head, s_.non_finite, s_.skipped, s_.low, s_.high, *ends, *tail))
                 stats.append((job_id, STEP_KIND, name, 0, chunk, 1, *s_.row()))
-        chunk_writes.upsert(s, chunks)
+        chunk_table.upsert(s, chunks)
         rollups.upsert(s, stats)
     for name in series:
         rollup_rebuild.fold_levels(s, job_id, STEP_KIND, name)

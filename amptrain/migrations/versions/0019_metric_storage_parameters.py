@@ -19,7 +19,7 @@ held 8.4 B a value as written against 5.8 once vacuumed. Here:
   7.0).
 
 SQLite needs no parameter: it reuses freed pages itself, and the chunk writes keep pages
-dense (:func:`amptrain.store.history.chunk_writes.upsert`). Nothing here changes a row.
+dense (:func:`amptrain.store.history.chunk_table.upsert`). Nothing here changes a row.
 
 Downgrade: resets the parameters to the server's defaults.
 

@@ -11,11 +11,11 @@ step fields held 18 bytes a value, 256 layer norms 60). Now:
   that the page prunes itself; ``toast_tuple_target = 8160`` keeps the growing chunk in
   the row (never compressed nor moved to TOAST at each rewrite, which left dead TOAST rows).
 - ``metric_chunks_closed``: each chunk inserted once when it closes (its open row deleted
-  in the same transaction, :func:`amptrain.store.history.chunk_writes.close`), dense.
+  in the same transaction, :func:`amptrain.store.history.chunk_table.close`), dense.
 
 Readers query ``metric_chunks`` unchanged (the planner appends the two partitions). SQLite
 gets the column and the key (the same writes), not the partitions: it reuses freed pages
-itself. ``open`` is :func:`~amptrain.store.history.chunk_writes.is_open` of each row.
+itself. ``open`` is :func:`~amptrain.store.history.chunk_table.is_open` of each row.
 
 The table is rebuilt (created anew, the rows copied, the old one dropped), in the
 revision's transaction on PostgreSQL. Downgrade: the plain table of 0019 again.
@@ -44,7 +44,7 @@ _COLUMNS = (
     "low, high, first, last, time_first, time_last, data"
 )
 _OPEN = f"last_step <> chunk * {CHUNK_STEPS} + {CHUNK_STEPS - 1}"
-"""``chunk_writes.is_open`` in SQL."""
+"""``chunk_table.is_open`` in SQL."""
 _VACUUM = "autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000"
 """Revision 0019's parameters, now on each partition (a partitioned table takes none)."""
 OPEN_ROW_BYTES = 8 * CHUNK_STEPS + 8

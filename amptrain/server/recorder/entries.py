@@ -71,10 +71,7 @@ def parse(job_id: str, entries: Iterable[Entry]) -> Batch:
     (:mod:`amptrain.server.recorder.plain_points`); the rest one by one, and everything
     one by one when a plain entry's value is odd."""
     entries = [e for e in entries if e[1]]  # a None: trimmed from the stream while pending
-    plain: list[Entry] = []
-    rest: list[Entry] = []
-    for e in entries:
-        (plain if plain_points.is_plain(e[1]) else rest).append(e)
+    plain, rest = plain_points.split(entries)
     columns = plain_points.columns(job_id, plain) if plain else None
     if plain and columns is None:
         return _parse(job_id, entries)
@@ -83,7 +80,7 @@ def parse(job_id: str, entries: Iterable[Entry]) -> Batch:
         return _parse(job_id, entries)  # other metric entries among them: keep stream order
     if columns is not None:
         steps = columns.steps
-        if not all(type(step) is int for step in steps):
+        if not plain_points.ONLY_INTS.issuperset(map(type, steps)):
             columns = columns.take(i for i, step in enumerate(steps) if type(step) is int)
         batch.columns = columns
     return batch

@@ -21,7 +21,6 @@ scalar its column takes or the whole batch goes back to the per-entry route
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterable, Sequence
 from itertools import chain
 from operator import itemgetter
@@ -39,7 +38,9 @@ _FLOATS_OF = itemgetter(*(_VALUE_AT[f] for f in _FLOAT_COLUMNS))
 # The attempt last: each row takes its integer columns, then its attempt.
 _INTS_OF = itemgetter(*(_VALUE_AT[f] for f in [*_INT_COLUMNS, "attempt"]))
 _F, _I = len(_FLOAT_COLUMNS), len(_INT_COLUMNS)
-_NOT_SCALARS = re.compile(rb'["\[\]{}]')
+_NOT_SCALARS = (b'"', b"[", b"]", b"{", b"}")
+ONLY_INTS = frozenset((int,))
+"""``ONLY_INTS.issuperset(map(type, column))``: every value an int (not a bool), in C."""
 
 
 class _NotPlain(ValueError):
@@ -50,14 +51,43 @@ def _reject(_text: str) -> Any:
     raise _NotPlain
 
 
+Entry = tuple[Any, list[Any] | None]
+"""An entry as :mod:`amptrain.server.recorder.entries` takes it (id, flat fields)."""
+
+
 def is_plain(flat: list[Any] | None) -> bool:
     """Whether an entry's fields are a one-device metric's, in the sink's order and bytes."""
     return flat is not None and flat[::2] == KEYS and flat[1] == b"metric"
 
 
+def split(entries: list[Entry]) -> tuple[list[Entry], list[Entry]]:
+    """The plain entries (:func:`is_plain`) and the rest, each in stream order. Nearly every
+    batch is all plain: that is decided by two list comparisons in C (a call per entry
+    was ~0.6 us a point)."""
+    flats: list[Any] = [flat for _, flat in entries]
+    n = len(flats)
+    # the kinds are taken only once every entry holds KEYS' fields (so a kind)
+    if (
+        list(map(_KEYS_OF, flats)).count(KEYS) == n
+        and list(map(_KIND_OF, flats)).count(b"metric") == n
+    ):
+        return entries, []
+    plain: list[Entry] = []
+    rest: list[Entry] = []
+    for e in entries:
+        (plain if is_plain(e[1]) else rest).append(e)
+    return plain, rest
+
+
+_KEYS_OF = itemgetter(slice(None, None, 2))
+_KIND_OF = itemgetter(1)
+_ID_OF = itemgetter(0)
+
+
 def _scalars(values: list[bytes], **hooks: Any) -> list[Any]:
     doc = b",".join(values)
-    if doc.count(b",") != len(values) - 1 or _NOT_SCALARS.search(doc):
+    # a byte search each (memchr), not a regular expression's scan: ~0.4 us a point
+    if doc.count(b",") != len(values) - 1 or any(map(doc.__contains__, _NOT_SCALARS)):
         raise _NotPlain
     parsed: list[Any] = json.loads(b"[" + doc + b"]", **hooks)
     return parsed
@@ -75,11 +105,11 @@ def columns(job_id: str, entries: Sequence[tuple[Any, Any]]) -> PointColumns | N
             _flattened(map(_INTS_OF, flats)), parse_float=_reject, parse_constant=_reject
         )
         # Entry ids come from Redis ("ms-seq", both integers): one document of their parts.
-        ids = json.loads(b"[" + b",".join(eid for eid, _ in entries).replace(b"-", b",") + b"]")
+        ids = json.loads(b"[" + b",".join(map(_ID_OF, entries)).replace(b"-", b",") + b"]")
     except (ValueError, TypeError):  # _NotPlain, not JSON at all, or str ids (tests)
         return None
     attempts = ints[_I :: _I + 1]
-    if len(ids) != 2 * n or not all(type(a) is int for a in attempts):
+    if len(ids) != 2 * n or not ONLY_INTS.issuperset(map(type, attempts)):
         return None  # true, false or null: the per-entry route drops the entry
     fields = {f: floats[i::_F] for i, f in enumerate(_FLOAT_COLUMNS)}
     fields.update((f, ints[i :: _I + 1]) for i, f in enumerate(_INT_COLUMNS))

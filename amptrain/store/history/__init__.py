@@ -5,10 +5,11 @@ the reads.
 - ``points``: metric points paged by the one cursor (``GET /jobs/{id}/metrics``);
   ``values``: the evaluations' and layer norms' pages.
 - The recorder writes a batch through :func:`rollups.record` (chunks, then roll-ups) and
-  learns what is new in it from what the chunks gained (a replay gains nothing); its plain
-  step points arrive as columns (``point_columns``), a chunk's step series that gained
-  whole parts are aggregated as one numpy block (``block_stats``; the aggregates' type:
-  ``rollup_stats``), and ``throughput`` decides a job's steady rate from the batch when it
+  learns what is new in it from what the chunks gained (``gained``: an appending part
+  itself, no dict per series; a replay gains nothing); its plain step points arrive as
+  columns (``point_columns``), a chunk's step series are aggregated as one numpy block
+  before the write (``block_stats``; the chunk rows' lowest/highest/non-finite columns and
+  the roll-ups take it; the aggregates' type: ``rollup_stats``), and ``throughput`` decides a job's steady rate from the batch when it
   can; ``eval_summary``: a job's newest evaluation (``jobs.eval_summary``) from the chunks.
 - ``window``, ``downsample``: a whole run or a step window in at most N points
   (first/last/min/max per bucket, skipped and non-finite steps kept), the buckets from the
@@ -27,12 +28,14 @@ the reads.
   ``eval_window``: the evaluation and layer-norm windows, from each name's roll-ups
   (``chunk_stats.series_stats``; the layer norms' kept steps folded over every name at once
   in numpy: ``layer_buckets``) and the chosen records' chunks.
-- ``chunk_codec``, ``chunk_parts``, ``chunk_merge``, ``chunk_writes``, ``series_scan``:
+- ``chunk_codec``, ``chunk_parts``, ``chunk_merge``, ``chunk_writes``, ``chunk_table``,
+  ``series_scan``:
   every series of a job (each per-step field, eval metric and layer norm, and the reserved
   series that rebuild a record: cursor, record time, per-rank memory) in
   ``metric_chunks``, 256 aligned steps of one attempt packed in a row, appended by the
   recorder in the batch's transaction (``chunk_merge``: a chunk's contents with a batch's
-  new steps; migrations 0014, 0015 and 0017 moved the rows in) and streamed whole by
+  new steps; migrations 0014, 0015 and 0017 moved the rows in; ``chunk_table``: the
+  statements, the open chunks apart from the closed since 0021) and streamed whole by
   :func:`series_scan.scan_run` (the whole-run export's reader).
 - ``chunk_index`` (which chunks a read needs; numpy-free), ``chunk_load`` (fetching and
   decoding them), ``chunk_reads`` (records by cursor range or steps, effective or all

@@ -3,7 +3,8 @@ numpy pass over a (series x steps) block instead of a few passes of builtins per
 
 The recorder's common batch appends a point's ~12 step series to one chunk over the same
 steps, so the roll-ups' upkeep (:func:`amptrain.store.history.rollups.keep`) takes such a
-group as a block (:func:`gained_blocks`); anything else keeps the per-series route
+group as a block (:func:`part_blocks`, :func:`gained_blocks`), and the chunk rows take
+each gained part's lowest and highest value and non-finite count from it; anything else keeps the per-series route
 (:func:`~amptrain.store.history.rollups.gained_stats`), which follows the same rules: the
 lowest and highest finite value and the first step holding each (ties: the earliest
 step), a null, NaN or infinity counted as not finite.
@@ -53,20 +54,18 @@ def block_stats(steps: list[int], values: numpy.ndarray) -> list[Row]:
 _NO_EXTREMES = (None, None, None, None)
 
 
-def gained_blocks(
-    gains: Mapping[Key, Gained], parts: Mapping[Key, Part], rolled_up: Callable[[str, str], bool]
-) -> dict[Key, Row]:
-    """The aggregates (:func:`block_stats`) of every step series whose chunk gained its whole
-    part, the part's steps rising (an append: what it gained is the part, in order), in
-    groups of the parts that share their steps (a chunk's points), by chunk key."""
+def part_blocks(parts: Mapping[Key, Part], rolled_up: Callable[[str, str], bool]) -> dict[Key, Row]:
+    """The aggregates (:func:`block_stats`) of every rolled-up step series' part whose steps
+    rise, in groups of the parts that share their steps (a chunk's points), by chunk key:
+    taken before the write, whose rows take their new values' span from them
+    (:func:`~amptrain.store.history.chunk_writes.write`), as the roll-ups take them
+    (:func:`gained_blocks`)."""
     import numpy  # with the first batch, not at the API's start (as the reads load it)
 
     groups: dict[int, list[Key]] = {}
     for key, part in parts.items():
         if key[1] == STEP_KIND and rolled_up(key[1], key[2]):
-            new = gains.get(key)
-            if new is not None and len(new) == len(part.steps):
-                groups.setdefault(id(part.steps), []).append(key)
+            groups.setdefault(id(part.steps), []).append(key)
     out: dict[Key, Row] = {}
     for group in groups.values():
         steps = parts[group[0]].steps
@@ -78,4 +77,17 @@ def gained_blocks(
         except OverflowError:  # an int beyond a double (null): the group goes per series
             continue
         out.update(zip(keys, block_stats(steps, values), strict=True))
+    return out
+
+
+def gained_blocks(
+    gains: Mapping[Key, Gained], parts: Mapping[Key, Part], blocks: Mapping[Key, Row]
+) -> dict[Key, Row]:
+    """Of the ``blocks`` (:func:`part_blocks`), those of the chunks that gained their whole
+    part (an append of rising steps: what each gained is the part, in order)."""
+    out: dict[Key, Row] = {}
+    for key, row in blocks.items():
+        new = gains.get(key)
+        if new is not None and len(new) == len(parts[key].steps):
+            out[key] = row
     return out

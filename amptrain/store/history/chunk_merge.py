@@ -20,6 +20,8 @@ from typing import Any
 
 from amptrain.store.history.chunk_codec import Decoded, Steps
 from amptrain.store.history.chunk_parts import Part
+from amptrain.store.history.gained import Appended
+from amptrain.store.history.gained import Gained as Gained
 
 Stored = tuple[Decoded, float | None, float | None]
 """A stored chunk: its contents and the wall clock of its first and last value (None: a
@@ -27,10 +29,6 @@ record that carried no time)."""
 Span = tuple[float | None, float | None, int]
 """A chunk's lowest and highest finite value (None: none is) and how many are not finite:
 its ``low``, ``high`` and ``non_finite`` columns (:func:`value_range` of its values)."""
-Gained = dict[int, Any]
-"""The steps a chunk gained: step -> value as recorded (None = null). No time: nothing
-reads it there, and a tuple per value was a third of building these (and garbage
-collector work: a tuple is tracked, a dict of numbers is not)."""
 
 
 def merged(
@@ -77,7 +75,7 @@ def _appended(
 
 def _gained(part: Part) -> Gained:
     """Every step of a part that only appends is new."""
-    return dict(zip(part.steps, part.values, strict=True))
+    return Appended(part.steps, part.values)
 
 
 def _extended(old: Steps, new: list[int]) -> Steps:
@@ -112,7 +110,7 @@ def _merged(part: Part, old: Stored | None) -> tuple[Stored, Gained] | None:
     """A chunk with the part's new steps; None when it gains none (a replay) and no place
     (a chunk migration 0014 wrote before a name's place was kept)."""
     have = set(old[0].steps) if old is not None else set()
-    new: Gained = {}
+    new: dict[int, Any] = {}
     times: dict[int, float | None] = {}
     for step, value, at in zip(part.steps, part.values, part.times, strict=True):
         if step not in have and step not in new:
@@ -163,19 +161,25 @@ def _first(entry: tuple[int, Any]) -> int:
     return entry[0]
 
 
-def merged_span(d: Decoded, old: Stored | None, stored: Span | None) -> Span:
+def merged_span(
+    d: Decoded, old: Stored | None, stored: Span | None, new: Span | None = None
+) -> Span:
     """The merged chunk ``d``'s :data:`Span`: when it begins with every value of ``old``
     unchanged (an append, nearly every batch), ``old``'s ``stored`` span (its columns; None:
     not known) combined with the new values' span, so that an open chunk rewritten by each
     batch is not rescanned whole; else its values'. A chunk gains steps and keeps each step's
     first value, so when ``d``'s step at ``old``'s length - 1 is ``old``'s last step, ``d``
-    begins with ``old``'s values."""
+    begins with ``old``'s values. ``new``: the span of the values ``d`` gained after
+    ``old``'s (all of them when ``old`` is None) when the caller knows it, instead of a
+    pass over them."""
+    if old is None and new is not None:
+        return new
     if stored is None or old is None:
         return value_range(d.values)
     n = len(old[0].steps)
     if not n or len(d.steps) <= n or d.steps[n - 1] != old[0].steps[-1]:
         return value_range(d.values)
-    low, high, non_finite = value_range(d.values[n:])
+    low, high, non_finite = value_range(d.values[n:]) if new is None else new
     old_low, old_high, old_non_finite = stored
     # Ties: the earlier (stored) value wins, as min and max over the whole chunk pick it.
     if old_low is not None and old_high is not None:

@@ -12,7 +12,8 @@ A value lands in the chunk ``(job, kind, name, step // 256, attempt)``: the key 
 where it goes, so at-least-once delivery is harmless. The touched chunks are read by
 primary key, decoded, given the steps they lack (:mod:`~amptrain.store.history.chunk_merge`:
 a step already there keeps its first value, as ``ON CONFLICT DO NOTHING`` did for rows),
-re-encoded and upserted in one executemany; a replayed or re-sent range adds no step and
+re-encoded and upserted in one statement (the table's statements:
+:mod:`~amptrain.store.history.chunk_table`); a replayed or re-sent range adds no step and
 writes nothing.
 """
 
@@ -23,16 +24,18 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from amptrain.store.db import execute_many, upsert_many
 from amptrain.store.history import chunk_codec, chunk_merge
-from amptrain.store.history.chunk_codec import CHUNK_STEPS, Decoded
+from amptrain.store.history.block_stats import Row
+from amptrain.store.history.chunk_codec import Decoded
 from amptrain.store.history.chunk_merge import Gained, Span
 from amptrain.store.history.chunk_merge import Stored as Stored
 from amptrain.store.history.chunk_parts import SHIFT as _SHIFT
 from amptrain.store.history.chunk_parts import STEP_KIND as STEP_KIND
 from amptrain.store.history.chunk_parts import STEP_SERIES as STEP_SERIES
 from amptrain.store.history.chunk_parts import Key, Part, collect
+from amptrain.store.history.chunk_table import COLUMNS, close, is_open, read, upsert
 from amptrain.store.history.point_columns import PointColumns
+from amptrain.store.history.rollup_stats import STATS
 
 
 def append(
@@ -73,11 +76,16 @@ def write(
     pack: bool = False,
     last: dict[Key, int] | None = None,
     keyed_open: bool = True,
+    blocks: Mapping[Key, Row] | None = None,
 ) -> Gains:
     """Merge ``parts`` (:func:`gather`) into their stored chunks and upsert the chunks that
     changed (a chunk that closes moves to the closed rows: :func:`close`); what each gained
     (the roll-ups' upkeep reads it). ``last``, when given, gets the last step each chunk
-    held before (a chunk not stored before is absent). ``keyed_open``: as for :func:`append`."""
+    held before (a chunk not stored before is absent). ``keyed_open``: as for :func:`append`;
+    ``blocks``: the parts' aggregates where taken
+    (:func:`~amptrain.store.history.block_stats.part_blocks`), whose lowest and highest value
+    and non-finite count a chunk that gains its whole part takes instead of a pass over its
+    new values."""
     if not parts:
         return {}
     spans: dict[Key, Span] = {}
@@ -85,7 +93,8 @@ def write(
     if last is not None:
         last.update((key, d.steps[-1]) for key, (d, _, _) in stored.items() if d.steps)
     merged, gains = _merge(parts, stored)
-    rows = _rows(merged, stored, pack, spans)
+    new = _gained_spans(parts, gains, blocks) if blocks else {}
+    rows = _rows(merged, stored, pack, spans, new)
     if not keyed_open:
         upsert(s, [r[:-1] for r in rows], COLUMNS[:-1])
         return gains
@@ -94,60 +103,20 @@ def write(
     return gains
 
 
-def read(s: Session, keys: list[Key], spans: dict[Key, Span] | None = None) -> dict[Key, Stored]:
-    """The stored chunks among ``keys``, by primary key: on PostgreSQL one statement for all
-    (a join with the unnested keys), on SQLite one per chunk number and attempt. ``spans``,
-    when given, also gets each chunk's :data:`Span` as stored."""
-    conn: Any = s.connection().connection.driver_connection
-    out: dict[Key, Stored] = {}
-    if spans is None:
-        spans = {}
-    if s.get_bind().dialect.name == "sqlite":
-        # One statement per chunk number (its names in one IN list): a batch reaches ~15
-        # series of a chunk, and a statement's own cost was most of a live batch's read.
-        by_chunk: dict[tuple[str, str, int, int], list[str]] = {}
-        for job_id, kind, name, chunk, attempt in keys:
-            by_chunk.setdefault((job_id, kind, chunk, attempt), []).append(name)
-        for (job_id, kind, chunk, attempt), names in by_chunk.items():
-            for i in range(0, len(names), _NAMES_PER_READ):
-                some = names[i : i + _NAMES_PER_READ]
-                sql = _ONE.format(marks=", ".join("?" * len(some)))
-                for name, first_time, last_time, data, *span in conn.execute(
-                    sql, (job_id, kind, chunk, attempt, *some)
-                ):
-                    decoded = chunk_codec.decode(chunk << _SHIFT, data)
-                    key = (job_id, kind, name, chunk, attempt)
-                    out[key] = (decoded, first_time, last_time)
-                    spans[key] = tuple(span)
-        return out
-    columns = [list(c) for c in zip(*keys, strict=True)]
-    # Binary results: the chunks' bytes as they are, not hex text encoded by the server and
-    # decoded here (a third of the read's CPU on each side).
-    with conn.cursor(binary=True) as cur:
-        for job_id, kind, name, chunk, attempt, first_time, last_time, data, *span in cur.execute(
-            _MANY, columns
-        ):
-            decoded = chunk_codec.decode(chunk << _SHIFT, bytes(data))
-            key = (job_id, kind, name, chunk, attempt)
-            out[key] = (decoded, first_time, last_time)
-            spans[key] = tuple(span)
+def _gained_spans(
+    parts: Mapping[Key, Part], gains: Gains, blocks: Mapping[Key, Row]
+) -> dict[Key, Span]:
+    """The :data:`Span` of what each chunk gained, for those that gained their whole part
+    (rising steps: what they gained is the part, in order) from its block's aggregates."""
+    out: dict[Key, Span] = {}
+    for key, row in blocks.items():
+        new = gains.get(key)
+        if new is not None and len(new) == len(parts[key].steps):
+            out[key] = (row[_LOW], row[_HIGH], row[_NON_FINITE])
     return out
 
 
-_KEY = ("job_id", "kind", "name", "chunk", "attempt")
-_ONE = (
-    "SELECT name, time_first, time_last, data, low, high, non_finite FROM metric_chunks "
-    "WHERE job_id = ? AND kind = ? AND chunk = ? AND attempt = ? AND name IN ({marks})"
-)
-_NAMES_PER_READ = 500
-"""Names per SQLite read at most (a layer-norm record can name a few thousand)."""
-_MANY = (
-    "SELECT c.job_id, c.kind, c.name, c.chunk, c.attempt, c.time_first, c.time_last, c.data, "
-    "c.low, c.high, c.non_finite "
-    "FROM unnest(%s::text[], %s::text[], %s::text[], %s::int[], %s::int[]) "
-    "AS k(job_id, kind, name, chunk, attempt) JOIN metric_chunks c ON c.job_id = k.job_id "
-    "AND c.kind = k.kind AND c.name = k.name AND c.chunk = k.chunk AND c.attempt = k.attempt"
-)
+_LOW, _HIGH, _NON_FINITE = (STATS.index(c) for c in ("low", "high", "non_finite"))
 
 
 def merge(
@@ -180,16 +149,18 @@ def _rows(
     stored: Mapping[Key, Stored],
     pack: bool,
     spans: Mapping[Key, Span] | None = None,
+    new: Mapping[Key, Span] | None = None,
 ) -> list[tuple[Any, ...]]:
     seen: dict[Key, int] = {}
     spans = spans or {}
+    new = new or {}
     return [
         _row(
             key,
             *m,
             _skipped(key, merged, stored, seen),
             pack,
-            chunk_merge.merged_span(m[0], stored.get(key), spans.get(key)),
+            chunk_merge.merged_span(m[0], stored.get(key), spans.get(key), new.get(key)),
         )
         for key, m in merged.items()
     ]
@@ -209,14 +180,6 @@ def _skipped(
         flags = merged.get(flag_key) or stored.get(flag_key)
         count = seen[flag_key] = 0 if flags is None else flags[0].values.count(1.0)
     return count
-
-
-def is_open(chunk: int, last_step: int) -> bool:
-    """The chunk's last aligned step is not recorded yet: later batches may add to it. Once
-    it is, an attempt (which records its steps in order) adds nothing more (a rare late step
-    still can: the chunk is then repacked, and stays closed, as its last step stays). The
-    ``open`` column (the partition of the row on PostgreSQL, migration 0021)."""
-    return last_step != (chunk << _SHIFT) + CHUNK_STEPS - 1
 
 
 def _closed(key: Key, d: Decoded) -> bool:
@@ -256,105 +219,3 @@ def _row(
         chunk_codec.encode(key[3] << _SHIFT, d.steps, d.values, nulls, pack or closed, d.position),
         not closed,
     )
-
-
-COLUMNS = (
-    *_KEY,
-    "first_step",
-    "last_step",
-    "count",
-    "non_finite",
-    "skipped",
-    "low",
-    "high",
-    "first",
-    "last",
-    "time_first",
-    "time_last",
-    "data",
-    "open",
-)
-
-
-def _upsert(columns: Sequence[str]) -> str:
-    return (
-        f"INSERT INTO metric_chunks ({', '.join(columns)}) VALUES ({{marks}}) "
-        f"ON CONFLICT ({', '.join(k for k in columns if k in _KEYED)}) DO UPDATE SET "
-        + ", ".join(f"{c} = excluded.{c}" for c in columns if c not in _KEYED)
-    )
-
-
-_KEYED = (*_KEY, "open")
-"""The primary key since revision 0021 (``open`` too: PostgreSQL's partitions)."""
-
-
-# SQLite: a rewritten chunk is a new row (REPLACE deletes the old one and appends this one
-# with the next rowid), not an update in place. An open chunk grows at every batch and
-# shrinks when it closes and is compressed; updated in place, it split its B-tree page as it
-# grew and left the page's space to rows that never come (rowids only grow), 6.2 -> 5.5 B a
-# step-field value and 10.7 -> 7.3 a layer norm (bench/storage_size.py, 100k / 2,000 steps).
-# Appended, the closed chunks fill pages densely and a page that held only open chunks empties
-# and returns to the free list, which SQLite reuses for the next pages.
-def _replace(columns: Sequence[str]) -> str:
-    return f"INSERT OR REPLACE INTO metric_chunks ({', '.join(columns)}) VALUES ({{marks}})"
-
-
-def upsert(s: Session, rows: list[tuple[Any, ...]], columns: Sequence[str] = COLUMNS) -> None:
-    """Write whole chunks (rows of ``columns``: :data:`COLUMNS`, or all but ``open`` before
-    revision 0021; each key once): one statement on PostgreSQL
-    (:func:`~amptrain.store.db.upsert_many`; an executemany cost ~12 us of client CPU a
-    chunk), one prepared ``REPLACE`` on SQLite (:func:`_replace`)."""
-    sqlite = s.get_bind().dialect.name == "sqlite"
-    sql = _STATEMENTS[sqlite, len(columns) == len(COLUMNS)]
-    upsert_many(s, sql, "metric_chunks", _TYPED[: len(columns)], rows)
-
-
-_STATEMENTS = {
-    (sqlite, keyed_open): (_replace if sqlite else _upsert)(COLUMNS if keyed_open else COLUMNS[:-1])
-    for sqlite in (True, False)
-    for keyed_open in (True, False)
-}
-
-
-def close(s: Session, keys: list[Key]) -> None:
-    """Delete the open rows of ``keys``, whose closed rows this write inserted: on
-    PostgreSQL the two are rows of different partitions (migration 0021), so the upsert
-    cannot replace one by the other; on SQLite ``REPLACE`` keys by ``open`` too. One
-    statement (PostgreSQL) or one prepared executemany (SQLite)."""
-    if not keys:
-        return
-    if s.get_bind().dialect.name == "sqlite":
-        execute_many(s, _CLOSE_ONE, keys)
-        return
-    conn: Any = s.connection().connection.driver_connection
-    with conn.cursor() as cur:
-        cur.execute(_CLOSE_MANY, [list(c) for c in zip(*keys, strict=True)])
-
-
-_CLOSE_ONE = (
-    "DELETE FROM metric_chunks WHERE job_id = ? AND kind = ? AND name = ? AND chunk = ? "
-    "AND attempt = ? AND open"
-)
-_CLOSE_MANY = (
-    "DELETE FROM metric_chunks c "
-    "USING unnest(%s::text[], %s::text[], %s::text[], %s::int[], %s::int[]) "
-    "AS k(job_id, kind, name, chunk, attempt) WHERE c.open AND c.job_id = k.job_id "
-    "AND c.kind = k.kind AND c.name = k.name AND c.chunk = k.chunk AND c.attempt = k.attempt"
-)
-
-
-_TYPED = tuple(
-    (
-        c,
-        "text"
-        if c in ("job_id", "kind", "name")
-        else "bytea"
-        if c == "data"
-        else "bool"
-        if c == "open"
-        else "float8"
-        if c in ("low", "high", "first", "last", "time_first", "time_last")
-        else "int",
-    )
-    for c in COLUMNS
-)

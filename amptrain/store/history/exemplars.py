@@ -54,6 +54,7 @@ NULL = 1
 """A name's state in a record: 0 not held, 1 (NULL) null, 2 a value."""
 _NULL, _VALUE = NULL, 2
 _NAN = float("nan")
+_ABSENT = object()
 _SWAP = sys.byteorder != "little"
 
 
@@ -194,8 +195,10 @@ def keep(
             # a step's series can arrive in later batches (a re-sent point bringing a
             # field the first one lacked): the record gains what the chunks gained
             for name, new in fresh.get((key[0], step >> SHIFT, key[3]), ()):
-                if name not in rec and step in new:
-                    rec[name] = number(new[step])
+                if name not in rec:
+                    v = new.get(step, _ABSENT)  # one lookup, not `in` then `[]`
+                    if v is not _ABSENT:
+                        rec[name] = number(v)
             block[step] = rec
         data = encode(block)
         if data != was:

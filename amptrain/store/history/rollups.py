@@ -27,7 +27,7 @@ from sqlalchemy.orm import Session
 
 from amptrain.store.db import upsert_many
 from amptrain.store.history import chunk_writes, exemplars
-from amptrain.store.history.block_stats import gained_blocks
+from amptrain.store.history.block_stats import Row, gained_blocks, part_blocks
 from amptrain.store.history.chunk_merge import Gained, number
 from amptrain.store.history.chunk_parts import Key, Part, rolled_up
 from amptrain.store.history.chunk_writes import STEP_KIND, Gains
@@ -58,19 +58,28 @@ def record(
     caller's transaction; what the chunks gained (what is new in the batch: a replay gains
     nothing). ``last``: as for :func:`chunk_writes.write`."""
     parts = chunk_writes.gather(points, values, columns)
-    gains = chunk_writes.write(s, parts, last=last)
-    keep(s, gains, parts)
+    blocks = part_blocks(parts, rolled_up)
+    gains = chunk_writes.write(s, parts, last=last, blocks=blocks)
+    keep(s, gains, parts, blocks)
     return gains
 
 
-def keep(s: Session, gains: Gains, parts: Mapping[Key, Part] | None = None) -> None:
+def keep(
+    s: Session,
+    gains: Gains,
+    parts: Mapping[Key, Part] | None = None,
+    blocks: Mapping[Key, Row] | None = None,
+) -> None:
     """Fold what a write added to the chunks (:func:`chunk_writes.write`) into every level's
     roll-ups, read and upserted by primary key in the caller's transaction; ``parts``: what
     the write was given (a chunk's step series that gained their whole parts are
-    aggregated together: :func:`~amptrain.store.history.block_stats.gained_blocks`)."""
+    aggregated together: :func:`~amptrain.store.history.block_stats.gained_blocks`);
+    ``blocks``: those parts' aggregates when already taken (else taken here)."""
     deltas: dict[RKey, Stats] = {}
     flags = _flags(gains)
-    blocks = gained_blocks(gains, parts, rolled_up) if parts else {}
+    if parts and blocks is None:
+        blocks = part_blocks(parts, rolled_up)
+    blocks = gained_blocks(gains, parts, blocks) if parts and blocks else {}
     for key5, new in gains.items():
         job_id, kind, name, chunk, attempt = key5
         if not rolled_up(kind, name):
@@ -82,12 +91,18 @@ def keep(s: Session, gains: Gains, parts: Mapping[Key, Part] | None = None) -> N
             key = (job_id, kind, name, level, chunk >> level, attempt)
             have = deltas.get(key)
             if have is None:
-                deltas[key] = have = Stats()
+                # a chunk's level-0 roll-up gains only this delta: it is the delta itself
+                deltas[key] = have = Stats() if level else delta
+                if not level:
+                    continue
             have.merge(delta)
     totals = read(s, list(deltas)) if deltas else {}
     for key, delta in deltas.items():
-        total = totals.setdefault(key, Stats())
-        total.merge(delta)
+        total = totals.get(key)
+        if total is None:
+            totals[key] = delta  # none stored: the batch's aggregates are the total
+        else:
+            total.merge(delta)
     upsert(s, [(*key, *totals[key].row()) for key in deltas])
     exemplars.keep(s, totals, gains, LEVELS)
 

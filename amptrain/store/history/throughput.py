@@ -78,10 +78,13 @@ def _from_batch(
     chunk = top
     while True:
         key = (job_id, STEP_KIND, TIME, chunk, attempt)
-        times = gains.get(key)
-        rates = gains.get((job_id, STEP_KIND, RATE, chunk, attempt), {})
-        if times is None:
+        got = gains.get(key)
+        if got is None:
             return None  # a chunk the batch did not write: its steps are not known here
+        # as dicts (one pass each in C): the walk looks up to STEADY_LOOKBACK steps up in
+        # each, which an appended part (gained.Appended) answers in Python
+        times = dict(got.items())
+        rates = dict(gains.get((job_id, STEP_KIND, RATE, chunk, attempt), {}).items())
         for step in sorted(times, reverse=True):
             if step not in rates:
                 return None  # a rate stored apart from its step time (never written so)

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import math
 import random
+from array import array
 from typing import Any
 
-from amptrain.store.history.block_stats import gained_blocks
+from amptrain.store.history.block_stats import gained_blocks, part_blocks
+from amptrain.store.history.chunk_merge import value_range
 from amptrain.store.history.chunk_parts import STEP_KIND, Key, Part, rolled_up
 from amptrain.store.history.rollups import Stats, gained_stats
 
@@ -43,10 +45,14 @@ def test_a_block_gives_the_per_series_aggregates() -> None:
             key = ("j", STEP_KIND, f"f{i}", 3, 1)
             parts[key] = _part(steps, _series(rng, n, (trial + i) % 4))
         gains = {key: dict(zip(p.steps, p.values, strict=True)) for key, p in parts.items()}
-        blocks = gained_blocks(gains, parts, rolled_up)
+        blocks = gained_blocks(gains, parts, part_blocks(parts, rolled_up))
         assert set(blocks) == set(parts)
         for key, row in blocks.items():
             assert repr(Stats(row).row()) == repr(gained_stats(gains[key], None).row()), key
+            # the chunk row's span of the new values (its low, high, non_finite columns)
+            got = array("d", [math.nan if v is None else v for v in parts[key].values])
+            stats = Stats(row)
+            assert repr((stats.low, stats.high, stats.non_finite)) == repr(value_range(got))
 
 
 def test_what_is_not_a_whole_rising_block_of_numbers_goes_per_series() -> None:
@@ -65,11 +71,12 @@ def test_what_is_not_a_whole_rising_block_of_numbers_goes_per_series() -> None:
     parts = {**shared, **apart}
     gains = {key: dict(zip(p.steps, p.values, strict=True)) for key, p in parts.items()}
     # "b" goes per series; "a" and "c" would be a block, but "c" holds an int beyond a double
-    assert set(gained_blocks(gains, parts, rolled_up)) == set()
+    assert set(gained_blocks(gains, parts, part_blocks(parts, rolled_up))) == set()
+    parts[("j", STEP_KIND, "c", 0, 1)] = _part(steps, [1.0, 2.0, 3.0])
     gains[("j", STEP_KIND, "c", 0, 1)] = {5: 1.0, 9: 3.0}  # gained in part (a replay)
     parts[("j", STEP_KIND, "f", 0, 1)] = _part(steps, [0.5, None, math.nan])
     gains[("j", STEP_KIND, "f", 0, 1)] = dict(zip(steps, [0.5, None, math.nan], strict=True))
-    assert set(gained_blocks(gains, parts, rolled_up)) == {
+    assert set(gained_blocks(gains, parts, part_blocks(parts, rolled_up))) == {
         ("j", STEP_KIND, "a", 0, 1),
         ("j", STEP_KIND, "f", 0, 1),
     }

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from amptrain.store.history import chunk_codec, chunk_parts, chunk_writes, series_scan
+from amptrain.store.history import chunk_codec, chunk_parts, chunk_table, chunk_writes, series_scan
 from tests.support.history_data import series
 
 CASES = {
@@ -94,7 +94,7 @@ def _rows(rows: list[tuple[Any, ...]]) -> dict[Any, chunk_writes.Stored]:
     out = {}
     for row in rows:
         key = tuple(row[:5])
-        at = dict(zip(chunk_writes.COLUMNS, row, strict=True))
+        at = dict(zip(chunk_table.COLUMNS, row, strict=True))
         decoded = chunk_codec.decode(key[3] * chunk_codec.CHUNK_STEPS, at["data"])
         out[key] = (decoded, at["time_first"], at["time_last"])
     return out

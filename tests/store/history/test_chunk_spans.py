@@ -1,6 +1,6 @@
 """A chunk's low, high and non-finite count after the recorder's appends, which combine the
 stored chunk's columns with the new values' instead of rescanning the chunk
-(:func:`amptrain.store.history.chunk_writes._span`), are what a chunk written at once
+(:func:`amptrain.store.history.chunk_merge.merged_span`), are what a chunk written at once
 holds: ties, signed zeros, infinities, NaN and nulls, replays and re-sent ranges.
 Real SQLite and PostgreSQL."""
 
@@ -14,7 +14,7 @@ import sqlalchemy as sa
 from sqlalchemy.orm import Session, sessionmaker
 
 from amptrain.store.chunk_models import MetricChunk
-from amptrain.store.history import chunk_writes
+from amptrain.store.history import chunk_table, chunk_writes
 from tests.support.history_data import new_job, series
 
 ODD = {
@@ -38,7 +38,7 @@ def nasty(job_id: str, steps: list[int], seed: int) -> list[dict[str, Any]]:
 
 
 def chunk_rows(sessions: sessionmaker[Session], job_id: str) -> dict[Any, tuple[Any, ...]]:
-    columns = [getattr(MetricChunk, c) for c in chunk_writes.COLUMNS[1:]]
+    columns = [getattr(MetricChunk, c) for c in chunk_table.COLUMNS[1:]]
     with sessions() as s:
         rows = s.execute(sa.select(*columns).where(MetricChunk.job_id == job_id)).all()
     # repr: NaN equals itself, and -0.0 differs from 0.0 where the database keeps the sign.
