@@ -6,19 +6,23 @@ comes) at every batch; PostgreSQL keeps each old version until a vacuum and reus
 freed space for closed chunks, so the table's pages ended half dead (a live run of the
 step fields held 18 bytes a value, 256 layer norms 60). Now:
 
-- ``metric_chunks_open`` (``open``): a few rows per live series, rewritten in place.
-  ``fillfactor`` leaves each page room for the next version, so the rewrite is a HOT update
-  that the page prunes itself; ``toast_tuple_target = 8160`` keeps the growing chunk in
-  the row (never compressed nor moved to TOAST at each rewrite, which left dead TOAST rows).
+- ``metric_chunks_open`` (``open``): a row per live series, rewritten in place, kept at
+  one size by ``slack`` (:data:`_SLACK`) with room on its page for the next version
+  (``fillfactor``), so the rewrite is a HOT update that the page prunes itself;
+  ``toast_tuple_target = 8160`` keeps the chunk in the row (never compressed nor moved to
+  TOAST at each rewrite, which left dead TOAST rows); vacuumed at 50 dead rows (a closed
+  chunk's deleted open row, and a rewrite that changed an indexed ``high``).
 - ``metric_chunks_closed``: each chunk inserted once when it closes (its open row deleted
   in the same transaction, :func:`amptrain.store.history.chunk_table.close`), dense.
+- ``metric_exemplars``: room on each page and a vacuum at 50 dead rows (:data:`_EXEMPLARS`).
 
 Readers query ``metric_chunks`` unchanged (the planner appends the two partitions). SQLite
 gets the column and the key (the same writes), not the partitions: it reuses freed pages
 itself. ``open`` is :func:`~amptrain.store.history.chunk_table.is_open` of each row.
 
 The table is rebuilt (created anew, the rows copied, the old one dropped), in the
-revision's transaction on PostgreSQL. Downgrade: the plain table of 0019 again.
+revision's transaction on PostgreSQL. Downgrade: the plain table and
+the storage parameters of 0019 again.
 
 Revision ID: 0021
 Revises: 0020
@@ -47,7 +51,7 @@ _OPEN = f"last_step <> chunk * {CHUNK_STEPS} + {CHUNK_STEPS - 1}"
 """``chunk_table.is_open`` in SQL."""
 _VACUUM = "autovacuum_vacuum_scale_factor = 0.01, autovacuum_vacuum_threshold = 1000"
 """Revision 0019's parameters, now on each partition (a partitioned table takes none)."""
-OPEN_ROW_BYTES = 8 * CHUNK_STEPS + 8
+_OPEN_ROW_BYTES = 8 * CHUNK_STEPS + 8
 """What an open chunk's ``data`` and ``slack`` hold together on PostgreSQL: a chunk's
 open encoding with every value (the header and a name's place), so an open chunk's row
 keeps one size from its first write to its last (one with null flags or step gaps, rare,
@@ -56,10 +60,10 @@ page to 55 %; ``fillfactor = 70`` puts no third beside them, so every page keeps
 one more version of either, and prunes the old one when the room is used."""
 _SLACK = (
     "bytea GENERATED ALWAYS AS (CASE WHEN open THEN substring(decode(repeat('00', "
-    f"{OPEN_ROW_BYTES}), 'hex') FROM 1 FOR greatest(0, {OPEN_ROW_BYTES} - octet_length(data))) "
+    f"{_OPEN_ROW_BYTES}), 'hex') FROM 1 FOR greatest(0, {_OPEN_ROW_BYTES} - octet_length(data))) "
     "END) STORED"
 )
-"""Zero bytes that fill an open chunk's row up to :data:`OPEN_ROW_BYTES` (null once closed),
+"""Zero bytes that fill an open chunk's row up to :data:`_OPEN_ROW_BYTES` (null once closed),
 kept by the server: no statement writes or reads it. Without it the chunk's row grew at
 every rewrite (a 10-step batch adds 80 bytes), so the new version did not fit the page
 that held the old one and went elsewhere, a dead version for vacuum to find (a fifth of the
