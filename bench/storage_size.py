@@ -190,10 +190,13 @@ def measure(fresh: Callable[[], Any], db: str, args: argparse.Namespace) -> None
             f"(roll-ups and exemplars {leg.beside:4.2f}); goal <= {GOAL:.0f}: {verdict}",
             flush=True,
         )
-    cpu = judge("chunk write CPU per value (us)", segments, 1.0).line()
+    if segments:  # the first run was not left out (--steps 0)
+        cpu = judge("chunk write CPU per value (us)", segments, 1.0).line()
+        print(
+            f"{db:10s} chunk and roll-up writes of the first run, us of CPU per step-field "
+            f"value in this process (the goal of 1 us is the whole recorder's): {cpu}"
+        )
     print(
-        f"{db:10s} chunk and roll-up writes of the first run, us of CPU per step-field value "
-        f"in this process (the goal of 1 us is the whole recorder's): {cpu}\n"
         f"{db:10s} "
         f"scan_run read {scan_rate / 1e6:.1f} M values/s (wall clock, one series after another)"
     )
@@ -210,6 +213,9 @@ def main() -> None:
     parser.add_argument("--layer-steps", type=int, default=4_000)
     parser.add_argument("--layer-batch", type=int, default=10)
     parser.add_argument("--pg", default=os.environ.get("AMPTRAIN_TEST_DATABASE_URL"))
+    parser.add_argument(
+        "--databases", default="sqlite,postgresql", help="which to measure (postgresql: --pg)"
+    )
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="amp-size-", dir="/tmp"))
     files = iter(range(1_000))
@@ -227,8 +233,9 @@ def main() -> None:
             drop()
 
     try:
-        measure(sqlite_file, "sqlite", args)
-        if args.pg:
+        if "sqlite" in args.databases:
+            measure(sqlite_file, "sqlite", args)
+        if args.pg and "postgresql" in args.databases:
             measure(pg_database, "postgresql", args)
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -18,12 +18,9 @@ from amptrain.store import alert_windows, comparisons, jobs
 from amptrain.store.history import chunk_writes
 from amptrain.store.history.throughput import steady_rate
 from amptrain.store.models import Job
+from tests.support.plans import SORT_NODE
 
 STEPS = 60_000
-
-_SORT = "Sort  ("
-"""A sort node of a plan (a Merge Append of the partitions' ordered index scans, revision
-0021, names its ``Sort Key`` and sorts nothing)."""
 
 
 def _long_run(sf: sessionmaker[Session]) -> str:
@@ -133,5 +130,5 @@ def test_the_readers_search_the_primary_key_without_statistics(
         else:
             # A filter: rows of the index range read and dropped (a chunk IN list can be);
             # an aggregate: the range read whole (max() was).
-            bad = ("Seq Scan", _SORT, "Filter", "Aggregate")
+            bad = ("Seq Scan", SORT_NODE, "Filter", "Aggregate")
             assert not any(w in plan for w in bad), plan

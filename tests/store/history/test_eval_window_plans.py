@@ -15,10 +15,7 @@ from amptrain.store import jobs
 from amptrain.store.history import rollups
 from amptrain.store.history.eval_window import eval_window
 from tests.store.history.test_consumer_plans import _plan, _Statements
-
-_SORT = "Sort  ("
-"""A sort node of a plan (a Merge Append of the partitions' ordered index scans, revision
-0021, names its ``Sort Key`` and sorts nothing)."""
+from tests.support.plans import SORT_NODE
 
 
 def _run(sf: sessionmaker[Session], steps: int) -> str:
@@ -67,7 +64,7 @@ def test_the_windows_search_the_primary_key_without_statistics(
         if engine.dialect.name == "sqlite":
             assert "SCAN metric_chunks" not in plan and "TEMP B-TREE" not in plan, plan
         else:
-            assert not any(w in plan for w in ("Seq Scan", _SORT, "Aggregate")), plan
+            assert not any(w in plan for w in ("Seq Scan", SORT_NODE, "Aggregate")), plan
 
 
 def test_every_names_attempt_spans_come_in_one_statement_without_statistics(

@@ -24,13 +24,10 @@ from amptrain.store.history.chunk_pages import window_at, window_between
 from amptrain.store.history.downsample import series_window
 from amptrain.store.history.window import parse_fields
 from tests.store.history.test_consumer_plans import _plan
+from tests.support.plans import SORT_NODE
 
 Sessions = sessionmaker[Session]
 T0 = 1_700_000_000_000
-
-_SORT = "Sort  ("
-"""A sort node of a plan (a Merge Append of the partitions' ordered index scans, revision
-0021, names its ``Sort Key`` and sorts nothing)."""
 
 
 def _job(sessions: Sessions, steps: int) -> str:
@@ -130,6 +127,6 @@ def test_the_window_searches_the_primary_key_without_statistics(
         if engine.dialect.name == "sqlite":
             assert "SCAN metric_chunks" not in plan and "SCAN metric_rollups" not in plan, plan
         elif "metric_chunks" in statement:
-            assert not any(w in plan for w in ("Seq Scan", _SORT, "Aggregate")), plan
+            assert not any(w in plan for w in ("Seq Scan", SORT_NODE, "Aggregate")), plan
         else:
             assert "Seq Scan" not in plan, plan
