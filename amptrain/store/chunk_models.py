@@ -31,6 +31,8 @@ class MetricChunk(Base):
     __tablename__ = "metric_chunks"
     __table_args__ = (
         # The record order (0015): per kind and attempt, the cursor chunks in cursor order.
+        # On PostgreSQL the closed partition's and the open cursor chunks' own (0022): on
+        # the other open chunks an index on ``high`` would keep their rewrites from being HOT.
         sa.Index(
             "ix_metric_chunks_record_order",
             "job_id",

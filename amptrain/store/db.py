@@ -108,20 +108,26 @@ def upsert_many(
         execute_many(s, template, rows)
         return
     names = ", ".join(name for name, _ in columns)
+    unnest, data = unnested(columns, rows)
+    conflict = template[template.index(" ON CONFLICT ") :]
+    sql = f"INSERT INTO {table} ({names}) SELECT * FROM {unnest}{conflict}"
+    conn: Any = s.connection().connection.driver_connection
+    with conn.cursor() as cur:
+        cur.execute(sql, data)
+
+
+def unnested(columns: Sequence[tuple[str, str]], rows: list[Any]) -> tuple[str, list[Any]]:
+    """PostgreSQL: ``unnest(...)`` over the columns of ``rows`` (as for :func:`upsert_many`)
+    and its parameters: each column an array literal (:func:`_array`), a ``bytea`` column a
+    binary array parameter (as hex text it would cost both sides a pass over every byte)."""
     arrays = ", ".join(
         "%b::bytea[]" if kind == "bytea" else f"%s::text::{kind}[]" for _, kind in columns
     )
-    conflict = template[template.index(" ON CONFLICT ") :]
-    sql = f"INSERT INTO {table} ({names}) SELECT * FROM unnest({arrays}){conflict}"
-    # A bytea column goes as it is, a binary array parameter (as hex text it would cost
-    # both sides a pass over every byte).
     data = [
         list(col) if kind == "bytea" else _array(col, kind)
         for col, (_, kind) in zip(zip(*rows, strict=True), columns, strict=True)
     ]
-    conn: Any = s.connection().connection.driver_connection
-    with conn.cursor() as cur:
-        cur.execute(sql, data)
+    return f"unnest({arrays})", data
 
 
 def _array(column: Sequence[Any], kind: str) -> str:

@@ -40,8 +40,12 @@ _COLUMNS = sa.select(_M.kind, _M.name, _M.chunk, _M.attempt, _M.data)
 
 def _partitions(url: str) -> set[str]:
     """PostgreSQL's tables that hold ``metric_chunks``' rows (0021): the open and the closed
-    chunks apart. SQLite has one table."""
-    return {"metric_chunks_open", "metric_chunks_closed"} if url.startswith("postgresql") else set()
+    chunks apart, the open cursor chunks apart again (0022). SQLite has one table."""
+    if not url.startswith("postgresql"):
+        return set()
+    return {"metric_chunks_open", "metric_chunks_closed"} | {
+        f"metric_chunks_open_{part}" for part in ("ms", "rest")  # 0022: the open by name
+    }
 
 
 def _tables(url: str) -> set[str]:
@@ -58,7 +62,8 @@ def _drift(url: str) -> list[object]:
         with engine.connect() as conn:
             # The partitions are the migration's storage of a table the models describe
             # (``postgresql_partition_by``): not models of their own; nor is the open chunks'
-            # ``slack``, zero bytes the server keeps beside ``data`` (0021), never read.
+            # ``slack``, zero bytes the server keeps beside ``data`` (0021), never read; the
+            # record-order index is two partitions' own there (0022).
             partitions = _partitions(url)
             opts = {
                 "compare_type": True,
@@ -67,6 +72,9 @@ def _drift(url: str) -> list[object]:
                         (kind == "table" and name in partitions)
                         or (kind == "column" and name == "slack")
                     )
+                ),
+                "include_object": lambda _, name, kind, *__: not (
+                    partitions and kind == "index" and name == "ix_metric_chunks_record_order"
                 ),
             }
             ctx = MigrationContext.configure(conn, opts=opts)

@@ -17,7 +17,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from amptrain.store.db import execute_many, upsert_many
+from amptrain.store.db import execute_many, unnested, upsert_many
 from amptrain.store.history import chunk_codec
 from amptrain.store.history.chunk_codec import CHUNK_STEPS
 from amptrain.store.history.chunk_merge import Span, Stored
@@ -25,14 +25,21 @@ from amptrain.store.history.chunk_parts import SHIFT as _SHIFT
 from amptrain.store.history.chunk_parts import Key
 
 
-def read(s: Session, keys: list[Key], spans: dict[Key, Span] | None = None) -> dict[Key, Stored]:
+def read(
+    s: Session,
+    keys: list[Key],
+    spans: dict[Key, Span] | None = None,
+    opened: set[Key] | None = None,
+) -> dict[Key, Stored]:
     """The stored chunks among ``keys``, by primary key: on PostgreSQL one statement for all
     (a join with the unnested keys), on SQLite one per chunk number and attempt. ``spans``,
-    when given, also gets each chunk's :data:`Span` as stored."""
+    when given, also gets each chunk's :data:`Span` as stored; ``opened``, the keys whose
+    row is open (None: the table before revision 0021, which has no ``open`` column)."""
     conn: Any = s.connection().connection.driver_connection
     out: dict[Key, Stored] = {}
     if spans is None:
         spans = {}
+    flag = "open" if opened is not None else "false"
     if s.get_bind().dialect.name == "sqlite":
         # One statement per chunk number (its names in one IN list): a batch reaches ~15
         # series of a chunk, and a statement's own cost was most of a live batch's read.
@@ -42,39 +49,86 @@ def read(s: Session, keys: list[Key], spans: dict[Key, Span] | None = None) -> d
         for (job_id, kind, chunk, attempt), names in by_chunk.items():
             for i in range(0, len(names), _NAMES_PER_READ):
                 some = names[i : i + _NAMES_PER_READ]
-                sql = _ONE.format(marks=", ".join("?" * len(some)))
-                for name, first_time, last_time, data, *span in conn.execute(
+                sql = _ONE.format(flag=flag, marks=", ".join("?" * len(some)))
+                for name, first_time, last_time, data, is_open_, *span in conn.execute(
                     sql, (job_id, kind, chunk, attempt, *some)
                 ):
-                    decoded = chunk_codec.decode(chunk << _SHIFT, data)
                     key = (job_id, kind, name, chunk, attempt)
-                    out[key] = (decoded, first_time, last_time)
-                    spans[key] = tuple(span)
+                    _take(key, data, first_time, last_time, is_open_, span, out, spans, opened)
         return out
     columns = [list(c) for c in zip(*keys, strict=True)]
     # Binary results: the chunks' bytes as they are, not hex text encoded by the server and
     # decoded here (a third of the read's CPU on each side).
     with conn.cursor(binary=True) as cur:
-        for job_id, kind, name, chunk, attempt, first_time, last_time, data, *span in cur.execute(
-            _MANY, columns
+        for *key, first_time, last_time, data, is_open_, low, high, nf in cur.execute(
+            _MANY.format(flag="c." + flag if opened is not None else flag), columns
         ):
-            decoded = chunk_codec.decode(chunk << _SHIFT, bytes(data))
-            key = (job_id, kind, name, chunk, attempt)
-            out[key] = (decoded, first_time, last_time)
-            spans[key] = tuple(span)
+            got = (key[0], key[1], key[2], key[3], key[4])
+            _take(got, data, first_time, last_time, is_open_, (low, high, nf), out, spans, opened)
     return out
+
+
+def passed(s: Session, keys: list[Key]) -> dict[Key, bool]:
+    """For each of ``keys`` (chunks not stored yet), the newest stored chunk of its series
+    and attempt below it, if any, and whether that one is open: the chunk the new one passes,
+    which closes (a series' chunks close in order, so none below it is open). One statement
+    on PostgreSQL; one per key on SQLite; each a backward seek of the primary key."""
+    if not keys:
+        return {}
+    if s.get_bind().dialect.name == "sqlite":
+        conn: Any = s.connection().connection.driver_connection
+        found = [
+            row
+            for job_id, kind, name, chunk, attempt in keys
+            for row in conn.execute(_PASSED_ONE, (job_id, kind, name, attempt, chunk))
+        ]
+    else:
+        conn = s.connection().connection.driver_connection
+        with conn.cursor() as cur:
+            found = list(cur.execute(_PASSED_MANY, [list(c) for c in zip(*keys, strict=True)]))
+    return {(j, k, n, int(c), int(a)): bool(o) for j, k, n, c, a, o in found}
+
+
+_PASSED_ONE = (
+    "SELECT job_id, kind, name, chunk, attempt, open FROM metric_chunks WHERE job_id = ? "
+    "AND kind = ? AND name = ? AND attempt = ? AND chunk < ? ORDER BY chunk DESC LIMIT 1"
+)
+_PASSED_MANY = (
+    "SELECT c.job_id, c.kind, c.name, c.chunk, c.attempt, c.open "
+    "FROM unnest(%s::text[], %s::text[], %s::text[], %s::int[], %s::int[]) "
+    "AS k(job_id, kind, name, chunk, attempt) CROSS JOIN LATERAL (SELECT m.job_id, m.kind, "
+    "m.name, m.chunk, m.attempt, m.open FROM metric_chunks m WHERE m.job_id = k.job_id AND m.kind = k.kind AND m.name = k.name "
+    "AND m.attempt = k.attempt AND m.chunk < k.chunk ORDER BY m.chunk DESC LIMIT 1) c"
+)
+
+
+def _take(
+    key: Key,
+    data: Any,
+    first_time: float | None,
+    last_time: float | None,
+    is_open_: Any,
+    span: Sequence[Any],
+    out: dict[Key, Stored],
+    spans: dict[Key, Span],
+    opened: set[Key] | None,
+) -> None:
+    out[key] = (chunk_codec.decode(key[3] << _SHIFT, bytes(data)), first_time, last_time)
+    spans[key] = (span[0], span[1], span[2])
+    if opened is not None and is_open_:
+        opened.add(key)
 
 
 _KEY = ("job_id", "kind", "name", "chunk", "attempt")
 _ONE = (
-    "SELECT name, time_first, time_last, data, low, high, non_finite FROM metric_chunks "
+    "SELECT name, time_first, time_last, data, {flag}, low, high, non_finite FROM metric_chunks "
     "WHERE job_id = ? AND kind = ? AND chunk = ? AND attempt = ? AND name IN ({marks})"
 )
 _NAMES_PER_READ = 500
 """Names per SQLite read at most (a layer-norm record can name a few thousand)."""
 _MANY = (
     "SELECT c.job_id, c.kind, c.name, c.chunk, c.attempt, c.time_first, c.time_last, c.data, "
-    "c.low, c.high, c.non_finite "
+    "{flag}, c.low, c.high, c.non_finite "
     "FROM unnest(%s::text[], %s::text[], %s::text[], %s::int[], %s::int[]) "
     "AS k(job_id, kind, name, chunk, attempt) JOIN metric_chunks c ON c.job_id = k.job_id "
     "AND c.kind = k.kind AND c.name = k.name AND c.chunk = k.chunk AND c.attempt = k.attempt"
@@ -145,6 +199,55 @@ _STATEMENTS = {
     for sqlite in (True, False)
     for keyed_open in (True, False)
 }
+
+
+def store(s: Session, keys: Sequence[Key], rows: list[tuple[Any, ...]], opened: set[Key]) -> None:
+    """Write a batch's chunk rows (``keys[i]``'s is ``rows[i]``, of :data:`COLUMNS`) and
+    remove the open rows of the chunks that closed (``opened``: the keys stored open).
+
+    On PostgreSQL a series' new open chunk takes over the open row of its chunk that closed
+    (:func:`_take_over`) instead of a new row beside a deleted one: a deleted row's page is
+    not reused before a vacuum finds it, so each chunk boundary of each series left a page
+    behind (256 live layer norms: 18 MiB held for 1 MiB of open rows between vacuums)."""
+    closing = [k for k, r in zip(keys, rows, strict=True) if k in opened and not r[-1]]
+    if closing and s.get_bind().dialect.name != "sqlite":
+        freed: dict[tuple[str, str, str, int], list[Key]] = {}
+        for k in closing:
+            freed.setdefault((k[0], k[1], k[2], k[4]), []).append(k)
+        moves, rest = [], []
+        for key, row in zip(keys, rows, strict=True):
+            series = freed.get((key[0], key[1], key[2], key[4]))
+            if row[-1] and key not in opened and series:
+                moves.append((series.pop()[3], *row[:-1]))
+            else:
+                rest.append(row)
+        closing, rows = [k for ks in freed.values() for k in ks], rest
+        _take_over(s, moves)
+    upsert(s, rows)
+    close(s, closing)
+
+
+def _take_over(s: Session, moves: list[tuple[Any, ...]]) -> None:
+    """Rewrite each open row of chunk ``move[0]`` as the row ``move[1:]`` (:data:`COLUMNS`
+    but ``open``) of the same series' next chunk: one statement. The key changes, so it is
+    no HOT update, but the row keeps its page (room for a version is what the open
+    partition's pages keep) and the page prunes the old version when next rewritten."""
+    if not moves:
+        return
+    unnest, data = unnested([("old_chunk", "int"), *_TYPED[:-1]], moves)
+    conn: Any = s.connection().connection.driver_connection
+    with conn.cursor() as cur:
+        cur.execute(_TAKE_OVER.format(unnest=unnest), data)
+
+
+_TAKE_OVER = (
+    "UPDATE metric_chunks c SET "
+    + ", ".join(f"{c} = u.{c}" for c in COLUMNS[3:-1])
+    + " FROM {unnest} AS u(old_chunk, "
+    + ", ".join(COLUMNS[:-1])
+    + ") WHERE c.open AND c.job_id = u.job_id AND c.kind = u.kind AND c.name = u.name "
+    "AND c.attempt = u.attempt AND c.chunk = u.old_chunk"
+)
 
 
 def close(s: Session, keys: list[Key]) -> None:

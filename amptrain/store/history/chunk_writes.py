@@ -33,7 +33,7 @@ from amptrain.store.history.chunk_parts import SHIFT as _SHIFT
 from amptrain.store.history.chunk_parts import STEP_KIND as STEP_KIND
 from amptrain.store.history.chunk_parts import STEP_SERIES as STEP_SERIES
 from amptrain.store.history.chunk_parts import Key, Part, collect
-from amptrain.store.history.chunk_table import COLUMNS, close, is_open, read, upsert
+from amptrain.store.history.chunk_table import COLUMNS, passed, read, store, upsert
 from amptrain.store.history.point_columns import PointColumns
 from amptrain.store.history.rollup_stats import STATS
 
@@ -89,18 +89,65 @@ def write(
     if not parts:
         return {}
     spans: dict[Key, Span] = {}
-    stored = read(s, list(parts), spans)
+    opened: set[Key] | None = set() if keyed_open else None
+    stored = read(s, list(parts), spans, opened)
     if last is not None:
         last.update((key, d.steps[-1]) for key, (d, _, _) in stored.items() if d.steps)
     merged, gains = _merge(parts, stored)
     new = _gained_spans(parts, gains, blocks) if blocks else {}
-    rows = _rows(merged, stored, pack, spans, new)
-    if not keyed_open:
+    if opened is None:
+        rows = _rows(merged, stored, pack, spans, new)
         upsert(s, [r[:-1] for r in rows], COLUMNS[:-1])
         return gains
-    upsert(s, rows)
-    close(s, [k for k, m in merged.items() if k in stored and _closes(k, stored[k][0], m[0])])
+    sealed = _sealed(s, parts, stored, opened, spans)
+    merged.update((k, stored[k]) for k in sealed if k not in parts)  # the passed ones
+    rows = _rows(merged, stored, pack, spans, new, sealed)
+    store(s, list(merged), rows, opened)
     return gains
+
+
+def _sealed(
+    s: Session,
+    parts: Mapping[Key, Part],
+    stored: dict[Key, Stored],
+    opened: set[Key],
+    spans: dict[Key, Span],
+) -> set[Key]:
+    """The chunks that are closed after this write: those stored closed (a late step keeps
+    a chunk closed), those below a newer chunk of their series and attempt in ``parts``,
+    and the stored open chunk that the lowest new chunk of each series passes (read into
+    ``stored``). The newest chunk of a series and attempt stays open, full or not: a
+    series recorded at intervals (an evaluation every 100 steps, layer norms every 10) never
+    fills one, and on PostgreSQL the next chunk takes over the open row of the one it
+    closes (:func:`~amptrain.store.history.chunk_table.store`), which it can only when both
+    are in one write."""
+    sealed = {k for k in stored if k not in opened}
+    lowest: dict[tuple[str, str, str, int], Key] = {}
+    newest: dict[tuple[str, str, str, int], int] = {}
+    for key in parts:
+        series = (key[0], key[1], key[2], key[4])
+        if series not in lowest or key[3] < lowest[series][3]:
+            lowest[series] = key
+        newest[series] = max(newest.get(series, key[3]), key[3])
+    sealed.update(k for k in parts if k[3] < newest[(k[0], k[1], k[2], k[4])])
+    below = passed(s, [k for k in lowest.values() if k not in stored])
+    reopen = [k for k, is_open_ in below.items() if is_open_]
+    if reopen:
+        stored.update(read(s, reopen, spans, opened))
+        sealed.update(reopen)
+    return sealed
+
+
+def seal(s: Session, skipped: Mapping[Key, int]) -> None:
+    """Close the stored open chunks that are keys of ``skipped`` (each one's ``skipped``
+    column as stored): each rewritten packed into the closed rows, its open row deleted
+    (migration 0022, for chunks a newer chunk of their series passed before the writer
+    closed such chunks itself)."""
+    spans: dict[Key, Span] = {}
+    opened: set[Key] = set()
+    stored = read(s, list(skipped), spans, opened)
+    rows = [_row(k, *m, skipped[k], True, spans[k], True) for k, m in stored.items()]
+    store(s, list(stored), rows, opened)
 
 
 def _gained_spans(
@@ -150,6 +197,7 @@ def _rows(
     pack: bool,
     spans: Mapping[Key, Span] | None = None,
     new: Mapping[Key, Span] | None = None,
+    sealed: set[Key] | frozenset[Key] = frozenset(),
 ) -> list[tuple[Any, ...]]:
     seen: dict[Key, int] = {}
     spans = spans or {}
@@ -161,6 +209,7 @@ def _rows(
             _skipped(key, merged, stored, seen),
             pack,
             chunk_merge.merged_span(m[0], stored.get(key), spans.get(key), new.get(key)),
+            key in sealed,
         )
         for key, m in merged.items()
     ]
@@ -182,15 +231,6 @@ def _skipped(
     return count
 
 
-def _closed(key: Key, d: Decoded) -> bool:
-    return not is_open(key[3], d.steps[-1])
-
-
-def _closes(key: Key, was: Decoded, now: Decoded) -> bool:
-    """The write closes the chunk: its stored row is in the open partition, the new one not."""
-    return bool(was.steps) and is_open(key[3], was.steps[-1]) and _closed(key, now)
-
-
 def _row(
     key: Key,
     d: Decoded,
@@ -199,9 +239,10 @@ def _row(
     skipped: int,
     pack: bool,
     span: Span | None = None,
+    sealed: bool = False,
 ) -> tuple[Any, ...]:
     nulls = d.nulls
-    closed = _closed(key, d)
+    closed = sealed
     low, high, non_finite = chunk_merge.value_range(d.values) if span is None else span
     return (
         *key,
