@@ -44,7 +44,8 @@ def _partitions(url: str) -> set[str]:
     if not url.startswith("postgresql"):
         return set()
     return {"metric_chunks_open", "metric_chunks_closed"} | {
-        f"metric_chunks_open_{part}" for part in ("ms", "rest")  # 0022: the open by name
+        f"metric_chunks_open_{part}"
+        for part in ("ms", "rest")  # 0022: the open by name
     }
 
 
@@ -73,8 +74,8 @@ def _drift(url: str) -> list[object]:
                         or (kind == "column" and name == "slack")
                     )
                 ),
-                "include_object": lambda _, name, kind, *__: not (
-                    partitions and kind == "index" and name == "ix_metric_chunks_record_order"
+                "include_object": lambda _, name, kind, *__: (
+                    not (partitions and kind == "index" and name == "ix_metric_chunks_record_order")
                 ),
             }
             ctx = MigrationContext.configure(conn, opts=opts)

@@ -139,6 +139,5 @@ _REWRITES = sa.text(
     "WHERE relname = 'metric_chunks_open_rest'"
 )
 _HIGHS = sa.text(
-    "SELECT high FROM metric_chunks WHERE job_id = :j AND open AND name NOT LIKE '@%' "
-    "ORDER BY name"
+    "SELECT high FROM metric_chunks WHERE job_id = :j AND open AND name NOT LIKE '@%' ORDER BY name"
 )
