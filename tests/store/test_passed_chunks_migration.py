@@ -2,8 +2,8 @@
 the series passes it, so a series recorded at intervals (the evaluations here, every 50
 steps) keeps only its newest chunk open. A run whose rows are as 0021's writer left them
 (every chunk that misses its last aligned step open and unpacked) is migrated: the same
-reads, and the same rows as today's writer writes for the run; down to 0021 (its rule's
-rows again) and up. Real SQLite and PostgreSQL."""
+reads, and the same rows as today's writer writes for the run; a job whose telemetry
+ended keeps no open chunk; down to 0021 (its rule's rows again) and up. Real SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
@@ -67,10 +67,12 @@ def test_0022_closes_the_chunks_a_newer_one_passed_and_every_read_stays(
     engine = make_engine(database_url)
     try:
         sessions = make_session_factory(engine)
-        today, old = new_job(sessions), new_job(sessions)
-        for job_id in (today, old):
+        today, old, ended = new_job(sessions), new_job(sessions), new_job(sessions)
+        for job_id in (today, old, ended):
             points, values = a_run(job_id)
             record(sessions, points, values, 37)
+        with sessions.begin() as s:
+            s.execute(sa.text("UPDATE jobs SET telemetry_done = true WHERE id = :j"), {"j": ended})
         want = rows(engine, today)
         # Today's writer: only each series' newest chunk can be open.
         assert {k: o for k, (_, _, o) in want.items()} == newest_open(want)
@@ -81,6 +83,9 @@ def test_0022_closes_the_chunks_a_newer_one_passed_and_every_read_stays(
         migrate.upgrade(database_url, "0022")
         assert rows(engine, old) == want
         assert reads(sessions, old) == before
+        # A job whose telemetry ended keeps no open chunk, and reads the same.
+        assert {k: o for k, (_, _, o) in rows(engine, ended).items()} == dict.fromkeys(want, False)
+        assert reads(sessions, ended) == before.replace(old, ended)
 
         migrate.downgrade(database_url, "0021")
         assert {k: o for k, (_, _, o) in rows(engine, old).items()} == {

@@ -9,7 +9,9 @@ open: unpacked, padded by ``slack`` to a whole open row (2 KiB), in the partitio
 one row per live series. The writer now also closes the chunk that a newer chunk of its
 series and attempt passes (:func:`amptrain.store.history.chunk_writes.write`); this
 revision closes, packed, the chunks 0021 left open that a newer one has passed, in
-primary-key batches of :data:`BATCH` (run again, it finds none).
+primary-key batches of :data:`BATCH` (run again, it finds none), and every open chunk of
+a job whose telemetry ended (the recorder now closes those at the job's end:
+:func:`amptrain.store.history.chunk_writes.seal_job`).
 
 The record-order index (0015) keys ``high``, which an open chunk's rewrite changes whenever
 the chunk's highest value does (the cursor series' at every batch, a layer norm's at each
@@ -99,6 +101,10 @@ def upgrade() -> None:
     while rows := s.execute(_OPEN_PASSED, {**after, "n": BATCH}).all():
         chunk_writes.seal(s, {(j, k, n, c, a): skipped for j, k, n, c, a, skipped in rows})
         after = dict(zip(after, rows[-1][:5], strict=True))
+    # Jobs whose telemetry ended: nothing more comes, so their newest chunks close too, as
+    # the recorder now closes them at a job's end.
+    for (job_id,) in s.execute(sa.text("SELECT id FROM jobs WHERE telemetry_done")).all():
+        chunk_writes.seal_job(s, job_id)
     s.flush()
 
 

@@ -27,7 +27,7 @@ from amptrain.server.recorder.entries import Batch, Entry, parse
 from amptrain.server.recorder.group import ConsumerGroup
 from amptrain.server.recorder.owner import Ownership
 from amptrain.store import events, recording
-from amptrain.store.history import eval_summary, rollups
+from amptrain.store.history import chunk_writes, eval_summary, rollups
 from amptrain.store.history.chunk_parts import MS, SHIFT, STEP_KIND, Key
 from amptrain.store.history.chunk_writes import Gains
 
@@ -66,6 +66,7 @@ class BatchWriter:
                 recording.insert_events(s, batch.events)
                 overflowed |= recording.overflow_jobs(batch.events)
                 if batch.ends and recording.mark_done(s, job_id, batch.ends):
+                    chunk_writes.seal_job(s, job_id)
                     ends.append(job_id)
             recording.refresh_overflow_counts(s, overflowed)
             # Alert rules, in this transaction: a firing is stored with what caused it.
@@ -122,6 +123,7 @@ class BatchWriter:
                 continue
             with self.sessions.begin() as s:
                 recording.mark_swept(s, job_id)
+                chunk_writes.seal_job(s, job_id)
             self.finish_stream(job_id)
 
     def finish_stream(self, job_id: str) -> None:

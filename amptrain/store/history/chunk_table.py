@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import sqlalchemy as sa
 from sqlalchemy.orm import Session
 
 from amptrain.store.db import execute_many, unnested, upsert_many
@@ -66,6 +67,20 @@ def read(
             got = (key[0], key[1], key[2], key[3], key[4])
             _take(got, data, first_time, last_time, is_open_, (low, high, nf), out, spans, opened)
     return out
+
+
+def open_chunks(s: Session, job_id: str) -> dict[Key, int]:
+    """The job's open chunks (each series' newest of each attempt, PostgreSQL's open
+    partitions) and each one's ``skipped``: what :func:`~amptrain.store.history.chunk_writes.seal_job`
+    closes when the job's telemetry ends."""
+    rows = s.execute(_OPEN_OF_JOB, {"job": job_id})
+    return {(j, k, n, int(c), int(a)): int(sk) for j, k, n, c, a, sk in rows}
+
+
+_OPEN_OF_JOB = sa.text(
+    "SELECT job_id, kind, name, chunk, attempt, skipped FROM metric_chunks "
+    "WHERE job_id = :job AND open"
+)
 
 
 def passed(s: Session, keys: list[Key]) -> dict[Key, bool]:

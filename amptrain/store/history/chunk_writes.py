@@ -33,7 +33,7 @@ from amptrain.store.history.chunk_parts import SHIFT as _SHIFT
 from amptrain.store.history.chunk_parts import STEP_KIND as STEP_KIND
 from amptrain.store.history.chunk_parts import STEP_SERIES as STEP_SERIES
 from amptrain.store.history.chunk_parts import Key, Part, collect
-from amptrain.store.history.chunk_table import COLUMNS, passed, read, store, upsert
+from amptrain.store.history.chunk_table import COLUMNS, open_chunks, passed, read, store, upsert
 from amptrain.store.history.point_columns import PointColumns
 from amptrain.store.history.rollup_stats import STATS
 
@@ -143,11 +143,21 @@ def seal(s: Session, skipped: Mapping[Key, int]) -> None:
     column as stored): each rewritten packed into the closed rows, its open row deleted
     (migration 0022, for chunks a newer chunk of their series passed before the writer
     closed such chunks itself)."""
+    if not skipped:
+        return
     spans: dict[Key, Span] = {}
     opened: set[Key] = set()
     stored = read(s, list(skipped), spans, opened)
     rows = [_row(k, *m, skipped[k], True, spans[k], True) for k, m in stored.items()]
     store(s, list(stored), rows, opened)
+
+
+def seal_job(s: Session, job_id: str) -> None:
+    """Close every open chunk of the job, whose telemetry ended: packed and in the closed
+    rows, as they would be once a newer chunk passed them (a finished job's newest chunks
+    would otherwise keep their open rows, a page each on PostgreSQL). A late step still
+    finds its chunk, and keeps it closed."""
+    seal(s, open_chunks(s, job_id))
 
 
 def _gained_spans(

@@ -21,6 +21,7 @@ from amptrain.contract.stream import decode, encode
 from amptrain.core.redis import Keys
 from amptrain.server.recorder.service import GROUP, Recorder
 from amptrain.store import events, jobs
+from amptrain.store.history import chunk_table
 from amptrain.store.history import points as metrics
 from amptrain.store.models import Job, JobEvent
 
@@ -66,6 +67,11 @@ def publish(
         fields = encode(item, job_id=job_id, attempt=attempt, **kw)
         ids.append(r.xadd(Keys.telemetry(job_id), fields).decode())  # type: ignore[arg-type,union-attr]
     return ids
+
+
+def open_chunks(sf: Sessions, job_id: str) -> dict[Any, int]:
+    with sf() as s:
+        return chunk_table.open_chunks(s, job_id)
 
 
 def end_entry(status: str) -> dict[str, Any]:
@@ -256,6 +262,8 @@ def test_end_entry_closes_the_stream(sf: Sessions, r: redis.Redis) -> None:
     publish(r, job_id, attempt, [end_entry("queued")])
     rec.drain_once()
     assert job(sf, job_id).telemetry_done is False
+    assert open_chunks(sf, job_id)  # each series' newest chunk, while the job may record
+    recorded = rows(sf, job_id)
     with sf.begin() as s:
         assert jobs.finish(s, job_id, attempt, "succeeded")
     publish(r, job_id, attempt, [end_entry("succeeded")])
@@ -263,7 +271,9 @@ def test_end_entry_closes_the_stream(sf: Sessions, r: redis.Redis) -> None:
     assert job(sf, job_id).telemetry_done is True
     assert 0 < r.ttl(Keys.telemetry(job_id)) <= 3600
     assert r.get(Keys.recorder_owner(job_id)) is None and job_id not in rec.owned
-    assert [p.step for p in rows(sf, job_id)] == [1, 2]
+    # The ended telemetry's chunks are closed (packed), and read the same.
+    assert rows(sf, job_id) == recorded and [p.step for p in recorded] == [1, 2]
+    assert not open_chunks(sf, job_id)
 
 
 def test_finished_job_without_end_entry_is_swept(sf: Sessions, r: redis.Redis) -> None:
@@ -275,9 +285,10 @@ def test_finished_job_without_end_entry_is_swept(sf: Sessions, r: redis.Redis) -
     patient.drain_once()
     assert job(sf, job_id).telemetry_done is False  # still within the grace period
     patient.close()
+    assert open_chunks(sf, job_id)
     Recorder(None, sf, r, finished_grace_s=0).drain_once()
     assert job(sf, job_id).telemetry_done is True
-    assert len(rows(sf, job_id)) == 1
+    assert len(rows(sf, job_id)) == 1 and not open_chunks(sf, job_id)
 
 
 def test_effective_series_after_a_resume(sf: Sessions, r: redis.Redis) -> None:
