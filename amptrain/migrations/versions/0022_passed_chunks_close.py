@@ -25,9 +25,18 @@ partition keeps its own. The reads name ``@ms`` as a literal, so the planner rea
 two indexed partitions, in the index's order, as before. SQLite's index is unchanged: it
 rewrites a chunk as a new row anyway.
 
-Downgrade: one open partition and the index on the whole table again, and the chunks that 0021's rule holds open
-(their last aligned step not recorded) open again, still packed (the reads decode either
-encoding), so that 0021's writer finds each chunk's row as its rule says.
+Two more things kept open rows from being rewritten in place. A page held two of them
+(``fillfactor`` 70), and a batch rewrites both: the second new version found no room and
+went to another page, so the open partitions keep one row a page now (``fillfactor`` 30:
+room for its next two versions). And a chunk that closed had its open row deleted and the
+next chunk's inserted elsewhere, a page left behind per series per chunk until a vacuum:
+now a chunk stays open until a newer one passes it, full or not, and on PostgreSQL the
+newer one takes over its open row (:func:`amptrain.store.history.chunk_table.store`).
+
+Downgrade: one open partition (0021's parameters) and the index on the whole table again,
+and the chunks that 0021's rule holds open (their last aligned step not recorded) open
+again, still packed (the reads decode either encoding), so that 0021's writer finds each
+chunk's row as its rule says.
 
 Revision ID: 0022
 Revises: 0021
@@ -60,7 +69,9 @@ _OPEN_PARAMS = (
     "fillfactor = 30, toast_tuple_target = 8160, autovacuum_vacuum_scale_factor = 0, "
     "autovacuum_vacuum_threshold = 50"
 )
-"""0021's storage parameters of the open partition, now on each of its two."""
+"""The open partitions' storage parameters: 0021's (:data:`_OPEN_PARAMS_0021`) but one row a
+page (see above)."""
+_OPEN_PARAMS_0021 = _OPEN_PARAMS.replace("fillfactor = 30", "fillfactor = 70")
 _COLUMNS = (
     "job_id, kind, name, chunk, attempt, first_step, last_step, count, non_finite, skipped, "
     "low, high, first, last, time_first, time_last, data, open"
@@ -115,7 +126,7 @@ def downgrade() -> None:
         _set_open_aside()
         op.execute(
             "CREATE TABLE metric_chunks_open PARTITION OF metric_chunks FOR VALUES IN (true) "
-            f"WITH ({_OPEN_PARAMS})"
+            f"WITH ({_OPEN_PARAMS_0021})"
         )
         _copy_open_back()
         op.create_index(_INDEX, "metric_chunks", _RECORD_ORDER, postgresql_where=_WHERE)
