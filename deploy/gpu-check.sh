@@ -295,7 +295,9 @@ else
     run_step pytest-gpu 60 pytest_counts -- "${PYTEST[@]}" -k "not ($SYNC_TESTS)" "${GPU_TEST_FILES[@]}"
     run_step smoke 120 smoke_detail -- env PYTHON="$PY" AMPTRAIN_SMOKE_DEVICE=cpu AMPTRAIN_SMOKE_STEPS=10 \
         AMPTRAIN_SMOKE_TIMEOUT=60 AMPTRAIN_SMOKE_PRECISIONS=fp16 bash deploy/gpu-smoke.sh
-    run_step determinism 60 determinism_detail -- "$PY" bench/determinism_cost.py --device cpu --steps 3 \
+    # 120 s: its steps are milliseconds, but each of its two fresh processes imports torch and
+    # builds two Trainers (8 s of CPU alone); beside a loaded test suite that passed 60 s.
+    run_step determinism 120 determinism_detail -- "$PY" bench/determinism_cost.py --device cpu --steps 3 \
         --warmup 1 --json "$RESULTS/determinism_cost.json"
 fi
 

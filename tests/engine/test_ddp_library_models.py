@@ -48,6 +48,7 @@ def spec(family: str, devices: int) -> dict[str, Any]:
         "seed": 4,
         "checkpoint": {"every_steps": 2, "keep_last": 1},
         "collective_timeout_s": 60,
+        "eval": {"batches": 1},  # after the last step: the weights compared are already final
     }
 
 
