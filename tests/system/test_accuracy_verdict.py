@@ -1,7 +1,7 @@
 """Real images on disk through `amptrain up`, judged in every precision: scikit-learn's
 digits written as PNG files in class folders (`train/` and a held-out `val/`), trained by
 torchvision's ResNet-18 through the `image-folder` dataset in a precision comparison
-(fp32, bf16, fp16 on the CPU), the recorder storing the final evaluations, and
+(fp32 and fp16 on the CPU), the recorder storing the final evaluations, and
 ``GET /comparisons/{id}`` judging each arm against fp32. Each arm's reported accuracy is
 checked against an independent evaluation of its final checkpoint: the PNG files decoded
 by Pillow, transformed by torchvision, fed to torchvision's own model holding the exported
@@ -32,8 +32,12 @@ pytestmark = pytest.mark.slow
 # over seeds 0-4 (at 20 steps with crops down to half the image, 0.29-0.47 over seeds 0-3).
 STEPS = 16
 SIZE = 16  # twice the digits' side: at 8 px ResNet-18 diverged in bf16 (1x1 maps after layer2)
-PRECISIONS = ["fp32", "bf16", "fp16"]
-AUTOCAST = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+# fp32 and fp16 (autocast with dynamic loss scaling): the verdict judges any arm by the same
+# code. bf16 is left to the cheaper tests that train it through the service
+# (tests/cli/test_up_models.py, tests/components/test_vision_training.py): its convolutions,
+# emulated on this CPU, made its arm a third of the suite's longest test (CI's 30 minutes).
+PRECISIONS = ["fp32", "fp16"]
+AUTOCAST = {"fp32": None, "fp16": torch.float16}
 
 
 def digits_spec() -> dict[str, Any]:
@@ -92,7 +96,7 @@ def independent_accuracy(
     return correct, len(images)
 
 
-# Three arms through `up`, each waited on for up to 600 s: 111-231 s in full suites here.
+# Two arms through `up`, each waited on for up to 600 s.
 @pytest.mark.timeout(900)
 def test_the_verdict_on_digit_images_through_up(tmp_path: Path) -> None:
     data = write_digit_folders(tmp_path / "home" / "data", val_every=5)
@@ -105,14 +109,9 @@ def test_the_verdict_on_digit_images_through_up(tmp_path: Path) -> None:
         trained = []
         for run in created.json()["runs"]:
             done = finished_job(c, run["job_id"], 600)
-            if done["status"] == "succeeded":
-                trained.append(run["precision"])
-                continue
-            # CPU bf16 convolutions do not repeat run to run (oneDNN): this small ResNet's
-            # bf16 arm has diverged once in three runs, failing as diverged, not otherwise.
-            assert run["precision"] == "bf16", (done["error"], up.tail())
-            assert done["error"]["code"] == "diverged", (done["error"], up.tail())
-        assert {"fp32", "fp16"} <= set(trained)
+            assert done["status"] == "succeeded", (done["error"], up.tail())
+            trained.append(run["precision"])
+        assert set(trained) == set(PRECISIONS)
 
         def evaluated() -> dict[str, Any] | None:
             # The status is SQL's at once; the final evaluation follows through the recorder.
@@ -126,7 +125,7 @@ def test_the_verdict_on_digit_images_through_up(tmp_path: Path) -> None:
         runs = {r["precision"]: r for r in report["runs"] if r["precision"] in trained}
         base = runs["fp32"]["eval"]
         assert base["accuracy"] > 0.2, base  # chance is 0.1: the baseline learned
-        # (An arm may not: bf16 once ended at chance here. That is what the verdict is for.)
+        # (An arm may not: a bf16 arm once ended at chance here. That is what the verdict is for.)
         for precision, run in runs.items():
             assert run["status"] == "succeeded" and run["effective_precision"] == precision
             # The accuracy the service reports is what its final checkpoint gets when
