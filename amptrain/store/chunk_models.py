@@ -22,11 +22,11 @@ class MetricChunk(Base):
     or a named series' kind. A series in step order is one range of the primary key, so no
     plan depends on statistics.
 
-    ``open`` (:func:`~amptrain.store.history.chunk_table.is_open`: the chunk's last aligned
-    step is not recorded yet) is part of the key so that PostgreSQL can partition by it
-    (migration 0021): the open chunks, rewritten at every batch, in a small partition whose
-    pages keep room for the rewrite; the closed ones, written once, packed dense in the
-    other. A chunk is one row, in one partition."""
+    ``open`` (no newer chunk of the series and attempt yet, and the job's telemetry not
+    ended: :mod:`~amptrain.store.history.chunk_writes`, since migration 0022) is part of
+    the key so that PostgreSQL can partition by it (0021, 0022): the open chunks, rewritten
+    at every batch, a row a page in partitions of their own; the closed ones, written once,
+    packed dense in the other. A chunk is one row, in one partition."""
 
     __tablename__ = "metric_chunks"
     __table_args__ = (

@@ -2,12 +2,14 @@
 primary key, whole chunk rows upserted, and the open rows of chunks that closed deleted
 (:mod:`~amptrain.store.history.chunk_writes` decides what the rows hold).
 
-Since migration 0021 ``open`` (:func:`is_open`) is part of the key: on PostgreSQL the open
-chunks, rewritten at every batch, live in a partition of their own whose rows keep one
-size (``slack``) and whose pages keep room for the next version, so each rewrite is a HOT
-update the page prunes itself; a closed chunk is inserted once into the other partition
-(:func:`close` deletes its open row in the same transaction). SQLite reuses freed pages
-itself: its ``REPLACE`` appends each rewritten chunk (:func:`upsert`).
+Since migration 0021 ``open`` is part of the key (since 0022 a chunk is open until a newer
+chunk of its series and attempt passes it, or its job's telemetry ends:
+:mod:`~amptrain.store.history.chunk_writes`). On PostgreSQL the open chunks, rewritten at
+every batch, live in partitions of their own, a row a page kept at one size (``slack``),
+with no index on a column a rewrite changes, so each rewrite is a HOT update the page
+prunes itself; a closed chunk is inserted once into the closed partition, and the next
+chunk takes over its open row (:func:`store`). SQLite reuses freed pages itself: its
+``REPLACE`` appends each rewritten chunk (:func:`upsert`).
 """
 
 from __future__ import annotations
@@ -153,8 +155,9 @@ _MANY = (
 def is_open(chunk: int, last_step: int) -> bool:
     """The chunk's last aligned step is not recorded yet: later batches may add to it. Once
     it is, an attempt (which records its steps in order) adds nothing more (a rare late step
-    still can: the chunk is then repacked, and stays closed, as its last step stays). The
-    ``open`` column (the partition of the row on PostgreSQL, migration 0021)."""
+    still can: the chunk is then repacked, and stays closed, as its last step stays).
+    Revision 0021's rule for the ``open`` column, which its writer kept (0022's downgrade
+    restores it); since 0022 a chunk stays open until a newer one passes it."""
     return last_step != (chunk << _SHIFT) + CHUNK_STEPS - 1
 
 

@@ -252,7 +252,6 @@ def _row(
     sealed: bool = False,
 ) -> tuple[Any, ...]:
     nulls = d.nulls
-    closed = sealed
     low, high, non_finite = chunk_merge.value_range(d.values) if span is None else span
     return (
         *key,
@@ -267,6 +266,6 @@ def _row(
         None if nulls and nulls[-1] else d.values[-1],
         t_first,
         t_last,
-        chunk_codec.encode(key[3] << _SHIFT, d.steps, d.values, nulls, pack or closed, d.position),
-        not closed,
+        chunk_codec.encode(key[3] << _SHIFT, d.steps, d.values, nulls, pack or sealed, d.position),
+        not sealed,
     )

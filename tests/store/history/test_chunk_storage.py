@@ -108,36 +108,3 @@ def test_0019_sets_the_postgresql_storage_parameters_and_downgrade_resets_them(
     migrate.downgrade(database_url, "-1")  # to 0019's down revision, whichever it is
     assert reloptions(database_url) == {t: set() for t in TABLES}
 
-
-def test_postgresql_rewrites_the_open_chunks_in_place(
-    database_url: str, sf: sessionmaker[Session]
-) -> None:
-    """Each live batch rewrites every open layer chunk; since 0022 no index of their
-    partition keys a column the rewrite changes (``high`` moves at each new highest norm),
-    so every rewrite is a HOT update: the page keeps the new version and prunes the old
-    one, with no index entry and nothing for a vacuum. The counts are the session's not yet
-    reported (``pg_stat_xact_user_tables``), before and after the batch's write."""
-    if not database_url.startswith("postgresql"):
-        pytest.skip("SQLite rewrites a chunk as a new row (tested above)")
-    job_id = new_job(sf)
-    layers, highs = 32, set()
-    for first in range(1, 301, 10):  # chunk 0 closes at step 255; chunk 1 grows
-        with sf.begin() as s:
-            before = s.execute(_REWRITES).one()
-            rollups.record(s, [], layer_norms(job_id, first, 10, layers))
-            if first < 261:
-                continue
-            after = s.execute(_REWRITES).one()
-            updated, hot = after[0] - before[0], after[1] - before[1]
-            assert hot == updated >= layers  # and the kind's reserved series
-            highs.add(tuple(s.execute(_HIGHS, {"j": job_id}).scalars()))
-    assert len(highs) > 1  # the rewrites did change the chunks' highest values
-
-
-_REWRITES = sa.text(
-    "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_xact_user_tables "
-    "WHERE relname = 'metric_chunks_open_rest'"
-)
-_HIGHS = sa.text(
-    "SELECT high FROM metric_chunks WHERE job_id = :j AND open AND name NOT LIKE '@%' ORDER BY name"
-)
