@@ -107,4 +107,3 @@ def test_0019_sets_the_postgresql_storage_parameters_and_downgrade_resets_them(
     }
     migrate.downgrade(database_url, "-1")  # to 0019's down revision, whichever it is
     assert reloptions(database_url) == {t: set() for t in TABLES}
-
