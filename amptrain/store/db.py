@@ -135,6 +135,16 @@ def _array(column: Sequence[Any], kind: str) -> str:
     ``int``/``float`` (a float's shortest round-trip form: the same float8 comes back, -0.0,
     nan and inf too), strings double-quoted with ``"`` and ``\\`` escaped."""
     if kind == "text":
+        if not column:
+            return "{}"
+        try:
+            joined = "".join(column)
+        except TypeError:  # a NULL among them
+            joined = '"'
+        # Nothing to escape (nearly always: ids, kinds, series names): one join in C, not a
+        # Python expression per value.
+        if '"' not in joined and "\\" not in joined:
+            return '{"' + '","'.join(column) + '"}'
         body = ",".join(
             "NULL" if v is None else '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
             for v in column

@@ -36,7 +36,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from amptrain.contract.metrics import EXTREMA_FIELDS
-from amptrain.store.db import execute_many
+from amptrain.store.db import unnested, upsert_many
 from amptrain.store.history.chunk_merge import Gained, number
 from amptrain.store.history.chunk_parts import KEY_SERIES, MS, SHIFT, STEP_KIND
 
@@ -209,8 +209,7 @@ def keep(
 _KEY = ("job_id", "level", "idx", "attempt")
 _ONE = "SELECT data FROM metric_exemplars WHERE " + " AND ".join(f"{c} = ?" for c in _KEY)
 _MANY = (
-    "SELECT k.job_id, k.level, k.idx, k.attempt, e.data FROM unnest(%s::text[], %s::int[], "
-    "%s::int[], %s::int[]) AS k(job_id, level, idx, attempt) CROSS JOIN LATERAL "
+    "SELECT k.job_id, k.level, k.idx, k.attempt, e.data FROM {unnest} AS k(job_id, level, idx, attempt) CROSS JOIN LATERAL "
     "(SELECT data FROM metric_exemplars e WHERE "
     + " AND ".join(f"e.{c} = k.{c}" for c in _KEY)
     + " OFFSET 0) e"
@@ -236,13 +235,23 @@ def read(s: Session, keys: Iterable[EKey]) -> dict[EKey, bytes]:
             for (data,) in conn.execute(_ONE, key):
                 out[key] = bytes(data)
         return out
-    columns = [list(c) for c in zip(*keys, strict=True)]
+    unnest, columns = unnested(_TYPED[:-1], keys)
     with conn.cursor() as cur:
-        for job_id, level, idx, attempt, data in cur.execute(_MANY, columns):
+        for job_id, level, idx, attempt, data in cur.execute(_MANY.format(unnest=unnest), columns):
             out[(job_id, level, idx, attempt)] = bytes(data)
     return out
 
 
 def upsert(s: Session, rows: list[tuple[Any, ...]]) -> None:
-    """Write whole blobs (``(*key, data)`` rows) through one prepared statement."""
-    execute_many(s, _UPSERT, rows)
+    """Write whole blobs (``(*key, data)`` rows): one statement
+    (:func:`~amptrain.store.db.upsert_many`; an executemany cost ~11 us of client CPU a row)."""
+    upsert_many(s, _UPSERT, "metric_exemplars", _TYPED, rows)
+
+
+_TYPED = (
+    ("job_id", "text"),
+    ("level", "int"),
+    ("idx", "int"),
+    ("attempt", "int"),
+    ("data", "bytea"),
+)
