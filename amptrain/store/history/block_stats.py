@@ -17,7 +17,7 @@ from itertools import islice
 from operator import lt
 from typing import TYPE_CHECKING, Any
 
-from amptrain.store.history.chunk_merge import Gained
+from amptrain.store.history.chunk_merge import Gained, floats
 from amptrain.store.history.chunk_parts import STEP_KIND, Key, Part
 
 if TYPE_CHECKING:
@@ -25,9 +25,6 @@ if TYPE_CHECKING:
 
 Row = tuple[Any, ...]
 """The columns of :data:`~amptrain.store.history.rollup_stats.STATS`, in order."""
-_NUMBERS = frozenset((float, int, bool, type(None)))
-"""The values a block takes as they are (numpy reads None as NaN, a bool as 0 or 1, as
-:func:`~amptrain.store.history.chunk_merge.number` does); anything else goes per series."""
 
 
 def block_stats(steps: list[int], values: numpy.ndarray) -> list[Row]:
@@ -69,14 +66,16 @@ def part_blocks(parts: Mapping[Key, Part], rolled_up: Callable[[str, str], bool]
     out: dict[Key, Row] = {}
     for group in groups.values():
         steps = parts[group[0]].steps
-        keys = [key for key in group if _NUMBERS.issuperset(map(type, parts[key].values))]
-        if len(keys) < 2 or not all(map(lt, steps, islice(steps, 1, None))):
+        if len(group) < 2 or not all(map(lt, steps, islice(steps, 1, None))):
             continue
-        try:
-            values = numpy.array([parts[key].values for key in keys], dtype=float)
-        except OverflowError:  # an int beyond a double (null): the group goes per series
+        # Each series' float64 values, as the merge takes them too (once a part): a value
+        # that is not a number (say, an int beyond a double) leaves its series to the
+        # per-series route.
+        got = [(key, f[0]) for key in group if (f := floats(parts[key])) is not None]
+        if len(got) < 2:
             continue
-        out.update(zip(keys, block_stats(steps, values), strict=True))
+        values = numpy.frombuffer(b"".join(a for _, a in got)).reshape(len(got), len(steps))
+        out.update(zip([key for key, _ in got], block_stats(steps, values), strict=True))
     return out
 
 

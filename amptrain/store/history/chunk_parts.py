@@ -74,13 +74,16 @@ class Part:
     """New values of one chunk, in arrival order: steps, values (None = null), times, and a
     named series' place in its record."""
 
-    __slots__ = ("position", "steps", "times", "values")
+    __slots__ = ("floats", "position", "steps", "times", "values")
 
     def __init__(self) -> None:
         self.steps: list[int] = []
         self.values: list[Any] = []
         self.times: list[float | None] = []
         self.position: int | None = None
+        self.floats: Any = False
+        """The values as float64, once taken (False: not yet): see
+        :func:`~amptrain.store.history.chunk_merge.floats`."""
 
     def add(self, step: int, value: Any, at: float | None) -> None:
         self.steps.append(step)
