@@ -12,6 +12,7 @@ import pytest
 
 from tests.components.test_plugins import example_plugin_site
 from tests.support.cpu_verdict import expected_measured
+from tests.support.probe import probe_paths
 from tests.support.receiver import Receiver, verify
 from tests.support.specs import mlp_job
 from tests.support.stack import free_port, wait_until
@@ -34,9 +35,9 @@ def test_up_runs_a_job_and_stops_cleanly(tmp_path: Path) -> None:
     # The example plugin is installed (as pip would leave it): its metric is one a team defines.
     # Any PYTHONPATH the test runs under stays after it: `up` runs the code under test.
     inherited = [os.environ["PYTHONPATH"]] if os.environ.get("PYTHONPATH") else []
-    plugin = os.pathsep.join(
-        [*(str(p) for p in example_plugin_site(tmp_path / "site")), *inherited]
-    )
+    # The probe plugin too: its paced model is the long job.
+    plugins = [*example_plugin_site(tmp_path / "site"), *probe_paths(tmp_path / "probe")]
+    plugin = os.pathsep.join([*map(str, plugins), *inherited])
     # Webhooks to the test's receiver on loopback (private addresses are refused unless allowed).
     hooks = {
         "AMPTRAIN_WEBHOOK_ALLOWED_HOSTS": "127.0.0.1",
@@ -58,8 +59,12 @@ def test_up_runs_a_job_and_stops_cleanly(tmp_path: Path) -> None:
         listed = cli(tmp_path, "jobs")
         assert listed.returncode == 0, listed.stderr
         assert "No jobs yet" in listed.stdout and "amptrain submit" in listed.stdout
-        # Two slots: a short job finishes while a long one holds the other.
-        long = client.post("/jobs", json=mlp_job(name="long", max_steps=200_000)).json()
+        # Two slots: a short job finishes while a long one holds the other. The long one
+        # sleeps 50 ms a step: spinning, it and its points took a core from the whole suite.
+        paced = {"name": "ddp-probe", "args": {"pace": 0.05}}
+        long = client.post(
+            "/jobs", json=mlp_job(name="long", max_steps=200_000, model=paced)
+        ).json()
         wait_until(
             lambda: client.get(f"/jobs/{long['id']}").json()["step"] > 0,
             WAIT_S,

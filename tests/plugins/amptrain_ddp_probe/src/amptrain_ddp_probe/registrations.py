@@ -15,6 +15,13 @@ PROBE = Registration(
         Arg("hang_rank", -1, "Rank that hangs, ignoring stop signals (-1: none).", minimum=-1),
         Arg("hang_at", 0, "Training forward pass (1-based) during which it does.", minimum=0),
         Arg("hang_until", "", "It goes on once this file exists ('': never)."),
+        Arg(
+            "pace",
+            0.0,
+            "Seconds each training forward pass sleeps first.",
+            minimum=0.0,
+            maximum=1.0,
+        ),
     ),
     accepts=("vectors",),
 )

@@ -6,6 +6,9 @@
   ignoring stop signals, as a rank stuck in a kernel or a deadlocked data loader would)
   during its ``hang_at``-th training forward pass until the file ``hang_until`` exists
   (``''``: forever), so a test can act on a run held at a known step.
+- ``pace``: every training forward pass first sleeps this many seconds, so a run that only
+  has to hold a slot and keep stepping until a test cancels it costs no core's worth of CPU
+  (with its points, the recorder's and the database's) beside the rest of the suite.
 - ``digest_dir``: at interpreter exit each rank writes the SHA-256 of its parameters to
   ``digest-rank{r}.txt``, so a test can compare the ranks' final weights.
 """
@@ -49,6 +52,7 @@ class Probe(nn.Module):
         hang_rank: int = -1,
         hang_at: int = 0,
         hang_until: str = "",
+        pace: float = 0.0,
     ) -> None:
         super().__init__()
         features = 1
@@ -57,6 +61,7 @@ class Probe(nn.Module):
         self.fc1, self.fc2 = nn.Linear(features, width), nn.Linear(width, info.num_classes)
         self.signal_rank, self.signal_at = signal_rank, signal_at
         self.hang_rank, self.hang_at, self.hang_until = hang_rank, hang_at, hang_until
+        self.pace = pace
         self.calls = 0
         self.rank = 0  # known once training runs (the process group exists by then)
 
@@ -64,6 +69,8 @@ class Probe(nn.Module):
         if self.training:
             self.calls += 1
             self.rank = _rank()
+            if self.pace:
+                time.sleep(self.pace)
             if self.calls == self.signal_at and self.rank == self.signal_rank:
                 os.kill(os.getpid(), signal.SIGTERM)
             if self.calls == self.hang_at and self.rank == self.hang_rank:
@@ -81,8 +88,9 @@ def build_probe(
     hang_rank: int = -1,
     hang_at: int = 0,
     hang_until: str = "",
+    pace: float = 0.0,
 ) -> nn.Module:
-    model = Probe(info, width, signal_rank, signal_at, hang_rank, hang_at, hang_until)
+    model = Probe(info, width, signal_rank, signal_at, hang_rank, hang_at, hang_until, pace)
     if digest_dir and not next(model.parameters()).is_meta:  # not the memory estimate's copy
 
         def write() -> None:
