@@ -98,6 +98,9 @@ def record(
                 row_tables.ensure(s.connection())
                 row_writes.insert_points(s, batch)
                 row_writes.insert_values(s, named)
+    if oracle:
+        with sessions.begin() as s:
+            row_writes.analyse(s)
     assert i >= len(rows)
 
 
