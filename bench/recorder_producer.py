@@ -41,8 +41,11 @@ def produce(
     redis_url: str, started: list[tuple[str, int]], per_job: int, batch: int, q: Any, go: Any
 ) -> None:
     """Publish ``per_job`` points to every job, round-robin, ``batch`` at a time: the sink's
-    own entry format and XADD (``MAXLEN ~``), encoded before the clock starts so that the
-    producer outruns the recorder on two cores."""
+    own entry format (:func:`amptrain.contract.stream.encode`, which the sink's
+    :class:`~amptrain.core.stream_writer.StreamWriter` calls: packed entries from the tree
+    that packs them; the ``--before`` leg imports its own tree's, so an older recorder is
+    fed the flat entries it reads) and XADD (``MAXLEN ~``), encoded before the clock starts
+    so that the producer outruns the recorder on two cores."""
     import redis
 
     from amptrain.contract.stream import STREAM_MAXLEN, encode

@@ -5,6 +5,19 @@ FastAPI- and torch-free: the worker imports it. One stream per job
 2.5x smaller than one JSON blob per entry, as measured). Metric values are
 JSON scalars so ``null`` and booleans survive the round trip.
 
+A one-device ``metric`` entry is written *packed*: its values in one binary field
+(:mod:`amptrain.contract.stream_pack`, versioned), which the recorder reads a batch at a
+time with numpy. A record the packed layout cannot carry exactly (a data-parallel run's
+fields, an int beyond 64 bits, an unexpected type) is written flat as before.
+
+Compatibility window: every reader (:func:`decode`, and through it the live hub and the
+worker's slot; the recorder's :mod:`amptrain.server.recorder.entries`) reads both the flat
+and the packed form, so a stream an older worker wrote records and streams the same.
+Deploy the readers first: the API (recorder and live hub) and then the workers (their
+pool reads the stream too); a worker writes packed entries as soon as it runs this code,
+and an older API would drop them as undecodable. A later packed version follows the
+same order.
+
 Five kinds of entry: ``metric`` (one optimizer step), ``eval`` (one evaluation on the
 held-out split: ``step``, ``time`` and ``values``, a JSON object of named values),
 ``layer_grad_norm`` (one step's per-layer gradient norms, the same fields), ``event`` and
@@ -42,6 +55,7 @@ import json
 import math
 from typing import Any
 
+from amptrain.contract import stream_pack
 from amptrain.contract.metrics import METRIC_FIELDS, PARALLEL_METRIC_FIELDS, VALUE_KINDS
 
 
@@ -54,14 +68,26 @@ STREAM_MAXLEN = 100_000
 """Approximate bound (``MAXLEN ~``): the stream is a live buffer, SQL keeps history."""
 
 
-def encode(item: dict[str, Any], *, job_id: str, attempt: int) -> dict[str, str]:
+Fields = dict[str, str | bytes]
+"""An entry as XADD takes it: text, and the packed metric field's bytes."""
+
+
+def encode(item: dict[str, Any], *, job_id: str, attempt: int, packed: bool = True) -> Fields:
     """Flatten a metric record, an event or the end marker for XADD.
 
-    An event relayed from SQL carries its row's ``id`` (see the module docstring).
+    A one-device metric record is packed (see the module docstring) unless ``packed`` is
+    False (an older worker's flat form: tests of the compatibility window use it). An
+    event relayed from SQL carries its row's ``id`` (see the module docstring).
     """
-    fields = {"kind": item["kind"], "job_id": job_id, "attempt": str(attempt)}
+    fields: Fields = {"kind": item["kind"], "job_id": job_id, "attempt": str(attempt)}
     if item["kind"] == "end":
         fields["status"] = str(item["status"])
+    elif item["kind"] == "metric" and packed and _one_device(item):
+        blob = stream_pack.pack(item)
+        if blob is not None:
+            fields[stream_pack.FIELD] = blob
+            return fields
+        return encode(item, job_id=job_id, attempt=attempt, packed=False)
     elif item["kind"] == "metric":
         fields.update({f: _json_scalar(item.get(f)) for f in METRIC_FIELDS})
         # A data-parallel run's extra fields (a list among them); absent for one device,
@@ -86,11 +112,15 @@ def encode(item: dict[str, Any], *, job_id: str, attempt: int) -> dict[str, str]
 
 
 def decode(fields: dict[Any, Any]) -> dict[str, Any]:
-    """Inverse of :func:`encode`; accepts bytes or str keys/values."""
-    f = {text(k): text(v) for k, v in fields.items()}
+    """Inverse of :func:`encode`, of either form of a metric entry; accepts bytes or str
+    keys/values (the packed field's value: bytes). ValueError or KeyError: undecodable."""
+    packed = fields.get(_PACKED_BYTES, fields.get(stream_pack.FIELD))
+    f = {text(k): text(v) for k, v in fields.items() if k not in _PACKED_NAMES}
     out: dict[str, Any] = {"kind": f["kind"], "job_id": f["job_id"], "attempt": int(f["attempt"])}
     if f["kind"] == "end":
         out["status"] = f.get("status")
+    elif f["kind"] == "metric" and packed is not None:
+        out.update(zip(METRIC_FIELDS, stream_pack.unpack(packed), strict=True))
     elif f["kind"] == "metric":
         out.update({name: json.loads(f[name]) for name in METRIC_FIELDS if name in f})
         out.update({name: json.loads(f[name]) for name in PARALLEL_METRIC_FIELDS if name in f})
@@ -109,6 +139,14 @@ def decode(fields: dict[Any, Any]) -> dict[str, Any]:
             id=int(f["event_id"]) if "event_id" in f else None,
         )
     return out
+
+
+_PACKED_BYTES = stream_pack.FIELD.encode()
+_PACKED_NAMES = (_PACKED_BYTES, stream_pack.FIELD)
+
+
+def _one_device(item: dict[str, Any]) -> bool:
+    return not any(name in item for name in PARALLEL_METRIC_FIELDS)
 
 
 def _json_scalar(v: Any) -> str:

@@ -25,15 +25,13 @@ from typing import Any
 import redis
 
 from amptrain.contract.cursor import Cursor
-from amptrain.contract.stream import STREAM_MAXLEN, encode
+from amptrain.contract.stream import STREAM_MAXLEN, Fields, encode
 from amptrain.core.redis import Keys
 
 log = logging.getLogger(__name__)
 
 RETRY_EVERY_S = 0.5
 MAX_BUFFERED = 1_000_000  # entries held in memory at most; beyond that the oldest go (counted)
-
-Fields = dict[str, str]
 
 
 class StreamWriter:

@@ -25,7 +25,7 @@ from amptrain.contract.metrics import (
 )
 from amptrain.contract.spec import MAX_DEVICES
 from amptrain.contract.stream import decode, text
-from amptrain.server.recorder import plain_points
+from amptrain.server.recorder import packed_points, plain_points
 from amptrain.store.history.point_columns import PointColumns
 
 log = logging.getLogger(__name__)
@@ -137,9 +137,9 @@ def _kind(flat: list[Any]) -> Any:
 
 
 def _point_row(job_id: str, entry_id: str, flat: list[Any]) -> dict[str, Any]:
-    """The row of a metric entry without :func:`amptrain.contract.stream.decode`'s per-field
-    ``json.loads`` (it was half the recorder's CPU). A float column's integer reads as a
-    float, as SQL stores it; anything unusual takes the ``decode`` route."""
+    """The row of a metric entry, flat or packed, without :func:`amptrain.contract.stream.decode`'s
+    per-field ``json.loads`` (it was half the recorder's CPU). A float column's integer
+    reads as a float, as SQL stores it; anything unusual takes the ``decode`` route."""
     ms, seq = Cursor.of_entry(entry_id)
     row: dict[str, Any] = _BLANK.copy()
     attempt = None
@@ -150,6 +150,8 @@ def _point_row(job_id: str, entry_id: str, flat: list[Any]) -> dict[str, Any]:
             if column is None:
                 if k in _ATTEMPT:
                     attempt = v
+                elif k in packed_points.NAMES:  # ValueError: not a packed field this recorder knows
+                    row.update(packed_points.row_values(v))
                 elif k in _PARALLEL:
                     name, value = _parallel(text(k), text(v))
                     row[name] = value

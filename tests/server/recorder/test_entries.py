@@ -9,32 +9,35 @@ from typing import Any
 import pytest
 
 from amptrain.contract.records import event, metric
-from amptrain.contract.stream import encode
+from amptrain.contract.stream import Fields, encode
 from amptrain.server.recorder.entries import parse
 
 JOB = "j_" + "a" * 32
 
 
-def flat(fields: dict[str, str], as_bytes: bool = True) -> list[Any]:
-    """An entry's fields as hiredis returns them: [name, value, name, value, ...]."""
+def flat(fields: Fields, as_bytes: bool = True) -> list[Any]:
+    """An entry's fields as hiredis returns them: [name, value, name, value, ...] (a packed
+    field's value stays bytes either way)."""
     out: list[Any] = []
     for k, v in fields.items():
-        out += [k.encode(), v.encode()] if as_bytes else [k, v]
+        value = v.encode() if as_bytes and isinstance(v, str) else v
+        out += [k.encode() if as_bytes else k, value]
     return out
 
 
-def entry(seq: int, fields: dict[str, str], as_bytes: bool = True) -> tuple[Any, list[Any]]:
+def entry(seq: int, fields: Fields, as_bytes: bool = True) -> tuple[Any, list[Any]]:
     eid = f"1700000000000-{seq}"
     return (eid.encode() if as_bytes else eid), flat(fields, as_bytes)
 
 
+@pytest.mark.parametrize("packed", [True, False], ids=["packed", "flat"])
 @pytest.mark.parametrize("as_bytes", [True, False], ids=["bytes", "str"])
-def test_what_the_sink_writes_comes_back_as_its_row(as_bytes: bool) -> None:
+def test_what_the_sink_writes_comes_back_as_its_row(as_bytes: bool, packed: bool) -> None:
     record = metric(
         step=7, time=1.5, loss=0.25, grad_norm=float("nan"), skipped=True, lr=0.1,
         loss_scale=65536, memory_peak=123, skipped_steps=2,
     )  # fmt: skip
-    fields = encode(record, job_id=JOB, attempt=3)
+    fields = encode(record, job_id=JOB, attempt=3, packed=packed)
     (row,) = parse(JOB, [entry(1, fields, as_bytes)]).points
     assert row["step"] == 7 and row["attempt"] == 3 and row["skipped"] is True
     assert (row["stream_ms"], row["stream_seq"]) == (1700000000000, 1)
@@ -66,7 +69,7 @@ def test_data_parallel_fields_are_checked() -> None:
 def test_an_odd_value_takes_the_decode_route_and_shifts_nothing(
     field: str, text: str, stored: Any
 ) -> None:
-    fields = encode(metric(step=4, lr=0.5, loss=1.0), job_id=JOB, attempt=1)
+    fields = encode(metric(step=4, lr=0.5, loss=1.0), job_id=JOB, attempt=1, packed=False)
     fields[field] = text
     rows = parse(JOB, [entry(1, fields)]).points
     if field == "loss" and text == "1, 2":
