@@ -59,7 +59,7 @@ class Recorder:
         *,
         block_ms: int = 1000,
         batch: int = 2000,
-        per_pass: int = 10_000,
+        per_pass: int = 40_000,
         lock_ttl_ms: int = 15_000,
         finished_grace_s: float = 60.0,
         stream_ttl_s: int = 3600,
@@ -70,7 +70,14 @@ class Recorder:
         self.redis = redis_client
         self.block_ms = block_ms
         self.batch = batch  # entries per stream and read, at most
-        self.per_pass = per_pass  # entries per read (so per transaction) over all streams
+        # Entries per read (so per transaction) over all streams. What a batch writes grows
+        # with its series' chunks, not its points: a job's page of 2,000 points rewrites
+        # each series' open chunk and its roll-ups once, as a page of 500 does. Draining 20
+        # jobs (bench/recorder_throughput.py's defaults, PostgreSQL, medians of three runs),
+        # 10,000 -> 40,000 (pages of 500 -> 2,000) took the recorder from 13.0 to 9.2 us of
+        # CPU a point and the database from 14.3 to 5.3, for a peak RSS 46 MiB higher (149
+        # -> 195 MiB) and SQL trailing a flood by 0.44 -> 0.59 s.
+        self.per_pass = per_pass
         self.finished_grace_s = finished_grace_s
         consumer = consumer or f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self.group = ConsumerGroup(redis_client, consumer, batch)
