@@ -91,32 +91,41 @@ def pack(item: dict[str, Any]) -> bytes | None:
     return packer.pack(VERSION, *codes, *slots)
 
 
+def refusal(head: bytes) -> str | None:
+    """Why a packed field that starts with ``head`` (its :data:`HEADER` bytes: the version
+    and the type codes) cannot be read here, or None when it can: the one statement of
+    these rules. :func:`check` raises it; the recorder's batch route asks it once per
+    distinct header of a batch (:mod:`amptrain.server.recorder.packed_points`)."""
+    if head[0] != VERSION:
+        return f"packed metric field of unknown version {head[0]}"
+    code = max(head[1:HEADER])
+    if code > INT:
+        return f"packed metric field with type code {code}"
+    return None
+
+
 def check(blob: Any) -> bytes:
-    """``blob`` if it can be a packed field of :data:`VERSION`, else ValueError (the entry
-    is undecodable: logged and dropped, like a flat entry whose text is not JSON)."""
+    """``blob`` if it is a packed field this reader knows (bytes of :data:`SIZE`, and
+    :func:`refusal` finds nothing), else ValueError (the entry is undecodable: logged and
+    dropped, like a flat entry whose text is not JSON)."""
     if not isinstance(blob, bytes):
         raise ValueError(f"packed metric field of type {type(blob).__name__}, not bytes")
     if len(blob) != SIZE:
         raise ValueError(f"packed metric field of {len(blob)} bytes, not {SIZE}")
-    if blob[0] != VERSION:
-        raise ValueError(f"packed metric field of unknown version {blob[0]}")
+    why = refusal(blob[:HEADER])
+    if why is not None:
+        raise ValueError(why)
     return blob
 
 
 def unpack(blob: Any) -> list[Any]:
     """The values of a packed field, in :data:`~amptrain.contract.metrics.METRIC_FIELDS`'
-    order, as the flat form's ``json.loads`` gives them; ValueError when it is not one."""
+    order, as the flat form's ``json.loads`` gives them; ValueError when it is not one
+    (:func:`check`)."""
     check(blob)
     floats = _FLOATS.unpack_from(blob, HEADER)
     ints = _INTS.unpack_from(blob, HEADER)
-    out: list[Any] = []
-    for code, f, i in zip(blob[1:HEADER], floats, ints, strict=True):
-        if code == FLOAT:
-            out.append(f)
-        elif code == INT:
-            out.append(i)
-        elif code < FLOAT:
-            out.append(CONSTANTS[code])
-        else:
-            raise ValueError(f"packed metric field with type code {code}")
-    return out
+    return [
+        f if code == FLOAT else i if code == INT else CONSTANTS[code]
+        for code, f, i in zip(blob[1:HEADER], floats, ints, strict=True)
+    ]

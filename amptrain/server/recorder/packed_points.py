@@ -32,7 +32,7 @@ from amptrain.contract.stream_pack import (
     INT,
     INT_AT,
     SIZE,
-    VERSION,
+    refusal,
     unpack,
 )
 
@@ -84,23 +84,17 @@ def columns(flats: Sequence[list[Any]]) -> tuple[list[int], dict[str, list[Any]]
         return None
     import numpy
 
+    heads = set(map(_HEAD_OF, blobs))  # nearly always one: each point's codes alike
+    if not all(map(_readable, heads)):
+        return None
     as_floats_layout, as_ints_layout = _layouts()
     as_floats = numpy.frombuffer(data, as_floats_layout)
     codes = as_floats["codes"]
-    heads = set(map(_HEAD_OF, blobs))
-    if len(heads) == 1:  # nearly every batch: each point's version and codes alike
-        plan = _uniform_plan(heads.pop())
-    elif (
-        (as_floats["version"] == VERSION).all()
-        and not (codes > INT).any()
-        and not (codes[:, INT_AT] == FLOAT).any()  # an integer column holding a float
-    ):
+    if len(heads) == 1:
+        plan = _plan(heads.pop()[1:], _ALL)
+    else:
         uniform = (codes == codes[0]).all(axis=0)  # per field: one code at every point
         plan = _plan(codes[0].tobytes(), uniform.tobytes())
-    else:
-        return None
-    if plan is None:
-        return None
     floats = as_floats["slots"]
     ints = numpy.frombuffer(data, as_ints_layout)["slots"]
     # One slice and tolist per kind of column, and the checks above on the points' headers
@@ -138,14 +132,15 @@ class _Plan:
 
 
 @functools.lru_cache(maxsize=256)
-def _uniform_plan(head: bytes) -> _Plan | None:
-    """The plan of a batch whose points all have this version and these codes; None when
-    they are not this recorder's (the version, a code) or an integer column holds a float
-    (see the module docstring)."""
-    codes = head[1:]
-    if head[0] != VERSION or max(codes) > INT or any(codes[j] == FLOAT for j in INT_AT):
-        return None
-    return _plan(codes, b"\x01" * COUNT)
+def _readable(head: bytes) -> bool:
+    """Whether this route reads the points whose packed fields start with ``head``: the
+    packed form's rules (:func:`~amptrain.contract.stream_pack.refusal`), and no integer
+    column holding a float (see the module docstring)."""
+    return refusal(head) is None and all(head[1 + j] != FLOAT for j in INT_AT)
+
+
+_ALL = b"\x01" * COUNT
+"""Every field one code at every point (a batch of one header)."""
 
 
 @functools.lru_cache(maxsize=256)
