@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session
 
 from amptrain.store.history import chunk_codec, chunk_load
 from amptrain.store.history.chunk_codec import CHUNK_STEPS
-from amptrain.store.history.chunk_load import Chunk, Loaded
+from amptrain.store.history.chunk_load import Chunk, Decoded, Loaded
 from amptrain.store.history.chunk_parts import SHIFT
 
 
@@ -76,8 +76,8 @@ def load_at(
         # value i's byte b lies at b * n + i (the codec's byte shuffle): a strided slice
         p.values.extend([raw[i::n] for i in at])
         p.nulls.extend([nulls[i] for i in at] if nulls is not None else [0] * len(at))
-    out: Loaded = {}
-    for (name, attempt), p in picked.items():
+    out: dict[tuple[str, int, int], Chunk] = {}
+    for (name, attempt), p in sorted(picked.items()):
         values = numpy.frombuffer(b"".join(p.values), "<f8").astype(numpy.float64)
         at_steps = numpy.asarray(p.steps, numpy.int64)
         order = numpy.argsort(at_steps, kind="stable")
@@ -85,7 +85,7 @@ def load_at(
         out[(name, p.chunk, attempt)] = Chunk(
             at_steps[order], values[order], nulls_of if nulls_of.any() else None, p.position
         )
-    return out
+    return Decoded.of(out)
 
 
 def _where(chunk: int, spec: bytes | int, n: int, want: list[int]) -> tuple[list[int], list[int]]:

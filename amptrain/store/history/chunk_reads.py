@@ -150,19 +150,29 @@ class _Series:
 
 
 def _by_name(loaded: Loaded) -> dict[str, _Series]:
-    parts: dict[str, list[tuple[int, int, chunk_load.Chunk]]] = {}
-    for (name, chunk, attempt), c in loaded.items():
-        parts.setdefault(name, []).append((chunk, attempt, c))
+    """Each name's chunks joined: a slice of the loaded columns when they lie end to end in
+    (attempt, chunk) order (as :mod:`~amptrain.store.history.chunk_load` loads them)."""
+    members: dict[str, list[int]] = {}
+    for i, (name, _, _) in enumerate(loaded.chunk_keys):
+        members.setdefault(name, []).append(i)
+    counts = numpy.diff(loaded.bounds)
+    attempts = numpy.repeat(numpy.asarray([k[2] for k in loaded.chunk_keys], _I64), counts)
+    every = (attempts << 32) | loaded.steps
     out = {}
-    for name, found in parts.items():
-        keys = numpy.concatenate([(a << 32) | c.steps for _, a, c in found])
-        values = numpy.concatenate([c.values for _, _, c in found])
-        nulls = numpy.concatenate(
-            [c.nulls if c.nulls is not None else numpy.zeros(len(c.steps), bool) for *_, c in found]
-        )
-        order = numpy.argsort(keys, kind="stable")
-        positions = {(k, a): c.position for k, a, c in found if c.position is not None}
-        out[name] = _Series(keys[order], values[order], nulls[order], positions)
+    for name, held in members.items():
+        at: slice | numpy.ndarray = slice(loaded.bounds[held[0]], loaded.bounds[held[-1] + 1])
+        if held[-1] - held[0] + 1 != len(held):
+            at = numpy.concatenate(
+                [numpy.arange(loaded.bounds[i], loaded.bounds[i + 1]) for i in held]
+            )
+        keys, values, nulls = every[at], loaded.floats[at], loaded.nulls[at]
+        if len(keys) > 1 and not (keys[1:] > keys[:-1]).all():
+            order = numpy.argsort(keys, kind="stable")
+            keys, values, nulls = keys[order], values[order], nulls[order]
+        positions = {
+            loaded.chunk_keys[i][1:]: p for i in held if (p := loaded.positions[i]) is not None
+        }
+        out[name] = _Series(keys, values, nulls, positions)
     return out
 
 
@@ -227,7 +237,7 @@ def by_cursor(
                 break  # the attempt's last chunks
             past, batch = chunks[-1], batch * 2
     if not found:
-        return assemble({}, kind, names, effective)
+        return assemble(chunk_load.decode_many([]), kind, names, effective)
     return _first_by_cursor(found, limit)
 
 

@@ -14,7 +14,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from amptrain.store.history import chunk_codec, chunk_parts, chunk_table, chunk_writes, series_scan
+from amptrain.store.history import (
+    chunk_codec,
+    chunk_load,
+    chunk_parts,
+    chunk_table,
+    chunk_writes,
+    series_scan,
+)
 from tests.support.history_data import series
 
 CASES = {
@@ -42,6 +49,31 @@ def test_a_chunk_gives_back_what_was_packed(case: str, pack: bool) -> None:
     s, v = series_scan.decode(512, data)
     assert s.tolist() == steps
     assert v.tobytes() == array("d", values).tobytes()
+
+
+def test_chunks_decoded_together_are_each_chunk_decoded_alone() -> None:
+    """A read decodes hundreds of chunks in one batch (their steps, nulls and values joined
+    by numpy): every chunk, of whatever length, with gaps, nulls, open or closed, and in
+    whatever order, reads as the standard-library decoder gives it alone."""
+    rng = random.Random(11)
+    chunks = []
+    for i in range(60):
+        steps, values, nulls = CASES[rng.choice(list(CASES))]
+        first = 512 * (i + 1)
+        moved = [s - 512 + first for s in steps]
+        data = chunk_codec.encode(first, array("q", moved), array("d", values), nulls, i % 3 > 0)
+        chunks.append((("loss", i, 1), first, data))
+    rng.shuffle(chunks)
+    decoded = chunk_load.decode_many(chunks)
+    assert list(decoded) == [key for key, _, _ in chunks]
+    again = chunk_load.Decoded.of(dict(decoded))
+    for key, first, data in chunks:
+        alone = chunk_codec.decode(first, data)
+        for got in (decoded[key], again[key]):
+            assert got.steps.tolist() == list(alone.steps)
+            assert got.values.tobytes() == alone.values.tobytes()
+            nulls = None if got.nulls is None else bytes(got.nulls.astype(np.uint8))
+            assert nulls == alone.nulls
 
 
 def test_closed_chunks_of_float32_values_take_about_four_bytes_a_value() -> None:
