@@ -217,7 +217,34 @@ def by_cursor(
     """The first ``limit`` records of ``kind`` after ``after`` and up to ``upto`` (cursors,
     inclusive), in cursor order (recording order across attempts). ``names``: the series to
     read (every one of the kind by default)."""
-    names = list(chunk_index.names(s, job_id, kind) if names is None else names)
+    if names is not None:
+        return _by_cursor(s, job_id, kind, (after, upto), limit, effective, list(names))
+    # Every name of the kind, as the database holds them once the page is read. Each
+    # statement of a read sees its own snapshot (PostgreSQL's READ COMMITTED; SQLite, whose
+    # driver opens no transaction for a SELECT): a record committed between reading the
+    # names and reading the chunks, under a name new to the job, came without that value,
+    # and the page's cursor then passed it for good. The names are read again after the
+    # chunks: when none is new, every record read holds only names read with it (a job's
+    # names only grow, and are bounded, so this ends).
+    wanted = chunk_index.names(s, job_id, kind)
+    while True:
+        rec = _by_cursor(s, job_id, kind, (after, upto), limit, effective, wanted)
+        again = chunk_index.names(s, job_id, kind)
+        if set(again) <= set(wanted):
+            return rec
+        wanted = again
+
+
+def _by_cursor(
+    s: Session,
+    job_id: str,
+    kind: str,
+    bounds: tuple[Cursor | None, Cursor | None],
+    limit: int,
+    effective: bool,
+    names: list[str],
+) -> Records:
+    after, upto = bounds
     series = _with_record_series(kind, names)
     found: list[Records] = []
     start = (after.ms if after else 0, -1)
